@@ -1,0 +1,3 @@
+from shardfeed.cli.main import main
+
+raise SystemExit(main())

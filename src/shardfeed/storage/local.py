@@ -1,0 +1,80 @@
+"""Local files read with ``os.pread`` on one cached descriptor per file."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+
+from shardfeed.errors import StorageError
+
+
+class LocalSource:
+    """Random access to a local file. Thread-safe: ``pread`` has no shared file position.
+
+    Memory: one open descriptor, opened on first use and kept until ``close``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.url = os.fspath(path)
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def _descriptor(self) -> int:
+        fd = self._fd
+        if fd is None:
+            with self._lock:
+                if self._fd is None:
+                    try:
+                        self._fd = os.open(self.url, os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise StorageError(
+                            f"file '{self.url}' does not exist; check the path, or rebuild the "
+                            "manifest with 'shardfeed index' if the shards were moved"
+                        ) from None
+                    except OSError as exc:
+                        raise StorageError(f"cannot open file '{self.url}': {exc}") from exc
+                fd = self._fd
+        return fd
+
+    def size(self) -> int:
+        return os.fstat(self._descriptor()).st_size
+
+    def read(self, offset: int, length: int) -> bytes:
+        fd = self._descriptor()
+        data = os.pread(fd, length, offset)
+        if len(data) == length or not data:
+            return data
+        # pread may return short reads on some filesystems; keep reading until EOF.
+        parts = [data]
+        got = len(data)
+        while got < length:
+            more = os.pread(fd, length - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return [self.read(offset, length) for offset, length in ranges]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> LocalSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

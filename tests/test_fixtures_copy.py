@@ -1,0 +1,17 @@
+"""tests/data/tf is a verbatim copy of the project's shared TensorFlow fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import TF_FIXTURES
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tf"
+
+
+def test_copy_matches_shared_fixtures_when_present() -> None:
+    names = sorted(p.name for p in TF_FIXTURES.iterdir())
+    assert "mixed.tfrecord" in names and "expected.json" in names
+    if SHARED.is_dir():  # beside a checkout; a standalone clone has only the copy
+        for name in names:
+            assert (SHARED / name).read_bytes() == (TF_FIXTURES / name).read_bytes(), name

@@ -1,0 +1,79 @@
+"""shardfeed: feed training jobs with images from datasets far larger than memory.
+
+    ds = shardfeed.Dataset("out/")
+    loader = shardfeed.Loader(ds, batch_size=256, shuffle=True, seed=0,
+                              transform=shardfeed.presets.train(size=224))
+
+Names are imported lazily, so ``import shardfeed`` stays cheap and never imports torch or jax:
+``shardfeed.torch`` and ``shardfeed.jax`` are the adapters (``shardfeed.torch.adapt(loader)``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from shardfeed.errors import (
+    CorruptRecordError,
+    DecodeError,
+    FormatError,
+    PackError,
+    SchemaError,
+    ShardfeedError,
+    StateError,
+    StorageError,
+)
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "Dataset": ("shardfeed.dataset", "Dataset"),
+    "Loader": ("shardfeed.pipeline", "Loader"),
+    "Windows": ("shardfeed.pipeline", "Windows"),
+    "Patches": ("shardfeed.pipeline", "Patches"),
+    "presets": ("shardfeed.transforms.presets", None),
+    "transforms": ("shardfeed.transforms", None),
+    "pack": ("shardfeed.tools.pack", "pack"),
+    "torch": ("shardfeed.loaders.torch", None),
+    "jax": ("shardfeed.loaders.jax", None),
+}
+
+if TYPE_CHECKING:
+    from shardfeed.dataset import Dataset as Dataset
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'shardfeed' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "CorruptRecordError",
+    "Dataset",
+    "DecodeError",
+    "FormatError",
+    "Loader",
+    "PackError",
+    "Patches",
+    "SchemaError",
+    "ShardfeedError",
+    "StateError",
+    "StorageError",
+    "Windows",
+    "__version__",
+    "jax",
+    "pack",
+    "presets",
+    "torch",
+]

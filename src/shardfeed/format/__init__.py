@@ -1,1 +1,28 @@
-"""format layer."""
+"""format layer: TFRecord framing, CRC32C, index files, the Example codec, schema, manifest,
+and the shard writer. Every on-disk constant is in :mod:`shardfeed.format.spec`."""
+
+from shardfeed.format.crc import crc32c, masked_crc32c
+from shardfeed.format.example import FeatureSpec, decode_example, encode_example, example_kinds
+from shardfeed.format.framing import frame, scan, unframe
+from shardfeed.format.index import (
+    load_binary_index,
+    read_text_index,
+    write_binary_index,
+    write_text_index,
+)
+
+__all__ = [
+    "FeatureSpec",
+    "crc32c",
+    "decode_example",
+    "encode_example",
+    "example_kinds",
+    "frame",
+    "load_binary_index",
+    "masked_crc32c",
+    "read_text_index",
+    "scan",
+    "unframe",
+    "write_binary_index",
+    "write_text_index",
+]

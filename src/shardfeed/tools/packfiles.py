@@ -1,0 +1,80 @@
+"""Finding the shard files of a dataset for the tools (index, inspect, verify).
+
+A dataset is named the ways ``Dataset`` accepts: a folder holding ``shardfeed.json``, the
+manifest file itself, a folder of TFRecord files, a glob, or a list of files. The tools need
+the file list without opening the records (a damaged shard must still be listed).
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+import re
+from collections.abc import Sequence
+
+from shardfeed.errors import ShardfeedError
+from shardfeed.format import spec
+
+_SHARD_NAME = re.compile(r"(\.tfrecords?|\.tfrec|\.tfrecord\.gz|\.tfrecord\.zz|-\d+-of-\d+)$")
+_NOT_SHARDS = (spec.TEXT_INDEX_SUFFIX, spec.BINARY_INDEX_SUFFIX, spec.TEMP_SUFFIX, ".json", ".npy")
+
+
+def is_shard_name(name: str) -> bool:
+    """True for file names TFRecord shards usually have (``.tfrecord``, ``-00001-of-00010``)."""
+    base = os.path.basename(name)
+    if base.startswith(".") or base.endswith(_NOT_SHARDS):
+        return False
+    return _SHARD_NAME.search(base) is not None
+
+
+def _has_magic(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def expand_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Files named by ``inputs``: files as given, folders as their shard files (sorted), globs
+    expanded (sorted). Raises :class:`ShardfeedError` naming what matched nothing."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if not items:
+        raise ValueError("no input files given; name TFRecord files, a folder or a glob")
+    files: list[str] = []
+    for raw in items:
+        text = os.fspath(raw)
+        if os.path.isdir(text):
+            found = sorted(
+                os.path.join(text, n)
+                for n in os.listdir(text)
+                if is_shard_name(n) and os.path.isfile(os.path.join(text, n))
+            )
+            if not found:
+                raise ShardfeedError(
+                    f"folder '{text}' holds no TFRecord files (names ending in .tfrecord or "
+                    "like train-00000-of-00010); name the files or a glob instead"
+                )
+            files.extend(found)
+        elif _has_magic(text):
+            found = sorted(p for p in _glob.glob(text) if os.path.isfile(p))
+            if not found:
+                raise ShardfeedError(f"pattern '{text}' matches no files; check the pattern")
+            files.extend(found)
+        else:
+            files.append(text)
+    seen: set[str] = set()
+    unique = []
+    for f in files:
+        key = os.path.abspath(f)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
+
+
+def find_manifest(source: str | os.PathLike[str]) -> str | None:
+    """The manifest path of ``source`` (a manifest file or a folder holding one), else None."""
+    text = os.fspath(source)
+    if os.path.isdir(text):
+        candidate = os.path.join(text, spec.MANIFEST_NAME)
+        return candidate if os.path.isfile(candidate) else None
+    if text.endswith(".json") and os.path.isfile(text):
+        return text
+    return None

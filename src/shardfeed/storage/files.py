@@ -1,0 +1,349 @@
+"""Whole-file operations for local paths and fsspec URLs alike.
+
+Local paths (and ``file://`` URLs) use ``os`` directly and never import fsspec. Any other
+``scheme://`` URL goes through fsspec with the storage options of
+:mod:`shardfeed.storage.remote` (``set_storage_options``, ``FSSPEC_<PROTOCOL>_<OPTION>``
+environment variables, or ``storage_options=`` here); transient failures are retried with
+backoff, permanent ones raise :class:`~shardfeed.errors.StorageError` naming the URL.
+
+Atomicity: :func:`write_bytes_atomic` and :func:`upload_file_atomic` never leave a
+half-written file under the final name. Locally they write a temporary name in the same
+folder, fsync and ``os.replace``; on object stores one PUT (or one multipart upload, which
+becomes visible only when complete) is atomic per object. :func:`rename` is atomic locally,
+a copy then delete on object stores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob as _glob
+import os
+import posixpath
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO, TypeVar
+
+from shardfeed.errors import StorageError
+from shardfeed.storage import is_remote
+from shardfeed.storage.cache import ByteCache
+
+T = TypeVar("T")
+PathLike = str | os.PathLike[str]
+Options = Mapping[str, Any] | None
+
+__all__ = [
+    "exists",
+    "glob",
+    "is_remote",
+    "join",
+    "listdir",
+    "makedirs",
+    "read_bytes",
+    "remove",
+    "rename",
+    "size",
+    "upload_file_atomic",
+    "write_bytes_atomic",
+]
+
+
+def _local(url: PathLike) -> str | None:
+    """The local path of ``url``, or None if it is a remote URL."""
+    text = os.fspath(url)
+    if text.startswith("file://"):
+        return text[len("file://"):]
+    return None if is_remote(text) else text
+
+
+def _remote_call(
+    url: str, options: Options, action: str, fn: Callable[[Any, str], T]
+) -> T:
+    """``fn(fs, path)`` for a remote URL, with retries and StorageError naming ``url``."""
+    from shardfeed.storage.remote import Retrier, RetryPolicy, filesystem
+
+    fs, path = filesystem(url, options)
+    return Retrier(RetryPolicy(), key=url).call(lambda: fn(fs, path), url=url, action=action)
+
+
+@contextlib.contextmanager
+def _local_errors(path: str, action: str) -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError as exc:
+        name = exc.filename or path
+        raise StorageError(
+            f"cannot {action} '{path}': '{name}' does not exist; check the path"
+        ) from exc
+    except PermissionError as exc:
+        raise StorageError(
+            f"cannot {action} '{path}': permission denied; check the file's owner and mode"
+        ) from exc
+    except OSError as exc:
+        raise StorageError(f"cannot {action} '{path}': {exc}") from exc
+
+
+def read_bytes(
+    url: PathLike, *, storage_options: Options = None, cache: ByteCache | None = None
+) -> bytes:
+    """The whole content of a file or object.
+
+    With ``cache``, a cached copy is returned if there is one, and what is read is cached
+    (if it fits ``cache.max_item_bytes``).
+    """
+    text = os.fspath(url)
+    if cache is not None:
+        hit = cache.get(text)
+        if hit is not None:
+            return hit
+    local = _local(text)
+    if local is not None:
+        with _local_errors(local, "read"), open(local, "rb") as handle:
+            data = handle.read()
+    else:
+        data = bytes(_remote_call(text, storage_options, "read", lambda fs, p: fs.cat_file(p)))
+    if cache is not None:
+        cache.put(text, data)
+    return data
+
+
+def _fsync_folder(folder: str) -> None:
+    # Makes the rename itself durable; not every platform lets a folder be opened.
+    try:
+        fd = os.open(folder or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_local(path: str, fill: Callable[[BinaryIO], None]) -> None:
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            fill(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise
+    _fsync_folder(folder)
+
+
+def write_bytes_atomic(
+    url: PathLike,
+    data: bytes | bytearray | memoryview,
+    *,
+    storage_options: Options = None,
+    cache: ByteCache | None = None,
+) -> None:
+    """Write ``data`` as the whole content of ``url``; readers see the old or the new file,
+    never a part. Creates missing parent folders. Drops ``url`` from ``cache``."""
+    text = os.fspath(url)
+    if cache is not None:
+        cache.discard(text)
+    local = _local(text)
+    if local is not None:
+        def fill(handle: BinaryIO) -> None:
+            handle.write(data)
+
+        with _local_errors(local, "write"):
+            _atomic_local(local, fill)
+        return
+    payload = bytes(data)
+    _remote_call(text, storage_options, "write", lambda fs, p: fs.pipe_file(p, payload))
+
+
+def upload_file_atomic(
+    local_path: PathLike,
+    url: PathLike,
+    *,
+    storage_options: Options = None,
+    cache: ByteCache | None = None,
+) -> None:
+    """Copy the local file ``local_path`` to ``url`` (local or remote), atomically."""
+    source = os.fspath(local_path)
+    if is_remote(source):
+        raise ValueError(
+            f"local_path must be a local file, got the URL {source!r}; download it first"
+        )
+    source = source.removeprefix("file://")
+    if not os.path.isfile(source):
+        raise StorageError(f"cannot upload '{source}': it is not an existing local file")
+    text = os.fspath(url)
+    if cache is not None:
+        cache.discard(text)
+    local = _local(text)
+    if local is not None:
+        def copy(handle: BinaryIO) -> None:
+            with open(source, "rb") as src:
+                shutil.copyfileobj(src, handle, length=1024 * 1024)
+
+        with _local_errors(local, "write"):
+            _atomic_local(local, copy)
+        return
+    _remote_call(text, storage_options, "upload to", lambda fs, p: fs.put_file(source, p))
+
+
+def exists(url: PathLike, *, storage_options: Options = None) -> bool:
+    """True if a file, object or folder (prefix) exists at ``url``."""
+    text = os.fspath(url)
+    local = _local(text)
+    if local is not None:
+        return os.path.exists(local)
+
+    def check(fs: Any, path: str) -> bool:
+        fs.invalidate_cache(path)
+        return bool(fs.exists(path))
+
+    return _remote_call(text, storage_options, "check", check)
+
+
+def size(url: PathLike, *, storage_options: Options = None) -> int:
+    """Size in bytes of a file or object (one HEAD for object stores)."""
+    text = os.fspath(url)
+    local = _local(text)
+    if local is not None:
+        with _local_errors(local, "get the size of"):
+            return os.path.getsize(local)
+
+    def get(fs: Any, path: str) -> int:
+        fs.invalidate_cache(path)
+        value = fs.size(path)
+        if value is None:
+            raise StorageError(f"'{text}' has no size; is it a folder? give one object's URL")
+        return int(value)
+
+    return _remote_call(text, storage_options, "get the size of", get)
+
+
+def glob(pattern: PathLike, *, storage_options: Options = None) -> list[str]:
+    """Sorted paths (or URLs, with their scheme) matching ``pattern`` (``*``, ``?``, ``**``)."""
+    text = os.fspath(pattern)
+    local = _local(text)
+    if local is not None:
+        found = sorted(_glob.glob(local, recursive=True))
+        return [f"file://{p}" for p in found] if text.startswith("file://") else found
+
+    def run(fs: Any, path: str) -> list[str]:
+        fs.invalidate_cache()
+        return sorted(str(fs.unstrip_protocol(p)) for p in fs.glob(path))
+
+    return _remote_call(text, storage_options, "list", run)
+
+
+def listdir(url: PathLike, *, storage_options: Options = None) -> list[str]:
+    """Sorted names (not paths) of the entries in a folder or under a prefix."""
+    text = os.fspath(url)
+    local = _local(text)
+    if local is not None:
+        with _local_errors(local, "list"):
+            return sorted(os.listdir(local))
+
+    def run(fs: Any, path: str) -> list[str]:
+        fs.invalidate_cache(path)
+        entries = fs.ls(path, detail=False)
+        base = path.rstrip("/")
+        names = set()
+        for entry in entries:
+            full = str(entry).rstrip("/")
+            if full != base:  # some filesystems list a file as itself
+                names.add(full.rsplit("/", 1)[-1])
+        return sorted(names)
+
+    return _remote_call(text, storage_options, "list", run)
+
+
+def join(base: PathLike, *names: str) -> str:
+    """``base`` and ``names`` joined with the separator of its kind (``/`` for URLs)."""
+    text = os.fspath(base)
+    if "://" in text:
+        parts = [n.strip("/") for n in names if n]
+        return posixpath.join(text, *parts) if parts else text
+    return os.path.join(text, *names)
+
+
+def remove(
+    url: PathLike,
+    *,
+    missing_ok: bool = False,
+    storage_options: Options = None,
+    cache: ByteCache | None = None,
+) -> None:
+    """Delete one file or object. A missing one is an error unless ``missing_ok``."""
+    text = os.fspath(url)
+    if cache is not None:
+        cache.discard(text)
+    local = _local(text)
+    if local is not None:
+        if missing_ok and not os.path.lexists(local):
+            return
+        with _local_errors(local, "remove"):
+            os.remove(local)
+        return
+
+    def run(fs: Any, path: str) -> None:
+        fs.invalidate_cache(path)
+        if not fs.exists(path):
+            if missing_ok:
+                return
+            raise FileNotFoundError(path)
+        fs.rm_file(path)
+
+    _remote_call(text, storage_options, "remove", run)
+
+
+def rename(
+    src: PathLike,
+    dst: PathLike,
+    *,
+    storage_options: Options = None,
+    cache: ByteCache | None = None,
+) -> None:
+    """Move ``src`` to ``dst``, replacing ``dst``. Atomic for local files (``os.replace``);
+    a copy then delete on object stores (``dst`` appears whole, ``src`` goes after)."""
+    source, target = os.fspath(src), os.fspath(dst)
+    if cache is not None:
+        cache.discard(source)
+        cache.discard(target)
+    local_src, local_dst = _local(source), _local(target)
+    if (local_src is None) != (local_dst is None):
+        raise ValueError(
+            f"rename needs both paths local or both remote, got {source!r} and {target!r}; "
+            "use upload_file_atomic to copy a local file to object storage"
+        )
+    if local_src is not None and local_dst is not None:
+        with _local_errors(local_src, "rename"):
+            os.replace(local_src, local_dst)
+        return
+    from shardfeed.storage.remote import filesystem
+
+    _, dst_path = filesystem(target, storage_options)
+
+    def run(fs: Any, path: str) -> None:
+        fs.mv(path, dst_path)
+        fs.invalidate_cache()
+
+    _remote_call(source, storage_options, "rename", run)
+
+
+def makedirs(url: PathLike, *, storage_options: Options = None) -> None:
+    """Create a folder and its parents if missing (object stores: the bucket if missing)."""
+    text = os.fspath(url)
+    local = _local(text)
+    if local is not None:
+        with _local_errors(local, "create the folder"):
+            os.makedirs(local, exist_ok=True)
+        return
+    _remote_call(
+        text, storage_options, "create the folder",
+        lambda fs, p: fs.makedirs(p, exist_ok=True),
+    )

@@ -1,0 +1,78 @@
+"""Helpers shared by the command modules: JSON output, size arguments, worker counts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def add_workers(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """``--workers N`` (default: the number of CPUs, at most 8)."""
+    parser.add_argument(
+        "--workers", type=positive_int, default=default_workers(), metavar="N",
+        help=f"{what} in parallel with N threads (default: {default_workers()})",
+    )
+
+
+def add_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false",
+        help="do not draw a progress bar (it is drawn on stderr only when it is a terminal)",
+    )
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars go to stderr, and only when it is a terminal."""
+    return bool(getattr(args, "progress", True)) and sys.stderr.isatty()
+
+
+def default_workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def print_json(data: Any) -> None:
+    """Write ``data`` as indented JSON to stdout (NumPy scalars and arrays made plain)."""
+    json.dump(data, sys.stdout, indent=2, default=_plain)
+    sys.stdout.write("\n")
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def human_bytes(n: float) -> str:
+    """``123456789`` -> ``'123.5 MB'`` (powers of 1000)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"

@@ -75,6 +75,7 @@ IntArray = npt.NDArray[np.int64]
 # Purpose words of the keyed generators, so the two streams of one (seed, epoch) never overlap.
 _PURPOSE_BUFFER = 0x5348_4246  # "SHBF"
 _PURPOSE_FILES = 0x5348_464C  # "SHFL"
+_PURPOSE_FILES_BUFFER = 0x5346_4246  # "SFBF": the buffer after a shard shuffle draws anew
 
 
 def _check_count(name: str, value: int, *, minimum: int) -> int:
@@ -102,10 +103,14 @@ def buffer_draws(n: int, buffer_size: int, seed: int, *, epoch: int = 0) -> IntA
     the buffer at output ``t``. Drawn in one vectorised call. Feed them to
     :func:`simulate_buffer`.
     """
+    return _draws(n, buffer_size, seed, epoch, _PURPOSE_BUFFER)
+
+
+def _draws(n: int, buffer_size: int, seed: int, epoch: int, purpose: int) -> IntArray:
     n = _check_count("n", n, minimum=0)
     buffer_size = _check_count("buffer_size", buffer_size, minimum=1)
     held = np.minimum(buffer_size, n - np.arange(n, dtype=np.int64))
-    return _rng(seed, epoch, _PURPOSE_BUFFER).integers(0, held, dtype=np.int64)
+    return _rng(seed, epoch, purpose).integers(0, held, dtype=np.int64)
 
 
 def simulate_buffer(draws: npt.ArrayLike, buffer_size: int) -> IntArray:
@@ -192,7 +197,8 @@ def file_shuffle_buffer_order(
         [np.arange(starts[k], starts[k] + sizes[k], dtype=np.int64) for k in shard_order]
         or [np.empty(0, dtype=np.int64)]
     )
-    return stream[buffer_shuffle_order(int(stream.size), buffer_size, seed, epoch=epoch)]
+    draws = _draws(int(stream.size), buffer_size, seed, epoch, _PURPOSE_FILES_BUFFER)
+    return stream[simulate_buffer(draws, buffer_size)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,9 +227,13 @@ def _as_order(order: npt.ArrayLike, num_records: int | None) -> tuple[IntArray, 
 def _ranks(values: IntArray) -> npt.NDArray[np.float64]:
     """Ranks 0..n-1 with ties given their average rank (values of a permutation are their own)."""
     n = values.size
-    if int(values.min()) == 0 and int(values.max()) == n - 1:
-        if np.all(np.bincount(values, minlength=n) == 1):
-            return values.astype(np.float64)
+    is_permutation = (
+        int(values.min()) == 0
+        and int(values.max()) == n - 1
+        and bool(np.all(np.bincount(values, minlength=n) == 1))
+    )
+    if is_permutation:
+        return values.astype(np.float64)
     _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     average = first + (counts - 1) / 2.0
@@ -309,7 +319,9 @@ def chi2_sf(statistic: float, dof: int) -> float:
     return _regularised_upper_gamma(dof / 2.0, max(statistic, 0.0) / 2.0)
 
 
-def decile_chi2(order: npt.ArrayLike, *, num_records: int | None = None, bins: int = 10) -> ChiSquare:
+def decile_chi2(
+    order: npt.ArrayLike, *, num_records: int | None = None, bins: int = 10
+) -> ChiSquare:
     """Chi-square test of independence of position decile and record-index decile.
 
     A uniform shuffle puts every index decile equally in every position decile; a buffer keeps

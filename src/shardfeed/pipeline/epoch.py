@@ -1,0 +1,124 @@
+"""One pass over the rest of an epoch: ordered parallel batches with bounded prefetch.
+
+::
+
+    batch k  = positions share[k*B : (k+1)*B]           (this rank's share of the epoch)
+    slices   = pieces of ~B/num_threads positions       (one task each, any thread)
+    buffer   = ring[k mod (prefetch_batches + 1)]       (preallocated, reused)
+
+    submitted: k .. k+prefetch_batches-1 while the caller holds batch k-1
+
+Batches come out in order; at most ``prefetch_batches`` batches are being built while the
+caller holds one more, so the ring has ``prefetch_batches + 1`` buffers. A yielded batch's
+arrays live in the ring: they stay valid until the caller asks for the next batch
+(``copy=True`` gives batches the caller may keep).
+
+Determinism: a batch is a function of its positions; threads only change when it is ready.
+State: kept by the Loader (it commits each batch as it is handed out). Memory: the ring.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardfeed.pipeline.batching import BatchBuffer
+from shardfeed.pipeline.source import EpochContext
+
+SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]
+
+
+@dataclass(slots=True)
+class _Pending:
+    index: int
+    buffer: BatchBuffer
+    count: int
+    futures: list[Future[int]] = field(default_factory=list)
+
+
+class EpochRun:
+    """Iterator over the batches of ``positions`` (this rank's remaining epoch positions).
+
+    ``on_batch(count, skipped)`` is called as each batch is handed out, before it is returned,
+    so that the Loader's state always describes what the caller has received.
+    """
+
+    def __init__(
+        self, *, ctx: EpochContext, positions: np.ndarray, batch_size: int, drop_last: bool,
+        slice_size: int, prefetch_batches: int, ring: list[BatchBuffer],
+        executor: ThreadPoolExecutor, build_slice: SliceFn, copy: bool,
+        on_batch: Callable[[int, int, bool], None],
+    ) -> None:
+        self.ctx = ctx
+        self.positions = positions
+        self.batch_size = batch_size
+        count = len(positions)
+        self.num_batches = count // batch_size if drop_last else -(-count // batch_size)
+        self.slice_size = slice_size
+        self.prefetch = prefetch_batches
+        self.ring = ring
+        self.executor = executor
+        self.build_slice = build_slice
+        self.copy = copy
+        self.on_batch = on_batch
+        self.pending: deque[_Pending] = deque()
+        self.next_submit = 0
+        self.next_yield = 0
+        self.closed = False
+
+    def __iter__(self) -> EpochRun:
+        return self
+
+    def _submit(self, index: int) -> None:
+        lo = index * self.batch_size
+        positions = self.positions[lo : lo + self.batch_size]
+        buffer = self.ring[index % len(self.ring)]
+        buffer.reset_lists()
+        pending = _Pending(index, buffer, len(positions))
+        for start in range(0, len(positions), self.slice_size):
+            piece = positions[start : start + self.slice_size]
+            pending.futures.append(
+                self.executor.submit(self.build_slice, self.ctx, piece, buffer, start)
+            )
+        self.pending.append(pending)
+
+    def __next__(self) -> dict[str, Any]:
+        if self.closed:
+            raise StopIteration
+        while self.next_submit < self.num_batches and len(self.pending) < self.prefetch:
+            self._submit(self.next_submit)
+            self.next_submit += 1
+        if not self.pending:
+            self.close()
+            self.on_batch(0, 0, True)
+            raise StopIteration
+        head = self.pending[0]
+        try:
+            skipped = sum(future.result() for future in head.futures)
+        except BaseException:
+            self.close()
+            raise
+        self.pending.popleft()
+        batch = head.buffer.take(head.count, copy=self.copy)
+        self.next_yield += 1
+        last = self.next_yield == self.num_batches
+        self.on_batch(head.count, skipped, last)
+        if last:
+            self.close()
+        return batch
+
+    def close(self) -> None:
+        """Cancel batches not started and wait for running slices (they write into the ring)."""
+        if self.closed:
+            return
+        self.closed = True
+        futures = [f for pending in self.pending for f in pending.futures]
+        for future in futures:
+            future.cancel()
+        wait(futures)
+        self.pending.clear()

@@ -1,0 +1,489 @@
+"""The Loader: shuffled, transformed, batched samples from a source, with a tiny state.
+
+Determinism: the sample at global epoch position ``p`` is ``source.make_sample`` of unit
+``EpochOrder(seed, epoch)[p]`` with randomness from ``sample_rng(seed, epoch, p)``; this rank
+takes positions ``RankShare(total, rank, world_size, start=consumed)``. Nothing depends on
+the number of threads or processes, the prefetch depth or timing.
+
+State: ``{"seed", "epoch", "consumed", "skipped", "source"}`` — ``consumed`` is the prefix of
+the epoch's positions that all ranks together have received; it restores on any world size
+and any number of threads. Memory: see :meth:`Loader.memory_budget`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardfeed.errors import ShardfeedError, StateError
+from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
+from shardfeed.pipeline.epoch import EpochRun
+from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
+from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
+from shardfeed.pipeline.source import EpochContext, Sample, Source, as_source
+from shardfeed.sampling.partition import RankShare
+from shardfeed.sampling.permutation import EpochOrder
+
+logger = logging.getLogger(__name__)
+
+STATE_KEYS = frozenset({"seed", "epoch", "consumed", "skipped", "source"})
+
+
+class TooManyErrorsError(ShardfeedError):
+    """More bad samples in one epoch than ``on_error="skip"`` allows."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderStats:
+    """Counters of a Loader: bad samples replaced this epoch and since construction."""
+
+    epoch: int
+    skipped: int
+    skipped_total: int
+    batches_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """The memory a Loader will hold at most, in bytes, by part.
+
+    ``work_bytes_per_thread`` is estimated from the first sample of the epoch (its record's
+    encoded bytes times the slice length, plus its decoded image): datasets whose images are
+    much larger than the first one raise that term in proportion.
+    """
+
+    batch_bytes: int
+    ring_batches: int
+    work_bytes_per_thread: int
+    threads: int
+    index_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.batch_bytes * self.ring_batches
+                + self.work_bytes_per_thread * self.threads + self.index_bytes)
+
+
+class Loader:
+    """Batches of samples from a Dataset (or Windows / Patches source), in parallel.
+
+    ::
+
+        loader = Loader(ds, batch_size=256, shuffle=True, seed=0,
+                        transform=presets.train(size=224), num_threads=8)
+        for epoch in range(90):
+            loader.set_epoch(epoch)
+            for batch in loader:       # {"image": uint8 (256,224,224,3), "label": (256,), ...}
+                ...
+
+    Batches: numeric features become arrays with the batch first ((B,) when the stored length
+    is 1), bytes and strings lists. ``transform=None`` gives the parsed features as stored.
+    Arrays live in a ring of ``prefetch_batches + 1`` reused buffers: a batch stays valid until
+    the next one is requested; pass ``copy=True`` to keep batches longer.
+
+    Iterating runs the rest of the current epoch; when it completes the loader moves on to the
+    next epoch, so ``for batch in loader`` again gives the next epoch. ``set_epoch(e)`` jumps to
+    the start of epoch ``e`` (a no-op if ``e`` is the current epoch, so a restored position is
+    kept). ``state()`` / ``restore(state)`` save and continue the identical stream.
+
+    Errors: ``on_error="raise"`` stops at a corrupt record or undecodable image with its shard,
+    record and byte offset; ``"skip"`` replaces it deterministically (see
+    :mod:`shardfeed.pipeline.produce`), counts it in :attr:`stats`, and raises
+    :class:`TooManyErrorsError` past ``max_skipped`` (or ``max_skipped_fraction``) an epoch.
+    Exceptions from the transform reach the caller unchanged, with a note naming the record.
+
+    Workers: ``workers="threads"`` (default; decoders release the GIL) or ``"processes"``
+    (transforms that hold the GIL; batches are written into shared memory; same bytes).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        /,
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        transform: Any = None,
+        num_threads: int = 4,
+        prefetch_batches: int = 2,
+        drop_last: bool = False,
+        on_error: str = "raise",
+        max_skipped: int | None = None,
+        max_skipped_fraction: float = 0.01,
+        rank: int | None = None,
+        world_size: int | None = None,
+        workers: str = "threads",
+        copy: bool = False,
+        order_method: str = "exact",
+    ) -> None:
+        if (rank is None) != (world_size is None):
+            raise ValueError(
+                f"pass both rank and world_size or neither, got rank={rank!r}, "
+                f"world_size={world_size!r}"
+            )
+        self.options = LoaderOptions(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, num_threads=num_threads,
+            prefetch_batches=prefetch_batches, drop_last=drop_last,
+            rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
+            workers=workers, copy=copy, order_method=order_method,
+        )
+        self.policy = ErrorPolicy(
+            on_error=on_error, max_skipped=max_skipped, max_skipped_fraction=max_skipped_fraction
+        )
+        self.source: Source = as_source(source)
+        self._transform = self.source.bind(transform)
+        self._builder = SliceBuilder(self.source, self._transform, skip=self.policy.on_error == "skip")
+        self.num_units = int(self.source.num_units)
+        self.samples_per_epoch = int(self.source.samples_per_epoch(self.num_units))
+        per_rank = self.samples_per_epoch // self.options.world_size
+        if drop_last and per_rank < batch_size:
+            warnings.warn(
+                f"each of {self.options.world_size} rank(s) gets {per_rank} samples an epoch, "
+                f"fewer than batch_size={batch_size}: with drop_last=True it yields no batch; "
+                "lower batch_size or pass drop_last=False",
+                stacklevel=2,
+            )
+        self._epoch = 0
+        self._consumed = 0
+        self._skipped = 0
+        self._skipped_total = 0
+        self._batches_total = 0
+        self._layout: BatchLayout | None = None
+        self._probe: tuple[Sample, list[Sample]] | None = None
+        self._ring: list[BatchBuffer] | None = None
+        self._shared: SharedBatchRing | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._processes: Any = None
+        self._run: EpochRun | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _release, [None, None, None])
+
+    # -- presets -------------------------------------------------------------------------------
+
+    @classmethod
+    def for_train(cls, source: Any, /, *, batch_size: int, **options: Any) -> Loader:
+        """A training loader: shuffled, last partial batch dropped (override any option)."""
+        options.setdefault("shuffle", True)
+        options.setdefault("drop_last", True)
+        return cls(source, batch_size=batch_size, **options)
+
+    @classmethod
+    def for_eval(cls, source: Any, /, *, batch_size: int, **options: Any) -> Loader:
+        """An evaluation loader: dataset order, last partial batch kept (override any option)."""
+        options.setdefault("shuffle", False)
+        options.setdefault("drop_last", False)
+        return cls(source, batch_size=batch_size, **options)
+
+    # -- epochs and state ------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def stats(self) -> LoaderStats:
+        return LoaderStats(self._epoch, self._skipped, self._skipped_total, self._batches_total)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Go to the start of ``epoch``; keep the position if it is the current epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._stop_run()
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._consumed = 0
+            self._skipped = 0
+
+    def state(self) -> dict[str, Any]:
+        """Where the stream stands, after the batches handed out so far (JSON-serialisable)."""
+        return {
+            "seed": self.options.seed,
+            "epoch": self._epoch,
+            "consumed": self._consumed,
+            "skipped": self._skipped,
+            "source": self.source.state(),
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue the stream that ``state`` was saved from (any thread or rank count)."""
+        if not isinstance(state, Mapping):
+            raise StateError(f"a loader state is a dict from Loader.state(), got {type(state)}")
+        keys = set(state)
+        if keys != STATE_KEYS:
+            missing = sorted(STATE_KEYS - keys)
+            foreign = sorted(keys - STATE_KEYS)
+            raise StateError(
+                f"not a Loader state: missing keys {missing}, foreign keys {foreign}; pass the "
+                "dict Loader.state() returned (nested states pass their 'loader' part)"
+            )
+        for name in ("seed", "epoch", "consumed", "skipped"):
+            value = state[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StateError(f"state[{name!r}] must be a non-negative int, got {value!r}")
+        if state["seed"] != self.options.seed:
+            raise StateError(
+                f"the state was saved with seed={state['seed']}, this loader has "
+                f"seed={self.options.seed}: construct the Loader with seed={state['seed']}"
+            )
+        if state["consumed"] > self.samples_per_epoch:
+            raise StateError(
+                f"state['consumed']={state['consumed']} exceeds the {self.samples_per_epoch} "
+                "samples of an epoch here: the state belongs to another dataset"
+            )
+        source_state = state["source"]
+        if not isinstance(source_state, Mapping):
+            raise StateError(f"state['source'] must be a dict, got {source_state!r}")
+        self.source.restore(source_state)
+        self._stop_run()
+        self._epoch = int(state["epoch"])
+        self._consumed = int(state["consumed"])
+        self._skipped = int(state["skipped"])
+
+    # -- sizes -----------------------------------------------------------------------------------
+
+    def _positions(self, epoch_start: int) -> np.ndarray:
+        opts = self.options
+        share = RankShare(
+            self.samples_per_epoch, rank=opts.rank, world_size=opts.world_size,
+            start=epoch_start, remainder="drop" if opts.drop_last else "pad",
+        )
+        return np.asarray(share[0 : len(share)], dtype=np.int64)
+
+    def __len__(self) -> int:
+        """Batches in a whole epoch on this rank."""
+        count = len(self._positions(0))
+        bs = self.options.batch_size
+        return count // bs if self.options.drop_last else -(-count // bs)
+
+    def _context(self) -> EpochContext:
+        opts = self.options
+        order = EpochOrder(
+            self.num_units, seed=opts.seed, epoch=self._epoch, shuffle=opts.shuffle,
+            method=opts.order_method,  # type: ignore[arg-type]
+        )
+        return EpochContext(opts.seed, self._epoch, order, self.samples_per_epoch)
+
+    def _ensure_layout(self, ctx: EpochContext, position: int) -> BatchLayout:
+        if self._layout is None:
+            ids = self.source.plan(ctx, np.array([position], dtype=np.int64))[0]
+            records: list[Sample] = []
+            with contextlib.suppress(*DATA_ERRORS):  # a bad first record: its size is unknown
+                by_id = self._builder.read(ids)
+                records = [by_id[int(i)] for i in ids]
+            sample, _ = self._builder.sample_at(ctx, position)
+            self._probe = (sample, records)
+            self._layout = BatchLayout.infer(
+                sample, batch_size=self.options.batch_size, lengths=self.source.feature_lengths()
+            )
+        return self._layout
+
+    def memory_budget(self) -> MemoryBudget:
+        """The most memory the loader holds, by part; builds one sample to learn its size."""
+        self._check_open()
+        if self._layout is None:
+            self._ensure_layout(self._context(), 0)
+        assert self._layout is not None and self._probe is not None
+        _, records = self._probe
+        row_bytes = self._layout.batch_bytes() // self.options.batch_size
+        encoded = sum(_payload_bytes(r) for r in records)
+        work = self.options.slice_size() * encoded + _decoded_bytes(records) + row_bytes
+        index = self.source.index_bytes
+        if self.options.order_method == "exact":
+            index += 4 * self.num_units if self.num_units < 2**31 else 8 * self.num_units
+        return MemoryBudget(
+            batch_bytes=self._layout.batch_bytes(),
+            ring_batches=self.options.prefetch_batches + 1,
+            work_bytes_per_thread=work,
+            threads=self.options.num_threads,
+            index_bytes=index,
+        )
+
+    @property
+    def memory_bound_bytes(self) -> int:
+        """:meth:`memory_budget` in one number of bytes."""
+        return self.memory_budget().total_bytes
+
+    # -- iteration -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Loader is closed; create a new one to read again")
+
+    def _resources(self, layout: BatchLayout) -> tuple[list[BatchBuffer], Any]:
+        opts = self.options
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=opts.num_threads, thread_name_prefix="shardfeed-loader"
+            )
+        if self._ring is None:
+            size = opts.prefetch_batches + 1
+            if opts.workers == "processes":
+                from shardfeed.pipeline.workers import ProcessWorkers
+
+                self._shared = SharedBatchRing(layout, size)
+                self._ring = self._shared.buffers
+                self._processes = ProcessWorkers(
+                    self._builder, layout, self._shared.names, self._ring,
+                    processes=opts.num_threads,
+                )
+            else:
+                self._ring = local_ring(layout, size)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(
+                self, _release, [self._executor, self._processes, self._shared]
+            )
+        build = self._processes.build_slice if self._processes is not None else (
+            self._builder.build_slice
+        )
+        return self._ring, build
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._check_open()
+        self._stop_run()
+        opts = self.options
+        ctx = self._context()
+        positions = self._positions(self._consumed)
+        if len(positions):
+            layout = self._ensure_layout(ctx, int(positions[0]))
+            ring, build = self._resources(layout)
+        else:
+            ring, build = [], self._builder.build_slice
+        self._run = EpochRun(
+            ctx=ctx, positions=positions, batch_size=opts.batch_size, drop_last=opts.drop_last,
+            slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
+            executor=self._executor or ThreadPoolExecutor(max_workers=1),
+            build_slice=build, copy=opts.copy, on_batch=self._commit,
+        )
+        return _Guard(self, self._run)
+
+    def _commit(self, count: int, skipped: int, last: bool) -> None:
+        opts = self.options
+        self._batches_total += 1 if count else 0
+        self._skipped += skipped
+        self._skipped_total += skipped
+        if skipped:
+            budget = self.policy.budget(self.samples_per_epoch // opts.world_size)
+            logger.warning("replaced %d bad sample(s) in epoch %d (%d this epoch, budget %d)",
+                           skipped, self._epoch, self._skipped, budget)
+            if self._skipped > budget:
+                raise TooManyErrorsError(
+                    f"{self._skipped} bad samples in epoch {self._epoch}, more than the budget of "
+                    f"{budget}: check the data with `shardfeed verify`, or raise max_skipped / "
+                    "max_skipped_fraction"
+                )
+        if last:
+            self._epoch += 1
+            self._consumed = 0
+            self._skipped = 0
+        else:
+            self._consumed = min(
+                self.samples_per_epoch, self._consumed + count * opts.world_size
+            )
+
+    def _stop_run(self) -> None:
+        if self._run is not None:
+            self._run.close()
+            self._run = None
+
+    def close(self) -> None:
+        """Stop workers and free buffers; idempotent. Iterating afterwards raises."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_run()
+        self._finalizer()
+        self._ring = None
+        self._executor = None
+        self._processes = None
+        self._shared = None
+
+    def __enter__(self) -> Loader:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        opts = self.options
+        return (f"Loader({type(self.source).__name__}, batch_size={opts.batch_size}, "
+                f"shuffle={opts.shuffle}, seed={opts.seed}, epoch={self._epoch}, "
+                f"consumed={self._consumed}/{self.samples_per_epoch})")
+
+
+class _Guard:
+    """The iterator handed to the caller; maps an exhausted replacement search to an error."""
+
+    __slots__ = ("loader", "run")
+
+    def __init__(self, loader: Loader, run: EpochRun) -> None:
+        self.loader = loader
+        self.run = run
+
+    def __iter__(self) -> _Guard:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self.loader._closed:
+            raise RuntimeError("this Loader is closed; create a new one to read again")
+        try:
+            return next(self.run)
+        except TooManyBadSamples as exc:
+            raise TooManyErrorsError(
+                f"{exc}: check the data with `shardfeed verify`"
+            ) from exc
+
+
+def _release(parts: list[Any]) -> None:
+    executor, processes, shared = parts
+    if processes is not None:
+        processes.close()
+    if executor is not None:
+        executor.shutdown(wait=True, cancel_futures=True)
+    if shared is not None:
+        shared.close()
+
+
+def _payload_bytes(record: Mapping[str, Any]) -> int:
+    total = 0
+    for value in record.values():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            total += len(value)
+        elif isinstance(value, list):
+            total += sum(len(v) for v in value if isinstance(v, (bytes, bytearray)))
+        elif isinstance(value, np.ndarray):
+            total += value.nbytes
+    return total
+
+
+def _decoded_bytes(records: list[Sample]) -> int:
+    total = 0
+    for record in records:
+        dims = []
+        for key in ("image/height", "image/width"):
+            value = record.get(key)
+            if value is None:
+                break
+            dims.append(int(np.asarray(value).reshape(-1)[0]))
+        if len(dims) == 2:
+            channels = record.get("image/channels")
+            c = int(np.asarray(channels).reshape(-1)[0]) if channels is not None else 3
+            total += math.prod(dims) * c
+    return total
+
+
+def state_to_json(state: Mapping[str, Any]) -> str:
+    """A loader state as JSON text (it is JSON-serialisable as is; this fixes key order)."""
+    return json.dumps(state, sort_keys=True)

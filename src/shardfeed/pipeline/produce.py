@@ -1,0 +1,195 @@
+"""Build the samples of one batch slice: plan, one coalesced read, make each sample, write rows.
+
+Errors. Data errors are :class:`CorruptRecordError` (a damaged record) and :class:`DecodeError`
+(an image that does not decode). With ``on_error="raise"`` they stop the loader and name the
+shard, record and byte offset (taken from ``source.locate``). Any other exception raised by a
+transform (a bug in user code) always propagates unchanged — same object, original traceback —
+with a note naming the epoch position, the record and the stage.
+
+Skipping. With ``on_error="skip"`` a bad sample at position ``p`` is replaced by the sample of
+another position ``q`` of the same epoch, drawn from the generator keyed ``(seed, epoch, p,
+PURPOSE_REPLACE)`` (up to :data:`MAX_REPLACEMENT_TRIES` draws; every bad draw is counted too).
+The replacement is thus fixed by the key alone: the same for any number of threads, processes
+or ranks, and the same after a restore.
+
+Determinism: every sample is a function of ``(seed, epoch, position)`` and the data.
+State: none (the Loader counts skipped samples). Memory: the slice's records while it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardfeed.errors import CorruptRecordError, DecodeError, location
+from shardfeed.pipeline.batching import BatchBuffer
+from shardfeed.pipeline.source import EpochContext, Sample, SampleKey, Source, Transform
+from shardfeed.sampling.keys import SKIP_REPLACEMENT
+
+DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
+PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
+MAX_REPLACEMENT_TRIES = 16
+
+
+class TooManyBadSamples(Exception):
+    """Internal: every replacement draw for one position was bad as well."""
+
+
+class SliceBuilder:
+    """Builds slices of batches for one loader; shared by all worker threads.
+
+    Determinism, state and memory: see the module docstring.
+    """
+
+    def __init__(self, source: Source, transform: Transform | None, *, skip: bool) -> None:
+        self.source = source
+        self.transform = transform
+        self.skip = skip
+
+    # -- places, for messages -------------------------------------------------------------------
+
+    def describe(self, position: int, record_ids: Sequence[int]) -> str:
+        places = []
+        for record in record_ids[:4]:
+            try:
+                path, in_shard, offset = self.source.locate(int(record))
+                places.append(f"record id {record}: {location(path, in_shard, offset)}")
+            except Exception:  # noqa: BLE001 - a message must never fail to be built
+                places.append(f"record id {record}")
+        if len(record_ids) > 4:
+            places.append(f"... {len(record_ids) - 4} more records")
+        return f"epoch position {position} ({'; '.join(places)})"
+
+    def located(self, exc: BaseException, key: SampleKey, record_ids: Sequence[int],
+                stage: str) -> BaseException | None:
+        """A located replacement for a data error, or None after adding a note to ``exc``."""
+        where = self.describe(key.position, record_ids)
+        if isinstance(exc, DATA_ERRORS) and getattr(exc, "path", None) is None and record_ids:
+            path, in_shard, offset = self.source.locate(int(record_ids[0]))
+            message = f"{exc} [{stage} of epoch {key.epoch}, {where}]"
+            if isinstance(exc, CorruptRecordError):
+                return CorruptRecordError(message, path=path, record=in_shard, offset=offset)
+            return DecodeError(message, path=path, record=in_shard, offset=offset)
+        exc.add_note(f"shardfeed: raised in stage '{stage}' of epoch {key.epoch}, {where}")
+        return None
+
+    # -- one sample ----------------------------------------------------------------------------
+
+    def make(self, key: SampleKey, record_ids: Sequence[int], records: Sequence[Sample]) -> Sample:
+        """``source.make_sample`` with errors located (raises; the caller decides on skips)."""
+        try:
+            return self.source.make_sample(key, record_ids, records, self.transform)
+        except Exception as exc:
+            replacement = self.located(exc, key, record_ids, "transform")
+            if replacement is not None:
+                raise replacement from exc
+            raise
+
+    def read(self, record_ids: Sequence[int]) -> dict[int, Sample]:
+        unique = list(dict.fromkeys(int(i) for i in record_ids))
+        if not unique:
+            return {}
+        return dict(zip(unique, self.source.read(unique)))
+
+    def sample_at(self, ctx: EpochContext, position: int) -> tuple[Sample, int]:
+        """The sample at ``position`` (or its replacement) and how many bad samples it met."""
+        try:
+            return self._build_one(ctx, position), 0
+        except DATA_ERRORS:
+            if not self.skip:
+                raise
+        sample, bad = self.replacement(ctx, position)
+        return sample, bad + 1
+
+    def _build_one(self, ctx: EpochContext, position: int) -> Sample:
+        ids = self.source.plan(ctx, np.array([position], dtype=np.int64))[0]
+        key = ctx.key(position)
+        try:
+            records = self.read(ids)
+        except Exception as exc:
+            replacement = self.located(exc, key, ids, "read")
+            if replacement is not None:
+                raise replacement from exc
+            raise
+        return self.make(key, ids, [records[int(i)] for i in ids])
+
+    def replacement(self, ctx: EpochContext, position: int) -> tuple[Sample, int]:
+        """The deterministic stand-in for the bad sample at ``position``; bad draws met."""
+        rng = ctx.rng(position, PURPOSE_REPLACE)
+        bad = 0
+        for _ in range(MAX_REPLACEMENT_TRIES):
+            other = int(rng.integers(ctx.total))
+            try:
+                return self._build_one(ctx, other), bad
+            except DATA_ERRORS:
+                bad += 1
+        raise TooManyBadSamples(
+            f"{MAX_REPLACEMENT_TRIES} replacement draws for epoch position {position} were all "
+            "bad records"
+        )
+
+    # -- one slice -------------------------------------------------------------------------------
+
+    def read_slice(self, ctx: EpochContext, positions: np.ndarray) -> tuple[
+        list[Sequence[int]], dict[int, Sample], dict[int, BaseException]
+    ]:
+        """Plan and read a slice; with skipping, bad records are returned apart, not raised."""
+        plans = self.source.plan(ctx, positions)
+        all_ids = [int(i) for ids in plans for i in ids]
+        try:
+            return plans, self.read(all_ids), {}
+        except DATA_ERRORS as exc:
+            if not self.skip:
+                # name the sample whose record is bad: find it by reading one at a time
+                self._raise_first_bad(ctx, positions, plans, exc)
+                raise
+        records: dict[int, Sample] = {}
+        bad: dict[int, BaseException] = {}
+        for record in dict.fromkeys(all_ids):
+            try:
+                records[record] = self.source.read([record])[0]
+            except DATA_ERRORS as exc:
+                bad[record] = exc
+        return plans, records, bad
+
+    def _raise_first_bad(self, ctx: EpochContext, positions: np.ndarray,
+                         plans: list[Sequence[int]], first: BaseException) -> None:
+        for position, ids in zip(positions, plans):
+            for record in ids:
+                try:
+                    self.source.read([int(record)])
+                except DATA_ERRORS as exc:
+                    replacement = self.located(exc, ctx.key(int(position)), [record], "read")
+                    if replacement is not None:
+                        raise replacement from exc
+                    raise
+        del first
+
+    def build_slice(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
+                    first_row: int) -> int:
+        """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met."""
+        plans, records, bad_records = self.read_slice(ctx, positions)
+        skipped = 0
+        for row, (position, ids) in enumerate(zip(positions.tolist(), plans)):
+            key = ctx.key(position)
+            sample: Sample | None = None
+            if not any(int(i) in bad_records for i in ids):
+                try:
+                    sample = self.make(key, ids, [records[int(i)] for i in ids])
+                except DATA_ERRORS:
+                    if not self.skip:
+                        raise
+            if sample is None:
+                sample, bad = self.replacement(ctx, position)
+                skipped += bad + 1
+            buffer.write(first_row + row, sample, where=self.describe(position, ids))
+        return skipped
+
+
+def describe_value(value: Any) -> str:
+    """Short description of a sample value for messages."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {value.shape}"
+    return type(value).__name__

@@ -1,0 +1,325 @@
+"""The source protocol the Loader drives, and the record source (one sample per record).
+
+A *source* turns global epoch positions into sample dicts. The Loader owns everything that is
+the same for every kind of sample: the shuffled order, the rank share, the thread pool,
+batching, prefetch, errors and state. A source owns only what differs between records,
+windows of frames and patches of images::
+
+    Loader                                   Source
+    ------                                   ------
+    n = source.num_units                     how many things to shuffle
+    total = source.samples_per_epoch(n)      how many outputs an epoch has
+    ctx = EpochContext(seed, epoch,
+                       EpochOrder(n, ...))
+    for a slice of a batch (positions):
+      ids = source.plan(ctx, positions)      record ids each output needs
+      recs = source.read(unique ids)         one coalesced read for the slice
+      for p, its ids:
+        key = SampleKey(seed, epoch, p)
+        sample = source.make_sample(key, ids, recs, transform)
+
+How each source answers:
+
+=========  ============  ====================  ===============================  ==========================
+source     unit          samples_per_epoch(n)  plan(ctx, p)                     make_sample
+=========  ============  ====================  ===============================  ==========================
+records    a record      n                     ``[order[p]]``                   transform(record, rng)
+windows    a window      n                     ``frames(order[p])`` (k ids)     transform every frame with
+                                                                                a fresh ``key.rng()`` (same
+                                                                                choices per frame), stack
+                                                                                per-frame arrays on axis 0,
+                                                                                label of the last frame
+patches    an image      ``len(schedule)``     ``[order[q]]``, q = pick of the  crop of the (cached) decoded
+                                               schedule with ``ctx.rng(p,       image with ``key.rng()``
+                                               PICK)`` in ``window(p)``
+=========  ============  ====================  ===============================  ==========================
+
+Rules every source keeps (they are what make the Loader's output independent of thread count,
+rank count, prefetch depth and timing):
+
+* ``plan`` and ``make_sample`` are pure functions of their arguments (and of the dataset's
+  bytes). All randomness comes from ``key.rng(purpose)`` / ``ctx.rng(position, purpose)``,
+  which are keyed by ``(seed, epoch, position, purpose)``. A cache (the patch cache) may make
+  them faster, never different.
+* ``plan``, ``read`` and ``make_sample`` are called from many threads at once.
+* ``make_sample`` returns a dict whose arrays have the same shapes and dtypes for every
+  position (the Loader stacks them into preallocated batch arrays); values that are not
+  arrays or numbers (bytes, strings, lists) are collected into lists.
+* For process workers (``workers="processes"``) a source must pickle; the pickled copy is only
+  asked for ``make_sample``, so it may leave out the dataset handle.
+* ``state()`` returns the source's own JSON-serialisable keys (its configuration fingerprint,
+  e.g. window length); ``restore(state)`` raises StateError when they do not match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from shardfeed.errors import StateError
+from shardfeed.sampling.keys import sample_rng
+from shardfeed.sampling.permutation import EpochOrder
+
+Sample = dict[str, Any]
+Transform = Callable[[Sample, np.random.Generator], Sample]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleKey:
+    """The identity of one output: ``(seed, epoch, position)``; ``rng()`` gives its randomness."""
+
+    seed: int
+    epoch: int
+    position: int
+
+    def rng(self, purpose: int = 0) -> np.random.Generator:
+        """A fresh generator keyed by ``(seed, epoch, position, purpose)``; same key, same draws."""
+        return sample_rng(self.seed, self.epoch, self.position, purpose)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochContext:
+    """What a source needs to plan the outputs of one epoch: the key and the shuffled units."""
+
+    seed: int
+    epoch: int
+    order: EpochOrder
+    total: int
+
+    def rng(self, position: int, purpose: int = 0) -> np.random.Generator:
+        """The keyed generator of one output position (see :class:`SampleKey`)."""
+        return sample_rng(self.seed, self.epoch, position, purpose)
+
+    def key(self, position: int) -> SampleKey:
+        return SampleKey(self.seed, self.epoch, position)
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the Loader needs from a dataset view (records, windows or patches).
+
+    See the module docstring for the contract and how each kind of source answers.
+    """
+
+    @property
+    def num_units(self) -> int:
+        """How many units the epoch order shuffles (records, windows or images)."""
+        ...
+
+    def samples_per_epoch(self, num_units: int) -> int:
+        """How many outputs one epoch over ``num_units`` shuffled units has."""
+        ...
+
+    def bind(self, transform: Transform | None) -> Transform | None:
+        """Return the transform bound to this source's schema (``transform.bind``), once."""
+        ...
+
+    def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
+        """The record ids each output at ``positions`` needs, in the order make_sample wants."""
+        ...
+
+    def read(self, records: Sequence[int]) -> list[Sample]:
+        """Read and parse ``records`` (distinct ids), one dict each in the asked order."""
+        ...
+
+    def make_sample(
+        self,
+        key: SampleKey,
+        record_ids: Sequence[int],
+        records: Sequence[Sample],
+        transform: Transform | None,
+    ) -> Sample:
+        """Build the output ``key.position`` from its read records and keyed randomness."""
+        ...
+
+    def locate(self, record: int) -> tuple[str, int, int]:
+        """``(path, record within shard, byte offset)`` of a record id, for error messages."""
+        ...
+
+    def feature_lengths(self) -> Mapping[str, int | None]:
+        """Stored length of each numeric feature (None if it varies), for batching rules."""
+        ...
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes of index the source keeps in memory (offsets, windows, ...)."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """The source's own state keys (a configuration fingerprint), JSON-serialisable."""
+        ...
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Check a state from :meth:`state`; raise StateError if it is not this source's."""
+        ...
+
+
+class DatasetLike(Protocol):
+    """The part of ``shardfeed.Dataset`` the record source uses."""
+
+    def __len__(self) -> int: ...
+
+    def read_many(self, indices: Sequence[int]) -> list[dict[str, Any]]: ...
+
+    def locate(self, i: int) -> tuple[str, int, int]: ...
+
+    @property
+    def schema(self) -> Any: ...
+
+    @property
+    def root(self) -> Any: ...
+
+
+def bind_transform(transform: Any, schema: Any, root: Any) -> Transform | None:
+    """Bind ``transform`` to a schema (``transform.bind(schema, root=root)``) if it can be bound.
+
+    A plain one-argument ``f(sample) -> sample`` is accepted and called without the generator.
+    """
+    if transform is None:
+        return None
+    if not callable(transform):
+        raise TypeError(
+            f"transform must be callable as transform(sample, rng) -> sample, got {transform!r}"
+        )
+    bind = getattr(transform, "bind", None)
+    if callable(bind) and not isinstance(transform, type):
+        transform = bind(schema, root=root)
+    if _takes_one_argument(transform):
+        return _OneArgument(transform)
+    return transform  # type: ignore[no-any-return]
+
+
+def _takes_one_argument(fn: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    has_var = any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values())
+    return len(positional) == 1 and not has_var
+
+
+class _OneArgument:
+    """Adapts ``f(sample)`` to the ``f(sample, rng)`` transform signature (picklable)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Sample], Sample]) -> None:
+        self.fn = fn
+
+    def __call__(self, sample: Sample, rng: np.random.Generator) -> Sample:
+        return self.fn(sample)
+
+
+class RecordSource:
+    """One output per record of a Dataset: the record at order position p, transformed.
+
+    Determinism: output p is ``transform(ds[order[p]], sample_rng(seed, epoch, p))``.
+    State: ``{"kind": "records", "records": len(ds)}`` (a fingerprint). Memory: the dataset's
+    index (8 bytes a record); nothing per sample beyond the record being built.
+    """
+
+    kind = "records"
+
+    def __init__(self, dataset: DatasetLike, /) -> None:
+        for name in ("read_many", "locate", "__len__"):
+            if not hasattr(dataset, name):
+                raise TypeError(
+                    f"a Loader source must be a shardfeed.Dataset (or Windows/Patches); "
+                    f"{type(dataset).__name__} has no {name}()"
+                )
+        self.dataset: DatasetLike | None = dataset
+        self._len = len(dataset)
+        self._lengths = _schema_lengths(getattr(dataset, "schema", None))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Process workers only call make_sample: leave the dataset (open files) behind.
+        return {"dataset": None, "_len": self._len, "_lengths": self._lengths}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.dataset = state["dataset"]
+        self._len = state["_len"]
+        self._lengths = state["_lengths"]
+
+    def _ds(self) -> DatasetLike:
+        if self.dataset is None:
+            raise RuntimeError("this copy of the record source has no dataset (process copy)")
+        return self.dataset
+
+    @property
+    def num_units(self) -> int:
+        return self._len
+
+    def samples_per_epoch(self, num_units: int) -> int:
+        return num_units
+
+    def bind(self, transform: Transform | None) -> Transform | None:
+        ds = self._ds()
+        return bind_transform(transform, getattr(ds, "schema", None), getattr(ds, "root", None))
+
+    def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
+        units = np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
+        return [(int(u),) for u in units]
+
+    def read(self, records: Sequence[int]) -> list[Sample]:
+        return self._ds().read_many(list(records))
+
+    def make_sample(
+        self,
+        key: SampleKey,
+        record_ids: Sequence[int],
+        records: Sequence[Sample],
+        transform: Transform | None,
+    ) -> Sample:
+        sample = dict(records[0])
+        if transform is None:
+            return sample
+        return transform(sample, key.rng())
+
+    def locate(self, record: int) -> tuple[str, int, int]:
+        return self._ds().locate(record)
+
+    def feature_lengths(self) -> Mapping[str, int | None]:
+        return self._lengths
+
+    @property
+    def index_bytes(self) -> int:
+        return 8 * (self._len + 1)
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": self.kind, "records": self._len}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        expected = self.state()
+        if dict(state) != expected:
+            raise StateError(
+                f"the saved state is for source {dict(state)!r}, but this loader reads "
+                f"{expected!r}: restore it on a Loader over the same dataset"
+            )
+
+
+def _schema_lengths(schema: Any) -> dict[str, int | None]:
+    features = getattr(schema, "features", None)
+    if not isinstance(features, Mapping):
+        return {}
+    lengths: dict[str, int | None] = {}
+    for name, info in features.items():
+        lengths[name] = getattr(info, "length", None)
+    return lengths
+
+
+def as_source(source: Any) -> Source:
+    """A Source for ``source``: itself if it is one, else a :class:`RecordSource` over it."""
+    if isinstance(source, RecordSource):
+        return source
+    if hasattr(source, "make_sample") and hasattr(source, "plan"):
+        return source  # type: ignore[no-any-return]
+    return RecordSource(source)

@@ -10,14 +10,24 @@ from shardfeed.format.index import (
     write_binary_index,
     write_text_index,
 )
+from shardfeed.format.manifest import Manifest, ShardInfo
+from shardfeed.format.schema import FeatureInfo, ImageInfo, Schema, infer_schema
+from shardfeed.format.writer import ShardWriter
 
 __all__ = [
+    "FeatureInfo",
     "FeatureSpec",
+    "ImageInfo",
+    "Manifest",
+    "Schema",
+    "ShardInfo",
+    "ShardWriter",
     "crc32c",
     "decode_example",
     "encode_example",
     "example_kinds",
     "frame",
+    "infer_schema",
     "load_binary_index",
     "masked_crc32c",
     "read_text_index",

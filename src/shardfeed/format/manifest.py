@@ -1,0 +1,257 @@
+"""The dataset manifest (``shardfeed.json``) and its per-record sidecars.
+
+::
+
+    dataset/
+      shardfeed.json          format, version, mode, root, schema, shards, group/order keys
+      train-00000.tfrecord    shard
+      train-00000.tfrecord.idx      DALI text index
+      train-00000.tfrecord.idx.npy  n+1 uint64 offsets
+      groups.npy              int64 group id per record (optional)
+      order.npy               float64 order key per record (optional)
+
+Shard paths are relative to the manifest's folder unless they are absolute or URLs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from shardfeed.errors import FormatError, SchemaError
+from shardfeed.format import _fileio
+from shardfeed.format import spec as S
+from shardfeed.format.schema import Schema
+from shardfeed.storage import is_remote
+
+Mode = Literal["embedded", "referenced", "tfrecord"]
+MODES: tuple[str, ...] = get_args(Mode)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard: path (relative to the manifest folder), record count, size, file CRC32C."""
+
+    path: str
+    records: int
+    bytes: int
+    crc32c: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("ShardInfo path must not be empty")
+        if self.records < 0 or self.bytes < 0:
+            raise ValueError(
+                f"ShardInfo {self.path!r}: records and bytes must be >= 0, got "
+                f"{self.records} and {self.bytes}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "records": self.records, "bytes": self.bytes,
+                "crc32c": self.crc32c}
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What is in a dataset. ``mode``: ``embedded`` (images inside the records),
+    ``referenced`` (records hold paths under ``root``) or ``tfrecord`` (indexed files written
+    by other tools). ``group_key``/``order_key`` name the features whose per-record values
+    are stored in the ``groups.npy``/``order.npy`` sidecars. ``extra`` holds free-form JSON
+    (e.g. class names)."""
+
+    shards: Sequence[ShardInfo]
+    schema: Schema | None = None
+    mode: Mode = "embedded"
+    root: str | None = None
+    group_key: str | None = None
+    order_key: str | None = None
+    version: int = S.FORMAT_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shards", tuple(self.shards))
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+        if self.mode not in MODES:
+            raise ValueError(f"manifest mode must be one of {MODES}, got {self.mode!r}")
+        if not isinstance(self.version, int) or self.version < 1:
+            raise ValueError(f"manifest version must be an int >= 1, got {self.version!r}")
+        for shard in self.shards:
+            if not isinstance(shard, ShardInfo):
+                raise TypeError(f"manifest shards must be ShardInfo, got {type(shard).__name__}")
+
+    @property
+    def num_records(self) -> int:
+        """Total records over all shards."""
+        return sum(s.records for s in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document written to ``shardfeed.json``."""
+        return {
+            "format": S.FORMAT_NAME,
+            "version": self.version,
+            "mode": self.mode,
+            "root": self.root,
+            "group_key": self.group_key,
+            "order_key": self.order_key,
+            "records": self.num_records,
+            "schema": None if self.schema is None else self.schema.to_json(),
+            "shards": [s.to_json() for s in self.shards],
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, where: str = "manifest") -> Manifest:
+        """Parse a manifest document; raises :class:`FormatError` naming ``where``."""
+        if not isinstance(data, Mapping) or data.get("format") != S.FORMAT_NAME:
+            raise FormatError(
+                f"file '{where}' is not a shardfeed manifest (no \"format\": "
+                f"\"{S.FORMAT_NAME}\"); open the shards as a list or glob instead"
+            )
+        version = data.get("version")
+        if not isinstance(version, int) or version > S.FORMAT_VERSION:
+            raise FormatError(
+                f"file '{where}' has manifest version {version!r}; this shardfeed reads up to "
+                f"version {S.FORMAT_VERSION}: upgrade shardfeed"
+            )
+        try:
+            shards = [
+                ShardInfo(path=s["path"], records=int(s["records"]), bytes=int(s["bytes"]),
+                          crc32c=s.get("crc32c"))
+                for s in data["shards"]
+            ]
+            schema_data = data.get("schema")
+            schema = None if schema_data is None else Schema.from_json(schema_data)
+            manifest = cls(
+                shards=shards, schema=schema, mode=data.get("mode", "embedded"),
+                root=data.get("root"), group_key=data.get("group_key"),
+                order_key=data.get("order_key"), version=version,
+                extra=data.get("extra") or {},
+            )
+        except SchemaError as exc:
+            raise FormatError(f"file '{where}': {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(
+                f"file '{where}' is a malformed manifest ({type(exc).__name__}: {exc}); "
+                "re-create it with `shardfeed index` or `shardfeed pack --resume`"
+            ) from None
+        total = data.get("records")
+        if total is not None and total != manifest.num_records:
+            raise FormatError(
+                f"file '{where}' says {total} records but its shards add up to "
+                f"{manifest.num_records}; re-create it with `shardfeed index`"
+            )
+        return manifest
+
+    def save(self, url: str | os.PathLike[str]) -> None:
+        """Write the manifest atomically (temp name + rename) to ``url``."""
+        text = json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+        _fileio.write_bytes_atomic(url, text.encode("utf-8"))
+
+    @classmethod
+    def load(cls, url: str | os.PathLike[str]) -> Manifest:
+        """Read a manifest file (a path or URL to ``shardfeed.json``)."""
+        where = os.fspath(url)
+        raw = _fileio.read_bytes(url)
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(
+                f"file '{where}' is not valid JSON ({exc}); re-create it with `shardfeed index`"
+            ) from None
+        return cls.from_json(data, where=where)
+
+
+def load(url: str | os.PathLike[str]) -> Manifest:
+    """Read a manifest file (a path or URL to ``shardfeed.json``)."""
+    return Manifest.load(url)
+
+
+def save(manifest: Manifest, url: str | os.PathLike[str]) -> None:
+    """Write ``manifest`` atomically to ``url``."""
+    manifest.save(url)
+
+
+def dataset_dir(manifest_url: str | os.PathLike[str]) -> str:
+    """The folder a manifest lives in (shard paths are relative to it)."""
+    text = os.fspath(manifest_url)
+    if is_remote(text):
+        return posixpath.dirname(text)
+    return os.path.dirname(os.path.abspath(text.removeprefix("file://")))
+
+
+def resolve(base: str, path: str) -> str:
+    """Join a shard/sidecar path from the manifest to the manifest's folder ``base``."""
+    if is_remote(path) or os.path.isabs(path):
+        return path
+    if is_remote(base):
+        return posixpath.join(base, path)
+    return os.path.join(base, path)
+
+
+def _array_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def save_sidecars(
+    base: str | os.PathLike[str],
+    *,
+    group_ids: np.ndarray | None = None,
+    order_keys: np.ndarray | None = None,
+) -> None:
+    """Write ``groups.npy`` (int64) and/or ``order.npy`` (float64) into the folder ``base``."""
+    folder = os.fspath(base)
+    if group_ids is not None:
+        arr = np.asarray(group_ids)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(
+                f"group_ids must be a 1-D integer array, one per record; got {arr.dtype} "
+                f"shape {arr.shape}"
+            )
+        _fileio.write_bytes_atomic(resolve(folder, S.GROUPS_NAME),
+                                   _array_bytes(arr.astype(np.int64)))
+    if order_keys is not None:
+        arr = np.asarray(order_keys)
+        if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+            raise ValueError(
+                f"order_keys must be a 1-D numeric array, one per record; got {arr.dtype} "
+                f"shape {arr.shape}"
+            )
+        _fileio.write_bytes_atomic(resolve(folder, S.ORDER_NAME),
+                                   _array_bytes(arr.astype(np.float64)))
+
+
+def load_sidecar(
+    base: str, name: Literal["groups.npy", "order.npy"], *, records: int
+) -> np.ndarray:
+    """Load one sidecar (memory-mapped when local) and check it has one value per record."""
+    url = resolve(base, name)
+    try:
+        if is_remote(url):
+            arr = np.load(io.BytesIO(_fileio.read_bytes(url)), allow_pickle=False)
+        else:
+            arr = np.load(url, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise FormatError(
+            f"file '{url}' is missing but the manifest names a "
+            f"{'group' if name == S.GROUPS_NAME else 'order'} key; re-run `shardfeed pack "
+            "--resume` or `shardfeed index` to rebuild it"
+        ) from None
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"file '{url}' is not a NumPy array ({exc}); rebuild it") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.shape[0] != records:
+        shape = getattr(arr, "shape", None)
+        raise FormatError(
+            f"file '{url}' has shape {shape} but the dataset has {records} records; the "
+            "sidecar is stale: re-run `shardfeed index`"
+        )
+    return arr

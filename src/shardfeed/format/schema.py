@@ -1,0 +1,261 @@
+"""The feature schema of a dataset: what each feature holds, where the image and mask are.
+
+Stored in the manifest (``to_json``/``from_json``) or inferred from a few decoded records
+(:func:`infer_schema`) for TFRecord files written by other tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from shardfeed.errors import SchemaError
+from shardfeed.format import spec as S
+from shardfeed.format.example import KINDS, Kind, Value
+
+Encoding = Literal["jpeg", "png", "mixed", "raw", "path"]
+ENCODINGS: tuple[str, ...] = get_args(Encoding)
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureInfo:
+    """One feature: its value kind and its value count (``None`` when it varies by record)."""
+
+    name: str
+    kind: Kind
+    length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"feature {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}"
+            )
+        if self.length is not None and (not isinstance(self.length, int) or self.length < 0):
+            raise ValueError(
+                f"feature {self.name!r}: length must be a non-negative int or None, got "
+                f"{self.length!r}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "length": self.length}
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    """Where an image (or mask) is in a record and how it is stored.
+
+    ``encoding``: ``jpeg``/``png`` (encoded bytes), ``mixed`` (either, per record), ``raw``
+    (pixel bytes of ``dtype``, shape from the height/width/channels features) or ``path``
+    (a file path, relative to the dataset root, read when used).
+    """
+
+    key: str
+    encoding: Encoding
+    height_key: str | None = None
+    width_key: str | None = None
+    channels_key: str | None = None
+    dtype: str = "uint8"
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(
+                f"image {self.key!r}: encoding must be one of {ENCODINGS}, got {self.encoding!r}"
+            )
+        if self.encoding == "raw" and (self.height_key is None or self.width_key is None):
+            raise ValueError(
+                f"image {self.key!r}: raw pixels need height_key and width_key to know the shape"
+            )
+        try:
+            np.dtype(self.dtype)
+        except TypeError:
+            raise ValueError(
+                f"image {self.key!r}: dtype must be a NumPy dtype name, got {self.dtype!r}"
+            ) from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key, "encoding": self.encoding, "height_key": self.height_key,
+            "width_key": self.width_key, "channels_key": self.channels_key, "dtype": self.dtype,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ImageInfo:
+        return cls(
+            key=data["key"], encoding=data["encoding"], height_key=data.get("height_key"),
+            width_key=data.get("width_key"), channels_key=data.get("channels_key"),
+            dtype=data.get("dtype", "uint8"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """Features of a dataset, plus which feature is the image, the mask and the label."""
+
+    features: Mapping[str, FeatureInfo] = field(default_factory=dict)
+    image: ImageInfo | None = None
+    mask: ImageInfo | None = None
+    label_key: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "features", MappingProxyType(dict(self.features)))
+        for role, info in (("image", self.image), ("mask", self.mask)):
+            if info is not None and self.features and info.key not in self.features:
+                raise ValueError(
+                    f"schema: the {role} key {info.key!r} is not among the features "
+                    f"{sorted(self.features)}"
+                )
+        if self.label_key is not None and self.features and self.label_key not in self.features:
+            raise ValueError(
+                f"schema: label_key {self.label_key!r} is not among the features "
+                f"{sorted(self.features)}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (the manifest's ``schema`` entry)."""
+        return {
+            "features": {name: info.to_json() for name, info in self.features.items()},
+            "image": None if self.image is None else self.image.to_json(),
+            "mask": None if self.mask is None else self.mask.to_json(),
+            "label_key": self.label_key,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Schema:
+        """Inverse of :meth:`to_json`; raises :class:`SchemaError` on a malformed entry."""
+        try:
+            features = {
+                name: FeatureInfo(name=name, kind=f["kind"], length=f.get("length"))
+                for name, f in data.get("features", {}).items()
+            }
+            image = data.get("image")
+            mask = data.get("mask")
+            return cls(
+                features=features,
+                image=None if image is None else ImageInfo.from_json(image),
+                mask=None if mask is None else ImageInfo.from_json(mask),
+                label_key=data.get("label_key"),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SchemaError(
+                f"malformed schema in the manifest ({exc}); re-create the manifest with "
+                "`shardfeed index`"
+            ) from None
+
+
+def _kind_and_count(value: Value) -> tuple[Kind | None, int]:
+    if isinstance(value, bytes):
+        return "bytes", 1
+    if isinstance(value, np.ndarray):
+        return ("int64" if value.dtype.kind in "iub" else "float"), int(value.size)
+    if isinstance(value, list):
+        return ("bytes" if value else None), len(value)
+    raise SchemaError(f"cannot infer a schema from a value of type {type(value).__name__}")
+
+
+def _sniff(data: bytes) -> str | None:
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    return None
+
+
+def _encoding_of(records: list[Mapping[str, Value]], key: str, format_key: str) -> Encoding:
+    seen: set[str] = set()
+    for rec in records:
+        fmt = rec.get(format_key)
+        name: str | None = None
+        if isinstance(fmt, bytes):
+            name = fmt.decode("ascii", "replace").lower()
+            name = "jpeg" if name == "jpg" else name
+        if name not in ("jpeg", "png"):
+            value = rec.get(key)
+            name = _sniff(value) if isinstance(value, bytes) else None
+        if name is not None:
+            seen.add(name)
+    if seen == {"jpeg"}:
+        return "jpeg"
+    if seen == {"png"}:
+        return "png"
+    return "mixed"
+
+
+def _present(features: Mapping[str, FeatureInfo], *keys: str) -> str | None:
+    for key in keys:
+        if key in features:
+            return key
+    return None
+
+
+def _raw_mask_matches(records: list[Mapping[str, Value]], key: str, h: str, w: str) -> bool:
+    """True when every sampled record's mask bytes are exactly height × width."""
+    for rec in records:
+        mask, height, width = rec.get(key), rec.get(h), rec.get(w)
+        if not (isinstance(mask, bytes) and isinstance(height, np.ndarray)
+                and isinstance(width, np.ndarray) and height.size == 1 and width.size == 1):
+            return False
+        if len(mask) != int(height[0]) * int(width[0]):
+            return False
+    return True
+
+
+def infer_schema(decoded_records: Iterable[Mapping[str, Value]]) -> Schema:
+    """Infer a :class:`Schema` from a sample of decoded records (``decode_example`` output).
+
+    A feature's length is fixed when every sampled record has the same count. The image is
+    found under the standard names (``image/encoded``, ``image/raw``, ``image/path``), its
+    encoding from ``image/format`` or the bytes' signature; the mask under ``mask/encoded``,
+    ``mask/raw`` or ``mask_raw`` (raw masks only when their size is height × width); the
+    label under ``image/class/label`` or ``label``.
+    """
+    records = list(decoded_records)
+    kinds: dict[str, Kind | None] = {}
+    counts: dict[str, set[int]] = {}
+    for rec in records:
+        for name, value in rec.items():
+            kind, count = _kind_and_count(value)
+            old = kinds.get(name)
+            if old is not None and kind is not None and kind != old:
+                raise SchemaError(
+                    f"feature {name!r} is {old} in one record and {kind} in another; records "
+                    "of one dataset must agree (pass features= to read only some)"
+                )
+            if old is None:
+                kinds[name] = kind
+            counts.setdefault(name, set()).add(count)
+    features = {
+        name: FeatureInfo(
+            name=name,
+            kind=kinds[name] or "bytes",
+            length=next(iter(c)) if len(c) == 1 and all(name in r for r in records) else None,
+        )
+        for name, c in counts.items()
+    }
+    hkey = _present(features, S.IMAGE_HEIGHT)
+    wkey = _present(features, S.IMAGE_WIDTH)
+    ckey = _present(features, S.IMAGE_CHANNELS)
+    image: ImageInfo | None = None
+    if S.IMAGE_ENCODED in features:
+        image = ImageInfo(S.IMAGE_ENCODED, _encoding_of(records, S.IMAGE_ENCODED, S.IMAGE_FORMAT),
+                          hkey, wkey, ckey)
+    elif S.IMAGE_RAW in features and hkey and wkey:
+        image = ImageInfo(S.IMAGE_RAW, "raw", hkey, wkey, ckey)
+    elif S.IMAGE_PATH in features:
+        image = ImageInfo(S.IMAGE_PATH, "path", hkey, wkey, ckey)
+    mask: ImageInfo | None = None
+    mh = _present(features, S.MASK_HEIGHT, S.IMAGE_HEIGHT)
+    mw = _present(features, S.MASK_WIDTH, S.IMAGE_WIDTH)
+    if S.MASK_ENCODED in features:
+        mask = ImageInfo(S.MASK_ENCODED, _encoding_of(records, S.MASK_ENCODED, S.MASK_FORMAT),
+                         mh, mw)
+    elif mh and mw:
+        for key in (S.MASK_RAW, "mask_raw"):
+            if key in features and _raw_mask_matches(records, key, mh, mw):
+                mask = ImageInfo(key, "raw", mh, mw)
+                break
+    label = _present(features, S.IMAGE_LABEL, "label")
+    return Schema(features=features, image=image, mask=mask, label_key=label)

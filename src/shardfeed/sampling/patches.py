@@ -1,0 +1,158 @@
+"""The patch schedule: which images are cached, and which one each patch output comes from.
+
+Many small crops from few large images: a cache of ``N`` decoded images; every ``R`` outputs
+the oldest image is replaced by the next one of the epoch's (shuffled) image order. That
+process has a closed form, so the cache never has to be simulated::
+
+    image order positions   0  1  2  3  4  5  6       M = 7 images, N = 3 slots, R = 2
+    outputs 0, 1          [ 0  1  2 ]                 L(p) = N + p // R
+    outputs 2, 3             [ 1  2  3 ]              resident at output p:
+    outputs 4, 5                [ 2  3  4 ]             order positions [L(p) - N, L(p))
+    ...
+    outputs 8, 9                         [ 4  5  6 ]  last window: (M - N + 1)·R = 10 outputs
+
+Output ``p`` picks one resident order position uniformly (and its own crop); which image that
+is comes from ``EpochOrder(M)``. An order position ``q`` is resident for ``N·R`` consecutive
+outputs (fewer at the two edges of the epoch: the first ``N - 1`` and last ``N - 1`` images),
+so each interior image is used ``R`` times on average, and a batch of ``B`` consecutive outputs
+draws on about ``N·(1 - (1 - 1/N)^B)`` distinct images (e.g. 25 of N=64 for B=32), not one.
+The decoded-image cache of a loader is then only a performance device: it may hold any
+superset of the window, be shared by threads, or be dropped, without changing an output.
+
+A per-image patch budget (a hard cap on uses per image) is not provided: uses are random
+with mean ``R`` for interior images.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from shardfeed.sampling._checks import as_index_array, as_int
+
+__all__ = ["PatchSchedule"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+class PatchSchedule:
+    """The closed-form cache schedule for one epoch of patch outputs over ``num_images`` images.
+
+    ``cache_images`` (N) is clipped to ``num_images`` (M); ``refresh_every`` (R) is the number
+    of outputs between two replacements. ``len`` = outputs per epoch = ``(M - N + 1)·R`` (0
+    when M = 0).
+
+    Determinism: pure arithmetic; :meth:`pick` / :meth:`pick_many` are deterministic given the
+    uniform draws (key them with ``keys.sample_rng`` / ``keys.uniform_many`` and the purpose
+    ``PATCH_SLOT``). State: none. Memory: none; a loader's cache needs ``max_resident`` images.
+    """
+
+    __slots__ = ("cache_images", "num_images", "refresh_every")
+
+    def __init__(self, num_images: int, *, cache_images: int, refresh_every: int) -> None:
+        num_images = as_int(num_images, "num_images")
+        cache_images = as_int(cache_images, "cache_images")
+        refresh_every = as_int(refresh_every, "refresh_every")
+        if num_images < 0:
+            raise ValueError(f"num_images must be >= 0, got {num_images}")
+        if cache_images < 1:
+            raise ValueError(f"cache_images must be >= 1 (decoded images held at once), got "
+                             f"{cache_images}")
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1 (outputs between two image "
+                             f"replacements), got {refresh_every}")
+        self.num_images = num_images
+        self.cache_images = min(cache_images, num_images)
+        self.refresh_every = refresh_every
+
+    @property
+    def max_resident(self) -> int:
+        """The most images resident at once (N after clipping to M): the cache size a loader needs."""
+        return self.cache_images
+
+    def __len__(self) -> int:
+        if self.num_images == 0:
+            return 0
+        return (self.num_images - self.cache_images + 1) * self.refresh_every
+
+    def __repr__(self) -> str:
+        return (f"PatchSchedule({self.num_images}, cache_images={self.cache_images}, "
+                f"refresh_every={self.refresh_every})")
+
+    def window(self, p: int) -> tuple[int, int]:
+        """Order positions ``[lo, hi)`` resident at output ``p`` (``hi - lo == N``)."""
+        p = self._check_output(p)
+        hi = self.cache_images + p // self.refresh_every
+        return hi - self.cache_images, hi
+
+    def windows_many(self, ps: npt.ArrayLike) -> tuple[IntArray, IntArray]:
+        """:meth:`window` for many outputs: arrays ``lo`` and ``hi``."""
+        outputs = self._check_outputs(ps)
+        hi = self.cache_images + outputs // self.refresh_every
+        return hi - self.cache_images, hi
+
+    def pick(self, p: int, rng: np.random.Generator) -> int:
+        """The order position output ``p`` is cut from: uniform over the resident positions.
+
+        Draws one ``rng.random()``; equal to ``pick_many([p], [u])`` for that draw ``u``.
+        """
+        lo, _ = self.window(p)
+        return lo + min(int(rng.random() * self.cache_images), self.cache_images - 1)
+
+    def pick_many(self, ps: npt.ArrayLike, uniforms: npt.ArrayLike) -> IntArray:
+        """Vectorised :meth:`pick` from one uniform in ``[0, 1)`` per output.
+
+        E.g. ``pick_many(ps, keys.uniform_many(seed, epoch, ps, keys.PATCH_SLOT))``.
+        """
+        lo, _ = self.windows_many(ps)
+        u = np.asarray(uniforms, dtype=np.float64)
+        if u.shape != lo.shape:
+            raise ValueError(f"uniforms must have one value per output: got shape {u.shape} "
+                             f"for {lo.shape} outputs")
+        if u.size and (float(u.min()) < 0.0 or float(u.max()) >= 1.0):
+            raise ValueError("uniforms must lie in [0, 1); draw them with keys.uniform_many "
+                             "or Generator.random")
+        slot = np.minimum((u * self.cache_images).astype(np.int64), self.cache_images - 1)
+        return lo + slot
+
+    def first_output(self, q: int) -> int:
+        """The first output at which order position ``q`` is resident."""
+        first, _ = self.resident_spans(np.array([self._check_position(q)]))
+        return int(first[0])
+
+    def last_output(self, q: int) -> int:
+        """The last output at which order position ``q`` is resident (a loader may drop it after)."""
+        _, last = self.resident_spans(np.array([self._check_position(q)]))
+        return int(last[0])
+
+    def resident_spans(self, qs: npt.ArrayLike) -> tuple[IntArray, IntArray]:
+        """First and last (inclusive) output at which each order position is resident.
+
+        ``last - first + 1`` is ``N·R`` except for the first and last ``N - 1`` positions.
+        """
+        q = as_index_array(qs, self.num_images, "order position")
+        n, r = self.cache_images, self.refresh_every
+        first = np.maximum(q - n + 1, 0) * r
+        last = np.minimum((q + 1) * r, len(self)) - 1
+        return first, last
+
+    def expected_uses(self, q: int) -> float:
+        """Mean number of outputs cut from order position ``q`` in an epoch (``R`` if interior)."""
+        first, last = self.resident_spans(np.array([self._check_position(q)]))
+        return float(last[0] - first[0] + 1) / self.cache_images
+
+    def _check_position(self, q: int) -> int:
+        q = as_int(q, "order position")
+        if not 0 <= q < self.num_images:
+            raise IndexError(f"order position {q} out of range for {self.num_images} images")
+        return q
+
+    def _check_output(self, p: int) -> int:
+        p = as_int(p, "output")
+        if not 0 <= p < len(self):
+            raise IndexError(f"output {p} out of range for an epoch of {len(self)} outputs")
+        return p
+
+    def _check_outputs(self, ps: npt.ArrayLike) -> IntArray:
+        return as_index_array(ps, len(self), "output")
+

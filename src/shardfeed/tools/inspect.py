@@ -1,0 +1,187 @@
+"""``inspect``: what a dataset holds: shards, records, bytes, schema, groups, first records.
+
+Works on a packed or indexed dataset (everything comes from the manifest and sidecars, no
+record is read unless ``records > 0``) and on bare TFRecord files (scanned for their offsets,
+schema inferred from the first records).
+
+Determinism: a pure function of the files. Memory: the group sidecars and n+1 offsets a
+shard.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardfeed.format import spec
+from shardfeed.tools import packfiles
+
+SCHEMA_SAMPLE = 32
+
+
+def _brief(value: Any, *, limit: int = 8) -> Any:
+    """A short JSON-friendly rendering of one decoded feature value."""
+    if isinstance(value, bytes):
+        if len(value) <= 64:
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"<{len(value)} bytes>"
+            if text.isprintable():
+                return text
+        return f"<{len(value)} bytes>"
+    if isinstance(value, list):
+        return f"<{len(value)} byte strings>"
+    if isinstance(value, np.ndarray):
+        values = value.tolist()
+        if value.dtype.kind == "f":
+            values = [round(float(v), 6) for v in values]
+        if len(values) == 1:
+            return values[0]
+        if len(values) > limit:
+            return values[:limit] + [f"... ({len(values)} values)"]
+        return values
+    return str(value)
+
+
+def _schema_rows(schema: Any) -> list[dict[str, Any]]:
+    if schema is None:
+        return []
+    roles: dict[str, str] = {}
+    encodings: dict[str, str] = {}
+    for role, info in (("image", schema.image), ("mask", schema.mask)):
+        if info is not None:
+            roles[info.key] = role
+            encodings[info.key] = info.encoding
+    if schema.label_key:
+        roles[schema.label_key] = "label"
+    return [
+        {"name": name, "kind": f.kind, "length": f.length, "role": roles.get(name),
+         "encoding": encodings.get(name)}
+        for name, f in sorted(schema.features.items())
+    ]
+
+
+def _group_stats(groups: np.ndarray | None, order: np.ndarray | None) -> dict[str, Any] | None:
+    if groups is None:
+        return None
+    ids, counts = np.unique(np.asarray(groups), return_counts=True)
+    stats: dict[str, Any] = {
+        "count": int(ids.size),
+        "records_per_group": {
+            "min": int(counts.min()) if counts.size else 0,
+            "median": float(np.median(counts)) if counts.size else 0.0,
+            "max": int(counts.max()) if counts.size else 0,
+        },
+    }
+    if order is not None and order.size:
+        arr = np.asarray(order, dtype=np.float64)
+        grp = np.asarray(groups)
+        spans = [float(arr[grp == g].max() - arr[grp == g].min()) for g in ids[:10000]]
+        stats["order_span_seconds"] = {
+            "min": min(spans), "median": float(np.median(spans)), "max": max(spans),
+        }
+        stats["order_range"] = [float(arr.min()), float(arr.max())]
+    return stats
+
+
+def _read_records(path: str, offsets: np.ndarray, count: int) -> list[dict[str, Any]]:
+    from shardfeed.format.example import decode_example
+    from shardfeed.format.framing import unframe
+    from shardfeed.storage import open_source
+
+    out: list[dict[str, Any]] = []
+    src = open_source(path)
+    try:
+        for i in range(min(count, int(offsets.size) - 1)):
+            a, b = int(offsets[i]), int(offsets[i + 1])
+            payload = unframe(src.read(a, b - a), path=path, record=i, offset=a)
+            out.append(decode_example(payload))
+    finally:
+        src.close()
+    return out
+
+
+def _offsets(path: str) -> np.ndarray:
+    from shardfeed.format.framing import scan
+    from shardfeed.format.index import load_binary_index
+
+    idx = spec.binary_index_path(path)
+    if os.path.isfile(idx):
+        return np.asarray(load_binary_index(idx, mmap=False))
+    return scan(path)
+
+
+def inspect(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, records: int = 0
+) -> dict[str, Any]:
+    """Describe a dataset as a JSON-serialisable dict.
+
+    Keys: ``source``, ``manifest`` (path or None), ``mode``, ``root``, ``shards`` (path,
+    records, bytes each), ``records``, ``bytes``, ``schema`` (one row a feature: name, kind,
+    length, role, image encoding), ``groups`` (count, records per group min/median/max, order
+    key span; None without groups), ``extra`` (class names, vocabularies), and with
+    ``records=N`` the first N records, briefly (``first_records``).
+    """
+    if records < 0:
+        raise ValueError(f"records must be >= 0, got {records}")
+    manifest_path = (
+        packfiles.find_manifest(source) if isinstance(source, (str, os.PathLike)) else None
+    )
+    result: dict[str, Any] = {"source": os.fspath(source) if isinstance(source, (str, os.PathLike))
+                              else [os.fspath(s) for s in source]}
+    shard_paths: list[str]
+    if manifest_path is not None:
+        from shardfeed.format.manifest import Manifest, dataset_dir, load_sidecar, resolve
+
+        manifest = Manifest.load(manifest_path)
+        base = dataset_dir(manifest_path)
+        shard_paths = [resolve(base, s.path) for s in manifest.shards]
+        shards = [{"path": s.path, "records": s.records, "bytes": s.bytes}
+                  for s in manifest.shards]
+        groups = order = None
+        if manifest.group_key:
+            groups = load_sidecar(base, spec.GROUPS_NAME, records=manifest.num_records)
+        if manifest.order_key:
+            order = load_sidecar(base, spec.ORDER_NAME, records=manifest.num_records)
+        result.update(
+            manifest=manifest_path, mode=manifest.mode, root=manifest.root,
+            group_key=manifest.group_key, order_key=manifest.order_key,
+        )
+        schema = manifest.schema
+        extra = dict(manifest.extra)
+        group_stats = _group_stats(groups, order)
+    else:
+        from shardfeed.format.schema import infer_schema
+
+        shard_paths = packfiles.expand_inputs(source)
+        offsets = [_offsets(p) for p in shard_paths]
+        shards = [{"path": p, "records": int(o.size - 1), "bytes": int(o[-1])}
+                  for p, o in zip(shard_paths, offsets)]
+        sample: list[dict[str, Any]] = []
+        for p, o in zip(shard_paths, offsets):
+            if len(sample) >= SCHEMA_SAMPLE:
+                break
+            sample += _read_records(p, o, SCHEMA_SAMPLE - len(sample))
+        schema = infer_schema(sample) if sample else None
+        extra = {}
+        group_stats = None
+        result.update(manifest=None, mode="tfrecord", root=None, group_key=None, order_key=None)
+    result["shards"] = shards
+    result["records"] = sum(s["records"] for s in shards)
+    result["bytes"] = sum(s["bytes"] for s in shards)
+    result["schema"] = _schema_rows(schema)
+    result["groups"] = group_stats
+    result["extra"] = extra
+    if records:
+        first: list[dict[str, Any]] = []
+        for p in shard_paths:
+            if len(first) >= records:
+                break
+            for rec in _read_records(p, _offsets(p), records - len(first)):
+                first.append({k: _brief(v) for k, v in sorted(rec.items())})
+        result["first_records"] = first
+    return result

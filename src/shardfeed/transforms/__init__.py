@@ -1,1 +1,66 @@
-"""transforms layer."""
+"""Decode and augmentation: ``transform(sample, rng) -> sample`` ops and presets.
+
+- decode: :func:`decode_image`, :class:`DecodeImage`, and the crop-aware
+  :class:`DecodeRandomResizedCrop` / :class:`DecodeCenterCrop` (reduced-scale JPEG decode);
+- geometry (image, mask and second images together): :class:`RandomResizedCrop`,
+  :class:`Resize`, :class:`CenterCrop`, :class:`CropOrPad`, :class:`RandomHorizontalFlip`;
+- colour and values: :class:`ColorJitter`, :class:`Normalize`, :class:`ToFloat`,
+  :class:`ToCHW`;
+- composition: :class:`Compose`, :func:`as_transform`; ``presets.train`` / ``presets.eval``.
+"""
+
+from shardfeed.transforms import presets
+from shardfeed.transforms.base import (
+    ArraySpec,
+    Compose,
+    Sample,
+    Transform,
+    as_transform,
+    bind_transform,
+    call_into,
+)
+from shardfeed.transforms.color import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ColorJitter,
+    Normalize,
+    ToCHW,
+    ToFloat,
+)
+from shardfeed.transforms.crop_decode import DecodeCenterCrop, DecodeRandomResizedCrop
+from shardfeed.transforms.decode import decode_image, sniff_format
+from shardfeed.transforms.decode_ops import DecodeImage
+from shardfeed.transforms.geometry import (
+    CenterCrop,
+    CropOrPad,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+)
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "ArraySpec",
+    "CenterCrop",
+    "ColorJitter",
+    "Compose",
+    "CropOrPad",
+    "DecodeCenterCrop",
+    "DecodeImage",
+    "DecodeRandomResizedCrop",
+    "Normalize",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "Sample",
+    "ToCHW",
+    "ToFloat",
+    "Transform",
+    "as_transform",
+    "bind_transform",
+    "call_into",
+    "decode_image",
+    "presets",
+    "sniff_format",
+]

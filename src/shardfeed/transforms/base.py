@@ -1,0 +1,242 @@
+"""The transform contract, composition, and the output spec the loader batches with.
+
+A transform is ``Callable[[Sample, np.random.Generator], Sample]``: it takes one sample (the
+dict the Example codec decoded, later with ``"image"`` and ``"mask"`` arrays) and a generator
+keyed by ``(seed, epoch, position)``, and returns the sample. Every random choice comes from
+that generator, so an output depends only on its key.
+
+Optional extras a transform class may define:
+
+- ``bind(schema, *, root) -> Transform``: called once by the Loader before use, so decode
+  ops learn which feature holds the image and how it is stored. Returns a new transform.
+- ``accepts_out = True`` and ``__call__(sample, rng, *, out=None)``: the final ``"image"``
+  is written into ``out`` (a view into a preallocated batch array).
+- ``output_spec(specs) -> specs``: how it changes the shape/dtype of ``"image"``/``"mask"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+Sample = dict[str, Any]
+"""One sample: feature name → value (NumPy arrays, bytes, lists of bytes)."""
+
+
+@runtime_checkable
+class Transform(Protocol):
+    """``transform(sample, rng) -> sample``."""
+
+    def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample: ...
+
+
+class ImageInfoLike(Protocol):
+    """What decode ops read from ``shardfeed.format.schema.ImageInfo``."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def encoding(self) -> str: ...
+
+    @property
+    def height_key(self) -> str | None: ...
+
+    @property
+    def width_key(self) -> str | None: ...
+
+    @property
+    def channels_key(self) -> str | None: ...
+
+
+class SchemaLike(Protocol):
+    """What transforms read from ``shardfeed.format.schema.Schema``."""
+
+    @property
+    def image(self) -> ImageInfoLike | None: ...
+
+    @property
+    def mask(self) -> ImageInfoLike | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ArraySpec:
+    """Shape and dtype of one output array; ``None`` in ``shape`` means it varies by sample."""
+
+    shape: tuple[int | None, ...]
+    dtype: np.dtype[Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        for dim in self.shape:
+            if dim is not None and (not isinstance(dim, int) or dim < 0):
+                raise ValueError(f"ArraySpec shape dims must be ints >= 0 or None, got {self.shape}")
+
+    @property
+    def fixed(self) -> bool:
+        """True when every dimension is known, so a batch array can be preallocated."""
+        return all(dim is not None for dim in self.shape)
+
+
+Specs = dict[str, ArraySpec]
+"""Output specs by sample key (``"image"``, ``"mask"``)."""
+
+
+def bind_transform(transform: Transform, schema: SchemaLike | None, *, root: str | None) -> Transform:
+    """``transform.bind(schema, root=root)`` if it has one, else the transform itself."""
+    bind = getattr(transform, "bind", None)
+    if bind is None:
+        return transform
+    bound: Transform = bind(schema, root=root)
+    return bound
+
+
+def call_into(
+    transform: Transform, sample: Sample, rng: np.random.Generator, out: np.ndarray | None
+) -> Sample:
+    """Run ``transform``; with ``out``, the returned ``sample["image"]`` is ``out``.
+
+    Transforms with ``accepts_out`` write there directly; for others the result is copied
+    (and cast) into ``out``. Raises ValueError when the shapes disagree.
+    """
+    if out is None:
+        return transform(sample, rng)
+    if getattr(transform, "accepts_out", False):
+        result: Sample = transform(sample, rng, out=out)  # type: ignore[call-arg]
+        return result
+    result = transform(sample, rng)
+    image = result.get("image")
+    if not isinstance(image, np.ndarray):
+        raise TypeError(
+            "the transform produced no 'image' array to write into the batch; end the "
+            "pipeline with an op that outputs a fixed-size image (e.g. CenterCrop, CropOrPad)"
+        )
+    if image.shape != out.shape:
+        raise ValueError(
+            f"the transform produced an image of shape {image.shape} but the batch slot has "
+            f"shape {out.shape}: end the pipeline with a fixed-size op (CropOrPad, Resize) of "
+            "that size"
+        )
+    np.copyto(out, image, casting="unsafe")
+    result["image"] = out
+    return result
+
+
+def output_spec_of(transform: Transform, specs: Specs) -> Specs | None:
+    """Chain ``transform.output_spec``; None when the transform does not declare one."""
+    method = getattr(transform, "output_spec", None)
+    if method is None:
+        return None
+    result: Specs | None = method(specs)
+    return result
+
+
+class Compose:
+    """Apply transforms in order.
+
+    Determinism: as deterministic as its children; they share the one generator, in order.
+    State: none. Memory: the intermediate arrays of one sample.
+    """
+
+    __slots__ = ("transforms",)
+    accepts_out = True
+
+    def __init__(self, transforms: Sequence[Transform], /) -> None:
+        items = list(transforms)
+        for t in items:
+            if not callable(t):
+                raise TypeError(
+                    f"Compose takes transforms (callables sample, rng -> sample), got {t!r}; "
+                    "wrap a plain f(sample) with shardfeed.transforms.as_transform(f)"
+                )
+        self.transforms: tuple[Transform, ...] = tuple(items)
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        if not self.transforms:
+            return call_into(_identity, sample, rng, out)
+        for t in self.transforms[:-1]:
+            sample = t(sample, rng)
+        return call_into(self.transforms[-1], sample, rng, out)
+
+    def bind(self, schema: SchemaLike | None, *, root: str | None) -> Compose:
+        """A copy with every child bound."""
+        return Compose([bind_transform(t, schema, root=root) for t in self.transforms])
+
+    def output_spec(self, specs: Specs | None = None) -> Specs | None:
+        """The ``"image"``/``"mask"`` specs after every child, or None if a child is opaque.
+
+        Call it on the bound pipeline; ``specs`` defaults to what the first op declares.
+        """
+        current: Specs | None = dict(specs or {})
+        for t in self.transforms:
+            if current is None:
+                return None
+            current = output_spec_of(t, current)
+        return current
+
+    def __iter__(self) -> Iterator[Transform]:
+        return iter(self.transforms)
+
+    def __len__(self) -> int:
+        return len(self.transforms)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(t) for t in self.transforms)
+        return f"Compose([{inner}])"
+
+
+def _identity(sample: Sample, rng: np.random.Generator, /) -> Sample:
+    return sample
+
+
+class FunctionTransform:
+    """A plain ``f(sample) -> sample`` used as a transform (it gets no generator).
+
+    Determinism: whatever ``f`` does; it must not use global random state to stay
+    reproducible. State: none. Memory: what ``f`` allocates.
+    """
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: Callable[[Sample], Sample], /) -> None:
+        if not callable(function):
+            raise TypeError(f"as_transform needs a callable f(sample) -> sample, got {function!r}")
+        self.function = function
+
+    def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
+        result = self.function(sample)
+        if not isinstance(result, Mapping):
+            raise TypeError(
+                f"{self.function!r} returned {type(result).__name__}, not a sample dict; "
+                "return the (modified) sample"
+            )
+        return dict(result) if not isinstance(result, dict) else result
+
+    def __repr__(self) -> str:
+        return f"as_transform({self.function!r})"
+
+
+def as_transform(function: Callable[[Sample], Sample], /) -> Transform:
+    """Wrap ``f(sample) -> sample`` into the ``(sample, rng) -> sample`` contract."""
+    return FunctionTransform(function)
+
+
+__all__ = [
+    "ArraySpec",
+    "Compose",
+    "FunctionTransform",
+    "ImageInfoLike",
+    "Sample",
+    "SchemaLike",
+    "Specs",
+    "Transform",
+    "as_transform",
+    "bind_transform",
+    "call_into",
+    "output_spec_of",
+]

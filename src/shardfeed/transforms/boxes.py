@@ -1,0 +1,136 @@
+"""Crop-box arithmetic shared by the decode-fused and the array transforms (no image data).
+
+A box is ``(y, x, h, w)`` in pixels of the full-size image. Everything here is a pure
+function of its arguments and, for the random box, of the generator's draws.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Box(NamedTuple):
+    """A crop box in full-image pixels: top row, left column, height, width."""
+
+    y: int
+    x: int
+    h: int
+    w: int
+
+
+def parse_size(size: int | Sequence[int], *, name: str = "size") -> tuple[int, int]:
+    """``224`` → ``(224, 224)``; ``(h, w)`` stays. Raises ValueError for anything else."""
+    if isinstance(size, bool):
+        raise TypeError(f"{name} must be an int or (height, width), got {size!r}")
+    if isinstance(size, (int, np.integer)):
+        pair = (int(size), int(size))
+    else:
+        try:
+            values = [int(v) for v in size]
+        except TypeError:
+            raise TypeError(f"{name} must be an int or (height, width), got {size!r}") from None
+        if len(values) != 2:
+            raise ValueError(f"{name} must be an int or (height, width), got {size!r}")
+        pair = (values[0], values[1])
+    if pair[0] < 1 or pair[1] < 1:
+        raise ValueError(f"{name} must be >= 1 in both dimensions, got {size!r}")
+    return pair
+
+
+def check_range(
+    values: Sequence[float], *, name: str, low: float, high: float
+) -> tuple[float, float]:
+    """Validate a ``(min, max)`` pair within ``(low, high]``; return it as floats."""
+    try:
+        a, b = (float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (min, max), got {values!r}") from None
+    if not (low < a <= b <= high):
+        raise ValueError(f"{name} must satisfy {low} < min <= max <= {high}, got {values!r}")
+    return a, b
+
+
+def random_resized_box(
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    *,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    attempts: int = 10,
+) -> Box:
+    """Draw the crop of Inception-style random-resized-crop in a ``height``×``width`` image.
+
+    Area fraction uniform in ``scale``, aspect ratio (w/h) log-uniform in ``ratio``, position
+    uniform; after ``attempts`` misses, the largest centered box whose ratio lies in
+    ``ratio``. Always inside the image and at least 1×1.
+    """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(attempts):
+        target = area * float(rng.uniform(scale[0], scale[1]))
+        aspect = math.exp(float(rng.uniform(log_lo, log_hi)))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            y = int(rng.integers(0, height - h + 1))
+            x = int(rng.integers(0, width - w + 1))
+            return Box(y, x, h, w)
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w = width
+        h = min(height, max(1, round(w / ratio[0])))
+    elif in_ratio > ratio[1]:
+        h = height
+        w = min(width, max(1, round(h * ratio[1])))
+    else:
+        h, w = height, width
+    return Box((height - h) // 2, (width - w) // 2, h, w)
+
+
+def center_box(height: int, width: int, out_h: int, out_w: int, *, crop_fraction: float) -> Box:
+    """The box that "resize the shorter side to ``max(out)/crop_fraction``, then center-crop
+    ``out_h``×``out_w``" keeps, in full-image pixels (one resize instead of two)."""
+    resized_short = max(out_h, out_w) / crop_fraction
+    scale = resized_short / min(height, width)
+    h = min(height, max(1, round(out_h / scale)))
+    w = min(width, max(1, round(out_w / scale)))
+    return Box((height - h) // 2, (width - w) // 2, h, w)
+
+
+def scale_denominator(
+    crop_h: int, crop_w: int, out_h: int, out_w: int, *, max_denominator: int = 8
+) -> int:
+    """The largest ``d`` in {1, 2, 4, 8} (≤ ``max_denominator``) with ``crop/d ≥ out`` in both
+    dimensions: decoding at scale 1/d then still only shrinks (never enlarges) the crop."""
+    d = 1
+    while d * 2 <= max_denominator and crop_h >= out_h * d * 2 and crop_w >= out_w * d * 2:
+        d *= 2
+    return d
+
+
+def scaled_box(box: Box, denominator: int, height: int, width: int) -> Box:
+    """``box`` in the pixels of the image decoded at scale ``1/denominator`` (whose size is
+    ``height``×``width``), rounded to whole pixels and kept inside, at least 1×1."""
+    if denominator == 1:
+        return box
+    y0 = min(height - 1, round(box.y / denominator))
+    x0 = min(width - 1, round(box.x / denominator))
+    y1 = max(y0 + 1, min(height, round((box.y + box.h) / denominator)))
+    x1 = max(x0 + 1, min(width, round((box.x + box.w) / denominator)))
+    return Box(y0, x0, y1 - y0, x1 - x0)
+
+
+__all__ = [
+    "Box",
+    "center_box",
+    "check_range",
+    "parse_size",
+    "random_resized_box",
+    "scale_denominator",
+    "scaled_box",
+]

@@ -1,0 +1,296 @@
+"""Colour and value transforms on decoded images: jitter, normalisation, dtype and layout.
+
+These touch ``sample["image"]`` only (masks keep their label values). ColorJitter works on
+uint8 with OpenCV look-up tables (GIL released); the rest are NumPy ufuncs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+
+from shardfeed.errors import SchemaError
+from shardfeed.transforms.base import ArraySpec, Sample, Specs
+
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+_LEVELS = np.arange(256, dtype=np.float32)
+
+
+def _image(sample: Sample, key: str, who: str) -> np.ndarray:
+    value = sample.get(key)
+    if not isinstance(value, np.ndarray):
+        raise SchemaError(
+            f"{who} found no decoded image under '{key}' (the sample has {sorted(sample)}); "
+            "put a decode op before it"
+        )
+    return value
+
+
+def _write(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return result
+    if out.shape != result.shape:
+        raise ValueError(f"out has shape {out.shape}, the result has shape {result.shape}")
+    np.copyto(out, result, casting="unsafe")
+    return out
+
+
+def _lut(values: np.ndarray) -> np.ndarray:
+    table: np.ndarray = np.clip(np.rint(values), 0, 255).astype(np.uint8)
+    return table
+
+
+def _factor_range(value: float | Sequence[float], name: str, *, center: float) -> tuple[float, float]:
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+        return max(0.0, center - float(value)), center + float(value)
+    lo, hi = (float(v) for v in value)
+    if not 0 <= lo <= hi:
+        raise ValueError(f"{name} range must satisfy 0 <= min <= max, got {value!r}")
+    return lo, hi
+
+
+class ColorJitter:
+    """Random brightness, contrast, saturation and hue changes of a uint8 RGB image, in a
+    random order (as torchvision's ColorJitter).
+
+    ``brightness=b`` multiplies by a factor in ``[max(0, 1-b), 1+b]``; ``contrast`` blends
+    with the mean gray level; ``saturation`` blends with the grayscale image; ``hue`` in
+    ``[0, 0.5]`` rotates the hue by up to that fraction of the colour circle. Each may also
+    be a ``(min, max)`` factor range. Gray images get brightness and contrast only.
+
+    Determinism: draws 4 factors then the order (always the same number of draws).
+    State: none. Memory: two image-sized temporaries.
+    """
+
+    __slots__ = ("brightness", "contrast", "hue", "key", "saturation")
+
+    def __init__(
+        self,
+        brightness: float | Sequence[float] = 0.0,
+        contrast: float | Sequence[float] = 0.0,
+        saturation: float | Sequence[float] = 0.0,
+        hue: float = 0.0,
+        *,
+        key: str = "image",
+    ) -> None:
+        self.brightness = _factor_range(brightness, "brightness", center=1.0)
+        self.contrast = _factor_range(contrast, "contrast", center=1.0)
+        self.saturation = _factor_range(saturation, "saturation", center=1.0)
+        if not 0.0 <= float(hue) <= 0.5:
+            raise ValueError(f"hue must be in [0, 0.5], got {hue!r}")
+        self.hue = float(hue)
+        self.key = key
+
+    def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
+        image = _image(sample, self.key, "ColorJitter")
+        if image.dtype != np.uint8:
+            raise TypeError(
+                f"ColorJitter works on uint8 images, got {image.dtype}; put it before "
+                "Normalize/ToFloat"
+            )
+        factors = (
+            float(rng.uniform(*self.brightness)),
+            float(rng.uniform(*self.contrast)),
+            float(rng.uniform(*self.saturation)),
+            float(rng.uniform(-self.hue, self.hue)),
+        )
+        order = rng.permutation(4)
+        shape = image.shape
+        # Pixelwise ops: view frames (T×H×W×C) as one tall image.
+        work = np.ascontiguousarray(image).reshape(-1, shape[-2], shape[-1])
+        color = shape[-1] == 3
+        for op in order:
+            f = factors[op]
+            if op == 0 and f != 1.0:
+                work = self._lut(work, _LEVELS * f)
+            elif op == 1 and f != 1.0:
+                mean = self._gray_mean(work, color)
+                work = self._lut(work, (_LEVELS - mean) * f + mean)
+            elif op == 2 and f != 1.0 and color:
+                gray = cv2.cvtColor(work, cv2.COLOR_RGB2GRAY)
+                gray3 = cv2.cvtColor(gray, cv2.COLOR_GRAY2RGB)
+                work = cv2.addWeighted(work, f, gray3, 1.0 - f, 0.0)
+            elif op == 3 and f != 0.0 and color:
+                work = self._rotate_hue(work, f)
+        sample[self.key] = work.reshape(shape)
+        return sample
+
+    @staticmethod
+    def _lut(image: np.ndarray, values: np.ndarray) -> np.ndarray:
+        lut = _lut(values)
+        result: np.ndarray = cv2.LUT(image, lut)
+        return result.reshape(image.shape)
+
+    @staticmethod
+    def _gray_mean(image: np.ndarray, color: bool) -> float:
+        if not color:
+            return float(image.mean())
+        r, g, b, _a = cv2.mean(image)
+        return 0.299 * r + 0.587 * g + 0.114 * b
+
+    @staticmethod
+    def _rotate_hue(image: np.ndarray, fraction: float) -> np.ndarray:
+        hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV)  # uint8 hue is 0..179 (degrees / 2)
+        shift = round(fraction * 180)
+        hue_lut = np.arange(256, dtype=np.int32)
+        hue_lut[:180] = (hue_lut[:180] + shift) % 180
+        hsv[..., 0] = cv2.LUT(hsv[..., 0], hue_lut.astype(np.uint8))
+        result: np.ndarray = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+        return result
+
+    def output_spec(self, specs: Specs) -> Specs:
+        return dict(specs)
+
+    def __repr__(self) -> str:
+        return (
+            f"ColorJitter(brightness={self.brightness}, contrast={self.contrast}, "
+            f"saturation={self.saturation}, hue={self.hue})"
+        )
+
+
+class Normalize:
+    """``(image / 255 - mean) / std`` per channel, as float32 (``mean``/``std`` on the 0–1
+    scale, e.g. ImageNet's). ``Normalize.symmetric()`` maps 0..255 to [-1, 1].
+
+    Determinism: deterministic; draws nothing. State: none. Memory: the float output.
+    """
+
+    __slots__ = ("bias", "key", "mean", "multiplier", "std")
+    accepts_out = True
+
+    def __init__(
+        self,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        *,
+        key: str = "image",
+    ) -> None:
+        m = np.asarray(mean, dtype=np.float64).reshape(-1)
+        s = np.asarray(std, dtype=np.float64).reshape(-1)
+        if m.shape != s.shape or m.size == 0:
+            raise ValueError(f"mean and std need one value per channel, got {mean!r}, {std!r}")
+        if np.any(s <= 0):
+            raise ValueError(f"std must be > 0, got {std!r}")
+        self.mean = tuple(float(v) for v in m)
+        self.std = tuple(float(v) for v in s)
+        self.multiplier = (1.0 / (255.0 * s)).astype(np.float32)
+        self.bias = (-m / s).astype(np.float32)
+        self.key = key
+
+    @classmethod
+    def symmetric(cls, *, key: str = "image") -> Normalize:
+        """Map 0..255 to [-1, 1] (mean 0.5, std 0.5 for every channel)."""
+        return cls((0.5,), (0.5,), key=key)
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        image = _image(sample, self.key, "Normalize")
+        c = image.shape[-1]
+        if self.multiplier.size not in (1, c):
+            raise ValueError(
+                f"Normalize has {self.multiplier.size} channel values but the image has {c} "
+                "channels; give one mean/std per channel"
+            )
+        direct = out is not None and out.dtype == np.float32 and out.shape == image.shape
+        target = out if direct and out is not None else np.empty(image.shape, np.float32)
+        np.multiply(image, self.multiplier, out=target, dtype=np.float32)
+        np.add(target, self.bias, out=target)
+        sample[self.key] = target if direct else _write(target, out)
+        return sample
+
+    def output_spec(self, specs: Specs) -> Specs:
+        result = dict(specs)
+        if self.key in specs:
+            result[self.key] = ArraySpec(specs[self.key].shape, np.dtype(np.float32))
+        return result
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+class ToFloat:
+    """Cast the image to ``dtype`` (float32 by default), multiplied by ``scale`` (1/255:
+    values in [0, 1]).
+
+    Determinism: deterministic. State: none. Memory: the float output.
+    """
+
+    __slots__ = ("dtype", "key", "scale")
+    accepts_out = True
+
+    def __init__(
+        self, *, scale: float = 1.0 / 255.0, dtype: Any = np.float32, key: str = "image"
+    ) -> None:
+        self.dtype = np.dtype(dtype)
+        if self.dtype.kind != "f":
+            raise ValueError(f"ToFloat needs a floating dtype, got {self.dtype}")
+        self.scale = float(scale)
+        self.key = key
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        image = _image(sample, self.key, "ToFloat")
+        if out is not None and out.dtype == self.dtype and out.shape == image.shape:
+            np.multiply(image, self.dtype.type(self.scale), out=out, dtype=self.dtype)
+            sample[self.key] = out
+            return sample
+        result = np.multiply(image, self.dtype.type(self.scale), dtype=self.dtype)
+        sample[self.key] = _write(result, out)
+        return sample
+
+    def output_spec(self, specs: Specs) -> Specs:
+        result = dict(specs)
+        if self.key in specs:
+            result[self.key] = ArraySpec(specs[self.key].shape, self.dtype)
+        return result
+
+    def __repr__(self) -> str:
+        return f"ToFloat(scale={self.scale}, dtype={self.dtype})"
+
+
+class ToCHW:
+    """Move channels first: H×W×C → C×H×W (T×H×W×C → T×C×H×W), contiguous.
+
+    Determinism: deterministic. State: none. Memory: one copy of the image.
+    """
+
+    __slots__ = ("key",)
+    accepts_out = True
+
+    def __init__(self, *, key: str = "image") -> None:
+        self.key = key
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        image = _image(sample, self.key, "ToCHW")
+        if image.ndim not in (3, 4):
+            raise ValueError(f"ToCHW needs an H×W×C or T×H×W×C image, got shape {image.shape}")
+        moved = np.moveaxis(image, -1, -3)
+        sample[self.key] = _write(moved, out) if out is not None else np.ascontiguousarray(moved)
+        return sample
+
+    def output_spec(self, specs: Specs) -> Specs:
+        result = dict(specs)
+        spec = specs.get(self.key)
+        if spec is not None and len(spec.shape) >= 3:
+            shape = spec.shape
+            result[self.key] = ArraySpec(
+                shape[:-3] + (shape[-1], shape[-3], shape[-2]), spec.dtype
+            )
+        return result
+
+    def __repr__(self) -> str:
+        return "ToCHW()"
+
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ColorJitter", "Normalize", "ToCHW", "ToFloat"]

@@ -1,0 +1,320 @@
+"""Crop-aware decode: decode + crop + resize (+ flip) fused, the fast path for training.
+
+For a JPEG the op reads only the header, draws the crop box in full-image coordinates, and
+decodes at the smallest DCT scale (1/2, 1/4, 1/8) at which the crop still has at least the
+output's pixels, so a crop that will be shrunk 2× or more costs a fraction of a full decode.
+The decode goes into a per-thread scratch buffer (no allocation per image) and the final
+resize writes into the caller's array (``out=``, a slot of the batch) when given.
+
+Other encodings (PNG, raw, CMYK JPEG) are decoded whole, then cropped the same way: the box
+is drawn from the same generator calls, so the geometry does not depend on the encoding.
+
+::
+
+    full image (H×W)          decoded at 1/d             output
+    +-----------------+       +--------+                +------+
+    |    +------+     |  -->  |  +--+  |  -- resize --> |      |   (flipped if drawn)
+    |    | box  |     |       |  +--+  |                |      |
+    |    +------+     |       +--------+                +------+
+    +-----------------+
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardfeed.errors import DecodeError
+from shardfeed.transforms import arrays
+from shardfeed.transforms.base import ArraySpec, Sample, Specs
+from shardfeed.transforms.boxes import (
+    Box,
+    center_box,
+    check_range,
+    parse_size,
+    random_resized_box,
+    scale_denominator,
+    scaled_box,
+)
+from shardfeed.transforms.decode import decode_jpeg_scratch, jpeg_header, sniff_format
+from shardfeed.transforms.decode_ops import Channels, DecoderBase
+from shardfeed.transforms.source import Encoding
+
+_CMYK = ("CMYK", "YCCK")
+
+
+class CropDecoderBase(DecoderBase):
+    """Decode the crop box that :meth:`_box` picks, resized to ``size`` (subclass hook)."""
+
+    __slots__ = ("hflip", "max_denominator", "size")
+    accepts_out = True
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        hflip: float = 0.0,
+        reduced_decode: bool = True,
+        key: str | None = None,
+        encoding: Encoding = "auto",
+        height_key: str | None = None,
+        width_key: str | None = None,
+        channels_key: str | None = None,
+        mask: bool | None = None,
+        mask_key: str | None = None,
+        mask_encoding: Encoding = "auto",
+        root: str | None = None,
+        channels: Channels = "rgb",
+        keep_encoded: bool = False,
+        fast_dct: bool = True,
+    ) -> None:
+        super().__init__(
+            key=key,
+            encoding=encoding,
+            height_key=height_key,
+            width_key=width_key,
+            channels_key=channels_key,
+            mask=mask,
+            mask_key=mask_key,
+            mask_encoding=mask_encoding,
+            root=root,
+            channels=channels,
+            keep_encoded=keep_encoded,
+            fast_dct=fast_dct,
+        )
+        self.size = parse_size(size)
+        if not 0.0 <= float(hflip) <= 1.0:
+            raise ValueError(f"hflip is a probability in [0, 1], got {hflip!r}")
+        self.hflip = float(hflip)
+        self.max_denominator = 8 if reduced_decode else 1
+
+    def _box(self, height: int, width: int, rng: np.random.Generator) -> Box:
+        raise NotImplementedError
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        key, encoding = self.image_field.require(sample)
+        if encoding in ("auto", "path") and not isinstance(sample[key], list):
+            data = self.image_field.encoded_bytes(sample, key, encoding)
+            where = self.image_field.where(sample, key)
+            if sniff_format(data) == "jpeg":
+                height, width, space = jpeg_header(data, where=where)
+                if space not in _CMYK:
+                    box = self._box(height, width, rng)
+                    flip = self._draw_flip(rng)
+                    image = self._jpeg_crop(data, box, height, width, where, flip, out)
+                    mask, mask_key = self._mask_crop(sample, box, (height, width), flip)
+                    return self._finish(sample, image, mask, [key, mask_key])
+            decoded = self.image_field.decode_bytes(data, where, self.fast_dct)
+            full = self._fix_channels(decoded)
+        else:
+            full, key = self._decode_full(sample)
+        height, width = arrays.spatial_shape(full, is_mask=False)
+        box = self._box(height, width, rng)
+        flip = self._draw_flip(rng)
+        region = arrays.crop(full, box, is_mask=False)
+        image = self._resize_flip(region, flip, out)
+        mask, mask_key = self._mask_crop(sample, box, (height, width), flip)
+        return self._finish(sample, image, mask, [key, mask_key])
+
+    def _draw_flip(self, rng: np.random.Generator) -> bool:
+        # Always draw (when flips are on) so later draws do not depend on the outcome.
+        return self.hflip > 0.0 and bool(rng.random() < self.hflip)
+
+    def _jpeg_crop(
+        self,
+        data: bytes | memoryview,
+        box: Box,
+        height: int,
+        width: int,
+        where: str,
+        flip: bool,
+        out: np.ndarray | None,
+    ) -> np.ndarray:
+        out_h, out_w = self.size
+        d = scale_denominator(box.h, box.w, out_h, out_w, max_denominator=self.max_denominator)
+        decoded = decode_jpeg_scratch(
+            data,
+            height=height,
+            width=width,
+            denominator=d,
+            mode="gray" if self.channels == "gray" else "rgb",
+            where=where,
+            fast_dct=self.fast_dct,
+        )
+        dh, dw = decoded.shape[:2]
+        region = arrays.crop(decoded, scaled_box(box, d, dh, dw), is_mask=False)
+        # The region views the thread's scratch buffer: resize copies it out before any
+        # other decode on this thread can overwrite it.
+        return self._resize_flip(region, flip, out, force_copy=True)
+
+    def _resize_flip(
+        self, region: np.ndarray, flip: bool, out: np.ndarray | None, force_copy: bool = False
+    ) -> np.ndarray:
+        c = self._channel_count()
+        if out is not None and out.shape != self.size + (c,):
+            raise ValueError(
+                f"out has shape {out.shape}, expected {self.size + (c,)} (size × channels)"
+            )
+        if not flip:
+            result = arrays.resize(region, self.size, is_mask=False, out=out)
+            if force_copy and result is region:
+                result = region.copy()
+            return result
+        resized = arrays.resize(region, self.size, is_mask=False)
+        return arrays.hflip(resized, is_mask=False, out=out)
+
+    def _mask_crop(
+        self, sample: Sample, box: Box, image_hw: tuple[int, int], flip: bool
+    ) -> tuple[np.ndarray | None, str | None]:
+        mask, mask_key = self._decode_mask(sample)
+        if mask is None:
+            return None, None
+        mask_hw = arrays.spatial_shape(mask, is_mask=True)
+        if mask_hw != image_hw:
+            raise DecodeError(
+                f"{self.mask_field.where(sample, mask_key or 'mask')}: the mask is "
+                f"{mask_hw[0]}×{mask_hw[1]} but the image is {image_hw[0]}×{image_hw[1]}; "
+                "a mask must have the image's size"
+            )
+        region = arrays.crop(mask, box, is_mask=True)
+        resized = arrays.resize(region, self.size, is_mask=True)
+        if resized is region:
+            resized = region.copy()
+        if flip:
+            resized = arrays.hflip(resized, is_mask=True)
+        return resized, mask_key
+
+    def output_spec(self, specs: Specs) -> Specs:
+        """Image ``size``×C uint8 (C = 3, or 1 for gray); mask ``size`` uint8."""
+        result = dict(specs)
+        h, w = self.size
+        result["image"] = ArraySpec((h, w, self._channel_count()), np.dtype(np.uint8))
+        if self.mask is not False and (self.mask or self.mask_field.key is not None):
+            result["mask"] = ArraySpec((h, w), np.dtype(np.uint8))
+        return result
+
+
+class DecodeRandomResizedCrop(CropDecoderBase):
+    """Decode a random crop (Inception-style) resized to ``size``, with an optional flip.
+
+    ``scale``: the crop's area as a fraction of the image, uniform in this range; ``ratio``:
+    its aspect ratio w/h, log-uniform; ``hflip``: probability of a left-right flip. JPEGs
+    decode at reduced DCT scale when the crop will be shrunk ≥ 2× (``reduced_decode=False``
+    turns that off). Output: ``sample["image"]`` size×C uint8, ``sample["mask"]`` size
+    uint8 (nearest neighbour) with the same crop and flip. See :class:`DecoderBase` for the
+    options that say where the image is.
+
+    Determinism: box then flip, drawn from the generator in that order; the same key gives
+    the same output. State: none. Memory: one per-thread scratch buffer of the largest
+    decoded (scaled) image, plus the output.
+    """
+
+    __slots__ = ("ratio", "scale")
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        hflip: float = 0.0,
+        reduced_decode: bool = True,
+        key: str | None = None,
+        encoding: Encoding = "auto",
+        height_key: str | None = None,
+        width_key: str | None = None,
+        channels_key: str | None = None,
+        mask: bool | None = None,
+        mask_key: str | None = None,
+        mask_encoding: Encoding = "auto",
+        root: str | None = None,
+        channels: Channels = "rgb",
+        keep_encoded: bool = False,
+        fast_dct: bool = True,
+    ) -> None:
+        super().__init__(
+            size,
+            hflip=hflip,
+            reduced_decode=reduced_decode,
+            key=key,
+            encoding=encoding,
+            height_key=height_key,
+            width_key=width_key,
+            channels_key=channels_key,
+            mask=mask,
+            mask_key=mask_key,
+            mask_encoding=mask_encoding,
+            root=root,
+            channels=channels,
+            keep_encoded=keep_encoded,
+            fast_dct=fast_dct,
+        )
+        self.scale = check_range(scale, name="scale", low=0.0, high=1.0)
+        self.ratio = check_range(ratio, name="ratio", low=0.0, high=float("inf"))
+
+    def _box(self, height: int, width: int, rng: np.random.Generator) -> Box:
+        return random_resized_box(height, width, rng, scale=self.scale, ratio=self.ratio)
+
+
+class DecodeCenterCrop(CropDecoderBase):
+    """Decode the center crop of evaluation: the result of "resize the shorter side to
+    ``max(size) / crop_fraction``, then center-crop ``size``", computed with one resize
+    (and a reduced-scale JPEG decode when the crop is ≥ 2× the output).
+
+    Output: ``sample["image"]`` size×C uint8; ``sample["mask"]`` size uint8 (nearest).
+
+    Determinism: fully deterministic; draws nothing from the generator (``hflip`` is 0 by
+    default). State: none. Memory: the per-thread scratch buffer, plus the output.
+    """
+
+    __slots__ = ("crop_fraction",)
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        crop_fraction: float = 0.875,
+        hflip: float = 0.0,
+        reduced_decode: bool = True,
+        key: str | None = None,
+        encoding: Encoding = "auto",
+        height_key: str | None = None,
+        width_key: str | None = None,
+        channels_key: str | None = None,
+        mask: bool | None = None,
+        mask_key: str | None = None,
+        mask_encoding: Encoding = "auto",
+        root: str | None = None,
+        channels: Channels = "rgb",
+        keep_encoded: bool = False,
+        fast_dct: bool = True,
+    ) -> None:
+        super().__init__(
+            size,
+            hflip=hflip,
+            reduced_decode=reduced_decode,
+            key=key,
+            encoding=encoding,
+            height_key=height_key,
+            width_key=width_key,
+            channels_key=channels_key,
+            mask=mask,
+            mask_key=mask_key,
+            mask_encoding=mask_encoding,
+            root=root,
+            channels=channels,
+            keep_encoded=keep_encoded,
+            fast_dct=fast_dct,
+        )
+        if not 0.0 < float(crop_fraction) <= 1.0:
+            raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction!r}")
+        self.crop_fraction = float(crop_fraction)
+
+    def _box(self, height: int, width: int, rng: np.random.Generator) -> Box:
+        return center_box(height, width, *self.size, crop_fraction=self.crop_fraction)
+
+
+__all__ = ["CropDecoderBase", "DecodeCenterCrop", "DecodeRandomResizedCrop"]

@@ -1,0 +1,190 @@
+"""Decode ops: turn a sample's stored image (and mask) into arrays.
+
+``DecodeImage`` decodes the whole picture: embedded JPEG/PNG bytes, raw arrays with their
+stored shape, or referenced files read relative to the dataset root. It writes
+``sample["image"]`` (H×W×C uint8) and ``sample["mask"]`` (H×W uint8) and drops the encoded
+features. The crop-aware ops in :mod:`shardfeed.transforms.crop_decode` share this base.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
+from shardfeed.transforms.source import Encoding, ImageField
+
+Channels = Literal["rgb", "gray"]
+
+
+class DecoderBase:
+    """Shared configuration of every decode op: where the image and mask are, how to read.
+
+    Keyword options (all optional):
+
+    - ``key``, ``encoding`` (``"auto"`` sniffs JPEG/PNG/…, ``"raw"``, ``"path"``),
+      ``height_key``/``width_key``/``channels_key`` (raw shapes): where the image is. Left
+      out, they come from the schema at ``bind`` or from the standard feature names.
+    - ``mask``: ``None`` decodes a mask when there is one, ``False`` never, ``True`` requires
+      one. ``mask_key``/``mask_encoding`` say where it is.
+    - ``root``: folder or URL that referenced (``"path"``) images are relative to.
+    - ``channels``: ``"rgb"`` (H×W×3) or ``"gray"`` (H×W×1).
+    - ``keep_encoded``: keep the encoded features in the sample (default: dropped).
+    - ``fast_dct``: libjpeg's fast IDCT, as TensorFlow uses (default True).
+    """
+
+    __slots__ = ("channels", "fast_dct", "image_field", "keep_encoded", "mask", "mask_field")
+
+    def __init__(
+        self,
+        *,
+        key: str | None = None,
+        encoding: Encoding = "auto",
+        height_key: str | None = None,
+        width_key: str | None = None,
+        channels_key: str | None = None,
+        mask: bool | None = None,
+        mask_key: str | None = None,
+        mask_encoding: Encoding = "auto",
+        root: str | None = None,
+        channels: Channels = "rgb",
+        keep_encoded: bool = False,
+        fast_dct: bool = True,
+    ) -> None:
+        if channels not in ("rgb", "gray"):
+            raise ValueError(f"channels must be 'rgb' or 'gray', got {channels!r}")
+        if mask is False and mask_key is not None:
+            raise ValueError(f"mask=False contradicts mask_key={mask_key!r}; drop one of them")
+        self.image_field = ImageField(
+            key=key,
+            encoding=encoding,
+            height_key=height_key,
+            width_key=width_key,
+            channels_key=channels_key,
+            root=root,
+        )
+        self.mask_field = ImageField(
+            key=mask_key, encoding=mask_encoding, root=root, is_mask=True
+        )
+        self.mask = True if mask_key is not None and mask is None else mask
+        self.channels: Channels = channels
+        self.keep_encoded = bool(keep_encoded)
+        self.fast_dct = bool(fast_dct)
+
+    # --- binding ------------------------------------------------------------------------
+
+    def _copy(self) -> Any:
+        clone = object.__new__(type(self))
+        for cls in type(self).__mro__:
+            for name in getattr(cls, "__slots__", ()):
+                if hasattr(self, name):
+                    setattr(clone, name, getattr(self, name))
+        return clone
+
+    def bind(self, schema: SchemaLike | None, *, root: str | None) -> Any:
+        """A copy that knows the schema's image/mask features and the root of paths."""
+        clone = self._copy()
+        image_info = schema.image if schema is not None else None
+        mask_info = schema.mask if schema is not None else None
+        clone.image_field = self.image_field.bound(image_info, root=root)
+        if self.mask is not False:
+            clone.mask_field = self.mask_field.bound(mask_info, root=root)
+        return clone
+
+    # --- helpers for subclasses -----------------------------------------------------------
+
+    def _decode_full(self, sample: Sample) -> tuple[np.ndarray, str]:
+        """The whole image (H×W×C, channels as configured) and the feature it came from."""
+        key, _enc = self.image_field.require(sample)
+        image = self.image_field.decode(sample, fast_dct=self.fast_dct)
+        return self._fix_channels(image), key
+
+    def _fix_channels(self, image: np.ndarray) -> np.ndarray:
+        import cv2
+
+        c = image.shape[-1]
+        if self.channels == "rgb":
+            if c == 3:
+                return image
+            if c == 1:
+                return np.repeat(image, 3, axis=-1)
+            if c == 4:
+                return np.ascontiguousarray(image[..., :3])
+        elif c == 1:
+            return image
+        elif c in (3, 4) and image.ndim == 3:
+            return np.asarray(cv2.cvtColor(image[..., :3], cv2.COLOR_RGB2GRAY))[..., None]
+        elif c in (3, 4):
+            gray = [cv2.cvtColor(f[..., :3], cv2.COLOR_RGB2GRAY) for f in image]
+            return np.stack(gray)[..., None]
+        from shardfeed.errors import DecodeError
+
+        raise DecodeError(
+            f"the image has {c} channels; shardfeed decodes images with 1, 3 or 4 channels "
+            "(store RGB, RGBA or grayscale)"
+        )
+
+    def _decode_mask(self, sample: Sample) -> tuple[np.ndarray | None, str | None]:
+        """The mask (H×W uint8) and its feature, or (None, None) when there is none."""
+        if self.mask is False:
+            return None, None
+        found = self.mask_field.locate(sample)
+        if found is None:
+            if self.mask:
+                self.mask_field.require(sample)  # raises SchemaError naming the keys
+            return None, None
+        mask = self.mask_field.decode(sample, fast_dct=self.fast_dct)
+        if mask.ndim == 3 and mask.shape[-1] == 1 and self.mask_field.encoding == "raw":
+            mask = mask[..., 0]
+        return mask, found[0]
+
+    def _finish(
+        self, sample: Sample, image: np.ndarray, mask: np.ndarray | None, keys: list[str | None]
+    ) -> Sample:
+        if not self.keep_encoded:
+            for key in keys:
+                if key is not None and key not in ("image", "mask"):
+                    sample.pop(key, None)
+        sample["image"] = image
+        if mask is not None:
+            sample["mask"] = mask
+        return sample
+
+    def _channel_count(self) -> int:
+        return 3 if self.channels == "rgb" else 1
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(key={self.image_field.key!r}, "
+            f"encoding={self.image_field.encoding!r}, mask_key={self.mask_field.key!r})"
+        )
+
+
+class DecodeImage(DecoderBase):
+    """Decode the whole image and mask of a sample.
+
+    Writes ``sample["image"]`` (H×W×3 uint8, or H×W×1 with ``channels="gray"``; a list of
+    encoded images gives T×H×W×C) and ``sample["mask"]`` (H×W uint8) when there is a mask.
+
+    Determinism: a pure function of the stored bytes; draws nothing from the generator.
+    State: none. Memory: the decoded image and mask.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
+        image, key = self._decode_full(sample)
+        mask, mask_key = self._decode_mask(sample)
+        return self._finish(sample, image, mask, [key, mask_key])
+
+    def output_spec(self, specs: Specs) -> Specs:
+        """Image H×W×C uint8 with varying H, W; mask H×W uint8 if there is one."""
+        result = dict(specs)
+        result["image"] = ArraySpec((None, None, self._channel_count()), np.dtype(np.uint8))
+        if self.mask is not False and (self.mask or self.mask_field.key is not None):
+            result["mask"] = ArraySpec((None, None), np.dtype(np.uint8))
+        return result
+
+
+__all__ = ["Channels", "DecodeImage", "DecoderBase"]

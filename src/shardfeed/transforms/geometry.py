@@ -1,0 +1,289 @@
+"""Geometric transforms on decoded arrays: one geometry for the image, the mask and any
+second image.
+
+Each op reads ``keys`` (images, default ``("image",)``; linear/area interpolation) and
+``mask_keys`` (default ``("mask",)``; nearest neighbour) and applies the same crop, resize
+or flip to every one present. Parameters come from the first image key's size. Images may
+be H×W×C or T×H×W×C (a window of frames: one geometry for all frames); masks H×W or T×H×W.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from shardfeed.errors import SchemaError
+from shardfeed.transforms import arrays
+from shardfeed.transforms.base import ArraySpec, Sample, Specs
+from shardfeed.transforms.boxes import Box, check_range, parse_size, random_resized_box
+
+ArrayOp = Callable[[np.ndarray, bool, "np.ndarray | None"], np.ndarray]
+
+
+class GeometricBase:
+    """Apply one geometry to every image and mask key of a sample."""
+
+    __slots__ = ("keys", "mask_keys")
+    accepts_out = True
+
+    def __init__(self, *, keys: Sequence[str] = ("image",), mask_keys: Sequence[str] = ("mask",)):
+        if isinstance(keys, str) or isinstance(mask_keys, str):
+            raise TypeError("keys and mask_keys are sequences of feature names, e.g. ('image',)")
+        self.keys = tuple(keys)
+        self.mask_keys = tuple(mask_keys)
+        if not self.keys:
+            raise ValueError("keys must name at least one image feature, e.g. ('image',)")
+
+    def _reference_hw(self, sample: Sample) -> tuple[int, int]:
+        for key in self.keys:
+            value = sample.get(key)
+            if isinstance(value, np.ndarray):
+                return arrays.spatial_shape(value, is_mask=False)
+        for key in self.mask_keys:
+            value = sample.get(key)
+            if isinstance(value, np.ndarray):
+                return arrays.spatial_shape(value, is_mask=True)
+        raise SchemaError(
+            f"{type(self).__name__} found no decoded image under {self.keys} (the sample has "
+            f"{sorted(sample)}); put a decode op (DecodeImage) before it"
+        )
+
+    def _apply(self, sample: Sample, op: ArrayOp, out: np.ndarray | None) -> Sample:
+        first = True
+        for key in self.keys:
+            value = sample.get(key)
+            if isinstance(value, np.ndarray):
+                sample[key] = op(value, False, out if first else None)
+                first = False
+        for key in self.mask_keys:
+            value = sample.get(key)
+            if isinstance(value, np.ndarray):
+                sample[key] = op(value, True, None)
+        if first and out is not None:
+            raise SchemaError(f"{type(self).__name__}: no image under {self.keys} to write out")
+        return sample
+
+    def _fixed_specs(self, specs: Specs, hw: tuple[int | None, int | None]) -> Specs:
+        result = dict(specs)
+        for key in self.keys + self.mask_keys:
+            spec = specs.get(key)
+            if spec is None:
+                continue
+            is_mask = key in self.mask_keys
+            lead = spec.shape[:-2] if is_mask else spec.shape[:-3]
+            tail = () if is_mask else spec.shape[-1:]
+            result[key] = ArraySpec(lead + hw + tail, spec.dtype)
+        return result
+
+
+def _crop_resize(box: Box, size: tuple[int, int]) -> ArrayOp:
+    def op(arr: np.ndarray, is_mask: bool, out: np.ndarray | None) -> np.ndarray:
+        region = arrays.crop(arr, box, is_mask=is_mask)
+        result = arrays.resize(region, size, is_mask=is_mask, out=out)
+        return result.copy() if result is region else result
+
+    return op
+
+
+class RandomResizedCrop(GeometricBase):
+    """Crop a random box (area fraction in ``scale``, aspect ratio in ``ratio``) and resize it
+    to ``size``. For JPEG input prefer :class:`DecodeRandomResizedCrop` (same boxes, faster).
+
+    Determinism: the box comes from the generator (see ``random_resized_box``).
+    State: none. Memory: the output arrays.
+    """
+
+    __slots__ = ("ratio", "scale", "size")
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        keys: Sequence[str] = ("image",),
+        mask_keys: Sequence[str] = ("mask",),
+    ) -> None:
+        super().__init__(keys=keys, mask_keys=mask_keys)
+        self.size = parse_size(size)
+        self.scale = check_range(scale, name="scale", low=0.0, high=1.0)
+        self.ratio = check_range(ratio, name="ratio", low=0.0, high=float("inf"))
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        h, w = self._reference_hw(sample)
+        box = random_resized_box(h, w, rng, scale=self.scale, ratio=self.ratio)
+        return self._apply(sample, _crop_resize(box, self.size), out)
+
+    def output_spec(self, specs: Specs) -> Specs:
+        return self._fixed_specs(specs, self.size)
+
+    def __repr__(self) -> str:
+        return f"RandomResizedCrop({self.size}, scale={self.scale}, ratio={self.ratio})"
+
+
+class Resize(GeometricBase):
+    """Resize to ``size``: an int sets the shorter side (aspect ratio kept), ``(h, w)`` sets
+    both. Images use linear interpolation (area when shrinking ≥ 2×), masks nearest.
+
+    Determinism: deterministic; draws nothing. State: none. Memory: the output arrays.
+    """
+
+    __slots__ = ("shorter", "size")
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        keys: Sequence[str] = ("image",),
+        mask_keys: Sequence[str] = ("mask",),
+    ) -> None:
+        super().__init__(keys=keys, mask_keys=mask_keys)
+        self.shorter = isinstance(size, (int, np.integer)) and not isinstance(size, bool)
+        self.size = parse_size(size)
+
+    def target(self, height: int, width: int) -> tuple[int, int]:
+        """The output ``(height, width)`` for an input of that size."""
+        if not self.shorter:
+            return self.size
+        side = self.size[0]
+        if height <= width:
+            return side, max(1, round(width * side / height))
+        return max(1, round(height * side / width)), side
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        target = self.target(*self._reference_hw(sample))
+
+        def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
+            return arrays.resize(arr, target, is_mask=is_mask, out=dst)
+
+        return self._apply(sample, op, out)
+
+    def output_spec(self, specs: Specs) -> Specs:
+        if self.shorter:
+            return self._fixed_specs(specs, (None, None))
+        return self._fixed_specs(specs, self.size)
+
+    def __repr__(self) -> str:
+        return f"Resize({self.size[0] if self.shorter else self.size})"
+
+
+class CropOrPad(GeometricBase):
+    """Make any input exactly ``height``×``width``: center-crop larger dimensions, pad smaller
+    ones (centered) with ``fill`` (images) / ``mask_fill`` (masks).
+
+    Determinism: deterministic; draws nothing. State: none. Memory: the output arrays.
+    """
+
+    __slots__ = ("fill", "mask_fill", "size")
+
+    def __init__(
+        self,
+        height: int,
+        width: int,
+        *,
+        fill: float = 0,
+        mask_fill: int = 0,
+        keys: Sequence[str] = ("image",),
+        mask_keys: Sequence[str] = ("mask",),
+    ) -> None:
+        super().__init__(keys=keys, mask_keys=mask_keys)
+        self.size = parse_size((height, width))
+        self.fill = fill
+        self.mask_fill = mask_fill
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
+            fill = self.mask_fill if is_mask else self.fill
+            result = arrays.crop_or_pad(arr, self.size, is_mask=is_mask, fill=fill)
+            if dst is not None:
+                np.copyto(dst, result, casting="unsafe")
+                return dst
+            return np.ascontiguousarray(result) if result.base is arr else result
+
+        return self._apply(sample, op, out)
+
+    def output_spec(self, specs: Specs) -> Specs:
+        return self._fixed_specs(specs, self.size)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.size[0]}, {self.size[1]})"
+
+
+class CenterCrop(CropOrPad):
+    """Center-crop to ``size`` (int or ``(h, w)``); inputs smaller than that are padded with
+    ``fill``, so the output always has the requested shape.
+
+    Determinism: deterministic; draws nothing. State: none. Memory: the output arrays.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        fill: float = 0,
+        mask_fill: int = 0,
+        keys: Sequence[str] = ("image",),
+        mask_keys: Sequence[str] = ("mask",),
+    ) -> None:
+        h, w = parse_size(size)
+        super().__init__(h, w, fill=fill, mask_fill=mask_fill, keys=keys, mask_keys=mask_keys)
+
+
+class RandomHorizontalFlip(GeometricBase):
+    """Mirror left-right with probability ``p`` (image, masks and second images together).
+
+    Determinism: one draw ``rng.random() < p`` per sample. State: none. Memory: the output.
+    """
+
+    __slots__ = ("p",)
+
+    def __init__(
+        self,
+        p: float = 0.5,
+        *,
+        keys: Sequence[str] = ("image",),
+        mask_keys: Sequence[str] = ("mask",),
+    ) -> None:
+        super().__init__(keys=keys, mask_keys=mask_keys)
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"p is a probability in [0, 1], got {p!r}")
+        self.p = float(p)
+
+    def __call__(
+        self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
+    ) -> Sample:
+        if bool(rng.random() < self.p):
+            def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
+                return arrays.hflip(arr, is_mask=is_mask, out=dst)
+        else:
+            def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
+                if dst is None:
+                    return arr
+                np.copyto(dst, arr, casting="unsafe")
+                return dst
+        return self._apply(sample, op, out)
+
+    def output_spec(self, specs: Specs) -> Specs:
+        return dict(specs)
+
+    def __repr__(self) -> str:
+        return f"RandomHorizontalFlip(p={self.p})"
+
+
+__all__ = [
+    "CenterCrop",
+    "CropOrPad",
+    "GeometricBase",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+]

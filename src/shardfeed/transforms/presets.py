@@ -1,0 +1,126 @@
+"""Ready-made pipelines: ``train`` (random augmentation) and ``eval`` (deterministic).
+
+Both return a :class:`~shardfeed.transforms.base.Compose` whose output ``"image"`` has a
+fixed shape, so the loader can batch it:
+
+============  =====================================  =========================
+layout        shape                                  dtype
+============  =====================================  =========================
+``"HWC"``     ``size × size × 3``                    uint8, or float32 when
+``"CHW"``     ``3 × size × size``                    ``normalize`` or ``dtype``
+============  =====================================  =========================
+
+With a mask in the dataset, ``"mask"`` is ``size × size`` uint8 (same crop and flip,
+nearest neighbour). ``pipeline.bind(schema, root=...).output_spec()`` gives these as
+``ArraySpec`` objects for preallocating batch arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from shardfeed.transforms.base import Compose, Transform
+from shardfeed.transforms.color import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ColorJitter,
+    Normalize,
+    ToCHW,
+    ToFloat,
+)
+from shardfeed.transforms.crop_decode import DecodeCenterCrop, DecodeRandomResizedCrop
+
+NormalizeName = Literal["imagenet", "symmetric"]
+DType = Literal["uint8", "float32"]
+Layout = Literal["HWC", "CHW"]
+
+#: ColorJitter at strength 1: brightness, contrast, saturation, hue.
+COLOR_AT_STRENGTH_1 = (0.4, 0.4, 0.4, 0.1)
+
+
+def _tail(normalize: NormalizeName | None, dtype: DType, layout: Layout) -> list[Transform]:
+    if normalize not in (None, "imagenet", "symmetric"):
+        raise ValueError(
+            f"normalize must be None, 'imagenet' or 'symmetric', got {normalize!r}"
+        )
+    if dtype not in ("uint8", "float32"):
+        raise ValueError(f"dtype must be 'uint8' or 'float32', got {dtype!r}")
+    if layout not in ("HWC", "CHW"):
+        raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
+    if normalize is not None and dtype == "uint8":
+        raise ValueError(
+            f"normalize={normalize!r} produces floats: pass dtype='float32' (or normalize=None "
+            "to keep uint8)"
+        )
+    ops: list[Transform] = []
+    if normalize == "imagenet":
+        ops.append(Normalize(IMAGENET_MEAN, IMAGENET_STD))
+    elif normalize == "symmetric":
+        ops.append(Normalize.symmetric())
+    elif dtype == "float32":
+        ops.append(ToFloat())
+    if layout == "CHW":
+        ops.append(ToCHW())
+    return ops
+
+
+def train(
+    size: int = 224,
+    *,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+    color: float | None = None,
+    normalize: NormalizeName | None = None,
+    dtype: DType = "uint8",
+    layout: Layout = "HWC",
+    reduced_decode: bool = True,
+) -> Compose:
+    """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
+    left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
+    contrast, saturation 0.4 and hue 0.1), then optional normalisation and layout.
+
+    Output ``"image"``: ``size×size×3`` (HWC) or ``3×size×size`` (CHW); uint8, or float32
+    with ``normalize`` (``"imagenet"`` mean/std, ``"symmetric"`` → [-1, 1]) or
+    ``dtype="float32"`` (→ [0, 1]). ``"mask"`` (if any): ``size×size`` uint8.
+
+    Determinism: every random choice comes from the per-sample generator.
+    """
+    if color is not None and (isinstance(color, bool) or not color >= 0):
+        raise ValueError(f"color is a strength >= 0 (1.0 = standard jitter) or None, got {color!r}")
+    ops: list[Transform] = [
+        DecodeRandomResizedCrop(
+            size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
+            reduced_decode=reduced_decode,
+        )
+    ]
+    if color:
+        b, c, s, h = (v * color for v in COLOR_AT_STRENGTH_1)
+        ops.append(ColorJitter(b, c, s, min(0.5, h)))
+    ops.extend(_tail(normalize, dtype, layout))
+    return Compose(ops)
+
+
+def eval(  # the name the API promises (presets.train / presets.eval)
+    size: int = 224,
+    *,
+    crop_fraction: float = 0.875,
+    normalize: NormalizeName | None = None,
+    dtype: DType = "uint8",
+    layout: Layout = "HWC",
+    reduced_decode: bool = True,
+) -> Compose:
+    """Evaluation pipeline: resize the shorter side to ``size / crop_fraction`` and take the
+    center ``size×size`` (one fused, reduced-scale decode), then optional normalisation and
+    layout. Same output shapes and dtypes as :func:`train`.
+
+    Determinism: fully deterministic; the generator is not used.
+    """
+    ops: list[Transform] = [
+        DecodeCenterCrop(size, crop_fraction=crop_fraction, reduced_decode=reduced_decode)
+    ]
+    ops.extend(_tail(normalize, dtype, layout))
+    return Compose(ops)
+
+__all__ = ["COLOR_AT_STRENGTH_1", "eval", "train"]

@@ -1,0 +1,252 @@
+"""Where a sample's image (or mask) is and how it is stored: embedded, raw, or referenced.
+
+An :class:`ImageField` is resolved from, in order: what the user passed, the schema handed to
+``bind``, or the standard feature names (``image/encoded``, ``image/raw``, ``image/path``;
+``mask/encoded``, ``mask/raw``) present in the sample.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from shardfeed.errors import DecodeError, SchemaError, StorageError
+from shardfeed.format import spec
+from shardfeed.transforms.base import ImageInfoLike, Sample
+from shardfeed.transforms.decode import decode_error, decode_image
+
+Encoding = Literal["auto", "jpeg", "png", "mixed", "raw", "path"]
+ENCODINGS: tuple[str, ...] = ("auto", "jpeg", "png", "mixed", "raw", "path")
+
+_IMAGE_DEFAULTS: tuple[tuple[str, str], ...] = (
+    (spec.IMAGE_ENCODED, "auto"),
+    (spec.IMAGE_RAW, "raw"),
+    (spec.IMAGE_PATH, "path"),
+)
+_MASK_DEFAULTS: tuple[tuple[str, str], ...] = (
+    (spec.MASK_ENCODED, "auto"),
+    (spec.MASK_RAW, "raw"),
+)
+
+
+def check_encoding(encoding: str) -> None:
+    """Raise ValueError unless ``encoding`` is a known image encoding."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageField:
+    """Where one image-like feature is and how to turn it into pixels.
+
+    ``key=None`` means "find the standard feature name in each sample". ``root`` is the
+    folder or URL prefix that referenced (``"path"``) images are relative to.
+    """
+
+    key: str | None = None
+    encoding: Encoding = "auto"
+    height_key: str | None = None
+    width_key: str | None = None
+    channels_key: str | None = None
+    root: str | None = None
+    is_mask: bool = False
+
+    def __post_init__(self) -> None:
+        check_encoding(self.encoding)
+
+    def bound(self, info: ImageInfoLike | None, *, root: str | None) -> ImageField:
+        """A copy completed from the schema's ImageInfo; what the user set explicitly wins."""
+        if info is None or (self.key is not None and self.key != info.key):
+            key, encoding = self.key, self.encoding
+            hk, wk, ck = self.height_key, self.width_key, self.channels_key
+        else:
+            key = info.key
+            encoding = self.encoding if self.encoding != "auto" else _schema_encoding(info)
+            hk = self.height_key or info.height_key
+            wk = self.width_key or info.width_key
+            ck = self.channels_key or info.channels_key
+        return ImageField(
+            key=key,
+            encoding=encoding,
+            height_key=hk,
+            width_key=wk,
+            channels_key=ck,
+            root=self.root if self.root is not None else root,
+            is_mask=self.is_mask,
+        )
+
+    # --- locating -----------------------------------------------------------------------
+
+    def locate(self, sample: Sample) -> tuple[str, str] | None:
+        """``(key, encoding)`` of this field in ``sample``, or None if it is absent."""
+        if self.key is not None:
+            return (self.key, self.encoding) if self.key in sample else None
+        for key, encoding in _MASK_DEFAULTS if self.is_mask else _IMAGE_DEFAULTS:
+            if key in sample:
+                return key, encoding
+        return None
+
+    def require(self, sample: Sample) -> tuple[str, str]:
+        """Like :meth:`locate`, raising SchemaError naming the keys the sample has."""
+        found = self.locate(sample)
+        if found is None:
+            what = "mask" if self.is_mask else "image"
+            wanted = (
+                repr(self.key)
+                if self.key is not None
+                else " or ".join(repr(k) for k, _ in (_MASK_DEFAULTS if self.is_mask else _IMAGE_DEFAULTS))
+            )
+            raise SchemaError(
+                f"the sample has no {what} feature {wanted}; it has {sorted(sample)}. "
+                f"Pass the {what}'s feature name (key=...) or bind the transform to the "
+                "dataset's schema"
+            )
+        return found
+
+    def where(self, sample: Sample, key: str) -> str:
+        """Text naming the feature (and the file name when the sample carries one)."""
+        text = f"feature '{key}'"
+        name = sample.get(spec.IMAGE_FILENAME)
+        if isinstance(name, bytes):
+            text += f" of '{name.decode('utf-8', 'replace')}'"
+        return text
+
+    # --- reading ------------------------------------------------------------------------
+
+    def encoded_bytes(self, sample: Sample, key: str, encoding: str) -> bytes | memoryview:
+        """The encoded image bytes (reading the referenced file for ``"path"``)."""
+        value = _single_bytes(sample[key], key, self.where(sample, key))
+        if encoding != "path":
+            return value
+        return self.read_referenced(value, self.where(sample, key))
+
+    def read_referenced(self, value: bytes | memoryview, where: str) -> bytes:
+        """Read the file a ``"path"`` feature names, relative to ``root`` unless absolute."""
+        from shardfeed.storage import files
+
+        rel = bytes(value).decode("utf-8")
+        full = rel
+        if self.root is not None and "://" not in rel and not os.path.isabs(rel):
+            full = files.join(self.root, rel)
+        try:
+            return files.read_bytes(full)
+        except (OSError, StorageError) as exc:
+            raise DecodeError(
+                f"cannot read the referenced image '{full}' ({where}): {exc}. Check that the "
+                "file exists and that the dataset root is right (Dataset(root=...))"
+            ) from exc
+
+    def decode(self, sample: Sample, *, fast_dct: bool = True) -> np.ndarray:
+        """Decode this field of ``sample``: images H×W×C uint8, masks H×W uint8.
+
+        Several encoded values (a list of bytes) decode to T×H×W×C / T×H×W.
+        """
+        key, encoding = self.require(sample)
+        where = self.where(sample, key)
+        if encoding == "raw":
+            return self._raw(sample, key, where)
+        value = sample[key]
+        if isinstance(value, list) and encoding != "path":
+            frames = [self.decode_bytes(v, where, fast_dct) for v in value]
+            return _stack(frames, where)
+        data = self.encoded_bytes(sample, key, encoding)
+        return self.decode_bytes(data, where, fast_dct)
+
+    def decode_bytes(self, data: bytes | memoryview, where: str, fast_dct: bool) -> np.ndarray:
+        """Decode encoded bytes of this field: H×W×3 RGB for images, H×W for masks."""
+        if self.is_mask:
+            mask = decode_image(data, mode="gray", where=where, fast_dct=fast_dct)
+            return mask
+        image = decode_image(data, mode="rgb", where=where, fast_dct=fast_dct)
+        return image
+
+    def _raw(self, sample: Sample, key: str, where: str) -> np.ndarray:
+        data = _single_bytes(sample[key], key, where)
+        heights = (spec.MASK_HEIGHT, spec.IMAGE_HEIGHT) if self.is_mask else (spec.IMAGE_HEIGHT,)
+        widths = (spec.MASK_WIDTH, spec.IMAGE_WIDTH) if self.is_mask else (spec.IMAGE_WIDTH,)
+        height = _shape_value(sample, self.height_key, heights, where, "height")
+        width = _shape_value(sample, self.width_key, widths, where, "width")
+        pixels = np.frombuffer(data, dtype=np.uint8)
+        if self.is_mask:
+            expected = height * width
+            if pixels.size != expected:
+                raise decode_error(
+                    data,
+                    where,
+                    f"raw mask has {pixels.size} bytes, expected height×width = "
+                    f"{height}×{width} = {expected}",
+                )
+            return pixels.reshape(height, width)
+        if self.channels_key is not None or spec.IMAGE_CHANNELS in sample:
+            channels = _shape_value(
+                sample, self.channels_key, (spec.IMAGE_CHANNELS,), where, "channels"
+            )
+        else:
+            channels = pixels.size // max(1, height * width)
+        expected = height * width * channels
+        if pixels.size != expected or channels < 1:
+            raise decode_error(
+                data,
+                where,
+                f"raw image has {pixels.size} bytes, expected height×width×channels = "
+                f"{height}×{width}×{channels} = {expected}",
+            )
+        return pixels.reshape(height, width, channels)
+
+
+def _schema_encoding(info: ImageInfoLike) -> Encoding:
+    encoding = info.encoding
+    if encoding in ("jpeg", "png", "mixed"):
+        return "auto"
+    if encoding not in ENCODINGS:
+        raise SchemaError(
+            f"the schema gives image feature '{info.key}' the unknown encoding {encoding!r}; "
+            f"expected one of {ENCODINGS[1:]}"
+        )
+    return encoding  # type: ignore[return-value]
+
+
+def _single_bytes(value: Any, key: str, where: str) -> bytes | memoryview:
+    if isinstance(value, (bytes, memoryview, bytearray)):
+        return value if not isinstance(value, bytearray) else bytes(value)
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], bytes):
+        return value[0]
+    raise SchemaError(
+        f"{where}: expected one bytes value, got {type(value).__name__}"
+        + (f" with {len(value)} values" if isinstance(value, list) else "")
+        + f"; '{key}' must be a bytes_list feature holding one image"
+    )
+
+
+def _shape_value(
+    sample: Sample, key: str | None, defaults: tuple[str, ...], where: str, what: str
+) -> int:
+    keys = (key,) if key is not None else defaults
+    for k in keys:
+        if k in sample:
+            value = np.asarray(sample[k]).reshape(-1)
+            if value.size == 1 and value[0] > 0:
+                return int(value[0])
+            raise SchemaError(f"{where}: the {what} feature '{k}' must hold one positive int")
+    raise SchemaError(
+        f"{where}: a raw image needs its {what}; the sample has no feature "
+        f"{' or '.join(repr(k) for k in keys)}. Pass {what}_key=... or bind to the schema"
+    )
+
+
+def _stack(frames: list[np.ndarray], where: str) -> np.ndarray:
+    if not frames:
+        raise SchemaError(f"{where}: the feature holds no image")
+    shapes = {f.shape for f in frames}
+    if len(shapes) != 1:
+        raise DecodeError(
+            f"{where}: the {len(frames)} images of this feature have different shapes "
+            f"{sorted(shapes)}; resize them before stacking (decode each and CropOrPad)"
+        )
+    return np.stack(frames)
+
+
+__all__ = ["ENCODINGS", "Encoding", "ImageField", "check_encoding"]

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     decoded = sum(s.decoded for s in report.shards)
     what = f"{report.records} records in {len(report.shards)} shards"
     if report.decode:
-        what += f", {decoded} images decoded"
+        what += f", {decoded} images and masks decoded"
     if report.ok:
         print(f"ok: {what}")
         return 0

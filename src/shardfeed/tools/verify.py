@@ -291,12 +291,47 @@ def _next_indexed(index: np.ndarray | None, record: int, pos: int) -> int | None
     return int(index[record + 1])
 
 
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """Where one image (or mask) is in a record: key, encoding, shape keys."""
+
+    key: str
+    encoding: str
+    height_key: str | None = None
+    width_key: str | None = None
+    channels_key: str | None = None
+
+
+_DEFAULT_SLOTS = (
+    ("image", (_Slot(spec.IMAGE_ENCODED, "mixed"),
+               _Slot(spec.IMAGE_RAW, "raw", spec.IMAGE_HEIGHT, spec.IMAGE_WIDTH,
+                     spec.IMAGE_CHANNELS),
+               _Slot(spec.IMAGE_PATH, "path"))),
+    ("mask", (_Slot(spec.MASK_ENCODED, "mixed"),
+              _Slot(spec.MASK_RAW, "raw", spec.MASK_HEIGHT, spec.MASK_WIDTH),
+              _Slot("mask/path", "path"))),
+)
+
+
+def _slot(info: Any) -> _Slot | None:
+    if info is None:
+        return None
+    return _Slot(info.key, info.encoding, info.height_key, info.width_key, info.channels_key)
+
+
+def _dim(features: dict[str, Any], key: str | None) -> int | None:
+    value = features.get(key) if key else None
+    if isinstance(value, np.ndarray) and value.size == 1:
+        return int(value.reshape(-1)[0])
+    return None
+
+
 def _check_payload(
     job: _Job, payload: bytes, record: int, offset: int,
     problem: Callable[[str, str, int | None, int | None], None],
 ) -> int:
     """Parse the record, check referenced files, and (``job.decode``) decode images.
-    Returns 1 if an image was decoded."""
+    Returns the number of images and masks decoded."""
     from shardfeed.format.example import decode_example
 
     where = location(job.path, record, offset)
@@ -306,38 +341,38 @@ def _check_payload(
         problem(NOT_EXAMPLE, str(exc), record, offset)
         return 0
     count = 0
-    for key_path, kind in ((spec.IMAGE_PATH, UNDECODABLE_IMAGE), ("mask/path", UNDECODABLE_MASK)):
-        value = features.get(key_path)
-        if isinstance(value, bytes):
-            rel = value.decode("utf-8", "replace")
-            full = rel if os.path.isabs(rel) or job.root is None else os.path.join(job.root, rel)
-            if not os.path.isfile(full):
-                problem(MISSING_REFERENCED, f"'{full}' does not exist; restore it, or pass the "
-                        "right --root", record, offset)
-            elif job.decode:
-                with open(full, "rb") as f:
-                    count += _try_decode(f.read(), where, kind, record, offset, problem,
-                                         gray=kind == UNDECODABLE_MASK)
-    if not job.decode:
-        return count
-    for key, kind, gray in (
-        (job.image or spec.IMAGE_ENCODED, UNDECODABLE_IMAGE, False),
-        (job.mask or spec.MASK_ENCODED, UNDECODABLE_MASK, True),
-    ):
-        value = features.get(key)
-        if isinstance(value, bytes):
-            count += _try_decode(value, where, kind, record, offset, problem, gray=gray)
-    raw = features.get(spec.IMAGE_RAW)
-    if isinstance(raw, bytes):
-        dims = [features.get(k) for k in (spec.IMAGE_HEIGHT, spec.IMAGE_WIDTH, spec.IMAGE_CHANNELS)]
-        want = 1
-        for d in dims:
-            want *= int(d[0]) if isinstance(d, np.ndarray) and d.size == 1 else 0
-        if want != len(raw):
-            problem(UNDECODABLE_IMAGE, f"raw image holds {len(raw)} bytes, height × width × "
-                    f"channels say {want}", record, offset)
-        else:
-            count += 1
+    for role, defaults in _DEFAULT_SLOTS:
+        given = _slot(job.image if role == "image" else job.mask)
+        slots = (given,) if given is not None else defaults
+        kind = UNDECODABLE_IMAGE if role == "image" else UNDECODABLE_MASK
+        for slot in slots:
+            value = features.get(slot.key)
+            if not isinstance(value, bytes):
+                continue
+            if slot.encoding == "path":
+                rel = value.decode("utf-8", "replace")
+                full = rel if os.path.isabs(rel) or job.root is None else os.path.join(job.root, rel)
+                if not os.path.isfile(full):
+                    problem(MISSING_REFERENCED, f"{role} '{full}' does not exist; restore it, or "
+                            "pass the right --root", record, offset)
+                elif job.decode:
+                    with open(full, "rb") as f:
+                        count += _try_decode(f.read(), where, kind, record, offset, problem,
+                                             gray=role == "mask")
+            elif not job.decode:
+                continue
+            elif slot.encoding == "raw":
+                h, w = _dim(features, slot.height_key), _dim(features, slot.width_key)
+                c = _dim(features, slot.channels_key) if slot.channels_key else 1
+                want = h * w * c if h is not None and w is not None and c is not None else None
+                if want != len(value):
+                    problem(kind, f"raw {role} holds {len(value)} bytes, but height × width × "
+                            f"channels = {h} × {w} × {c}", record, offset)
+                else:
+                    count += 1
+            else:
+                count += _try_decode(value, where, kind, record, offset, problem,
+                                     gray=role == "mask")
     return count
 
 
@@ -374,8 +409,8 @@ def _expected_from_manifest(
     if root is not None and not os.path.isabs(root) and "://" not in root:
         root = os.path.join(base, root)
     schema = manifest.schema
-    image = schema.image.key if schema is not None and schema.image is not None else None
-    mask = schema.mask.key if schema is not None and schema.mask is not None else None
+    image = schema.image if schema is not None else None
+    mask = schema.mask if schema is not None else None
     return paths, expected, root, image, mask, manifest.mode == "referenced"
 
 

@@ -47,7 +47,7 @@ __all__ = ["LabelSource", "read_labels", "shuffle_report"]
 log = logging.getLogger(__name__)
 
 DEFAULT_LABEL_KEY = "image/class/label"
-_CHUNK_RECORDS = 8192
+_CHUNK_RECORDS = 1024  # records decoded at a time: bounded memory even for large images
 _MAX_LISTED_CLASSES = 1000  # per-label first positions are listed up to this many classes
 
 ORDER_DESCRIPTIONS = {

@@ -124,7 +124,8 @@ def simulate_buffer(draws: npt.ArrayLike, buffer_size: int) -> IntArray:
     While input remains, the element in slot ``s`` at output ``t`` is the one written by the
     last earlier output that picked ``s`` (element ``t' + B``), or ``s`` itself if none did; a
     stable sort of the draws by slot finds every such ``t'`` at once. Only the drain (at most
-    ``B`` steps) runs as a loop. 1M outputs with ``B = 10,000`` take about 0.1 s.
+    ``B`` steps) runs as a loop. 1M outputs with ``B = 10,000`` take about 0.04 s; with
+    ``B >= n`` (all drain) about 0.6 s.
     """
     r = np.asarray(draws)
     if r.ndim != 1 or (r.size and not np.issubdtype(r.dtype, np.integer)):

@@ -1,0 +1,113 @@
+"""Corrupt records, undecodable images and failing transforms, in both error modes."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pipeline_helpers import open_dataset, record_ids, train_transform
+
+from shardfeed.errors import CorruptRecordError, DecodeError
+from shardfeed.pipeline import Loader, TooManyErrorsError
+
+
+def ids_of_epoch(loader: Loader) -> list[int]:
+    return record_ids([{"index": b["index"].copy()} for b in loader])
+
+
+def test_bad_jpeg_raises_with_shard_record_offset(bad_jpeg_folder: Path) -> None:
+    ds = open_dataset(bad_jpeg_folder)
+    path, in_shard, offset = ds.locate(41)
+    loader = Loader(ds, batch_size=6, shuffle=False, transform=train_transform(), num_threads=2)
+    seen = []
+    with pytest.raises(DecodeError) as info:
+        for batch in loader:
+            seen.extend(batch["index"].tolist())
+    assert seen == list(range(36))  # the batches before the bad one arrive
+    error = info.value
+    assert error.path == path and error.record == in_shard and error.offset == offset
+    text = str(error)
+    assert "part-002.tfrecord" in text and f"record {in_shard}" in text
+    assert f"byte {offset}" in text and "epoch position 41" in text
+
+
+def test_bad_crc_raises_with_record_and_offset(bad_crc_folder: Path) -> None:
+    ds = open_dataset(bad_crc_folder)
+    path, in_shard, offset = ds.locate(25)
+    loader = Loader(ds, batch_size=8, shuffle=False, transform=train_transform(), num_threads=2)
+    with pytest.raises(CorruptRecordError) as info:
+        list(loader)
+    assert (info.value.path, info.value.record, info.value.offset) == (path, in_shard, offset)
+    assert "part-001.tfrecord" in str(info.value)
+
+
+@pytest.mark.parametrize("folder_name", ["bad_jpeg_folder", "bad_crc_folder"])
+def test_skip_replaces_deterministically_and_counts(folder_name: str,
+                                                    request: pytest.FixtureRequest) -> None:
+    folder = request.getfixturevalue(folder_name)
+    bad = 41 if folder_name == "bad_jpeg_folder" else 25
+
+    def run(threads: int) -> tuple[list[int], Any]:
+        loader = Loader(open_dataset(folder), batch_size=7, seed=8, on_error="skip",
+                        transform=train_transform(), num_threads=threads)
+        ids = ids_of_epoch(loader)
+        return ids, loader.stats
+
+    ids, stats = run(1)
+    assert len(ids) == 60 and bad not in ids
+    assert len(set(ids)) == 59  # the 59 good records, one of them twice (the replacement)
+    assert stats.skipped_total == 1 and stats.skipped == 0  # new epoch: per-epoch count reset
+    assert run(3)[0] == ids
+
+
+def test_skip_budget_raises(bad_jpeg_folder: Path) -> None:
+    loader = Loader(open_dataset(bad_jpeg_folder), batch_size=6, on_error="skip",
+                    max_skipped=0, transform=train_transform(), num_threads=2)
+    with pytest.raises(TooManyErrorsError, match="budget of 0"):
+        list(loader)
+
+
+def test_skip_count_survives_state(bad_jpeg_folder: Path) -> None:
+    ds = open_dataset(bad_jpeg_folder)
+    loader = Loader(ds, batch_size=6, shuffle=False, on_error="skip",
+                    transform=train_transform(), num_threads=2)
+    it = iter(loader)
+    for _ in range(8):  # past record 41
+        next(it)
+    state = loader.state()
+    assert state["skipped"] == 1
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def exploding_transform(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    if int(sample["index"][0]) == 17:
+        raise Boom("user code failed")
+    return sample
+
+
+def test_user_transform_error_keeps_traceback_and_names_record(clean_ds: Any) -> None:
+    path, in_shard, offset = clean_ds.locate(17)
+    loader = Loader(clean_ds, batch_size=5, shuffle=True, seed=2, on_error="skip",
+                    transform=exploding_transform, num_threads=2)
+    with pytest.raises(Boom, match="user code failed") as info:
+        list(loader)
+    frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert "exploding_transform" in frames
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "record id 17" in notes and f"record {in_shard} at byte {offset}" in notes
+    assert "stage 'transform'" in notes
+
+
+def test_one_argument_transform(clean_ds: Any) -> None:
+    def add_one(sample: dict[str, Any]) -> dict[str, Any]:
+        sample["index"] = sample["index"] + 1
+        return sample
+
+    loader = Loader(clean_ds, batch_size=4, shuffle=False, transform=add_one, num_threads=1)
+    assert next(iter(loader))["index"].tolist() == [1, 2, 3, 4]

@@ -1,0 +1,451 @@
+"""Dataset: random access to the records of many TFRecord shards.
+
+Determinism: ``ds[i]`` is a pure function of the files. State: none (open file handles and
+lazily loaded indexes only). Memory: 8 bytes a record of index (memory-mapped ``.idx.npy``
+pages, or arrays when an index was built or parsed from text), 16 bytes a shard, and, per
+``read_many`` call, the coalesced byte ranges being decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardfeed.dataset.opening import Resolved, SourceArg, resolve_source
+from shardfeed.dataset.reading import ReadOptions, plan_reads
+from shardfeed.dataset.shards import (
+    RERUN_HINT,
+    ShardTable,
+    _local_size,
+    build_index,
+    check_offsets,
+    find_index,
+)
+from shardfeed.errors import CorruptRecordError, FormatError, SchemaError, location
+from shardfeed.format import spec as S
+from shardfeed.format.example import FeatureSpec, Value, decode_example
+from shardfeed.format.framing import unframe
+from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar, resolve
+from shardfeed.format.schema import Schema, infer_schema
+from shardfeed.storage import is_remote, open_source
+from shardfeed.storage.base import ByteSource
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+log = logging.getLogger("shardfeed.dataset")
+
+SCHEMA_SAMPLE_RECORDS = 16
+"""Records decoded to infer a schema when there is no manifest."""
+PROGRESS_AFTER_BYTES = 64 << 20
+"""Building indexes shows a progress bar when more than this much must be scanned."""
+
+Features = Mapping[str, FeatureSpec] | Sequence[str] | None
+Record = dict[str, Value]
+
+
+class Dataset:
+    """Random access to the records of TFRecord shards; thread-safe.
+
+    ``source``: a dataset folder (with ``shardfeed.json``), a manifest path, a folder of
+    ``.tfrecord`` files, a glob, a TFRecord path, or a list of TFRecord paths/URLs. Bare
+    TFRecord files without an index get one built (written beside the file when it is a
+    writable local file, else kept in memory) unless ``build_index=False``.
+
+    ``verify_crc``: check each record's data CRC when read (the length CRC is always
+    checked). ``features``: decode only these names, or shape/check them with a mapping of
+    :class:`FeatureSpec`. ``root``: folder that referenced image paths are relative to
+    (default: the manifest's root, else the dataset folder). ``read_options``: coalescing.
+
+    ``ds[i]`` and ``ds.read_many(indices)`` return ``{feature: value}`` dicts (see
+    :func:`shardfeed.format.example.decode_example`). Errors name the shard, the record
+    within it and its byte offset.
+    """
+
+    def __init__(
+        self,
+        source: SourceArg,
+        /,
+        *,
+        verify_crc: bool = True,
+        features: Features = None,
+        root: str | os.PathLike[str] | None = None,
+        build_index: bool = True,
+        read_options: ReadOptions | None = None,
+    ) -> None:
+        if not isinstance(verify_crc, bool):
+            raise TypeError(f"verify_crc must be True or False, got {verify_crc!r}")
+        if not isinstance(build_index, bool):
+            raise TypeError(f"build_index must be True or False, got {build_index!r}")
+        if read_options is not None and not isinstance(read_options, ReadOptions):
+            raise TypeError(
+                f"read_options must be a ReadOptions, got {type(read_options).__name__}"
+            )
+        self._args = (source, verify_crc, features, root, build_index, read_options)
+        self._build = build_index
+        self.verify_crc = verify_crc
+        self.read_options = read_options or ReadOptions()
+        self._spec, self._names = _check_features(features)
+        self._sources: dict[int, ByteSource] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._schema: Schema | None = None
+
+        resolved = resolve_source(source)
+        self._resolved = resolved
+        self._manifest = resolved.manifest
+        if resolved.manifest is not None:
+            self._table = self._open_manifest(resolved, resolved.manifest)
+        else:
+            self._table = self._open_files(resolved.urls, build=build_index)
+        self._root = self._find_root(root)
+        self._group_ids, self._order_keys = self._load_sidecars()
+        if self._manifest is not None and self._manifest.schema is not None:
+            self._schema = self._manifest.schema
+            self._check_names_in_schema(self._schema)
+
+    # --- opening -------------------------------------------------------------------------
+
+    def _open_manifest(self, resolved: Resolved, manifest: Manifest) -> ShardTable:
+        shards = manifest.shards
+        urls = list(resolved.urls)
+        for url, shard in zip(urls, shards):
+            size = _local_size(url)
+            if size is not None and size != shard.bytes:
+                raise FormatError(
+                    f"shard '{url}' is {size} bytes but the manifest says {shard.bytes}; the "
+                    f"shard changed after indexing: {RERUN_HINT}"
+                )
+
+        def load(k: int) -> np.ndarray:
+            url, info = urls[k], shards[k]
+            offsets = find_index(url)
+            if offsets is None:
+                if not self._build:
+                    raise FormatError(
+                        f"shard '{url}' has no index (.idx.npy or .idx); {RERUN_HINT}"
+                    )
+                offsets = build_index(url, progress=None)
+            check_offsets(url, offsets, size=None, records=info.records,
+                          manifest_bytes=info.bytes)
+            return offsets
+
+        return ShardTable(urls, [s.records for s in shards], [None] * len(urls), load)
+
+    def _open_files(self, urls: Sequence[str], *, build: bool) -> ShardTable:
+        found: list[np.ndarray | None] = []
+        sizes: list[int | None] = []
+        for url in urls:
+            size = _local_size(url)
+            offsets = find_index(url)
+            if offsets is not None:
+                check_offsets(url, offsets, size=size)
+            elif not build:
+                raise FormatError(f"file '{url}' has no index (.idx.npy or .idx); {RERUN_HINT}")
+            found.append(offsets)
+            sizes.append(size)
+        missing = [k for k, off in enumerate(found) if off is None]
+        if missing:
+            self._build_missing(urls, found, sizes, missing)
+        offsets_all = [off for off in found if off is not None]
+
+        def never(k: int) -> np.ndarray:  # every index is loaded at open
+            raise AssertionError(k)
+
+        counts = [len(off) - 1 for off in offsets_all]
+        return ShardTable(urls, counts, offsets_all, never)
+
+    def _build_missing(self, urls: Sequence[str], found: list[np.ndarray | None],
+                       sizes: list[int | None], missing: list[int]) -> None:
+        total = sum(sizes[k] or 0 for k in missing)
+        bar: Any = None
+        if total > PROGRESS_AFTER_BYTES or any(sizes[k] is None for k in missing):
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total or None, unit="B", unit_scale=True, delay=1.0,
+                       desc=f"indexing {len(missing)} file(s)")
+        try:
+            for k in missing:
+                found[k] = build_index(urls[k], progress=None if bar is None else bar.update)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _find_root(self, root: str | os.PathLike[str] | None) -> str | None:
+        if root is not None:
+            return os.fspath(root)
+        base = self._resolved.base
+        if self._manifest is not None and self._manifest.root is not None:
+            return resolve(base, self._manifest.root) if base else self._manifest.root
+        return base
+
+    def _load_sidecars(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        m, base = self._manifest, self._resolved.base
+        if m is None or base is None:
+            return None, None
+        groups = None if m.group_key is None else load_sidecar(base, S.GROUPS_NAME,
+                                                               records=len(self))
+        order = None if m.order_key is None else load_sidecar(base, S.ORDER_NAME,
+                                                              records=len(self))
+        return groups, order
+
+    def _check_names_in_schema(self, schema: Schema) -> None:
+        if not schema.features:
+            return
+        wanted = list(self._spec) if self._spec is not None else (self._names or [])
+        unknown = [n for n in wanted if n not in schema.features and not (
+            self._spec is not None and self._spec[n].default is not None)]
+        if unknown:
+            raise SchemaError(
+                f"features {unknown} are not in this dataset; it has "
+                f"{sorted(schema.features)}: fix the names passed as features="
+            )
+
+    # --- properties ----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    @property
+    def num_shards(self) -> int:
+        return self._table.num_shards
+
+    @property
+    def shard_urls(self) -> list[str]:
+        """The shard files, in dataset order."""
+        return list(self._table.urls)
+
+    @property
+    def root(self) -> str | None:
+        """The folder referenced image paths are relative to (None if unknown)."""
+        return self._root
+
+    @property
+    def group_ids(self) -> np.ndarray | None:
+        """Group id per record (int64) from the manifest's ``groups.npy``, or None."""
+        return self._group_ids
+
+    @property
+    def order_keys(self) -> np.ndarray | None:
+        """Order key per record (float64) from the manifest's ``order.npy``, or None."""
+        return self._order_keys
+
+    @property
+    def schema(self) -> Schema:
+        """The manifest's schema, or one inferred from the first records (read once)."""
+        if self._schema is None:
+            n = min(len(self), SCHEMA_SAMPLE_RECORDS)
+            payloads = self.read_payloads(range(n))
+            sample = [decode_example(p, where=self._where(i)) for i, p in enumerate(payloads)]
+            self._schema = infer_schema(sample)
+        return self._schema
+
+    @property
+    def manifest(self) -> Manifest:
+        """The manifest this dataset was opened from, or one describing the files
+        (mode ``tfrecord``, schema inferred) that ``Manifest.save`` can write."""
+        if self._manifest is not None:
+            return self._manifest
+        shards = [
+            ShardInfo(path=url, records=int(c), bytes=int(self._table.offsets(k)[-1]))
+            for k, (url, c) in enumerate(zip(self._table.urls, self._table.counts.tolist()))
+        ]
+        return Manifest(shards=shards, schema=self.schema, mode="tfrecord", root=self._root)
+
+    def index_bytes(self) -> int:
+        """Bytes of index loaded now (offset arrays, mapped or in memory, + shard table)."""
+        return self._table.index_bytes()
+
+    # --- locating ------------------------------------------------------------------------
+
+    def _indices(self, indices: Iterable[int] | np.ndarray) -> np.ndarray:
+        arr = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices))
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if arr.dtype.kind not in "iu" or arr.ndim != 1:
+            raise TypeError(
+                f"indices must be a 1-D sequence of ints, got dtype {arr.dtype} shape "
+                f"{arr.shape}"
+            )
+        arr = arr.astype(np.int64, copy=False)
+        n = len(self)
+        if int(arr.min()) < -n or int(arr.max()) >= n:
+            bad = int(arr[(arr < -n) | (arr >= n)][0])
+            raise IndexError(f"record index {bad} is out of range for a dataset of {n} records")
+        return np.where(arr < 0, arr + n, arr)
+
+    def locate(self, i: int) -> tuple[str, int, int]:
+        """(shard path, record within the shard, byte offset) of record ``i``."""
+        idx = self._indices([int(i)])
+        shard, local = self._table.shard_of(idx)
+        k, r = int(shard[0]), int(local[0])
+        return self._table.urls[k], r, int(self._table.offsets(k)[r])
+
+    def _where(self, i: int) -> str:
+        path, rec, off = self.locate(i)
+        return location(path, rec, off)
+
+    # --- reading -------------------------------------------------------------------------
+
+    def _source(self, k: int) -> ByteSource:
+        src = self._sources.get(k)
+        if src is None:
+            with self._lock:
+                if self._closed:
+                    raise ValueError("this Dataset is closed; open a new one")
+                src = self._sources.get(k)
+                if src is None:
+                    url = self._table.urls[k]
+                    src = open_source(url)
+                    if is_remote(url):
+                        # local shards were checked at open; remote ones on first use
+                        offsets = self._table.offsets(k)
+                        check_offsets(url, offsets, size=src.size())
+                    self._sources[k] = src
+        return src
+
+    def read_payloads(self, indices: Iterable[int] | np.ndarray) -> list[bytes]:
+        """The serialized Examples of records ``indices``, in that order (CRC-checked when
+        ``verify_crc``). Reads are sorted and coalesced per shard."""
+        return [bytes(p) for p in self._read_views(self._indices(indices))]
+
+    def read_many(self, indices: Iterable[int] | np.ndarray) -> list[Record]:
+        """Decoded records ``indices``, in that order. Reads are sorted and coalesced per
+        shard: neighbouring records come from one read (see :class:`ReadOptions`)."""
+        idx = self._indices(indices)
+        views = self._read_views(idx)
+        return [self._decode(v, int(i)) for v, i in zip(views, idx.tolist())]
+
+    def __getitem__(self, i: int) -> Record:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(
+                f"Dataset indices are ints, got {type(i).__name__}; use read_many(indices) "
+                "for many records"
+            )
+        return self.read_many([int(i)])[0]
+
+    def __iter__(self) -> Iterator[Record]:
+        """Every record in order, read a chunk at a time."""
+        chunk = 256
+        for start in range(0, len(self), chunk):
+            yield from self.read_many(range(start, min(start + chunk, len(self))))
+
+    def _decode(self, payload: memoryview, i: int) -> Record:
+        if self._spec is not None:
+            try:
+                return decode_example(payload, spec=self._spec)
+            except SchemaError:  # decode again, now naming the place (only on this path)
+                return decode_example(payload, spec=self._spec, where=self._where(i))
+        try:
+            record = decode_example(payload)
+        except SchemaError:
+            raise SchemaError(
+                f"{self._where(i)}: payload is not a tf.train.Example; the shard holds other "
+                "records, or the record is damaged (run `shardfeed verify`)"
+            ) from None
+        if self._names is None:
+            return record
+        missing = [n for n in self._names if n not in record]
+        if missing:
+            raise SchemaError(
+                f"{self._where(i)}: features {missing} are missing (the record has "
+                f"{sorted(record)}); fix the names passed as features="
+            )
+        return {n: record[n] for n in self._names}
+
+    def _read_views(self, idx: np.ndarray) -> list[memoryview]:
+        out: list[memoryview | None] = [None] * len(idx)
+        if len(idx) == 0:
+            return []
+        shard, local = self._table.shard_of(idx)
+        order = np.argsort(shard, kind="stable")
+        shard_sorted = shard[order]
+        cuts = np.flatnonzero(np.diff(shard_sorted)) + 1
+        for group in np.split(order, cuts):
+            k = int(shard[group[0]])
+            recs = local[group]
+            offsets = self._table.offsets(k)
+            starts = np.asarray(offsets[recs], dtype=np.int64)
+            ends = np.asarray(offsets[recs + 1], dtype=np.int64)
+            ranges = plan_reads(starts, ends, self.read_options)
+            src = self._source(k)
+            blobs = src.read_ranges([(r.offset, r.length) for r in ranges])
+            url = self._table.urls[k]
+            for rng, blob in zip(ranges, blobs):
+                view = memoryview(blob)
+                for m in rng.members:
+                    a = int(starts[m]) - rng.offset
+                    b = int(ends[m]) - rng.offset
+                    rec = int(recs[m])
+                    if b > len(view):
+                        raise CorruptRecordError(
+                            f"{location(url, rec, int(starts[m]))}: truncated, the file ends "
+                            f"before the record's {b - a} bytes; the shard changed after "
+                            f"indexing: {RERUN_HINT}",
+                            path=url, record=rec, offset=int(starts[m]),
+                        )
+                    out[int(group[m])] = unframe(view[a:b], path=url, record=rec,
+                                                 offset=int(starts[m]), verify=self.verify_crc)
+        return [v for v in out if v is not None]
+
+    # --- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every open shard. Idempotent."""
+        with self._lock:
+            self._closed = True
+            sources, self._sources = self._sources, {}
+        for src in sources.values():
+            src.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # reopen from the same arguments in another process (indexes are mapped, not copied)
+        source, verify, features, root, build, options = self._args
+        return (_reopen, (source, verify, features, root, build, options))
+
+    def __repr__(self) -> str:
+        return f"Dataset({len(self)} records in {self.num_shards} shards)"
+
+
+def _reopen(source: SourceArg, verify_crc: bool, features: Features,
+            root: str | os.PathLike[str] | None, build_index: bool,
+            read_options: ReadOptions | None) -> Dataset:
+    return Dataset(source, verify_crc=verify_crc, features=features, root=root,
+                   build_index=build_index, read_options=read_options)
+
+
+def _check_features(
+    features: Features,
+) -> tuple[dict[str, FeatureSpec] | None, list[str] | None]:
+    if features is None:
+        return None, None
+    if isinstance(features, Mapping):
+        spec: dict[str, FeatureSpec] = {}
+        for name, fs in features.items():
+            if not isinstance(name, str) or not isinstance(fs, FeatureSpec):
+                raise TypeError(
+                    "features= as a mapping must map names to FeatureSpec, got "
+                    f"{name!r}: {type(fs).__name__}"
+                )
+            spec[name] = fs
+        return spec, None
+    if isinstance(features, (str, bytes)) or not isinstance(features, Sequence):
+        raise TypeError(
+            "features= must be a list of feature names or a mapping of name to FeatureSpec, "
+            f"got {type(features).__name__}"
+        )
+    names = list(features)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"features= names must be str, got {names!r}")
+    return None, names

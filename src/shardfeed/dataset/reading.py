@@ -1,0 +1,80 @@
+"""Read planning: turn a set of records of one shard into few, large byte-range reads.
+
+::
+
+    records asked   :   [r7]      [r2][r3]          [r9]
+    file            :  |--r2--|--r3--|--r4--|--r5--|--r6--|--r7--|--r8--|--r9--|
+    sorted by offset:  r2 r3 (adjacent: one range) ... r7 (gap <= gap_bytes: joined) r9
+
+Records are sorted by offset; neighbours whose gap is at most ``coalesce_gap_bytes`` join
+one range, as long as the range stays within ``max_read_bytes``. The caller slices each
+record out of its range and returns the records in the order they were asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """How :class:`~shardfeed.dataset.Dataset` groups reads.
+
+    ``coalesce_gap_bytes``: records at most this far apart in a shard are read as one range
+    (the bytes between are read and dropped). ``max_read_bytes``: a coalesced range stops
+    growing past this size (one record larger than it is still read whole).
+    """
+
+    coalesce_gap_bytes: int = 64 << 10
+    max_read_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.coalesce_gap_bytes, int) or self.coalesce_gap_bytes < 0:
+            raise ValueError(
+                f"coalesce_gap_bytes must be an int >= 0, got {self.coalesce_gap_bytes!r}"
+            )
+        if not isinstance(self.max_read_bytes, int) or self.max_read_bytes < 1:
+            raise ValueError(f"max_read_bytes must be an int >= 1, got {self.max_read_bytes!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRange:
+    """One read: ``length`` bytes from ``offset``; ``members`` index the planned records."""
+
+    offset: int
+    length: int
+    members: tuple[int, ...]
+
+
+def plan_reads(starts: np.ndarray, ends: np.ndarray, options: ReadOptions) -> list[ReadRange]:
+    """Group records ``[starts[k], ends[k])`` of one shard into coalesced ranges.
+
+    Every k appears in exactly one range's ``members``; duplicates share one read.
+    Deterministic: depends on the offsets and options only.
+    """
+    n = len(starts)
+    if n == 0:
+        return []
+    order = np.argsort(starts, kind="stable")
+    s = starts[order].tolist()
+    e = ends[order].tolist()
+    ids = order.tolist()
+    gap = options.coalesce_gap_bytes
+    cap = options.max_read_bytes
+    out: list[ReadRange] = []
+    lo, hi = s[0], e[0]
+    members = [ids[0]]
+    for k in range(1, n):
+        sk, ek = s[k], e[k]
+        new_hi = max(hi, ek)
+        if sk - hi <= gap and new_hi - lo <= cap:
+            hi = new_hi
+            members.append(ids[k])
+        else:
+            out.append(ReadRange(lo, hi - lo, tuple(members)))
+            lo, hi = sk, ek
+            members = [ids[k]]
+    out.append(ReadRange(lo, hi - lo, tuple(members)))
+    return out

@@ -1,0 +1,158 @@
+"""The global record index over many shards, built lazily from per-shard offset arrays.
+
+::
+
+    shard            0            1         2
+    records      [0 .. 999] [1000 .. 1499] [1500 .. 2999]       starts = [0, 1000, 1500, 3000]
+    record i  ->  shard k = searchsorted(starts, i, "right") - 1,  local = i - starts[k]
+              ->  bytes [offsets_k[local], offsets_k[local + 1])
+
+Each shard's offsets are its ``.idx.npy`` memory-mapped (8 bytes a record, paged in on use),
+its ``.idx`` text parsed, or a scan of the file when it has no index yet. With a manifest
+the per-shard arrays are loaded on first use, so opening costs one ``stat`` per shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from shardfeed.errors import FormatError, StorageError
+from shardfeed.format import spec as S
+from shardfeed.format.framing import scan
+from shardfeed.format.index import (
+    load_binary_index,
+    read_text_index,
+    write_binary_index,
+    write_text_index,
+)
+from shardfeed.storage import files, is_remote
+
+log = logging.getLogger("shardfeed.dataset")
+
+RERUN_HINT = "re-run `shardfeed index` on it (or `shardfeed pack --resume` for packed data)"
+
+
+def _local_size(url: str) -> int | None:
+    """Size of a local file, None for URLs; StorageError if the file is missing."""
+    if is_remote(url):
+        return None
+    path = url.removeprefix("file://")
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        raise StorageError(
+            f"file '{url}' does not exist; check the path, or rebuild the manifest with "
+            "`shardfeed index` if the shards were moved"
+        ) from None
+
+
+def find_index(url: str) -> np.ndarray | None:
+    """The offsets of ``url`` from its ``.idx.npy`` or ``.idx`` file, or None if it has none."""
+    binary = S.binary_index_path(url)
+    if _exists(binary):
+        return load_binary_index(binary)
+    text = S.text_index_path(url)
+    if _exists(text):
+        return read_text_index(text)
+    return None
+
+
+def _exists(url: str) -> bool:
+    if is_remote(url):
+        return files.exists(url)
+    return os.path.exists(url.removeprefix("file://"))
+
+
+def build_index(url: str, *, progress: Callable[[int], object] | None) -> np.ndarray:
+    """Scan ``url`` for its records; write ``.idx`` and ``.idx.npy`` beside it when it is a
+    writable local file, else keep the offsets in memory only."""
+    offsets = scan(url, progress=progress)
+    if is_remote(url):
+        log.info("indexed %s (%d records); index kept in memory", url, len(offsets) - 1)
+        return offsets
+    try:
+        write_text_index(S.text_index_path(url), offsets)
+        write_binary_index(S.binary_index_path(url), offsets)
+        log.info("indexed %s (%d records); wrote %s", url, len(offsets) - 1,
+                 S.binary_index_path(url))
+    except (StorageError, OSError) as exc:
+        log.info("indexed %s (%d records); cannot write its index (%s), kept in memory",
+                 url, len(offsets) - 1, exc)
+    return offsets
+
+
+def check_offsets(url: str, offsets: np.ndarray, *, size: int | None,
+                  records: int | None = None, manifest_bytes: int | None = None) -> None:
+    """Raise FormatError if an index does not describe the file as it is now."""
+    end = int(offsets[-1])
+    if records is not None and len(offsets) - 1 != records:
+        raise FormatError(
+            f"shard '{url}': the manifest says {records} records but its index has "
+            f"{len(offsets) - 1}; the shard changed after indexing: {RERUN_HINT}"
+        )
+    if manifest_bytes is not None and end != manifest_bytes:
+        raise FormatError(
+            f"shard '{url}': the manifest says {manifest_bytes} bytes but its index ends at "
+            f"byte {end}; the shard changed after indexing: {RERUN_HINT}"
+        )
+    if size is not None and size != end:
+        raise FormatError(
+            f"shard '{url}' is {size} bytes but its index ends at byte {end}; the file "
+            f"changed after indexing: delete its .idx/.idx.npy and {RERUN_HINT}"
+        )
+
+
+class ShardTable:
+    """Record ``i`` → (shard, record in shard, byte range); thread-safe lazy index loading.
+
+    Memory: 8 bytes a record for the offsets (memory-mapped when they come from ``.idx.npy``)
+    plus 8 bytes a shard for the cumulative counts.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        counts: Sequence[int],
+        offsets: Sequence[np.ndarray | None],
+        loader: Callable[[int], np.ndarray],
+    ) -> None:
+        self.urls = list(urls)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.starts = np.zeros(len(self.urls) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=self.starts[1:])
+        self._offsets: list[np.ndarray | None] = list(offsets)
+        self._loader = loader
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.urls)
+
+    def offsets(self, shard: int) -> np.ndarray:
+        """The n+1 offsets of one shard, loading (and checking) them on first use."""
+        arr = self._offsets[shard]
+        if arr is None:
+            with self._lock:
+                arr = self._offsets[shard]
+                if arr is None:
+                    arr = self._loader(shard)
+                    self._offsets[shard] = arr
+        return arr
+
+    def shard_of(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, record within shard) for already bounds-checked global indices."""
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        return shard, indices - self.starts[shard]
+
+    def index_bytes(self) -> int:
+        """Bytes the index takes: loaded offset arrays (mapped or not) + cumulative counts."""
+        loaded = sum(a.nbytes for a in self._offsets if a is not None)
+        return int(loaded + self.starts.nbytes + self.counts.nbytes)

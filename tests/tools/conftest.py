@@ -73,3 +73,9 @@ def frames_csv(tmp_path: Path) -> Path:
         for i in order:
             writer.writerow(rows[i])
     return path
+
+
+@pytest.fixture
+def make_image():  # type: ignore[no-untyped-def]
+    """The ``write_image`` helper, for tests that build their own files."""
+    return write_image

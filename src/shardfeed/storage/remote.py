@@ -35,10 +35,13 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.cache import ByteCache
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -387,8 +390,8 @@ class RemoteSource:
             coalesce_gap_bytes < -1
         ):
             raise ValueError(
-                f"coalesce_gap_bytes must be an int >= 0 (or -1 to merge nothing, not even "
-                f"touching ranges), got {coalesce_gap_bytes!r}"
+                f"coalesce_gap_bytes must be an int >= 0 (or -1 to merge only overlapping "
+                f"ranges), got {coalesce_gap_bytes!r}"
             )
         if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or (
             max_request_bytes < 1
@@ -482,7 +485,7 @@ class RemoteSource:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def __enter__(self) -> RemoteSource:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,254 @@
+"""A real S3-compatible HTTP server on 127.0.0.1 (moto) for tests, reusable by every area.
+
+The server is moto's S3 application behind werkzeug's threaded HTTP server, reached by the
+same s3fs/aiobotocore client code users run. It can be stopped and started again on the same
+port (the objects survive: moto keeps them in this process), and it logs every request.
+
+Use it from another test folder by importing the fixtures into that folder's conftest.py::
+
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "storage"))
+    from s3_fixture import s3_server, s3_server_session  # noqa: E402,F401
+
+then in a test::
+
+    def test_remote_dataset(s3_server, tmp_path):
+        url = s3_server.upload_folder(tmp_path / "ds")   # -> "s3://bucket-1/ds"
+        ds = Dataset(url)                               # s3:// options are registered
+
+While the session server runs: dummy credentials are in the environment, instance metadata
+lookups are off, ``AWS_ENDPOINT_URL`` points at the server (so no S3 request can leave
+127.0.0.1), and ``set_storage_options("s3://", ...)`` registers the endpoint with fast-failing
+botocore settings. ``s3_server`` (per test) clears s3fs's instance cache and the request log.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+KEY = "testing-key"
+SECRET = "testing-secret"
+REGION = "us-east-1"
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRequest:
+    method: str
+    path: str
+    range: str | None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class S3Server:
+    """moto's S3 on ``127.0.0.1:port``; ``stop()`` also cuts open connections."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._log: list[LoggedRequest] = []
+        self._log_lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+        self._buckets = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        owner = self
+        app = DomainDispatcherApplication(create_backend_app)
+
+        def logging_app(environ: dict[str, Any], start_response: Any) -> Any:
+            with owner._log_lock:
+                owner._log.append(
+                    LoggedRequest(
+                        environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
+                        environ.get("HTTP_RANGE"),
+                    )
+                )
+            return app(environ, start_response)
+
+        class Handler(MotoRequestHandler):
+            def log_request(self, *args: Any, **kwargs: Any) -> None:
+                pass  # keep test output clean
+
+            def setup(self) -> None:
+                super().setup()
+                with owner._conn_lock:
+                    owner._connections.add(self.connection)
+
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    with owner._conn_lock:
+                        owner._connections.discard(self.connection)
+
+        self._server = make_server(
+            "127.0.0.1", self.port, logging_app, threaded=True, request_handler=Handler
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="moto-s3", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop listening and cut every open connection (clients see refused/reset)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._conn_lock:
+            for conn in list(self._connections):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def restart_later(self, delay_seconds: float) -> threading.Thread:
+        """Start the server again on the same port after ``delay_seconds``, in a thread."""
+        done = threading.Event()
+
+        def run() -> None:
+            done.wait(delay_seconds)
+            self.start()
+
+        thread = threading.Thread(target=run, name="moto-restart", daemon=True)
+        thread.start()
+        return thread
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    # -- requests log ---------------------------------------------------------------------
+
+    def requests(self, method: str | None = None) -> list[LoggedRequest]:
+        with self._log_lock:
+            return [r for r in self._log if method is None or r.method == method]
+
+    def clear_log(self) -> None:
+        with self._log_lock:
+            self._log.clear()
+
+    # -- clients and data -----------------------------------------------------------------
+
+    def storage_options(self) -> dict[str, Any]:
+        """s3fs options for this server, failing fast when it is down."""
+        return {
+            "key": KEY,
+            "secret": SECRET,
+            "client_kwargs": {"endpoint_url": self.endpoint_url},
+            "config_kwargs": {
+                "retries": {"total_max_attempts": 1},
+                "connect_timeout": 2,
+                "read_timeout": 10,
+            },
+        }
+
+    def filesystem(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(**self.storage_options())
+
+    def new_bucket(self, prefix: str = "bucket") -> str:
+        """Create a fresh bucket (``prefix-1``, ``prefix-2``, ...) and return its name."""
+        self._buckets += 1
+        name = f"{prefix}-{self._buckets}"
+        self.filesystem().mkdir(name)
+        return name
+
+    def upload_folder(self, folder: str | os.PathLike[str], bucket: str | None = None,
+                      prefix: str | None = None) -> str:
+        """Upload every file under ``folder`` to ``s3://bucket/prefix/...``; return that URL.
+
+        ``bucket`` defaults to a new one, ``prefix`` to the folder's name.
+        """
+        root = Path(folder)
+        bucket = bucket or self.new_bucket()
+        prefix = root.name if prefix is None else prefix.strip("/")
+        fs = self.filesystem()
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                rel = path.relative_to(root).as_posix()
+                key = f"{bucket}/{prefix}/{rel}" if prefix else f"{bucket}/{rel}"
+                fs.put_file(str(path), key)
+        fs.invalidate_cache()
+        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+
+def clear_s3fs_instances() -> None:
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="session")
+def s3_server_session() -> Iterator[S3Server]:
+    """One moto S3 server for the session, with a safe environment (see module docstring)."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from shardfeed.storage.remote import set_storage_options
+
+    server = S3Server()
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                     "AWS_ENDPOINT_URL_S3", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
+                     "https_proxy", "ALL_PROXY", "all_proxy"):
+            mp.delenv(name, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", KEY)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        mp.setenv("AWS_DEFAULT_REGION", REGION)
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        mp.setenv("AWS_CONFIG_FILE", os.devnull)
+        mp.setenv("AWS_ENDPOINT_URL", server.endpoint_url)
+        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        server.start()
+        set_storage_options("s3://", **server.storage_options())
+        try:
+            yield server
+        finally:
+            set_storage_options("s3://")
+            server.stop()
+            clear_s3fs_instances()
+
+
+@pytest.fixture()
+def s3_server(s3_server_session: S3Server) -> Iterator[S3Server]:
+    """The session's S3 server, running, with a fresh s3fs instance cache and request log."""
+    server = s3_server_session
+    if not server.running:
+        server.start()
+    clear_s3fs_instances()
+    server.clear_log()
+    yield server
+    if not server.running:
+        server.start()
+    clear_s3fs_instances()

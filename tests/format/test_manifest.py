@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def test_infer_schema_from_tensorflow_records(tf_fixtures: Path) -> None:
     data = path.read_bytes()
     offsets = scan(path).tolist()
     records = [decode_example(unframe(data[a:b], path="", record=0, offset=0))
-               for a, b in zip(offsets[:-1], offsets[1:])]
+               for a, b in itertools.pairwise(offsets)]
     schema = infer_schema(records)
     f = schema.features
     assert f["image/encoded"] == FeatureInfo("image/encoded", "bytes", 1)

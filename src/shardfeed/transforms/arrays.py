@@ -39,9 +39,10 @@ def crop(arr: np.ndarray, box: Box, *, is_mask: bool) -> np.ndarray:
 def interpolation_for(
     in_hw: tuple[int, int], out_hw: tuple[int, int], *, is_mask: bool
 ) -> int:
-    """INTER_NEAREST for masks; INTER_AREA when shrinking ≥ 2× both ways; else INTER_LINEAR."""
+    """Nearest (pixel-center aligned, like the linear modes) for masks; INTER_AREA when
+    shrinking ≥ 2× both ways; else INTER_LINEAR."""
     if is_mask:
-        return cv2.INTER_NEAREST
+        return cv2.INTER_NEAREST_EXACT
     if in_hw[0] >= AREA_SHRINK * out_hw[0] and in_hw[1] >= AREA_SHRINK * out_hw[1]:
         return cv2.INTER_AREA
     return cv2.INTER_LINEAR

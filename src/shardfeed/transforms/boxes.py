@@ -24,7 +24,7 @@ class Box(NamedTuple):
 
 def parse_size(size: int | Sequence[int], *, name: str = "size") -> tuple[int, int]:
     """``224`` → ``(224, 224)``; ``(h, w)`` stays. Raises ValueError for anything else."""
-    if isinstance(size, bool):
+    if isinstance(size, (bool, str, bytes)):
         raise TypeError(f"{name} must be an int or (height, width), got {size!r}")
     if isinstance(size, (int, np.integer)):
         pair = (int(size), int(size))

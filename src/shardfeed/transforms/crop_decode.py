@@ -191,9 +191,9 @@ class CropDecoderBase(DecoderBase):
         """Image ``size``×C uint8 (C = 3, or 1 for gray); mask ``size`` uint8."""
         result = dict(specs)
         h, w = self.size
-        result["image"] = ArraySpec((h, w, self._channel_count()), np.dtype(np.uint8))
+        result["image"] = ArraySpec((h, w, self._channel_count()), self._dtype(self.image_field))
         if self.mask is not False and (self.mask or self.mask_field.key is not None):
-            result["mask"] = ArraySpec((h, w), np.dtype(np.uint8))
+            result["mask"] = ArraySpec((h, w), self._dtype(self.mask_field))
         return result
 
 

@@ -135,8 +135,6 @@ class DecoderBase:
                 self.mask_field.require(sample)  # raises SchemaError naming the keys
             return None, None
         mask = self.mask_field.decode(sample, fast_dct=self.fast_dct)
-        if mask.ndim == 3 and mask.shape[-1] == 1 and self.mask_field.encoding == "raw":
-            mask = mask[..., 0]
         return mask, found[0]
 
     def _finish(
@@ -150,6 +148,10 @@ class DecoderBase:
         if mask is not None:
             sample["mask"] = mask
         return sample
+
+    @staticmethod
+    def _dtype(field: ImageField) -> np.dtype[Any]:
+        return np.dtype(field.dtype if field.encoding == "raw" else np.uint8)
 
     def _channel_count(self) -> int:
         return 3 if self.channels == "rgb" else 1
@@ -181,9 +183,11 @@ class DecodeImage(DecoderBase):
     def output_spec(self, specs: Specs) -> Specs:
         """Image H×W×C uint8 with varying H, W; mask H×W uint8 if there is one."""
         result = dict(specs)
-        result["image"] = ArraySpec((None, None, self._channel_count()), np.dtype(np.uint8))
+        result["image"] = ArraySpec(
+            (None, None, self._channel_count()), self._dtype(self.image_field)
+        )
         if self.mask is not False and (self.mask or self.mask_field.key is not None):
-            result["mask"] = ArraySpec((None, None), np.dtype(np.uint8))
+            result["mask"] = ArraySpec((None, None), self._dtype(self.mask_field))
         return result
 
 

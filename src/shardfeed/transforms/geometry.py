@@ -60,8 +60,12 @@ class GeometricBase:
             value = sample.get(key)
             if isinstance(value, np.ndarray):
                 sample[key] = op(value, True, None)
-        if first and out is not None:
-            raise SchemaError(f"{type(self).__name__}: no image under {self.keys} to write out")
+        if first:
+            self._reference_hw(sample)  # raises SchemaError when there is nothing to transform
+            if out is not None:
+                raise SchemaError(
+                    f"{type(self).__name__}: no image under {self.keys} to write out"
+                )
         return sample
 
     def _fixed_specs(self, specs: Specs, hw: tuple[int | None, int | None]) -> Specs:

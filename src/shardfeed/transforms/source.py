@@ -53,21 +53,28 @@ class ImageField:
     channels_key: str | None = None
     root: str | None = None
     is_mask: bool = False
+    dtype: str = "uint8"
 
     def __post_init__(self) -> None:
         check_encoding(self.encoding)
+        try:
+            np.dtype(self.dtype)
+        except TypeError:
+            raise ValueError(f"dtype must be a NumPy dtype name, got {self.dtype!r}") from None
 
     def bound(self, info: ImageInfoLike | None, *, root: str | None) -> ImageField:
         """A copy completed from the schema's ImageInfo; what the user set explicitly wins."""
         if info is None or (self.key is not None and self.key != info.key):
             key, encoding = self.key, self.encoding
             hk, wk, ck = self.height_key, self.width_key, self.channels_key
+            dtype = self.dtype
         else:
             key = info.key
             encoding = self.encoding if self.encoding != "auto" else _schema_encoding(info)
             hk = self.height_key or info.height_key
             wk = self.width_key or info.width_key
             ck = self.channels_key or info.channels_key
+            dtype = str(getattr(info, "dtype", self.dtype))
         return ImageField(
             key=key,
             encoding=encoding,
@@ -76,6 +83,7 @@ class ImageField:
             channels_key=ck,
             root=self.root if self.root is not None else root,
             is_mask=self.is_mask,
+            dtype=dtype,
         )
 
     # --- locating -----------------------------------------------------------------------
@@ -169,14 +177,19 @@ class ImageField:
         widths = (spec.MASK_WIDTH, spec.IMAGE_WIDTH) if self.is_mask else (spec.IMAGE_WIDTH,)
         height = _shape_value(sample, self.height_key, heights, where, "height")
         width = _shape_value(sample, self.width_key, widths, where, "width")
-        pixels = np.frombuffer(data, dtype=np.uint8)
+        dtype = np.dtype(self.dtype)
+        if len(data) % dtype.itemsize:
+            raise decode_error(
+                data, where, f"raw pixels of {len(data)} bytes are not whole {dtype} values"
+            )
+        pixels = np.frombuffer(data, dtype=dtype)
         if self.is_mask:
             expected = height * width
             if pixels.size != expected:
                 raise decode_error(
                     data,
                     where,
-                    f"raw mask has {pixels.size} bytes, expected height×width = "
+                    f"raw mask has {pixels.size} values, expected height×width = "
                     f"{height}×{width} = {expected}",
                 )
             return pixels.reshape(height, width)
@@ -191,7 +204,7 @@ class ImageField:
             raise decode_error(
                 data,
                 where,
-                f"raw image has {pixels.size} bytes, expected height×width×channels = "
+                f"raw image has {pixels.size} values, expected height×width×channels = "
                 f"{height}×{width}×{channels} = {expected}",
             )
         return pixels.reshape(height, width, channels)

@@ -75,8 +75,8 @@ class FakeDataset:
     root = None
 
     def __init__(self, folder: Path) -> None:
-        from shardfeed.format.framing import unframe
         from shardfeed.format.example import decode_example
+        from shardfeed.format.framing import unframe
 
         self._unframe = unframe
         self._decode = decode_example

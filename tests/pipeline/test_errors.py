@@ -92,7 +92,7 @@ def exploding_transform(sample: dict[str, Any], rng: np.random.Generator) -> dic
 
 
 def test_user_transform_error_keeps_traceback_and_names_record(clean_ds: Any) -> None:
-    path, in_shard, offset = clean_ds.locate(17)
+    _, in_shard, offset = clean_ds.locate(17)
     loader = Loader(clean_ds, batch_size=5, shuffle=True, seed=2, on_error="skip",
                     transform=exploding_transform, num_threads=2)
     with pytest.raises(Boom, match="user code failed") as info:

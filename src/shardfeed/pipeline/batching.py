@@ -18,6 +18,7 @@ buffers a caller allocates (:meth:`BatchLayout.batch_bytes` each).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import os
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any
@@ -189,13 +190,27 @@ class SharedBatchRing:
         for block in self.blocks:
             try:
                 block.close()
-            except BufferError:  # a batch the caller still holds keeps the mapping alive
-                pass
+            except BufferError:
+                _abandon_mapping(block)
             try:
                 block.unlink()
             except FileNotFoundError:
                 pass
         self.blocks = []
+
+
+def _abandon_mapping(block: shared_memory.SharedMemory) -> None:
+    """Close a block whose memory a batch the caller still holds maps.
+
+    The mapping is released with the caller's last array; the file descriptor is closed now,
+    and the object forgets the mapping so that its finaliser does not try again.
+    """
+    fd = getattr(block, "_fd", -1)
+    if isinstance(fd, int) and fd >= 0:
+        os.close(fd)
+    block._fd = -1  # type: ignore[attr-defined]
+    block._buf = None  # type: ignore[attr-defined]
+    block._mmap = None  # type: ignore[attr-defined]
 
 
 def local_ring(layout: BatchLayout, size: int) -> list[BatchBuffer]:

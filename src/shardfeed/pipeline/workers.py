@@ -17,12 +17,11 @@ and a mapping of the shared batch buffers (no copy).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import pickle
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
@@ -43,11 +42,9 @@ class _Item:
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
-    block = shared_memory.SharedMemory(name=name)
-    # The loader's process owns (and unlinks) the block; a worker must not.
-    with contextlib.suppress(Exception):  # tracker details differ between Python versions
-        resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
-    return block
+    # Spawned workers share the loader's resource tracker, which already knows the block;
+    # the loader's process unlinks it on close.
+    return shared_memory.SharedMemory(name=name)
 
 
 def _init_worker(payload: bytes, layout: BatchLayout, names: list[str]) -> None:

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from s3_fixture import S3Server
 
 from shardfeed.errors import StorageError
 from shardfeed.storage import files
 from shardfeed.storage.cache import ByteCache
-from s3_fixture import S3Server
 
 
 @pytest.fixture(params=["local", "file-url", "memory", "s3"])

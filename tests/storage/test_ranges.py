@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -10,8 +11,8 @@ from hypothesis import strategies as st
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.remote import (
-    RetryPolicy,
     Retrier,
+    RetryPolicy,
     coalesce_ranges,
     is_transient,
 )
@@ -45,7 +46,7 @@ def test_requests_are_separated_by_more_than_the_gap(
     ranges: list[tuple[int, int]], gap: int
 ) -> None:
     plan = coalesce_ranges(ranges, gap_bytes=gap, max_request_bytes=10**9)
-    for left, right in zip(plan, plan[1:]):
+    for left, right in itertools.pairwise(plan):
         assert right.start - left.end > gap
     # requests never read bytes that no range asked for except holes <= gap
     for request in plan:

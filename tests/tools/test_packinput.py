@@ -39,7 +39,7 @@ def _csv(tmp_path: Path, text: str, images: int = 2) -> Path:
     import numpy as np
 
     for i in range(images):
-        ok, data = cv2.imencode(".jpg", np.full((8, 8, 3), i, np.uint8))
+        _ok, data = cv2.imencode(".jpg", np.full((8, 8, 3), i, np.uint8))
         (tmp_path / f"i{i}.jpg").write_bytes(data.tobytes())
     path = tmp_path / "d.csv"
     path.write_text(text)

@@ -77,7 +77,10 @@ def image_shape(data: bytes, *, where: str) -> tuple[int, int, int]:
     if kind == "jpeg":
         from shardfeed.transforms.decode import jpeg_header
 
-        height, width, space = jpeg_header(data, where=where)
+        try:
+            height, width, space = jpeg_header(data, where=where)
+        except DecodeError as exc:
+            raise _pack_error(exc) from None
         channels = 1 if space == "Gray" else 4 if space in ("CMYK", "YCCK") else 3
         return height, width, channels
     image = _decode(data, where=where, mode="unchanged")
@@ -90,10 +93,12 @@ def _decode(data: bytes, *, where: str, mode: Literal["rgb", "gray", "unchanged"
     try:
         return decode_image(data, mode=mode, where=where)
     except DecodeError as exc:
-        raise PackError(
-            f"{exc}. While packing: fix or remove that input file, or pack with "
-            "--mode referenced to keep it as a path"
-        ) from None
+        raise _pack_error(exc) from None
+
+
+def _pack_error(exc: DecodeError) -> PackError:
+    text = str(exc).split(". The record holds")[0]
+    return PackError(f"{text}. Fix or remove that input file (or its CSV row)")
 
 
 def _decode_raw(data: bytes, *, where: str, mode: Literal["gray", "unchanged"]) -> np.ndarray:

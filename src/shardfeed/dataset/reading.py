@@ -69,7 +69,8 @@ def plan_reads(starts: np.ndarray, ends: np.ndarray, options: ReadOptions) -> li
     for k in range(1, n):
         sk, ek = s[k], e[k]
         new_hi = max(hi, ek)
-        if sk - hi <= gap and new_hi - lo <= cap:
+        # a record inside the range so far (a duplicate) always joins: it costs nothing
+        if ek <= hi or (sk - hi <= gap and new_hi - lo <= cap):
             hi = new_hi
             members.append(ids[k])
         else:

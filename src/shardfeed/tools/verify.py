@@ -414,6 +414,31 @@ def _expected_from_manifest(
     return paths, expected, root, image, mask, manifest.mode == "referenced"
 
 
+def _sampled_slots(paths: Sequence[str]) -> tuple[Any, Any]:
+    """Image and mask info inferred from the first records of the first readable file
+    (files without a manifest); (None, None) when nothing can be read."""
+    from shardfeed.format.example import decode_example
+    from shardfeed.format.framing import scan, unframe
+    from shardfeed.format.schema import infer_schema
+
+    for path in paths:
+        try:
+            offsets = scan(path)
+            if offsets.size < 2:
+                continue
+            with open(path, "rb") as f:
+                data = f.read(int(offsets[min(16, offsets.size - 1)]))
+            records = [
+                decode_example(unframe(data[int(a):int(b)], path=path, record=i, offset=int(a)))
+                for i, (a, b) in enumerate(zip(offsets[:16], offsets[1:17], strict=False))
+            ]
+            schema = infer_schema(records)
+        except (ShardfeedError, OSError):
+            continue
+        return schema.image, schema.mask
+    return None, None
+
+
 def verify(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
@@ -442,6 +467,8 @@ def verify(
         paths = packfiles.expand_inputs(source)
         expected = [_Expected()] * len(paths)
         mroot = None
+        if decode:
+            image, mask = _sampled_slots(paths)
     use_root = os.fspath(root) if root is not None else mroot
     check_paths = referenced or root is not None
     jobs = [

@@ -13,6 +13,7 @@ State: none. Memory: one read block (8 MiB) and one record per worker.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import threading
@@ -430,7 +431,7 @@ def _sampled_slots(paths: Sequence[str]) -> tuple[Any, Any]:
                 data = f.read(int(offsets[min(16, offsets.size - 1)]))
             records = [
                 decode_example(unframe(data[int(a):int(b)], path=path, record=i, offset=int(a)))
-                for i, (a, b) in enumerate(zip(offsets[:16], offsets[1:17], strict=False))
+                for i, (a, b) in enumerate(itertools.pairwise(offsets[:17].tolist()))
             ]
             schema = infer_schema(records)
         except (ShardfeedError, OSError):

@@ -263,11 +263,16 @@ def _group_runs(
         run = int(order[1:][repeated].min())
         record = int(starts[run])
         raise ValueError(
-            f"records of a group must be contiguous: group {run_ids[run]!r} appears again at "
+            f"records of a group must be contiguous: group {_show(run_ids[run])} appears again at "
             f"record {record} after other groups; sort the records by group id, then by "
             f"order key (as 'shardfeed pack' writes them)"
         )
     return starts, ends
+
+
+def _show(value: object) -> str:
+    """A value for a message: NumPy scalars as plain Python values."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
 
 
 def _check_sorted(keys: npt.NDArray[Any], run_of: IntArray) -> None:
@@ -283,7 +288,7 @@ def _check_sorted(keys: npt.NDArray[Any], run_of: IntArray) -> None:
         before, record = (i, i + 1) if present is None else (int(present[i]), int(present[i + 1]))
         raise ValueError(
             f"order keys must not decrease within a group: record {record} has order key "
-            f"{keys[record]!r} after record {before} with {keys[before]!r}; sort the records "
+            f"{_show(keys[record])} after record {before} with {_show(keys[before])}; sort the records "
             f"of each group by order key"
         )
 

@@ -89,7 +89,7 @@ def test_jax_arrays_do_not_alias_the_ring(loader: Any) -> None:
 
 
 def test_jax_batch_sharding(loader: Any) -> None:
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     from shardfeed.loaders import jax as jax_adapter
 
     adapted = jax_adapter.adapt(loader, sharding="batch")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import cv2
 import numpy as np
 
 from shardfeed.errors import DecodeError
@@ -145,19 +146,67 @@ class CropDecoderBase(DecoderBase):
             fast_dct=self.fast_dct,
         )
         dh, dw = decoded.shape[:2]
+        if d > 1 and not (box.h >= 2 * d * out_h and box.w >= 2 * d * out_w):
+            # Less than 2× left to shrink: one linear warp from the exact (sub-pixel) box in
+            # the scaled image, the flip folded in. Rounding the box to whole scaled pixels
+            # instead would shift the output by up to half a pixel.
+            return self._warp(decoded, box, d, flip, out)
         region = arrays.crop(decoded, scaled_box(box, d, dh, dw), is_mask=False)
         # The region views the thread's scratch buffer: resize copies it out before any
         # other decode on this thread can overwrite it.
         return self._resize_flip(region, flip, out, force_copy=True)
 
-    def _resize_flip(
-        self, region: np.ndarray, flip: bool, out: np.ndarray | None, force_copy: bool = False
+    def _warp(
+        self, decoded: np.ndarray, box: Box, d: int, flip: bool, out: np.ndarray | None
     ) -> np.ndarray:
+        out_h, out_w = self.size
+        # Output pixel (i, j) samples the scaled image at (sy*i + ty, sx*j + tx): pixel
+        # centers of the box, in scaled-pixel coordinates (centers at k + 0.5 - 0.5).
+        sx = box.w / (out_w * d)
+        sy = box.h / (out_h * d)
+        tx = (box.x + 0.5 * box.w / out_w) / d - 0.5
+        ty = (box.y + 0.5 * box.h / out_h) / d - 0.5
+        if flip:
+            tx, sx = tx + sx * (out_w - 1), -sx
+        matrix = np.array([[sx, 0.0, tx], [0.0, sy, ty]], dtype=np.float64)
+        c = decoded.shape[2]
+        src = decoded[:, :, 0] if c == 1 else decoded
+        flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+        direct = (
+            out is not None
+            and out.dtype == decoded.dtype
+            and out.flags.c_contiguous
+            and out.shape == (out_h, out_w, c)
+        )
+        if direct and out is not None:
+            dst = out[:, :, 0] if c == 1 else out
+            cv2.warpAffine(
+                src, matrix, (out_w, out_h), dst=dst, flags=flags,
+                borderMode=cv2.BORDER_REPLICATE,
+            )
+            return out
+        result = cv2.warpAffine(
+            src, matrix, (out_w, out_h), flags=flags, borderMode=cv2.BORDER_REPLICATE
+        )
+        result = result.reshape(out_h, out_w, c)
+        if out is not None:
+            self._check_out(out)
+            np.copyto(out, result, casting="unsafe")
+            return out
+        return result
+
+    def _check_out(self, out: np.ndarray) -> None:
         c = self._channel_count()
-        if out is not None and out.shape != self.size + (c,):
+        if out.shape != self.size + (c,):
             raise ValueError(
                 f"out has shape {out.shape}, expected {self.size + (c,)} (size × channels)"
             )
+
+    def _resize_flip(
+        self, region: np.ndarray, flip: bool, out: np.ndarray | None, force_copy: bool = False
+    ) -> np.ndarray:
+        if out is not None:
+            self._check_out(out)
         if not flip:
             result = arrays.resize(region, self.size, is_mask=False, out=out)
             if force_copy and result is region:

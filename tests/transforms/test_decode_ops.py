@@ -11,13 +11,13 @@ import pytest
 from skimage import data as skdata
 from transforms_helpers import jpeg_bytes, smooth_image
 
-import shardfeed.transforms.crop_decode as crop_decode
 from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.format.schema import ImageInfo, Schema, infer_schema
 from shardfeed.transforms import (
     DecodeCenterCrop,
     DecodeImage,
     DecodeRandomResizedCrop,
+    crop_decode,
     decode_image,
 )
 

@@ -126,11 +126,12 @@ def test_csv_float_ranges_and_onehot_values(frames_csv: Path, tmp_path: Path) ->
 
 def test_workers_give_identical_bytes(frames_csv: Path, tmp_path: Path) -> None:
     outs = []
-    for workers in (1, 3):
+    for workers, executor in ((1, "thread"), (3, "thread"), (2, "process")):
         out = tmp_path / f"w{workers}"
-        pack(frames_csv, out, mode="raw", csv=ALL_COLUMNS, shard_size="4kB", workers=workers)
+        pack(frames_csv, out, mode="raw", csv=ALL_COLUMNS, shard_size="4kB", workers=workers,
+             executor=executor)
         outs.append(shard_bytes(out))
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
     assert sum(n.endswith(".tfrecord") for n in outs[0]) > 2
 
 

@@ -31,7 +31,7 @@ def test_torch_tensors_dtypes_channels_first(loader: Any) -> None:
     adapted = torch_adapter.adapt(loader, channels_first=True)
     batch = next(iter(adapted))
     assert isinstance(batch["image"], torch.Tensor)
-    assert batch["image"].dtype == torch.uint8 and tuple(batch["image"].shape) == (8, 3, 32, 48)
+    assert batch["image"].dtype == torch.uint8 and tuple(batch["image"].shape) == (8, 3, 32, 32)
     assert batch["image/class/label"].dtype == torch.int64
     assert tuple(batch["labels"].shape) == (8, 3) and batch["labels"].dtype == torch.float32
     assert isinstance(batch["image/filename"], list)
@@ -76,7 +76,7 @@ def test_jax_arrays_do_not_alias_the_ring(loader: Any) -> None:
     adapted = jax_adapter.adapt(loader)
     batches = list(adapted)  # later batches reuse the ring buffers of earlier ones
     assert all(isinstance(b["image"], jax.Array) for b in batches)
-    assert batches[0]["image"].shape == (8, 32, 48, 3) and batches[0]["image"].dtype == np.uint8
+    assert batches[0]["image"].shape == (8, 32, 32, 3) and batches[0]["image"].dtype == np.uint8
     loader.set_epoch(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

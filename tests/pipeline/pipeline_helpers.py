@@ -6,7 +6,6 @@ Shards are written with the project's ShardWriter and Example codec; images are 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,55 +67,10 @@ def _flip_data_byte(path: Path, record: int) -> None:
         fh.write(bytes([byte[0] ^ 0xFF]))
 
 
-class FakeDataset:
-    """Stands in for shardfeed.Dataset until it lands: reads the same shard files."""
-
-    schema = None
-    root = None
-
-    def __init__(self, folder: Path) -> None:
-        from shardfeed.format.example import decode_example
-        from shardfeed.format.framing import unframe
-
-        self._unframe = unframe
-        self._decode = decode_example
-        self.paths = sorted(str(p) for p in Path(folder).glob("*.tfrecord"))
-        self.offsets = [np.load(p + ".idx.npy") for p in self.paths]
-        counts = [len(o) - 1 for o in self.offsets]
-        self.starts = np.concatenate([[0], np.cumsum(counts)])
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def locate(self, i: int) -> tuple[str, int, int]:
-        s = int(np.searchsorted(self.starts, i, side="right") - 1)
-        r = i - int(self.starts[s])
-        return self.paths[s], r, int(self.offsets[s][r])
-
-    def read_many(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        out = []
-        for i in indices:
-            path, r, offset = self.locate(int(i))
-            end = int(self.offsets[self.paths.index(path)][r + 1])
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                buf = os.pread(fd, end - offset, offset)
-            finally:
-                os.close(fd)
-            payload = self._unframe(buf, path=path, record=r, offset=offset)
-            out.append(self._decode(bytes(payload)))
-        return out
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.read_many([i])[0]
-
-
 def open_dataset(folder: Path) -> Any:
-    """The real Dataset when it exists, else the stand-in."""
-    try:
-        from shardfeed.dataset import Dataset
-    except ImportError:
-        return FakeDataset(folder)
+    """The real Dataset over the shards of ``folder``."""
+    from shardfeed.dataset import Dataset
+
     return Dataset(str(folder))
 
 
@@ -134,7 +88,15 @@ class SmallTrain:
         return sample
 
 
-def train_transform() -> Any:
+def train_transform(size: int = 32) -> Any:
+    """The train preset (crop-aware decode, random resized crop, flip) at ``size``."""
+    from shardfeed.transforms import presets
+
+    return presets.train(size=size)
+
+
+def keyed_transform() -> Any:
+    """A transform whose random draws are visible in the batch (``"noise"``)."""
     return SmallTrain()
 
 

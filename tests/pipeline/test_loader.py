@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pipeline_helpers import HEIGHT, WIDTH, record_ids, train_transform
+from pipeline_helpers import HEIGHT, WIDTH, keyed_transform, record_ids, train_transform
 
 from shardfeed.errors import StateError
 from shardfeed.pipeline import Loader
@@ -46,7 +46,7 @@ def test_permutation_differs_by_epoch_and_is_reproducible(clean_ds: Any) -> None
 
 def test_golden_first_indices(clean_ds: Any) -> None:
     # Changing these numbers changes every user's stream: a breaking change for CHANGELOG.md.
-    loader = Loader(clean_ds, batch_size=8, seed=0, num_threads=1, transform=train_transform())
+    loader = Loader(clean_ds, batch_size=8, seed=0, num_threads=1, transform=keyed_transform())
     batch = next(iter(loader))
     assert record_ids([batch]) == GOLDEN_SEED0_EPOCH0
     # the transform of position 0 draws from sample_rng(seed, epoch, 0): flip, then noise
@@ -69,7 +69,7 @@ def test_same_bytes_for_any_thread_count(clean_ds: Any, threads: int) -> None:
 
 
 def test_batch_contents(clean_ds: Any) -> None:
-    loader = Loader(clean_ds, batch_size=10, seed=0, transform=train_transform(), num_threads=2)
+    loader = Loader(clean_ds, batch_size=10, seed=0, transform=keyed_transform(), num_threads=2)
     batch = next(iter(loader))
     assert batch["image"].dtype == np.uint8 and batch["image"].shape == (10, 32, 48, 3)
     assert batch["image/class/label"].dtype == np.int64
@@ -174,7 +174,7 @@ def test_set_epoch_jumps_and_close(clean_ds: Any) -> None:
 
 
 def test_memory_bound(clean_ds: Any) -> None:
-    loader = Loader(clean_ds, batch_size=10, transform=train_transform(), num_threads=2,
+    loader = Loader(clean_ds, batch_size=10, transform=keyed_transform(), num_threads=2,
                     prefetch_batches=2)
     budget = loader.memory_budget()
     row = 32 * 48 * 3 + 8 * 4 + 3 * 4 + 2 * 4 + 8 * 2  # image, ints, labels, noise, timestamp
@@ -211,3 +211,20 @@ def test_bad_arguments_fail_at_construction(clean_ds: Any, kwargs: dict[str, Any
 def test_source_must_be_a_dataset() -> None:
     with pytest.raises(TypeError, match="shardfeed.Dataset"):
         Loader([1, 2, 3], batch_size=2)
+
+
+def test_presets_train_and_eval(clean_ds: Any) -> None:
+    from shardfeed.transforms import presets
+
+    with Loader.for_train(clean_ds, batch_size=16, seed=0, transform=presets.train(size=24),
+                          num_threads=2) as train:
+        batches = run_epoch(train)
+    assert len(batches) == 6
+    assert batches[0]["image"].shape == (16, 24, 24, 3) and batches[0]["image"].dtype == np.uint8
+    with Loader.for_eval(clean_ds, batch_size=16, transform=presets.eval(size=24),
+                         num_threads=2) as evaluation:
+        first = run_epoch(evaluation)
+        second = run_epoch(evaluation)
+    assert [len(b["index"]) for b in first] == [16] * 6 + [7]
+    assert digest(first) == digest(second)  # eval: same order, deterministic transforms
+    assert record_ids(first) == list(range(103))

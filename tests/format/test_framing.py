@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from shardfeed.errors import CorruptRecordError, FormatError
 from shardfeed.format.crc import crc32c, mask, masked_crc32c, unmask
-from shardfeed.format.framing import frame, scan, unframe
+from shardfeed.format.framing import frame, scan, unframe, unframe_bytes
 
 
 def test_crc32c_known_vectors() -> None:
@@ -119,6 +119,8 @@ def test_unframe_checks(tf_fixtures: Path) -> None:
     assert (info.value.path, info.value.record, info.value.offset) == ("x.tfrecord", 2, offsets[2])
     # without verification the payload still comes back
     assert len(unframe(rec, path="x", record=2, offset=0, verify=False)) == len(rec) - 16
+    with pytest.raises(CorruptRecordError, match="bad data CRC"):
+        unframe_bytes(memoryview(rec), path="x", record=2, offset=0)
     with pytest.raises(CorruptRecordError, match="truncated|bytes were read"):
         unframe(rec[:-1], path="x", record=2, offset=0)
     with pytest.raises(CorruptRecordError, match="truncated"):
@@ -134,6 +136,8 @@ def test_frame_round_trip(payload: bytes) -> None:
     assert len(framed) == len(payload) + 16
     assert bytes(unframe(framed, path="p", record=0, offset=0)) == payload
     assert bytes(unframe(memoryview(framed), path="p", record=0, offset=0)) == payload
+    got = unframe_bytes(memoryview(framed), path="p", record=0, offset=0)
+    assert type(got) is bytes and got == payload
 
 
 @settings(max_examples=60, deadline=None)

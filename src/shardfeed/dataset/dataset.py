@@ -29,7 +29,7 @@ from shardfeed.dataset.shards import (
 from shardfeed.errors import CorruptRecordError, FormatError, SchemaError, location
 from shardfeed.format import spec as S
 from shardfeed.format.example import FeatureSpec, Value, decode_example
-from shardfeed.format.framing import unframe
+from shardfeed.format.framing import unframe_bytes
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar, resolve
 from shardfeed.format.schema import Schema, infer_schema
 from shardfeed.storage import is_remote, open_source
@@ -312,14 +312,14 @@ class Dataset:
     def read_payloads(self, indices: Iterable[int] | np.ndarray) -> list[bytes]:
         """The serialized Examples of records ``indices``, in that order (CRC-checked when
         ``verify_crc``). Reads are sorted and coalesced per shard."""
-        return [bytes(p) for p in self._read_views(self._indices(indices))]
+        return self._read(self._indices(indices))
 
     def read_many(self, indices: Iterable[int] | np.ndarray) -> list[Record]:
         """Decoded records ``indices``, in that order. Reads are sorted and coalesced per
         shard: neighbouring records come from one read (see :class:`ReadOptions`)."""
         idx = self._indices(indices)
-        views = self._read_views(idx)
-        return [self._decode(v, int(i)) for v, i in zip(views, idx.tolist())]
+        payloads = self._read(idx)
+        return [self._decode(p, i) for p, i in zip(payloads, idx.tolist())]
 
     def __getitem__(self, i: int) -> Record:
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
@@ -335,7 +335,7 @@ class Dataset:
         for start in range(0, len(self), chunk):
             yield from self.read_many(range(start, min(start + chunk, len(self))))
 
-    def _decode(self, payload: memoryview, i: int) -> Record:
+    def _decode(self, payload: bytes, i: int) -> Record:
         if self._spec is not None:
             try:
                 return decode_example(payload, spec=self._spec)
@@ -358,39 +358,40 @@ class Dataset:
             )
         return {n: record[n] for n in self._names}
 
-    def _read_views(self, idx: np.ndarray) -> list[memoryview]:
-        out: list[memoryview | None] = [None] * len(idx)
+    def _read(self, idx: np.ndarray) -> list[bytes]:
+        out: list[bytes | None] = [None] * len(idx)
         if len(idx) == 0:
             return []
         shard, local = self._table.shard_of(idx)
         order = np.argsort(shard, kind="stable")
         shard_sorted = shard[order]
         cuts = np.flatnonzero(np.diff(shard_sorted)) + 1
-        for group in np.split(order, cuts):
-            k = int(shard[group[0]])
-            recs = local[group]
+        verify = self.verify_crc
+        for group_arr in np.split(order, cuts):
+            k = int(shard[group_arr[0]])
+            recs_arr = local[group_arr]
             offsets = self._table.offsets(k)
-            starts = np.asarray(offsets[recs], dtype=np.int64)
-            ends = np.asarray(offsets[recs + 1], dtype=np.int64)
-            ranges = plan_reads(starts, ends, self.read_options)
-            src = self._source(k)
-            blobs = src.read_ranges([(r.offset, r.length) for r in ranges])
+            starts_arr = np.asarray(offsets[recs_arr], dtype=np.int64)
+            ends_arr = np.asarray(offsets[recs_arr + 1], dtype=np.int64)
+            ranges = plan_reads(starts_arr, ends_arr, self.read_options)
+            blobs = self._source(k).read_ranges([(r.offset, r.length) for r in ranges])
             url = self._table.urls[k]
+            group, recs = group_arr.tolist(), recs_arr.tolist()
+            starts, ends = starts_arr.tolist(), ends_arr.tolist()
             for rng, blob in zip(ranges, blobs):
                 view = memoryview(blob)
                 for m in rng.members:
-                    a = int(starts[m]) - rng.offset
-                    b = int(ends[m]) - rng.offset
-                    rec = int(recs[m])
+                    a, b = starts[m] - rng.offset, ends[m] - rng.offset
                     if b > len(view):
                         raise CorruptRecordError(
-                            f"{location(url, rec, int(starts[m]))}: truncated, the file ends "
+                            f"{location(url, recs[m], starts[m])}: truncated, the file ends "
                             f"before the record's {b - a} bytes; the shard changed after "
                             f"indexing: {RERUN_HINT}",
-                            path=url, record=rec, offset=int(starts[m]),
+                            path=url, record=recs[m], offset=starts[m],
                         )
-                    out[int(group[m])] = unframe(view[a:b], path=url, record=rec,
-                                                 offset=int(starts[m]), verify=self.verify_crc)
+                    out[group[m]] = unframe_bytes(
+                        blob if (a == 0 and b == len(blob)) else view[a:b],
+                        path=url, record=recs[m], offset=starts[m], verify=verify)
         return [v for v in out if v is not None]
 
     # --- lifetime ------------------------------------------------------------------------

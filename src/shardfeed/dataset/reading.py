@@ -24,11 +24,13 @@ class ReadOptions:
 
     ``coalesce_gap_bytes``: records at most this far apart in a shard are read as one range
     (the bytes between are read and dropped). ``max_read_bytes``: a coalesced range stops
-    growing past this size (one record larger than it is still read whole).
+    growing past this size (one record larger than it is still read whole). 1 MiB keeps
+    a range in the CPU cache while its records are checked and parsed (measured faster than
+    16 MiB ranges); remote sources merge ranges again into their own requests.
     """
 
     coalesce_gap_bytes: int = 64 << 10
-    max_read_bytes: int = 16 << 20
+    max_read_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if not isinstance(self.coalesce_gap_bytes, int) or self.coalesce_gap_bytes < 0:

@@ -52,6 +52,46 @@ def framed_size(payload_bytes: int) -> int:
     return payload_bytes + FRAMING_BYTES
 
 
+def _check_frame(view: memoryview, raw: Buffer, path: str, record: int | None,
+                 offset: int | None) -> int:
+    """Check the header of one whole framed record; return the payload length."""
+    if len(view) < HEADER_BYTES:
+        raise CorruptRecordError(
+            f"{location(path, record, offset)}: truncated, only {len(view)} bytes where a "
+            f"{HEADER_BYTES}-byte record header should be; the file was cut short or changed "
+            "after indexing: re-run `shardfeed index` (or `pack --resume`) on it",
+            path=path, record=record, offset=offset,
+        )
+    length, length_crc = _HEADER.unpack_from(view, 0)
+    if masked_crc32c(raw[:LENGTH_BYTES]) != length_crc:
+        raise CorruptRecordError(
+            f"{location(path, record, offset)}: bad length CRC; the record header is damaged, "
+            "or the index does not match the file: re-run `shardfeed index` on it, or "
+            "re-create the shard",
+            path=path, record=record, offset=offset,
+        )
+    if len(view) != length + FRAMING_BYTES:
+        raise CorruptRecordError(
+            f"{location(path, record, offset)}: record is {length + FRAMING_BYTES} bytes by "
+            f"its header but {len(view)} bytes were read; the file was cut short or changed "
+            "after indexing: re-run `shardfeed index` (or `pack --resume`) on it",
+            path=path, record=record, offset=offset,
+        )
+    return int(length)
+
+
+def _check_data(view: memoryview, payload: Buffer, length: int, path: str,
+                record: int | None, offset: int | None) -> None:
+    (data_crc,) = _CRC.unpack_from(view, HEADER_BYTES + length)
+    if masked_crc32c(payload) != data_crc:
+        raise CorruptRecordError(
+            f"{location(path, record, offset)}: bad data CRC; the record's bytes are "
+            "damaged. Re-create the shard from its source, or read with on_error='skip' "
+            "to skip it",
+            path=path, record=record, offset=offset,
+        )
+
+
 def unframe(
     buf: Buffer, *, path: str, record: int | None, offset: int | None, verify: bool = True
 ) -> memoryview:
@@ -61,38 +101,25 @@ def unframe(
     Raises :class:`CorruptRecordError` naming ``path``, ``record`` and ``offset``.
     """
     view = memoryview(buf)
-    where = location(path, record, offset)
     raw = buf if type(buf) is bytes else view  # slicing bytes feeds the CRC without a view copy
-    if len(view) < HEADER_BYTES:
-        raise CorruptRecordError(
-            f"{where}: truncated, only {len(view)} bytes where a {HEADER_BYTES}-byte record "
-            "header should be; the file was cut short or changed after indexing: re-run "
-            "`shardfeed index` (or `pack --resume`) on it",
-            path=path, record=record, offset=offset,
-        )
-    length, length_crc = _HEADER.unpack_from(view, 0)
-    if masked_crc32c(raw[:LENGTH_BYTES]) != length_crc:
-        raise CorruptRecordError(
-            f"{where}: bad length CRC; the record header is damaged, or the index does not "
-            "match the file: re-run `shardfeed index` on it, or re-create the shard",
-            path=path, record=record, offset=offset,
-        )
-    if len(view) != length + FRAMING_BYTES:
-        raise CorruptRecordError(
-            f"{where}: record is {length + FRAMING_BYTES} bytes by its header but "
-            f"{len(view)} bytes were read; the file was cut short or changed after indexing: "
-            "re-run `shardfeed index` (or `pack --resume`) on it",
-            path=path, record=record, offset=offset,
-        )
+    length = _check_frame(view, raw, path, record, offset)
     payload = view[HEADER_BYTES:HEADER_BYTES + length]
     if verify:
-        (data_crc,) = _CRC.unpack_from(view, HEADER_BYTES + length)
-        if masked_crc32c(raw[HEADER_BYTES:HEADER_BYTES + length]) != data_crc:
-            raise CorruptRecordError(
-                f"{where}: bad data CRC; the record's bytes are damaged. Re-create the shard "
-                "from its source, or read with on_error='skip' to skip it",
-                path=path, record=record, offset=offset,
-            )
+        _check_data(view, raw[HEADER_BYTES:HEADER_BYTES + length], length, path, record, offset)
+    return payload
+
+
+def unframe_bytes(
+    buf: Buffer, *, path: str, record: int | None, offset: int | None, verify: bool = True
+) -> bytes:
+    """Like :func:`unframe`, but return the payload as ``bytes``: one copy, which the data
+    CRC (a C routine that takes ``bytes``) and the protobuf parser then share."""
+    view = memoryview(buf)
+    raw = buf if type(buf) is bytes else view
+    length = _check_frame(view, raw, path, record, offset)
+    payload = view[HEADER_BYTES:HEADER_BYTES + length].tobytes()
+    if verify:
+        _check_data(view, payload, length, path, record, offset)
     return payload
 
 
@@ -251,4 +278,5 @@ __all__ = [
     "framed_size",
     "scan",
     "unframe",
+    "unframe_bytes",
 ]

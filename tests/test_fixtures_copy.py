@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import TF_FIXTURES
-
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tf"
 
 
-def test_copy_matches_shared_fixtures_when_present() -> None:
-    names = sorted(p.name for p in TF_FIXTURES.iterdir() if p.name != "ORIGIN.md")
+def test_copy_matches_shared_fixtures_when_present(tf_fixtures: Path) -> None:
+    names = sorted(p.name for p in tf_fixtures.iterdir() if p.name != "ORIGIN.md")
     assert "mixed.tfrecord" in names and "expected.json" in names
     if SHARED.is_dir():  # beside a checkout; a standalone clone has only the copy
         assert names == sorted(p.name for p in SHARED.iterdir())
         for name in names:
-            assert (SHARED / name).read_bytes() == (TF_FIXTURES / name).read_bytes(), name
+            assert (SHARED / name).read_bytes() == (tf_fixtures / name).read_bytes(), name

@@ -59,7 +59,7 @@ def test_sample_rng_rejects_non_integers(bad: object) -> None:
 
 
 def test_sample_rng_accepts_numpy_integers() -> None:
-    a = keys.sample_rng(np.int64(3), np.uint32(1), np.int32(9)).random()
+    a = keys.sample_rng(np.int64(3), np.uint32(1), np.int32(9)).random()  # type: ignore[arg-type]
     assert a == keys.sample_rng(3, 1, 9).random()
 
 
@@ -136,3 +136,18 @@ def test_integers_many_per_position_high_and_uniformity() -> None:
 def test_mix64_is_a_bijection_on_a_sample() -> None:
     x = np.arange(1 << 16, dtype=np.uint64) * np.uint64(0x10001)
     assert np.unique(keys.mix64(x)).size == x.size
+
+
+@given(seed=WORD, epoch=WORD, position=WORD, purpose=st.integers(0, 10), draw=st.integers(0, 3))
+def test_uniform_one_equals_uniform_many(
+    seed: int, epoch: int, position: int, purpose: int, draw: int
+) -> None:
+    one = keys.uniform_one(seed, epoch, position, purpose, draw=draw)
+    many = keys.uniform_many(seed, epoch, np.array([position], dtype=np.uint64), purpose,
+                             draw=draw)
+    assert one == many[0]
+
+
+@given(x=WORD)
+def test_mix64_int_equals_mix64(x: int) -> None:
+    assert keys.mix64_int(x) == int(keys.mix64(np.array([x], dtype=np.uint64))[0])

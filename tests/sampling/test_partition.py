@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -11,9 +12,13 @@ from hypothesis import strategies as st
 
 from shardfeed.sampling import RankShare
 
+Remainder = Literal["drop", "pad"]
 
-def shares(total: int, world: int, *, start: int = 0, remainder: str = "drop") -> list[np.ndarray]:
-    return [RankShare(total, rank=r, world_size=world, start=start, remainder=remainder)[:]  # type: ignore[arg-type]
+
+def shares(
+    total: int, world: int, *, start: int = 0, remainder: Remainder = "drop"
+) -> list[np.ndarray]:
+    return [RankShare(total, rank=r, world_size=world, start=start, remainder=remainder)[:]
             for r in range(world)]
 
 
@@ -106,7 +111,8 @@ def test_indexing_forms() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"total": 10, "rank": 4, "world_size": 4}, ValueError, r"rank must be in \[0, world_size\)"),
+        ({"total": 10, "rank": 4, "world_size": 4}, ValueError,
+         r"rank must be in \[0, world_size\)"),
         ({"total": 10, "rank": 0, "world_size": 0}, ValueError, "world_size must be >= 1"),
         ({"total": 10, "rank": 0, "world_size": 2, "start": 11}, ValueError, "start must be in"),
         ({"total": -1, "rank": 0, "world_size": 1}, ValueError, "total must be >= 0"),

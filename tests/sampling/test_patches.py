@@ -34,8 +34,8 @@ def test_closed_form_matches_a_simulated_cache(m: int, n: int, r: int) -> None:
     for p, images in enumerate(resident):
         lo, hi = schedule.window(p)
         assert list(range(lo, hi)) == images
-    lo, hi = schedule.windows_many(np.arange(len(schedule)))
-    assert [list(range(a, b)) for a, b in zip(lo, hi)] == resident
+    los, his = schedule.windows_many(np.arange(len(schedule)))
+    assert [list(range(a, b)) for a, b in zip(los.tolist(), his.tolist())] == resident
     assert schedule.max_resident == min(n, m) == max(len(x) for x in resident)
 
 

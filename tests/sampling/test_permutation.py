@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,15 +12,16 @@ from scipy import stats
 
 from shardfeed.sampling import EpochOrder, FeistelPermutation
 
-METHODS = ["exact", "bijection"]
+Method = Literal["exact", "bijection"]
+METHODS: list[Method] = ["exact", "bijection"]
 SEED = st.integers(min_value=0, max_value=2**64 - 1)
 
 
 @pytest.mark.parametrize("method", METHODS)
 @given(n=st.integers(0, 3000), seed=SEED, epoch=st.integers(0, 10**6))
 @settings(max_examples=60, deadline=None)
-def test_every_order_is_a_permutation(method: str, n: int, seed: int, epoch: int) -> None:
-    order = EpochOrder(n, seed=seed, epoch=epoch, shuffle=True, method=method)  # type: ignore[arg-type]
+def test_every_order_is_a_permutation(method: Method, n: int, seed: int, epoch: int) -> None:
+    order = EpochOrder(n, seed=seed, epoch=epoch, shuffle=True, method=method)
     units = order[:]
     assert len(order) == n
     np.testing.assert_array_equal(np.sort(units), np.arange(n))
@@ -28,9 +31,9 @@ def test_every_order_is_a_permutation(method: str, n: int, seed: int, epoch: int
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_order_is_reproducible_and_differs_by_epoch_and_seed(method: str) -> None:
+def test_order_is_reproducible_and_differs_by_epoch_and_seed(method: Method) -> None:
     def units(seed: int, epoch: int) -> np.ndarray:
-        return EpochOrder(500, seed=seed, epoch=epoch, shuffle=True, method=method)[:]  # type: ignore[arg-type]
+        return EpochOrder(500, seed=seed, epoch=epoch, shuffle=True, method=method)[:]
 
     np.testing.assert_array_equal(units(1, 0), units(1, 0))
     orders = [units(1, 0), units(1, 1), units(2, 0), units(2, 1)]
@@ -57,8 +60,8 @@ GOLDEN_BIJECTION = [910, 869, 741, 863, 257, 660, 973, 456, 470, 766]
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_no_shuffle_is_the_identity(method: str) -> None:
-    order = EpochOrder(10, seed=3, epoch=9, shuffle=False, method=method)  # type: ignore[arg-type]
+def test_no_shuffle_is_the_identity(method: Method) -> None:
+    order = EpochOrder(10, seed=3, epoch=9, shuffle=False, method=method)
     assert order[:].tolist() == list(range(10))
     assert order.nbytes == 0
 
@@ -170,3 +173,18 @@ def test_indexing_forms_and_errors() -> None:
         EpochOrder(3, seed=0, epoch=0, shuffle="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="seed must be in"):
         EpochOrder(3, seed=-5, epoch=0, shuffle=True)
+
+
+@given(n=st.integers(0, 5000), seed=SEED, data=st.data())
+@settings(max_examples=50)
+def test_single_lookups_match_array_lookups(n: int, seed: int, data: st.DataObject) -> None:
+    for method in METHODS:
+        order = EpochOrder(n, seed=seed, epoch=3, shuffle=True, method=method)
+        if n == 0:
+            continue
+        p = data.draw(st.integers(0, n - 1))
+        unit = order[p]
+        assert isinstance(unit, int) and unit == int(order[np.array([p])][0])
+        assert int(order.positions_of([unit])[0]) == p
+        if order._bijection is not None:
+            assert order._bijection.inverse_one(unit) == p

@@ -72,7 +72,8 @@ def reference_timed(groups: list[int], times: list[float], *, length: int, delta
 
 
 def as_lists(index: WindowIndex) -> list[list[int]]:
-    return index.frames_many(np.arange(len(index))).tolist()
+    frames: list[list[int]] = index.frames_many(np.arange(len(index))).tolist()
+    return frames
 
 
 def excluded_dict(index: WindowIndex) -> dict[str, int]:
@@ -89,7 +90,7 @@ def grouped_records(draw: st.DrawFn, *, allow_nan: bool) -> tuple[list[int], lis
     groups: list[int] = []
     times: list[float] = []
     for gid, size in zip(ids, sizes):
-        t = draw(st.floats(-100, 100).map(lambda x: round(x)))
+        t = draw(st.floats(-100, 100).map(lambda x: float(round(x))))
         for _ in range(size):
             step = draw(st.sampled_from([0.0, 1.0, 2.0, 2.0, 2.0, 2.5, 3.0, 7.0]))
             t += step

@@ -67,7 +67,7 @@ class PatchSchedule:
 
     @property
     def max_resident(self) -> int:
-        """The most images resident at once (N after clipping to M): the cache size a loader needs."""
+        """The most images resident at once (N clipped to M): the cache size a loader needs."""
         return self.cache_images
 
     def __len__(self) -> int:
@@ -121,7 +121,7 @@ class PatchSchedule:
         return int(first[0])
 
     def last_output(self, q: int) -> int:
-        """The last output at which order position ``q`` is resident (a loader may drop it after)."""
+        """The last output at which order position ``q`` is resident (drop the image after it)."""
         _, last = self.resident_spans(np.array([self._check_position(q)]))
         return int(last[0])
 

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardfeed.sampling._checks import as_index, as_index_array, as_int
-from shardfeed.sampling.keys import SHUFFLE, check_word, mix64, sample_rng, stream_key
+from shardfeed.sampling.keys import SHUFFLE, check_word, mix64, mix64_int, sample_rng, stream_key
 
 __all__ = ["EpochOrder", "FeistelPermutation"]
 
@@ -52,12 +52,13 @@ class FeistelPermutation:
     Determinism: a pure function of ``(n, key)``. Memory: none beyond the arrays passed in.
     """
 
-    __slots__ = ("_bits", "_n", "_round_keys")
+    __slots__ = ("_bits", "_int_keys", "_n", "_round_keys")
 
     def __init__(self, n: int, *, key: int) -> None:
         self._n = n
         self._bits = max(_MIN_BITS, (n - 1).bit_length()) if n > 1 else 0
         self._round_keys = [np.uint64(stream_key(key, r)) for r in range(_ROUNDS)]
+        self._int_keys = [stream_key(key, r) for r in range(_ROUNDS)]
 
     def _rounds(self, x: npt.NDArray[np.uint64], *, inverse: bool) -> npt.NDArray[np.uint64]:
         bits = self._bits
@@ -93,6 +94,39 @@ class FeistelPermutation:
             x[outside] = y
             outside = outside[y >= n]
         return x.astype(np.int64)
+
+    def _rounds_int(self, x: int, *, inverse: bool) -> int:
+        """:meth:`_rounds` on one Python int (no NumPy call overhead: a few µs)."""
+        left_bits = self._bits // 2
+        right_bits = self._bits - left_bits
+        left, right = x >> right_bits, x & ((1 << right_bits) - 1)
+        if not inverse:
+            for r in range(_ROUNDS):
+                f = mix64_int(right ^ self._int_keys[r]) & ((1 << left_bits) - 1)
+                left, right = right, left ^ f
+                left_bits, right_bits = right_bits, left_bits
+        else:
+            for r in range(_ROUNDS - 1, -1, -1):
+                f = mix64_int(left ^ self._int_keys[r]) & ((1 << right_bits) - 1)
+                left, right = right ^ f, left
+                left_bits, right_bits = right_bits, left_bits
+        return (left << right_bits) | right
+
+    def forward_one(self, value: int) -> int:
+        """:meth:`forward` for one value in ``[0, n)``."""
+        return self._walk_one(value, inverse=False)
+
+    def inverse_one(self, value: int) -> int:
+        """:meth:`inverse` for one value in ``[0, n)``."""
+        return self._walk_one(value, inverse=True)
+
+    def _walk_one(self, value: int, *, inverse: bool) -> int:
+        if self._n <= 1:
+            return value
+        x = self._rounds_int(value, inverse=inverse)
+        while x >= self._n:
+            x = self._rounds_int(x, inverse=inverse)
+        return x
 
     def forward(self, values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The image of each value of ``[0, n)``."""
@@ -181,7 +215,11 @@ class EpochOrder:
             return self._map(np.arange(*key.indices(self._n), dtype=np.int64))
         if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
             p = as_index(key, self._n, "epoch position")
-            return int(self._map(np.array([p], dtype=np.int64))[0])
+            if self._order is not None:
+                return int(self._order[p])
+            if self._bijection is not None:
+                return self._bijection.forward_one(p)
+            return p
         positions = as_index_array(key, self._n, "epoch position")
         return self._map(positions)
 

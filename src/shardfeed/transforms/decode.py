@@ -163,25 +163,6 @@ def scratch_buffer(nbytes: int) -> np.ndarray:
     return buf
 
 
-def jpeg_scale_denominator(
-    height: int, width: int, *, need_height: float, need_width: float, max_denominator: int = 8
-) -> int:
-    """The largest ``d`` in {1, 2, 4, 8} (≤ ``max_denominator``) such that the image decoded at
-    scale 1/d still has at least ``need_height`` × ``need_width`` pixels.
-
-    ``need_*`` are the sizes, in full-image pixels divided by the wanted output scale, that
-    the decoded picture must keep so that the later resize only shrinks (or keeps) it.
-    """
-    d = 1
-    while d * 2 <= max_denominator:
-        nd = d * 2
-        if math.ceil(height / nd) >= need_height and math.ceil(width / nd) >= need_width:
-            d = nd
-        else:
-            break
-    return d
-
-
 def decode_jpeg_scratch(
     data: bytes | memoryview,
     *,
@@ -227,7 +208,6 @@ __all__ = [
     "decode_image",
     "decode_jpeg_scratch",
     "jpeg_header",
-    "jpeg_scale_denominator",
     "scratch_buffer",
     "sniff_format",
 ]

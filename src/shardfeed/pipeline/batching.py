@@ -17,8 +17,8 @@ buffers a caller allocates (:meth:`BatchLayout.batch_bytes` each).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any

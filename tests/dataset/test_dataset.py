@@ -304,3 +304,26 @@ def test_closed_dataset_refuses_reads(make_packed: Callable[..., Path]) -> None:
     ds.close()
     with pytest.raises(ValueError, match="closed"):
         ds[0]
+
+
+def test_dataset_on_object_storage(
+    s3_server: Any, make_packed: Callable[..., Path], tf_copy: Path,
+    expected_filenames: list[str],
+) -> None:
+    url = s3_server.upload_folder(make_packed(shards=2, per_shard=4))
+    for source in (url, url + "/", url + "/shardfeed.json"):
+        with Dataset(source) as opened:
+            assert len(opened) == 8
+    with Dataset(url + "/") as ds:
+        assert len(ds) == 8
+        assert [int(r["image/class/label"][0]) for r in ds.read_many([7, 0, 3])] == [7, 0, 3]
+        assert ds.group_ids is not None and ds.group_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    # bare TFRecord files: indexes built in memory, nothing written to the bucket
+    bare = s3_server.upload_folder(tf_copy)
+    fs = s3_server.filesystem()
+    before = sorted(fs.ls(bare.removeprefix("s3://")))
+    with Dataset([bare + "/mixed.tfrecord", bare + "/second.tfrecord"]) as ds:
+        assert _names(ds.read_many(range(30))) == expected_filenames
+    with Dataset(bare + "/*.tfrecord") as ds:
+        assert len(ds) == 30
+    assert sorted(fs.ls(bare.removeprefix("s3://"))) == before

@@ -3,7 +3,7 @@ and the shard writer. Every on-disk constant is in :mod:`shardfeed.format.spec`.
 
 from shardfeed.format.crc import crc32c, masked_crc32c
 from shardfeed.format.example import FeatureSpec, decode_example, encode_example, example_kinds
-from shardfeed.format.framing import frame, scan, unframe
+from shardfeed.format.framing import frame, scan, unframe, unframe_bytes
 from shardfeed.format.index import (
     load_binary_index,
     read_text_index,
@@ -33,6 +33,7 @@ __all__ = [
     "read_text_index",
     "scan",
     "unframe",
+    "unframe_bytes",
     "write_binary_index",
     "write_text_index",
 ]

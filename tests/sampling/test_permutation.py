@@ -188,3 +188,13 @@ def test_single_lookups_match_array_lookups(n: int, seed: int, data: st.DataObje
         assert int(order.positions_of([unit])[0]) == p
         if order._bijection is not None:
             assert order._bijection.inverse_one(unit) == p
+
+
+def test_feistel_rejects_values_outside_its_domain() -> None:
+    perm = FeistelPermutation(1000, key=5)
+    with pytest.raises(IndexError, match="value 1000 out of range"):
+        perm.forward(np.array([1000]))
+    with pytest.raises(IndexError, match="value 1023 out of range"):
+        perm.forward_one(1023)
+    with pytest.raises(IndexError, match="out of range"):
+        perm.inverse(np.array([-1]))

@@ -17,9 +17,12 @@ Time-based (``stride_seconds=Δ``): frame j is the record of the anchor's group 
 (default Δ/2, so a frame exactly half a stride off does not count), and strictly later than
 frame j-1 (ties go to the earlier record)::
 
-    t (s)     0   8   16  24  32      48  56          frames every 8 s, one missing at 40
-    Δ = 16:   [0, 16, 32]  [8, 24, 48?] -> target 40 has no frame within 8 s: off grid
-              [16, 32, 48] [24, ...]
+    record    0   1   2   3   4       5   6       frames every 8 s; none at 40 s
+    t (s)     0   8   16  24  32      48  56
+    Δ = 16:   0 ----> 2 ----> 4                   window [0, 2, 4]
+                  1 ----> 3 ----> ?               target 40: records 4 and 5 are 8 s off,
+                                                  not < 8 s: off grid, no window
+                      2 ----> 4 ----> 5           window [2, 4, 5]
 
 Windows never cross a group boundary, and with ``max_gap_seconds`` no two consecutive frames
 of a window are further apart than that (for a fixed stride ``s`` that is ``s`` record
@@ -45,13 +48,18 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True)
 class ExcludedWindows:
-    """How many anchor records give no window, by the first reason found.
+    """How many anchor records give no window, each counted once, under the first reason found.
 
-    Reasons are checked in this order: ``missing_time`` (the anchor, or a frame that a gap
-    check needs, has no timestamp: NaN), ``group_end`` (the window would run past the end of
-    its group), ``off_grid`` (time-based only: no frame within the tolerance of a target
-    time, or none strictly later than the previous frame), ``gap`` (two consecutive frames
-    more than ``max_gap_seconds`` apart).
+    - ``group_end``: the window would run past the end of its group.
+    - ``missing_time``: a timestamp that is needed is NaN: the anchor's, for time-based
+      windows (checked before ``group_end``); any frame's, for fixed-stride windows checked
+      with ``max_gap_seconds`` (checked after ``group_end``).
+    - ``off_grid`` (time-based only): for some frame, no record strictly later than the
+      previous frame lies within the tolerance of the target time.
+    - ``gap``: two consecutive frames more than ``max_gap_seconds`` apart.
+
+    Time-based windows are checked frame by frame, so the first failing frame decides
+    between ``off_grid`` and ``gap``. ``len(index) + excluded.total == num_records``.
     """
 
     group_end: int = 0
@@ -119,8 +127,9 @@ class WindowIndex:
         ``group_ids=None`` means one group; ``order_keys=None`` is allowed unless
         ``stride_seconds`` or ``max_gap_seconds`` needs times. Raises ``ValueError`` naming the
         record if a group is split in two runs or order keys decrease inside a group.
-        Cost: vectorised, about 10 ms per million records for a fixed stride (a loop over the
-        ``length`` frame offsets, none over records).
+        Cost: vectorised (loops run over the ``length`` frame offsets, never over records);
+        measured for 1.3M records and length 3 on one core: about 20-40 ms for a fixed
+        stride, 0.2-0.5 s time-based.
         """
         length = _positive_int(length, "length")
         stride = _positive_int(stride, "stride")

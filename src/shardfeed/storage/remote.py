@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import random
 import threading
 import time
@@ -411,6 +412,7 @@ class RemoteSource:
         self._retrier = Retrier(self.policy, key=url)
         self._size: int | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
         self._lock = threading.Lock()
         self._closed = False
         self._requests = 0
@@ -506,7 +508,11 @@ class RemoteSource:
                 raise StorageError(
                     f"'{self.url}' was closed; open it again with open_source(url)"
                 )
+            if self._pool is not None and self._pool_pid != os.getpid():
+                # Forked child: the parent's pool threads do not exist here.
+                self._pool = None
             if self._pool is None:
+                self._pool_pid = os.getpid()
                 self._pool = ThreadPoolExecutor(
                     max_workers=self.max_concurrency, thread_name_prefix="shardfeed-remote"
                 )

@@ -47,7 +47,9 @@ def test_table_says_which_order_is_biased(
     text = capsys.readouterr().out
     buffer_row = next(line for line in text.splitlines() if "shuffle buffer (2,000)" in line)
     exact_row = next(line for line in text.splitlines() if "shardfeed exact shuffle" in line)
+    stored_row = next(line for line in text.splitlines() if "order on disk" in line)
     assert "BIASED" in buffer_row and "looks uniform" in exact_row
+    assert "not shuffled" in stored_row
     assert "20,000 records, 10 classes" in text
     assert (out / "position_vs_index.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "label_vs_position.png").stat().st_size > 10_000

@@ -148,7 +148,10 @@ def test_string_and_vector_labels_become_classes() -> None:
     assert report["orders"]["buffer"]["latest_label"] == "eel"
     one_hot = np.eye(3, dtype=np.int64)[np.repeat(np.arange(3), 50)]
     report = shuffle_report(one_hot, buffer_size=10)
-    assert report["classes"] == 3
+    assert report["class_names"] == ["0", "1", "2"]  # one-hot: the class is where the 1 is
+    multi_hot = np.array([[1, 1, 0], [0, 1, 1]] * 20)
+    report = shuffle_report(multi_hot, buffer_size=10)
+    assert report["class_names"] == ["(0, 1, 1)", "(1, 1, 0)"]
 
 
 def test_missing_label_feature_names_the_record_and_the_fix() -> None:

@@ -123,7 +123,9 @@ def format_table(report: dict[str, Any]) -> str:
             f"{stats['mean_abs_displacement']:>6.3f} {_p_value(stats['chi2_p_value']):>7}"
         )
         if labelled:
-            latest = f"{stats['latest_first_position']:,} ({stats['latest_label']})"
+            label = str(stats["latest_label"])
+            label = label if len(label) <= 8 else label[:7] + "\u2026"
+            latest = f"{stats['latest_first_position']:,} ({label})"
             row += f" {latest:>17} {stats['mean_labels_per_batch']:>12.2f}"
         lines.append(row + "  " + _verdict(name, stats["chi2_p_value"]))
     fair = f"  {'a uniform shuffle gives':<32} {'~0':>6} {'~0.333':>6} {'>0.001':>7}"

@@ -142,11 +142,23 @@ def read_labels(
 def _encode_labels(
     values: Sequence[Any] | npt.NDArray[Any],
 ) -> tuple[npt.NDArray[np.int64], list[str]]:
-    """Labels as integer codes ``0..K-1`` (sorted by value) and the K class names."""
+    """Labels as integer codes ``0..K-1`` (sorted by value) and the K class names.
+
+    One-hot label vectors count as the class of their 1; other vectors as whole tuples.
+    """
     try:
         array = np.asarray(values)
     except ValueError:  # label vectors of different lengths
         array = np.empty(0, dtype=object)
+    one_hot = (
+        array.ndim == 2
+        and array.dtype.kind in "biuf"
+        and array.size > 0
+        and bool(np.all((array == 0) | (array == 1)))
+        and bool(np.all(array.sum(axis=1) == 1))
+    )
+    if one_hot:  # one-hot vectors: the class is the position of the 1
+        array = np.argmax(array, axis=1)
     if array.dtype.kind in "biufUS" and array.ndim == 2:
         classes, codes = np.unique(array, axis=0, return_inverse=True)
         names = [str(tuple(row.tolist())) for row in classes]

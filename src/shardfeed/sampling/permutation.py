@@ -53,6 +53,8 @@ class FeistelPermutation:
     fall in ``[0, n)``; as ``2^b < 2n`` this takes fewer than 2 passes on average.
 
     Determinism: a pure function of ``(n, key)``. Memory: none beyond the arrays passed in.
+    Cost (measured): about 100 ns a value on arrays (1e6 lookups in about 0.1 s), 3-6 µs for
+    one value (:meth:`forward_one`, plain Python).
     """
 
     __slots__ = ("_bits", "_int_keys", "_n", "_round_keys")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+TF_FIXTURES = Path(__file__).resolve().parent / "data" / "tf"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tf"
 
 
-def test_copy_matches_shared_fixtures_when_present(tf_fixtures: Path) -> None:
+def test_copy_matches_shared_fixtures_when_present() -> None:
+    tf_fixtures = TF_FIXTURES
     names = sorted(p.name for p in tf_fixtures.iterdir() if p.name != "ORIGIN.md")
     assert "mixed.tfrecord" in names and "expected.json" in names
     if SHARED.is_dir():  # beside a checkout; a standalone clone has only the copy

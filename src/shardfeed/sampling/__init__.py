@@ -21,6 +21,7 @@ from shardfeed.sampling.keys import (
     integers_many,
     sample_rng,
     uniform_many,
+    uniform_one,
 )
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.patches import PatchSchedule
@@ -44,4 +45,5 @@ __all__ = [
     "integers_many",
     "sample_rng",
     "uniform_many",
+    "uniform_one",
 ]

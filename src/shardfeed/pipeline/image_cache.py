@@ -1,0 +1,237 @@
+"""The decoded-image cache of the patch source: bounded in bytes, shared by threads.
+
+A performance device only: what it returns is exactly what the loader function returns, so
+dropping an entry (or the whole cache) never changes an output, only how often images are
+decoded. Each entry carries an *expiry*, the ``(epoch, position)`` of the last output that
+may still use it (for patches: the end of the image's residency in the cache schedule), and
+the cache keeps a *clock*, the furthest ``(epoch, position)`` any caller has asked for::
+
+    entries (least recently used first)        clock = (0, 1830)
+    [img 17  exp (0, 1799)]  expired  <- evicted first, least recently used first
+    [img 40  exp (0, 1899)]  resident
+    [img 41  exp (0, 1999)]  resident <- evicted only when nothing expired is left
+
+Loads are deduplicated: two threads asking for the same missing key wait on one load (a
+per-key future), so an image is decoded once per residency. A failed load is not cached;
+every waiter then loads for itself and gets its own error.
+
+Determinism: returns what ``load`` returns. State: the entries and counters (not part of any
+loader state). Memory: at most ``max_bytes`` of entries (as reported by ``load``), plus the
+values being loaded by threads at that moment.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+V = TypeVar("V")
+Clock = tuple[int, int]
+
+__all__ = ["CacheStats", "ImageCache"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters of an :class:`ImageCache` since it was created (or cleared).
+
+    ``loads``: values loaded (decodes); ``hits``: requests served from the cache (including
+    waits on another thread's load); ``evictions``: entries dropped to make room;
+    ``uncached``: loaded values not kept because they were larger than the bound;
+    ``bytes``/``peak_bytes``: bytes held now / at most; ``max_bytes``: the bound (None until
+    the first load when it is derived from the first value).
+    """
+
+    hits: int
+    loads: int
+    evictions: int
+    uncached: int
+    entries: int
+    bytes: int
+    peak_bytes: int
+    max_bytes: int | None
+
+
+class _Entry(Generic[V]):
+    __slots__ = ("expires", "nbytes", "value")
+
+    def __init__(self, value: V, nbytes: int, expires: Clock) -> None:
+        self.value = value
+        self.nbytes = nbytes
+        self.expires = expires
+
+
+class _LoadFailed(Exception):
+    """Internal: the thread loading a key failed; waiters load for themselves."""
+
+
+class ImageCache(Generic[V]):
+    """A thread-safe, byte-bounded cache of decoded images keyed by record id.
+
+    ``max_bytes``: the bound on the bytes of cached values. ``None`` derives it from the first
+    loaded value: ``default_images`` times its size (for datasets whose images have one size;
+    pass ``max_bytes`` when sizes vary a lot).
+
+    Determinism, state and memory: see the module docstring.
+    """
+
+    def __init__(self, *, max_bytes: int | None = None, default_images: int = 1) -> None:
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+        ):
+            raise ValueError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
+        if isinstance(default_images, bool) or not isinstance(default_images, int) or (
+            default_images < 1
+        ):
+            raise ValueError(f"default_images must be an int >= 1, got {default_images!r}")
+        self._configured = max_bytes
+        self._default_images = default_images
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, _Entry[V]] = OrderedDict()
+        self._pending: dict[Hashable, Future[V]] = {}
+        self._max_bytes: int | None = self._configured
+        self._clock: Clock = (-1, -1)
+        self._bytes = 0
+        self._peak = 0
+        self._hits = 0
+        self._loads = 0
+        self._evictions = 0
+        self._uncached = 0
+
+    # -- pickling (process workers get an empty cache of the same configuration) ----------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"max_bytes": self._configured, "default_images": self._default_images}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._configured = state["max_bytes"]
+        self._default_images = state["default_images"]
+        self._reset()
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The bound in bytes (None until the first load when it is derived from it)."""
+        return self._max_bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def stats(self) -> CacheStats:
+        """The counters now (see :class:`CacheStats`)."""
+        with self._lock:
+            return CacheStats(
+                hits=self._hits, loads=self._loads, evictions=self._evictions,
+                uncached=self._uncached, entries=len(self._entries), bytes=self._bytes,
+                peak_bytes=self._peak, max_bytes=self._max_bytes,
+            )
+
+    def clear(self) -> None:
+        """Drop every entry and counter (loads in flight still complete and are kept)."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self._peak = 0
+            self._hits = self._loads = self._evictions = self._uncached = 0
+            self._clock = (-1, -1)
+            self._pending = {}
+            self._max_bytes = self._configured
+
+    # -- the one operation ---------------------------------------------------------------------
+
+    def get(
+        self,
+        key: Hashable,
+        load: Callable[[], tuple[V, int]],
+        *,
+        expires: Clock,
+        now: Clock,
+    ) -> V:
+        """The value of ``key``: cached, or ``load()`` (which returns ``(value, nbytes)``).
+
+        ``expires``: the last ``(epoch, position)`` that may use the value; ``now``: the
+        ``(epoch, position)`` asking (advances the clock). Exceptions of ``load`` propagate
+        and leave nothing cached.
+        """
+        while True:
+            with self._lock:
+                if now > self._clock:
+                    self._clock = now
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._entries.move_to_end(key)
+                    if expires > entry.expires:
+                        entry.expires = expires
+                    self._hits += 1
+                    return entry.value
+                future = self._pending.get(key)
+                owner = future is None
+                if future is None:
+                    future = Future()
+                    self._pending[key] = future
+            if owner:
+                return self._load(key, future, load, expires)
+            try:
+                value = future.result()
+            except _LoadFailed:
+                continue  # the loading thread failed: load (and fail) on our own
+            with self._lock:
+                self._hits += 1
+            return value
+
+    def _load(
+        self, key: Hashable, future: Future[V], load: Callable[[], tuple[V, int]],
+        expires: Clock,
+    ) -> V:
+        try:
+            value, nbytes = load()
+        except BaseException:
+            with self._lock:
+                if self._pending.get(key) is future:
+                    del self._pending[key]
+            future.set_exception(_LoadFailed())
+            raise
+        with self._lock:
+            if self._pending.get(key) is future:
+                del self._pending[key]
+            self._loads += 1
+            self._insert(key, value, int(nbytes), expires)
+        future.set_result(value)
+        return value
+
+    def _insert(self, key: Hashable, value: V, nbytes: int, expires: Clock) -> None:
+        # Called with the lock held.
+        if self._max_bytes is None:
+            self._max_bytes = self._default_images * nbytes
+        bound = self._max_bytes
+        if nbytes > bound:
+            self._uncached += 1
+            return
+        while self._bytes + nbytes > bound and self._entries:
+            victim = self._victim()
+            dropped = self._entries.pop(victim)
+            self._bytes -= dropped.nbytes
+            self._evictions += 1
+        self._entries[key] = _Entry(value, nbytes, expires)
+        self._bytes += nbytes
+        if self._bytes > self._peak:
+            self._peak = self._bytes
+
+    def _victim(self) -> Hashable:
+        """The least recently used expired entry, else the least recently used one."""
+        for key, entry in self._entries.items():
+            if entry.expires < self._clock:
+                return key
+        return next(iter(self._entries))

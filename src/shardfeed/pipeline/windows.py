@@ -1,0 +1,312 @@
+"""Windows: samples of ``length`` frames of one group (a day of a time-lapse), as a Loader source.
+
+The window index (:class:`~shardfeed.sampling.windows.WindowIndex`) is built once from the
+dataset's per-record group ids and order keys (the manifest's ``groups.npy`` / ``order.npy``
+sidecars); the Loader shuffles windows exactly like records (uniform over all windows of all
+groups) or reads them in stored order (``shuffle=False``)::
+
+    records   | d0f0 d0f1 d0f2 d0f3 d0f4 | d1f0 d1f1 d1f2 |     length=3, stride=2
+    windows   [d0f0 d0f2 d0f4]  (one group; never across the day boundary)
+    sample    image (3, H, W, C)   frames stacked on axis 0
+              day (3,), timestamp (3,), image/filename [3 names]
+              labels (23,)         the last frame's (labels="last")
+
+Every frame is transformed with a fresh generator from the same key, so the random crop,
+flip and colour choice is the same for all frames of a window (frames must have one size).
+
+Which features are labels: ``label_keys`` when given; else every numeric feature except the
+frames' own keys: ``image``, ``mask``, their stored sizes (``image/height``, ``image/width``,
+``image/channels``, ``mask/height``, ``mask/width``) and the dataset's group and order keys. With
+``labels="last"`` (default) a label feature comes from the last frame only; with
+``labels="all"`` it is stacked like every other feature.
+
+Determinism: window ``order[p]``, frames transformed with ``sample_rng(seed, epoch, p)``.
+State: a fingerprint of the options and the number of windows. Memory: the window index (4
+bytes a window for a fixed stride, ``4·length`` time-based) plus the dataset's index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardfeed.errors import SchemaError, StateError
+from shardfeed.format import spec
+from shardfeed.pipeline.source import (
+    DatasetLike,
+    EpochContext,
+    Sample,
+    SampleKey,
+    Transform,
+    _schema_lengths,
+    bind_transform,
+)
+from shardfeed.sampling.windows import ExcludedWindows, WindowIndex
+
+__all__ = ["WindowOptions", "Windows"]
+
+LABEL_MODES = ("last", "all")
+_FRAME_KEYS = frozenset({
+    "image", "mask", spec.IMAGE_HEIGHT, spec.IMAGE_WIDTH, spec.IMAGE_CHANNELS, spec.MASK_HEIGHT,
+    spec.MASK_WIDTH,
+})
+_HOW_TO_ADD = (
+    "add them when packing (`shardfeed pack --csv-group COLUMN --csv-order COLUMN`) or to "
+    "existing TFRecords (`shardfeed index --group-key FEATURE --order-key FEATURE`)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowOptions:
+    """What a window is and which features are labels (see :class:`Windows`)."""
+
+    length: int
+    stride: int = 1
+    stride_seconds: float | None = None
+    tolerance_seconds: float | None = None
+    max_gap_seconds: float | None = None
+    labels: str = "last"
+    label_keys: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("length", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}; e.g. length=3, "
+                                 "stride=2")
+        if self.labels not in LABEL_MODES:
+            raise ValueError(f"labels must be one of {LABEL_MODES}, got {self.labels!r}: "
+                             "'last' keeps the last frame's labels, 'all' stacks every frame's")
+        if self.label_keys is not None:
+            if isinstance(self.label_keys, (str, bytes)) or not all(
+                isinstance(k, str) for k in self.label_keys
+            ):
+                raise TypeError(f"label_keys must be a sequence of feature names, got "
+                                f"{self.label_keys!r}")
+            object.__setattr__(self, "label_keys", tuple(self.label_keys))
+
+
+class Windows:
+    """A Loader source whose samples are windows of frames within groups.
+
+    ::
+
+        windows = shardfeed.Windows(ds, length=3, stride=2)      # every 2nd frame
+        windows = shardfeed.Windows(ds, length=3, stride_seconds=16, max_gap_seconds=30)
+        loader = shardfeed.Loader(windows, batch_size=32, shuffle=True, seed=0,
+                                  transform=shardfeed.presets.train(size=448))
+        # batch["image"]: (32, 3, 448, 448, 3); batch["labels"]: the last frame's
+
+    Options (keyword-only): ``length`` (frames a window), ``stride`` (records between
+    frames) or ``stride_seconds`` (time between frames, matched within
+    ``tolerance_seconds``, default half of it), ``max_gap_seconds`` (no two consecutive
+    frames further apart), ``labels`` (``"last"`` or ``"all"``) and ``label_keys``.
+    ``len(windows)`` is the number of valid windows; ``windows.excluded`` counts the anchors
+    that gave none, by reason. Raises SchemaError when the dataset has no group ids and no
+    order keys (or no order keys for time-based options), saying how to add them.
+
+    Determinism, state and memory: see the module docstring.
+    """
+
+    kind = "windows"
+
+    def __init__(
+        self,
+        dataset: DatasetLike,
+        /,
+        *,
+        length: int,
+        stride: int = 1,
+        stride_seconds: float | None = None,
+        tolerance_seconds: float | None = None,
+        max_gap_seconds: float | None = None,
+        labels: str = "last",
+        label_keys: Sequence[str] | None = None,
+    ) -> None:
+        for name in ("read_many", "locate", "__len__"):
+            if not hasattr(dataset, name):
+                raise TypeError(f"Windows needs a shardfeed.Dataset; {type(dataset).__name__} "
+                                f"has no {name}()")
+        self.options = WindowOptions(
+            length=length, stride=stride, stride_seconds=stride_seconds,
+            tolerance_seconds=tolerance_seconds, max_gap_seconds=max_gap_seconds,
+            labels=labels, label_keys=None if label_keys is None else tuple(label_keys),
+        )
+        groups = getattr(dataset, "group_ids", None)
+        order = getattr(dataset, "order_keys", None)
+        if groups is None and order is None:
+            raise SchemaError(
+                f"{_describe(dataset)} has no group ids or order keys, so Windows cannot tell "
+                f"which frames belong together: {_HOW_TO_ADD}"
+            )
+        if order is None and (stride_seconds is not None or max_gap_seconds is not None):
+            raise SchemaError(
+                f"{_describe(dataset)} has no order keys (times), which stride_seconds and "
+                f"max_gap_seconds need: {_HOW_TO_ADD}, or use stride= in records"
+            )
+        self.index = WindowIndex.build(
+            groups, order, length=self.options.length, stride=self.options.stride,
+            stride_seconds=stride_seconds, tolerance_seconds=tolerance_seconds,
+            max_gap_seconds=max_gap_seconds,
+        )
+        self.dataset: DatasetLike | None = dataset
+        self._records = len(dataset)
+        manifest = getattr(dataset, "manifest", None)
+        self._frame_keys = frozenset(
+            k for k in (getattr(manifest, "group_key", None), getattr(manifest, "order_key", None))
+            if k
+        ) | _FRAME_KEYS
+        self._lengths = _schema_lengths(getattr(dataset, "schema", None))
+
+    # -- the Source protocol ------------------------------------------------------------------
+
+    @property
+    def num_units(self) -> int:
+        return len(self.index)
+
+    def __len__(self) -> int:
+        """The number of valid windows."""
+        return len(self.index)
+
+    @property
+    def excluded(self) -> ExcludedWindows:
+        """Anchor records that gave no window, by reason (group end, gap, ...)."""
+        return self.index.excluded
+
+    def samples_per_epoch(self, num_units: int) -> int:
+        return num_units
+
+    def bind(self, transform: Transform | None) -> Transform | None:
+        ds = self._ds()
+        return bind_transform(transform, getattr(ds, "schema", None), getattr(ds, "root", None))
+
+    def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
+        units = np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
+        frames = self.index.frames_many(units)
+        return [tuple(row) for row in frames.tolist()]
+
+    def read(self, records: Sequence[int]) -> list[Sample]:
+        return self._ds().read_many(list(records))
+
+    def make_sample(
+        self,
+        key: SampleKey,
+        record_ids: Sequence[int],
+        records: Sequence[Sample],
+        transform: Transform | None,
+    ) -> Sample:
+        frames = []
+        for record in records:
+            frame = dict(record)
+            # A fresh generator from the same key: every frame gets the same random choices.
+            frames.append(frame if transform is None else transform(frame, key.rng()))
+        return self.stack(frames)
+
+    def locate(self, record: int) -> tuple[str, int, int]:
+        return self._ds().locate(record)
+
+    def feature_lengths(self) -> Mapping[str, int | None]:
+        return self._lengths
+
+    @property
+    def index_bytes(self) -> int:
+        return 8 * (self._records + 1) + self.index.nbytes
+
+    def state(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "kind": self.kind, "records": self._records, "windows": len(self.index),
+            "length": o.length, "stride": o.stride, "stride_seconds": self.index.stride_seconds,
+            "tolerance_seconds": self.index.tolerance_seconds,
+            "max_gap_seconds": self.index.max_gap_seconds, "labels": o.labels,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        expected = self.state()
+        if dict(state) != expected:
+            raise StateError(
+                f"the saved state is for source {dict(state)!r}, but this loader reads "
+                f"{expected!r}: restore it on a Loader over Windows of the same dataset and "
+                "options"
+            )
+
+    # -- stacking ------------------------------------------------------------------------------
+
+    def is_label(self, name: str, value: Any) -> bool:
+        """Whether feature ``name`` (with this value) is a label (see the module docstring)."""
+        keys = self.options.label_keys
+        if keys is not None:
+            return name in keys
+        if name in self._frame_keys:
+            return False
+        if isinstance(value, np.ndarray):
+            return value.dtype.kind in "biuf"
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, bool
+        )
+
+    def stack(self, frames: list[Sample]) -> Sample:
+        """One window sample from its transformed frames (see the module docstring)."""
+        first, last = frames[0], frames[-1]
+        for i, frame in enumerate(frames[1:], start=1):
+            if frame.keys() != first.keys():
+                raise SchemaError(
+                    f"frame {i} of a window has features {sorted(frame)}, frame 0 has "
+                    f"{sorted(first)}: every frame must have the same features"
+                )
+        sample: Sample = {}
+        take_last = self.options.labels == "last"
+        for name, value in last.items():
+            if take_last and self.is_label(name, value):
+                sample[name] = value
+                continue
+            values = [frame[name] for frame in frames]
+            sample[name] = _stack_values(name, values)
+        return sample
+
+    # -- pickling (process workers only call make_sample) ---------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["dataset"] = None
+        return state
+
+    def _ds(self) -> DatasetLike:
+        if self.dataset is None:
+            raise RuntimeError("this copy of the window source has no dataset (process copy)")
+        return self.dataset
+
+    def __repr__(self) -> str:
+        return f"Windows({self.index!r}, labels={self.options.labels!r})"
+
+
+def _stack_values(name: str, values: list[Any]) -> Any:
+    first = values[0]
+    numeric = isinstance(first, np.ndarray) and first.dtype.kind in "biufc"
+    scalar = isinstance(first, (int, float, np.integer, np.floating)) and not isinstance(
+        first, bool
+    )
+    if not (numeric or scalar):
+        return list(values)
+    try:
+        stacked = np.stack([np.asarray(v) for v in values])
+    except ValueError:
+        shapes = sorted({str(np.shape(v)) for v in values})
+        raise SchemaError(
+            f"feature {name!r} has different shapes in the frames of a window ({', '.join(shapes)})"
+            ": frames are stacked, so they need one shape; resize them in the transform (e.g. "
+            "presets.train(size=...))"
+        ) from None
+    if stacked.ndim == 2 and stacked.shape[1] == 1:
+        stacked = stacked[:, 0]  # one value a frame (a stored length-1 feature): shape (k,)
+    return stacked
+
+
+def _describe(dataset: Any) -> str:
+    urls = getattr(dataset, "shard_urls", None)
+    if urls:
+        return f"the dataset of {len(urls)} shard(s) starting with '{urls[0]}'"
+    return "the dataset"

@@ -2,11 +2,19 @@
 
 Determinism: the sample at global epoch position ``p`` is ``source.make_sample`` of unit
 ``EpochOrder(seed, epoch)[p]`` with randomness from ``sample_rng(seed, epoch, p)``; this rank
-takes positions ``RankShare(total, rank, world_size, start=consumed)``. Nothing depends on
-the number of threads or processes, the prefetch depth or timing.
+takes positions ``RankShare(total, rank, world_size, start=consumed, remainder=...)``.
+Nothing depends on the number of threads or processes, the prefetch depth or timing.
+
+Ranks (``rank``/``world_size`` None: detected, see :mod:`shardfeed.loaders.distributed`)::
+
+    epoch positions   0  1  2  3  4  5  6  7  8  9  10 11 12 13      total = 14, W = 4
+    ranks             r0 r1 r2 r3 r0 r1 r2 r3 r0 r1 r2 r3 r0 r1
+    remainder="drop"  each rank 3 samples; positions 12, 13 are not visited this epoch
+    remainder="pad"   each rank 4 samples; r2, r3 take positions 14, 15 = 0, 1 again
 
 State: ``{"seed", "epoch", "consumed", "skipped", "source"}`` — ``consumed`` is the prefix of
-the epoch's positions that all ranks together have received; it restores on any world size
+the epoch's positions that all ranks together have received (``min(total, start + steps·W)``),
+identical on every rank after the same number of batches; it restores on any world size
 and any number of threads. Memory: see :meth:`Loader.memory_budget`.
 """
 
@@ -27,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.errors import ShardfeedError, StateError
+from shardfeed.loaders.distributed import RankInfo, resolve_ranks
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
 from shardfeed.pipeline.epoch import EpochRun
 from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
@@ -105,6 +114,23 @@ class Loader:
 
     Workers: ``workers="threads"`` (default; decoders release the GIL) or ``"processes"``
     (transforms that hold the GIL; batches are written into shared memory; same bytes).
+
+    Ranks: ``rank``/``world_size`` None detect them (torch.distributed process group, then
+    RANK/WORLD_SIZE, then JAX processes, else one rank; :attr:`ranks` says which). Rank r
+    of W takes epoch positions ``consumed + r + k·W``: the shares are disjoint and of equal
+    length on every rank. ``remainder`` says what happens to the ``n mod W`` positions left
+    at the end of an epoch of n samples: ``"drop"`` leaves them out (every sample at most
+    once), ``"pad"`` gives each rank one more, the extra positions wrapping to the first
+    samples of the epoch (every sample at least once; the repeats are identical samples).
+    Default: ``"drop"`` with ``drop_last=True``, else ``"pad"``.
+
+    Resume on another world size: ``state()`` holds the global ``consumed`` (the same on
+    every rank after the same number of batches, so rank 0's state is enough; see
+    :func:`shardfeed.loaders.distributed.agreed_state`). Restored on W' ranks, the ranks
+    split positions ``[consumed, n)`` as above with W': together with what was consumed
+    before, ``"drop"`` delivers positions ``[0, n - (n - consumed) mod W')`` each exactly
+    once, ``"pad"`` every position at least once (the ``-(n - consumed) mod W'`` extra ones
+    are the epoch's first positions again).
     """
 
     def __init__(
@@ -124,19 +150,18 @@ class Loader:
         max_skipped_fraction: float = 0.01,
         rank: int | None = None,
         world_size: int | None = None,
+        remainder: str | None = None,
         workers: str = "threads",
         copy: bool = False,
         order_method: str = "exact",
     ) -> None:
-        if (rank is None) != (world_size is None):
-            raise ValueError(
-                f"pass both rank and world_size or neither, got rank={rank!r}, "
-                f"world_size={world_size!r}"
-            )
+        self.ranks: RankInfo = resolve_ranks(rank, world_size)
+        if remainder is None:
+            remainder = "drop" if drop_last is True else "pad"
         self.options = LoaderOptions(
             batch_size=batch_size, shuffle=shuffle, seed=seed, num_threads=num_threads,
             prefetch_batches=prefetch_batches, drop_last=drop_last,
-            rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
+            rank=self.ranks.rank, world_size=self.ranks.world_size, remainder=remainder,
             workers=workers, copy=copy, order_method=order_method,
         )
         self.policy = ErrorPolicy(
@@ -147,7 +172,7 @@ class Loader:
         self._builder = SliceBuilder(self.source, self._transform, skip=self.policy.on_error == "skip")
         self.num_units = int(self.source.num_units)
         self.samples_per_epoch = int(self.source.samples_per_epoch(self.num_units))
-        per_rank = self.samples_per_epoch // self.options.world_size
+        per_rank = len(self._share(0))
         if drop_last and per_rank < batch_size:
             warnings.warn(
                 f"each of {self.options.world_size} rank(s) gets {per_rank} samples an epoch, "
@@ -254,17 +279,20 @@ class Loader:
 
     # -- sizes -----------------------------------------------------------------------------------
 
-    def _positions(self, epoch_start: int) -> np.ndarray:
+    def _share(self, epoch_start: int) -> RankShare:
         opts = self.options
-        share = RankShare(
+        return RankShare(
             self.samples_per_epoch, rank=opts.rank, world_size=opts.world_size,
-            start=epoch_start, remainder="drop" if opts.drop_last else "pad",
+            start=epoch_start, remainder=opts.remainder,  # type: ignore[arg-type]
         )
+
+    def _positions(self, epoch_start: int) -> np.ndarray:
+        share = self._share(epoch_start)
         return np.asarray(share[0 : len(share)], dtype=np.int64)
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank."""
-        count = len(self._positions(0))
+        count = len(self._share(0))
         bs = self.options.batch_size
         return count // bs if self.options.drop_last else -(-count // bs)
 
@@ -420,7 +448,8 @@ class Loader:
         opts = self.options
         return (f"Loader({type(self.source).__name__}, batch_size={opts.batch_size}, "
                 f"shuffle={opts.shuffle}, seed={opts.seed}, epoch={self._epoch}, "
-                f"consumed={self._consumed}/{self.samples_per_epoch})")
+                f"consumed={self._consumed}/{self.samples_per_epoch}, "
+                f"rank={opts.rank}/{opts.world_size})")
 
 
 class _Guard:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 ON_ERROR = ("raise", "skip")
 WORKERS = ("threads", "processes")
 ORDER_METHODS = ("exact", "bijection")
+REMAINDERS = ("drop", "pad")
 
 
 def _check_int(name: str, value: object, *, minimum: int, fix: str) -> None:
@@ -67,6 +68,7 @@ class LoaderOptions:
     drop_last: bool = False
     rank: int = 0
     world_size: int = 1
+    remainder: str = "pad"
     workers: str = "threads"
     copy: bool = False
     order_method: str = "exact"
@@ -84,6 +86,12 @@ class LoaderOptions:
         if self.rank >= self.world_size:
             raise ValueError(
                 f"rank must be < world_size, got rank={self.rank}, world_size={self.world_size}"
+            )
+        if self.remainder not in REMAINDERS:
+            raise ValueError(
+                f"remainder must be one of {REMAINDERS}, got {self.remainder!r}: 'drop' leaves "
+                "out the last (samples mod world_size) positions of an epoch, 'pad' repeats the "
+                "first ones so every rank gets as many samples"
             )
         for name in ("shuffle", "drop_last", "copy"):
             value = getattr(self, name)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from shardfeed.storage.base import ByteSource
 from shardfeed.storage.local import LocalSource
@@ -17,15 +18,25 @@ def is_remote(url: str | os.PathLike[str]) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def open_source(url: str | os.PathLike[str]) -> ByteSource:
-    """Open a file for random access: a local path, or any fsspec URL (s3://, gs://, http://)."""
+def open_source(url: str | os.PathLike[str], /, **options: Any) -> ByteSource:
+    """Open a file for random access: a local path, or any fsspec URL (s3://, gs://, http://).
+
+    ``options`` go to :class:`~shardfeed.storage.remote.RemoteSource` for URLs
+    (``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``, ``retries``,
+    ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``, ``cache``). A local
+    path takes none: reading it is one ``pread`` a range.
+    """
     text = os.fspath(url)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
+    text = text.removeprefix("file://")
     if is_remote(text):
         from shardfeed.storage.remote import RemoteSource
 
-        return RemoteSource(text)
+        return RemoteSource(text, **options)
+    if options:
+        raise TypeError(
+            f"options {sorted(options)} apply to URLs (s3://, gs://, ...) only, and "
+            f"'{text}' is a local path; drop them"
+        )
     return LocalSource(text)
 
 

@@ -5,6 +5,8 @@ examples:
   shardfeed inspect data/train.tfrecord  # bare TFRecord files (schema inferred)
   shardfeed inspect out/ --records 3     # also the first 3 records, briefly
   shardfeed inspect out/ --json
+  shardfeed inspect out/ --windows 3 --stride 2            # valid 3-frame windows, every 2nd frame
+  shardfeed inspect out/ --windows 3 --stride-seconds 16 --max-gap-seconds 30
 """
 
 from __future__ import annotations
@@ -28,13 +30,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print everything as JSON")
     parser.add_argument("--all-shards", action="store_true",
                         help="list every shard (default: the first 10)")
+    windows = parser.add_argument_group(
+        "windows", "count the valid windows of K frames within groups (needs group/order keys)"
+    )
+    windows.add_argument("--windows", type=common.positive_int, default=None, metavar="K",
+                         help="report the windows of K frames and what was excluded")
+    how = windows.add_mutually_exclusive_group()
+    how.add_argument("--stride", type=common.positive_int, default=1, metavar="S",
+                     help="records between the frames of a window (default 1)")
+    how.add_argument("--stride-seconds", type=_seconds, default=None, metavar="T",
+                     help="seconds between the frames of a window (matched within T/2)")
+    windows.add_argument("--max-gap-seconds", type=_seconds, default=None, metavar="G",
+                         help="exclude windows with two consecutive frames more than G s apart")
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     from shardfeed.tools.inspect import inspect
 
     source = args.source[0] if len(args.source) == 1 else args.source
-    info = inspect(source, records=args.records)
+    window_options = (args.stride != 1 or args.stride_seconds is not None
+                      or args.max_gap_seconds is not None)
+    if args.windows is None and window_options:
+        raise ValueError("--stride, --stride-seconds and --max-gap-seconds describe windows: "
+                         "also pass --windows K (frames a window)")
+    info = inspect(source, records=args.records, windows=args.windows, stride=args.stride,
+                   stride_seconds=args.stride_seconds, max_gap_seconds=args.max_gap_seconds)
     if args.json:
         common.print_json(info)
         return 0
@@ -67,6 +100,8 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
         if span:
             print(f"order     '{info['order_key']}', span per group min {span['min']:g} s / "
                   f"median {span['median']:g} s / max {span['max']:g} s")
+    if "windows" in info:
+        _print_windows(info["windows"])
     for key, names in (info["extra"].get("vocabularies") or {}).items():
         shown = ", ".join(map(str, names[:12])) + (" ..." if len(names) > 12 else "")
         print(f"classes   {key}: {len(names)} ({shown})")
@@ -74,3 +109,18 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
         print(f"record {i}")
         for key, value in rec.items():
             print(f"  {key:<24} {value}")
+
+
+def _print_windows(w: dict[str, Any]) -> None:
+    if w["stride_seconds"] is not None:
+        how = f"{w['stride_seconds']:g} s apart (within {w['tolerance_seconds']:g} s)"
+    else:
+        how = f"stride {w['stride']}"
+    gap = f", gaps over {w['max_gap_seconds']:g} s excluded" if w["max_gap_seconds"] is not None \
+        else ""
+    print(f"windows   {w['count']} of {w['length']} frames, {how}{gap}")
+    ex = w["excluded"]
+    print(f"excluded  {ex['total']} anchors: {ex['group_end']} at group ends, {ex['gap']} by "
+          f"gaps, {ex['off_grid']} off the time grid, {ex['missing_time']} without a time")
+    if "groups" in w:
+        print(f"          {w['groups_without_windows']} of {w['groups']} groups have no window")

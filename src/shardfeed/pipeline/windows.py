@@ -81,8 +81,9 @@ class WindowOptions:
             raise ValueError(f"labels must be one of {LABEL_MODES}, got {self.labels!r}: "
                              "'last' keeps the last frame's labels, 'all' stacks every frame's")
         if self.label_keys is not None:
-            if isinstance(self.label_keys, (str, bytes)) or not all(
-                isinstance(k, str) for k in self.label_keys
+            keys = self.label_keys
+            if isinstance(keys, (str, bytes)) or not hasattr(keys, "__iter__") or not all(
+                isinstance(k, str) for k in keys
             ):
                 raise TypeError(f"label_keys must be a sequence of feature names, got "
                                 f"{self.label_keys!r}")
@@ -133,7 +134,7 @@ class Windows:
         self.options = WindowOptions(
             length=length, stride=stride, stride_seconds=stride_seconds,
             tolerance_seconds=tolerance_seconds, max_gap_seconds=max_gap_seconds,
-            labels=labels, label_keys=None if label_keys is None else tuple(label_keys),
+            labels=labels, label_keys=label_keys,  # type: ignore[arg-type]
         )
         groups = getattr(dataset, "group_ids", None)
         order = getattr(dataset, "order_keys", None)

@@ -115,8 +115,49 @@ def _offsets(path: str) -> np.ndarray:
     return scan(path)
 
 
+def _window_stats(
+    groups: np.ndarray | None, order: np.ndarray | None, *, length: int, stride: int,
+    stride_seconds: float | None, max_gap_seconds: float | None,
+) -> dict[str, Any]:
+    """How many windows of ``length`` frames the dataset has, and which anchors gave none."""
+    from shardfeed.errors import SchemaError
+    from shardfeed.sampling.windows import WindowIndex
+
+    how = ("add them when packing (`shardfeed pack --csv-group COLUMN --csv-order COLUMN`) or "
+           "to existing TFRecords (`shardfeed index --group-key FEATURE --order-key FEATURE`)")
+    if groups is None and order is None:
+        raise SchemaError(f"the dataset has no group ids or order keys, so it has no windows: "
+                          f"{how}")
+    if order is None and (stride_seconds is not None or max_gap_seconds is not None):
+        raise SchemaError(f"the dataset has no order keys (times), which --stride-seconds and "
+                          f"--max-gap-seconds need: {how}, or use --stride in records")
+    index = WindowIndex.build(groups, order, length=length, stride=stride,
+                              stride_seconds=stride_seconds, max_gap_seconds=max_gap_seconds)
+    excluded = index.excluded
+    count = len(index)
+    stats: dict[str, Any] = {
+        "length": length, "stride": index.stride, "stride_seconds": index.stride_seconds,
+        "tolerance_seconds": index.tolerance_seconds, "max_gap_seconds": index.max_gap_seconds,
+        "count": count, "index_bytes": index.nbytes,
+        "excluded": {"group_end": excluded.group_end, "gap": excluded.gap,
+                     "missing_time": excluded.missing_time, "off_grid": excluded.off_grid,
+                     "total": excluded.total},
+    }
+    if groups is not None:
+        all_groups = np.unique(np.asarray(groups)).size
+        with_windows = 0
+        if count:
+            last = index.last_frames(np.arange(count, dtype=np.int64))
+            with_windows = int(np.unique(np.asarray(groups)[last]).size)
+        stats["groups"] = int(all_groups)
+        stats["groups_without_windows"] = int(all_groups - with_windows)
+    return stats
+
+
 def inspect(
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, records: int = 0
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, records: int = 0,
+    windows: int | None = None, stride: int = 1, stride_seconds: float | None = None,
+    max_gap_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Describe a dataset as a JSON-serialisable dict.
 
@@ -125,9 +166,20 @@ def inspect(
     length, role, image encoding), ``groups`` (count, records per group min/median/max, order
     key span; None without groups), ``extra`` (class names, vocabularies), and with
     ``records=N`` the first N records, briefly (``first_records``).
+
+    ``windows=K`` (with ``stride`` records, or ``stride_seconds`` and ``max_gap_seconds``)
+    adds ``windows``: the number of valid windows of K frames (``count``), the anchors that
+    gave none by reason (``excluded``: group ends, gaps, missing times, off the time grid),
+    and how many groups have no window. Raises SchemaError when the dataset has no groups
+    and no order keys.
     """
     if records < 0:
         raise ValueError(f"records must be >= 0, got {records}")
+    if windows is not None and (isinstance(windows, bool) or not isinstance(windows, int)
+                                or windows < 1):
+        raise ValueError(f"windows must be a number of frames >= 1, got {windows!r}")
+    groups: np.ndarray | None = None
+    order: np.ndarray | None = None
     manifest_path = (
         packfiles.find_manifest(source) if isinstance(source, (str, os.PathLike)) else None
     )
@@ -142,7 +194,6 @@ def inspect(
         shard_paths = [resolve(base, s.path) for s in manifest.shards]
         shards = [{"path": s.path, "records": s.records, "bytes": s.bytes}
                   for s in manifest.shards]
-        groups = order = None
         if manifest.group_key:
             groups = load_sidecar(base, spec.GROUPS_NAME, records=manifest.num_records)
         if manifest.order_key:
@@ -176,6 +227,11 @@ def inspect(
     result["schema"] = _schema_rows(schema)
     result["groups"] = group_stats
     result["extra"] = extra
+    if windows is not None:
+        result["windows"] = _window_stats(
+            groups, order, length=windows, stride=stride, stride_seconds=stride_seconds,
+            max_gap_seconds=max_gap_seconds,
+        )
     if records:
         first: list[dict[str, Any]] = []
         for p in shard_paths:

@@ -1,0 +1,162 @@
+"""Measure how fast shardfeed feeds batches from your dataset, with the decode limit beside it.
+
+Runs the Loader a training job would use over PATH (preset train or eval; or windows of
+frames; or cached patches), after a warm-up, for --seconds, and prints:
+
+  images/s      samples per second (frames/s for windows, patches/s for patches)
+  MPix/s        output pixels per second, and source pixels decoded per second
+  MB/s read     bytes read from storage per second
+  first batch   time from start to the first batch
+  memory        peak resident memory growth against the Loader's stated bound
+  decode limit  full JPEG decodes of the same records on the same number of threads, and
+                the loader's rate as a ratio of it (above 1: the crop-aware decode decodes
+                at reduced scale)
+
+examples:
+  shardfeed bench data/train                          # train preset, 224 px, batch 256
+  shardfeed bench data/train --preset eval --batch 64 --threads 8 --seconds 10
+  shardfeed bench data/days --windows 3 --stride 2 --size 128
+  shardfeed bench data/large --patches 64 --cache-images 32 --refresh-every 50
+  shardfeed bench data/train --json --plot throughput.png
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardfeed.cli import common
+
+NAME = "bench"
+HELP = "measure images/s of a Loader over a dataset, next to the decode limit"
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0.1:
+        raise argparse.ArgumentTypeError(f"must be >= 0.1 seconds, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="PATH",
+                        help="dataset folder, manifest, folder of TFRecord files or glob")
+    parser.add_argument("--preset", choices=("train", "eval"), default="train",
+                        help="train: shuffled, random resized crop + flip; eval: in order, "
+                             "center crop (default: train)")
+    parser.add_argument("--size", type=common.positive_int, default=224, metavar="PX",
+                        help="output image size (default: 224)")
+    parser.add_argument("--batch", type=common.positive_int, default=256, metavar="N",
+                        help="batch size (default: 256)")
+    parser.add_argument("--threads", type=common.positive_int, default=common.default_workers(),
+                        metavar="N",
+                        help=f"loader threads, also used for the decode limit "
+                             f"(default: {common.default_workers()})")
+    windows = parser.add_argument_group("windows of frames (datasets packed with groups)")
+    windows.add_argument("--windows", type=common.positive_int, default=None, metavar="LENGTH",
+                         help="bench windows of LENGTH frames from the same group")
+    windows.add_argument("--stride", type=common.positive_int, default=None, metavar="S",
+                         help="records between the frames of a window (default: 1)")
+    patches = parser.add_argument_group("cached patches (few large images)")
+    patches.add_argument("--patches", type=common.positive_int, default=None, metavar="SIZE",
+                         help="bench random SIZE x SIZE crops from a cache of decoded images")
+    patches.add_argument("--cache-images", type=common.positive_int, default=None, metavar="N",
+                         help="decoded images in the cache (default: 64)")
+    patches.add_argument("--refresh-every", type=common.positive_int, default=None, metavar="R",
+                         help="outputs between two cache refreshes (default: 100)")
+    parser.add_argument("--seconds", type=_seconds, default=30.0, metavar="S",
+                        help="measured time after the warm-up (default: 30)")
+    parser.add_argument("--seed", type=common.non_negative_int, default=0, metavar="S",
+                        help="shuffle and augmentation seed (default: 0)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--plot", default=None, metavar="FILE",
+                        help="write throughput over time as a PNG")
+    common.add_progress(parser)
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from shardfeed.tools.bench import BenchOptions
+
+    if args.stride is not None and args.windows is None:
+        raise ValueError("--stride belongs to --windows: add --windows LENGTH")
+    if args.patches is None and (args.cache_images is not None or args.refresh_every is not None):
+        raise ValueError("--cache-images and --refresh-every belong to --patches: add --patches SIZE")
+    if args.windows is not None and args.patches is not None:
+        raise ValueError("--windows and --patches exclude each other: bench one at a time")
+    return BenchOptions(
+        preset=args.preset, size=args.size, batch_size=args.batch, num_threads=args.threads,
+        windows=args.windows, stride=args.stride or 1, patches=args.patches,
+        cache_images=args.cache_images or 64, refresh_every=args.refresh_every or 100,
+        seconds=args.seconds, seed=args.seed,
+    )
+
+
+def _mb(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 1e6:,.1f} MB"
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The text printed by the command."""
+    kind = result["kind"]
+    what = {"records": "images", "windows": f"windows of {result['windows']} frames",
+            "patches": f"{result['patches']} px patches"}[kind]
+    lines = [
+        f"bench: {result['source']} ({result['records']:,} records), {what}, preset "
+        f"{result['preset']}, size {result['size']}, batch {result['batch_size']}, "
+        f"{result['threads']} threads",
+        f"  measured      {result['seconds']:.1f} s after {result['warmup_seconds']:.1f} s "
+        f"warm-up: {result['samples']:,} samples in {result['batches']:,} batches",
+    ]
+    if kind == "windows":
+        lines.append(f"  windows/s     {result['samples_per_s']:,.1f}   "
+                     f"(frames/s {result['frames_per_s']:,.1f})")
+    elif kind == "patches":
+        lines.append(f"  patches/s     {result['patches_per_s']:,.1f}")
+    else:
+        lines.append(f"  images/s      {result['images_per_s']:,.1f}")
+    source_mpix = result["source_mpix_per_s"]
+    lines.append(
+        f"  MPix/s        {result['output_mpix_per_s']:,.1f} out"
+        + (f", {source_mpix:,.1f} source" if source_mpix is not None else "")
+    )
+    read = result["read_mb_per_s"]
+    lines.append(f"  MB/s read     {'n/a' if read is None else f'{read:,.1f}'}")
+    lines.append(f"  first batch   {result['time_to_first_batch_s']:.3f} s")
+    within = result["within_bound"]
+    verdict = "" if within is None else ("  (within)" if within else "  (ABOVE the bound)")
+    lines.append(
+        f"  memory        peak RSS {_mb(result['peak_rss_bytes'])}, growth "
+        f"{_mb(result['rss_growth_bytes'])} vs stated bound "
+        f"{_mb(result['memory_bound_bytes'])}{verdict}"
+    )
+    limit = result["decode_limit"]
+    if limit is None:
+        lines.append("  decode limit  n/a (images are not JPEG/PNG)")
+    else:
+        compared = {"records": "images/s", "windows": "frames/s", "patches": "patches/s"}[kind]
+        lines.append(
+            f"  decode limit  {limit['images_per_s']:,.1f} images/s "
+            f"({limit['mpix_per_s']:,.1f} MPix/s; full decode of {limit['distinct_images']:,} "
+            f"records on {limit['threads']} threads)"
+        )
+        lines.append(f"  ratio         {result['ratio_to_decode_limit']:.2f}x the decode limit "
+                     f"({compared} / decoded images/s)")
+    if result.get("plot"):
+        lines.append(f"  plot          {result['plot']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardfeed.tools.bench import bench
+
+    options = _options(args)
+    result = bench(args.source, options=options, progress=common.show_progress(args),
+                   plot=args.plot)
+    if args.json:
+        common.print_json(result)
+    else:
+        print(format_result(result))
+    return 0

@@ -1,0 +1,362 @@
+"""``bench``: how fast a Loader feeds batches from your dataset, next to the decode limit.
+
+:func:`bench` builds the pipeline a training job would use (a preset transform over records,
+windows of frames, or cached patches), then:
+
+1. times the first batch (start-up: opening, first reads, first decodes);
+2. runs a warm-up, then measures for ``seconds``: samples/s (frames/s for windows, patches/s
+   for patches), output megapixels/s, source megapixels/s, MB/s read from storage, and a
+   throughput timeline; a background thread samples resident memory, whose growth is set
+   against the Loader's stated bound (``loader.memory_bound_bytes``);
+3. closes the Loader and measures the decode limit of the same files in the same run: full
+   decodes of the same encoded images on the same number of threads (see
+   :mod:`shardfeed.tools.bench_probe`), and the ratio of the pipeline to it.
+
+A ratio above 1 is possible and expected for the train preset: its crop-aware decode decodes
+at a reduced DCT scale whenever the crop allows.
+
+Determinism: the samples are the Loader's (keyed by the seed); the figures are timings.
+State: none. Memory: the Loader's bound, plus up to 256 MB of encoded bytes for the decode
+limit (held only after the Loader is closed).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardfeed.tools.bench_probe import (
+    RssSampler,
+    bytes_read,
+    decode_limit,
+    peak_rss_bytes,
+    sample_encoded,
+)
+
+__all__ = ["BenchOptions", "bench"]
+
+PRESETS = ("train", "eval")
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_seconds(name: str, value: object, *, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+        raise ValueError(f"{name} must be a number of seconds >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """What to measure. ``windows`` (a frame count) and ``patches`` (a crop size) exclude each
+    other; ``stride`` belongs to windows, ``cache_images`` / ``refresh_every`` to patches.
+    ``warmup_seconds`` defaults to ``min(5, seconds / 5)``, ``decode_seconds`` to
+    ``max(1, seconds / 4)``."""
+
+    preset: str = "train"
+    size: int = 224
+    batch_size: int = 256
+    num_threads: int = 4
+    windows: int | None = None
+    stride: int = 1
+    patches: int | None = None
+    cache_images: int = 64
+    refresh_every: int = 100
+    seconds: float = 30.0
+    warmup_seconds: float | None = None
+    decode_seconds: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {PRESETS}, got {self.preset!r}")
+        for name in ("size", "batch_size", "num_threads", "stride", "cache_images",
+                     "refresh_every"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("seed", self.seed, minimum=0)
+        if self.windows is not None:
+            _check_int("windows", self.windows, minimum=1)
+        if self.patches is not None:
+            _check_int("patches", self.patches, minimum=1)
+        if self.windows is not None and self.patches is not None:
+            raise ValueError("windows and patches exclude each other: bench one source at a time")
+        _check_seconds("seconds", self.seconds, minimum=0.1)
+        if self.warmup_seconds is not None:
+            _check_seconds("warmup_seconds", self.warmup_seconds, minimum=0.0)
+        if self.decode_seconds is not None:
+            _check_seconds("decode_seconds", self.decode_seconds, minimum=0.1)
+
+    @property
+    def kind(self) -> str:
+        return "windows" if self.windows else "patches" if self.patches else "records"
+
+    @property
+    def warmup(self) -> float:
+        return self.warmup_seconds if self.warmup_seconds is not None else min(5.0, self.seconds / 5)
+
+    @property
+    def decode(self) -> float:
+        return self.decode_seconds if self.decode_seconds is not None else max(1.0, self.seconds / 4)
+
+
+def _transform(options: BenchOptions) -> Any:
+    from shardfeed.transforms import presets
+
+    if options.preset == "train":
+        return presets.train(size=options.size)
+    return presets.eval(size=options.size)
+
+
+def _source(dataset: Any, options: BenchOptions) -> tuple[Any, Any]:
+    """The Loader's source and transform for ``options``."""
+    if options.windows is not None:
+        from shardfeed.pipeline import Windows
+
+        return Windows(dataset, length=options.windows, stride=options.stride), _transform(options)
+    if options.patches is not None:
+        from shardfeed.pipeline import Patches
+
+        source = Patches(dataset, size=options.patches, cache_images=options.cache_images,
+                         refresh_every=options.refresh_every)
+        return source, None
+    return dataset, _transform(options)
+
+
+def _count(batch: dict[str, Any]) -> tuple[int, int]:
+    """(samples, output pixels) of one batch; the pixels of its ``image`` array."""
+    image = batch.get("image")
+    if isinstance(image, np.ndarray) and image.ndim >= 3:
+        samples = int(image.shape[0])
+        per_sample = int(np.prod(image.shape[1:]))
+        channels = image.shape[-1] if image.shape[-1] in (1, 3, 4) else (
+            image.shape[-3] if image.ndim >= 4 and image.shape[-3] in (1, 3, 4) else 1
+        )
+        return samples, per_sample // int(channels)
+    for value in batch.values():
+        if isinstance(value, np.ndarray) and value.ndim >= 1:
+            return int(value.shape[0]), 0
+        if isinstance(value, list):
+            return len(value), 0
+    return 0, 0
+
+
+def _batches(loader: Any) -> Iterator[dict[str, Any]]:
+    """Batches epoch after epoch, for as long as the caller asks."""
+    while True:
+        got = False
+        for batch in loader:
+            got = True
+            yield batch
+        if not got:
+            raise ValueError(
+                "the loader yields no batch in an epoch: the dataset is smaller than one batch "
+                "(lower the batch size)"
+            )
+
+
+def _mean_source_pixels(dataset: Any, *, seed: int) -> float | None:
+    """Mean stored image size in pixels, from the height/width of up to 256 records."""
+    schema = dataset.schema
+    image = schema.image
+    if image is None or not image.height_key or not image.width_key:
+        return None
+    n = len(dataset)
+    rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, 0x5A])))
+    picks = np.sort(rng.permutation(n)[: min(n, 256)]).tolist()
+    sizes = []
+    for record in dataset.read_many(picks):
+        h, w = record.get(image.height_key), record.get(image.width_key)
+        if h is not None and w is not None:
+            sizes.append(float(np.asarray(h).reshape(-1)[0]) * float(np.asarray(w).reshape(-1)[0]))
+    return float(np.mean(sizes)) if sizes else None
+
+
+def _timeline(stamps: list[tuple[float, int]], *, max_bins: int = 60) -> list[list[float]]:
+    """``[[t_end_seconds, samples_per_s], ...]`` over even bins from the first batch on (about
+    four batches a bin, at most ``max_bins``)."""
+    if len(stamps) < 2:
+        return []
+    bins = max(1, min(max_bins, (len(stamps) - 1) // 4))
+    t0, t1 = stamps[0][0], stamps[-1][0]
+    span = t1 - t0
+    if span <= 0:
+        return []
+    width = span / bins
+    counts = np.zeros(bins)
+    for t, n in stamps[1:]:
+        counts[min(bins - 1, int((t - t0) / width))] += n
+    return [[round((i + 1) * width, 4), float(c / width)] for i, c in enumerate(counts)]
+
+
+def bench(
+    path_or_dataset: Any,
+    *,
+    options: BenchOptions | None = None,
+    progress: bool = False,
+    plot: str | os.PathLike[str] | None = None,
+    **option_values: Any,
+) -> dict[str, Any]:
+    """Measure a Loader over ``path_or_dataset`` (a dataset path or an open Dataset).
+
+    Options come as a :class:`BenchOptions` or as its fields by keyword (``preset``,
+    ``size``, ``batch_size``, ``num_threads``, ``windows``, ``stride``, ``patches``,
+    ``cache_images``, ``refresh_every``, ``seconds``, ...). ``progress`` draws a live tqdm bar
+    on stderr; ``plot`` writes throughput over time as a PNG.
+
+    Returns a JSON-able dict: ``kind``, ``samples_per_s``, ``images_per_s``,
+    ``frames_per_s`` (windows), ``patches_per_s`` (patches), ``output_mpix_per_s``,
+    ``source_mpix_per_s``, ``read_mb_per_s``, ``time_to_first_batch_s``,
+    ``memory_bound_bytes``, ``peak_rss_bytes``, ``rss_growth_bytes``, ``within_bound``,
+    ``decode_limit`` (images/s and MPix/s of full decodes), ``ratio_to_decode_limit``,
+    ``timeline`` and the options used.
+    """
+    if options is None:
+        options = BenchOptions(**option_values)
+    elif option_values:
+        raise TypeError("pass either options= or option keywords, not both")
+    from shardfeed.dataset import Dataset
+
+    owned = not hasattr(path_or_dataset, "read_many")
+    dataset = Dataset(os.fspath(path_or_dataset)) if owned else path_or_dataset
+    try:
+        result = _run(dataset, options, progress=progress)
+    finally:
+        if owned:
+            dataset.close()
+    result["source"] = os.fspath(path_or_dataset) if owned else type(path_or_dataset).__name__
+    if plot is not None:
+        from shardfeed.tools.bench_plot import plot_throughput
+
+        result["plot"] = str(plot_throughput(result, plot))
+    else:
+        result["plot"] = None
+    return result
+
+
+def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from shardfeed.pipeline import Loader
+
+    kind = options.kind
+    train = options.preset == "train"
+    start = time.perf_counter()
+    source, transform = _source(dataset, options)
+    loader = Loader(
+        source, batch_size=options.batch_size, shuffle=train, seed=options.seed,
+        transform=transform, num_threads=options.num_threads, drop_last=train,
+    )
+    # The budget builds one sample: libraries are loaded before the memory baseline is taken.
+    try:
+        budget = loader.memory_budget()
+    except BaseException:
+        loader.close()
+        raise
+    with RssSampler() as rss:
+        try:
+            stamps: list[tuple[float, int]] = []
+            measured = {"samples": 0, "batches": 0, "pixels": 0}
+            unit = {"records": "img", "windows": "win", "patches": "patch"}[kind]
+            bar = tqdm(unit=f" {unit}", unit_scale=True, disable=not progress, leave=False,
+                       desc="first batch")
+            batches = _batches(loader)
+            first_batch_s = 0.0
+            measure_from = read_from = None
+            t_measure = 0.0
+            for i, batch in enumerate(batches):
+                now = time.perf_counter()
+                samples, pixels = _count(batch)
+                stamps.append((now, samples))
+                bar.update(samples)
+                if i == 0:
+                    first_batch_s = now - start
+                    warm_until = now + options.warmup
+                    bar.set_description("warm-up")
+                if measure_from is None:
+                    if now >= warm_until:
+                        measure_from, read_from = now, bytes_read()
+                        bar.set_description("measuring")
+                    continue
+                measured["samples"] += samples
+                measured["batches"] += 1
+                measured["pixels"] += samples * pixels
+                t_measure = now - measure_from
+                if t_measure >= options.seconds:
+                    break
+            read_to = bytes_read()
+            bar.close()
+        finally:
+            loader.close()
+    if measured["batches"] == 0 or t_measure <= 0:
+        raise ValueError("no batch was measured: raise seconds")
+    rate = measured["samples"] / t_measure
+    frames = rate * (options.windows or 1)
+    mean_pixels = _mean_source_pixels(dataset, seed=options.seed)
+    result: dict[str, Any] = {
+        "kind": kind,
+        "records": len(dataset),
+        "preset": options.preset,
+        "size": options.patches if kind == "patches" else options.size,
+        "batch_size": options.batch_size,
+        "threads": options.num_threads,
+        "windows": options.windows,
+        "stride": options.stride if kind == "windows" else None,
+        "patches": options.patches,
+        "cache_images": options.cache_images if kind == "patches" else None,
+        "refresh_every": options.refresh_every if kind == "patches" else None,
+        "warmup_seconds": options.warmup,
+        "seconds": t_measure,
+        "samples": measured["samples"],
+        "batches": measured["batches"],
+        "samples_per_s": rate,
+        "images_per_s": frames if kind != "patches" else rate,
+        "frames_per_s": frames if kind == "windows" else None,
+        "patches_per_s": rate if kind == "patches" else None,
+        "output_mpix_per_s": measured["pixels"] / t_measure / 1e6,
+        "source_mpix_per_s": (
+            frames * mean_pixels / 1e6 if mean_pixels is not None and kind != "patches" else None
+        ),
+        "read_mb_per_s": (
+            (read_to - read_from) / t_measure / 1e6
+            if read_from is not None and read_to is not None else None
+        ),
+        "time_to_first_batch_s": first_batch_s,
+        "memory_bound_bytes": budget.total_bytes,
+        "memory_budget": {
+            "batch_bytes": budget.batch_bytes, "ring_batches": budget.ring_batches,
+            "work_bytes_per_thread": budget.work_bytes_per_thread, "threads": budget.threads,
+            "index_bytes": budget.index_bytes,
+        },
+        "start_rss_bytes": rss.start_bytes,
+        "peak_rss_bytes": rss.peak_bytes if rss.peak_bytes is not None else peak_rss_bytes(),
+        "timeline": _timeline(stamps),
+    }
+    growth = None
+    if rss.peak_bytes is not None and rss.start_bytes is not None:
+        growth = rss.peak_bytes - rss.start_bytes
+    result["rss_growth_bytes"] = growth
+    result["within_bound"] = None if growth is None else growth <= budget.total_bytes
+    result.update(_decode_part(dataset, options, result["images_per_s"]))
+    return result
+
+
+def _decode_part(dataset: Any, options: BenchOptions, images_per_s: float) -> dict[str, Any]:
+    image = dataset.schema.image
+    if image is None or image.encoding not in ("jpeg", "png", "mixed"):
+        return {"decode_limit": None, "ratio_to_decode_limit": None}
+    encoded = sample_encoded(dataset, image_key=image.key, seed=options.seed)
+    if not encoded:
+        return {"decode_limit": None, "ratio_to_decode_limit": None}
+    limit = decode_limit(encoded, num_threads=options.num_threads, seconds=options.decode)
+    ratio = images_per_s / limit.images_per_s if limit.images_per_s > 0 else math.nan
+    return {"decode_limit": limit.to_json(), "ratio_to_decode_limit": ratio}

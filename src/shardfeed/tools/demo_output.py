@@ -1,0 +1,141 @@
+"""The demo's output folder: safe replacement of an earlier demo, and the printed summary.
+
+The folder is built under a temporary sibling name and swapped in only when complete, so an
+interrupted demo leaves the previous output whole. A folder is replaced only if it carries the
+demo's marker file (:data:`MARKER_NAME`); anything else is refused, never deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MARKER_NAME", "finish", "format_summary", "start"]
+
+MARKER_NAME = ".shardfeed-demo"
+_MARKER_TEXT = json.dumps({"what": "output of `shardfeed demo`; safe to delete", "version": 1})
+
+
+def _is_demo(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MARKER_NAME))
+
+
+def _check_replaceable(path: str) -> None:
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise ValueError(
+            f"--out '{path}' exists and is not a folder: choose another --out for the demo"
+        )
+    if os.listdir(path) and not _is_demo(path):
+        raise ValueError(
+            f"--out '{path}' is a non-empty folder that no demo wrote (it has no {MARKER_NAME} "
+            f"file), so the demo will not replace it: choose another --out, or empty it"
+        )
+
+
+def start(out: str) -> str:
+    """Check that ``out`` may be (re)placed and return the empty build folder to fill."""
+    out = os.path.abspath(out)
+    _check_replaceable(out)
+    building = out + ".building"
+    _check_replaceable(building)
+    if os.path.lexists(building):
+        shutil.rmtree(building)
+    os.makedirs(building)
+    with open(os.path.join(building, MARKER_NAME), "w", encoding="utf-8") as f:
+        f.write(_MARKER_TEXT + "\n")
+    return building
+
+
+def finish(building: str, out: str) -> None:
+    """Swap the complete ``building`` folder into ``out``, removing an earlier demo there."""
+    out = os.path.abspath(out)
+    _check_replaceable(out)
+    old = out + ".old"
+    if os.path.lexists(old):
+        _check_replaceable(old)
+        shutil.rmtree(old)
+    if os.path.lexists(out):
+        os.rename(out, old)
+    os.rename(building, out)
+    if os.path.lexists(old):
+        shutil.rmtree(old)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> str:
+    """The text the demo prints at the end (and writes to ``timings/summary.txt``)."""
+    lines = [f"shardfeed demo: {summary['out']}", "", "datasets (packed, then verified):"]
+    for name, info in summary["datasets"].items():
+        verify = info["verify"]
+        status = "ok" if verify["ok"] else f"{verify['problems']} PROBLEMS"
+        lines.append(
+            f"  {name:<10} {info['records']:>6,} records  {info['shards']:>2} shards  "
+            f"{_mb(info['bytes']):>9}  verify {status} ({verify['decoded']:,} images decoded)"
+            f"  {info['what']}"
+        )
+    train = summary["train"]
+    lines += [
+        "",
+        f"train epoch over labelled (presets.train({train['size']}), batch {train['batch_size']},"
+        f" shuffled, {train['threads']} threads):",
+        f"  {train['images']:,} images in {train['batches']} batches, image {train['image_shape']}"
+        f", mask {train['mask_shape']}; {train['labels_per_batch']:.1f} labels a batch "
+        f"(a uniform shuffle: {train['expected_labels_per_batch']:.1f})",
+        f"  {timings['train']['images_per_s']:,.0f} images/s",
+    ]
+    win = summary["windows"]
+    lines += [
+        "",
+        f"windows over timelapse ({win['length']} frames {win['stride_seconds']:g} s apart, "
+        f"no gap over {win['max_gap_seconds']:g} s):",
+        f"  {win['windows']} windows from {win['records']} frames in {win['groups']} days "
+        f"(excluded anchors: {win['excluded']['group_end']} at day ends, "
+        f"{win['excluded']['off_grid']} off the 16 s grid, {win['excluded']['gap']} across a "
+        f"gap); batch image {win['image_shape']}, labels {win['label_shape']}",
+        f"  {timings['windows']['windows_per_s']:,.0f} windows/s",
+    ]
+    pat = summary["patches"]
+    lines += [
+        "",
+        f"patches over highres ({pat['size']} px, cache {pat['cache_images']} images, refresh "
+        f"every {pat['refresh_every']}):",
+        f"  {pat['patches']} patches from {pat['images']} images in {pat['batches']} batches, "
+        f"{pat['distinct_images_per_batch']:.1f} images a batch",
+        f"  {timings['patches']['patches_per_s']:,.0f} patches/s, "
+        f"{timings['patches']['decodes']} image decodes",
+    ]
+    shuf = summary["shuffle"]
+    lines += [
+        "",
+        f"shuffle over labelled ({shuf['records']:,} records sorted by label, {shuf['classes']} "
+        f"classes):",
+        f"  {'':<26} {'rho':>7} {'last label first at':>20} {'labels/batch':>13}",
+    ]
+    for name in ("exact", "buffer"):
+        row = shuf[name]
+        lines.append(
+            f"  {row['description']:<26} {row['rho']:>+7.3f} {row['latest_first_position']:>20,}"
+            f" {row['labels_per_batch']:>13.2f}"
+        )
+    lines += [f"  plots: {', '.join(shuf['plots'])}"]
+    bench = timings["bench"]
+    lines += [
+        "",
+        f"bench over labelled ({bench['seconds']:.1f} s, {bench['threads']} threads): "
+        f"{bench['images_per_s']:,.0f} images/s, decode limit "
+        f"{bench['decode_limit_images_per_s']:,.0f} images/s "
+        f"(ratio {bench['ratio_to_decode_limit']:.2f}), first batch "
+        f"{bench['time_to_first_batch_s']:.3f} s; plot {bench['plot']}",
+        "",
+        f"identical every run: everything in {summary['out']} except timings/ "
+        f"(total {timings['total_seconds']:.1f} s)",
+    ]
+    return "\n".join(lines)

@@ -7,9 +7,14 @@ may still use it (for patches: the end of the image's residency in the cache sch
 the cache keeps a *clock*, the furthest ``(epoch, position)`` any caller has asked for::
 
     entries (least recently used first)        clock = (0, 1830)
-    [img 17  exp (0, 1799)]  expired  <- evicted first, least recently used first
+    [img 17  exp (0, 1799)]  expired  <- evicted first: the one expired longest ago
     [img 40  exp (0, 1899)]  resident
-    [img 41  exp (0, 1999)]  resident <- evicted only when nothing expired is left
+    [img 41  exp (0, 1999)]  resident <- evicted (least recently used first) only when
+                                         nothing expired is left
+
+Among expired entries the one whose residency ended first goes first: a thread still
+working behind the clock may need an entry that expired a moment ago, never one that
+expired long before.
 
 Loads are deduplicated: two threads asking for the same missing key wait on one load (a
 per-key future), so an image is decoded once per residency. A failed load is not cached;
@@ -167,13 +172,11 @@ class ImageCache(Generic[V]):
         """
         while True:
             with self._lock:
-                if now > self._clock:
-                    self._clock = now
+                self._clock = max(self._clock, now)
                 entry = self._entries.get(key)
                 if entry is not None:
                     self._entries.move_to_end(key)
-                    if expires > entry.expires:
-                        entry.expires = expires
+                    entry.expires = max(entry.expires, expires)
                     self._hits += 1
                     return entry.value
                 future = self._pending.get(key)
@@ -226,12 +229,13 @@ class ImageCache(Generic[V]):
             self._evictions += 1
         self._entries[key] = _Entry(value, nbytes, expires)
         self._bytes += nbytes
-        if self._bytes > self._peak:
-            self._peak = self._bytes
+        self._peak = max(self._peak, self._bytes)
 
     def _victim(self) -> Hashable:
-        """The least recently used expired entry, else the least recently used one."""
+        """The entry expired longest ago, else the least recently used one."""
+        victim: Hashable | None = None
+        oldest = self._clock
         for key, entry in self._entries.items():
-            if entry.expires < self._clock:
-                return key
-        return next(iter(self._entries))
+            if entry.expires < oldest:
+                victim, oldest = key, entry.expires
+        return next(iter(self._entries)) if victim is None else victim

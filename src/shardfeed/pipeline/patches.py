@@ -29,7 +29,10 @@ Determinism: output ``p`` depends only on ``(seed, epoch, p)`` and the data: not
 thread count, ranks, restores or the cache (``cache=False`` gives the same bytes). State: a
 configuration fingerprint (see :meth:`Patches.state`). Memory: the decoded-image cache,
 ``cache_bytes`` (default: ``N + max(2, N // 8)`` decoded images of the first image's size),
-plus the dataset's index (8 bytes an image).
+plus the dataset's index (8 bytes an image). Threads work up to ``prefetch_batches ×
+batch_size`` outputs ahead, which needs ``N + ceil(that / R)`` images at once; when ``R``
+is small next to the batch, pass a larger ``cache_bytes`` (or images are decoded again,
+with the same outputs).
 """
 
 from __future__ import annotations
@@ -268,7 +271,7 @@ class Patches:
         cache = self.cache
         missing = ids if cache is None else [r for r in ids if r not in cache]
         read = dict(zip(missing, self._ds().read_many(missing))) if missing else {}
-        return [read[r] if r in read else {_CACHED: r} for r in ids]
+        return [read.get(r, {_CACHED: r}) for r in ids]
 
     def make_sample(
         self,

@@ -104,11 +104,11 @@ def format_result(result: dict[str, Any]) -> str:
     what = {"records": "images", "windows": f"windows of {result['windows']} frames",
             "patches": f"{result['patches']} px patches"}[kind]
     lines = [
-        f"bench: {result['source']} ({result['records']:,} records), {what}, preset "
+        (f"bench: {result['source']} ({result['records']:,} records), {what}, preset "
         f"{result['preset']}, size {result['size']}, batch {result['batch_size']}, "
-        f"{result['threads']} threads",
-        f"  measured      {result['seconds']:.1f} s after {result['warmup_seconds']:.1f} s "
-        f"warm-up: {result['samples']:,} samples in {result['batches']:,} batches",
+        f"{result['threads']} threads"),
+        (f"  measured      {result['seconds']:.1f} s after {result['warmup_seconds']:.1f} s "
+        f"warm-up: {result['samples']:,} samples in {result['batches']:,} batches"),
     ]
     if kind == "windows":
         lines.append(f"  windows/s     {result['samples_per_s']:,.1f}   "

@@ -59,7 +59,7 @@ def plot_throughput(result: Mapping[str, Any], path: str | os.PathLike[str]) -> 
         f"shardfeed bench: {source}, {kind}, preset {result.get('preset')}, "
         f"batch {result.get('batch_size')}, {result.get('threads')} threads"
     )
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8, framealpha=0.9)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, format="png")

@@ -81,7 +81,7 @@ class RssSampler:
         if now is not None and (self.peak_bytes is None or now > self.peak_bytes):
             self.peak_bytes = now
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> RssSampler:  # noqa: PYI034
         self._thread.start()
         return self
 

@@ -121,7 +121,7 @@ def _verify_all(build: str, datasets: dict[str, Any], workers: int, step: Report
     from shardfeed.tools.verify import verify
 
     step("verifying every record and image")
-    for name, info in datasets.items():
+    for info in datasets.values():
         report = verify(os.path.join(build, info["path"]), decode=True, workers=workers)
         info["verify"] = {
             "ok": report.ok, "records": report.records,
@@ -195,7 +195,7 @@ def _windows(path: str, workers: int) -> tuple[dict[str, Any], float]:
             "length": WINDOW_LENGTH, "stride_seconds": WINDOW_STRIDE_SECONDS,
             "max_gap_seconds": WINDOW_MAX_GAP_SECONDS, "windows": len(windows),
             "samples": count, "records": len(ds),
-            "groups": 0 if groups is None else int(len(np.unique(groups))),
+            "groups": 0 if groups is None else len(np.unique(groups)),
             "excluded": {"group_end": excluded.group_end, "gap": excluded.gap,
                          "off_grid": excluded.off_grid, "missing_time": excluded.missing_time},
             "image_shape": image_shape, "label_shape": label_shape,

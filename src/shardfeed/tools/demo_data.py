@@ -21,6 +21,7 @@ Memory: one photograph and one output image at a time.
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -34,9 +35,9 @@ import numpy as np
 from shardfeed.errors import ShardfeedError
 
 __all__ = [
+    "TIMELAPSE_FLOATS",
     "DemoSizes",
     "MissingDependencyError",
-    "TIMELAPSE_FLOATS",
     "load_photo",
     "write_highres",
     "write_labelled",
@@ -188,8 +189,8 @@ def write_timelapse(folder: str, sizes: DemoSizes) -> str:
             if j in missing:
                 continue
             fraction = j / max(1, sizes.frames_per_day - 1)
-            x = int(round((pw - cw) * fraction))
-            y = int(round((ph - ch) * (0.5 + 0.5 * math.sin(2 * math.pi * fraction)) / 2))
+            x = round((pw - cw) * fraction)
+            y = round((ph - ch) * (0.5 + 0.5 * math.sin(2 * math.pi * fraction)) / 2)
             crop = cv2.resize(photo[y : y + ch, x : x + cw], (width, height),
                               interpolation=cv2.INTER_AREA)
             light = _day_light(fraction)
@@ -197,7 +198,7 @@ def write_timelapse(folder: str, sizes: DemoSizes) -> str:
             name = f"frames/day{day}_{j:04d}.jpg"
             _write_jpeg(os.path.join(folder, name), frame)
             edges = np.linspace(0, height, 23).astype(int)
-            irr = [float(frame[a:b].mean()) / 255 for a, b in zip(edges[:-1], edges[1:])]
+            irr = [float(frame[a:b].mean()) / 255 for a, b in itertools.pairwise(edges)]
             stamp = _START + timedelta(days=day, seconds=FRAME_SECONDS * j)
             day_rows.append([
                 name, day, stamp.strftime("%Y-%m-%dT%H:%M:%S"), f"{light:.6f}",
@@ -218,7 +219,7 @@ def write_highres(folder: str, sizes: DemoSizes) -> str:
         ph, pw = photo.shape[:2]
         long_side = 1024 + (i * 181) % 543  # 1024 .. 1566
         scale = long_side / max(ph, pw)
-        size = (int(round(pw * scale)), int(round(ph * scale)))
+        size = (round(pw * scale), round(ph * scale))
         big = cv2.resize(photo, size, interpolation=cv2.INTER_CUBIC)
         if i >= len(PHOTOS):  # later rounds: mirror, so no two images are the same
             big = np.ascontiguousarray(big[:, ::-1])

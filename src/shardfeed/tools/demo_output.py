@@ -84,39 +84,39 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
     train = summary["train"]
     lines += [
         "",
-        f"train epoch over labelled (presets.train({train['size']}), batch {train['batch_size']},"
-        f" shuffled, {train['threads']} threads):",
-        f"  {train['images']:,} images in {train['batches']} batches, image {train['image_shape']}"
+        (f"train epoch over labelled (presets.train({train['size']}), batch {train['batch_size']},"
+        f" shuffled, {train['threads']} threads):"),
+        (f"  {train['images']:,} images in {train['batches']} batches, image {train['image_shape']}"
         f", mask {train['mask_shape']}; {train['labels_per_batch']:.1f} labels a batch "
-        f"(a uniform shuffle: {train['expected_labels_per_batch']:.1f})",
+        f"(a uniform shuffle: {train['expected_labels_per_batch']:.1f})"),
         f"  {timings['train']['images_per_s']:,.0f} images/s",
     ]
     win = summary["windows"]
     lines += [
         "",
-        f"windows over timelapse ({win['length']} frames {win['stride_seconds']:g} s apart, "
-        f"no gap over {win['max_gap_seconds']:g} s):",
-        f"  {win['windows']} windows from {win['records']} frames in {win['groups']} days "
+        (f"windows over timelapse ({win['length']} frames {win['stride_seconds']:g} s apart, "
+        f"no gap over {win['max_gap_seconds']:g} s):"),
+        (f"  {win['windows']} windows from {win['records']} frames in {win['groups']} days "
         f"(excluded anchors: {win['excluded']['group_end']} at day ends, "
         f"{win['excluded']['off_grid']} off the 16 s grid, {win['excluded']['gap']} across a "
-        f"gap); batch image {win['image_shape']}, labels {win['label_shape']}",
+        f"gap); batch image {win['image_shape']}, labels {win['label_shape']}"),
         f"  {timings['windows']['windows_per_s']:,.0f} windows/s",
     ]
     pat = summary["patches"]
     lines += [
         "",
-        f"patches over highres ({pat['size']} px, cache {pat['cache_images']} images, refresh "
-        f"every {pat['refresh_every']}):",
-        f"  {pat['patches']} patches from {pat['images']} images in {pat['batches']} batches, "
-        f"{pat['distinct_images_per_batch']:.1f} images a batch",
-        f"  {timings['patches']['patches_per_s']:,.0f} patches/s, "
-        f"{timings['patches']['decodes']} image decodes",
+        (f"patches over highres ({pat['size']} px, cache {pat['cache_images']} images, refresh "
+        f"every {pat['refresh_every']}):"),
+        (f"  {pat['patches']} patches from {pat['images']} images in {pat['batches']} batches, "
+        f"{pat['distinct_images_per_batch']:.1f} images a batch"),
+        (f"  {timings['patches']['patches_per_s']:,.0f} patches/s, "
+        f"{timings['patches']['decodes']} image decodes"),
     ]
     shuf = summary["shuffle"]
     lines += [
         "",
-        f"shuffle over labelled ({shuf['records']:,} records sorted by label, {shuf['classes']} "
-        f"classes):",
+        (f"shuffle over labelled ({shuf['records']:,} records sorted by label, {shuf['classes']} "
+        f"classes):"),
         f"  {'':<26} {'rho':>7} {'last label first at':>20} {'labels/batch':>13}",
     ]
     for name in ("exact", "buffer"):
@@ -129,13 +129,13 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
     bench = timings["bench"]
     lines += [
         "",
-        f"bench over labelled ({bench['seconds']:.1f} s, {bench['threads']} threads): "
+        (f"bench over labelled ({bench['seconds']:.1f} s, {bench['threads']} threads): "
         f"{bench['images_per_s']:,.0f} images/s, decode limit "
         f"{bench['decode_limit_images_per_s']:,.0f} images/s "
         f"(ratio {bench['ratio_to_decode_limit']:.2f}), first batch "
-        f"{bench['time_to_first_batch_s']:.3f} s; plot {bench['plot']}",
+        f"{bench['time_to_first_batch_s']:.3f} s; plot {bench['plot']}"),
         "",
-        f"identical every run: everything in {summary['out']} except timings/ "
-        f"(total {timings['total_seconds']:.1f} s)",
+        (f"identical every run: everything in {summary['out']} except timings/ "
+        f"(total {timings['total_seconds']:.1f} s)"),
     ]
     return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""bench on tiny datasets: every field there, values sane (no timing thresholds)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from shardfeed.tools.bench import BenchOptions, bench
+from shardfeed.tools.bench_probe import RssSampler, decode_limit
+from shardfeed.tools.csvinput import CsvColumns
+from shardfeed.tools.demo_data import (
+    TIMELAPSE_FLOATS,
+    DemoSizes,
+    write_highres,
+    write_labelled,
+    write_timelapse,
+)
+from shardfeed.tools.pack import pack
+
+SIZES = DemoSizes(days=2, frames_per_day=8, frame_size=(96, 64), dropped=0, highres_images=3,
+                  labelled_images=96, crop_pixels=40, classes=3)
+FAST = {"seconds": 0.3, "warmup_seconds": 0.0, "decode_seconds": 0.1, "num_threads": 2}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    labelled = write_labelled(str(root / "src" / "labelled"), SIZES)
+    pack(labelled, root / "labelled", csv=CsvColumns(labels=("label",), mask="mask"),
+         records_per_shard=40)
+    frames = write_timelapse(str(root / "src" / "timelapse"), SIZES)
+    pack(frames, root / "timelapse",
+         csv=CsvColumns(floats=TIMELAPSE_FLOATS, group="day", order="timestamp"))
+    pack(write_highres(str(root / "src" / "highres"), SIZES), root / "highres")
+    return {"labelled": root / "labelled", "timelapse": root / "timelapse",
+            "highres": root / "highres", "root": root}
+
+
+def _common_checks(result: dict, *, records: int) -> None:
+    assert result["records"] == records
+    assert result["samples"] > 0 and result["batches"] > 0
+    assert result["seconds"] >= 0.3
+    assert result["samples_per_s"] == pytest.approx(result["samples"] / result["seconds"])
+    assert result["output_mpix_per_s"] > 0
+    assert result["time_to_first_batch_s"] > 0
+    assert result["memory_bound_bytes"] > 0
+    budget = result["memory_budget"]
+    assert budget["threads"] == 2 and budget["batch_bytes"] > 0
+    assert result["peak_rss_bytes"] > 10_000_000  # a Python process with NumPy and OpenCV
+    limit = result["decode_limit"]
+    assert limit["threads"] == 2 and limit["images"] >= 8 and limit["images_per_s"] > 0
+    assert limit["distinct_images"] == records
+    assert result["ratio_to_decode_limit"] == pytest.approx(
+        result["images_per_s"] / limit["images_per_s"]
+    )
+    assert result["timeline"] and all(rate >= 0 for _, rate in result["timeline"])
+
+
+def test_records(data: dict[str, Path]) -> None:
+    plot = data["root"] / "out" / "throughput.png"
+    result = bench(data["labelled"], size=32, batch_size=16, plot=plot, **FAST)
+    _common_checks(result, records=SIZES.labelled_images)
+    assert result["kind"] == "records" and result["images_per_s"] == result["samples_per_s"]
+    assert result["frames_per_s"] is None and result["patches_per_s"] is None
+    # 16 images of 32 x 32 a batch: output pixels follow from the samples exactly
+    assert result["output_mpix_per_s"] == pytest.approx(result["samples_per_s"] * 32 * 32 / 1e6)
+    assert result["source_mpix_per_s"] == pytest.approx(result["samples_per_s"] * 40 * 40 / 1e6)
+    if result["read_mb_per_s"] is not None:
+        assert result["read_mb_per_s"] >= 0
+    assert result["batches"] * 16 == result["samples"]  # train preset drops partial batches
+    data_png = plot.read_bytes()
+    assert data_png.startswith(b"\x89PNG") and result["plot"] == str(plot)
+    image = cv2.imdecode(np.frombuffer(data_png, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None and image.shape[1] > 400
+
+
+def test_eval_preset_reads_in_order(data: dict[str, Path]) -> None:
+    result = bench(data["labelled"], preset="eval", size=24, batch_size=50, **FAST)
+    _common_checks(result, records=SIZES.labelled_images)
+    assert result["preset"] == "eval"
+
+
+def test_windows(data: dict[str, Path]) -> None:
+    result = bench(data["timelapse"], windows=3, stride=2, size=32, batch_size=4, **FAST)
+    _common_checks(result, records=SIZES.days * SIZES.frames_per_day)
+    assert result["kind"] == "windows" and result["stride"] == 2
+    assert result["frames_per_s"] == pytest.approx(3 * result["samples_per_s"])
+    assert result["images_per_s"] == result["frames_per_s"]
+    assert result["output_mpix_per_s"] == pytest.approx(
+        result["samples_per_s"] * 3 * 32 * 32 / 1e6
+    )
+
+
+def test_patches(data: dict[str, Path]) -> None:
+    result = bench(data["highres"], patches=32, cache_images=2, refresh_every=8, batch_size=8,
+                   **FAST)
+    _common_checks(result, records=SIZES.highres_images)
+    assert result["kind"] == "patches" and result["size"] == 32
+    assert result["patches_per_s"] == result["samples_per_s"]
+    assert result["output_mpix_per_s"] == pytest.approx(result["samples_per_s"] * 32 * 32 / 1e6)
+
+
+def test_options_are_checked(data: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="preset"):
+        BenchOptions(preset="fast")
+    with pytest.raises(ValueError, match="exclude"):
+        BenchOptions(windows=3, patches=32)
+    with pytest.raises(ValueError, match="seconds"):
+        BenchOptions(seconds=0)
+    with pytest.raises(TypeError, match="batch_size"):
+        BenchOptions(batch_size=2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not both"):
+        bench(data["labelled"], options=BenchOptions(), seconds=1)
+    with pytest.raises(ValueError, match="smaller than one batch"), pytest.warns(UserWarning):
+        bench(data["labelled"], batch_size=1000, **FAST)
+
+
+def test_decode_limit_and_rss_sampler() -> None:
+    ok, jpeg = cv2.imencode(".jpg", np.full((30, 40, 3), 128, np.uint8))
+    assert ok
+    limit = decode_limit([jpeg.tobytes()], num_threads=2, seconds=0.05, min_images=20)
+    assert limit.images >= 20 and limit.distinct_images == 1
+    assert limit.mpix_per_s == pytest.approx(limit.images_per_s * 30 * 40 / 1e6)
+    with pytest.raises(ValueError, match="at least one"):
+        decode_limit([], num_threads=1, seconds=0.1)
+    with RssSampler(interval_seconds=0.005) as rss:
+        block = np.ones(40_000_000, np.uint8)  # 40 MB touched: the peak must see it
+        rss.sample()
+        del block
+    if rss.peak_bytes is not None:
+        assert rss.start_bytes is not None
+        assert rss.peak_bytes - rss.start_bytes >= 30_000_000
+    assert not math.isnan(limit.seconds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -294,4 +295,4 @@ def test_plan_covers_each_window_once_within_groups(sizes: list[int], length: in
     assert sorted(tuple(p) for p in plans) == sorted(expected)
     for frames in plans:
         assert len(set(groups[list(frames)])) == 1
-        assert all(b - a == stride for a, b in zip(frames, frames[1:]))
+        assert all(b - a == stride for a, b in pairwise(frames))

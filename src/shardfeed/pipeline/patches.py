@@ -176,8 +176,10 @@ class Patches:
     ``transform`` applies to each patch after the crop (flip, colour, normalise); it sees
     ``"image"`` (and ``"mask"``) already decoded.
 
-    An epoch has ``(M - N + 1)·R`` outputs for ``M`` images (``len(self)``); with
-    ``shuffle=False`` the images come in stored order (crops and slots stay keyed by seed).
+    An epoch has ``(M - N + 1)·R`` outputs for ``M`` images (``len(self)``). With
+    ``shuffle=False`` the images come in stored order; slots and crops stay keyed by
+    ``(seed, epoch)``, so an evaluation loader at epoch 0 (e.g. a fresh ``Loader.for_eval``)
+    gives the same patches every time, and later epochs other patches of the same images.
     Determinism, state and memory: see the module docstring.
     """
 

@@ -1,0 +1,127 @@
+"""The decoded-image cache: one load per key under contention, byte bound, eviction order,
+failed loads not cached, pickled copies empty."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from shardfeed.pipeline.image_cache import ImageCache
+
+
+def loader(value: int, nbytes: int = 100,
+           calls: list[int] | None = None) -> Callable[[], tuple[int, int]]:
+    def load() -> tuple[int, int]:
+        if calls is not None:
+            calls.append(value)
+        return value, nbytes
+
+    return load
+
+
+def test_hit_after_load_and_counters() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=1000)
+    calls: list[int] = []
+    assert cache.get(1, loader(10, calls=calls), expires=(0, 5), now=(0, 0)) == 10
+    assert cache.get(1, loader(99, calls=calls), expires=(0, 5), now=(0, 1)) == 10
+    stats = cache.stats()
+    assert calls == [10] and stats.loads == 1 and stats.hits == 1 and stats.bytes == 100
+    assert 1 in cache and len(cache) == 1
+
+
+def test_threads_asking_for_one_key_share_one_load() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=10_000)
+    started = threading.Event()
+    release = threading.Event()
+    calls: list[int] = []
+
+    def slow() -> tuple[int, int]:
+        calls.append(1)
+        started.set()
+        release.wait(5)
+        return 7, 10
+
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        cache.get("k", slow, expires=(0, 9), now=(0, 0)))) for _ in range(6)]
+    threads[0].start()
+    started.wait(5)
+    for t in threads[1:]:
+        t.start()
+    time.sleep(0.05)  # let the others queue on the pending load
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert results == [7] * 6 and calls == [1]
+    assert cache.stats().loads == 1 and cache.stats().hits == 5
+
+
+def test_failed_load_is_not_cached_and_waiters_load_themselves() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=1000)
+    attempts: list[int] = []
+
+    def bad() -> tuple[int, int]:
+        attempts.append(1)
+        raise ValueError("cannot decode")
+
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cannot decode"):
+            cache.get(3, bad, expires=(0, 1), now=(0, 0))
+    assert len(attempts) == 2 and 3 not in cache
+    assert cache.get(3, loader(4), expires=(0, 1), now=(0, 0)) == 4
+
+
+def test_never_exceeds_the_byte_bound_and_evicts_expired_first() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=300)
+    cache.get("a", loader(1), expires=(0, 10), now=(0, 0))
+    cache.get("b", loader(2), expires=(0, 3), now=(0, 1))
+    cache.get("c", loader(3), expires=(0, 20), now=(0, 2))
+    cache.get("a", loader(1), expires=(0, 10), now=(0, 4))  # clock 4: "b" has expired
+    cache.get("d", loader(4), expires=(0, 30), now=(0, 5))  # needs room: "b" goes, not "a"
+    assert "b" not in cache and {"a", "c", "d"} <= {k for k in "acd" if k in cache}
+    cache.get("e", loader(5), expires=(0, 40), now=(0, 6))  # nothing expired: LRU ("c")
+    assert "c" not in cache and "a" in cache
+    stats = cache.stats()
+    assert stats.peak_bytes <= 300 and stats.evictions == 2 and stats.entries == 3
+
+
+def test_among_expired_the_oldest_residency_goes_first() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=200)
+    cache.get("late", loader(1), expires=(0, 8), now=(0, 0))
+    cache.get("early", loader(2), expires=(0, 2), now=(0, 1))
+    cache.get("early", loader(2), expires=(0, 2), now=(0, 2))  # used last, expired first
+    cache.get("new", loader(3), expires=(0, 30), now=(0, 9))
+    assert "early" not in cache and "late" in cache
+
+
+def test_values_larger_than_the_bound_are_returned_not_kept() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=50)
+    assert cache.get(1, loader(1, nbytes=80), expires=(0, 1), now=(0, 0)) == 1
+    assert len(cache) == 0 and cache.stats().uncached == 1
+
+
+def test_bound_derived_from_the_first_value() -> None:
+    cache: ImageCache[np.ndarray] = ImageCache(default_images=3)
+    assert cache.max_bytes is None
+    image = np.zeros((4, 5, 3), np.uint8)
+    for key in range(6):
+        cache.get(key, lambda: (image, image.nbytes), expires=(0, key), now=(0, key))
+    assert cache.max_bytes == 3 * image.nbytes and len(cache) == 3
+
+
+def test_pickled_copy_is_empty_with_the_same_bound() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=500)
+    cache.get(1, loader(1), expires=(0, 1), now=(0, 0))
+    copy = pickle.loads(pickle.dumps(cache))
+    assert len(copy) == 0 and copy.max_bytes == 500 and copy.stats().loads == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_bad_bound(bad: object) -> None:
+    with pytest.raises(ValueError):
+        ImageCache(max_bytes=bad)  # type: ignore[arg-type]

@@ -11,13 +11,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardfeed.dataset.opening import Resolved, SourceArg, resolve_source
-from shardfeed.dataset.reading import ReadOptions, plan_reads
+from shardfeed.dataset.opening import (
+    Features,
+    Resolved,
+    SourceArg,
+    parse_features,
+    resolve_source,
+)
+from shardfeed.dataset.reading import ReadOptions, read_payloads
 from shardfeed.dataset.shards import (
     RERUN_HINT,
     ShardTable,
@@ -26,10 +32,9 @@ from shardfeed.dataset.shards import (
     check_offsets,
     find_index,
 )
-from shardfeed.errors import CorruptRecordError, FormatError, SchemaError, location
+from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec as S
-from shardfeed.format.example import FeatureSpec, Value, decode_example
-from shardfeed.format.framing import unframe_bytes
+from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar, resolve
 from shardfeed.format.schema import Schema, infer_schema
 from shardfeed.storage import is_remote, open_source
@@ -45,7 +50,6 @@ SCHEMA_SAMPLE_RECORDS = 16
 PROGRESS_AFTER_BYTES = 64 << 20
 """Building indexes shows a progress bar when more than this much must be scanned."""
 
-Features = Mapping[str, FeatureSpec] | Sequence[str] | None
 Record = dict[str, Value]
 
 
@@ -90,7 +94,7 @@ class Dataset:
         self._build = build_index
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
-        self._spec, self._names = _check_features(features)
+        self._spec, self._names = parse_features(features)
         self._sources: dict[int, ByteSource] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -359,40 +363,8 @@ class Dataset:
         return {n: record[n] for n in self._names}
 
     def _read(self, idx: np.ndarray) -> list[bytes]:
-        out: list[bytes | None] = [None] * len(idx)
-        if len(idx) == 0:
-            return []
-        shard, local = self._table.shard_of(idx)
-        order = np.argsort(shard, kind="stable")
-        shard_sorted = shard[order]
-        cuts = np.flatnonzero(np.diff(shard_sorted)) + 1
-        verify = self.verify_crc
-        for group_arr in np.split(order, cuts):
-            k = int(shard[group_arr[0]])
-            recs_arr = local[group_arr]
-            offsets = self._table.offsets(k)
-            starts_arr = np.asarray(offsets[recs_arr], dtype=np.int64)
-            ends_arr = np.asarray(offsets[recs_arr + 1], dtype=np.int64)
-            ranges = plan_reads(starts_arr, ends_arr, self.read_options)
-            blobs = self._source(k).read_ranges([(r.offset, r.length) for r in ranges])
-            url = self._table.urls[k]
-            group, recs = group_arr.tolist(), recs_arr.tolist()
-            starts, ends = starts_arr.tolist(), ends_arr.tolist()
-            for rng, blob in zip(ranges, blobs):
-                view = memoryview(blob)
-                for m in rng.members:
-                    a, b = starts[m] - rng.offset, ends[m] - rng.offset
-                    if b > len(view):
-                        raise CorruptRecordError(
-                            f"{location(url, recs[m], starts[m])}: truncated, the file ends "
-                            f"before the record's {b - a} bytes; the shard changed after "
-                            f"indexing: {RERUN_HINT}",
-                            path=url, record=recs[m], offset=starts[m],
-                        )
-                    out[group[m]] = unframe_bytes(
-                        blob if (a == 0 and b == len(blob)) else view[a:b],
-                        path=url, record=recs[m], offset=starts[m], verify=verify)
-        return [v for v in out if v is not None]
+        return read_payloads(self._table, idx, source=self._source,
+                             options=self.read_options, verify=self.verify_crc)
 
     # --- lifetime ------------------------------------------------------------------------
 
@@ -424,29 +396,3 @@ def _reopen(source: SourceArg, verify_crc: bool, features: Features,
             read_options: ReadOptions | None) -> Dataset:
     return Dataset(source, verify_crc=verify_crc, features=features, root=root,
                    build_index=build_index, read_options=read_options)
-
-
-def _check_features(
-    features: Features,
-) -> tuple[dict[str, FeatureSpec] | None, list[str] | None]:
-    if features is None:
-        return None, None
-    if isinstance(features, Mapping):
-        spec: dict[str, FeatureSpec] = {}
-        for name, fs in features.items():
-            if not isinstance(name, str) or not isinstance(fs, FeatureSpec):
-                raise TypeError(
-                    "features= as a mapping must map names to FeatureSpec, got "
-                    f"{name!r}: {type(fs).__name__}"
-                )
-            spec[name] = fs
-        return spec, None
-    if isinstance(features, (str, bytes)) or not isinstance(features, Sequence):
-        raise TypeError(
-            "features= must be a list of feature names or a mapping of name to FeatureSpec, "
-            f"got {type(features).__name__}"
-        )
-    names = list(features)
-    if not all(isinstance(n, str) for n in names):
-        raise TypeError(f"features= names must be str, got {names!r}")
-    return None, names

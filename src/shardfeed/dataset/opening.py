@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardfeed.errors import FormatError, StorageError
 from shardfeed.format import spec as S
+from shardfeed.format.example import FeatureSpec
 from shardfeed.format.manifest import Manifest, dataset_dir, resolve
 from shardfeed.storage import files, is_remote
 
 SourceArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+Features = Mapping[str, FeatureSpec] | Sequence[str] | None
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # TF's own naming (train.tfrecord-00001-of-00128, train-00001-of-01024) and common suffixes
@@ -109,3 +111,30 @@ def resolve_source(source: SourceArg) -> Resolved:
     if not urls:
         raise ValueError("Dataset source list is empty; pass at least one TFRecord file")
     return Resolved(urls=tuple(urls))
+
+
+def parse_features(
+    features: Features,
+) -> tuple[dict[str, FeatureSpec] | None, list[str] | None]:
+    """Check ``features=``: (spec mapping, None), (None, names) or (None, None)."""
+    if features is None:
+        return None, None
+    if isinstance(features, Mapping):
+        spec: dict[str, FeatureSpec] = {}
+        for name, fs in features.items():
+            if not isinstance(name, str) or not isinstance(fs, FeatureSpec):
+                raise TypeError(
+                    "features= as a mapping must map names to FeatureSpec, got "
+                    f"{name!r}: {type(fs).__name__}"
+                )
+            spec[name] = fs
+        return spec, None
+    if isinstance(features, (str, bytes)) or not isinstance(features, Sequence):
+        raise TypeError(
+            "features= must be a list of feature names or a mapping of name to FeatureSpec, "
+            f"got {type(features).__name__}"
+        )
+    names = list(features)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"features= names must be str, got {names!r}")
+    return None, names

@@ -7,15 +7,22 @@
     sorted by offset:  r2 r3 (adjacent: one range) ... r7 (gap <= gap_bytes: joined) r9
 
 Records are sorted by offset; neighbours whose gap is at most ``coalesce_gap_bytes`` join
-one range, as long as the range stays within ``max_read_bytes``. The caller slices each
-record out of its range and returns the records in the order they were asked for.
+one range, as long as the range stays within ``max_read_bytes``. :func:`read_payloads`
+slices each record out of its range, checks its framing (and data CRC), and returns the
+payloads in the order they were asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from shardfeed.dataset.shards import RERUN_HINT, ShardTable
+from shardfeed.errors import CorruptRecordError, location
+from shardfeed.format.framing import unframe_bytes
+from shardfeed.storage.base import ByteSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +88,44 @@ def plan_reads(starts: np.ndarray, ends: np.ndarray, options: ReadOptions) -> li
             members = [ids[k]]
     out.append(ReadRange(lo, hi - lo, tuple(members)))
     return out
+
+
+def read_payloads(
+    table: ShardTable, idx: np.ndarray, *, source: Callable[[int], ByteSource],
+    options: ReadOptions, verify: bool,
+) -> list[bytes]:
+    """The payloads of global records ``idx`` (bounds-checked), in that order: grouped by
+    shard, each shard's records read as coalesced ranges from ``source(shard)``."""
+    out: list[bytes | None] = [None] * len(idx)
+    if len(idx) == 0:
+        return []
+    shard, local = table.shard_of(idx)
+    order = np.argsort(shard, kind="stable")
+    shard_sorted = shard[order]
+    cuts = np.flatnonzero(np.diff(shard_sorted)) + 1
+    for group_arr in np.split(order, cuts):
+        k = int(shard[group_arr[0]])
+        recs_arr = local[group_arr]
+        offsets = table.offsets(k)
+        starts_arr = np.asarray(offsets[recs_arr], dtype=np.int64)
+        ends_arr = np.asarray(offsets[recs_arr + 1], dtype=np.int64)
+        ranges = plan_reads(starts_arr, ends_arr, options)
+        blobs = source(k).read_ranges([(r.offset, r.length) for r in ranges])
+        url = table.urls[k]
+        group, recs = group_arr.tolist(), recs_arr.tolist()
+        starts, ends = starts_arr.tolist(), ends_arr.tolist()
+        for rng, blob in zip(ranges, blobs):
+            view = memoryview(blob)
+            for m in rng.members:
+                a, b = starts[m] - rng.offset, ends[m] - rng.offset
+                if b > len(view):
+                    raise CorruptRecordError(
+                        f"{location(url, recs[m], starts[m])}: truncated, the file ends "
+                        f"before the record's {b - a} bytes; the shard changed after "
+                        f"indexing: {RERUN_HINT}",
+                        path=url, record=recs[m], offset=starts[m],
+                    )
+                out[group[m]] = unframe_bytes(
+                    blob if (a == 0 and b == len(blob)) else view[a:b],
+                    path=url, record=recs[m], offset=starts[m], verify=verify)
+    return [v for v in out if v is not None]

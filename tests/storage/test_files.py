@@ -124,3 +124,16 @@ def test_read_bytes_cache_serves_repeats_and_writes_invalidate(s3_server: S3Serv
 def test_s3_missing_bucket_is_storage_error(s3_server: S3Server) -> None:
     with pytest.raises(StorageError, match=r"s3://no-such-bucket-here/x.*does not exist"):
         files.read_bytes("s3://no-such-bucket-here/x")
+
+
+def test_atomic_write_gives_the_mode_of_a_plain_open(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from shardfeed.storage import files
+
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    atomic = tmp_path / "atomic"
+    files.write_bytes_atomic(str(atomic), b"x")
+    assert stat.S_IMODE(os.stat(atomic).st_mode) == stat.S_IMODE(os.stat(plain).st_mode)

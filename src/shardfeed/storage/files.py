@@ -16,6 +16,7 @@ a copy then delete on object stores.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob as _glob
 import os
 import posixpath
@@ -129,6 +130,9 @@ def _atomic_local(path: str, fill: Callable[[BinaryIO], None]) -> None:
         with os.fdopen(fd, "wb") as handle:
             fill(handle)
             handle.flush()
+            # mkstemp creates 0600; give the file the mode a plain open() would, so shared
+            # datasets stay readable by the other users of the machine.
+            os.fchmod(handle.fileno(), 0o666 & ~_umask())
             os.fsync(handle.fileno())
         os.replace(temp, path)
     except BaseException:
@@ -136,6 +140,15 @@ def _atomic_local(path: str, fill: Callable[[BinaryIO], None]) -> None:
             os.remove(temp)
         raise
     _fsync_folder(folder)
+
+
+@functools.cache
+def _umask() -> int:
+    # os.umask can only be read by setting it; read it once, so no other thread's file
+    # creation can fall inside the moment it is changed.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_bytes_atomic(

@@ -1,0 +1,128 @@
+"""The tf.data contender of the loader comparison: TFRecordDataset over shardfeed's shards.
+
+Runs in the bench-only environment that has tensorflow-cpu (bench/peers/make_tfenv.sh), never
+in shardfeed's own. The pipeline is the standard ImageNet training input of TensorFlow's
+reference models:
+
+    TFRecordDataset(shards, num_parallel_reads=AUTOTUNE)
+      .shuffle(10000)
+      .map(parse Example -> sample_distorted_bounding_box (area 0.08-1, ratio 3/4-4/3)
+           -> decode_and_crop_jpeg -> resize 224x224 bilinear -> random flip -> uint8,
+           num_parallel_calls=AUTOTUNE)
+      .batch(64, drop_remainder=True).prefetch(AUTOTUNE)
+
+with tf.data's private thread pool and TensorFlow's op pools set to --threads. Before timing it
+reads every record of the shards unchanged and checks the record count and label sum against
+what shardfeed wrote (tf.data reads our files as they are). Then it warms up (3 batches, which
+also fills the shuffle buffer), times one epoch of batches, and prints one JSON line: images,
+seconds, rate, peak RSS.
+
+    /tmp/tfenv/bin/python bench/peers/tfdata_loader.py --shards DIR --records N --label-sum S
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import resource
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+SIZE = 224
+BATCH = 64
+SHUFFLE = 10_000
+WARMUP_BATCHES = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--shards", required=True, help="folder of .tfrecord shards")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--records", type=int, default=None, help="expected record count")
+    parser.add_argument("--label-sum", type=int, default=None, help="expected sum of labels")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.random.set_seed(args.seed)
+    files = sorted(glob.glob(os.path.join(args.shards, "*.tfrecord")))
+    if not files:
+        sys.stderr.write(f"no .tfrecord files in {args.shards}\n")
+        return 1
+
+    features = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    }
+
+    # 1. tf.data reads shardfeed's shards unchanged: every record parses, counts and labels agree.
+    count = 0
+    label_sum = 0
+    for batch in tf.data.TFRecordDataset(files).batch(1024):
+        parsed = tf.io.parse_example(batch, features)
+        count += int(tf.shape(parsed["image/class/label"])[0])
+        label_sum += int(tf.reduce_sum(parsed["image/class/label"]))
+    reads_ok = (args.records is None or count == args.records) and (
+        args.label_sum is None or label_sum == args.label_sum
+    )
+
+    # 2. the training input pipeline.
+    def preprocess(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        parsed = tf.io.parse_single_example(serialized, features)
+        data = parsed["image/encoded"]
+        shape = tf.io.extract_jpeg_shape(data)
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            shape, bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+            min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
+            max_attempts=10, use_image_if_no_bounding_boxes=True,
+        )
+        y, x, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(size)
+        window = tf.stack([y, x, h, w])
+        image = tf.io.decode_and_crop_jpeg(data, window, channels=3)
+        image = tf.image.resize(image, [SIZE, SIZE], method="bilinear")
+        image = tf.image.random_flip_left_right(image)
+        image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        return image, parsed["image/class/label"]
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = args.threads
+    options.deterministic = False
+    dataset = (
+        tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
+        .shuffle(SHUFFLE, seed=args.seed, reshuffle_each_iteration=True)
+        .repeat()
+        .map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(BATCH, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+        .with_options(options)
+    )
+    iterator = iter(dataset)
+    for _ in range(WARMUP_BATCHES):
+        next(iterator)
+    batches = count // BATCH
+    start = time.perf_counter()
+    images = 0
+    for _ in range(batches):
+        image, _label = next(iterator)
+        images += int(image.shape[0])
+    seconds = time.perf_counter() - start
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({
+        "name": "tf.data", "images": images, "seconds": seconds, "rate": images / seconds,
+        "rss_mib": peak_kib / 1024, "children_rss_mib": 0.0, "records_read": count,
+        "label_sum": label_sum, "reads_ok": reads_ok, "tensorflow": tf.__version__,
+    }))
+    sys.stdout.flush()
+    os._exit(0)  # skip TensorFlow's teardown once the figures are out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,6 +6,9 @@ order features. Then write ``shardfeed.json`` (beside the files, or at ``manifes
 shards, their sizes and CRC32C checksums, an inferred schema and the ``groups.npy`` /
 ``order.npy`` sidecars, so ``shardfeed.Dataset(folder)`` opens them.
 
+Object storage works the same: ``index_files("s3://bucket/train/*.tfrecord")`` reads each
+object by byte ranges and writes the indexes and the manifest (last) into the bucket.
+
 GZIP/ZLIB files are refused (records cannot be read by offset) with the conversion hint.
 Determinism: output depends on the files only. Memory: 8 bytes a record, plus one read block
 per worker.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +29,8 @@ import numpy as np
 
 from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec
+from shardfeed.storage import files as storage_files
+from shardfeed.storage import is_remote
 from shardfeed.tools import packfiles
 
 log = logging.getLogger(__name__)
@@ -71,7 +77,7 @@ def _index_one(
     from shardfeed.format.manifest import ShardInfo
     from shardfeed.storage import open_source
 
-    if not os.path.isfile(path):
+    if not is_remote(path) and not os.path.isfile(path):
         raise FormatError(f"file '{path}' does not exist; check the path")
     offsets = scan(path, progress=advance)
     if offsets.size == 1:
@@ -124,6 +130,33 @@ def _group_ids(values: list[int | str], key: str) -> tuple[np.ndarray, list[str]
     return np.asarray([rank[str(v)] for v in values], dtype=np.int64), names
 
 
+def _manifest_path(first: str, manifest: str | os.PathLike[str] | None) -> str:
+    """Where the manifest goes: ``manifest`` (a file or folder), else beside ``first``."""
+    if manifest is None:
+        if is_remote(first):
+            return posixpath.join(posixpath.dirname(first), spec.MANIFEST_NAME)
+        return os.path.join(os.path.dirname(os.path.abspath(first)), spec.MANIFEST_NAME)
+    text = os.fspath(manifest)
+    if is_remote(text):
+        return text if text.endswith(".json") else storage_files.join(text, spec.MANIFEST_NAME)
+    path = os.path.abspath(text)
+    return os.path.join(path, spec.MANIFEST_NAME) if os.path.isdir(path) else path
+
+
+def _relative(path: str, base: str) -> str:
+    """``path`` as the manifest names it: relative to ``base`` when below it."""
+    if is_remote(path) or is_remote(base):
+        prefix = base.rstrip("/") + "/"
+        return path.removeprefix(prefix)
+    return os.path.relpath(os.path.abspath(path), base)
+
+
+def _size(path: str) -> int:
+    if is_remote(path):
+        return storage_files.size(path)
+    return os.path.getsize(path) if os.path.isfile(path) else 0
+
+
 def index_files(
     inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
@@ -144,15 +177,11 @@ def index_files(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     files = packfiles.expand_inputs(inputs)
-    if manifest is None:
-        manifest_path = os.path.join(os.path.dirname(os.path.abspath(files[0])), spec.MANIFEST_NAME)
-    else:
-        manifest_path = os.path.abspath(os.fspath(manifest))
-        if os.path.isdir(manifest_path):
-            manifest_path = os.path.join(manifest_path, spec.MANIFEST_NAME)
-    base = os.path.dirname(manifest_path)
-    names = [os.path.relpath(os.path.abspath(f), base) for f in files]
-    total = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    manifest_path = _manifest_path(files[0], manifest)
+    remote = is_remote(manifest_path)
+    base = posixpath.dirname(manifest_path) if remote else os.path.dirname(manifest_path)
+    names = [_relative(f, base) for f in files]
+    total = sum(_size(f) for f in files)
     from tqdm import tqdm
 
     lock = threading.Lock()
@@ -193,8 +222,8 @@ def index_files(
         group_key=group_key, order_key=order_key, group_ids=group_ids, order_keys=order_keys,
         group_names=group_names, schema=sample_schema(base, shards),
     )
-    if os.path.basename(manifest_path) != spec.MANIFEST_NAME:
-        os.replace(path, manifest_path)
+    if posixpath.basename(manifest_path) != spec.MANIFEST_NAME:
+        storage_files.rename(path, manifest_path)
         path = manifest_path
     return IndexResult(
         manifest=path, files=len(shards), records=sum(s.records for s in shards),

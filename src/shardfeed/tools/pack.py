@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from shardfeed.errors import PackError
+from shardfeed.storage import is_remote
 from shardfeed.tools import packoutput
 from shardfeed.tools.csvinput import CsvColumns, read_csv
 from shardfeed.tools.packitems import PackInput, scan_folder
@@ -130,6 +131,7 @@ def pack(
     overwrite: bool = False,
     from_tfrecord: bool = False,
     progress: bool = False,
+    on_shard: Callable[[str], object] | None = None,
 ) -> PackResult:
     """Pack images into indexed shards in ``output``; see the module docstring.
 
@@ -140,7 +142,27 @@ def pack(
     goes into the manifest) or ``raw`` (decoded uint8 pixels). ``shard_size``: a target
     size like ``'64MB'`` (default), or ``records_per_shard``. A non-empty ``output`` needs
     ``resume`` (finish an interrupted pack) or ``overwrite``.
+
+    ``output`` may be an object-storage URL (``s3://bucket/ds``): shards are built in a local
+    temporary folder and uploaded as each completes, the manifest last (see
+    :mod:`shardfeed.tools.packremote`). ``on_shard(path)`` is called after each shard written
+    by this run is complete and indexed.
     """
+    if is_remote(os.fspath(output)):
+        from shardfeed.tools.packremote import pack_to_url
+
+        def run(staging: str, uploaded: Callable[[str], None]) -> PackResult:
+            def both(path: str) -> None:
+                uploaded(path)
+                if on_shard is not None:
+                    on_shard(path)
+
+            return pack(source, staging, mode=mode, csv=csv, root=root, shard_size=shard_size,
+                        records_per_shard=records_per_shard, workers=workers,
+                        executor=executor, prefix=prefix, from_tfrecord=from_tfrecord,
+                        progress=progress, on_shard=both)
+
+        return pack_to_url(run, os.fspath(output), resume=resume, overwrite=overwrite)
     if records_per_shard is None and shard_size is None:
         shard_size = DEFAULT_SHARD_SIZE
     options = PackOptions(
@@ -160,7 +182,7 @@ def pack(
         inputs = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         return pack_tfrecords(
             [os.fspath(s) for s in inputs], out, options=options, resume=resume,
-            overwrite=overwrite, progress=progress,
+            overwrite=overwrite, progress=progress, on_shard=on_shard,
         )
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError("source must be one folder or CSV path (lists only with from_tfrecord)")
@@ -206,9 +228,10 @@ def pack(
             workers=options.workers, executor=options.executor,
         )
         for shard in todo:
-            infos[shard.index] = packoutput.write_shard(
-                os.path.join(out, shard.name), _take(payloads, shard, bar.update)
-            )
+            path = os.path.join(out, shard.name)
+            infos[shard.index] = packoutput.write_shard(path, _take(payloads, shard, bar.update))
+            if on_shard is not None:
+                on_shard(path)
     group_ids = order_keys = None
     if data.group_key is not None:
         group_ids = np.array([items[i].group for i in plan.order], dtype=np.int64)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from shardfeed.errors import ShardfeedError
 from shardfeed.format import spec
+from shardfeed.storage import files as storage_files
+from shardfeed.storage import is_remote
 
 _SHARD_NAME = re.compile(r"(\.tfrecords?|\.tfrec|\.tfrecord\.gz|\.tfrecord\.zz|-\d+-of-\d+)$")
 _NOT_SHARDS = (spec.TEXT_INDEX_SUFFIX, spec.BINARY_INDEX_SUFFIX, spec.TEMP_SUFFIX, ".json", ".npy")
@@ -40,7 +42,9 @@ def expand_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     files: list[str] = []
     for raw in items:
         text = os.fspath(raw)
-        if os.path.isdir(text):
+        if is_remote(text):
+            files.extend(_expand_remote(text))
+        elif os.path.isdir(text):
             found = sorted(
                 os.path.join(text, n)
                 for n in os.listdir(text)
@@ -62,11 +66,28 @@ def expand_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     seen: set[str] = set()
     unique = []
     for f in files:
-        key = os.path.abspath(f)
+        key = f if is_remote(f) else os.path.abspath(f)
         if key not in seen:
             seen.add(key)
             unique.append(f)
     return unique
+
+
+def _expand_remote(url: str) -> list[str]:
+    """Shard URLs named by an object-storage URL: a glob, a prefix ending in '/', or a file."""
+    if _has_magic(url):
+        found = [u for u in storage_files.glob(url) if is_shard_name(u)]
+        if not found:
+            raise ShardfeedError(f"pattern '{url}' matches no TFRecord objects; check it")
+        return found
+    if url.endswith("/"):
+        names = [n for n in storage_files.listdir(url) if is_shard_name(n)]
+        if not names:
+            raise ShardfeedError(
+                f"prefix '{url}' holds no TFRecord objects; name the objects or a glob instead"
+            )
+        return [storage_files.join(url, n) for n in names]
+    return [url]
 
 
 def find_manifest(source: str | os.PathLike[str]) -> str | None:

@@ -15,7 +15,7 @@ import gzip
 import os
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 from shardfeed.errors import CorruptRecordError, PackError, location
@@ -123,7 +123,7 @@ def _corrupt(path: str, record: int, pos: int, what: str) -> CorruptRecordError:
 
 def pack_tfrecords(
     inputs: Sequence[str], out: str, *, options: Any, resume: bool, overwrite: bool,
-    progress: bool,
+    progress: bool, on_shard: Callable[[str], object] | None = None,
 ) -> PackResult:
     """Re-pack ``inputs`` into ``out``; see the module docstring. Returns a PackResult."""
     from tqdm import tqdm
@@ -170,7 +170,10 @@ def pack_tfrecords(
                     yield next(payloads)
                     bar.update(1)
 
-            infos[shard.index] = packoutput.write_shard(os.path.join(out, shard.name), take())
+            path = os.path.join(out, shard.name)
+            infos[shard.index] = packoutput.write_shard(path, take())
+            if on_shard is not None:
+                on_shard(path)
     manifest = packoutput.write_manifest(
         out, [infos[s.index] for s in plan.shards], mode="tfrecord", root=None, label_key=None,
         vocabularies={}, group_key=None, order_key=None, group_ids=None, order_keys=None,

@@ -66,6 +66,7 @@ def test_dataset_round_trip_groups_sorted(mode: str, frames_csv: Path, tmp_path:
 
     out = tmp_path / mode
     pack(frames_csv, out, mode=mode, csv=ALL_COLUMNS, records_per_shard=5)  # type: ignore[arg-type]
+    assert json.loads((out / "shardfeed.json").read_text())["mode"] == mode
     ds = shardfeed.Dataset(str(out))
     try:
         assert len(ds) == 12

@@ -32,7 +32,7 @@ from shardfeed.format import spec as S
 from shardfeed.format.schema import Schema
 from shardfeed.storage import is_remote
 
-Mode = Literal["embedded", "referenced", "tfrecord"]
+Mode = Literal["embedded", "referenced", "raw", "tfrecord"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 
@@ -62,7 +62,8 @@ class ShardInfo:
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """What is in a dataset. ``mode``: ``embedded`` (images inside the records),
-    ``referenced`` (records hold paths under ``root``) or ``tfrecord`` (indexed files written
+    ``referenced`` (records hold paths under ``root``), ``raw`` (decoded pixels and their shape
+    inside the records) or ``tfrecord`` (indexed files written
     by other tools). ``group_key``/``order_key`` name the features whose per-record values
     are stored in the ``groups.npy``/``order.npy`` sidecars. ``extra`` holds free-form JSON
     (e.g. class names)."""

@@ -67,6 +67,7 @@ IMAGE_RAW: Final = "image/raw"
 MASK_ENCODED: Final = "mask/encoded"
 MASK_FORMAT: Final = "mask/format"
 MASK_RAW: Final = "mask/raw"
+MASK_PATH: Final = "mask/path"
 MASK_HEIGHT: Final = "mask/height"
 MASK_WIDTH: Final = "mask/width"
 

@@ -239,7 +239,7 @@ def write_manifest(
     manifest = Manifest(
         shards=list(shards),
         schema=schema,
-        mode="embedded" if mode == "raw" else mode,  # type: ignore[arg-type]
+        mode=mode,
         root=root,
         group_key=group_key,
         order_key=order_key,

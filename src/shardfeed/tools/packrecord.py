@@ -30,7 +30,7 @@ from shardfeed.tools.packitems import PackItem
 
 Mode = Literal["embedded", "referenced", "raw"]
 MODES: tuple[str, ...] = ("embedded", "referenced", "raw")
-MASK_PATH = "mask/path"
+MASK_PATH = spec.MASK_PATH
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}

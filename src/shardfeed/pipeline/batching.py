@@ -122,29 +122,45 @@ class BatchBuffer:
             f.name: [None] * self.layout.batch_size for f in self.layout.fields if not f.is_array
         }
 
-    def write(self, row: int, sample: Mapping[str, Any], *, where: str) -> None:
-        """Store ``sample`` as row ``row``; SchemaError if it does not fit the layout."""
+    def slot(self, name: str, row: int) -> np.ndarray:
+        """Row ``row`` of array column ``name``: a view a transform may write the value into
+        (``out=``); :meth:`write` then skips that key when the sample holds this very view."""
+        return self.arrays[name][row]
+
+    def write(
+        self, row: int, sample: Mapping[str, Any], *, where: str | Callable[[], str],
+        written: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Store ``sample`` as row ``row``; SchemaError if it does not fit the layout.
+
+        ``where`` names the sample in that error (a callable is only called then: building
+        the text costs more than writing a row). ``written``: slots from :meth:`slot` that the
+        transform was handed; a key whose value *is* its slot is already in place.
+        """
         fields = self.layout.fields
         if len(sample) != len(fields) or any(f.name not in sample for f in fields):
             expected = [f.name for f in fields]
             raise SchemaError(
-                f"sample {where} has keys {sorted(sample)}, but the batch holds {sorted(expected)}"
-                ": every sample must have the same keys; make the transform return the same "
-                "keys for every record"
+                f"sample {_where(where)} has keys {sorted(sample)}, but the batch holds "
+                f"{sorted(expected)}: every sample must have the same keys; make the transform "
+                "return the same keys for every record"
             )
         for f in fields:
             value = sample[f.name]
             if not f.is_array:
                 self.lists[f.name][row] = value
                 continue
+            if written is not None and value is written.get(f.name):
+                continue
             array = np.asarray(value)
             shape = (1,) if f.squeeze else f.shape
             if array.shape != shape or not np.can_cast(array.dtype, f.dtype, "same_kind"):
                 raise SchemaError(
-                    f"feature {f.name!r} of sample {where} is {array.dtype} {array.shape}, but "
-                    f"the batch holds {np.dtype(f.dtype)} {shape} (learned from the first sample)"
-                    ": batched arrays need one shape; resize in the transform (e.g. "
-                    "presets.train(size=...)), or use transform=None to get encoded bytes"
+                    f"feature {f.name!r} of sample {_where(where)} is {array.dtype} "
+                    f"{array.shape}, but the batch holds {np.dtype(f.dtype)} {shape} (learned "
+                    "from the first sample): batched arrays need one shape; resize in the "
+                    "transform (e.g. presets.train(size=...)), or use transform=None to get "
+                    "encoded bytes"
                 )
             self.arrays[f.name][row] = array[0] if f.squeeze else array
 
@@ -160,6 +176,10 @@ class BatchBuffer:
             else:
                 batch[f.name] = self.lists[f.name][:count]
         return batch
+
+
+def _where(where: str | Callable[[], str]) -> str:
+    return where if isinstance(where, str) else where()
 
 
 class SharedBatchRing:

@@ -12,21 +12,29 @@ PURPOSE_REPLACE)`` (up to :data:`MAX_REPLACEMENT_TRIES` draws; every bad draw is
 The replacement is thus fixed by the key alone: the same for any number of threads, processes
 or ranks, and the same after a restore.
 
-Determinism: every sample is a function of ``(seed, epoch, position)`` and the data.
-State: none (the Loader counts skipped samples). Memory: the slice's records while it is built.
+Writing in place. When the source can write into the batch (``source.accepts_out``) and the
+transform declares (``output_spec``) an ``"image"`` of exactly the batch column's shape and
+dtype, each sample's image is written by the transform's last op straight into its row of
+the batch array (``out=``): no image-sized array is allocated or copied per sample.
+
+Determinism: every sample is a function of ``(seed, epoch, position)`` and the data; writing
+in place gives the same bytes. State: none (the Loader counts skipped samples). Memory: the
+slice's records while it is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from shardfeed.errors import CorruptRecordError, DecodeError, location
-from shardfeed.pipeline.batching import BatchBuffer
+from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.source import EpochContext, Sample, SampleKey, Source, Transform
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
+from shardfeed.transforms.base import output_spec_of
 
 DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
 PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
@@ -47,6 +55,18 @@ class SliceBuilder:
         self.source = source
         self.transform = transform
         self.skip = skip
+        self._direct: tuple[BatchLayout, tuple[str, ...]] | None = None
+        self._direct_lock = threading.Lock()
+
+    def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
+        """The keys samples write straight into the batch for ``layout`` (see module doc)."""
+        cached = self._direct
+        if cached is not None and cached[0] is layout:
+            return cached[1]
+        with self._direct_lock:
+            keys = in_place_keys(self.source, self.transform, layout)
+            self._direct = (layout, keys)
+        return keys
 
     # -- places, for messages -------------------------------------------------------------------
 
@@ -77,9 +97,17 @@ class SliceBuilder:
 
     # -- one sample ----------------------------------------------------------------------------
 
-    def make(self, key: SampleKey, record_ids: Sequence[int], records: Sequence[Sample]) -> Sample:
-        """``source.make_sample`` with errors located (raises; the caller decides on skips)."""
+    def make(self, key: SampleKey, record_ids: Sequence[int], records: Sequence[Sample],
+             out: Mapping[str, np.ndarray] | None = None) -> Sample:
+        """``source.make_sample`` with errors located (raises; the caller decides on skips).
+
+        ``out``: batch slots to write into (only passed to sources that accept it).
+        """
         try:
+            if out:
+                return self.source.make_sample(  # type: ignore[call-arg]
+                    key, record_ids, records, self.transform, out=out
+                )
             return self.source.make_sample(key, record_ids, records, self.transform)
         except Exception as exc:
             replacement = self.located(exc, key, record_ids, "transform")
@@ -171,21 +199,64 @@ class SliceBuilder:
                     first_row: int) -> int:
         """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met."""
         plans, records, bad_records = self.read_slice(ctx, positions)
+        direct = self.direct_keys(buffer.layout)
         skipped = 0
         for row, (position, ids) in enumerate(zip(positions.tolist(), plans)):
             key = ctx.key(position)
+            slots = {k: buffer.slot(k, first_row + row) for k in direct} if direct else None
             sample: Sample | None = None
-            if not any(int(i) in bad_records for i in ids):
+            if not bad_records or not any(int(i) in bad_records for i in ids):
                 try:
-                    sample = self.make(key, ids, [records[int(i)] for i in ids])
+                    sample = self.make(key, ids, [records[int(i)] for i in ids], slots)
                 except DATA_ERRORS:
                     if not self.skip:
                         raise
             if sample is None:
                 sample, bad = self.replacement(ctx, position)
                 skipped += bad + 1
-            buffer.write(first_row + row, sample, where=self.describe(position, ids))
+                slots = None
+            buffer.write(first_row + row, sample, written=slots,
+                         where=_Where(self, position, ids))
         return skipped
+
+
+class _Where:
+    """The place of a sample for an error message, built only if one is raised."""
+
+    __slots__ = ("builder", "ids", "position")
+
+    def __init__(self, builder: SliceBuilder, position: int, ids: Sequence[int]) -> None:
+        self.builder = builder
+        self.position = position
+        self.ids = ids
+
+    def __call__(self) -> str:
+        return self.builder.describe(self.position, self.ids)
+
+
+def in_place_keys(source: Any, transform: Any, layout: BatchLayout) -> tuple[str, ...]:
+    """Keys a sample of ``source`` + ``transform`` can write straight into ``layout``'s arrays.
+
+    Only ``"image"``, and only when the source accepts ``out=`` and the transform declares an
+    output spec for it of exactly the batch column's shape and dtype (a transform that does
+    not declare one keeps the copy, and its shape errors stay SchemaErrors).
+    """
+    if transform is None or not getattr(source, "accepts_out", False):
+        return ()
+    try:
+        specs = output_spec_of(transform, {})
+    except Exception:  # noqa: BLE001 - an opaque or failing spec only costs the fast path
+        return ()
+    if not specs:
+        return ()
+    keys = []
+    for f in layout.fields:
+        spec = specs.get(f.name)
+        if (f.name == "image" and f.is_array and not f.squeeze and spec is not None
+                and spec.fixed and tuple(spec.shape) == f.shape
+                and spec.dtype == np.dtype(f.dtype)):
+            keys.append(f.name)
+    return tuple(keys)
 
 
 def describe_value(value: Any) -> str:

@@ -47,6 +47,11 @@ rank count, prefetch depth and timing):
   arrays or numbers (bytes, strings, lists) are collected into lists.
 * For process workers (``workers="processes"``) a source must pickle; the pickled copy is only
   asked for ``make_sample``, so it may leave out the dataset handle.
+* Optional: a source with ``accepts_out = True`` takes a keyword ``out`` in ``make_sample``:
+  ``{"image": row view of the batch array}``; it passes it on as the transform's ``out=``
+  (:func:`shardfeed.transforms.base.call_into`), so the image lands in the batch without a
+  per-sample array. The Loader only passes it when the transform's ``output_spec`` matches
+  the batch column; sources without the attribute are called without it.
 * ``state()`` returns the source's own JSON-serialisable keys (its configuration fingerprint,
   e.g. window length); ``restore(state)`` raises StateError when they do not match.
 """
@@ -62,6 +67,7 @@ import numpy as np
 from shardfeed.errors import StateError
 from shardfeed.sampling.keys import sample_rng
 from shardfeed.sampling.permutation import EpochOrder
+from shardfeed.transforms.base import call_into
 
 Sample = dict[str, Any]
 Transform = Callable[[Sample, np.random.Generator], Sample]
@@ -224,10 +230,12 @@ class RecordSource:
 
     Determinism: output p is ``transform(ds[order[p]], sample_rng(seed, epoch, p))``.
     State: ``{"kind": "records", "records": len(ds)}`` (a fingerprint). Memory: the dataset's
-    index (8 bytes a record); nothing per sample beyond the record being built.
+    index (8 bytes a record); nothing per sample beyond the record being built (the image is
+    written into the batch when ``out`` is given).
     """
 
     kind = "records"
+    accepts_out = True
 
     def __init__(self, dataset: DatasetLike, /) -> None:
         for name in ("read_many", "locate", "__len__"):
@@ -278,11 +286,16 @@ class RecordSource:
         record_ids: Sequence[int],
         records: Sequence[Sample],
         transform: Transform | None,
+        *,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> Sample:
         sample = dict(records[0])
         if transform is None:
             return sample
-        return transform(sample, key.rng())
+        image_out = None if out is None else out.get("image")
+        if image_out is None:
+            return transform(sample, key.rng())
+        return call_into(transform, sample, key.rng(), image_out)
 
     def locate(self, record: int) -> tuple[str, int, int]:
         return self._ds().locate(record)

@@ -207,13 +207,13 @@ class CropDecoderBase(DecoderBase):
     ) -> np.ndarray:
         if out is not None:
             self._check_out(out)
-        if not flip:
-            result = arrays.resize(region, self.size, is_mask=False, out=out)
-            if force_copy and result is region:
-                result = region.copy()
-            return result
-        resized = arrays.resize(region, self.size, is_mask=False)
-        return arrays.hflip(resized, is_mask=False, out=out)
+        result = arrays.resize(region, self.size, is_mask=False, out=out)
+        if result is region and (force_copy or flip):
+            result = region.copy()
+        if flip:
+            # In place (cv2.flip swaps mirrored pixels pairwise): no second image-sized array.
+            result = arrays.hflip(result, is_mask=False, out=result)
+        return result
 
     def _mask_crop(
         self, sample: Sample, box: Box, image_hw: tuple[int, int], flip: bool

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shardfeed import Dataset, Loader, StorageError
-from shardfeed.storage import open_source
+from shardfeed.storage import ByteCache, open_source, set_index_cache
 from shardfeed.storage.remote import RemoteSource
 
 
@@ -114,8 +114,31 @@ def test_manifest_and_index_requests(
     assert opened[("GET", "shardfeed.json")] == 1
     assert not [k for k in opened if k[1].endswith((".tfrecord", ".idx", ".idx.npy"))]
     for shard in ("part-000.tfrecord", "part-001.tfrecord"):
+        index = [k for k in used if k[1].startswith(shard + ".idx")]
+        assert index == [("GET", shard + ".idx.npy")]  # one request: no HEAD, no text index
         assert used[("GET", shard + ".idx.npy")] == 1
-        assert used[("GET", shard + ".idx")] == 0  # the binary index is enough
+
+
+def test_index_cache_spares_the_second_open(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    url = s3_server.upload_folder(records_dataset(40, 2))
+    cache = ByteCache(max_bytes=1 << 20)
+    set_index_cache(cache)
+    try:
+        with Dataset(url) as ds:
+            first = ds.read_many(range(40))
+        s3_server.clear_log()
+        with Dataset(url) as ds:
+            again = ds.read_many(range(40))
+        index_gets = [r for r in s3_server.requests("GET") if ".idx" in r.path]
+    finally:
+        set_index_cache(None)
+    assert [r["name"] for r in again] == [r["name"] for r in first]
+    assert index_gets == [] and len(cache) == 2
+    assert cache.size_bytes == 2 * 8 * 21 + 2 * 128  # 20 records a shard + end, .npy headers
+    with pytest.raises(TypeError, match="ByteCache"):
+        set_index_cache({})  # type: ignore[arg-type]
 
 
 def test_open_source_forwards_options(s3_server: Any, tmp_path: Path) -> None:

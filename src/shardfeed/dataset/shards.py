@@ -26,11 +26,13 @@ from shardfeed.format import spec as S
 from shardfeed.format.framing import scan
 from shardfeed.format.index import (
     load_binary_index,
+    parse_binary_index,
+    parse_text_index,
     read_text_index,
     write_binary_index,
     write_text_index,
 )
-from shardfeed.storage import files, is_remote
+from shardfeed.storage import files, index_cache, is_remote, open_source
 
 log = logging.getLogger("shardfeed.dataset")
 
@@ -52,7 +54,13 @@ def _local_size(url: str) -> int | None:
 
 
 def find_index(url: str) -> np.ndarray | None:
-    """The offsets of ``url`` from its ``.idx.npy`` or ``.idx`` file, or None if it has none."""
+    """The offsets of ``url`` from its ``.idx.npy`` or ``.idx`` file, or None if it has none.
+
+    Remote indexes cost one GET (no existence check first), through the optional cache of
+    :func:`shardfeed.storage.set_index_cache`.
+    """
+    if is_remote(url):
+        return _find_remote_index(url)
     binary = S.binary_index_path(url)
     if _exists(binary):
         return load_binary_index(binary)
@@ -60,6 +68,42 @@ def find_index(url: str) -> np.ndarray | None:
     if _exists(text):
         return read_text_index(text)
     return None
+
+
+def _find_remote_index(url: str) -> np.ndarray | None:
+    binary = _read_if_exists(S.binary_index_path(url))
+    if binary is not None:
+        return parse_binary_index(binary, path=S.binary_index_path(url))
+    text = _read_if_exists(S.text_index_path(url))
+    if text is not None:
+        return parse_text_index(text, path=S.text_index_path(url))
+    return None
+
+
+_WHOLE_OBJECT = 1 << 62
+"""A range end past any object: one ranged GET returns the whole object (a plain GET
+through fsspec's s3 client would send a HEAD first)."""
+
+
+def _read_if_exists(url: str) -> bytes | None:
+    """The whole object in one request, or None if it does not exist."""
+    cache = index_cache()
+    if cache is not None:
+        hit = cache.get(url)
+        if hit is not None:
+            return hit
+    source = open_source(url)
+    try:
+        data = source.read(0, _WHOLE_OBJECT)
+    except StorageError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
+    finally:
+        source.close()
+    if cache is not None:
+        cache.put(url, data)
+    return data
 
 
 def _exists(url: str) -> bool:

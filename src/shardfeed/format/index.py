@@ -101,18 +101,33 @@ def load_binary_index(path: str | os.PathLike[str], *, mmap: bool = True) -> np.
     :class:`FormatError` naming the file otherwise.
     """
     text = os.fspath(path)
-    try:
-        if mmap and not is_remote(text):
+    if mmap and not is_remote(text):
+        try:
             arr = np.load(text.removeprefix("file://"), mmap_mode="r", allow_pickle=False)
-        else:
-            arr = np.load(io.BytesIO(_fileio.read_bytes(text)), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise _not_binary(text, exc) from exc
+        return _check_binary(arr, text)
+    return parse_binary_index(_fileio.read_bytes(text), path=text)
+
+
+def parse_binary_index(data: bytes, *, path: str = "<memory>") -> np.ndarray:
+    """The offsets held by the bytes of a ``.idx.npy`` file (checked as by load_binary_index)."""
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise FormatError(
-            f"file '{text}' is not a binary index ({exc}); delete it and re-run "
-            "`shardfeed index`"
-        ) from exc
+        raise _not_binary(path, exc) from exc
+    return _check_binary(arr, path)
+
+
+def _not_binary(path: str, exc: BaseException) -> FormatError:
+    return FormatError(
+        f"file '{path}' is not a binary index ({exc}); delete it and re-run `shardfeed index`"
+    )
+
+
+def _check_binary(arr: object, text: str) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise FormatError(
             f"file '{text}' is not a binary index; delete it and re-run `shardfeed index`"

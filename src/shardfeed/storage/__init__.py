@@ -9,7 +9,10 @@ import os
 from typing import Any
 
 from shardfeed.storage.base import ByteSource
+from shardfeed.storage.cache import ByteCache
 from shardfeed.storage.local import LocalSource
+
+_INDEX_CACHE: list[ByteCache | None] = [None]
 
 
 def is_remote(url: str | os.PathLike[str]) -> bool:
@@ -40,4 +43,35 @@ def open_source(url: str | os.PathLike[str], /, **options: Any) -> ByteSource:
     return LocalSource(text)
 
 
-__all__ = ["ByteSource", "LocalSource", "is_remote", "open_source"]
+def set_index_cache(cache: ByteCache | None, /) -> None:
+    """Keep the index files (``.idx.npy`` / ``.idx``) read from object storage in ``cache``.
+
+    Off by default. With a cache, reopening a remote dataset in the same process (a new
+    ``Dataset``, a process worker, a restarted epoch loop) reads its indexes from memory
+    instead of the bucket: ``set_index_cache(ByteCache(max_bytes=256 << 20))``. The cache
+    holds at most ``max_bytes`` (8 bytes a record of the cached shards); indexes are
+    written once, so cached copies do not go stale unless a shard is re-indexed in place
+    (then call ``cache.clear()``). Local indexes are memory-mapped and never cached.
+    """
+    if cache is not None and not isinstance(cache, ByteCache):
+        raise TypeError(
+            f"cache must be a storage.ByteCache or None, got {type(cache).__name__}; e.g. "
+            "ByteCache(max_bytes=256 << 20)"
+        )
+    _INDEX_CACHE[0] = cache
+
+
+def index_cache() -> ByteCache | None:
+    """The cache set with :func:`set_index_cache`, or None."""
+    return _INDEX_CACHE[0]
+
+
+__all__ = [
+    "ByteCache",
+    "ByteSource",
+    "LocalSource",
+    "index_cache",
+    "is_remote",
+    "open_source",
+    "set_index_cache",
+]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -42,22 +43,102 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import bench_loader  # noqa: E402  (the sibling benchmark whose contenders are reused)
+import bench_loader
 
 CONTENDERS = ("decode", "shardfeed", "tf.data", "torch-pil")
 TARGETS = {"vs_decode": 1.0, "vs_tfdata": 1.3, "rss_mib": 400.0}
 
 
-def _facts(folder: Path) -> dict[str, Any]:
-    """Record count, label sum and mean JPEG size of the shards, read with shardfeed."""
-    from shardfeed.dataset import Dataset
+# Linux carries a parent's peak RSS into a forked child's ru_maxrss, so this driver never
+# holds the data itself: it is built and summarised in subprocesses, and the driver stays
+# smaller than any contender.
+_PREPARE = """
+import json, statistics, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import bench_loader
+from shardfeed.dataset import Dataset
+folder = bench_loader.ensure_data(Path(sys.argv[2]), int(sys.argv[3]))
+labels, sizes = [], []
+with Dataset(str(folder / "shards")) as ds:
+    for start in range(0, len(ds), 256):
+        for r in ds.read_many(range(start, min(len(ds), start + 256))):
+            labels.append(int(r["image/class/label"][0]))
+            sizes.append(len(r["image/encoded"]))
+print(json.dumps({"folder": str(folder), "records": len(labels), "label_sum": sum(labels),
+                  "mean_kb": statistics.mean(sizes) / 1000}))
+"""
 
-    with Dataset(str(folder / "shards")) as ds:
-        records = ds.read_many(list(range(len(ds))))
-        labels = [int(r["image/class/label"][0]) for r in records]
-        sizes = [len(r["image/encoded"]) for r in records]
-    return {"records": len(labels), "label_sum": sum(labels),
-            "mean_kb": statistics.mean(sizes) / 1000}
+
+def _prepare(folder: Path, count: int) -> dict[str, Any]:
+    """Build the JPEGs once (in a subprocess) and return their record count, label sum and
+    mean size, read with shardfeed."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PREPARE, str(BENCH), str(folder), str(count)],
+        capture_output=True, text=True, check=False,
+    )
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"building the data failed:\n{done.stderr[-3000:]}")
+    facts: dict[str, Any] = json.loads(lines[-1])
+    return facts
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM; ru_maxrss on Linux also counts the parent's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(name: str, folder: Path, threads: int) -> None:
+    """Run one of bench_loader.py's contenders for one timed epoch and print JSON.
+
+    Besides images/s it reports the process CPU time per image over the timed epoch: the
+    contenders read ``time.perf_counter()`` right before and right after the epoch, and this
+    wrapper notes ``time.process_time()`` at each of those calls. On a machine shared with
+    other work, CPU per image is the figure that load does not distort. (torch-pil decodes in
+    worker processes, whose CPU this does not see: it gets none.)
+    """
+    import time as time_module
+
+    marks: list[tuple[float, float]] = []
+    real_counter = time_module.perf_counter
+
+    class _Clock:
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(time_module, attr)
+
+        @staticmethod
+        def perf_counter() -> float:
+            now = real_counter()
+            marks.append((now, time_module.process_time()))
+            return now
+
+    bench_loader.time = _Clock()  # type: ignore[assignment]
+    runner = bench_loader.CONTENDERS[name]
+    images, seconds = runner(folder, argparse.Namespace(threads=threads, images=0, repeats=1))
+    cpu = None
+    if name != "torch-pil" and len(marks) >= 2:
+        cpu = (marks[-1][1] - marks[-2][1]) * 1000 / images
+    print(json.dumps({"name": name, "images": images, "rate": images / seconds,
+                      "cpu_ms_per_image": cpu, "rss_mib": peak_rss_mib(),
+                      "children_rss_mib": _children_rss_mib()}))
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown (worker pools) after the figures are out
+
+
+def _children_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
 def _child(name: str, folder: Path, args: argparse.Namespace, facts: dict[str, Any]
@@ -67,9 +148,8 @@ def _child(name: str, folder: Path, args: argparse.Namespace, facts: dict[str, A
                    "--shards", str(folder / "shards"), "--threads", str(args.threads),
                    "--records", str(facts["records"]), "--label-sum", str(facts["label_sum"])]
     else:
-        command = [sys.executable, str(BENCH / "bench_loader.py"), "--child", name,
-                   "--folder", str(folder), "--threads", str(args.threads),
-                   "--images", str(args.images)]
+        command = [sys.executable, __file__, "--child", name, "--folder", str(folder),
+                   "--threads", str(args.threads)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -90,6 +170,11 @@ def _ratio(runs: dict[str, list[dict[str, Any]]], name: str, base: str) -> float
     return statistics.median(values) if values else float("nan")
 
 
+def _median_or_nan(values: list[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--images", type=int, default=5000)
@@ -102,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="Python of the environment with tensorflow-cpu")
     parser.add_argument("--csv", default=str(BENCH / "results" / "loader_comparison.csv"),
                         help="where to write the CSV (also printed)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, Path(args.folder), args.threads)
+        return 0
     if "tf.data" in args.only and not os.access(args.tf_python, os.X_OK):
         sys.stderr.write(
             f"{args.tf_python} not found: create the TensorFlow environment with "
@@ -113,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.data)
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    folder = bench_loader.ensure_data(folder, args.images)
-    facts = _facts(folder)
+    facts = _prepare(folder, args.images)
+    folder = Path(facts["folder"])
     sys.stderr.write(f"data: {facts['records']} JPEGs, mean {facts['mean_kb']:.1f} KB, in "
                      f"{folder} ({time.perf_counter() - started:.0f} s)\n")
 
@@ -142,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             "name": name, "rate": statistics.median(r["rate"] for r in results),
             "rates": [r["rate"] for r in results],
             "vs_decode": _ratio(runs, name, "decode"),
+            "cpu_ms": _median_or_nan([r.get("cpu_ms_per_image") for r in results]),
             "rss_mib": max(r["rss_mib"] for r in results),
             "children_rss_mib": max(r.get("children_rss_mib", 0.0) for r in results),
         })
@@ -149,33 +240,40 @@ def main(argv: list[str] | None = None) -> int:
           f"(mean {facts['mean_kb']:.1f} KB), output {bench_loader.SIZE}x{bench_loader.SIZE} "
           f"uint8, batch {bench_loader.BATCH}, {args.threads} threads/workers, median of "
           f"{args.repeats} interleaved rounds, {os.cpu_count()} CPUs")
-    print(f"{'contender':<10} {'images/s':>9} {'MPix/s':>7} {'vs decode':>9} {'RSS MiB':>8} "
-          f"{'workers RSS':>11}  rounds")
+    print(f"{'contender':<10} {'images/s':>9} {'MPix/s':>7} {'vs decode':>9} {'CPU ms/img':>10} "
+          f"{'RSS MiB':>8} {'workers RSS':>11}  rounds (images/s)")
     for r in rows:
         rounds = " ".join(f"{x:.0f}" for x in r["rates"])
         print(f"{r['name']:<10} {r['rate']:>9.1f} {r['rate'] * mpix:>7.1f} "
-              f"{r['vs_decode']:>9.2f} {r['rss_mib']:>8.0f} {r['children_rss_mib']:>11.0f}  "
-              f"{rounds}")
+              f"{r['vs_decode']:>9.2f} {r['cpu_ms']:>10.2f} {r['rss_mib']:>8.0f} "
+              f"{r['children_rss_mib']:>11.0f}  {rounds}")
     vs_decode = _ratio(runs, "shardfeed", "decode")
     vs_tf = _ratio(runs, "shardfeed", "tf.data")
     vs_torch = _ratio(runs, "shardfeed", "torch-pil")
+    cpu = {r["name"]: r["cpu_ms"] for r in rows}
+    cpu_vs_decode = cpu.get("decode", math.nan) / cpu.get("shardfeed", math.nan)
+    cpu_vs_tf = cpu.get("tf.data", math.nan) / cpu.get("shardfeed", math.nan)
     sf_rss = max((r["rss_mib"] for r in runs.get("shardfeed", [])), default=float("nan"))
     print()
-    print(f"shardfeed / decode limit: {vs_decode:.2f} (target >= {TARGETS['vs_decode']:.1f})")
-    print(f"shardfeed / tf.data:      {vs_tf:.2f} (target >= {TARGETS['vs_tfdata']:.1f})")
-    print(f"shardfeed / torch-pil:    {vs_torch:.2f}")
+    print("                          wall clock   CPU per image (load-independent)")
+    print(f"shardfeed / decode limit: {vs_decode:>10.2f}   {cpu_vs_decode:>6.2f}   "
+          f"(target >= {TARGETS['vs_decode']:.1f})")
+    print(f"shardfeed / tf.data:      {vs_tf:>10.2f}   {cpu_vs_tf:>6.2f}   "
+          f"(target >= {TARGETS['vs_tfdata']:.1f})")
+    print(f"shardfeed / torch-pil:    {vs_torch:>10.2f}")
     print(f"shardfeed peak RSS:       {sf_rss:.0f} MiB (target <= {TARGETS['rss_mib']:.0f})")
     if tf_reads_ok is not None:
         print(f"tf.data reads shardfeed's shards unchanged: {'yes' if tf_reads_ok else 'NO'} "
               f"({facts['records']} records, labels agree)")
     print()
-    csv = ["contender,images_per_s,mpix_per_s,ratio_to_decode,peak_rss_mib,"
-           "children_peak_rss_mib,rounds"]
+    csv = [("contender,images_per_s,mpix_per_s,ratio_to_decode,cpu_ms_per_image,peak_rss_mib,"
+            "children_peak_rss_mib,rounds")]
     for r in rows:
         csv.append(f"{r['name']},{r['rate']:.1f},{r['rate'] * mpix:.2f},{r['vs_decode']:.3f},"
-                   f"{r['rss_mib']:.0f},{r['children_rss_mib']:.0f},"
+                   f"{r['cpu_ms']:.3f},{r['rss_mib']:.0f},{r['children_rss_mib']:.0f},"
                    f"{' '.join(f'{x:.1f}' for x in r['rates'])}")
-    csv.append(f"shardfeed/tf.data,{vs_tf:.3f},,,,,")
+    csv.append(f"shardfeed/tf.data,{vs_tf:.3f},,{cpu_vs_tf:.3f},,,,")
+    csv.append(f"shardfeed/decode,{vs_decode:.3f},,{cpu_vs_decode:.3f},,,,")
     print("\n".join(csv))
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)

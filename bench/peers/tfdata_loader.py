@@ -38,6 +38,19 @@ SHUFFLE = 10_000
 WARMUP_BATCHES = 3
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak RSS: VmHWM (ru_maxrss on Linux also counts the parent's peak at
+    fork time)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--shards", required=True, help="folder of .tfrecord shards")
@@ -109,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         next(iterator)
     batches = count // BATCH
     start = time.perf_counter()
+    cpu_start = time.process_time()  # every thread of this process, TensorFlow's included
     images = 0
     for _ in range(batches):
         image, _label = next(iterator)
         images += int(image.shape[0])
     seconds = time.perf_counter() - start
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cpu_ms = (time.process_time() - cpu_start) * 1000 / images
+    peak_kib = _peak_rss_kib()
     print(json.dumps({
         "name": "tf.data", "images": images, "seconds": seconds, "rate": images / seconds,
-        "rss_mib": peak_kib / 1024, "children_rss_mib": 0.0, "records_read": count,
+        "cpu_ms_per_image": cpu_ms, "rss_mib": peak_kib / 1024, "children_rss_mib": 0.0, "records_read": count,
         "label_sum": label_sum, "reads_ok": reads_ok, "tensorflow": tf.__version__,
     }))
     sys.stdout.flush()

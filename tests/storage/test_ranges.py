@@ -10,12 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfeed.errors import StorageError
-from shardfeed.storage.remote import (
-    Retrier,
-    RetryPolicy,
-    coalesce_ranges,
-    is_transient,
-)
+from shardfeed.storage.remote import coalesce_ranges
+from shardfeed.storage.retry import Retrier, RetryPolicy, is_transient
 
 range_lists = st.lists(
     st.tuples(st.integers(0, 10_000), st.integers(0, 2_000)), min_size=0, max_size=60

@@ -1,299 +1,59 @@
-"""Object storage through fsspec: byte ranges, range coalescing, retries, storage options.
+"""Object storage through fsspec: byte ranges and range coalescing.
 
 Any fsspec URL works (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``); the
 protocol's package (``s3fs``, ``gcsfs``, ...) must be installed.
 
-Storage options (endpoint, credentials, anonymous access) reach the filesystem in three ways,
-later ones overriding earlier ones:
+Storage options (endpoint, credentials, anonymous access) come from fsspec's configuration,
+:func:`~shardfeed.storage.options.set_storage_options`, or ``storage_options={...}`` given to
+:class:`RemoteSource` (see :mod:`shardfeed.storage.options`). Transient failures are retried
+with backoff; permanent ones raise :class:`~shardfeed.errors.StorageError` at once, naming the
+URL (see :mod:`shardfeed.storage.retry`).
 
-1. fsspec's own configuration: environment variables ``FSSPEC_<PROTOCOL>_<OPTION>`` read when
-   fsspec is first imported, e.g. ``FSSPEC_S3_ENDPOINT_URL=http://127.0.0.1:9000``, or a JSON
-   file in ``~/.config/fsspec/``. For S3, botocore also honours ``AWS_ENDPOINT_URL`` (and
-   ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``.
-2. :func:`set_storage_options` — a process-wide registry keyed by URL prefix::
-
-       set_storage_options("s3://my-bucket/", endpoint_url="http://minio:9000", anon=False)
-
-3. ``storage_options={...}`` given to :class:`RemoteSource` or a ``storage.files`` function.
-
-Retries: :class:`RemoteSource` retries transient failures (refused or dropped connections,
-timeouts, HTTP 5xx/429) with exponential backoff and jitter, on top of whatever retries the
-filesystem package does itself (s3fs and botocore retry some errors too; for a strict time
-bound set ``config_kwargs={"retries": {"total_max_attempts": 1}}`` and ``retries=1`` in the
-s3fs options). Permanent failures (no such bucket or key, access denied) raise
-:class:`~shardfeed.errors.StorageError` at once, naming the URL.
+The option registry and the retry helpers are re-exported here, so
+``from shardfeed.storage.remote import set_storage_options, Retrier`` keeps working.
 """
 
 from __future__ import annotations
 
 import errno
-import logging
 import os
-import random
 import threading
-import time
-import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.cache import ByteCache
+from shardfeed.storage.options import (
+    clear_storage_options,
+    filesystem,
+    set_storage_options,
+    storage_options_for,
+)
+from shardfeed.storage.retry import Retrier, RetryPolicy, is_transient, storage_error
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
 DEFAULT_COALESCE_GAP_BYTES = 256 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
-# ---------------------------------------------------------------------------------------------
-# Storage options registry
-# ---------------------------------------------------------------------------------------------
-
-_OPTIONS: dict[str, dict[str, Any]] = {}
-_OPTIONS_LOCK = threading.Lock()
-
-
-def set_storage_options(prefix: str, /, **options: Any) -> None:
-    """Use these fsspec ``options`` for every URL that starts with ``prefix``.
-
-    ``prefix`` is a protocol (``"s3://"``) or a longer URL prefix (``"s3://bucket/"``); when
-    several match, longer prefixes override shorter ones option by option. Calling again with
-    the same prefix replaces its options; no options removes the entry.
-    """
-    if not isinstance(prefix, str) or "://" not in prefix:
-        raise ValueError(
-            f"prefix must be a URL prefix such as 's3://' or 's3://bucket/', got {prefix!r}"
-        )
-    with _OPTIONS_LOCK:
-        if options:
-            _OPTIONS[prefix] = dict(options)
-        else:
-            _OPTIONS.pop(prefix, None)
-
-
-def clear_storage_options() -> None:
-    """Forget every option set with :func:`set_storage_options`."""
-    with _OPTIONS_LOCK:
-        _OPTIONS.clear()
-
-
-def storage_options_for(
-    url: str, storage_options: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The options for ``url``: registered prefixes (shortest first), then ``storage_options``."""
-    merged: dict[str, Any] = {}
-    with _OPTIONS_LOCK:
-        matches = sorted((p for p in _OPTIONS if url.startswith(p)), key=len)
-        for prefix in matches:
-            merged.update(_OPTIONS[prefix])
-    if storage_options:
-        merged.update(storage_options)
-    return merged
-
-
-def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """``(fsspec filesystem, path within it)`` for ``url``, with the options for that URL.
-
-    fsspec caches filesystem instances, so calling this per file is cheap.
-    """
-    import fsspec.core
-
-    options = storage_options_for(url, storage_options)
-    try:
-        fs, path = fsspec.core.url_to_fs(url, **options)
-    except ImportError as exc:
-        raise StorageError(
-            f"cannot open '{url}': the package for this protocol is missing ({exc}); install "
-            "it, e.g. pip install 'shardfeed[s3]' for s3:// or gcsfs for gs://"
-        ) from exc
-    except ValueError as exc:
-        raise StorageError(f"cannot open '{url}': {exc}") from exc
-    return fs, str(path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Error classification and retries
-# ---------------------------------------------------------------------------------------------
-
-_TRANSIENT_ERRNOS = frozenset(
-    {
-        errno.EIO,
-        errno.EAGAIN,
-        errno.EBUSY,
-        errno.ETIMEDOUT,
-        errno.ECONNRESET,
-        errno.ECONNREFUSED,
-        errno.ECONNABORTED,
-        errno.EPIPE,
-        errno.ENETUNREACH,
-        errno.EHOSTUNREACH,
-        getattr(errno, "EREMOTEIO", errno.EIO),
-    }
-)
-_PERMANENT_OS_ERRORS = (
-    FileNotFoundError,
-    PermissionError,
-    IsADirectoryError,
-    NotADirectoryError,
-    FileExistsError,
-)
-_transient_types: tuple[type[BaseException], ...] | None = None
-
-
-def _optional_transient_types() -> tuple[type[BaseException], ...]:
-    """Network error types of the optional client packages, imported only if installed."""
-    global _transient_types
-    if _transient_types is None:
-        found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-        try:
-            import botocore.exceptions as boto
-
-            found += [boto.ConnectionError, boto.HTTPClientError, boto.IncompleteReadError]
-        except ImportError:
-            pass
-        try:
-            import aiohttp
-
-            found += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError]
-        except ImportError:
-            pass
-        _transient_types = tuple(found)
-    return _transient_types
-
-
-def _http_status(exc: BaseException) -> int | None:
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return status
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        meta = response.get("ResponseMetadata")
-        if isinstance(meta, Mapping) and isinstance(meta.get("HTTPStatusCode"), int):
-            return int(meta["HTTPStatusCode"])
-    return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for failures worth retrying: connection refused/reset, timeouts, HTTP 5xx and 429."""
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and len(chain) < 8:
-        chain.append(current)
-        current = current.__cause__
-    for item in chain:
-        status = _http_status(item)
-        if status is not None:
-            return status >= 500 or status == 429
-    if isinstance(exc, _PERMANENT_OS_ERRORS):
-        return False
-    if isinstance(exc, _optional_transient_types()):
-        return True
-    if isinstance(exc, OSError):
-        return exc.errno in _TRANSIENT_ERRNOS
-    return False
-
-
-def storage_error(url: str, exc: BaseException, *, action: str, attempts: int = 1) -> StorageError:
-    """A StorageError for ``exc`` that names ``url`` and says what to do."""
-    detail = str(exc) or type(exc).__name__
-    if isinstance(exc, FileNotFoundError):
-        text = (
-            f"cannot {action} '{url}': it does not exist (no such bucket, key or file: "
-            f"{detail}); check the URL, the bucket name and the endpoint"
-        )
-    elif isinstance(exc, PermissionError):
-        text = (
-            f"cannot {action} '{url}': access denied ({detail}); check the credentials "
-            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or storage options key/"
-            "secret/anon) and the bucket policy"
-        )
-    elif attempts > 1:
-        text = (
-            f"cannot {action} '{url}' after {attempts} attempts: {type(exc).__name__}: "
-            f"{detail}; check that the storage endpoint is reachable (endpoint_url, "
-            "AWS_ENDPOINT_URL or FSSPEC_S3_ENDPOINT_URL) and retry"
-        )
-    else:
-        text = f"cannot {action} '{url}': {type(exc).__name__}: {detail}"
-    return StorageError(text)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How transient failures are retried: ``retries`` more attempts after the first one.
-
-    The wait before retry i (0-based) is ``min(max_backoff_seconds, backoff_seconds * 2**i)``
-    times a jitter factor in [0.5, 1), drawn from a private generator keyed by the URL.
-    Worst case time spent waiting: the sum of those caps.
-    """
-
-    retries: int = 5
-    backoff_seconds: float = 0.1
-    max_backoff_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
-        if not self.backoff_seconds >= 0:
-            raise ValueError(f"backoff_seconds must be >= 0, got {self.backoff_seconds!r}")
-        if not self.max_backoff_seconds >= self.backoff_seconds:
-            raise ValueError(
-                f"max_backoff_seconds must be >= backoff_seconds ({self.backoff_seconds}), "
-                f"got {self.max_backoff_seconds!r}"
-            )
-
-    def delay(self, attempt: int, jitter: float) -> float:
-        """Seconds to wait before retry ``attempt`` (0-based), with ``jitter`` in [0, 1)."""
-        cap = min(self.max_backoff_seconds, self.backoff_seconds * 2.0**attempt)
-        return cap * (0.5 + 0.5 * jitter)
-
-    def worst_case_wait_seconds(self) -> float:
-        """The most time all waits of one call can add up to."""
-        return sum(
-            min(self.max_backoff_seconds, self.backoff_seconds * 2.0**i)
-            for i in range(self.retries)
-        )
-
-
-class Retrier:
-    """Runs a call under a :class:`RetryPolicy`; jitter from a private generator keyed by URL."""
-
-    def __init__(self, policy: RetryPolicy, *, key: str) -> None:
-        self.policy = policy
-        self._rng = random.Random(zlib.crc32(key.encode("utf-8", "surrogatepass")))
-        self._lock = threading.Lock()
-        self.retries_done = 0
-
-    def call(self, fn: Callable[[], T], *, url: str, action: str) -> T:
-        """``fn()``; transient failures are retried, others raise StorageError naming ``url``."""
-        attempt = 0
-        while True:
-            try:
-                return fn()
-            except StorageError:
-                raise
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise storage_error(url, exc, action=action) from exc
-                if attempt >= self.policy.retries:
-                    raise storage_error(url, exc, action=action, attempts=attempt + 1) from exc
-                with self._lock:
-                    jitter = self._rng.random()
-                    self.retries_done += 1
-                wait = self.policy.delay(attempt, jitter)
-                logger.debug(
-                    "%s '%s' failed (%s: %s); retry %d/%d in %.2f s",
-                    action, url, type(exc).__name__, exc, attempt + 1, self.policy.retries, wait,
-                )
-                time.sleep(wait)
-                attempt += 1
-
+__all__ = [
+    "DEFAULT_COALESCE_GAP_BYTES",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "RangeRequest",
+    "RemoteSource",
+    "Retrier",
+    "RetryPolicy",
+    "clear_storage_options",
+    "coalesce_ranges",
+    "filesystem",
+    "is_transient",
+    "set_storage_options",
+    "storage_error",
+    "storage_options_for",
+]
 
 # ---------------------------------------------------------------------------------------------
 # Range coalescing

@@ -1,0 +1,88 @@
+"""Storage options for fsspec URLs: a process-wide registry and :func:`filesystem`.
+
+Storage options (endpoint, credentials, anonymous access) reach the filesystem in three ways,
+later ones overriding earlier ones:
+
+1. fsspec's own configuration: environment variables ``FSSPEC_<PROTOCOL>_<OPTION>`` read when
+   fsspec is first imported, e.g. ``FSSPEC_S3_ENDPOINT_URL=http://127.0.0.1:9000``, or a JSON
+   file in ``~/.config/fsspec/``. For S3, botocore also honours ``AWS_ENDPOINT_URL`` (and
+   ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``.
+2. :func:`set_storage_options` — a process-wide registry keyed by URL prefix::
+
+       set_storage_options("s3://my-bucket/", endpoint_url="http://minio:9000", anon=False)
+
+3. ``storage_options={...}`` given to :class:`~shardfeed.storage.remote.RemoteSource` or a
+   ``storage.files`` function.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from shardfeed.errors import StorageError
+
+_OPTIONS: dict[str, dict[str, Any]] = {}
+_OPTIONS_LOCK = threading.Lock()
+
+
+def set_storage_options(prefix: str, /, **options: Any) -> None:
+    """Use these fsspec ``options`` for every URL that starts with ``prefix``.
+
+    ``prefix`` is a protocol (``"s3://"``) or a longer URL prefix (``"s3://bucket/"``); when
+    several match, longer prefixes override shorter ones option by option. Calling again with
+    the same prefix replaces its options; no options removes the entry.
+    """
+    if not isinstance(prefix, str) or "://" not in prefix:
+        raise ValueError(
+            f"prefix must be a URL prefix such as 's3://' or 's3://bucket/', got {prefix!r}"
+        )
+    with _OPTIONS_LOCK:
+        if options:
+            _OPTIONS[prefix] = dict(options)
+        else:
+            _OPTIONS.pop(prefix, None)
+
+
+def clear_storage_options() -> None:
+    """Forget every option set with :func:`set_storage_options`."""
+    with _OPTIONS_LOCK:
+        _OPTIONS.clear()
+
+
+def storage_options_for(
+    url: str, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The options for ``url``: registered prefixes (shortest first), then ``storage_options``."""
+    merged: dict[str, Any] = {}
+    with _OPTIONS_LOCK:
+        matches = sorted((p for p in _OPTIONS if url.startswith(p)), key=len)
+        for prefix in matches:
+            merged.update(_OPTIONS[prefix])
+    if storage_options:
+        merged.update(storage_options)
+    return merged
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """``(fsspec filesystem, path within it)`` for ``url``, with the options for that URL.
+
+    fsspec caches filesystem instances, so calling this per file is cheap.
+    """
+    import fsspec.core
+
+    options = storage_options_for(url, storage_options)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        raise StorageError(
+            f"cannot open '{url}': the package for this protocol is missing ({exc}); install "
+            "it, e.g. pip install 'shardfeed[s3]' for s3:// or gcsfs for gs://"
+        ) from exc
+    except ValueError as exc:
+        raise StorageError(f"cannot open '{url}': {exc}") from exc
+    return fs, str(path)
+
+
+__all__ = ["clear_storage_options", "filesystem", "set_storage_options", "storage_options_for"]

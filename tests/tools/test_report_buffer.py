@@ -7,14 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.tools.shuffle_stats import (
+from shardfeed.tools.shuffle_buffer import (
     buffer_draws,
     buffer_shuffle_order,
     file_shuffle_buffer_order,
-    label_first_positions,
     simulate_buffer,
-    spearman_rho,
 )
+from shardfeed.tools.shuffle_stats import label_first_positions, spearman_rho
 
 
 def reference_buffer(n: int, buffer_size: int, draws: list[int]) -> list[int]:

@@ -35,12 +35,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shardfeed.errors import SchemaError
-from shardfeed.tools.shuffle_stats import (
+from shardfeed.tools.shuffle_buffer import (
     buffer_shuffle_order,
-    expected_labels_per_batch,
     file_shuffle_buffer_order,
-    order_stats,
 )
+from shardfeed.tools.shuffle_buffer import check_count as _check_int
+from shardfeed.tools.shuffle_stats import expected_labels_per_batch, order_stats
 
 __all__ = ["LabelSource", "read_labels", "shuffle_report"]
 
@@ -66,14 +66,6 @@ class LabelSource(Protocol):
     def __len__(self) -> int: ...
 
     def read_many(self, indices: Sequence[int]) -> list[dict[str, Any]]: ...
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _label_value(value: Any) -> Any:

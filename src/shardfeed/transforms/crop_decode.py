@@ -69,6 +69,7 @@ class CropDecoderBase(DecoderBase):
         channels: Channels = "rgb",
         keep_encoded: bool = False,
         fast_dct: bool = True,
+        fast_upsample: bool = False,
     ) -> None:
         super().__init__(
             key=key,
@@ -83,6 +84,7 @@ class CropDecoderBase(DecoderBase):
             channels=channels,
             keep_encoded=keep_encoded,
             fast_dct=fast_dct,
+            fast_upsample=fast_upsample,
         )
         self.size = parse_size(size)
         if not 0.0 <= float(hflip) <= 1.0:
@@ -108,7 +110,9 @@ class CropDecoderBase(DecoderBase):
                     image = self._jpeg_crop(data, box, height, width, where, flip, out)
                     mask, mask_key = self._mask_crop(sample, box, (height, width), flip)
                     return self._finish(sample, image, mask, [key, mask_key])
-            decoded = self.image_field.decode_bytes(data, where, self.fast_dct)
+            decoded = self.image_field.decode_bytes(
+                data, where, self.fast_dct, self.fast_upsample
+            )
             full = self._fix_channels(decoded)
         else:
             full, key = self._decode_full(sample)
@@ -144,6 +148,7 @@ class CropDecoderBase(DecoderBase):
             mode="gray" if self.channels == "gray" else "rgb",
             where=where,
             fast_dct=self.fast_dct,
+            fast_upsample=self.fast_upsample,
         )
         dh, dw = decoded.shape[:2]
         if d > 1 and not (box.h >= 2 * d * out_h and box.w >= 2 * d * out_w):
@@ -283,6 +288,7 @@ class DecodeRandomResizedCrop(CropDecoderBase):
         channels: Channels = "rgb",
         keep_encoded: bool = False,
         fast_dct: bool = True,
+        fast_upsample: bool = False,
     ) -> None:
         super().__init__(
             size,
@@ -300,6 +306,7 @@ class DecodeRandomResizedCrop(CropDecoderBase):
             channels=channels,
             keep_encoded=keep_encoded,
             fast_dct=fast_dct,
+            fast_upsample=fast_upsample,
         )
         self.scale = check_range(scale, name="scale", low=0.0, high=1.0)
         self.ratio = check_range(ratio, name="ratio", low=0.0, high=float("inf"))
@@ -340,6 +347,7 @@ class DecodeCenterCrop(CropDecoderBase):
         channels: Channels = "rgb",
         keep_encoded: bool = False,
         fast_dct: bool = True,
+        fast_upsample: bool = False,
     ) -> None:
         super().__init__(
             size,
@@ -357,6 +365,7 @@ class DecodeCenterCrop(CropDecoderBase):
             channels=channels,
             keep_encoded=keep_encoded,
             fast_dct=fast_dct,
+            fast_upsample=fast_upsample,
         )
         if not 0.0 < float(crop_fraction) <= 1.0:
             raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction!r}")

@@ -111,7 +111,12 @@ def jpeg_header(data: bytes | memoryview, *, where: str = "") -> tuple[int, int,
 
 
 def decode_image(
-    data: bytes | memoryview, *, mode: Mode = "rgb", where: str = "", fast_dct: bool = True
+    data: bytes | memoryview,
+    *,
+    mode: Mode = "rgb",
+    where: str = "",
+    fast_dct: bool = True,
+    fast_upsample: bool = False,
 ) -> np.ndarray:
     """Decode one encoded image into a new uint8 array.
 
@@ -125,6 +130,11 @@ def decode_image(
     method ``tf.io.decode_jpeg`` uses by default, so JPEG pixels match tf.data's; ``False``
     uses the accurate integer IDCT (differs by at most a few levels).
 
+    ``fast_upsample=True`` upsamples subsampled chroma (4:2:0, 4:2:2) by pixel replication
+    merged with the colour conversion instead of libjpeg's smooth ("fancy") filter: about 5 %
+    faster, with slightly blockier colour edges; luma is unchanged. Default False, as
+    ``tf.io.decode_jpeg`` (``fancy_upscaling=True``).
+
     Raises DecodeError for bytes that do not decode (including truncated JPEGs).
     """
     check_mode(mode)
@@ -136,7 +146,7 @@ def decode_image(
     colorspace = _jpeg_colorspace(mode, space)
     try:
         image: np.ndarray = simplejpeg.decode_jpeg(
-            data, colorspace=colorspace, fastdct=fast_dct
+            data, colorspace=colorspace, fastdct=fast_dct, fastupsample=fast_upsample
         )
     except ValueError as exc:
         raise decode_error(data, where, f"damaged JPEG: {exc}") from None
@@ -172,13 +182,15 @@ def decode_jpeg_scratch(
     mode: Literal["rgb", "gray"] = "rgb",
     where: str = "",
     fast_dct: bool = True,
+    fast_upsample: bool = False,
 ) -> np.ndarray:
     """Decode a JPEG at scale ``1/denominator`` into this thread's scratch buffer.
 
     ``height``/``width`` are the full-size dimensions from :func:`jpeg_header`. Returns an
     H'×W'×C view of the scratch buffer (C = 3 for rgb, 1 for gray) with
     ``H' = ceil(height / denominator)``; it is overwritten by the next call on this thread,
-    so copy or resize out of it before decoding again. Raises DecodeError.
+    so copy or resize out of it before decoding again. ``fast_dct`` / ``fast_upsample``: see
+    :func:`decode_image`. Raises DecodeError.
     """
     out_h = math.ceil(height / denominator)
     out_w = math.ceil(width / denominator)
@@ -192,6 +204,7 @@ def decode_jpeg_scratch(
             data,
             colorspace="GRAY" if mode == "gray" else "RGB",
             fastdct=fast_dct,
+            fastupsample=fast_upsample,
             buffer=buf,
             **kwargs,
         )

@@ -32,9 +32,15 @@ class DecoderBase:
     - ``channels``: ``"rgb"`` (H×W×3) or ``"gray"`` (H×W×1).
     - ``keep_encoded``: keep the encoded features in the sample (default: dropped).
     - ``fast_dct``: libjpeg's fast IDCT, as TensorFlow uses (default True).
+    - ``fast_upsample``: upsample JPEG chroma by replication instead of libjpeg's smooth filter
+      (about 5 % faster decodes, slightly blockier colour edges; default False, as
+      TensorFlow). Masks are gray and unaffected.
     """
 
-    __slots__ = ("channels", "fast_dct", "image_field", "keep_encoded", "mask", "mask_field")
+    __slots__ = (
+        "channels", "fast_dct", "fast_upsample", "image_field", "keep_encoded", "mask",
+        "mask_field",
+    )
 
     def __init__(
         self,
@@ -51,6 +57,7 @@ class DecoderBase:
         channels: Channels = "rgb",
         keep_encoded: bool = False,
         fast_dct: bool = True,
+        fast_upsample: bool = False,
     ) -> None:
         if channels not in ("rgb", "gray"):
             raise ValueError(f"channels must be 'rgb' or 'gray', got {channels!r}")
@@ -71,6 +78,7 @@ class DecoderBase:
         self.channels: Channels = channels
         self.keep_encoded = bool(keep_encoded)
         self.fast_dct = bool(fast_dct)
+        self.fast_upsample = bool(fast_upsample)
 
     # --- binding ------------------------------------------------------------------------
 
@@ -97,7 +105,9 @@ class DecoderBase:
     def _decode_full(self, sample: Sample) -> tuple[np.ndarray, str]:
         """The whole image (H×W×C, channels as configured) and the feature it came from."""
         key, _enc = self.image_field.require(sample)
-        image = self.image_field.decode(sample, fast_dct=self.fast_dct)
+        image = self.image_field.decode(
+            sample, fast_dct=self.fast_dct, fast_upsample=self.fast_upsample
+        )
         return self._fix_channels(image), key
 
     def _fix_channels(self, image: np.ndarray) -> np.ndarray:

@@ -76,10 +76,17 @@ def train(
     dtype: DType = "uint8",
     layout: Layout = "HWC",
     reduced_decode: bool = True,
+    fast_upsample: bool = True,
 ) -> Compose:
     """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
     left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
     contrast, saturation 0.4 and hue 0.1), then optional normalisation and layout.
+
+    ``fast_upsample`` (default True here, False in :func:`eval` and the decode ops): JPEG
+    chroma is upsampled by replication, merged with the colour conversion, instead of
+    libjpeg's smooth filter. Decodes are about 5 % faster; colour edges are slightly blockier
+    before the resize (luma is exact). Random crops, flips and jitter change pixels far more,
+    so training is the place for it; pass False for pixels identical to a smooth decode.
 
     Output ``"image"``: ``size×size×3`` (HWC) or ``3×size×size`` (CHW); uint8, or float32
     with ``normalize`` (``"imagenet"`` mean/std, ``"symmetric"`` → [-1, 1]) or
@@ -92,7 +99,7 @@ def train(
     ops: list[Transform] = [
         DecodeRandomResizedCrop(
             size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
-            reduced_decode=reduced_decode,
+            reduced_decode=reduced_decode, fast_upsample=fast_upsample,
         )
     ]
     if color:

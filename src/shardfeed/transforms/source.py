@@ -147,7 +147,9 @@ class ImageField:
                 "file exists and that the dataset root is right (Dataset(root=...))"
             ) from exc
 
-    def decode(self, sample: Sample, *, fast_dct: bool = True) -> np.ndarray:
+    def decode(
+        self, sample: Sample, *, fast_dct: bool = True, fast_upsample: bool = False
+    ) -> np.ndarray:
         """Decode this field of ``sample``: images H×W×C uint8, masks H×W uint8.
 
         Several encoded values (a list of bytes) decode to T×H×W×C / T×H×W.
@@ -158,17 +160,21 @@ class ImageField:
             return self._raw(sample, key, where)
         value = sample[key]
         if isinstance(value, list) and encoding != "path":
-            frames = [self.decode_bytes(v, where, fast_dct) for v in value]
+            frames = [self.decode_bytes(v, where, fast_dct, fast_upsample) for v in value]
             return _stack(frames, where)
         data = self.encoded_bytes(sample, key, encoding)
-        return self.decode_bytes(data, where, fast_dct)
+        return self.decode_bytes(data, where, fast_dct, fast_upsample)
 
-    def decode_bytes(self, data: bytes | memoryview, where: str, fast_dct: bool) -> np.ndarray:
+    def decode_bytes(
+        self, data: bytes | memoryview, where: str, fast_dct: bool, fast_upsample: bool = False
+    ) -> np.ndarray:
         """Decode encoded bytes of this field: H×W×3 RGB for images, H×W for masks."""
         if self.is_mask:
             mask = decode_image(data, mode="gray", where=where, fast_dct=fast_dct)
             return mask
-        image = decode_image(data, mode="rgb", where=where, fast_dct=fast_dct)
+        image = decode_image(
+            data, mode="rgb", where=where, fast_dct=fast_dct, fast_upsample=fast_upsample
+        )
         return image
 
     def _raw(self, sample: Sample, key: str, where: str) -> np.ndarray:

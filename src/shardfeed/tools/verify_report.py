@@ -1,0 +1,118 @@
+"""What :func:`shardfeed.tools.verify.verify` reports: problems, per-shard checks, the report.
+
+Every problem names its file, record index and byte offset (where known) and its kind, one of
+the constants below, and says what to do in ``detail``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardfeed.errors import location
+
+__all__ = [
+    "BAD_DATA_CRC",
+    "BAD_LENGTH_CRC",
+    "CHECKSUM_MISMATCH",
+    "COMPRESSED",
+    "COUNT_MISMATCH",
+    "INDEX_MISMATCH",
+    "MISSING_FILE",
+    "MISSING_REFERENCED",
+    "NOT_EXAMPLE",
+    "NOT_TFRECORD",
+    "SIZE_MISMATCH",
+    "TRUNCATED",
+    "UNDECODABLE_IMAGE",
+    "UNDECODABLE_MASK",
+    "Problem",
+    "ShardCheck",
+    "VerifyReport",
+]
+
+# problem kinds
+MISSING_FILE = "missing file"
+NOT_TFRECORD = "not a TFRecord"
+COMPRESSED = "compressed"
+TRUNCATED = "truncated"
+BAD_LENGTH_CRC = "bad length CRC"
+BAD_DATA_CRC = "bad data CRC"
+NOT_EXAMPLE = "not an Example"
+UNDECODABLE_IMAGE = "undecodable image"
+UNDECODABLE_MASK = "undecodable mask"
+MISSING_REFERENCED = "missing referenced file"
+SIZE_MISMATCH = "size differs from manifest"
+CHECKSUM_MISMATCH = "checksum differs from manifest"
+COUNT_MISMATCH = "record count differs from manifest"
+INDEX_MISMATCH = "index does not match"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong: where (file, record index, byte offset) and what."""
+
+    path: str
+    record: int | None
+    offset: int | None
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{location(self.path, self.record, self.offset)}: {self.kind}: {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "record": self.record, "offset": self.offset,
+                "kind": self.kind, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCheck:
+    """What was checked in one shard."""
+
+    path: str
+    records: int
+    bytes: int
+    decoded: int
+    problems: tuple[Problem, ...]
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "records": self.records, "bytes": self.bytes,
+                "decoded": self.decoded, "problems": len(self.problems),
+                "warnings": list(self.warnings)}
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The result of :func:`verify`: per-shard checks and every problem, in file order."""
+
+    shards: tuple[ShardCheck, ...]
+    manifest: str | None = None
+    decode: bool = False
+    problems: tuple[Problem, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.shards)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(w for s in self.shards for w in s.warnings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "manifest": self.manifest,
+            "decode": self.decode,
+            "shards": [s.to_json() for s in self.shards],
+            "records": self.records,
+            "bytes": sum(s.bytes for s in self.shards),
+            "decoded": sum(s.decoded for s in self.shards),
+            "problems": [p.to_json() for p in self.problems],
+            "warnings": list(self.warnings),
+        }

@@ -16,6 +16,7 @@ in:
 ``big/``           ``large/`` packed
 ``existing/``      ``mixed.tfrecord`` and ``second.tfrecord``, written by TensorFlow, no index
 ``old/``           ``compressed.tfrecord.gz``, written by TensorFlow with GZIP
+``damaged/``       TensorFlow's files with a bad data CRC, a bad length CRC, a truncation
 =================  =====================================================================
 """
 
@@ -100,7 +101,7 @@ def build_workspace(root: Path, tf_fixtures: Path) -> None:
     shardfeed.pack(str(root / "photos"), str(root / "out"), records_per_shard=12)
     shardfeed.pack(
         str(root / "frames.csv"), str(root / "days"), records_per_shard=16,
-        csv=CsvColumns(path="path", group="day", order="timestamp", floats="VF,IRR0..IRR3"),
+        csv=CsvColumns(path="path", group="day", order="timestamp", floats=("VF", "IRR0", "IRR1", "IRR2", "IRR3")),
     )
     shardfeed.pack(str(root / "large"), str(root / "big"), records_per_shard=3)
 
@@ -109,6 +110,9 @@ def build_workspace(root: Path, tf_fixtures: Path) -> None:
         shutil.copy(tf_fixtures / name, root / "existing" / name)
     (root / "old").mkdir()
     shutil.copy(tf_fixtures / "compressed.tfrecord.gz", root / "old" / "compressed.tfrecord.gz")
+    (root / "damaged").mkdir()
+    for name in ("data-crc", "length-crc", "truncated"):
+        shutil.copy(tf_fixtures / f"damaged-{name}.tfrecord", root / "damaged" / f"{name}.tfrecord")
 
 
 @pytest.fixture(scope="session")

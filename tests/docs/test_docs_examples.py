@@ -80,7 +80,7 @@ def prose(path: Path) -> str:
     out, inside, fence = [], False, ""
     for line in lines:
         stripped = line.strip()
-        if not inside and (stripped.startswith("```") or stripped.startswith("~~~")):
+        if not inside and stripped.startswith(("```", "~~~")):
             inside, fence = True, stripped[:3]
             out.append("")
         elif inside and stripped.startswith(fence):
@@ -125,8 +125,8 @@ def test_python_examples_run(page: Path, workspace: Path) -> None:
             out = io.StringIO()
             try:
                 with contextlib.redirect_stdout(out):
-                    exec(code, namespace)
-            except Exception:
+                    exec(code, namespace)  # noqa: S102 - running the docs is the point
+            except Exception:  # noqa: BLE001 - any failure of an example is reported
                 pytest.fail(
                     f"the example at {block.where} failed:\n{block.text}\n"
                     f"{traceback.format_exc()}\noutput so far:\n{out.getvalue()}",

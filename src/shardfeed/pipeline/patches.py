@@ -38,17 +38,19 @@ with the same outputs).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import cv2
 import numpy as np
-import simplejpeg
 
-from shardfeed.errors import DecodeError
 from shardfeed.pipeline.image_cache import CacheStats, ImageCache
+from shardfeed.pipeline.patch_crops import (
+    PICKS,
+    DecodedImage,
+    PatchOptions,
+    cut_patch,
+    decode_for_patches,
+)
 from shardfeed.pipeline.source import (
     DatasetLike,
     EpochContext,
@@ -60,92 +62,11 @@ from shardfeed.pipeline.source import (
 )
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
-from shardfeed.transforms import arrays
-from shardfeed.transforms.boxes import parse_size
-from shardfeed.transforms.decode import decode_error, jpeg_header, sniff_format
 from shardfeed.transforms.source import ImageField
 
-__all__ = ["PatchOptions", "Patches"]
+__all__ = ["PICKS", "PatchOptions", "Patches"]
 
-PICKS = ("stratified", "uniform")
 _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image is cached
-_CMYK = ("CMYK", "YCCK")
-
-
-@dataclass(frozen=True, slots=True)
-class PatchOptions:
-    """How patches are cut and cached (see :class:`Patches` for the meaning of each)."""
-
-    size: tuple[int, int]
-    scale: tuple[float, float] | None = None
-    cache_images: int = 64
-    refresh_every: int = 100
-    pick: str = "stratified"
-    reduced_decode: bool = True
-    cache: bool = True
-    cache_bytes: int | None = None
-    mask: bool | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "size", parse_size(self.size))
-        for name in ("cache_images", "refresh_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}; e.g. "
-                                 f"cache_images=64, refresh_every=100")
-        if self.scale is not None:
-            try:
-                lo, hi = (float(v) for v in self.scale)
-            except (TypeError, ValueError):
-                raise ValueError(f"scale must be None or a pair (min, max), got "
-                                 f"{self.scale!r}") from None
-            if not (0.0 < lo <= hi and math.isfinite(hi)):
-                raise ValueError(f"scale must satisfy 0 < min <= max, got {self.scale!r}; "
-                                 "e.g. scale=(1, 4) cuts 1x to 4x the patch size and "
-                                 "resizes it to size")
-            object.__setattr__(self, "scale", (lo, hi))
-        if self.pick not in PICKS:
-            raise ValueError(f"pick must be one of {PICKS}, got {self.pick!r}")
-        for name in ("reduced_decode", "cache"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.cache_bytes is not None and (
-            isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int)
-            or self.cache_bytes < 0
-        ):
-            raise ValueError(f"cache_bytes must be an int >= 0 or None (derived from "
-                             f"cache_images), got {self.cache_bytes!r}")
-        if self.mask is not None and not isinstance(self.mask, bool):
-            raise TypeError(f"mask must be None, True or False, got {self.mask!r}")
-
-    @property
-    def denominator(self) -> int:
-        """The reduced decode scale ``1/d`` of every image (1: full size)."""
-        if self.scale is None or not self.reduced_decode:
-            return 1
-        d = 1
-        while d < 8 and 2 * d <= self.scale[0]:
-            d *= 2
-        return d
-
-    def slack_images(self) -> int:
-        """Images beyond ``cache_images`` the default byte bound allows (threads run ahead)."""
-        return max(2, self.cache_images // 8)
-
-
-@dataclass(frozen=True, slots=True)
-class _Decoded:
-    """A cached image: pixels at scale 1/d, full-size mask, the record's other features."""
-
-    image: np.ndarray
-    mask: np.ndarray | None
-    meta: dict[str, Any]
-    full_hw: tuple[int, int]
-
-    @property
-    def nbytes(self) -> int:
-        mask = 0 if self.mask is None else self.mask.nbytes
-        return self.image.nbytes + mask + 64 * (len(self.meta) + 1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -222,7 +143,7 @@ class Patches:
             self._mask_field = ImageField(is_mask=True).bound(getattr(schema, "mask", None),
                                                               root=root)
         n = self.schedule.max_resident
-        self.cache: ImageCache[_Decoded] | None = None
+        self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
             default = max(1, n) + self.options.slack_images()
             self.cache = ImageCache(max_bytes=self.options.cache_bytes, default_images=default)
@@ -285,7 +206,7 @@ class Patches:
         rid = int(record_ids[0])
         record = records[0]
         decoded = self._decoded(key, rid, record)
-        sample = self._cut(decoded, rid, key.rng(PATCH_CROP))
+        sample = cut_patch(decoded, rid, key.rng(PATCH_CROP), self.options)
         if transform is None:
             return sample
         return transform(sample, key.rng())
@@ -339,12 +260,13 @@ class Patches:
             raise RuntimeError("this copy of the patch source has no dataset")
         return self.dataset
 
-    def _decoded(self, key: SampleKey, rid: int, record: Sample) -> _Decoded:
-        def load() -> tuple[_Decoded, int]:
+    def _decoded(self, key: SampleKey, rid: int, record: Sample) -> DecodedImage:
+        def load() -> tuple[DecodedImage, int]:
             source = record
             if _CACHED in source:  # evicted since read: read it now
                 source = self._ds().read_many([rid])[0]
-            decoded = self._decode(source)
+            decoded = decode_for_patches(source, image_field=self._image_field,
+                                         mask_field=self._mask_field, options=self.options)
             return decoded, decoded.nbytes
 
         if self.cache is None:
@@ -352,87 +274,6 @@ class Patches:
         q = int(self.order_positions(key.seed, key.epoch, np.array([key.position]))[0])
         expires = (key.epoch, self.schedule.last_output(q))
         return self.cache.get(rid, load, expires=expires, now=(key.epoch, key.position))
-
-    def _decode(self, record: Sample) -> _Decoded:
-        field = self._image_field
-        key, encoding = field.require(record)
-        where = field.where(record, key)
-        d = self.options.denominator
-        image: np.ndarray | None = None
-        full_hw = (0, 0)
-        if encoding in ("auto", "path") and not isinstance(record[key], list):
-            data = field.encoded_bytes(record, key, encoding)
-            if sniff_format(data) == "jpeg":
-                height, width, space = jpeg_header(data, where=where)
-                if space not in _CMYK:
-                    image = _decode_jpeg(data, d, where)
-                    full_hw = (height, width)
-            if image is None:
-                image = field.decode_bytes(data, where, True)
-        else:
-            image = field.decode(record)
-        if full_hw == (0, 0):
-            full_hw = (int(image.shape[0]), int(image.shape[1]))
-        if image.ndim == 2:
-            image = image[:, :, None]
-        if d > 1 and image.shape[:2] == full_hw:
-            shape = (math.ceil(full_hw[1] / d), math.ceil(full_hw[0] / d))
-            image = cv2.resize(image, shape, interpolation=cv2.INTER_AREA).reshape(
-                shape[1], shape[0], image.shape[2])
-        drop = [key] if encoding != "path" else []
-        mask = None
-        if self._mask_field is not None:
-            found = self._mask_field.locate(record)
-            if found is None and self.options.mask:
-                self._mask_field.require(record)  # raises SchemaError naming the keys
-            if found is not None:
-                mask = self._mask_field.decode(record)
-                drop.append(found[0])
-                if mask.shape[:2] != full_hw:
-                    raise DecodeError(
-                        f"{self._mask_field.where(record, found[0])}: the mask is "
-                        f"{mask.shape[0]}×{mask.shape[1]} but the image is "
-                        f"{full_hw[0]}×{full_hw[1]}; a mask must have the image's size"
-                    )
-        meta = {k: v for k, v in record.items() if k not in drop}
-        return _Decoded(np.ascontiguousarray(image), mask, meta, full_hw)
-
-    def _cut(self, decoded: _Decoded, rid: int, rng: np.random.Generator) -> Sample:
-        ph, pw = self.options.size
-        d = self.options.denominator
-        image = decoded.image
-        height, width = int(image.shape[0]), int(image.shape[1])
-        scale = self.options.scale
-        if scale is None:
-            ch, cw = ph, pw
-        else:
-            s = float(rng.uniform(scale[0], scale[1]))
-            ch, cw = max(1, round(ph * s / d)), max(1, round(pw * s / d))
-        ch, cw = min(ch, height), min(cw, width)
-        y = int(rng.integers(0, height - ch + 1))
-        x = int(rng.integers(0, width - cw + 1))
-        region = image[y : y + ch, x : x + cw]
-        if scale is None:
-            patch = _pad(region, (ph, pw))
-        else:
-            patch = arrays.resize(region, (ph, pw), is_mask=False)
-            if patch is region:
-                patch = region.copy()
-        full_h, full_w = decoded.full_hw
-        fy, fx = min(y * d, full_h - 1), min(x * d, full_w - 1)
-        fh, fw = min(ch * d, full_h - fy), min(cw * d, full_w - fx)
-        sample = dict(decoded.meta)
-        sample["image"] = patch
-        if decoded.mask is not None:
-            mregion = decoded.mask[fy : fy + fh, fx : fx + fw]
-            if scale is None:
-                sample["mask"] = _pad(mregion, (ph, pw))
-            else:
-                sample["mask"] = np.ascontiguousarray(
-                    arrays.resize(mregion, (ph, pw), is_mask=True))
-        sample["patch/box"] = np.array([fy, fx, fh, fw], dtype=np.int64)
-        sample["patch/record"] = np.int64(rid)
-        return sample
 
     # -- pickling (process workers) -------------------------------------------------------------
 
@@ -445,29 +286,3 @@ class Patches:
         return (f"Patches({self._len} images, size={o.size}, scale={o.scale}, "
                 f"cache_images={o.cache_images}, refresh_every={o.refresh_every}, "
                 f"pick={o.pick!r}, cache={o.cache})")
-
-
-def _decode_jpeg(data: bytes | memoryview, d: int, where: str) -> np.ndarray:
-    """Decode a JPEG to RGB at scale ``1/d`` (libjpeg-turbo DCT scaling) into a new array."""
-    try:
-        if d == 1:
-            image: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True)
-        else:
-            height, width, _ = jpeg_header(data, where=where)
-            image = simplejpeg.decode_jpeg(
-                data, colorspace="RGB", fastdct=True,
-                min_height=math.ceil(height / d), min_width=math.ceil(width / d),
-            )
-    except ValueError as exc:
-        raise decode_error(data, where, f"damaged JPEG: {exc}") from None
-    return image
-
-
-def _pad(region: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """``region`` (an image or mask crop) padded with zeros at the bottom/right to ``size``."""
-    h, w = size
-    if region.shape[:2] == (h, w):
-        return region.copy()
-    out = np.zeros((h, w) + region.shape[2:], dtype=region.dtype)
-    out[: region.shape[0], : region.shape[1]] = region
-    return out

@@ -42,3 +42,13 @@ def as_index(value: object, size: int, what: str) -> int:
     if not 0 <= index < size:
         raise IndexError(f"{what} {value} out of range: valid are 0..{size - 1} ({size} in all)")
     return index
+
+
+def as_key(key: int | slice | npt.ArrayLike, size: int, what: str) -> int | npt.NDArray[np.int64]:
+    """A ``__getitem__`` key over ``size`` items: an int index (negative counts from the end),
+    or an int64 array of indices (a slice gives the indices it selects); errors as above."""
+    if isinstance(key, slice):
+        return np.arange(*key.indices(size), dtype=np.int64)
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        return as_index(key, size, what)
+    return as_index_array(key, size, what)

@@ -27,7 +27,7 @@ from typing import Literal, overload
 import numpy as np
 import numpy.typing as npt
 
-from shardfeed.sampling._checks import as_index, as_index_array, as_int
+from shardfeed.sampling._checks import as_int, as_key
 
 __all__ = ["RankShare"]
 
@@ -95,13 +95,11 @@ class RankShare:
     def __getitem__(self, key: slice | npt.ArrayLike) -> npt.NDArray[np.int64]: ...
 
     def __getitem__(self, key: int | slice | npt.ArrayLike) -> int | npt.NDArray[np.int64]:
-        if isinstance(key, slice):
-            return self._positions(np.arange(*key.indices(self._length), dtype=np.int64))
-        if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
-            k = as_index(key, self._length, "step")
+        k = as_key(key, self._length, "step")
+        if isinstance(k, int):
             position = self.start + self.rank + k * self.world_size
             return position % self.total if position >= self.total else position
-        return self._positions(as_index_array(key, self._length, "step"))
+        return self._positions(k)
 
     def _positions(self, steps: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         positions = self.start + self.rank + steps * self.world_size

@@ -33,7 +33,7 @@ from typing import Literal, overload
 import numpy as np
 import numpy.typing as npt
 
-from shardfeed.sampling._checks import as_index, as_index_array, as_int
+from shardfeed.sampling._checks import as_index_array, as_int, as_key
 from shardfeed.sampling.keys import SHUFFLE, check_word, mix64, mix64_int, sample_rng, stream_key
 
 __all__ = ["EpochOrder", "FeistelPermutation"]
@@ -224,17 +224,14 @@ class EpochOrder:
     def __getitem__(self, key: slice | npt.ArrayLike) -> npt.NDArray[np.int64]: ...
 
     def __getitem__(self, key: int | slice | npt.ArrayLike) -> int | npt.NDArray[np.int64]:
-        if isinstance(key, slice):
-            return self._map(np.arange(*key.indices(self._n), dtype=np.int64))
-        if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
-            p = as_index(key, self._n, "epoch position")
-            if self._order is not None:
-                return int(self._order[p])
-            if self._bijection is not None:
-                return self._bijection.forward_one(p)
-            return p
-        positions = as_index_array(key, self._n, "epoch position")
-        return self._map(positions)
+        p = as_key(key, self._n, "epoch position")
+        if not isinstance(p, int):
+            return self._map(p)
+        if self._order is not None:
+            return int(self._order[p])
+        if self._bijection is not None:
+            return self._bijection.forward_one(p)
+        return p
 
     def _map(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         if self._order is not None:

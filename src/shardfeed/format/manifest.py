@@ -212,23 +212,25 @@ def save_sidecars(
     """Write ``groups.npy`` (int64) and/or ``order.npy`` (float64) into the folder ``base``."""
     folder = os.fspath(base)
     if group_ids is not None:
-        arr = np.asarray(group_ids)
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise ValueError(
-                f"group_ids must be a 1-D integer array, one per record; got {arr.dtype} "
-                f"shape {arr.shape}"
-            )
-        _fileio.write_bytes_atomic(resolve(folder, S.GROUPS_NAME),
-                                   _array_bytes(arr.astype(np.int64)))
+        _save_sidecar(folder, S.GROUPS_NAME, group_ids, name="group_ids", kinds="iu",
+                      what="integer", dtype=np.int64)
     if order_keys is not None:
-        arr = np.asarray(order_keys)
-        if arr.ndim != 1 or arr.dtype.kind not in "iuf":
-            raise ValueError(
-                f"order_keys must be a 1-D numeric array, one per record; got {arr.dtype} "
-                f"shape {arr.shape}"
-            )
-        _fileio.write_bytes_atomic(resolve(folder, S.ORDER_NAME),
-                                   _array_bytes(arr.astype(np.float64)))
+        _save_sidecar(folder, S.ORDER_NAME, order_keys, name="order_keys", kinds="iuf",
+                      what="numeric", dtype=np.float64)
+
+
+def _save_sidecar(
+    folder: str, filename: str, values: np.ndarray, *, name: str, kinds: str, what: str,
+    dtype: type[np.generic],
+) -> None:
+    """Check ``values`` is 1-D of dtype kind ``kinds`` and write it as ``dtype`` to ``filename``."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.dtype.kind not in kinds:
+        raise ValueError(
+            f"{name} must be a 1-D {what} array, one per record; got {arr.dtype} "
+            f"shape {arr.shape}"
+        )
+    _fileio.write_bytes_atomic(resolve(folder, filename), _array_bytes(arr.astype(dtype)))
 
 
 def load_sidecar(

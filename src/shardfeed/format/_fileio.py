@@ -29,3 +29,8 @@ def exists(path: str | os.PathLike[str]) -> bool:
 def size(path: str | os.PathLike[str]) -> int:
     """Size in bytes of a local file or URL."""
     return files.size(path)
+
+
+def fsync_folder(folder: str) -> None:
+    """Make a rename inside ``folder`` durable (POSIX); a no-op where folders cannot be opened."""
+    files._fsync_folder(folder)

@@ -22,6 +22,7 @@ import google_crc32c
 import numpy as np
 
 from shardfeed.errors import FormatError
+from shardfeed.format import _fileio
 from shardfeed.format.crc import mask
 from shardfeed.format.example import encode_example
 from shardfeed.format.index import write_binary_index, write_text_index
@@ -119,7 +120,7 @@ class ShardWriter:
             write_text_index(text_index_path(self.path), offsets)
             write_binary_index(binary_index_path(self.path), offsets)
             os.replace(self.temp_path, self.path)
-            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            _fileio.fsync_folder(os.path.dirname(os.path.abspath(self.path)))
         except OSError as exc:
             self._remove_temp()
             raise FormatError(f"cannot finish shard '{self.path}': {exc}") from exc
@@ -154,16 +155,3 @@ class ShardWriter:
         else:
             self.abort()
 
-
-def _fsync_dir(folder: str) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

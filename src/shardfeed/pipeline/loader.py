@@ -477,6 +477,14 @@ class _Guard:
 
 def _release(parts: list[Any]) -> None:
     executor, processes, shared = parts
+    current = threading.current_thread()
+    if current in getattr(executor, "_threads", ()) or current is getattr(
+        getattr(processes, "pool", None), "_executor_manager_thread", None
+    ):
+        # Run by the garbage collector on one of the pools' own threads, which cannot join
+        # itself: another thread releases everything once this thread's task has returned.
+        threading.Thread(target=_release, args=(parts,), name="shardfeed-release").start()
+        return
     if processes is not None:
         processes.close()
     if executor is not None:

@@ -38,11 +38,10 @@ from shardfeed.format import spec
 from shardfeed.pipeline.source import (
     DatasetLike,
     EpochContext,
+    RecordSource,
     Sample,
     SampleKey,
     Transform,
-    _schema_lengths,
-    bind_transform,
 )
 from shardfeed.sampling.windows import ExcludedWindows, WindowIndex
 
@@ -153,14 +152,13 @@ class Windows:
             stride_seconds=stride_seconds, tolerance_seconds=tolerance_seconds,
             max_gap_seconds=max_gap_seconds,
         )
-        self.dataset: DatasetLike | None = dataset
-        self._records = len(dataset)
+        # Frames are records: reading, locating and binding go through a record source.
+        self._frames = RecordSource(dataset)
         manifest = getattr(dataset, "manifest", None)
         self._frame_keys = frozenset(
             k for k in (getattr(manifest, "group_key", None), getattr(manifest, "order_key", None))
             if k
         ) | _FRAME_KEYS
-        self._lengths = _schema_lengths(getattr(dataset, "schema", None))
 
     # -- the Source protocol ------------------------------------------------------------------
 
@@ -181,8 +179,7 @@ class Windows:
         return num_units
 
     def bind(self, transform: Transform | None) -> Transform | None:
-        ds = self._ds()
-        return bind_transform(transform, getattr(ds, "schema", None), getattr(ds, "root", None))
+        return self._frames.bind(transform)
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
         units = np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
@@ -190,7 +187,7 @@ class Windows:
         return [tuple(row) for row in frames.tolist()]
 
     def read(self, records: Sequence[int]) -> list[Sample]:
-        return self._ds().read_many(list(records))
+        return self._frames.read(records)
 
     def make_sample(
         self,
@@ -207,19 +204,19 @@ class Windows:
         return self.stack(frames)
 
     def locate(self, record: int) -> tuple[str, int, int]:
-        return self._ds().locate(record)
+        return self._frames.locate(record)
 
     def feature_lengths(self) -> Mapping[str, int | None]:
-        return self._lengths
+        return self._frames.feature_lengths()
 
     @property
     def index_bytes(self) -> int:
-        return 8 * (self._records + 1) + self.index.nbytes
+        return self._frames.index_bytes + self.index.nbytes
 
     def state(self) -> dict[str, Any]:
         o = self.options
         return {
-            "kind": self.kind, "records": self._records, "windows": len(self.index),
+            "kind": self.kind, "records": self._frames.num_units, "windows": len(self.index),
             "length": o.length, "stride": o.stride, "stride_seconds": self.index.stride_seconds,
             "tolerance_seconds": self.index.tolerance_seconds,
             "max_gap_seconds": self.index.max_gap_seconds, "labels": o.labels,
@@ -269,16 +266,12 @@ class Windows:
         return sample
 
     # -- pickling (process workers only call make_sample) ---------------------------------------
+    # The record source pickles without its dataset (open files), so nothing more to drop here.
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["dataset"] = None
-        return state
-
-    def _ds(self) -> DatasetLike:
-        if self.dataset is None:
-            raise RuntimeError("this copy of the window source has no dataset (process copy)")
-        return self.dataset
+    @property
+    def dataset(self) -> DatasetLike | None:
+        """The dataset the frames are read from (None in a process worker's copy)."""
+        return self._frames.dataset
 
     def __repr__(self) -> str:
         return f"Windows({self.index!r}, labels={self.options.labels!r})"

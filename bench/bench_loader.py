@@ -349,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
           "median over rounds of images/s / that decode limit in the same round and thread count")
     print(f"{'contender':<18} {'thr':>3} {'images/s':>9} {'MPix/s':>7} {'vs decode':>9} "
           f"{'vs dec-as-ld':>12} {'RSS MiB':>8} {'workers RSS':>11}  rounds")
-    csv = ["contender,threads,images_per_s,mpix_per_s,ratio_to_decode,ratio_to_decode_as_loader,"
-           "peak_rss_mib,children_peak_rss_mib"]
+    header = ("contender,threads,images_per_s,mpix_per_s,ratio_to_decode,"
+              "ratio_to_decode_as_loader,peak_rss_mib,children_peak_rss_mib")
+    csv = [header]
     for r in sorted(rows, key=lambda r: (r["threads"], names.index(r["name"]))):
         full, same = r["vs_full"], r["vs_same"]
         rounds = " ".join(f"{x:.0f}" for x in r["rates"])

@@ -34,7 +34,7 @@ class _Opaque:
 def _batches(ds: Any, transform: Any, *, threads: int, epochs: int = 2) -> list[dict[str, Any]]:
     loader = Loader(ds, batch_size=16, shuffle=True, seed=7, transform=transform,
                     num_threads=threads, copy=True)
-    out = []
+    out: list[dict[str, Any]] = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         out.extend(loader)
@@ -75,7 +75,7 @@ def test_train_preset_writes_images_in_place(clean_ds: Any) -> None:
         seen.append((row, sample["image"], kwargs.get("written")))
         write(row, sample, **kwargs)
 
-    buffer.write = spy  # type: ignore[method-assign]
+    buffer.write = spy  # type: ignore[method-assign,assignment]
     builder.build_slice(ctx, np.arange(8, dtype=np.int64), buffer, 0)
     assert len(seen) == 8
     for row, image, written in seen:
@@ -111,7 +111,7 @@ def test_release_from_a_pool_thread_does_not_join_itself(clean_ds: Any) -> None:
     next(iter(loader))
     executor = loader._executor
     assert executor is not None
-    threads = list(executor._threads)  # noqa: SLF001 - the pool's own threads
+    threads = list(executor._threads)  # the pool's own threads
     # What the garbage collector does when the last reference dies on a worker thread.
     executor.submit(loader._finalizer).result(timeout=30)
     for thread in threads:
@@ -145,7 +145,7 @@ def test_gc_on_a_worker_thread_leaves_no_unraisable_error(
                     prefetch_batches=2)
     iterator = iter(loader)
     next(iterator)
-    threads = list(loader._executor._threads)  # type: ignore[union-attr]  # noqa: SLF001
+    threads = list(loader._executor._threads)  # type: ignore[union-attr]
     del loader, iterator  # the loader and its run now only reference each other
     gc.disable()  # so that the collection happens on the worker thread
     try:

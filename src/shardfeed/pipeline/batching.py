@@ -125,7 +125,8 @@ class BatchBuffer:
     def slot(self, name: str, row: int) -> np.ndarray:
         """Row ``row`` of array column ``name``: a view a transform may write the value into
         (``out=``); :meth:`write` then skips that key when the sample holds this very view."""
-        return self.arrays[name][row]
+        view: np.ndarray = self.arrays[name][row]
+        return view
 
     def write(
         self, row: int, sample: Mapping[str, Any], *, where: str | Callable[[], str],

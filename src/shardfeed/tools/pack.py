@@ -18,6 +18,7 @@ Memory: about ``4 × workers`` records in flight.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -81,13 +82,18 @@ def ordered_map(
 
     At most ``4 × workers`` results are in flight. On error the pending work is cancelled
     and the first exception (in item order) propagates.
+
+    Processes start with "forkserver" (or "spawn" where there is none), never a plain fork:
+    forking a process that runs threads (JAX, torch, a progress bar) can deadlock the child.
+    ``fn`` and the items must therefore pickle, and a script that packs with processes needs
+    the usual ``if __name__ == "__main__":`` guard.
     """
     if workers == 1:
         yield from map(fn, items)
         return
     pool: Executor = (
         ThreadPoolExecutor(max_workers=workers) if executor == "thread"
-        else ProcessPoolExecutor(max_workers=workers)
+        else ProcessPoolExecutor(max_workers=workers, mp_context=_process_context())
     )
     pending: deque[Future[R]] = deque()
     try:
@@ -99,6 +105,11 @@ def ordered_map(
             yield pending.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _process_context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def _read_input(

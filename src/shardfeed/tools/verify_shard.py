@@ -145,22 +145,18 @@ def check_shard(job: ShardJob, advance: Callable[[int], object]) -> ShardCheck:
         pos, record, reported = 0, 0, 0
         while pos < size:
             header = blocks.read(pos, spec.HEADER_BYTES)
-            if len(header) < spec.HEADER_BYTES:
-                if record == 0 and _compressed(header):
-                    problem(COMPRESSED, "the file is GZIP/ZLIB-compressed and cannot be read by "
-                            "offset; convert it with `shardfeed pack FILE OUT --from-tfrecord`",
-                            0, 0)
-                    break
+            whole = len(header) == spec.HEADER_BYTES
+            length, length_crc = _HEADER.unpack(header) if whole else (0, 0)
+            header_ok = whole and masked_crc32c(header[:spec.LENGTH_BYTES]) == length_crc
+            if not header_ok and record == 0 and _compressed(header):
+                problem(COMPRESSED, "the file is GZIP/ZLIB-compressed and cannot be read by "
+                        "offset; convert it with `shardfeed pack FILE OUT --from-tfrecord`", 0, 0)
+                break
+            if not whole:
                 problem(TRUNCATED, f"the file ends at byte {size} inside this record's header; "
                         f"{record} whole records precede it: re-create the shard", record, pos)
                 break
-            length, length_crc = _HEADER.unpack(header)
-            if masked_crc32c(header[:spec.LENGTH_BYTES]) != length_crc:
-                if record == 0 and _compressed(header):
-                    problem(COMPRESSED, "the file is GZIP/ZLIB-compressed and cannot be read by "
-                            "offset; convert it with `shardfeed pack FILE OUT --from-tfrecord`",
-                            0, 0)
-                    break
+            if not header_ok:
                 if record == 0 and index is None:
                     problem(NOT_TFRECORD, "the first record's length CRC does not match: this "
                             "is not a TFRecord file (or its first header is damaged)", 0, 0)

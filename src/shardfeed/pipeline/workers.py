@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
-from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder
+from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, in_place_keys
 from shardfeed.pipeline.source import EpochContext, Sample, SampleKey
 
 _WORKER: dict[str, Any] = {}
@@ -53,6 +53,7 @@ def _init_worker(payload: bytes, layout: BatchLayout, names: list[str]) -> None:
     _WORKER.update(
         source=source, transform=transform, blocks=blocks,
         buffers=[BatchBuffer(layout, block.buf) for block in blocks],
+        in_place=in_place_keys(source, transform, layout),
     )
 
 
@@ -61,12 +62,21 @@ def _make_rows(buffer_index: int, first_row: int, seed: int, epoch: int, items: 
     source = _WORKER["source"]
     transform = _WORKER["transform"]
     buffer: BatchBuffer = _WORKER["buffers"][buffer_index]
+    in_place: tuple[str, ...] = _WORKER["in_place"]
     lists: dict[int, dict[str, Any]] = {}
     bad: list[int] = []
     for item in items:
         key = SampleKey(seed, epoch, item.position)
+        row = first_row + item.row
+        # The image is written straight into the shared batch row when the transform can.
+        slots = {k: buffer.slot(k, row) for k in in_place} if in_place else None
         try:
-            sample = source.make_sample(key, item.record_ids, item.records, transform)
+            if slots:
+                sample = source.make_sample(
+                    key, item.record_ids, item.records, transform, out=slots
+                )
+            else:
+                sample = source.make_sample(key, item.record_ids, item.records, transform)
         except DATA_ERRORS as exc:
             if skip:
                 bad.append(item.row)
@@ -76,8 +86,7 @@ def _make_rows(buffer_index: int, first_row: int, seed: int, epoch: int, items: 
         except Exception as exc:
             exc.shardfeed_row = item.row  # type: ignore[attr-defined]
             raise
-        row = first_row + item.row
-        buffer.write(row, sample, where=f"epoch position {item.position}")
+        buffer.write(row, sample, where=f"epoch position {item.position}", written=slots)
         lists[item.row] = {name: values[row] for name, values in buffer.lists.items()}
     return lists, bad
 

@@ -4,11 +4,11 @@ Builds three small datasets from scikit-image's photographs (no download) in the
 real use cases, then packs, verifies, trains, windows, patches, reports and benches:
 
   timelapse   4 days x 40 frames 8 s apart, 23 float labels, day + timestamp columns
-              -> windows of 3 frames 16 s apart, never across a day or a gap
+              -> windows of 3 frames 16 s apart, never across a day or a gap; a short bench
   highres     8 photographs upscaled to 1024-1566 px -> cached random 64 px patches
   labelled    2,000 64 px crops, 10 labels sorted ascending, a PNG mask each
               -> a shuffled train epoch with masks; the shuffle report (exact shuffle vs a
-                 shuffle buffer, with plots); a short bench
+                 shuffle buffer, with plots)
 
 Everything in --out is identical from run to run except timings/. An --out folder written by
 an earlier demo is replaced; any other non-empty folder is refused.

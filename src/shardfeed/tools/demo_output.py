@@ -129,7 +129,7 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
     bench = timings["bench"]
     lines += [
         "",
-        (f"bench over labelled ({bench['seconds']:.1f} s, {bench['threads']} threads): "
+        (f"bench over timelapse ({bench['seconds']:.1f} s, {bench['threads']} threads): "
         f"{bench['images_per_s']:,.0f} images/s, decode limit "
         f"{bench['decode_limit_images_per_s']:,.0f} images/s "
         f"(ratio {bench['ratio_to_decode_limit']:.2f}), first batch "

@@ -18,9 +18,9 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from shardfeed.errors import ShardfeedError
+from shardfeed.format.schema import ImageInfo
 from shardfeed.tools import packfiles
 from shardfeed.tools.verify_report import (
     BAD_DATA_CRC,
@@ -68,7 +68,7 @@ __all__ = [
 
 def _expected_from_manifest(
     manifest_path: str,
-) -> tuple[list[str], list[Expected], str | None, Any, Any, bool]:
+) -> tuple[list[str], list[Expected], str | None, ImageInfo | None, ImageInfo | None, bool]:
     """Shard paths, what the manifest says of each, the root, image key, mask key, and
     whether the records reference image files."""
     from shardfeed.format.manifest import Manifest
@@ -89,7 +89,7 @@ def _expected_from_manifest(
     return paths, expected, root, image, mask, manifest.mode == "referenced"
 
 
-def _sampled_slots(paths: Sequence[str]) -> tuple[Any, Any]:
+def _sampled_slots(paths: Sequence[str]) -> tuple[ImageInfo | None, ImageInfo | None]:
     """Image and mask info inferred from the first records of the first readable file
     (files without a manifest); (None, None) when nothing can be read."""
     from shardfeed.format.example import decode_example

@@ -22,6 +22,7 @@ import numpy as np
 from shardfeed.errors import SchemaError, ShardfeedError, location
 from shardfeed.format import spec
 from shardfeed.format.crc import masked_crc32c
+from shardfeed.format.schema import ImageInfo
 from shardfeed.tools.verify_report import (
     BAD_DATA_CRC,
     BAD_LENGTH_CRC,
@@ -65,8 +66,8 @@ class ShardJob:
     decode: bool
     root: str | None
     check_paths: bool
-    image: Any
-    mask: Any
+    image: ImageInfo | None
+    mask: ImageInfo | None
 
 
 class _Blocks:
@@ -216,32 +217,16 @@ def _next_indexed(index: np.ndarray | None, record: int, pos: int) -> int | None
     return int(index[record + 1])
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """Where one image (or mask) is in a record: key, encoding, shape keys."""
-
-    key: str
-    encoding: str
-    height_key: str | None = None
-    width_key: str | None = None
-    channels_key: str | None = None
-
-
+# Where images and masks may be when the schema does not say: the standard feature names.
 _DEFAULT_SLOTS = (
-    ("image", (_Slot(spec.IMAGE_ENCODED, "mixed"),
-               _Slot(spec.IMAGE_RAW, "raw", spec.IMAGE_HEIGHT, spec.IMAGE_WIDTH,
-                     spec.IMAGE_CHANNELS),
-               _Slot(spec.IMAGE_PATH, "path"))),
-    ("mask", (_Slot(spec.MASK_ENCODED, "mixed"),
-              _Slot(spec.MASK_RAW, "raw", spec.MASK_HEIGHT, spec.MASK_WIDTH),
-              _Slot("mask/path", "path"))),
+    ("image", (ImageInfo(spec.IMAGE_ENCODED, "mixed"),
+               ImageInfo(spec.IMAGE_RAW, "raw", spec.IMAGE_HEIGHT, spec.IMAGE_WIDTH,
+                         spec.IMAGE_CHANNELS),
+               ImageInfo(spec.IMAGE_PATH, "path"))),
+    ("mask", (ImageInfo(spec.MASK_ENCODED, "mixed"),
+              ImageInfo(spec.MASK_RAW, "raw", spec.MASK_HEIGHT, spec.MASK_WIDTH),
+              ImageInfo(spec.MASK_PATH, "path"))),
 )
-
-
-def _slot(info: Any) -> _Slot | None:
-    if info is None:
-        return None
-    return _Slot(info.key, info.encoding, info.height_key, info.width_key, info.channels_key)
 
 
 def _dim(features: dict[str, Any], key: str | None) -> int | None:
@@ -267,7 +252,7 @@ def _check_payload(
         return 0
     count = 0
     for role, defaults in _DEFAULT_SLOTS:
-        given = _slot(job.image if role == "image" else job.mask)
+        given = job.image if role == "image" else job.mask
         slots = (given,) if given is not None else defaults
         kind = UNDECODABLE_IMAGE if role == "image" else UNDECODABLE_MASK
         for slot in slots:

@@ -117,7 +117,8 @@ class Schema:
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the manifest's ``schema`` entry)."""
         return {
-            "features": {name: info.to_json() for name, info in self.features.items()},
+            # name order: the same schema always serialises to the same bytes
+            "features": {name: self.features[name].to_json() for name in sorted(self.features)},
             "image": None if self.image is None else self.image.to_json(),
             "mask": None if self.mask is None else self.mask.to_json(),
             "label_key": self.label_key,
@@ -233,7 +234,7 @@ def infer_schema(decoded_records: Iterable[Mapping[str, Value]]) -> Schema:
             kind=kinds[name] or "bytes",
             length=next(iter(c)) if len(c) == 1 and all(name in r for r in records) else None,
         )
-        for name, c in counts.items()
+        for name, c in sorted(counts.items())
     }
     hkey = _present(features, S.IMAGE_HEIGHT)
     wkey = _present(features, S.IMAGE_WIDTH)

@@ -64,26 +64,6 @@ def _json_dump(path: str, data: Any) -> None:
         f.write("\n")
 
 
-def _sort_manifest_features(path: str) -> None:
-    """Rewrite a manifest with its schema's features in name order.
-
-    ``pack`` lists the features in the order a parsed Example yields them, which follows
-    protobuf's map order and changes from process to process; the demo promises identical
-    bytes every run, so it puts them in a stable order (the content is unchanged).
-    """
-    import dataclasses
-
-    from shardfeed.format.manifest import Manifest
-
-    manifest = Manifest.load(path)
-    if manifest.schema is None:
-        return
-    features = dict(sorted(manifest.schema.features.items()))
-    if list(features) != list(manifest.schema.features):
-        schema = dataclasses.replace(manifest.schema, features=features)
-        dataclasses.replace(manifest, schema=schema).save(path)
-
-
 def _pack_all(build: str, sizes: DemoSizes, workers: int, step: Report) -> dict[str, Any]:
     from shardfeed.tools.csvinput import CsvColumns
     from shardfeed.tools.pack import pack
@@ -109,7 +89,6 @@ def _pack_all(build: str, sizes: DemoSizes, workers: int, step: Report) -> dict[
     datasets: dict[str, Any] = {}
     for name, (source, options, what) in jobs.items():
         result = pack(source, os.path.join(build, "datasets", name), workers=workers, **options)
-        _sort_manifest_features(result.manifest)
         datasets[name] = {
             "path": f"datasets/{name}", "what": what, "records": result.records,
             "shards": result.shards, "bytes": result.bytes,

@@ -114,6 +114,12 @@ class BatchBuffer:
                     self._raw, dtype=np.dtype(f.dtype), count=count, offset=offset
                 )
                 self.arrays[f.name] = column.reshape((layout.batch_size, *f.shape))
+        # Per field: its column (None for lists), the shape and dtype a sample's value has.
+        self._plan: list[tuple[Field, np.ndarray | None, tuple[int, ...], np.dtype[Any]]] = [
+            (f, self.arrays.get(f.name), (1,) if f.squeeze else f.shape,
+             np.dtype(f.dtype) if f.is_array else np.dtype(np.uint8))
+            for f in layout.fields
+        ]
         self.lists: dict[str, list[Any]] = {}
         self.reset_lists()
 
@@ -146,12 +152,15 @@ class BatchBuffer:
                 f"{sorted(expected)}: every sample must have the same keys; make the transform "
                 "return the same keys for every record"
             )
-        for f in fields:
+        for f, column, shape, dtype in self._plan:
             value = sample[f.name]
-            if not f.is_array:
+            if column is None:
                 self.lists[f.name][row] = value
                 continue
             if written is not None and value is written.get(f.name):
+                continue
+            if type(value) is np.ndarray and value.shape == shape and value.dtype == dtype:
+                column[row] = value[0] if f.squeeze else value  # the common case: no checks
                 continue
             array = np.asarray(value)
             shape = (1,) if f.squeeze else f.shape
@@ -206,6 +215,7 @@ class SharedBatchRing:
         buffers = getattr(self, "buffers", [])
         for buffer in buffers:
             buffer.arrays.clear()
+            buffer._plan = []
             buffer._raw = np.empty(0, dtype=np.uint8)
         self.buffers = []
         for block in self.blocks:

@@ -81,9 +81,3 @@ def make_packed(tmp_path: Path) -> Callable[..., Path]:
 
     return _make
 
-
-# The S3-compatible server on 127.0.0.1 shared by every test area (tests/storage/s3_fixture.py)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "storage"))
-from s3_fixture import s3_server, s3_server_session
-
-__all__ = ["s3_server", "s3_server_session"]

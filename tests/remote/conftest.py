@@ -13,11 +13,11 @@ sys.path.insert(0, str(_TESTS / "storage"))
 sys.path.insert(0, str(_TESTS / "distributed"))
 
 from dist_helpers import write_records
-from s3_fixture import S3Server, s3_server, s3_server_session
+from s3_fixture import S3Server
 
 from shardfeed.tools.index import index_files
 
-__all__ = ["S3Server", "records_dataset", "s3_server", "s3_server_session"]
+__all__ = ["S3Server", "records_dataset"]
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from s3_fixture import S3Server, s3_server, s3_server_session
+from s3_fixture import S3Server
 
-__all__ = ["S3Server", "s3_server", "s3_server_session"]
+__all__ = ["S3Server"]  # the s3_server fixtures come from tests/conftest.py

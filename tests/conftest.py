@@ -14,7 +14,7 @@ TF_FIXTURES = TESTS / "data" / "tf"
 # The S3-compatible server on 127.0.0.1 (tests/storage/s3_fixture.py), defined here once so
 # that every test area shares one session server: a per-folder re-export would start another.
 sys.path.insert(0, str(TESTS / "storage"))
-from s3_fixture import s3_server, s3_server_session  # noqa: E402
+from s3_fixture import s3_server, s3_server_session
 
 __all__ = ["s3_server", "s3_server_session", "tf_fixtures"]
 

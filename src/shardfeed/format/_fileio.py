@@ -33,4 +33,4 @@ def size(path: str | os.PathLike[str]) -> int:
 
 def fsync_folder(folder: str) -> None:
     """Make a rename inside ``folder`` durable (POSIX); a no-op where folders cannot be opened."""
-    files._fsync_folder(folder)
+    files.fsync_folder(folder)

@@ -108,7 +108,8 @@ def read_bytes(
     return data
 
 
-def _fsync_folder(folder: str) -> None:
+def fsync_folder(folder: str) -> None:
+    """Make a rename or a new file in a local folder durable (fsync of the folder itself)."""
     # Makes the rename itself durable; not every platform lets a folder be opened.
     try:
         fd = os.open(folder or ".", os.O_RDONLY)
@@ -139,7 +140,7 @@ def _atomic_local(path: str, fill: Callable[[BinaryIO], None]) -> None:
         with contextlib.suppress(OSError):
             os.remove(temp)
         raise
-    _fsync_folder(folder)
+    fsync_folder(folder)
 
 
 @functools.cache

@@ -25,6 +25,7 @@ import numpy as np
 
 from shardfeed.errors import PackError, ShardfeedError
 from shardfeed.format import spec
+from shardfeed.format.manifest import Mode
 from shardfeed.tools.packplan import PackPlan
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ def write_manifest(
     out: str,
     shards: Sequence[Any],
     *,
-    mode: str,
+    mode: Mode,
     root: str | None,
     label_key: str | None,
     vocabularies: Mapping[str, Sequence[str]],

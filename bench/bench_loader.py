@@ -26,6 +26,10 @@ a tf.data one with the same signature and register it):
 - ``torch-pil``: torch DataLoader(num_workers=T, batch 64, shuffled) over the .jpg files,
   PIL decode + RandomResizedCrop + flip written with PIL and NumPy (no torchvision).
 
+Then, per thread count, a *paired* run: one process alternates decode-limit runs and loader
+epochs a second apart and prints the median ratio of each pair. On a machine shared with other
+work this ratio is far steadier than one between subprocesses run tens of seconds apart.
+
 ``--other-src PATH`` adds ``shardfeed@other``: the same shardfeed contender importing the
 package from another source tree (``PATH`` is the folder that holds ``shardfeed/``), to
 compare two versions in one interleaved run.
@@ -130,7 +134,12 @@ def _payloads(folder: Path) -> list[bytes]:
     return [r["image/encoded"] for r in ds.read_many(list(range(len(ds))))]
 
 
-def _decode_rate(payloads: list[bytes], threads: int, **settings: bool) -> tuple[int, float]:
+Timing = tuple[int, float, "float | None"]
+"""Images, wall seconds and CPU seconds of this process (None where the work runs in other
+processes) of one timed run."""
+
+
+def _decode_rate(payloads: list[bytes], threads: int, **settings: bool) -> Timing:
     import simplejpeg
 
     def decode(data: bytes) -> Any:
@@ -139,17 +148,17 @@ def _decode_rate(payloads: list[bytes], threads: int, **settings: bool) -> tuple
     with ThreadPoolExecutor(threads) as pool:
         for _ in pool.map(decode, payloads[: 16 * threads]):  # warm-up
             pass
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in pool.map(decode, payloads, chunksize=16):
             pass
-        return len(payloads), time.perf_counter() - start
+        return len(payloads), time.perf_counter() - start, time.process_time() - cpu
 
 
-def run_decode(folder: Path, args: argparse.Namespace) -> tuple[int, float]:
+def run_decode(folder: Path, args: argparse.Namespace) -> Timing:
     return _decode_rate(_payloads(folder), args.threads)
 
 
-def run_decode_as_loader(folder: Path, args: argparse.Namespace) -> tuple[int, float]:
+def run_decode_as_loader(folder: Path, args: argparse.Namespace) -> Timing:
     return _decode_rate(
         _payloads(folder), args.threads, fastdct=True, fastupsample=_loader_fast_upsample()
     )
@@ -163,27 +172,58 @@ def _loader_fast_upsample() -> bool:
     return bool(getattr(next(iter(pipeline)), "fast_upsample", False))
 
 
-def run_shardfeed(folder: Path, args: argparse.Namespace) -> tuple[int, float]:
+def _train_loader(folder: Path, threads: int) -> Any:
     from shardfeed.dataset import Dataset
     from shardfeed.pipeline import Loader
     from shardfeed.transforms import presets
 
     loader = Loader(
         Dataset(str(folder / "shards")), batch_size=BATCH, shuffle=True, seed=0,
-        transform=presets.train(size=SIZE), num_threads=args.threads, prefetch_batches=4,
+        transform=presets.train(size=SIZE), num_threads=threads, prefetch_batches=4,
         drop_last=True,
     )
     for k, _batch in enumerate(loader):  # warm-up: threads started, buffers touched
         if k + 1 == WARMUP_BATCHES:
             break
-    loader.set_epoch(1)
+    return loader
+
+
+def _loader_epoch(loader: Any, epoch: int) -> Timing:
+    loader.set_epoch(epoch)
     images = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for batch in loader:
         images += len(batch["image/class/label"])
-    seconds = time.perf_counter() - start
+    return images, time.perf_counter() - start, time.process_time() - cpu
+
+
+def run_shardfeed(folder: Path, args: argparse.Namespace) -> Timing:
+    loader = _train_loader(folder, args.threads)
+    result = _loader_epoch(loader, 1)
     loader.close()
-    return images, seconds
+    return result
+
+
+def run_paired(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Ratios measured in one process: the loader's epoch between two decode-limit runs
+    (default settings, then the loader's settings; the order alternates), ``repeats`` times.
+    Each ratio compares runs a second apart, so a change of load from other processes hits
+    both sides (separate subprocesses are tens of seconds apart)."""
+    payloads = _payloads(folder)
+    loader = _train_loader(folder, args.threads)
+    fast = {"fastdct": True, "fastupsample": _loader_fast_upsample()}
+    vs_full, vs_same = [], []
+    for k in range(args.repeats):
+        settings: list[dict[str, bool]] = [{}, fast] if k % 2 == 0 else [fast, {}]
+        before = _decode_rate(payloads, args.threads, **settings[0])
+        images, seconds, _cpu = _loader_epoch(loader, k + 1)
+        after = _decode_rate(payloads, args.threads, **settings[1])
+        rate = images / seconds
+        full, same = (before, after) if k % 2 == 0 else (after, before)
+        vs_full.append(rate / (full[0] / full[1]))
+        vs_same.append(rate / (same[0] / same[1]))
+    loader.close()
+    return {"vs_full": vs_full, "vs_same": vs_same}
 
 
 class _PilFiles:
@@ -225,7 +265,7 @@ class _PilFiles:
         return torch.from_numpy(np.ascontiguousarray(array)), label
 
 
-def run_torch_pil(folder: Path, args: argparse.Namespace) -> tuple[int, float]:
+def run_torch_pil(folder: Path, args: argparse.Namespace) -> Timing:
     import torch
     from torch.utils.data import DataLoader
 
@@ -246,16 +286,18 @@ def run_torch_pil(folder: Path, args: argparse.Namespace) -> tuple[int, float]:
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None:  # stop the workers so that their peak RSS is counted
         iterator._shutdown_workers()
-    return images, seconds
+    return images, seconds, None  # the work runs in the worker processes
 
 
-CONTENDERS: dict[str, Callable[[Path, argparse.Namespace], tuple[int, float]]] = {
+CONTENDERS: dict[str, Callable[[Path, argparse.Namespace], Timing]] = {
     "decode": run_decode,
     "decode-as-loader": run_decode_as_loader,
     "shardfeed": run_shardfeed,
     "torch-pil": run_torch_pil,
 }
 OTHER = "shardfeed@other"
+PAIRED = "paired"
+PAIRED_OTHER = "paired@other"
 
 
 # -- driver ---------------------------------------------------------------------------------------
@@ -263,14 +305,20 @@ OTHER = "shardfeed@other"
 
 def child(name: str, folder: Path, args: argparse.Namespace) -> None:
     """Run one contender for one timed epoch; print JSON with the rate and peak RSS."""
+    if name in (PAIRED, PAIRED_OTHER):
+        print(json.dumps({"name": name, **run_paired(folder, args)}))
+        sys.stdout.flush()
+        os._exit(0)
     runner = CONTENDERS["shardfeed" if name == OTHER else name]
-    images, seconds = runner(folder, args)
+    images, seconds, cpu = runner(folder, args)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak_children_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     import shardfeed
 
     print(json.dumps({
         "name": name, "images": images, "rate": images / seconds,
+        "cpu_us": None if cpu is None else cpu / images * 1e6,
+        "cores": None if cpu is None else cpu / seconds,
         "rss_mib": peak_kib / 1024, "children_rss_mib": peak_children_kib / 1024,
         "package": os.path.dirname(shardfeed.__file__),
     }))
@@ -281,12 +329,12 @@ def child(name: str, folder: Path, args: argparse.Namespace) -> None:
 def _run_child(name: str, threads: int, folder: Path, args: argparse.Namespace
                ) -> dict[str, Any] | None:
     env = dict(os.environ)
-    if name == OTHER:
+    if name in (OTHER, PAIRED_OTHER):
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (args.other_src, env.get("PYTHONPATH", "")) if p
         )
     command = [sys.executable, __file__, "--child", name, "--folder", str(folder),
-               "--threads", str(threads)]
+               "--threads", str(threads), "--repeats", str(args.repeats)]
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -294,6 +342,11 @@ def _run_child(name: str, threads: int, folder: Path, args: argparse.Namespace
         return None
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def _median_or_nan(values: list[float | None]) -> float:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else math.nan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,6 +378,14 @@ def main(argv: list[str] | None = None) -> int:
                     if result is not None:
                         result["round"] = round_index
                         runs.setdefault((name, threads), []).append(result)
+        paired: list[tuple[str, int, dict[str, Any]]] = []
+        for threads in args.threads:
+            for name in [PAIRED, PAIRED_OTHER] if args.other_src else [PAIRED]:
+                if "shardfeed" in names:
+                    result = _run_child(name, threads, folder, args)
+                    if result is not None:
+                        paired.append((name, threads, result))
+
     def ratio(results: list[dict[str, Any]], limit: str, threads: int) -> float:
         """Median over rounds of rate / the limit's rate in the same round (load from other
         processes changes between rounds, less within one)."""
@@ -342,27 +403,47 @@ def main(argv: list[str] | None = None) -> int:
             "vs_same": ratio(results, "decode-as-loader", threads),
             "rss_mib": max(r["rss_mib"] for r in results),
             "children_rss_mib": max(r["children_rss_mib"] for r in results),
+            "cpu_us": _median_or_nan([r["cpu_us"] for r in results]),
+            "cores": _median_or_nan([r["cores"] for r in results]),
         })
+    cpu_limit = {r["threads"]: r["cpu_us"] for r in rows if r["name"] == "decode"}
     mpix = WIDTH * HEIGHT / 1e6
     print(f"{args.images} JPEGs {WIDTH}x{HEIGHT} q90, output {SIZE}x{SIZE} uint8, batch {BATCH}, "
           f"median of {args.repeats} interleaved epochs, {os.cpu_count()} CPUs; 'vs ...' = "
           "median over rounds of images/s / that decode limit in the same round and thread count")
+    print("CPU us/img: CPU time of the contender's process per image (all its threads);"
+          " 'decode CPU/CPU': the decode limit's CPU per image / this one's (1.00 = as little"
+          " work per image as a bare decode; independent of how much of the machine it got);"
+          " cores: CPU seconds / wall seconds")
     print(f"{'contender':<18} {'thr':>3} {'images/s':>9} {'MPix/s':>7} {'vs decode':>9} "
-          f"{'vs dec-as-ld':>12} {'RSS MiB':>8} {'workers RSS':>11}  rounds")
+          f"{'vs dec-as-ld':>12} {'CPU us/img':>10} {'decode CPU/CPU':>14} {'cores':>5} "
+          f"{'RSS MiB':>8} {'workers RSS':>11}  rounds")
     header = ("contender,threads,images_per_s,mpix_per_s,ratio_to_decode,"
-              "ratio_to_decode_as_loader,peak_rss_mib,children_peak_rss_mib")
+              "ratio_to_decode_as_loader,cpu_us_per_image,decode_cpu_ratio,cores_busy,"
+              "peak_rss_mib,children_peak_rss_mib")
     csv = [header]
     for r in sorted(rows, key=lambda r: (r["threads"], names.index(r["name"]))):
         full, same = r["vs_full"], r["vs_same"]
         rounds = " ".join(f"{x:.0f}" for x in r["rates"])
+        work = cpu_limit.get(r["threads"], math.nan) / r["cpu_us"]
         print(f"{r['name']:<18} {r['threads']:>3} {r['rate']:>9.1f} {r['rate'] * mpix:>7.1f} "
-              f"{full:>9.2f} {same:>12.2f} {r['rss_mib']:>8.0f} "
-              f"{r['children_rss_mib']:>11.0f}  {rounds}")
+              f"{full:>9.2f} {same:>12.2f} {r['cpu_us']:>10.0f} {work:>14.2f} "
+              f"{r['cores']:>5.2f} {r['rss_mib']:>8.0f} {r['children_rss_mib']:>11.0f}  {rounds}")
         csv.append(f"{r['name']},{r['threads']},{r['rate']:.1f},{r['rate'] * mpix:.2f},"
-                   f"{full:.3f},{same:.3f},{r['rss_mib']:.0f},"
-                   f"{r['children_rss_mib']:.0f}")
+                   f"{full:.3f},{same:.3f},{r['cpu_us']:.0f},{work:.3f},{r['cores']:.2f},"
+                   f"{r['rss_mib']:.0f},{r['children_rss_mib']:.0f}")
     print()
     print("\n".join(csv))
+    if paired:
+        print()
+        print(f"paired, in one process: shardfeed's epoch between decode-limit runs, {args.repeats}"
+              " times; median ratio (each pair)")
+        print(f"{'contender':<18} {'thr':>3} {'vs decode':>9} {'vs dec-as-ld':>12}  pairs")
+        for name, threads, result in paired:
+            label = "shardfeed" if name == PAIRED else OTHER
+            each = " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(result["vs_full"], result["vs_same"]))
+            print(f"{label:<18} {threads:>3} {statistics.median(result['vs_full']):>9.2f} "
+                  f"{statistics.median(result['vs_same']):>12.2f}  {each}")
     return 0
 
 

@@ -5,7 +5,7 @@ Determinism: the sample at global epoch position ``p`` is ``source.make_sample``
 takes positions ``RankShare(total, rank, world_size, start=consumed, remainder=...)``.
 Nothing depends on the number of threads or processes, the prefetch depth or timing.
 
-Ranks (``rank``/``world_size`` None: detected, see :mod:`shardfeed.loaders.distributed`)::
+Ranks (``rank``/``world_size`` None: detected, see :mod:`shardfeed.pipeline.ranks`)::
 
     epoch positions   0  1  2  3  4  5  6  7  8  9  10 11 12 13      total = 14, W = 4
     ranks             r0 r1 r2 r3 r0 r1 r2 r3 r0 r1 r2 r3 r0 r1
@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 
 from shardfeed.errors import ShardfeedError, StateError
-from shardfeed.loaders.distributed import RankInfo, resolve_ranks
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
 from shardfeed.pipeline.epoch import EpochRun
 from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
+from shardfeed.pipeline.ranks import RankInfo, resolve_ranks
 from shardfeed.pipeline.source import EpochContext, Sample, Source, as_source
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.permutation import EpochOrder

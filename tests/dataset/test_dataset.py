@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-import shardfeed.dataset.dataset as dataset_module
+import shardfeed.dataset.sources as sources_module
 import shardfeed.dataset.shards as shards_module
 from shardfeed.dataset import Dataset, ReadOptions
 from shardfeed.errors import CorruptRecordError, FormatError, SchemaError, StorageError
@@ -129,10 +129,10 @@ class CountingSource:
 
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
-    real = dataset_module.open_source
+    real = sources_module.open_source
     log: ClassVar[list[tuple[str, int, int]]] = []
     CountingSource.log = log
-    monkeypatch.setattr(dataset_module, "open_source", lambda url: CountingSource(real(url)))
+    monkeypatch.setattr(sources_module, "open_source", lambda url: CountingSource(real(url)))
     return log
 
 

@@ -36,16 +36,19 @@ def test_loader_over_s3_survives_a_server_cut(
     with Dataset(str(folder)) as local_ds, Loader(local_ds, **options) as local:
         expected = stream(local)
     restarted = []
+    # a retry budget far above any restart time
+    patient = {"retries": 30, "backoff_seconds": 0.05, "max_backoff_seconds": 0.5}
 
-    def cut() -> None:
-        s3_server.stop()
-        restarted.append(s3_server.restart_later(0.6))
+    with Dataset(url, source_options=patient) as remote_ds, \
+            Loader(remote_ds, **options) as remote:
+        def cut() -> None:
+            s3_server.stop()  # back once a read has failed and is being retried
+            restarted.append(s3_server.start_when(
+                lambda: remote_ds.storage_stats()["retries"] > 0))
 
-    with Dataset(url) as remote_ds, Loader(remote_ds, **options) as remote:
         got = stream(remote, cut=cut, cut_after=5)
-        retries = sum(src.stats()["retries"] for src in remote_ds._sources.values()
-                      if isinstance(src, RemoteSource))
-    restarted[0].join()
+        retries = remote_ds.storage_stats()["retries"]
+    restarted[0].join(timeout=120)
     assert got == expected  # nothing lost, nothing twice, same order
     assert sorted(i for ids, _ in got for i in ids) == list(range(240))
     assert retries > 0  # the cut was felt, and recovered from

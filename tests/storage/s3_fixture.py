@@ -26,10 +26,12 @@ botocore settings. ``s3_server`` (per test) clears s3fs's instance cache and the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,39 @@ class LoggedRequest:
     method: str
     path: str
     range: str | None
+
+
+class Gate:
+    """Requests wait in :meth:`arrive` until ``parties`` of them are there, then all pass."""
+
+    def __init__(self, parties: int, timeout_seconds: float) -> None:
+        self.parties = parties
+        self.timeout_seconds = timeout_seconds
+        self.opened = False
+        self.most_waiting = 0
+        self._waiting = 0
+        self._released = False
+        self._cond = threading.Condition()
+
+    def arrive(self) -> None:
+        with self._cond:
+            if self.opened or self._released:
+                return
+            self._waiting += 1
+            self.most_waiting = max(self.most_waiting, self._waiting)
+            if self._waiting >= self.parties:
+                self.opened = True
+                self._cond.notify_all()
+            else:
+                self._cond.wait_for(lambda: self.opened or self._released,
+                                    self.timeout_seconds)
+            self._waiting -= 1
+
+    def release(self) -> None:
+        """Let every waiting request go (the gate stays as it was: ``opened`` unchanged)."""
+        with self._cond:
+            self._released = True
+            self._cond.notify_all()
 
 
 def _free_port() -> int:
@@ -66,11 +101,20 @@ class S3Server:
         self._log_lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # start/stop from the test and restart threads
+        self._placeholder: socket.socket | None = None
+        self._gate: Gate | None = None
         self._buckets = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Listen (again) on the port; a no-op while running."""
+        with self._state_lock:
+            if self._server is None:
+                self._start()
+
+    def _start(self) -> None:
         from moto.moto_server.werkzeug_app import (
             DomainDispatcherApplication,
             MotoRequestHandler,
@@ -82,13 +126,15 @@ class S3Server:
         app = DomainDispatcherApplication(create_backend_app)
 
         def logging_app(environ: dict[str, Any], start_response: Any) -> Any:
+            request = LoggedRequest(
+                environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
+                environ.get("HTTP_RANGE"),
+            )
             with owner._log_lock:
-                owner._log.append(
-                    LoggedRequest(
-                        environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
-                        environ.get("HTTP_RANGE"),
-                    )
-                )
+                owner._log.append(request)
+                gate = owner._gate
+            if gate is not None and request.range is not None:
+                gate.arrive()
             return app(environ, start_response)
 
         class Handler(MotoRequestHandler):
@@ -107,32 +153,65 @@ class S3Server:
                     with owner._conn_lock:
                         owner._connections.discard(self.connection)
 
-        self._server = make_server(
+        server = make_server(
             "127.0.0.1", self.port, logging_app, threaded=True, request_handler=Handler
         )
+        self._release_port()  # the listener holds the port now
+        self._server = server
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="moto-s3", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop listening and cut every open connection (clients see refused/reset)."""
-        server, self._server = self._server, None
-        if server is None:
+        """Stop listening and cut every open connection (clients see refused/reset).
+
+        The port stays reserved while the server is down (a bound socket that does not
+        listen: connections are refused), so no other process can take it before
+        :meth:`start`.
+        """
+        with self._state_lock:
+            server, self._server = self._server, None
+            if server is None:
+                return
+            server.shutdown()
+            server.server_close()
+            self._reserve_port()
+            with self._conn_lock:
+                for conn in list(self._connections):
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            if self._thread is not None:
+                self._thread.join(timeout=30)
+
+    def close(self) -> None:
+        """Stop for good: the port is released."""
+        self.stop()
+        with self._state_lock:
+            self._release_port()
+
+    def _reserve_port(self) -> None:
+        placeholder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            placeholder.bind(("127.0.0.1", self.port))
+        except OSError:
+            placeholder.close()
             return
-        server.shutdown()
-        server.server_close()
-        with self._conn_lock:
-            for conn in list(self._connections):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._placeholder = placeholder
+
+    def _release_port(self) -> None:
+        placeholder, self._placeholder = self._placeholder, None
+        if placeholder is not None:
+            placeholder.close()
 
     def restart_later(self, delay_seconds: float) -> threading.Thread:
-        """Start the server again on the same port after ``delay_seconds``, in a thread."""
+        """Start the server again on the same port after ``delay_seconds``, in a thread.
+
+        Prefer :meth:`start_when`: a fixed delay races the client's retry budget on a
+        loaded machine."""
         done = threading.Event()
 
         def run() -> None:
@@ -140,6 +219,21 @@ class S3Server:
             self.start()
 
         thread = threading.Thread(target=run, name="moto-restart", daemon=True)
+        thread.start()
+        return thread
+
+    def start_when(self, condition: Callable[[], bool], *,
+                   timeout_seconds: float = 60.0) -> threading.Thread:
+        """Start the server again once ``condition()`` holds (checked every 10 ms), or after
+        ``timeout_seconds`` at the latest: wait on what the test needs to have happened
+        (a client retrying) instead of a guessed delay."""
+        def run() -> None:
+            deadline = time.monotonic() + timeout_seconds
+            while not condition() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.start()
+
+        thread = threading.Thread(target=run, name="moto-start-when", daemon=True)
         thread.start()
         return thread
 
@@ -152,6 +246,22 @@ class S3Server:
     def requests(self, method: str | None = None) -> list[LoggedRequest]:
         with self._log_lock:
             return [r for r in self._log if method is None or r.method == method]
+
+    @contextlib.contextmanager
+    def gate_ranged_gets(self, parties: int, *, timeout_seconds: float = 5.0) -> Iterator[Gate]:
+        """Hold each ranged GET until ``parties`` of them are waiting at once (or it has
+        waited ``timeout_seconds``, less than the clients' read timeout): ``gate.opened``
+        and ``gate.most_waiting`` then say how many requests the client had in flight at
+        once. A client sending one request after another waits out every timeout."""
+        gate = Gate(parties, timeout_seconds)
+        with self._log_lock:
+            self._gate = gate
+        try:
+            yield gate
+        finally:
+            with self._log_lock:
+                self._gate = None
+            gate.release()
 
     def clear_log(self) -> None:
         with self._log_lock:
@@ -236,7 +346,7 @@ def s3_server_session() -> Iterator[S3Server]:
             yield server
         finally:
             set_storage_options("s3://")
-            server.stop()
+            server.close()
             clear_s3fs_instances()
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,12 +31,12 @@ from shardfeed.dataset.shards import (
     check_offsets,
     find_index,
 )
+from shardfeed.dataset.sources import ShardSources, check_source_options
 from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec as S
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar, resolve
 from shardfeed.format.schema import Schema, infer_schema
-from shardfeed.storage import is_remote, open_source
 from shardfeed.storage.base import ByteSource
 
 if TYPE_CHECKING:
@@ -65,6 +64,12 @@ class Dataset:
     checked). ``features``: decode only these names, or shape/check them with a mapping of
     :class:`FeatureSpec`. ``root``: folder that referenced image paths are relative to
     (default: the manifest's root, else the dataset folder). ``read_options``: coalescing.
+    ``source_options``: options for remote shards, passed to ``open_source(url, **options)``
+    (``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``, ``retries``,
+    ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``; see
+    :class:`~shardfeed.storage.remote.RemoteOptions`); checked here, unused by local files.
+    One ``read_many`` reads its remote shards at the same time (up to ``max_concurrency``
+    shards, default 16), local shards one after another.
 
     ``ds[i]`` and ``ds.read_many(indices)`` return ``{feature: value}`` dicts (see
     :func:`shardfeed.format.example.decode_example`). Errors name the shard, the record
@@ -81,6 +86,7 @@ class Dataset:
         root: str | os.PathLike[str] | None = None,
         build_index: bool = True,
         read_options: ReadOptions | None = None,
+        source_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(verify_crc, bool):
             raise TypeError(f"verify_crc must be True or False, got {verify_crc!r}")
@@ -90,14 +96,13 @@ class Dataset:
             raise TypeError(
                 f"read_options must be a ReadOptions, got {type(read_options).__name__}"
             )
-        self._args = (source, verify_crc, features, root, build_index, read_options)
+        options = check_source_options(source_options)
+        self._args = (source, verify_crc, features, root, build_index, read_options,
+                      source_options)
         self._build = build_index
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
         self._spec, self._names = parse_features(features)
-        self._sources: dict[int, ByteSource] = {}
-        self._lock = threading.Lock()
-        self._closed = False
         self._schema: Schema | None = None
 
         resolved = resolve_source(source)
@@ -107,6 +112,7 @@ class Dataset:
             self._table = self._open_manifest(resolved, resolved.manifest)
         else:
             self._table = self._open_files(resolved.urls, build=build_index)
+        self._sources = ShardSources(self._table, source_options=options)
         self._root = self._find_root(root)
         self._group_ids, self._order_keys = self._load_sidecars()
         if self._manifest is not None and self._manifest.schema is not None:
@@ -297,21 +303,12 @@ class Dataset:
     # --- reading -------------------------------------------------------------------------
 
     def _source(self, k: int) -> ByteSource:
-        src = self._sources.get(k)
-        if src is None:
-            with self._lock:
-                if self._closed:
-                    raise ValueError("this Dataset is closed; open a new one")
-                src = self._sources.get(k)
-                if src is None:
-                    url = self._table.urls[k]
-                    src = open_source(url)
-                    if is_remote(url):
-                        # local shards were checked at open; remote ones on first use
-                        offsets = self._table.offsets(k)
-                        check_offsets(url, offsets, size=src.size())
-                    self._sources[k] = src
-        return src
+        return self._sources.get(k)
+
+    def storage_stats(self) -> dict[str, int]:
+        """Requests to object storage since opening, summed over the remote shards read so
+        far: ``requests`` (GETs of shard bytes), ``bytes_fetched``, ``retries``."""
+        return self._sources.stats()
 
     def read_payloads(self, indices: Iterable[int] | np.ndarray) -> list[bytes]:
         """The serialized Examples of records ``indices``, in that order (CRC-checked when
@@ -363,18 +360,16 @@ class Dataset:
         return {n: record[n] for n in self._names}
 
     def _read(self, idx: np.ndarray) -> list[bytes]:
-        return read_payloads(self._table, idx, source=self._source,
-                             options=self.read_options, verify=self.verify_crc)
+        sources = self._sources
+        return read_payloads(self._table, idx, source=sources.get, options=self.read_options,
+                             verify=self.verify_crc,
+                             run_all=sources.run_all if sources.remote else None)
 
     # --- lifetime ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every open shard. Idempotent."""
-        with self._lock:
-            self._closed = True
-            sources, self._sources = self._sources, {}
-        for src in sources.values():
-            src.close()
+        """Close every open shard and stop the reader threads. Idempotent."""
+        self._sources.close()
 
     def __enter__(self) -> Self:
         return self
@@ -384,8 +379,7 @@ class Dataset:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # reopen from the same arguments in another process (indexes are mapped, not copied)
-        source, verify, features, root, build, options = self._args
-        return (_reopen, (source, verify, features, root, build, options))
+        return (_reopen, self._args)
 
     def __repr__(self) -> str:
         return f"Dataset({len(self)} records in {self.num_shards} shards)"
@@ -393,6 +387,8 @@ class Dataset:
 
 def _reopen(source: SourceArg, verify_crc: bool, features: Features,
             root: str | os.PathLike[str] | None, build_index: bool,
-            read_options: ReadOptions | None) -> Dataset:
+            read_options: ReadOptions | None,
+            source_options: Mapping[str, Any] | None = None) -> Dataset:
     return Dataset(source, verify_crc=verify_crc, features=features, root=root,
-                   build_index=build_index, read_options=read_options)
+                   build_index=build_index, read_options=read_options,
+                   source_options=source_options)

@@ -3,6 +3,13 @@
 Accepted: a dataset folder (holding ``shardfeed.json``), a manifest path (``*.json``), a
 folder of TFRecord files, a glob (``data/train-*``), one TFRecord file, or a list of
 TFRecord paths/URLs (kept in the given order; folders and globs are sorted by name).
+
+Shard names in a folder: ``*.tfrecord`` (and ``.tfrecords``, ``.tfrec``), TF's
+``name-00001-of-01024``, and Spark/Hadoop output (``part-00000``, ``part-r-00000``,
+``part-m-00000``, with or without an extension); ``_SUCCESS``, ``*.crc`` and hidden files
+are skipped. On object storage a URL is a folder unless its name is a shard name (end a
+folder's URL with ``/`` when its name looks like a shard's); opening a dataset folder costs
+one GET (its manifest), a folder of bare shards one GET and one listing.
 """
 
 from __future__ import annotations
@@ -22,9 +29,14 @@ SourceArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 Features = Mapping[str, FeatureSpec] | Sequence[str] | None
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
-# TF's own naming (train.tfrecord-00001-of-00128, train-00001-of-01024) and common suffixes
-_SHARD_NAME = re.compile(r"(\.tfrec(ord)?s?($|[.-]))|(-\d+-of-\d+$)")
-_NOT_SHARDS = (S.TEXT_INDEX_SUFFIX, S.BINARY_INDEX_SUFFIX, S.TEMP_SUFFIX, ".json", ".npy")
+_SHARD_NAME = re.compile(
+    r"(\.tfrec(ord)?s?($|[.-]))"  # train.tfrecord, x.tfrecords, a.tfrec, b.tfrecord-00001
+    r"|(-\d+-of-\d+$)"  # TF's own naming: train-00001-of-01024
+    r"|(^part-([rm]-)?\d+($|[.-]))"  # Spark/Hadoop output: part-r-00000, part-00000-<uuid>
+)
+_NOT_SHARDS = (S.TEXT_INDEX_SUFFIX, S.BINARY_INDEX_SUFFIX, S.TEMP_SUFFIX, ".json", ".npy",
+               ".crc")
+_SHARD_NAMES_HINT = "*.tfrecord, *-NNNNN-of-NNNNN, part-NNNNN, part-r-NNNNN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +51,12 @@ class Resolved:
 
 
 def _is_shard_name(name: str) -> bool:
-    base = name.rsplit("/", 1)[-1]
-    if base.startswith(".") or base.endswith(_NOT_SHARDS):
+    """True for names TFRecord writers give their shards. Hadoop/Spark bookkeeping
+    (``_SUCCESS``, ``_committed_*``, ``.part-00000.crc``) and hidden files are not shards."""
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    if base.startswith((".", "_")) or base.endswith(_NOT_SHARDS):
         return False
     return bool(_SHARD_NAME.search(base))
-
-
-def _is_dir(url: str) -> bool:
-    if is_remote(url):
-        return url.endswith("/") or files.exists(files.join(url, S.MANIFEST_NAME))
-    return os.path.isdir(url.removeprefix("file://"))
 
 
 def _from_manifest(url: str) -> Resolved:
@@ -58,20 +66,56 @@ def _from_manifest(url: str) -> Resolved:
     return Resolved(urls=urls, manifest=manifest, manifest_url=url, base=base)
 
 
-def _from_folder(url: str) -> Resolved:
-    manifest_url = files.join(url, S.MANIFEST_NAME)
-    if files.exists(manifest_url):
-        return _from_manifest(manifest_url)
-    names = files.listdir(url)
+def _try_manifest(url: str) -> Resolved | None:
+    """The dataset of the manifest at ``url``, or None if there is no such file.
+
+    One read, no existence check first: on an object store that is one GET.
+    """
+    try:
+        return _from_manifest(url)
+    except StorageError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
+
+
+def _from_folder(url: str, names: list[str]) -> Resolved:
+    """The shards among ``names``, the entries of the folder ``url`` (sorted by name)."""
     shards = [files.join(url, n) for n in names if _is_shard_name(n)]
     if not shards:
         shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
         raise FormatError(
-            f"folder '{url}' has no {S.MANIFEST_NAME} and no TFRecord files (*.tfrecord, "
-            f"*-NNNNN-of-NNNNN); it holds: {shown or 'nothing'}. Pass a glob or a list of "
-            "the shard files instead"
+            f"folder '{url}' has no {S.MANIFEST_NAME} and no TFRecord files "
+            f"({_SHARD_NAMES_HINT}); it holds: {shown or 'nothing'}. Pass a glob or a list "
+            "of the shard files instead"
         )
     return Resolved(urls=tuple(shards))
+
+
+def _from_remote(url: str) -> Resolved:
+    """A URL that is neither a glob nor a manifest: a dataset folder (one GET of its
+    manifest), a folder of TFRecord files (+ one listing), or one object."""
+    if _is_shard_name(url) and not url.endswith("/"):
+        return Resolved(urls=(url,))  # a shard's own URL: no request needed to know
+    found = _try_manifest(files.join(url, S.MANIFEST_NAME))
+    if found is not None:
+        return found
+    names = files.listdir(url)  # an object lists as nothing; a missing prefix raises
+    if not names:
+        return Resolved(urls=(url.rstrip("/"),))
+    return _from_folder(url.rstrip("/"), names)
+
+
+def _from_local(text: str) -> Resolved:
+    path = text.removeprefix("file://")
+    if os.path.isdir(path):
+        found = _try_manifest(files.join(text, S.MANIFEST_NAME))
+        if found is not None:
+            return found
+        return _from_folder(text, files.listdir(text))
+    if not os.path.exists(path):
+        raise StorageError(f"'{text}' does not exist; check the path")
+    return Resolved(urls=(text,))
 
 
 def _from_glob(pattern: str) -> Resolved:
@@ -91,11 +135,7 @@ def resolve_source(source: SourceArg) -> Resolved:
             return _from_glob(text)
         if text.endswith(".json"):
             return _from_manifest(text)
-        if _is_dir(text):
-            return _from_folder(text)
-        if not is_remote(text) and not os.path.exists(text.removeprefix("file://")):
-            raise StorageError(f"'{text}' does not exist; check the path")
-        return Resolved(urls=(text,))
+        return _from_remote(text) if is_remote(text) else _from_local(text)
     if isinstance(source, (bytes, bytearray)) or not isinstance(source, Sequence):
         raise TypeError(
             "Dataset source must be a folder, manifest, glob or file path, or a list of "

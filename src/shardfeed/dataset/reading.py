@@ -14,8 +14,9 @@ payloads in the order they were asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from shardfeed.dataset.shards import RERUN_HINT, ShardTable
 from shardfeed.errors import CorruptRecordError, location
 from shardfeed.format.framing import unframe_bytes
 from shardfeed.storage.base import ByteSource
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,42 +94,82 @@ def plan_reads(starts: np.ndarray, ends: np.ndarray, options: ReadOptions) -> li
     return out
 
 
+class RunAll(Protocol):
+    """``run_all(fn, items) -> [fn(x) for x in items]``, possibly at the same time."""
+
+    def __call__(self, fn: Callable[[T], R], items: Sequence[T], /) -> list[R]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _ShardRead:
+    """The planned reads of one shard: positions in the output, records, byte ranges."""
+
+    shard: int
+    group: list[int]
+    recs: list[int]
+    starts: list[int]
+    ends: list[int]
+    ranges: list[ReadRange]
+
+
 def read_payloads(
     table: ShardTable, idx: np.ndarray, *, source: Callable[[int], ByteSource],
-    options: ReadOptions, verify: bool,
+    options: ReadOptions, verify: bool, run_all: RunAll | None = None,
 ) -> list[bytes]:
     """The payloads of global records ``idx`` (bounds-checked), in that order: grouped by
-    shard, each shard's records read as coalesced ranges from ``source(shard)``."""
+    shard, each shard's records read as coalesced ranges from ``source(shard)``.
+
+    Without ``run_all`` the shards are read one after another, each checked right after
+    its read (while its bytes are in the CPU cache); with it, all shards' reads go to
+    ``run_all`` at once and are checked when all have returned.
+    """
     out: list[bytes | None] = [None] * len(idx)
     if len(idx) == 0:
         return []
     shard, local = table.shard_of(idx)
     order = np.argsort(shard, kind="stable")
-    shard_sorted = shard[order]
-    cuts = np.flatnonzero(np.diff(shard_sorted)) + 1
-    for group_arr in np.split(order, cuts):
-        k = int(shard[group_arr[0]])
-        recs_arr = local[group_arr]
-        offsets = table.offsets(k)
-        starts_arr = np.asarray(offsets[recs_arr], dtype=np.int64)
-        ends_arr = np.asarray(offsets[recs_arr + 1], dtype=np.int64)
-        ranges = plan_reads(starts_arr, ends_arr, options)
-        blobs = source(k).read_ranges([(r.offset, r.length) for r in ranges])
-        url = table.urls[k]
-        group, recs = group_arr.tolist(), recs_arr.tolist()
-        starts, ends = starts_arr.tolist(), ends_arr.tolist()
-        for rng, blob in zip(ranges, blobs):
-            view = memoryview(blob)
-            for m in rng.members:
-                a, b = starts[m] - rng.offset, ends[m] - rng.offset
-                if b > len(view):
-                    raise CorruptRecordError(
-                        f"{location(url, recs[m], starts[m])}: truncated, the file ends "
-                        f"before the record's {b - a} bytes; the shard changed after "
-                        f"indexing: {RERUN_HINT}",
-                        path=url, record=recs[m], offset=starts[m],
-                    )
-                out[group[m]] = unframe_bytes(
-                    blob if (a == 0 and b == len(blob)) else view[a:b],
-                    path=url, record=recs[m], offset=starts[m], verify=verify)
+    cuts = np.flatnonzero(np.diff(shard[order])) + 1
+    groups = [(int(shard[g[0]]), g) for g in np.split(order, cuts)]
+
+    def fetch(item: tuple[int, np.ndarray]) -> tuple[_ShardRead, list[bytes]]:
+        k, group_arr = item
+        plan = _plan(table, k, group_arr, local[group_arr], options)
+        return plan, source(k).read_ranges([(r.offset, r.length) for r in plan.ranges])
+
+    if run_all is None or len(groups) < 2:
+        for item in groups:
+            plan, blobs = fetch(item)
+            _unframe(table.urls[plan.shard], plan, blobs, out, verify=verify)
+    else:  # index loads, size checks and reads of all shards at once
+        for plan, blobs in run_all(fetch, groups):
+            _unframe(table.urls[plan.shard], plan, blobs, out, verify=verify)
     return [v for v in out if v is not None]
+
+
+def _plan(table: ShardTable, k: int, group_arr: np.ndarray, recs_arr: np.ndarray,
+          options: ReadOptions) -> _ShardRead:
+    offsets = table.offsets(k)
+    starts_arr = np.asarray(offsets[recs_arr], dtype=np.int64)
+    ends_arr = np.asarray(offsets[recs_arr + 1], dtype=np.int64)
+    return _ShardRead(k, group_arr.tolist(), recs_arr.tolist(), starts_arr.tolist(),
+                      ends_arr.tolist(), plan_reads(starts_arr, ends_arr, options))
+
+
+def _unframe(url: str, plan: _ShardRead, blobs: list[bytes], out: list[bytes | None], *,
+             verify: bool) -> None:
+    """Slice each record of ``plan`` out of its range, check it, store it at its position."""
+    group, recs, starts, ends = plan.group, plan.recs, plan.starts, plan.ends
+    for rng, blob in zip(plan.ranges, blobs):
+        view = memoryview(blob)
+        for m in rng.members:
+            a, b = starts[m] - rng.offset, ends[m] - rng.offset
+            if b > len(view):
+                raise CorruptRecordError(
+                    f"{location(url, recs[m], starts[m])}: truncated, the file ends "
+                    f"before the record's {b - a} bytes; the shard changed after "
+                    f"indexing: {RERUN_HINT}",
+                    path=url, record=recs[m], offset=starts[m],
+                )
+            out[group[m]] = unframe_bytes(
+                blob if (a == 0 and b == len(blob)) else view[a:b],
+                path=url, record=recs[m], offset=starts[m], verify=verify)

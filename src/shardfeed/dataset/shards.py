@@ -32,7 +32,7 @@ from shardfeed.format.index import (
     write_binary_index,
     write_text_index,
 )
-from shardfeed.storage import files, index_cache, is_remote, open_source
+from shardfeed.storage import files, index_cache, is_remote
 
 log = logging.getLogger("shardfeed.dataset")
 
@@ -80,30 +80,10 @@ def _find_remote_index(url: str) -> np.ndarray | None:
     return None
 
 
-_WHOLE_OBJECT = 1 << 62
-"""A range end past any object: one ranged GET returns the whole object (a plain GET
-through fsspec's s3 client would send a HEAD first)."""
-
-
 def _read_if_exists(url: str) -> bytes | None:
-    """The whole object in one request, or None if it does not exist."""
-    cache = index_cache()
-    if cache is not None:
-        hit = cache.get(url)
-        if hit is not None:
-            return hit
-    source = open_source(url)
-    try:
-        data = source.read(0, _WHOLE_OBJECT)
-    except StorageError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):
-            return None
-        raise
-    finally:
-        source.close()
-    if cache is not None:
-        cache.put(url, data)
-    return data
+    """The whole object in one request (through the index cache), or None if it does not
+    exist."""
+    return files.read_if_exists(url, cache=index_cache())
 
 
 def _exists(url: str) -> bool:
@@ -171,7 +151,8 @@ class ShardTable:
         np.cumsum(self.counts, out=self.starts[1:])
         self._offsets: list[np.ndarray | None] = list(offsets)
         self._loader = loader
-        self._lock = threading.Lock()
+        # striped locks: shards whose numbers differ mod 64 load their indexes at once
+        self._locks = [threading.Lock() for _ in range(min(64, max(1, len(self.urls))))]
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -184,7 +165,7 @@ class ShardTable:
         """The n+1 offsets of one shard, loading (and checking) them on first use."""
         arr = self._offsets[shard]
         if arr is None:
-            with self._lock:
+            with self._locks[shard % len(self._locks)]:
                 arr = self._offsets[shard]
                 if arr is None:
                     arr = self._loader(shard)

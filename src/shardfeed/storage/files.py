@@ -16,6 +16,7 @@ a copy then delete on object stores.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import glob as _glob
 import os
@@ -41,6 +42,7 @@ __all__ = [
     "listdir",
     "makedirs",
     "read_bytes",
+    "read_if_exists",
     "remove",
     "rename",
     "size",
@@ -87,7 +89,7 @@ def _local_errors(path: str, action: str) -> Iterator[None]:
 def read_bytes(
     url: PathLike, *, storage_options: Options = None, cache: ByteCache | None = None
 ) -> bytes:
-    """The whole content of a file or object.
+    """The whole content of a file or object; for object stores one GET (no HEAD first).
 
     With ``cache``, a cached copy is returned if there is one, and what is read is cached
     (if it fits ``cache.max_item_bytes``).
@@ -102,10 +104,38 @@ def read_bytes(
         with _local_errors(local, "read"), open(local, "rb") as handle:
             data = handle.read()
     else:
-        data = bytes(_remote_call(text, storage_options, "read", lambda fs, p: fs.cat_file(p)))
+        data = bytes(_remote_call(text, storage_options, "read", _cat_whole))
     if cache is not None:
         cache.put(text, data)
     return data
+
+
+def read_if_exists(
+    url: PathLike, *, storage_options: Options = None, cache: ByteCache | None = None
+) -> bytes | None:
+    """:func:`read_bytes`, or None when ``url`` does not exist: one request either way.
+
+    Use it instead of :func:`exists` then :func:`read_bytes` (two or three requests on an
+    object store). Other failures (access denied, a server that stays down) still raise.
+    """
+    try:
+        return read_bytes(url, storage_options=storage_options, cache=cache)
+    except StorageError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
+
+
+def _cat_whole(fs: Any, path: str) -> bytes:
+    # A plain cat_file asks s3fs for the size first (a HEAD, to split big objects into
+    # parallel parts); an open-ended range ("bytes=0-") is one GET on every HTTP store.
+    try:
+        return bytes(fs.cat_file(path, start=0))
+    except OSError as exc:
+        # some stores refuse any range of an empty object (HTTP 416)
+        if exc.errno != errno.EINVAL:
+            raise
+        return bytes(fs.cat_file(path))
 
 
 def fsync_folder(folder: str) -> None:

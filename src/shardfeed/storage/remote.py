@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_COALESCE_GAP_BYTES",
     "DEFAULT_MAX_REQUEST_BYTES",
     "RangeRequest",
+    "RemoteOptions",
     "RemoteSource",
     "Retrier",
     "RetryPolicy",
@@ -109,6 +110,81 @@ def _check_range(offset: int, length: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteOptions:
+    """How a :class:`RemoteSource` reads: the keyword options of ``open_source(url, ...)``.
+
+    ``max_concurrency``: requests in flight for one ``read_ranges`` call (and, in a
+    :class:`~shardfeed.dataset.Dataset`, shards read at once by one ``read_many``).
+    ``coalesce_gap_bytes``: ranges whose hole is at most this many bytes share one request
+    (-1: only overlapping ranges). ``max_request_bytes``: merged requests stop growing here.
+    ``retries``, ``backoff_seconds``, ``max_backoff_seconds``: see :class:`RetryPolicy`.
+    ``storage_options``: fsspec options (endpoint, credentials). ``cache``: whole small
+    objects kept in memory.
+    """
+
+    max_concurrency: int = 16
+    coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    retries: int = 5
+    backoff_seconds: float = 0.1
+    max_backoff_seconds: float = 10.0
+    storage_options: Mapping[str, Any] | None = None
+    cache: ByteCache | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_concurrency) or self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be an int >= 1, got {self.max_concurrency!r}")
+        if not _is_int(self.coalesce_gap_bytes) or self.coalesce_gap_bytes < -1:
+            raise ValueError(
+                f"coalesce_gap_bytes must be an int >= 0 (or -1 to merge only overlapping "
+                f"ranges), got {self.coalesce_gap_bytes!r}"
+            )
+        if not _is_int(self.max_request_bytes) or self.max_request_bytes < 1:
+            raise ValueError(
+                f"max_request_bytes must be an int >= 1, got {self.max_request_bytes!r}"
+            )
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise TypeError(
+                "storage_options must be a mapping of fsspec options (e.g. {'anon': True}) "
+                f"or None, got {type(self.storage_options).__name__}"
+            )
+        if self.cache is not None and not isinstance(self.cache, ByteCache):
+            raise TypeError(f"cache must be a ByteCache or None, got {type(self.cache).__name__}")
+        self.policy()  # checks retries and backoff
+
+    def policy(self) -> RetryPolicy:
+        """The retry policy these options describe."""
+        return RetryPolicy(retries=self.retries, backoff_seconds=self.backoff_seconds,
+                           max_backoff_seconds=self.max_backoff_seconds)
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any], /, *, what: str) -> RemoteOptions:
+        """Options from a ``{name: value}`` mapping; an unknown name is a TypeError listing
+        the known ones (``what`` names the argument in messages)."""
+        if not isinstance(options, Mapping):
+            raise TypeError(
+                f"{what} must be a mapping such as {{'max_concurrency': 32}}, got "
+                f"{type(options).__name__}"
+            )
+        known = cls.__dataclass_fields__
+        unknown = sorted(str(k) for k in options if k not in known)
+        if unknown:
+            raise TypeError(
+                f"{what} has unknown option(s) {unknown}; the options are {sorted(known)}"
+            )
+        return cls(**options)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------------------------------------
 # The byte source
 # ---------------------------------------------------------------------------------------------
 
@@ -143,30 +219,18 @@ class RemoteSource:
     ) -> None:
         if not isinstance(url, str) or "://" not in url:
             raise ValueError(f"url must be an fsspec URL such as 's3://bucket/key', got {url!r}")
-        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or (
-            max_concurrency < 1
-        ):
-            raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
-        if isinstance(coalesce_gap_bytes, bool) or not isinstance(coalesce_gap_bytes, int) or (
-            coalesce_gap_bytes < -1
-        ):
-            raise ValueError(
-                f"coalesce_gap_bytes must be an int >= 0 (or -1 to merge only overlapping "
-                f"ranges), got {coalesce_gap_bytes!r}"
-            )
-        if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or (
-            max_request_bytes < 1
-        ):
-            raise ValueError(f"max_request_bytes must be an int >= 1, got {max_request_bytes!r}")
-        if cache is not None and not isinstance(cache, ByteCache):
-            raise TypeError(f"cache must be a ByteCache or None, got {type(cache).__name__}")
+        options = RemoteOptions(
+            max_concurrency=max_concurrency, coalesce_gap_bytes=coalesce_gap_bytes,
+            max_request_bytes=max_request_bytes, retries=retries,
+            backoff_seconds=backoff_seconds, max_backoff_seconds=max_backoff_seconds,
+            storage_options=storage_options, cache=cache,
+        )
         self.url = url
+        self.options = options
         self.max_concurrency = max_concurrency
         self.coalesce_gap_bytes = coalesce_gap_bytes
         self.max_request_bytes = max_request_bytes
-        self.policy = RetryPolicy(
-            retries=retries, backoff_seconds=backoff_seconds, max_backoff_seconds=max_backoff_seconds
-        )
+        self.policy = options.policy()
         self.cache = cache
         self._fs, self._path = filesystem(url, storage_options)
         self._retrier = Retrier(self.policy, key=url)

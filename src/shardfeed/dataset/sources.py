@@ -1,0 +1,150 @@
+"""The open shards of a Dataset, and the threads that read several remote shards at once.
+
+::
+
+    read_many([...]) -> records of shards 3, 9, 14
+        local shards :  caller: pread 3 -> pread 9 -> pread 14      (page cache: no waiting)
+        remote shards:  caller: GET 3  |  pool: GET 9  |  pool: GET 14   (latency overlaps)
+
+A remote shard is opened with ``open_source(url, **source_options)`` on first use and its size
+is checked against its index then (one HEAD); local shards were checked when the dataset
+was opened.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from shardfeed.dataset.shards import ShardTable, check_offsets
+from shardfeed.storage import is_remote, open_source
+from shardfeed.storage.base import ByteSource
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_OPEN_LOCKS = 64
+"""First opens of shards whose numbers differ mod this run at the same time."""
+
+
+def check_source_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``source_options=`` checked now (a TypeError/ValueError naming the bad option), as a
+    plain dict for ``open_source(url, **options)``."""
+    if options is None:
+        return {}
+    from shardfeed.storage.remote import RemoteOptions
+
+    RemoteOptions.from_mapping(options, what="source_options")
+    return dict(options)
+
+
+class ShardSources:
+    """One :class:`ByteSource` a shard, opened on first use; a pool for parallel reads.
+
+    Thread-safe. Memory: one open source a shard used (a descriptor, or a remote source
+    and its threads while a read runs) and, for datasets with remote shards, up to
+    ``max_concurrency`` reader threads.
+    """
+
+    def __init__(self, table: ShardTable, *, source_options: Mapping[str, Any]) -> None:
+        self._table = table
+        self._options = dict(source_options)
+        self._sources: dict[int, ByteSource] = {}
+        self._lock = threading.Lock()
+        self._open_locks = [threading.Lock() for _ in range(min(_OPEN_LOCKS, table.num_shards))]
+        self._closed = False
+        self.remote = any(is_remote(url) for url in table.urls)
+        self.max_workers = int(self._options.get("max_concurrency", 16))
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+
+    def get(self, k: int) -> ByteSource:
+        """The open source of shard ``k`` (ValueError once closed)."""
+        src = self._sources.get(k)
+        if src is not None:
+            return src
+        with self._open_locks[k % len(self._open_locks)]:
+            src = self._sources.get(k)
+            if src is None:
+                src = self._open(k)
+                with self._lock:
+                    closed = self._closed
+                    if not closed:
+                        self._sources[k] = src
+                if closed:
+                    src.close()
+                    raise ValueError("this Dataset is closed; open a new one")
+        return src
+
+    def _open(self, k: int) -> ByteSource:
+        if self._closed:
+            raise ValueError("this Dataset is closed; open a new one")
+        url = self._table.urls[k]
+        if not is_remote(url):
+            return open_source(url)
+        src = open_source(url, **self._options)
+        try:  # local shards were checked at open; remote ones on first use
+            check_offsets(url, self._table.offsets(k), size=src.size())
+        except BaseException:
+            src.close()
+            raise
+        return src
+
+    def open_sources(self) -> list[ByteSource]:
+        """The sources opened so far."""
+        with self._lock:
+            return list(self._sources.values())
+
+    def run_all(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``[fn(x) for x in items]``, the items after the first on the pool at the same time.
+
+        The first error raises (the original exception, with its traceback); calls not yet
+        started are cancelled.
+        """
+        if len(items) < 2:
+            return [fn(x) for x in items]
+        pool = self._executor()
+        futures: list[Future[R]] = [pool.submit(fn, x) for x in items[1:]]
+        try:
+            first = fn(items[0])
+            return [first, *(f.result() for f in futures)]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise ValueError("this Dataset is closed; open a new one")
+            if self._pool is not None and self._pool_pid != os.getpid():
+                self._pool = None  # a forked child: the parent's threads do not exist here
+            if self._pool is None:
+                self._pool_pid = os.getpid()
+                self._pool = ThreadPoolExecutor(max_workers=self.max_workers,
+                                                thread_name_prefix="shardfeed-shards")
+            return self._pool
+
+    def stats(self) -> dict[str, int]:
+        """Request counters summed over the remote shards opened so far."""
+        total = {"requests": 0, "bytes_fetched": 0, "retries": 0}
+        for src in self.open_sources():
+            stats = getattr(src, "stats", None)
+            if stats is not None:
+                for key, value in stats().items():
+                    total[key] = total.get(key, 0) + int(value)
+        return total
+
+    def close(self) -> None:
+        """Close every source and join the pool's threads. Idempotent."""
+        with self._lock:
+            self._closed = True
+            sources, self._sources = self._sources, {}
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pool_pid == os.getpid():
+            pool.shutdown(wait=True, cancel_futures=True)
+        for src in sources.values():
+            src.close()

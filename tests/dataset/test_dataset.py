@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-import shardfeed.dataset.sources as sources_module
 import shardfeed.dataset.shards as shards_module
+import shardfeed.dataset.sources as sources_module
 from shardfeed.dataset import Dataset, ReadOptions
 from shardfeed.errors import CorruptRecordError, FormatError, SchemaError, StorageError
 from shardfeed.format.example import FeatureSpec

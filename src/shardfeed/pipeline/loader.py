@@ -69,7 +69,9 @@ class MemoryBudget:
 
     ``work_bytes_per_thread`` is estimated from the first sample of the epoch (its record's
     encoded bytes times the slice length, plus its decoded image): datasets whose images are
-    much larger than the first one raise that term in proportion.
+    much larger than the first one raise that term in proportion. ``cache_bytes`` is the
+    source's own bound on what it caches (the decoded images of :class:`Patches`; 0 for
+    sources that cache nothing).
     """
 
     batch_bytes: int
@@ -77,11 +79,13 @@ class MemoryBudget:
     work_bytes_per_thread: int
     threads: int
     index_bytes: int
+    cache_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return (self.batch_bytes * self.ring_batches
-                + self.work_bytes_per_thread * self.threads + self.index_bytes)
+                + self.work_bytes_per_thread * self.threads + self.index_bytes
+                + self.cache_bytes)
 
 
 class Loader:
@@ -337,7 +341,24 @@ class Loader:
             work_bytes_per_thread=work,
             threads=self.options.num_threads,
             index_bytes=index,
+            cache_bytes=self._cache_bound(),
         )
+
+    def _cache_bound(self) -> int:
+        """The source's cache bound in bytes (``cache_bytes``; 0 for sources without one).
+
+        A bound derived from the first cached image is unknown until an image was decoded
+        (and again after a restore cleared the cache): the probe sample is then built again,
+        which decodes one image through the cache.
+        """
+        if not hasattr(self.source, "cache_bytes"):
+            return 0
+        bound = self.source.cache_bytes
+        if bound is None and getattr(self.source, "cache", None) is not None:
+            with contextlib.suppress(*DATA_ERRORS):
+                self._builder.sample_at(self._context(), 0)
+            bound = self.source.cache_bytes
+        return int(bound or 0)
 
     @property
     def memory_bound_bytes(self) -> int:

@@ -38,7 +38,7 @@ from shardfeed.transforms.boxes import (
     scale_denominator,
     scaled_box,
 )
-from shardfeed.transforms.decode import decode_jpeg_scratch, jpeg_header, sniff_format
+from shardfeed.transforms.decode import Where, decode_jpeg_scratch, jpeg_header, sniff_format
 from shardfeed.transforms.decode_ops import Channels, DecoderBase
 from shardfeed.transforms.source import Encoding
 
@@ -98,10 +98,11 @@ class CropDecoderBase(DecoderBase):
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
-        key, encoding = self.image_field.require(sample)
+        field = self.image_field
+        key, encoding = field.require(sample)
         if encoding in ("auto", "path") and not isinstance(sample[key], list):
-            data = self.image_field.encoded_bytes(sample, key, encoding)
-            where = self.image_field.where(sample, key)
+            data = field.encoded_bytes(sample, key, encoding)
+            where = field.where_lazy(sample, key)
             if sniff_format(data) == "jpeg":
                 height, width, space = jpeg_header(data, where=where)
                 if space not in _CMYK:
@@ -110,9 +111,7 @@ class CropDecoderBase(DecoderBase):
                     image = self._jpeg_crop(data, box, height, width, where, flip, out)
                     mask, mask_key = self._mask_crop(sample, box, (height, width), flip)
                     return self._finish(sample, image, mask, [key, mask_key])
-            decoded = self.image_field.decode_bytes(
-                data, where, self.fast_dct, self.fast_upsample
-            )
+            decoded = field.decode_bytes(data, where, self.fast_dct, self.fast_upsample)
             full = self._fix_channels(decoded)
         else:
             full, key = self._decode_full(sample)
@@ -134,7 +133,7 @@ class CropDecoderBase(DecoderBase):
         box: Box,
         height: int,
         width: int,
-        where: str,
+        where: Where,
         flip: bool,
         out: np.ndarray | None,
     ) -> np.ndarray:

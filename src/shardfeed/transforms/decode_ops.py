@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import cv2
 import numpy as np
 
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
@@ -111,8 +112,6 @@ class DecoderBase:
         return self._fix_channels(image), key
 
     def _fix_channels(self, image: np.ndarray) -> np.ndarray:
-        import cv2
-
         c = image.shape[-1]
         if self.channels == "rgb":
             if c == 3:

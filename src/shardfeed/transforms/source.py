@@ -16,7 +16,7 @@ import numpy as np
 from shardfeed.errors import DecodeError, SchemaError, StorageError
 from shardfeed.format import spec
 from shardfeed.transforms.base import ImageInfoLike, Sample
-from shardfeed.transforms.decode import decode_error, decode_image
+from shardfeed.transforms.decode import Where, decode_error, decode_image, where_text
 
 Encoding = Literal["auto", "jpeg", "png", "mixed", "raw", "path"]
 ENCODINGS: tuple[str, ...] = ("auto", "jpeg", "png", "mixed", "raw", "path")
@@ -122,16 +122,22 @@ class ImageField:
             text += f" of '{name.decode('utf-8', 'replace')}'"
         return text
 
+    def where_lazy(self, sample: Sample, key: str) -> _LazyWhere:
+        """:meth:`where` as a function, for messages built only when an error is raised."""
+        return _LazyWhere(self, sample, key)
+
     # --- reading ------------------------------------------------------------------------
 
     def encoded_bytes(self, sample: Sample, key: str, encoding: str) -> bytes | memoryview:
         """The encoded image bytes (reading the referenced file for ``"path"``)."""
-        value = _single_bytes(sample[key], key, self.where(sample, key))
+        value = sample[key]
+        if type(value) is not bytes:
+            value = _single_bytes(value, key, self.where_lazy(sample, key))
         if encoding != "path":
             return value
         return self.read_referenced(value, self.where(sample, key))
 
-    def read_referenced(self, value: bytes | memoryview, where: str) -> bytes:
+    def read_referenced(self, value: bytes | memoryview, where: Where) -> bytes:
         """Read the file a ``"path"`` feature names, relative to ``root`` unless absolute."""
         from shardfeed.storage import files
 
@@ -143,7 +149,8 @@ class ImageField:
             return files.read_bytes(full)
         except (OSError, StorageError) as exc:
             raise DecodeError(
-                f"cannot read the referenced image '{full}' ({where}): {exc}. Check that the "
+                f"cannot read the referenced image '{full}' ({where_text(where)}): {exc}. "
+                "Check that the "
                 "file exists and that the dataset root is right (Dataset(root=...))"
             ) from exc
 
@@ -155,7 +162,7 @@ class ImageField:
         Several encoded values (a list of bytes) decode to T×H×W×C / T×H×W.
         """
         key, encoding = self.require(sample)
-        where = self.where(sample, key)
+        where = self.where_lazy(sample, key)
         if encoding == "raw":
             return self._raw(sample, key, where)
         value = sample[key]
@@ -166,7 +173,7 @@ class ImageField:
         return self.decode_bytes(data, where, fast_dct, fast_upsample)
 
     def decode_bytes(
-        self, data: bytes | memoryview, where: str, fast_dct: bool, fast_upsample: bool = False
+        self, data: bytes | memoryview, where: Where, fast_dct: bool, fast_upsample: bool = False
     ) -> np.ndarray:
         """Decode encoded bytes of this field: H×W×3 RGB for images, H×W for masks."""
         if self.is_mask:
@@ -177,7 +184,7 @@ class ImageField:
         )
         return image
 
-    def _raw(self, sample: Sample, key: str, where: str) -> np.ndarray:
+    def _raw(self, sample: Sample, key: str, where: Where) -> np.ndarray:
         data = _single_bytes(sample[key], key, where)
         heights = (spec.MASK_HEIGHT, spec.IMAGE_HEIGHT) if self.is_mask else (spec.IMAGE_HEIGHT,)
         widths = (spec.MASK_WIDTH, spec.IMAGE_WIDTH) if self.is_mask else (spec.IMAGE_WIDTH,)
@@ -228,20 +235,34 @@ def _schema_encoding(info: ImageInfoLike) -> Encoding:
     return encoding  # type: ignore[return-value]
 
 
-def _single_bytes(value: Any, key: str, where: str) -> bytes | memoryview:
+class _LazyWhere:
+    """``ImageField.where(sample, key)``, built when called (only for an error message)."""
+
+    __slots__ = ("field", "key", "sample")
+
+    def __init__(self, field: ImageField, sample: Sample, key: str) -> None:
+        self.field = field
+        self.sample = sample
+        self.key = key
+
+    def __call__(self) -> str:
+        return self.field.where(self.sample, self.key)
+
+
+def _single_bytes(value: Any, key: str, where: Where) -> bytes | memoryview:
     if isinstance(value, (bytes, memoryview, bytearray)):
         return value if not isinstance(value, bytearray) else bytes(value)
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], bytes):
         return value[0]
     raise SchemaError(
-        f"{where}: expected one bytes value, got {type(value).__name__}"
+        f"{where_text(where)}: expected one bytes value, got {type(value).__name__}"
         + (f" with {len(value)} values" if isinstance(value, list) else "")
         + f"; '{key}' must be a bytes_list feature holding one image"
     )
 
 
 def _shape_value(
-    sample: Sample, key: str | None, defaults: tuple[str, ...], where: str, what: str
+    sample: Sample, key: str | None, defaults: tuple[str, ...], where: Where, what: str
 ) -> int:
     keys = (key,) if key is not None else defaults
     for k in keys:
@@ -249,20 +270,22 @@ def _shape_value(
             value = np.asarray(sample[k]).reshape(-1)
             if value.size == 1 and value[0] > 0:
                 return int(value[0])
-            raise SchemaError(f"{where}: the {what} feature '{k}' must hold one positive int")
+            raise SchemaError(
+                f"{where_text(where)}: the {what} feature '{k}' must hold one positive int"
+            )
     raise SchemaError(
-        f"{where}: a raw image needs its {what}; the sample has no feature "
+        f"{where_text(where)}: a raw image needs its {what}; the sample has no feature "
         f"{' or '.join(repr(k) for k in keys)}. Pass {what}_key=... or bind to the schema"
     )
 
 
-def _stack(frames: list[np.ndarray], where: str) -> np.ndarray:
+def _stack(frames: list[np.ndarray], where: Where) -> np.ndarray:
     if not frames:
-        raise SchemaError(f"{where}: the feature holds no image")
+        raise SchemaError(f"{where_text(where)}: the feature holds no image")
     shapes = {f.shape for f in frames}
     if len(shapes) != 1:
         raise DecodeError(
-            f"{where}: the {len(frames)} images of this feature have different shapes "
+            f"{where_text(where)}: the {len(frames)} images of this feature have different shapes "
             f"{sorted(shapes)}; resize them before stacking (decode each and CropOrPad)"
         )
     return np.stack(frames)

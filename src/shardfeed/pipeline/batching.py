@@ -120,6 +120,7 @@ class BatchBuffer:
              np.dtype(f.dtype) if f.is_array else np.dtype(np.uint8))
             for f in layout.fields
         ]
+        self._names = frozenset(f.name for f in layout.fields)
         self.lists: dict[str, list[Any]] = {}
         self.reset_lists()
 
@@ -144,9 +145,8 @@ class BatchBuffer:
         the text costs more than writing a row). ``written``: slots from :meth:`slot` that the
         transform was handed; a key whose value *is* its slot is already in place.
         """
-        fields = self.layout.fields
-        if len(sample) != len(fields) or any(f.name not in sample for f in fields):
-            expected = [f.name for f in fields]
+        if sample.keys() != self._names:
+            expected = [f.name for f in self.layout.fields]
             raise SchemaError(
                 f"sample {_where(where)} has keys {sorted(sample)}, but the batch holds "
                 f"{sorted(expected)}: every sample must have the same keys; make the transform "

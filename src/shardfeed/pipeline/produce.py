@@ -116,7 +116,7 @@ class SliceBuilder:
             raise
 
     def read(self, record_ids: Sequence[int]) -> dict[int, Sample]:
-        unique = list(dict.fromkeys(int(i) for i in record_ids))
+        unique = list(dict.fromkeys(map(int, record_ids)))
         if not unique:
             return {}
         return dict(zip(unique, self.source.read(unique)))
@@ -200,14 +200,18 @@ class SliceBuilder:
         """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met."""
         plans, records, bad_records = self.read_slice(ctx, positions)
         direct = self.direct_keys(buffer.layout)
+        columns = [(k, buffer.arrays[k]) for k in direct]
+        seed, epoch = ctx.seed, ctx.epoch
+        make, write = self.make, buffer.write
         skipped = 0
-        for row, (position, ids) in enumerate(zip(positions.tolist(), plans)):
-            key = ctx.key(position)
-            slots = {k: buffer.slot(k, first_row + row) for k in direct} if direct else None
+        row = first_row
+        for position, ids in zip(positions.tolist(), plans):
+            key = SampleKey(seed, epoch, position)
+            slots = {k: column[row] for k, column in columns} if columns else None
             sample: Sample | None = None
             if not bad_records or not any(int(i) in bad_records for i in ids):
                 try:
-                    sample = self.make(key, ids, [records[int(i)] for i in ids], slots)
+                    sample = make(key, ids, [records[i] for i in ids], slots)
                 except DATA_ERRORS:
                     if not self.skip:
                         raise
@@ -215,8 +219,8 @@ class SliceBuilder:
                 sample, bad = self.replacement(ctx, position)
                 skipped += bad + 1
                 slots = None
-            buffer.write(first_row + row, sample, written=slots,
-                         where=_Where(self, position, ids))
+            write(row, sample, written=slots, where=_Where(self, position, ids))
+            row += 1
         return skipped
 
 

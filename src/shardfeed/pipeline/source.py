@@ -275,7 +275,7 @@ class RecordSource:
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
         units = np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
-        return [(int(u),) for u in units]
+        return [(u,) for u in units.tolist()]
 
     def read(self, records: Sequence[int]) -> list[Sample]:
         return self._ds().read_many(list(records))

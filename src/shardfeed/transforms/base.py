@@ -141,7 +141,7 @@ class Compose:
     State: none. Memory: the intermediate arrays of one sample.
     """
 
-    __slots__ = ("transforms",)
+    __slots__ = ("_head", "_last", "_last_out", "transforms")
     accepts_out = True
 
     def __init__(self, transforms: Sequence[Transform], /) -> None:
@@ -153,15 +153,22 @@ class Compose:
                     "wrap a plain f(sample) with shardfeed.transforms.as_transform(f)"
                 )
         self.transforms: tuple[Transform, ...] = tuple(items)
+        # Decided once here, not per sample: which child is last and whether it takes out=.
+        self._head = self.transforms[:-1]
+        self._last: Transform = self.transforms[-1] if self.transforms else _identity
+        self._last_out = bool(getattr(self._last, "accepts_out", False))
 
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
-        if not self.transforms:
-            return call_into(_identity, sample, rng, out)
-        for t in self.transforms[:-1]:
+        for t in self._head:
             sample = t(sample, rng)
-        return call_into(self.transforms[-1], sample, rng, out)
+        if out is None:
+            return self._last(sample, rng)
+        if self._last_out:
+            result: Sample = self._last(sample, rng, out=out)  # type: ignore[call-arg]
+            return result
+        return call_into(self._last, sample, rng, out)
 
     def bind(self, schema: SchemaLike | None, *, root: str | None) -> Compose:
         """A copy with every child bound."""

@@ -6,6 +6,7 @@ function of its arguments and, for the random box, of the generator's draws.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -54,6 +55,26 @@ def check_range(
     return a, b
 
 
+@functools.cache
+def uniform_is_affine() -> bool:
+    """Whether ``Generator.uniform(lo, hi)`` equals ``lo + (hi - lo) * Generator.random()``
+    bit for bit on this build of NumPy (checked once on 4,096 draws of several ranges).
+
+    NumPy computes ``lo + range * u`` in C; a compiler that fuses it into one multiply-add
+    rounds once instead of twice, and the last bit can differ. Where the check passes,
+    :func:`random_resized_box` draws with ``random()`` (a quarter of the cost of
+    ``uniform()``, which dominates a small image's crop); elsewhere it keeps ``uniform()``.
+    Either way the boxes are those ``uniform()`` gives.
+    """
+    ranges = ((0.08, 1.0), (math.log(3 / 4), math.log(4 / 3)), (0.25, 0.75), (-1.5, 3.25))
+    for lo, hi in ranges:
+        a = np.random.Generator(np.random.Philox(12345)).uniform(lo, hi, 4096)
+        b = lo + (hi - lo) * np.random.Generator(np.random.Philox(12345)).random(4096)
+        if not np.array_equal(a, b):
+            return False
+    return True
+
+
 def random_resized_box(
     height: int,
     width: int,
@@ -68,18 +89,35 @@ def random_resized_box(
     Area fraction uniform in ``scale``, aspect ratio (w/h) log-uniform in ``ratio``, position
     uniform; after ``attempts`` misses, the largest centered box whose ratio lies in
     ``ratio``. Always inside the image and at least 1×1.
+
+    Draws per attempt: ``rng.uniform(*scale)``, ``rng.uniform(log ratio)``, then on a hit
+    ``rng.integers(height - h + 1)`` and ``rng.integers(width - w + 1)`` (the uniform draws
+    are taken through ``rng.random()`` where that gives the same numbers, see
+    :func:`uniform_is_affine`).
     """
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(attempts):
-        target = area * float(rng.uniform(scale[0], scale[1]))
-        aspect = math.exp(float(rng.uniform(log_lo, log_hi)))
-        w = round(math.sqrt(target * aspect))
-        h = round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            y = int(rng.integers(0, height - h + 1))
-            x = int(rng.integers(0, width - w + 1))
-            return Box(y, x, h, w)
+    scale_lo, scale_hi = scale
+    integers = rng.integers
+    if uniform_is_affine():
+        random = rng.random
+        scale_range = scale_hi - scale_lo
+        log_range = log_hi - log_lo
+        for _ in range(attempts):
+            target = area * (scale_lo + scale_range * random())
+            aspect = math.exp(log_lo + log_range * random())
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                return Box(int(integers(height - h + 1)), int(integers(width - w + 1)), h, w)
+    else:
+        for _ in range(attempts):
+            target = area * float(rng.uniform(scale_lo, scale_hi))
+            aspect = math.exp(float(rng.uniform(log_lo, log_hi)))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                return Box(int(integers(height - h + 1)), int(integers(width - w + 1)), h, w)
     in_ratio = width / height
     if in_ratio < ratio[0]:
         w = width
@@ -133,4 +171,5 @@ __all__ = [
     "random_resized_box",
     "scale_denominator",
     "scaled_box",
+    "uniform_is_affine",
 ]

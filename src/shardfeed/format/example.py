@@ -283,7 +283,8 @@ def _value_of(feature: Any) -> tuple[Kind | None, Value]:
 def _decode_all(fmap: Any) -> dict[str, Value]:
     """Every feature of a parsed Example's map (the per-record hot path: kept inline)."""
     out: dict[str, Value] = {}
-    for name, feature in fmap.items():
+    for name in fmap:  # indexing by key: the map's items() is a Python-level generator
+        feature = fmap[name]
         oneof = feature.WhichOneof("kind")
         if oneof == "bytes_list":
             vals = feature.bytes_list.value

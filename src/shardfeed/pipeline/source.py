@@ -67,7 +67,7 @@ import numpy as np
 from shardfeed.errors import StateError
 from shardfeed.sampling.keys import sample_rng
 from shardfeed.sampling.permutation import EpochOrder
-from shardfeed.transforms.base import call_into
+from shardfeed.transforms.base import NO_RANDOMNESS, call_into
 
 Sample = dict[str, Any]
 Transform = Callable[[Sample, np.random.Generator], Sample]
@@ -217,6 +217,7 @@ class _OneArgument:
     """Adapts ``f(sample)`` to the ``f(sample, rng)`` transform signature (picklable)."""
 
     __slots__ = ("fn",)
+    draws_random = False  # fn gets no generator
 
     def __init__(self, fn: Callable[[Sample], Sample]) -> None:
         self.fn = fn
@@ -228,7 +229,8 @@ class _OneArgument:
 class RecordSource:
     """One output per record of a Dataset: the record at order position p, transformed.
 
-    Determinism: output p is ``transform(ds[order[p]], sample_rng(seed, epoch, p))``.
+    Determinism: output p is ``transform(ds[order[p]], sample_rng(seed, epoch, p))`` (a
+    transform that declares ``draws_random = False`` gets ``NO_RANDOMNESS`` instead).
     State: ``{"kind": "records", "records": len(ds)}`` (a fingerprint). Memory: the dataset's
     index (8 bytes a record); nothing per sample beyond the record being built (the image is
     written into the batch when ``out`` is given).
@@ -292,10 +294,12 @@ class RecordSource:
         sample = dict(records[0])
         if transform is None:
             return sample
+        # A transform that declares it never draws (eval presets) gets no keyed generator.
+        rng = key.rng() if getattr(transform, "draws_random", True) else NO_RANDOMNESS
         image_out = None if out is None else out.get("image")
         if image_out is None:
-            return transform(sample, key.rng())
-        return call_into(transform, sample, key.rng(), image_out)
+            return transform(sample, rng)
+        return call_into(transform, sample, rng, image_out)
 
     def locate(self, record: int) -> tuple[str, int, int]:
         return self._ds().locate(record)

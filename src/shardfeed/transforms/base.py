@@ -12,6 +12,10 @@ Optional extras a transform class may define:
 - ``accepts_out = True`` and ``__call__(sample, rng, *, out=None)``: the final ``"image"``
   is written into ``out`` (a view into a preallocated batch array).
 - ``output_spec(specs) -> specs``: how it changes the shape/dtype of ``"image"``/``"mask"``.
+- ``draws_random = False``: the transform never draws from its generator (decode, center
+  crop, normalisation, ...). A caller may then hand it :data:`NO_RANDOMNESS` instead of
+  building a keyed generator (a few µs a sample); drawing from that raises. Transforms
+  without the attribute are assumed to draw.
 """
 
 from __future__ import annotations
@@ -85,6 +89,37 @@ Specs = dict[str, ArraySpec]
 """Output specs by sample key (``"image"``, ``"mask"``)."""
 
 
+class _NoRandomness:
+    """The generator handed to transforms that declare ``draws_random = False``.
+
+    Any use raises, so a transform that draws after all fails loudly instead of drawing from
+    a generator that is not keyed by its sample.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(
+            f"a transform that declares draws_random = False used its generator (rng.{name}); "
+            "set draws_random = True on it (or leave the attribute out)"
+        )
+
+    def __reduce__(self) -> str:
+        return "NO_RANDOMNESS"  # the module's singleton, also in worker processes
+
+    def __repr__(self) -> str:
+        return "NO_RANDOMNESS"
+
+
+NO_RANDOMNESS: np.random.Generator = _NoRandomness()  # type: ignore[assignment]
+"""Stands in for the generator of a transform that does not draw (see the module doc)."""
+
+
+def draws_random(transform: object) -> bool:
+    """False only when ``transform`` declares ``draws_random = False`` (it never draws)."""
+    return bool(getattr(transform, "draws_random", True))
+
+
 def bind_transform(transform: Transform, schema: SchemaLike | None, *, root: str | None) -> Transform:
     """``transform.bind(schema, root=root)`` if it has one, else the transform itself."""
     bind = getattr(transform, "bind", None)
@@ -141,7 +176,7 @@ class Compose:
     State: none. Memory: the intermediate arrays of one sample.
     """
 
-    __slots__ = ("_head", "_last", "_last_out", "transforms")
+    __slots__ = ("_draws", "_head", "_last", "_last_out", "transforms")
     accepts_out = True
 
     def __init__(self, transforms: Sequence[Transform], /) -> None:
@@ -157,6 +192,12 @@ class Compose:
         self._head = self.transforms[:-1]
         self._last: Transform = self.transforms[-1] if self.transforms else _identity
         self._last_out = bool(getattr(self._last, "accepts_out", False))
+        self._draws = any(draws_random(t) for t in self.transforms)
+
+    @property
+    def draws_random(self) -> bool:
+        """Whether any child draws from the generator."""
+        return self._draws
 
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
@@ -209,6 +250,7 @@ class FunctionTransform:
     """
 
     __slots__ = ("function",)
+    draws_random = False  # f gets no generator
 
     def __init__(self, function: Callable[[Sample], Sample], /) -> None:
         if not callable(function):
@@ -235,6 +277,7 @@ def as_transform(function: Callable[[Sample], Sample], /) -> Transform:
 
 __all__ = [
     "ArraySpec",
+    "NO_RANDOMNESS",
     "Compose",
     "FunctionTransform",
     "ImageInfoLike",
@@ -245,5 +288,6 @@ __all__ = [
     "as_transform",
     "bind_transform",
     "call_into",
+    "draws_random",
     "output_spec_of",
 ]

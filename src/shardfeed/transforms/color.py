@@ -70,6 +70,7 @@ class ColorJitter:
     """
 
     __slots__ = ("brightness", "contrast", "hue", "key", "saturation")
+    draws_random = True
 
     def __init__(
         self,
@@ -164,6 +165,7 @@ class Normalize:
 
     __slots__ = ("bias", "key", "mean", "multiplier", "std")
     accepts_out = True
+    draws_random = False
 
     def __init__(
         self,
@@ -225,6 +227,7 @@ class ToFloat:
 
     __slots__ = ("dtype", "key", "scale")
     accepts_out = True
+    draws_random = False
 
     def __init__(
         self, *, scale: float = 1.0 / 255.0, dtype: Any = np.float32, key: str = "image"
@@ -265,6 +268,7 @@ class ToCHW:
 
     __slots__ = ("key",)
     accepts_out = True
+    draws_random = False
 
     def __init__(self, *, key: str = "image") -> None:
         self.key = key

@@ -95,6 +95,11 @@ class CropDecoderBase(DecoderBase):
     def _box(self, height: int, width: int, rng: np.random.Generator) -> Box:
         raise NotImplementedError
 
+    @property
+    def draws_random(self) -> bool:
+        """Whether the op draws: a random box (subclasses) or a flip (``hflip > 0``)."""
+        return self.hflip > 0.0
+
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
@@ -266,6 +271,7 @@ class DecodeRandomResizedCrop(CropDecoderBase):
     """
 
     __slots__ = ("ratio", "scale")
+    draws_random = True  # type: ignore[assignment]
 
     def __init__(
         self,

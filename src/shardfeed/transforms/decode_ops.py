@@ -183,6 +183,7 @@ class DecodeImage(DecoderBase):
     """
 
     __slots__ = ()
+    draws_random = False
 
     def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
         image, key = self._decode_full(sample)

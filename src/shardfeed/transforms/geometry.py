@@ -99,6 +99,7 @@ class RandomResizedCrop(GeometricBase):
     """
 
     __slots__ = ("ratio", "scale", "size")
+    draws_random = True
 
     def __init__(
         self,
@@ -136,6 +137,7 @@ class Resize(GeometricBase):
     """
 
     __slots__ = ("shorter", "size")
+    draws_random = False
 
     def __init__(
         self,
@@ -184,6 +186,7 @@ class CropOrPad(GeometricBase):
     """
 
     __slots__ = ("fill", "mask_fill", "size")
+    draws_random = False
 
     def __init__(
         self,
@@ -249,6 +252,7 @@ class RandomHorizontalFlip(GeometricBase):
     """
 
     __slots__ = ("p",)
+    draws_random = True
 
     def __init__(
         self,

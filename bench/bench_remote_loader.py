@@ -11,23 +11,29 @@ Prints records/s, MB/s of record bytes and the GETs sent (table; CSV with ``--cs
 
 Coalescing ``on``: the Dataset's default read plan (records up to 64 KiB apart in one range,
 ranges up to 1 MiB) and the remote source's merging (holes up to 256 KiB, requests up to
-32 MiB). ``off``: every record its own range and its own GET. The Dataset opens its shards
-with ``open_source(url)`` and takes no source options yet, so this script sets them by
-replacing the ``open_source`` the dataset module uses (a benchmark device, not an API).
+32 MiB). ``off``: every record its own range and its own GET. The remote options go in
+through ``Dataset(url, source_options={"max_concurrency": ..., "coalesce_gap_bytes": ...})``;
+``max_concurrency`` bounds both the GETs of one shard's ranges and the shards one
+``read_many`` reads at once.
 
 The server is a Python process on the same machine: the figures measure the client's
-overheads and the server's limits, not a cloud store's latency.
+overheads and the server's limits, not a cloud store's latency. ``--latency-ms 20`` puts a
+TCP relay in front of it that holds each request that long before passing it on (about
+an object store's time to first byte), which is where requests in flight pay off.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
+import socket
 import sys
 import tempfile
+import threading
 import time
-from functools import partial
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_storage import moto_server
 
-import shardfeed.dataset.dataset as dataset_module
 from shardfeed import Dataset, Loader
 from shardfeed.dataset.reading import ReadOptions
 from shardfeed.format.writer import ShardWriter
-from shardfeed.storage import open_source
-from shardfeed.storage.remote import RemoteSource, set_storage_options
+from shardfeed.storage.remote import set_storage_options
 from shardfeed.tools.index import index_files
 
 COALESCE = {
@@ -66,6 +70,48 @@ def write_dataset(folder: Path, records: int, shards: int, seed: int) -> int:
     return int(sum(sizes))
 
 
+@contextlib.contextmanager
+def delaying_relay(endpoint: str, latency_s: float) -> Iterator[str]:
+    """A TCP relay to ``endpoint`` that holds every chunk a client sends (a request, on a
+    keep-alive connection) for ``latency_s`` before passing it on; yields its own URL."""
+    host, port = endpoint.removeprefix("http://").split(":")
+    listener = socket.create_server(("127.0.0.1", 0), backlog=256)
+    pipes: list[threading.Thread] = []
+
+    def pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if delay:
+                    time.sleep(delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((host, int(port)))
+            for args in ((client, upstream, latency_s), (upstream, client, 0.0)):
+                thread = threading.Thread(target=pipe, args=args, daemon=True)
+                thread.start()
+                pipes.append(thread)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        acceptor.join(timeout=10)
+
+
 def one_epoch(ds: Dataset, *, batch: int, threads: int, seed: int) -> tuple[float, int]:
     with Loader(ds, batch_size=batch, shuffle=True, seed=seed, transform=None,
                 num_threads=threads, rank=0, world_size=1) as loader:
@@ -81,6 +127,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="hold each request this long on the way to the server")
     parser.add_argument("--csv", type=Path, default=None)
     args = parser.parse_args()
 
@@ -109,34 +157,33 @@ def main() -> None:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        with moto_server() as endpoint:
+        with moto_server() as endpoint, delaying_relay(endpoint, args.latency_ms / 1e3) as relay:
             import s3fs
 
-            options = {"client_kwargs": {"endpoint_url": endpoint}}
-            set_storage_options("s3://", **options)
-            fs = s3fs.S3FileSystem(**options)
+            fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
             fs.mkdir("bench")
             fs.put(str(folder) + "/", "bench/ds/", recursive=True)
+            set_storage_options("s3://", client_kwargs={"endpoint_url": relay})
+            storage = f"s3 (moto, +{args.latency_ms:g} ms)"
             for inflight in (8, 16, 32):
                 for name, (read_options, gap) in COALESCE.items():
-                    dataset_module.open_source = partial(  # type: ignore[assignment]
-                        open_source, max_concurrency=inflight, coalesce_gap_bytes=gap
-                    )
-                    try:
-                        with Dataset("s3://bench/ds", read_options=read_options) as ds:
-                            seconds, count = one_epoch(ds, batch=args.batch,
-                                                       threads=args.threads, seed=args.seed)
-                            gets = sum(s.stats()["requests"] for s in ds._sources.values()
-                                       if isinstance(s, RemoteSource))
-                    finally:
-                        dataset_module.open_source = open_source
-                    record("s3 (moto)", inflight, name, seconds, count, gets)
+                    # botocore keeps 10 connections by default: at most 10 requests in
+                    # flight whatever max_concurrency says, unless its pool is larger
+                    pool = {"config_kwargs": {"max_pool_connections": inflight + args.threads}}
+                    source_options = {"max_concurrency": inflight, "coalesce_gap_bytes": gap,
+                                      "storage_options": pool}
+                    with Dataset("s3://bench/ds", read_options=read_options,
+                                 source_options=source_options) as ds:
+                        seconds, count = one_epoch(ds, batch=args.batch,
+                                                   threads=args.threads, seed=args.seed)
+                        gets = ds.storage_stats()["requests"]
+                    record(storage, inflight, name, seconds, count, gets)
 
     columns = list(rows[0])
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     print(f"# {args.records} records in {args.shards} shards, {payload_bytes / 1e6:.1f} MB "
           f"of payload; Loader transform=None, shuffled, batch {args.batch}, "
-          f"{args.threads} threads")
+          f"{args.threads} threads; {args.latency_ms:g} ms added to each request")
     print("  ".join(c.rjust(widths[c]) for c in columns))
     for row in rows:
         print("  ".join(str(row[c]).rjust(widths[c]) for c in columns))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -100,9 +100,9 @@ class RunAll(Protocol):
     def __call__(self, fn: Callable[[T], R], items: Sequence[T], /) -> list[R]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _ShardRead:
-    """The planned reads of one shard: positions in the output, records, byte ranges."""
+class _ShardRead(NamedTuple):
+    """The planned reads of one shard: positions in the output, records, byte ranges.
+    (A tuple: built once a shard per read, where a frozen dataclass costs measurably.)"""
 
     shard: int
     group: list[int]
@@ -137,12 +137,14 @@ def read_payloads(
         return plan, source(k).read_ranges([(r.offset, r.length) for r in plan.ranges])
 
     if run_all is None or len(groups) < 2:
-        for item in groups:
-            plan, blobs = fetch(item)
-            _unframe(table.urls[plan.shard], plan, blobs, out, verify=verify)
+        urls = table.urls
+        for k, group_arr in groups:  # fetch() inlined: the local path is call-bound
+            plan = _plan(table, k, group_arr, local[group_arr], options)
+            blobs = source(k).read_ranges([(r.offset, r.length) for r in plan.ranges])
+            _unframe(urls[k], plan, blobs, out, verify)
     else:  # index loads, size checks and reads of all shards at once
         for plan, blobs in run_all(fetch, groups):
-            _unframe(table.urls[plan.shard], plan, blobs, out, verify=verify)
+            _unframe(table.urls[plan.shard], plan, blobs, out, verify)
     return [v for v in out if v is not None]
 
 
@@ -155,11 +157,11 @@ def _plan(table: ShardTable, k: int, group_arr: np.ndarray, recs_arr: np.ndarray
                       ends_arr.tolist(), plan_reads(starts_arr, ends_arr, options))
 
 
-def _unframe(url: str, plan: _ShardRead, blobs: list[bytes], out: list[bytes | None], *,
+def _unframe(url: str, plan: _ShardRead, blobs: list[bytes], out: list[bytes | None],
              verify: bool) -> None:
     """Slice each record of ``plan`` out of its range, check it, store it at its position."""
-    group, recs, starts, ends = plan.group, plan.recs, plan.starts, plan.ends
-    for rng, blob in zip(plan.ranges, blobs):
+    _, group, recs, starts, ends, ranges = plan
+    for rng, blob in zip(ranges, blobs):
         view = memoryview(blob)
         for m in rng.members:
             a, b = starts[m] - rng.offset, ends[m] - rng.offset

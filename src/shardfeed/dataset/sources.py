@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shardfeed.dataset.shards import ShardTable, check_offsets
@@ -107,10 +107,15 @@ class ShardSources:
         if len(items) < 2:
             return [fn(x) for x in items]
         pool = self._executor()
-        futures: list[Future[R]] = [pool.submit(fn, x) for x in items[1:]]
+        try:
+            futures: list[Future[R]] = [pool.submit(fn, x) for x in items[1:]]
+        except RuntimeError:  # the pool was shut down under us: close() ran meanwhile
+            raise ValueError("this Dataset is closed; open a new one") from None
         try:
             first = fn(items[0])
             return [first, *(f.result() for f in futures)]
+        except CancelledError:
+            raise ValueError("this Dataset was closed during the read; open a new one") from None
         except BaseException:
             for f in futures:
                 f.cancel()

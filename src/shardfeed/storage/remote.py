@@ -125,6 +125,10 @@ class RemoteOptions:
     ``retries``, ``backoff_seconds``, ``max_backoff_seconds``: see :class:`RetryPolicy`.
     ``storage_options``: fsspec options (endpoint, credentials). ``cache``: whole small
     objects kept in memory.
+
+    The filesystem package may bound requests in flight too: s3fs (botocore) keeps 10
+    connections per filesystem unless told otherwise, so for more than about 10 requests at
+    once pass ``storage_options={"config_kwargs": {"max_pool_connections": 64}}``.
     """
 
     max_concurrency: int = 16

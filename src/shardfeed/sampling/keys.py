@@ -134,7 +134,7 @@ def sample_rng(seed: int, epoch: int, position: int, purpose: int = AUGMENT) -> 
         position = check_word(position, "position")
         purpose = check_word(purpose, "purpose")
     bit_generator = np.random.Philox(
-        _FixedKey(np.array([seed, purpose], dtype=np.uint64)),
+        _FixedKey(np.array([seed, purpose], dtype=np.uint64)),  # type: ignore[arg-type]
         counter=np.array([0, 0, position, epoch], dtype=np.uint64),
     )
     return np.random.Generator(bit_generator)

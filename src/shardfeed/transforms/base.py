@@ -276,8 +276,8 @@ def as_transform(function: Callable[[Sample], Sample], /) -> Transform:
 
 
 __all__ = [
-    "ArraySpec",
     "NO_RANDOMNESS",
+    "ArraySpec",
     "Compose",
     "FunctionTransform",
     "ImageInfoLike",

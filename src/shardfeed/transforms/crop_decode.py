@@ -271,7 +271,7 @@ class DecodeRandomResizedCrop(CropDecoderBase):
     """
 
     __slots__ = ("ratio", "scale")
-    draws_random = True  # type: ignore[assignment]
+    draws_random = True
 
     def __init__(
         self,

@@ -130,7 +130,7 @@ class ImageField:
 
     def encoded_bytes(self, sample: Sample, key: str, encoding: str) -> bytes | memoryview:
         """The encoded image bytes (reading the referenced file for ``"path"``)."""
-        value = sample[key]
+        value: bytes | memoryview = sample[key]
         if type(value) is not bytes:
             value = _single_bytes(value, key, self.where_lazy(sample, key))
         if encoding != "path":

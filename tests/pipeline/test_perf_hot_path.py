@@ -158,3 +158,32 @@ def test_gc_on_a_worker_thread_leaves_no_unraisable_error(
         thread.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     assert not [e for e in errors if "cannot join" in str(e.exc_value)], errors
+
+
+def test_garbage_collection_never_joins_threads_close_does(
+    clean_ds: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A collection can run inside threading's own bookkeeping while it holds its internal
+    # locks; a finaliser that joins threads there deadlocks the whole process.
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    waits: list[bool] = []
+    shutdown = ThreadPoolExecutor.shutdown
+
+    def spy(self: ThreadPoolExecutor, wait: bool = True, **kwargs: Any) -> None:
+        waits.append(wait)
+        shutdown(self, wait=wait, **kwargs)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "shutdown", spy)
+    dropped = Loader(clean_ds, batch_size=8, transform=presets.train(size=16), num_threads=2)
+    next(iter(dropped))
+    del dropped
+    gc.collect()
+    assert waits == [False]
+
+    closed = Loader(clean_ds, batch_size=8, transform=presets.train(size=16), num_threads=2)
+    next(iter(closed))
+    closed.close()
+    closed.close()
+    assert waits == [False, True]

@@ -453,7 +453,9 @@ class Loader:
             return
         self._closed = True
         self._stop_run()
-        self._finalizer()
+        registered = self._finalizer.detach()
+        if registered is not None:
+            _release(*registered[2], wait=True)
         self._ring = None
         self._executor = None
         self._processes = None
@@ -496,21 +498,27 @@ class _Guard:
             ) from exc
 
 
-def _release(parts: list[Any]) -> None:
+def _release(parts: list[Any], *, wait: bool = False) -> None:
+    """Stop the loader's pools and free its shared memory.
+
+    ``wait=True`` (``close()``) joins the worker threads and processes. The garbage collector
+    calls it with ``wait=False``: a collection can run inside any allocation, including inside
+    ``threading``'s own bookkeeping while it holds its internal locks, where joining a thread
+    (or starting one) deadlocks; so then the pools are only told to stop, and their threads
+    end by themselves once their current task has returned.
+    """
     executor, processes, shared = parts
-    current = threading.current_thread()
-    if current in getattr(executor, "_threads", ()) or current is getattr(
-        getattr(processes, "pool", None), "_executor_manager_thread", None
-    ):
-        # Run by the garbage collector on one of the pools' own threads, which cannot join
-        # itself: another thread releases everything once this thread's task has returned.
-        threading.Thread(target=_release, args=(parts,), name="shardfeed-release").start()
-        return
+    if wait:
+        current = threading.current_thread()
+        pool_threads = set(getattr(executor, "_threads", ()))
+        manager = getattr(getattr(processes, "pool", None), "_executor_manager_thread", None)
+        wait = current not in pool_threads and current is not manager  # never join oneself
     if processes is not None:
-        processes.close()
+        processes.pool.shutdown(wait=wait, cancel_futures=True)
     if executor is not None:
-        executor.shutdown(wait=True, cancel_futures=True)
+        executor.shutdown(wait=wait, cancel_futures=True)
     if shared is not None:
+        # close() keeps any mapping a batch still views alive (see SharedBatchRing.close)
         shared.close()
 
 

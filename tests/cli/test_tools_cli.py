@@ -71,7 +71,7 @@ def test_index_then_inspect(tf_fixtures: Path, tmp_path: Path,
     shutil.copy(tf_fixtures / "mixed.tfrecord", tmp_path / "mixed.tfrecord")
     assert main(["index", str(tmp_path / "*.tfrecord"), "--group-key", "day",
                  "--order-key", "timestamp", "--no-progress"]) == 0
-    assert "indexed 21 records in 1 files" in capsys.readouterr().out
+    assert "indexed 21 records in 1 file" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["groups"]["count"] == 3 and info["mode"] == "tfrecord"
@@ -95,4 +95,4 @@ def test_python_dash_m_runs(tf_fixtures: Path) -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "ok: 21 records in 1 shards" in proc.stdout
+    assert "ok: 21 records in 1 shard" in proc.stdout

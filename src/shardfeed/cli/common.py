@@ -74,3 +74,8 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def count(n: int, noun: str) -> str:
+    """``count(1, "shard")`` is ``1 shard``; ``count(2, "shard")`` is ``2 shards``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")

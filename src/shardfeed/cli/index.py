@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         order_key=args.order_key, workers=args.workers, progress=common.show_progress(args),
     )
     print(
-        f"indexed {result.records} records in {result.files} files "
+        f"indexed {common.count(result.records, 'record')} in "
+        f"{common.count(result.files, 'file')} "
         f"({common.human_bytes(result.bytes)}): {result.manifest}"
     )
     return 0

@@ -52,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(problem)
     decoded = sum(s.decoded for s in report.shards)
-    what = f"{report.records} records in {len(report.shards)} shards"
+    what = f"{common.count(report.records, 'record')} in {common.count(len(report.shards), 'shard')}"
     if report.decode:
         what += f", {decoded} images and masks decoded"
     if report.ok:
         print(f"ok: {what}")
         return 0
-    print(f"FAILED: {len(report.problems)} problems; {what}")
+    print(f"FAILED: {common.count(len(report.problems), 'problem')}; {what}")
     return 1
+

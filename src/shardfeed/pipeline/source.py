@@ -291,9 +291,10 @@ class RecordSource:
         *,
         out: Mapping[str, np.ndarray] | None = None,
     ) -> Sample:
-        sample = dict(records[0])
-        if transform is None:
-            return sample
+        record = records[0]
+        if transform is None:  # nothing mutates it: the batch writer only reads
+            return record if type(record) is dict else dict(record)
+        sample = dict(record)  # transforms edit their sample; the read record stays as read
         # A transform that declares it never draws (eval presets) gets no keyed generator.
         rng = key.rng() if getattr(transform, "draws_random", True) else NO_RANDOMNESS
         image_out = None if out is None else out.get("image")

@@ -24,6 +24,7 @@ from shardfeed.dataset.opening import (
 )
 from shardfeed.dataset.reading import ReadOptions, read_payloads
 from shardfeed.dataset.shards import (
+    MAX_MAPPED_INDEXES,
     RERUN_HINT,
     ShardTable,
     _local_size,
@@ -37,7 +38,6 @@ from shardfeed.format import spec as S
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar, resolve
 from shardfeed.format.schema import Schema, infer_schema
-from shardfeed.storage.base import ByteSource
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -132,9 +132,11 @@ class Dataset:
                     f"shard changed after indexing: {RERUN_HINT}"
                 )
 
+        mmap = len(urls) <= MAX_MAPPED_INDEXES
+
         def load(k: int) -> np.ndarray:
             url, info = urls[k], shards[k]
-            offsets = find_index(url)
+            offsets = find_index(url, mmap=mmap)
             if offsets is None:
                 if not self._build:
                     raise FormatError(
@@ -150,9 +152,10 @@ class Dataset:
     def _open_files(self, urls: Sequence[str], *, build: bool) -> ShardTable:
         found: list[np.ndarray | None] = []
         sizes: list[int | None] = []
+        mmap = len(urls) <= MAX_MAPPED_INDEXES
         for url in urls:
             size = _local_size(url)
-            offsets = find_index(url)
+            offsets = find_index(url, mmap=mmap)
             if offsets is not None:
                 check_offsets(url, offsets, size=size)
             elif not build:
@@ -302,9 +305,6 @@ class Dataset:
 
     # --- reading -------------------------------------------------------------------------
 
-    def _source(self, k: int) -> ByteSource:
-        return self._sources.get(k)
-
     def storage_stats(self) -> dict[str, int]:
         """Requests to object storage since opening, summed over the remote shards read so
         far: ``requests`` (GETs of shard bytes), ``bytes_fetched``, ``retries``."""
@@ -361,7 +361,7 @@ class Dataset:
 
     def _read(self, idx: np.ndarray) -> list[bytes]:
         sources = self._sources
-        return read_payloads(self._table, idx, source=sources.get, options=self.read_options,
+        return read_payloads(self._table, idx, read=sources.read_ranges, options=self.read_options,
                              verify=self.verify_crc,
                              run_all=sources.run_all if sources.remote else None)
 

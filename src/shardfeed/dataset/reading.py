@@ -23,7 +23,6 @@ import numpy as np
 from shardfeed.dataset.shards import RERUN_HINT, ShardTable
 from shardfeed.errors import CorruptRecordError, location
 from shardfeed.format.framing import unframe_bytes
-from shardfeed.storage.base import ByteSource
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -94,6 +93,10 @@ def plan_reads(starts: np.ndarray, ends: np.ndarray, options: ReadOptions) -> li
     return out
 
 
+ReadRanges = Callable[[int, Sequence[tuple[int, int]]], list[bytes]]
+"""``read(shard, [(offset, length), ...]) -> [bytes, ...]``."""
+
+
 class RunAll(Protocol):
     """``run_all(fn, items) -> [fn(x) for x in items]``, possibly at the same time."""
 
@@ -113,11 +116,11 @@ class _ShardRead(NamedTuple):
 
 
 def read_payloads(
-    table: ShardTable, idx: np.ndarray, *, source: Callable[[int], ByteSource],
-    options: ReadOptions, verify: bool, run_all: RunAll | None = None,
+    table: ShardTable, idx: np.ndarray, *, read: ReadRanges, options: ReadOptions,
+    verify: bool, run_all: RunAll | None = None,
 ) -> list[bytes]:
     """The payloads of global records ``idx`` (bounds-checked), in that order: grouped by
-    shard, each shard's records read as coalesced ranges from ``source(shard)``.
+    shard, each shard's records read as coalesced ranges by ``read(shard, ranges)``.
 
     Without ``run_all`` the shards are read one after another, each checked right after
     its read (while its bytes are in the CPU cache); with it, all shards' reads go to
@@ -134,13 +137,13 @@ def read_payloads(
     def fetch(item: tuple[int, np.ndarray]) -> tuple[_ShardRead, list[bytes]]:
         k, group_arr = item
         plan = _plan(table, k, group_arr, local[group_arr], options)
-        return plan, source(k).read_ranges([(r.offset, r.length) for r in plan.ranges])
+        return plan, read(k, [(r.offset, r.length) for r in plan.ranges])
 
     if run_all is None or len(groups) < 2:
         urls = table.urls
         for k, group_arr in groups:  # fetch() inlined: the local path is call-bound
             plan = _plan(table, k, group_arr, local[group_arr], options)
-            blobs = source(k).read_ranges([(r.offset, r.length) for r in plan.ranges])
+            blobs = read(k, [(r.offset, r.length) for r in plan.ranges])
             _unframe(urls[k], plan, blobs, out, verify)
     else:  # index loads, size checks and reads of all shards at once
         for plan, blobs in run_all(fetch, groups):

@@ -53,17 +53,23 @@ def _local_size(url: str) -> int | None:
         ) from None
 
 
-def find_index(url: str) -> np.ndarray | None:
+MAX_MAPPED_INDEXES = 128
+"""Datasets of more shards than this read their ``.idx.npy`` files into memory instead of
+mapping them: every mapping holds a file descriptor, and a process may have 1,024."""
+
+
+def find_index(url: str, *, mmap: bool = True) -> np.ndarray | None:
     """The offsets of ``url`` from its ``.idx.npy`` or ``.idx`` file, or None if it has none.
 
-    Remote indexes cost one GET (no existence check first), through the optional cache of
-    :func:`shardfeed.storage.set_index_cache`.
+    ``mmap``: map a local ``.idx.npy`` (pages read on use; holds a file descriptor) rather
+    than read it. Remote indexes cost one GET (no existence check first), through the
+    optional cache of :func:`shardfeed.storage.set_index_cache`.
     """
     if is_remote(url):
         return _find_remote_index(url)
     binary = S.binary_index_path(url)
     if _exists(binary):
-        return load_binary_index(binary)
+        return load_binary_index(binary, mmap=mmap)
     text = S.text_index_path(url)
     if _exists(text):
         return read_text_index(text)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -28,6 +29,10 @@ R = TypeVar("R")
 
 _OPEN_LOCKS = 64
 """First opens of shards whose numbers differ mod this run at the same time."""
+MAX_OPEN_LOCAL = 256
+"""Local shards kept open at once (a file descriptor each); the least recently used idle
+one is closed past this, so datasets of thousands of shards stay within the usual limit
+of 1,024 descriptors a process."""
 
 
 def check_source_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -44,15 +49,21 @@ def check_source_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
 class ShardSources:
     """One :class:`ByteSource` a shard, opened on first use; a pool for parallel reads.
 
-    Thread-safe. Memory: one open source a shard used (a descriptor, or a remote source
-    and its threads while a read runs) and, for datasets with remote shards, up to
-    ``max_concurrency`` reader threads.
+    Thread-safe. Memory: one open source a shard in use (local shards: at most
+    ``MAX_OPEN_LOCAL`` descriptors, idle ones closed least recently used first; remote
+    shards: a source each, whose threads run only during a read) and, for datasets with
+    remote shards, up to ``max_concurrency`` reader threads.
     """
 
     def __init__(self, table: ShardTable, *, source_options: Mapping[str, Any]) -> None:
         self._table = table
         self._options = dict(source_options)
         self._sources: dict[int, ByteSource] = {}
+        self._users: dict[int, int] = {}  # reads running on each source
+        self._local_lru: OrderedDict[int, None] = OrderedDict()
+        self.max_open_local = MAX_OPEN_LOCAL
+        local = sum(not is_remote(url) for url in table.urls)
+        self._bounded = local > self.max_open_local  # else no source is ever closed early
         self._lock = threading.Lock()
         self._open_locks = [threading.Lock() for _ in range(min(_OPEN_LOCKS, table.num_shards))]
         self._closed = False
@@ -61,23 +72,73 @@ class ShardSources:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
 
-    def get(self, k: int) -> ByteSource:
-        """The open source of shard ``k`` (ValueError once closed)."""
-        src = self._sources.get(k)
+    def read_ranges(self, k: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """``read_ranges`` of shard ``k``'s source (ValueError once closed)."""
+        if not self._bounded:  # every shard may stay open: no use counts needed
+            src = self._sources.get(k) or self._acquire(k)
+            return src.read_ranges(ranges)
+        src = self._acquire(k)
+        try:
+            return src.read_ranges(ranges)
+        finally:
+            self._release(k)
+
+    def _acquire(self, k: int) -> ByteSource:
+        src = self._use_open(k)
         if src is not None:
             return src
         with self._open_locks[k % len(self._open_locks)]:
-            src = self._sources.get(k)
-            if src is None:
-                src = self._open(k)
-                with self._lock:
-                    closed = self._closed
-                    if not closed:
-                        self._sources[k] = src
-                if closed:
-                    src.close()
-                    raise ValueError("this Dataset is closed; open a new one")
+            src = self._use_open(k)
+            if src is not None:
+                return src
+            src = self._open(k)
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._sources[k] = src
+                    self._users[k] = 1
+                    if not is_remote(self._table.urls[k]):
+                        self._local_lru[k] = None
+                    idle = self._evict_locked()
+            if closed:
+                src.close()
+                raise ValueError("this Dataset is closed; open a new one")
+        for victim in idle:
+            victim.close()
         return src
+
+    def _use_open(self, k: int) -> ByteSource | None:
+        with self._lock:
+            src = self._sources.get(k)
+            if src is not None:
+                self._users[k] = self._users.get(k, 0) + 1
+                if k in self._local_lru:
+                    self._local_lru.move_to_end(k)
+            return src
+
+    def _release(self, k: int) -> None:
+        with self._lock:
+            left = self._users.get(k, 1) - 1
+            if left:
+                self._users[k] = left
+                return
+            self._users.pop(k, None)
+            idle = self._evict_locked() if len(self._local_lru) > self.max_open_local else []
+        for victim in idle:
+            victim.close()
+
+    def _evict_locked(self) -> list[ByteSource]:
+        """Take idle local sources out, oldest first, until at most ``max_open_local`` stay
+        open (sources in use stay whatever the count); the caller closes them unlocked."""
+        excess = len(self._local_lru) - self.max_open_local
+        if excess <= 0:
+            return []
+        idle = [k for k in self._local_lru if k not in self._users][:excess]
+        victims = []
+        for k in idle:
+            del self._local_lru[k]
+            victims.append(self._sources.pop(k))
+        return victims
 
     def _open(self, k: int) -> ByteSource:
         if self._closed:
@@ -148,6 +209,7 @@ class ShardSources:
         with self._lock:
             self._closed = True
             sources, self._sources = self._sources, {}
+            self._local_lru.clear()
             pool, self._pool = self._pool, None
         if pool is not None and self._pool_pid == os.getpid():
             pool.shutdown(wait=True, cancel_futures=True)

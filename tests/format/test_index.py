@@ -83,3 +83,22 @@ def test_index_round_trips(tmp_path_factory: Any, sizes: list[int]) -> None:
     path = tmp_path_factory.mktemp("idx") / "r.idx.npy"
     write_binary_index(path, offsets)
     np.testing.assert_array_equal(load_binary_index(path), offsets)
+
+
+def test_an_operating_system_error_is_not_blamed_on_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from shardfeed.format import index as index_module
+
+    path = tmp_path / "a.idx.npy"
+    index_module.write_binary_index(path, np.array([0, 20], dtype=np.uint64))
+
+    def no_descriptors(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(index_module.np, "load", no_descriptors)
+    with pytest.raises(OSError, match="Too many open files") as info:
+        index_module.load_binary_index(path)
+    assert "delete" not in str(info.value)

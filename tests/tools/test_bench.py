@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardfeed.tools.bench import BenchOptions, bench
-from shardfeed.tools.bench_probe import RssSampler, decode_limit
+from shardfeed.tools.bench_probe import RssSampler, current_rss_bytes, decode_limit
 from shardfeed.tools.csvinput import CsvColumns
 from shardfeed.tools.demo_data import (
     TIMELAPSE_FLOATS,
@@ -129,9 +129,12 @@ def test_decode_limit_and_rss_sampler() -> None:
         decode_limit([], num_threads=1, seconds=0.1)
     with RssSampler(interval_seconds=0.005) as rss:
         block = np.ones(40_000_000, np.uint8)  # 40 MB touched: the peak must see it
+        held = current_rss_bytes()  # what was resident while the block was held
         rss.sample()
         del block
     if rss.peak_bytes is not None:
-        assert rss.start_bytes is not None
-        assert rss.peak_bytes - rss.start_bytes >= 30_000_000
+        # Growth from the start is not a fixed 40 MB (the allocator may reuse pages freed
+        # before), but the peak can never be below what was resident with the block held.
+        assert held is not None and rss.start_bytes is not None
+        assert rss.peak_bytes >= held
     assert not math.isnan(limit.seconds)

@@ -105,8 +105,8 @@ def load_binary_index(path: str | os.PathLike[str], *, mmap: bool = True) -> np.
         try:
             arr = np.load(text.removeprefix("file://"), mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise  # missing file, too many open files, ...: not the index's fault
             raise _not_binary(text, exc) from exc
         return _check_binary(arr, text)
     return parse_binary_index(_fileio.read_bytes(text), path=text)

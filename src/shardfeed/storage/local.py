@@ -65,7 +65,7 @@ class LocalSource:
                 os.close(self._fd)
                 self._fd = None
 
-    def __enter__(self) -> LocalSource:
+    def __enter__(self) -> LocalSource:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -20,7 +20,7 @@ Batch 256, T = ``--threads`` threads, prefetch 2; each timed run is one whole ep
 short warm-up. Rounds are interleaved (round 1 runs every contender once, then round 2, ...)
 and the table gives medians: samples/s, wall µs per sample, CPU µs per sample (all threads
 of the measuring process; load from other processes distorts it far less than wall time) and
-the ratio to the decode limit of the same round.
+the ratio of the median rate to the median decode limit.
 
 ``--other-src PATH`` also runs every loader contender with the package imported from another
 source tree (the folder that holds ``shardfeed/``), in the same interleaved rounds: before /
@@ -289,16 +289,15 @@ def main() -> None:
     rows = []
     for (set_name, contender, version), runs in results.items():
         n = count[set_name]
-        rates = [n / wall for wall, _ in runs]
-        limit = [n / wall for wall, _ in results[(set_name, "decode", "this")]] if (
-            set_name, "decode", "this") in results else []
-        ratios = [a / b for a, b in zip(rates, limit)] if limit else []
+        rate = statistics.median(n / wall for wall, _ in runs)
+        decode = results.get((set_name, "decode", "this"))
+        limit = statistics.median(n / wall for wall, _ in decode) if decode else float("nan")
         rows.append({
             "set": set_name, "contender": contender, "version": version,
-            "samples_per_s": statistics.median(rates),
+            "samples_per_s": rate,
             "wall_us": statistics.median(1e6 * wall / n for wall, _ in runs),
             "cpu_us": statistics.median(1e6 * cpu / n for _, cpu in runs),
-            "vs_decode": statistics.median(ratios) if ratios else float("nan"),
+            "vs_decode": rate / limit,
             "rounds": len(runs),
         })
     header = f"{'set':8s} {'contender':9s} {'version':7s} {'samples/s':>10s} {'wall µs':>8s} " \

@@ -21,71 +21,38 @@ and any number of threads. Memory: see :meth:`Loader.memory_budget`.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import ShardfeedError, StateError
-from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
+from shardfeed.errors import ShardfeedError
+from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing
 from shardfeed.pipeline.epoch import EpochRun
+from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
+from shardfeed.pipeline.memory import MemoryBudget, order_index_bytes, work_bytes
 from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
+from shardfeed.pipeline.pool import open_ring, release, thread_pool
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
 from shardfeed.pipeline.ranks import RankInfo, resolve_ranks
 from shardfeed.pipeline.source import EpochContext, Sample, Source, as_source
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.permutation import EpochOrder
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "STATE_KEYS", "Loader", "LoaderStats", "MemoryBudget", "TooManyErrorsError", "state_to_json",
+]
 
-STATE_KEYS = frozenset({"seed", "epoch", "consumed", "skipped", "source"})
+logger = logging.getLogger(__name__)
 
 
 class TooManyErrorsError(ShardfeedError):
     """More bad samples in one epoch than ``on_error="skip"`` allows."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoaderStats:
-    """Counters of a Loader: bad samples replaced this epoch and since construction."""
-
-    epoch: int
-    skipped: int
-    skipped_total: int
-    batches_total: int
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryBudget:
-    """The memory a Loader will hold at most, in bytes, by part.
-
-    ``work_bytes_per_thread`` is estimated from the first sample of the epoch (its record's
-    encoded bytes times the slice length, plus its decoded image): datasets whose images are
-    much larger than the first one raise that term in proportion. ``cache_bytes`` is the
-    source's own bound on what it caches (the decoded images of :class:`Patches`; 0 for
-    sources that cache nothing).
-    """
-
-    batch_bytes: int
-    ring_batches: int
-    work_bytes_per_thread: int
-    threads: int
-    index_bytes: int
-    cache_bytes: int = 0
-
-    @property
-    def total_bytes(self) -> int:
-        return (self.batch_bytes * self.ring_batches
-                + self.work_bytes_per_thread * self.threads + self.index_bytes
-                + self.cache_bytes)
 
 
 class Loader:
@@ -198,7 +165,7 @@ class Loader:
         self._run: EpochRun | None = None
         self._closed = False
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, _release, [None, None, None])
+        self._finalizer = weakref.finalize(self, release, [None, None, None])
 
     # -- presets -------------------------------------------------------------------------------
 
@@ -248,34 +215,10 @@ class Loader:
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continue the stream that ``state`` was saved from (any thread or rank count)."""
-        if not isinstance(state, Mapping):
-            raise StateError(f"a loader state is a dict from Loader.state(), got {type(state)}")
-        keys = set(state)
-        if keys != STATE_KEYS:
-            missing = sorted(STATE_KEYS - keys)
-            foreign = sorted(keys - STATE_KEYS)
-            raise StateError(
-                f"not a Loader state: missing keys {missing}, foreign keys {foreign}; pass the "
-                "dict Loader.state() returned (nested states pass their 'loader' part)"
-            )
-        for name in ("seed", "epoch", "consumed", "skipped"):
-            value = state[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise StateError(f"state[{name!r}] must be a non-negative int, got {value!r}")
-        if state["seed"] != self.options.seed:
-            raise StateError(
-                f"the state was saved with seed={state['seed']}, this loader has "
-                f"seed={self.options.seed}: construct the Loader with seed={state['seed']}"
-            )
-        if state["consumed"] > self.samples_per_epoch:
-            raise StateError(
-                f"state['consumed']={state['consumed']} exceeds the {self.samples_per_epoch} "
-                "samples of an epoch here: the state belongs to another dataset"
-            )
-        source_state = state["source"]
-        if not isinstance(source_state, Mapping):
-            raise StateError(f"state['source'] must be a dict, got {source_state!r}")
-        self.source.restore(source_state)
+        state = check_state(
+            state, seed=self.options.seed, samples_per_epoch=self.samples_per_epoch
+        )
+        self.source.restore(state["source"])
         self._stop_run()
         self._epoch = int(state["epoch"])
         self._consumed = int(state["consumed"])
@@ -330,11 +273,10 @@ class Loader:
         assert self._layout is not None and self._probe is not None
         _, records = self._probe
         row_bytes = self._layout.batch_bytes() // self.options.batch_size
-        encoded = sum(_payload_bytes(r) for r in records)
-        work = self.options.slice_size() * encoded + _decoded_bytes(records) + row_bytes
+        work = work_bytes(records, slice_size=self.options.slice_size(), row_bytes=row_bytes)
         index = self.source.index_bytes
         if self.options.order_method == "exact":
-            index += 4 * self.num_units if self.num_units < 2**31 else 8 * self.num_units
+            index += order_index_bytes(self.num_units)
         return MemoryBudget(
             batch_bytes=self._layout.batch_bytes(),
             ring_batches=self.options.prefetch_batches + 1,
@@ -374,25 +316,12 @@ class Loader:
     def _resources(self, layout: BatchLayout) -> tuple[list[BatchBuffer], Any]:
         opts = self.options
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=opts.num_threads, thread_name_prefix="shardfeed-loader"
-            )
+            self._executor = thread_pool(opts)
         if self._ring is None:
-            size = opts.prefetch_batches + 1
-            if opts.workers == "processes":
-                from shardfeed.pipeline.workers import ProcessWorkers
-
-                self._shared = SharedBatchRing(layout, size)
-                self._ring = self._shared.buffers
-                self._processes = ProcessWorkers(
-                    self._builder, layout, self._shared.names, self._ring,
-                    processes=opts.num_threads,
-                )
-            else:
-                self._ring = local_ring(layout, size)
+            self._ring, self._processes, self._shared = open_ring(self._builder, layout, opts)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(
-                self, _release, [self._executor, self._processes, self._shared]
+                self, release, [self._executor, self._processes, self._shared]
             )
         build = self._processes.build_slice if self._processes is not None else (
             self._builder.build_slice
@@ -455,7 +384,7 @@ class Loader:
         self._stop_run()
         registered = self._finalizer.detach()
         if registered is not None:
-            _release(*registered[2], wait=True)
+            release(*registered[2], wait=True)
         self._ring = None
         self._executor = None
         self._processes = None
@@ -496,60 +425,3 @@ class _Guard:
             raise TooManyErrorsError(
                 f"{exc}: check the data with `shardfeed verify`"
             ) from exc
-
-
-def _release(parts: list[Any], *, wait: bool = False) -> None:
-    """Stop the loader's pools and free its shared memory.
-
-    ``wait=True`` (``close()``) joins the worker threads and processes. The garbage collector
-    calls it with ``wait=False``: a collection can run inside any allocation, including inside
-    ``threading``'s own bookkeeping while it holds its internal locks, where joining a thread
-    (or starting one) deadlocks; so then the pools are only told to stop, and their threads
-    end by themselves once their current task has returned.
-    """
-    executor, processes, shared = parts
-    if wait:
-        current = threading.current_thread()
-        pool_threads = set(getattr(executor, "_threads", ()))
-        manager = getattr(getattr(processes, "pool", None), "_executor_manager_thread", None)
-        wait = current not in pool_threads and current is not manager  # never join oneself
-    if processes is not None:
-        processes.pool.shutdown(wait=wait, cancel_futures=True)
-    if executor is not None:
-        executor.shutdown(wait=wait, cancel_futures=True)
-    if shared is not None:
-        # close() keeps any mapping a batch still views alive (see SharedBatchRing.close)
-        shared.close()
-
-
-def _payload_bytes(record: Mapping[str, Any]) -> int:
-    total = 0
-    for value in record.values():
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            total += len(value)
-        elif isinstance(value, list):
-            total += sum(len(v) for v in value if isinstance(v, (bytes, bytearray)))
-        elif isinstance(value, np.ndarray):
-            total += value.nbytes
-    return total
-
-
-def _decoded_bytes(records: list[Sample]) -> int:
-    total = 0
-    for record in records:
-        dims = []
-        for key in ("image/height", "image/width"):
-            value = record.get(key)
-            if value is None:
-                break
-            dims.append(int(np.asarray(value).reshape(-1)[0]))
-        if len(dims) == 2:
-            channels = record.get("image/channels")
-            c = int(np.asarray(channels).reshape(-1)[0]) if channels is not None else 3
-            total += math.prod(dims) * c
-    return total
-
-
-def state_to_json(state: Mapping[str, Any]) -> str:
-    """A loader state as JSON text (it is JSON-serialisable as is; this fixes key order)."""
-    return json.dumps(state, sort_keys=True)

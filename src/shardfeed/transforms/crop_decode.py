@@ -22,6 +22,7 @@ is drawn from the same generator calls, so the geometry does not depend on the e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
@@ -39,14 +40,19 @@ from shardfeed.transforms.boxes import (
     scaled_box,
 )
 from shardfeed.transforms.decode import Where, decode_jpeg_scratch, jpeg_header, sniff_format
-from shardfeed.transforms.decode_ops import Channels, DecoderBase
-from shardfeed.transforms.source import Encoding
+from shardfeed.transforms.decode_ops import DecodeOptions, DecoderBase
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _CMYK = ("CMYK", "YCCK")
 
 
 class CropDecoderBase(DecoderBase):
-    """Decode the crop box that :meth:`_box` picks, resized to ``size`` (subclass hook)."""
+    """Decode the crop box that :meth:`_box` picks, resized to ``size`` (subclass hook).
+
+    The other keyword options (:class:`DecodeOptions`) go to :class:`DecoderBase` unchanged.
+    """
 
     __slots__ = ("hflip", "max_denominator", "size")
     accepts_out = True
@@ -57,35 +63,9 @@ class CropDecoderBase(DecoderBase):
         *,
         hflip: float = 0.0,
         reduced_decode: bool = True,
-        key: str | None = None,
-        encoding: Encoding = "auto",
-        height_key: str | None = None,
-        width_key: str | None = None,
-        channels_key: str | None = None,
-        mask: bool | None = None,
-        mask_key: str | None = None,
-        mask_encoding: Encoding = "auto",
-        root: str | None = None,
-        channels: Channels = "rgb",
-        keep_encoded: bool = False,
-        fast_dct: bool = True,
-        fast_upsample: bool = False,
+        **options: Unpack[DecodeOptions],
     ) -> None:
-        super().__init__(
-            key=key,
-            encoding=encoding,
-            height_key=height_key,
-            width_key=width_key,
-            channels_key=channels_key,
-            mask=mask,
-            mask_key=mask_key,
-            mask_encoding=mask_encoding,
-            root=root,
-            channels=channels,
-            keep_encoded=keep_encoded,
-            fast_dct=fast_dct,
-            fast_upsample=fast_upsample,
-        )
+        super().__init__(**options)
         self.size = parse_size(size)
         if not 0.0 <= float(hflip) <= 1.0:
             raise ValueError(f"hflip is a probability in [0, 1], got {hflip!r}")
@@ -293,38 +273,9 @@ class DecodeRandomResizedCrop(CropDecoderBase):
         ratio: Sequence[float] = (3 / 4, 4 / 3),
         hflip: float = 0.0,
         reduced_decode: bool = True,
-        key: str | None = None,
-        encoding: Encoding = "auto",
-        height_key: str | None = None,
-        width_key: str | None = None,
-        channels_key: str | None = None,
-        mask: bool | None = None,
-        mask_key: str | None = None,
-        mask_encoding: Encoding = "auto",
-        root: str | None = None,
-        channels: Channels = "rgb",
-        keep_encoded: bool = False,
-        fast_dct: bool = True,
-        fast_upsample: bool = False,
+        **options: Unpack[DecodeOptions],
     ) -> None:
-        super().__init__(
-            size,
-            hflip=hflip,
-            reduced_decode=reduced_decode,
-            key=key,
-            encoding=encoding,
-            height_key=height_key,
-            width_key=width_key,
-            channels_key=channels_key,
-            mask=mask,
-            mask_key=mask_key,
-            mask_encoding=mask_encoding,
-            root=root,
-            channels=channels,
-            keep_encoded=keep_encoded,
-            fast_dct=fast_dct,
-            fast_upsample=fast_upsample,
-        )
+        super().__init__(size, hflip=hflip, reduced_decode=reduced_decode, **options)
         self.scale = check_range(scale, name="scale", low=0.0, high=1.0)
         self.ratio = check_range(ratio, name="ratio", low=0.0, high=float("inf"))
 
@@ -337,7 +288,8 @@ class DecodeCenterCrop(CropDecoderBase):
     ``max(size) / crop_fraction``, then center-crop ``size``", computed with one resize
     (and a reduced-scale JPEG decode when the crop is ≥ 2× the output).
 
-    Output: ``sample["image"]`` size×C uint8; ``sample["mask"]`` size uint8 (nearest).
+    Output: ``sample["image"]`` size×C uint8; ``sample["mask"]`` size uint8 (nearest). See
+    :class:`DecoderBase` for the options that say where the image is.
 
     Determinism: fully deterministic; draws nothing from the generator (``hflip`` is 0 by
     default). State: none. Memory: the per-thread scratch buffer, plus the output.
@@ -352,38 +304,9 @@ class DecodeCenterCrop(CropDecoderBase):
         crop_fraction: float = 0.875,
         hflip: float = 0.0,
         reduced_decode: bool = True,
-        key: str | None = None,
-        encoding: Encoding = "auto",
-        height_key: str | None = None,
-        width_key: str | None = None,
-        channels_key: str | None = None,
-        mask: bool | None = None,
-        mask_key: str | None = None,
-        mask_encoding: Encoding = "auto",
-        root: str | None = None,
-        channels: Channels = "rgb",
-        keep_encoded: bool = False,
-        fast_dct: bool = True,
-        fast_upsample: bool = False,
+        **options: Unpack[DecodeOptions],
     ) -> None:
-        super().__init__(
-            size,
-            hflip=hflip,
-            reduced_decode=reduced_decode,
-            key=key,
-            encoding=encoding,
-            height_key=height_key,
-            width_key=width_key,
-            channels_key=channels_key,
-            mask=mask,
-            mask_key=mask_key,
-            mask_encoding=mask_encoding,
-            root=root,
-            channels=channels,
-            keep_encoded=keep_encoded,
-            fast_dct=fast_dct,
-            fast_upsample=fast_upsample,
-        )
+        super().__init__(size, hflip=hflip, reduced_decode=reduced_decode, **options)
         if not 0.0 < float(crop_fraction) <= 1.0:
             raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction!r}")
         self.crop_fraction = float(crop_fraction)

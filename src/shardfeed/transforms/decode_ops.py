@@ -8,7 +8,7 @@ features. The crop-aware ops in :mod:`shardfeed.transforms.crop_decode` share th
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import cv2
 import numpy as np
@@ -17,6 +17,24 @@ from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
 from shardfeed.transforms.source import Encoding, ImageField
 
 Channels = Literal["rgb", "gray"]
+
+
+class DecodeOptions(TypedDict, total=False):
+    """The keyword options of :class:`DecoderBase`, as the ops built on it pass them on."""
+
+    key: str | None
+    encoding: Encoding
+    height_key: str | None
+    width_key: str | None
+    channels_key: str | None
+    mask: bool | None
+    mask_key: str | None
+    mask_encoding: Encoding
+    root: str | None
+    channels: Channels
+    keep_encoded: bool
+    fast_dct: bool
+    fast_upsample: bool
 
 
 class DecoderBase:
@@ -201,4 +219,4 @@ class DecodeImage(DecoderBase):
         return result
 
 
-__all__ = ["Channels", "DecodeImage", "DecoderBase"]
+__all__ = ["Channels", "DecodeImage", "DecodeOptions", "DecoderBase"]

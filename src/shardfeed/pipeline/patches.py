@@ -53,12 +53,13 @@ from shardfeed.pipeline.patch_crops import (
 )
 from shardfeed.pipeline.source import (
     DatasetLike,
+    DatasetSource,
     EpochContext,
     Sample,
     SampleKey,
     Transform,
-    _schema_lengths,
     bind_transform,
+    check_fingerprint,
 )
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
@@ -78,7 +79,7 @@ def _block_permutation(seed: int, epoch: int, block: int, n: int) -> np.ndarray:
     return order
 
 
-class Patches:
+class Patches(DatasetSource):
     """A Loader source of random patches cut from a cache of decoded images.
 
     ::
@@ -105,6 +106,7 @@ class Patches:
     """
 
     kind = "patches"
+    _no_dataset = "this copy of the patch source has no dataset"
 
     def __init__(
         self,
@@ -121,20 +123,14 @@ class Patches:
         cache_bytes: int | None = None,
         mask: bool | None = None,
     ) -> None:
-        for name in ("read_many", "locate", "__len__"):
-            if not hasattr(dataset, name):
-                raise TypeError(f"Patches needs a shardfeed.Dataset; {type(dataset).__name__} "
-                                f"has no {name}()")
+        self._attach(dataset, needs="Patches needs a shardfeed.Dataset")
         self.options = PatchOptions(
             size=size, scale=None if scale is None else tuple(scale),  # type: ignore[arg-type]
             cache_images=cache_images, refresh_every=refresh_every, pick=pick,
             reduced_decode=reduced_decode, cache=cache, cache_bytes=cache_bytes, mask=mask,
         )
-        self.dataset: DatasetLike | None = dataset
-        self._len = len(dataset)
         schema = getattr(dataset, "schema", None)
         root = getattr(dataset, "root", None)
-        self._lengths = _schema_lengths(schema)
         self.schedule = PatchSchedule(self._len, cache_images=self.options.cache_images,
                                       refresh_every=self.options.refresh_every)
         self._image_field = ImageField().bound(getattr(schema, "image", None), root=root)
@@ -149,10 +145,6 @@ class Patches:
             self.cache = ImageCache(max_bytes=self.options.cache_bytes, default_images=default)
 
     # -- the Source protocol ------------------------------------------------------------------
-
-    @property
-    def num_units(self) -> int:
-        return self._len
 
     def samples_per_epoch(self, num_units: int) -> int:
         return len(PatchSchedule(num_units, cache_images=self.options.cache_images,
@@ -211,16 +203,6 @@ class Patches:
             return sample
         return transform(sample, key.rng())
 
-    def locate(self, record: int) -> tuple[str, int, int]:
-        return self._ds().locate(record)
-
-    def feature_lengths(self) -> Mapping[str, int | None]:
-        return self._lengths
-
-    @property
-    def index_bytes(self) -> int:
-        return 8 * (self._len + 1)
-
     def state(self) -> dict[str, Any]:
         """The configuration fingerprint: what changes outputs (not the cache settings)."""
         o = self.options
@@ -232,15 +214,7 @@ class Patches:
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        from shardfeed.errors import StateError
-
-        expected = self.state()
-        if dict(state) != expected:
-            raise StateError(
-                f"the saved state is for source {dict(state)!r}, but this loader reads "
-                f"{expected!r}: restore it on a Loader over Patches of the same dataset and "
-                "options"
-            )
+        check_fingerprint(state, self.state(), over="Patches of the same dataset and options")
         if self.cache is not None:
             self.cache.clear()
 
@@ -254,11 +228,6 @@ class Patches:
     def cache_stats(self) -> CacheStats | None:
         """Counters of the decoded-image cache (None with ``cache=False``)."""
         return None if self.cache is None else self.cache.stats()
-
-    def _ds(self) -> DatasetLike:
-        if self.dataset is None:
-            raise RuntimeError("this copy of the patch source has no dataset")
-        return self.dataset
 
     def _decoded(self, key: SampleKey, rid: int, record: Sample) -> DecodedImage:
         def load() -> tuple[DecodedImage, int]:

@@ -226,7 +226,61 @@ class _OneArgument:
         return self.fn(sample)
 
 
-class RecordSource:
+class DatasetSource:
+    """The part every source over one Dataset shares: the dataset, its size and lookups.
+
+    Subclasses call :meth:`_attach` in ``__init__`` and set ``_no_dataset``, the message of
+    the RuntimeError that :meth:`_ds` raises in a copy without the dataset (process workers).
+    State: none of its own. Memory: the dataset's index (8 bytes a record).
+    """
+
+    dataset: DatasetLike | None
+    _len: int
+    _lengths: dict[str, int | None]
+    _no_dataset = "this copy of the source has no dataset"
+
+    def _attach(self, dataset: DatasetLike, *, needs: str) -> None:
+        """Keep ``dataset`` after checking it is one; ``needs`` starts the TypeError."""
+        for name in ("read_many", "locate", "__len__"):
+            if not hasattr(dataset, name):
+                raise TypeError(f"{needs}; {type(dataset).__name__} has no {name}()")
+        self.dataset = dataset
+        self._len = len(dataset)
+        self._lengths = _schema_lengths(getattr(dataset, "schema", None))
+
+    def _ds(self) -> DatasetLike:
+        if self.dataset is None:
+            raise RuntimeError(self._no_dataset)
+        return self.dataset
+
+    @property
+    def num_units(self) -> int:
+        return self._len
+
+    def locate(self, record: int) -> tuple[str, int, int]:
+        return self._ds().locate(record)
+
+    def feature_lengths(self) -> Mapping[str, int | None]:
+        return self._lengths
+
+    @property
+    def index_bytes(self) -> int:
+        return 8 * (self._len + 1)
+
+
+def check_fingerprint(state: Mapping[str, Any], expected: Mapping[str, Any], *, over: str) -> None:
+    """StateError unless a source's saved ``state`` equals its fingerprint ``expected``.
+
+    ``over`` completes "restore it on a Loader over ..." (what the state must be restored on).
+    """
+    if dict(state) != expected:
+        raise StateError(
+            f"the saved state is for source {dict(state)!r}, but this loader reads "
+            f"{expected!r}: restore it on a Loader over {over}"
+        )
+
+
+class RecordSource(DatasetSource):
     """One output per record of a Dataset: the record at order position p, transformed.
 
     Determinism: output p is ``transform(ds[order[p]], sample_rng(seed, epoch, p))`` (a
@@ -238,17 +292,12 @@ class RecordSource:
 
     kind = "records"
     accepts_out = True
+    _no_dataset = "this copy of the record source has no dataset (process copy)"
 
     def __init__(self, dataset: DatasetLike, /) -> None:
-        for name in ("read_many", "locate", "__len__"):
-            if not hasattr(dataset, name):
-                raise TypeError(
-                    f"a Loader source must be a shardfeed.Dataset (or Windows/Patches); "
-                    f"{type(dataset).__name__} has no {name}()"
-                )
-        self.dataset: DatasetLike | None = dataset
-        self._len = len(dataset)
-        self._lengths = _schema_lengths(getattr(dataset, "schema", None))
+        self._attach(
+            dataset, needs="a Loader source must be a shardfeed.Dataset (or Windows/Patches)"
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         # Process workers only call make_sample: leave the dataset (open files) behind.
@@ -258,15 +307,6 @@ class RecordSource:
         self.dataset = state["dataset"]
         self._len = state["_len"]
         self._lengths = state["_lengths"]
-
-    def _ds(self) -> DatasetLike:
-        if self.dataset is None:
-            raise RuntimeError("this copy of the record source has no dataset (process copy)")
-        return self.dataset
-
-    @property
-    def num_units(self) -> int:
-        return self._len
 
     def samples_per_epoch(self, num_units: int) -> int:
         return num_units
@@ -302,26 +342,11 @@ class RecordSource:
             return transform(sample, rng)
         return call_into(transform, sample, rng, image_out)
 
-    def locate(self, record: int) -> tuple[str, int, int]:
-        return self._ds().locate(record)
-
-    def feature_lengths(self) -> Mapping[str, int | None]:
-        return self._lengths
-
-    @property
-    def index_bytes(self) -> int:
-        return 8 * (self._len + 1)
-
     def state(self) -> dict[str, Any]:
         return {"kind": self.kind, "records": self._len}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        expected = self.state()
-        if dict(state) != expected:
-            raise StateError(
-                f"the saved state is for source {dict(state)!r}, but this loader reads "
-                f"{expected!r}: restore it on a Loader over the same dataset"
-            )
+        check_fingerprint(state, self.state(), over="the same dataset")
 
 
 def _schema_lengths(schema: Any) -> dict[str, int | None]:

@@ -27,7 +27,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
-INTERNAL = {"architecture.md"}  # the lead's page of internal contracts, not user examples
+INTERNAL = {"architecture.md"}  # internal contracts for people changing shardfeed, not user examples
 
 NO_RUN = re.compile(r"^#\s*doc:\s*no-run\b[\s:(\-—]*(?P<reason>.*)$")
 PLACEHOLDER = re.compile(r"\.\.\.|<[^>]*>|\{[^}]*\}")

@@ -22,48 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from shardfeed.errors import ShardfeedError
 from shardfeed.format.schema import ImageInfo
 from shardfeed.tools import packfiles
-from shardfeed.tools.verify_report import (
-    BAD_DATA_CRC,
-    BAD_LENGTH_CRC,
-    CHECKSUM_MISMATCH,
-    COMPRESSED,
-    COUNT_MISMATCH,
-    INDEX_MISMATCH,
-    MISSING_FILE,
-    MISSING_REFERENCED,
-    NOT_EXAMPLE,
-    NOT_TFRECORD,
-    SIZE_MISMATCH,
-    TRUNCATED,
-    UNDECODABLE_IMAGE,
-    UNDECODABLE_MASK,
-    Problem,
-    ShardCheck,
-    VerifyReport,
-)
-from shardfeed.tools.verify_shard import BLOCK_BYTES, Expected, ShardJob, check_shard
+from shardfeed.tools.verify_report import Problem, ShardCheck, VerifyReport
+from shardfeed.tools.verify_shard import Expected, ShardJob, check_shard
 
-__all__ = [
-    "BAD_DATA_CRC",
-    "BAD_LENGTH_CRC",
-    "BLOCK_BYTES",
-    "CHECKSUM_MISMATCH",
-    "COMPRESSED",
-    "COUNT_MISMATCH",
-    "INDEX_MISMATCH",
-    "MISSING_FILE",
-    "MISSING_REFERENCED",
-    "NOT_EXAMPLE",
-    "NOT_TFRECORD",
-    "SIZE_MISMATCH",
-    "TRUNCATED",
-    "UNDECODABLE_IMAGE",
-    "UNDECODABLE_MASK",
-    "Problem",
-    "ShardCheck",
-    "VerifyReport",
-    "verify",
-]
+# The kinds of problem (BAD_DATA_CRC, TRUNCATED, ...) are in shardfeed.tools.verify_report.
+__all__ = ["Problem", "ShardCheck", "VerifyReport", "verify"]
 
 
 def _expected_from_manifest(

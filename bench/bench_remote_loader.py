@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import os
 import socket
 import sys
@@ -41,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_storage import moto_server
+from bench_storage import moto_server, print_table
 
 from shardfeed import Dataset, Loader
 from shardfeed.dataset.reading import ReadOptions
@@ -179,19 +178,13 @@ def main() -> None:
                         gets = ds.storage_stats()["requests"]
                     record(storage, inflight, name, seconds, count, gets)
 
-    columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print(f"# {args.records} records in {args.shards} shards, {payload_bytes / 1e6:.1f} MB "
-          f"of payload; Loader transform=None, shuffled, batch {args.batch}, "
-          f"{args.threads} threads; {args.latency_ms:g} ms added to each request")
-    print("  ".join(c.rjust(widths[c]) for c in columns))
-    for row in rows:
-        print("  ".join(str(row[c]).rjust(widths[c]) for c in columns))
-    if args.csv is not None:
-        with open(args.csv, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
+    print_table(
+        rows,
+        f"# {args.records} records in {args.shards} shards, {payload_bytes / 1e6:.1f} MB "
+        f"of payload; Loader transform=None, shuffled, batch {args.batch}, "
+        f"{args.threads} threads; {args.latency_ms:g} ms added to each request",
+        args.csv,
+    )
 
 
 if __name__ == "__main__":

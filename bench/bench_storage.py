@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -169,15 +170,24 @@ def main() -> None:
                         record("s3 (moto)", order_name, inflight, gap_name, seconds,
                                requests, fetched)
 
+    print_table(
+        rows,
+        f"# {args.records} records in {args.shards} shards, {total_bytes / 1e6:.1f} MB, "
+        f"{args.batch} records a step, one read_ranges call per shard of a step",
+        args.csv,
+    )
+
+
+def print_table(rows: list[dict[str, Any]], title: str, csv_path: str | None) -> None:
+    """Print ``rows`` as an aligned table under ``title``; also write them as CSV if asked."""
     columns = list(rows[0])
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print(f"# {args.records} records in {args.shards} shards, {total_bytes / 1e6:.1f} MB, "
-          f"{args.batch} records a step, one read_ranges call per shard of a step")
+    print(title)
     print("  ".join(c.rjust(widths[c]) for c in columns))
     for row in rows:
         print("  ".join(str(row[c]).rjust(widths[c]) for c in columns))
-    if args.csv is not None:
-        with open(args.csv, "w", newline="") as handle:
+    if csv_path is not None:
+        with open(csv_path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)

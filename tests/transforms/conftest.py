@@ -8,13 +8,20 @@ from typing import Any
 
 import numpy as np
 import pytest
-from transforms_helpers import parse_example, read_records
+
+from shardfeed.format.example import decode_example
+from shardfeed.format.framing import scan, unframe_bytes
 
 
 @pytest.fixture(scope="session")
 def tf_records(tf_fixtures: Path) -> list[dict[str, Any]]:
-    """Decoded records of mixed.tfrecord (as the Example codec would give them)."""
-    return [parse_example(p) for _off, p in read_records(tf_fixtures / "mixed.tfrecord")]
+    """Decoded records of mixed.tfrecord, through the format layer's own codec."""
+    data = (tf_fixtures / "mixed.tfrecord").read_bytes()
+    offsets = scan(tf_fixtures / "mixed.tfrecord")
+    return [
+        decode_example(unframe_bytes(data[a:b], path="mixed.tfrecord", record=i, offset=int(a)))
+        for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -115,3 +115,13 @@ def test_an_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
     code, _out, err = _run("examples", str(tmp_path / "ex"))
     assert code == 130 and "interrupted" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_current_folder_can_be_filled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    here = tmp_path / "ex"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, _out, _err = _run("examples", ".")
+    assert code == 0
+    assert Path.cwd() == here and (here / "out/shardfeed.json").is_file()  # same folder, filled
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ex"]

@@ -201,8 +201,8 @@ def write_examples(folder: str | os.PathLike[str]) -> ExampleFiles:
     """Write the example files (see the module docstring) into ``folder``; return what it wrote.
 
     ``folder`` must be new or empty; anything else raises ``ValueError`` and nothing is
-    written. The files are built in a sibling folder and moved into place once complete, so an
-    interrupted run leaves ``folder`` as it was.
+    written. The files are built in a hidden sibling folder and moved into place once
+    complete, so an interrupted run leaves no half-written file in ``folder``.
     """
     folder = os.path.abspath(os.fspath(folder))
     _check_folder(folder)
@@ -220,8 +220,13 @@ def write_examples(folder: str | os.PathLike[str]) -> ExampleFiles:
         _write_tensorflow_files(building)
         _check_folder(folder)  # still new or empty: nothing appeared while building
         if os.path.lexists(folder):
-            os.rmdir(folder)
-        os.rename(building, folder)
+            # Fill the folder itself rather than replace it: it may be someone's working
+            # directory (``shardfeed examples .``).
+            for entry in sorted(os.listdir(building)):
+                os.rename(os.path.join(building, entry), os.path.join(folder, entry))
+            os.rmdir(building)
+        else:
+            os.rename(building, folder)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise

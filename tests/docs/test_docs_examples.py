@@ -1,12 +1,18 @@
-"""Every example of the user documentation runs, and every command line it shows parses.
+"""Every example of the user documentation runs as written, in the folder its reader makes.
 
-- The ```python blocks of README.md and docs/*.md (not docs/architecture.md, which sketches
-  internal contracts) run in order, one shared namespace per file, in a private copy of the
-  example files of ``conftest.py``. A block whose first line is ``# doc: no-run (reason)``
-  is skipped; the reason is required (object storage credentials, several GPUs, ...).
-- Every ``shardfeed ...`` line of a shell block is parsed with the real argument parser
-  (``shardfeed.cli.main.build_parser``); lines with obvious placeholders (``...``, ``<x>``)
-  are only checked for their command and flag names, as are inline `shardfeed ...` spans.
+- Each page (README.md and docs/*.md, not docs/architecture.md, which sketches internal
+  contracts) says once, before its first example, how to make the files its examples use:
+  ``shardfeed examples DIR && cd DIR``. The page then runs in a private copy of a folder made
+  by that very command (``conftest.py``), in document order, as a reader would: every
+  ```python block in one shared namespace, and every ``shardfeed ...`` line of a shell block
+  through ``shardfeed.cli.main.main`` (shell globs expanded as the shell would). A command
+  exits 0 unless its comment starts with ``exit N`` (``shardfeed verify damaged/  # exit 1:
+  ...``). A python block whose first line is ``# doc: no-run (reason)`` is skipped; the
+  reason is required (object storage credentials, several GPUs, ...). Shell lines with
+  placeholders (``...``, ``<x>``, ``{x}``) and ``--help`` are not run.
+- Every ``shardfeed ...`` line is also parsed with the real argument parser; inline
+  `shardfeed ...` spans and lines with placeholders are checked for their command and flag
+  names only.
 - Links between the pages point at files that exist, and the README links every guide.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import glob
 import io
 import re
 import shlex
@@ -32,6 +39,9 @@ INTERNAL = {"architecture.md"}  # internal contracts for people changing shardfe
 NO_RUN = re.compile(r"^#\s*doc:\s*no-run\b[\s:(\-—]*(?P<reason>.*)$")
 PLACEHOLDER = re.compile(r"\.\.\.|<[^>]*>|\{[^}]*\}")
 SHELL_LANGS = {"sh", "bash", "shell", "console", "text", ""}
+# The line that makes a page's example files, and the exit status a command's comment names.
+SETUP = re.compile(r"shardfeed examples (?P<dir>[\w./-]+) && cd (?P=dir)(?=[\s`]|$)")
+EXPECTED_EXIT = re.compile(r"(?:^|\s)#\s*exit\s+(?P<code>\d+)\b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,48 +101,174 @@ def prose(path: Path) -> str:
     return "\n".join(out)
 
 
-def python_blocks(path: Path) -> list[Block]:
-    return [b for b in fenced_blocks(path) if b.lang in ("python", "py", "python3")]
+PYTHON_LANGS = {"python", "py", "python3"}
 
 
-# --- python examples ------------------------------------------------------------------------
+def _no_run(block: Block) -> bool:
+    first = block.text.splitlines()[0].strip() if block.text.strip() else ""
+    skip = NO_RUN.match(first)
+    if skip:
+        assert skip.group("reason").strip(), (
+            f"{block.where}: '# doc: no-run' needs a reason on the same line, e.g. "
+            "'# doc: no-run (needs S3 credentials)'"
+        )
+        compile(block.text, block.where, "exec")  # it must still be valid Python
+    return skip is not None
 
-PAGES_WITH_PYTHON = [p for p in user_pages() if python_blocks(p)]
+
+# --- command lines ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommandLine:
+    where: str
+    line: int  # 1-based line in its page
+    text: str
+    full: bool  # parse completely (a fenced line) or check names only (inline span)
+
+    @property
+    def command(self) -> str:
+        """The shardfeed command alone, without its comment: ``a && cd b  # c`` keeps ``a``."""
+        return re.sub(r"(^|\s)#.*$", "", self.text).split("&&", 1)[0].strip()
+
+    @property
+    def placeholder(self) -> bool:
+        return PLACEHOLDER.search(self.command) is not None
+
+    @property
+    def runs(self) -> bool:
+        """A fenced line without placeholders, help or the page's set-up runs for real."""
+        tokens = shlex.split(self.command)
+        return (self.full and not self.placeholder and "--help" not in tokens
+                and "-h" not in tokens and not SETUP.search(self.text))
+
+
+def shell_lines(block: Block) -> list[CommandLine]:
+    """The ``shardfeed ...`` lines of a shell block (backslash continuations joined)."""
+    found: list[CommandLine] = []
+    lines = block.text.splitlines()
+    k = 0
+    while k < len(lines):
+        line, number = lines[k], block.line + k
+        while line.rstrip().endswith("\\") and k + 1 < len(lines):
+            k += 1
+            line = line.rstrip()[:-1] + " " + lines[k].strip()
+        k += 1
+        text = line.strip().removeprefix("$ ")
+        if text.startswith("shardfeed "):
+            where = f"{block.path.relative_to(REPO)}:{number}"
+            found.append(CommandLine(where, number, text, True))
+    return found
+
+
+def command_lines() -> list[CommandLine]:
+    found: list[CommandLine] = []
+    for page in user_pages():
+        for block in fenced_blocks(page):
+            if block.lang in SHELL_LANGS:
+                found += shell_lines(block)
+        text = prose(page)
+        for m in re.finditer(r"`(shardfeed [^`]+)`", text):
+            number = text.count("\n", 0, m.start()) + 1
+            found.append(CommandLine(f"{page.relative_to(REPO)}:{number}", number, m.group(1),
+                                     False))
+    return found
+
+
+COMMAND_LINES = command_lines()
+
+
+def argv(line: CommandLine) -> list[str]:
+    """The arguments the shell would pass: quotes removed, unquoted globs expanded here."""
+    lexer = shlex.shlex(line.command, posix=False)  # keeps the quotes, to see what they guard
+    lexer.whitespace_split = True
+    words: list[str] = []
+    for raw in lexer:
+        quoted = any(q in raw for q in "'\"")
+        matches = sorted(glob.glob(raw)) if not quoted and any(c in raw for c in "*?[") else []
+        words += matches or shlex.split(raw)
+    return words[1:]
+
+
+def run_command(line: CommandLine) -> tuple[int, str]:
+    """Run one command line in-process; its exit status and what it printed."""
+    from shardfeed.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = main(argv(line))
+        except SystemExit as stop:  # argparse's usage errors
+            code = stop.code if isinstance(stop.code, int) else 2
+    return code, out.getvalue()
+
+
+# --- every page runs, in document order -------------------------------------------------------
+
+
+def page_steps(page: Path) -> list[Block | CommandLine]:
+    """The python blocks and shell command lines of a page, in the order a reader meets them."""
+    steps: list[Block | CommandLine] = []
+    for block in fenced_blocks(page):
+        if block.lang in PYTHON_LANGS:
+            steps.append(block)
+        elif block.lang in SHELL_LANGS:
+            steps += shell_lines(block)
+    return steps
+
+
+def runnable(step: Block | CommandLine) -> bool:
+    return step.runs if isinstance(step, CommandLine) else not _no_run(step)
+
+
+PAGES_WITH_EXAMPLES = [p for p in user_pages() if any(runnable(s) for s in page_steps(p))]
 
 
 def test_there_are_examples_to_run() -> None:
-    runnable = [b for p in PAGES_WITH_PYTHON for b in python_blocks(p)
-                if not NO_RUN.match(b.text.splitlines()[0].strip())]
-    assert len(runnable) >= 20, "the guides should show (and this test run) their examples"
+    steps = [s for p in PAGES_WITH_EXAMPLES for s in page_steps(p) if runnable(s)]
+    assert sum(isinstance(s, Block) for s in steps) >= 20, "the guides should show their examples"
+    assert sum(isinstance(s, CommandLine) for s in steps) >= 25, "and run their command lines"
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_PYTHON, ids=lambda p: p.name)
-def test_python_examples_run(page: Path, workspace: Path) -> None:
+@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=lambda p: p.name)
+def test_page_says_how_to_make_its_files(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    setups = list(SETUP.finditer(text))
+    assert len(setups) == 1, (
+        f"{page.name}: say once, before the first example, how to make its files: "
+        f"`shardfeed examples ex/ && cd ex/` (found {len(setups)})"
+    )
+    line = text.count("\n", 0, setups[0].start()) + 1
+    first = min(s.line for s in page_steps(page) if runnable(s))
+    assert line <= first, f"{page.name}:{line}: the set-up line comes after the example at {first}"
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=lambda p: p.name)
+def test_page_examples_run(page: Path, workspace: Path) -> None:
     namespace: dict[str, object] = {"__name__": "__docs__"}
-    ran = 0
     try:
-        for block in python_blocks(page):
-            first = block.text.splitlines()[0].strip() if block.text.strip() else ""
-            skip = NO_RUN.match(first)
-            if skip:
-                assert skip.group("reason").strip(), (
-                    f"{block.where}: '# doc: no-run' needs a reason on the same line, e.g. "
-                    "'# doc: no-run (needs S3 credentials)'"
-                )
-                compile(block.text, block.where, "exec")  # it must still be valid Python
+        for step in page_steps(page):
+            if not runnable(step):
                 continue
-            code = compile(block.text, block.where, "exec")
+            if isinstance(step, CommandLine):
+                code, output = run_command(step)
+                wanted = EXPECTED_EXIT.search(step.text)
+                expected = int(wanted.group("code")) if wanted else 0
+                if code != expected:
+                    pytest.fail(f"{step.where}: `{step.text}` exited {code}, the page says "
+                                f"{expected}:\n{output}", pytrace=False)
+                continue
+            code_object = compile(step.text, step.where, "exec")
             out = io.StringIO()
             try:
                 with contextlib.redirect_stdout(out):
-                    exec(code, namespace)  # noqa: S102 - running the docs is the point
+                    exec(code_object, namespace)  # noqa: S102 - running the docs is the point
             except Exception:  # noqa: BLE001 - any failure of an example is reported
                 pytest.fail(
-                    f"the example at {block.where} failed:\n{block.text}\n"
+                    f"the example at {step.where} failed:\n{step.text}\n"
                     f"{traceback.format_exc()}\noutput so far:\n{out.getvalue()}",
                     pytrace=False,
                 )
-            ran += 1
     finally:
         for value in list(namespace.values()):
             close = getattr(value, "close", None)
@@ -141,10 +277,9 @@ def test_python_examples_run(page: Path, workspace: Path) -> None:
                     close()
         namespace.clear()
         gc.collect()
-    assert ran or page.name == "README.md", f"{page.name}: every python block is no-run"
 
 
-# --- command lines ----------------------------------------------------------------------------
+# --- every command line parses ----------------------------------------------------------------
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -156,40 +291,6 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         if isinstance(action, argparse._SubParsersAction):
             commands.update(action.choices)
     return parser, commands
-
-
-@dataclass(frozen=True, slots=True)
-class CommandLine:
-    where: str
-    text: str
-    full: bool  # parse completely (a fenced line) or check names only (inline span)
-
-
-def command_lines() -> list[CommandLine]:
-    found: list[CommandLine] = []
-    for page in user_pages():
-        for block in fenced_blocks(page):
-            if block.lang not in SHELL_LANGS:
-                continue
-            lines = block.text.splitlines()
-            k = 0
-            while k < len(lines):
-                line, number = lines[k], block.line + k
-                while line.rstrip().endswith("\\") and k + 1 < len(lines):
-                    k += 1
-                    line = line.rstrip()[:-1] + " " + lines[k].strip()
-                k += 1
-                text = line.strip().removeprefix("$ ")
-                if text.startswith("shardfeed "):
-                    found.append(CommandLine(f"{page.relative_to(REPO)}:{number}", text, True))
-        text = prose(page)
-        for m in re.finditer(r"`(shardfeed [^`]+)`", text):
-            number = text.count("\n", 0, m.start()) + 1
-            found.append(CommandLine(f"{page.relative_to(REPO)}:{number}", m.group(1), False))
-    return found
-
-
-COMMAND_LINES = command_lines()
 
 
 def _check_names(line: CommandLine, tokens: list[str]) -> None:
@@ -218,9 +319,9 @@ def test_command_lines_are_found() -> None:
 
 @pytest.mark.parametrize("line", COMMAND_LINES, ids=lambda c: c.where)
 def test_command_line_is_real(line: CommandLine) -> None:
-    tokens = shlex.split(line.text, comments=True)
+    tokens = shlex.split(line.command)
     _check_names(line, tokens)
-    if not line.full or PLACEHOLDER.search(line.text) or "--help" in tokens or "-h" in tokens:
+    if not line.full or line.placeholder or "--help" in tokens or "-h" in tokens:
         return
     parser, _ = _parser()
     err = io.StringIO()

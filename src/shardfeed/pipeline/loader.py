@@ -143,6 +143,10 @@ class Loader:
         self.source: Source = as_source(source)
         self._transform = self.source.bind(transform)
         self._builder = SliceBuilder(self.source, self._transform, skip=self.policy.on_error == "skip")
+        if self.options.workers == "processes":  # what the processes get must pickle: say so now
+            from shardfeed.pipeline.workers import check_payload
+
+            check_payload(self.source, self._transform)
         self.num_units = int(self.source.num_units)
         self.samples_per_epoch = int(self.source.samples_per_epoch(self.num_units))
         per_rank = len(self._share(0))

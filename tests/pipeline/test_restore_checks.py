@@ -191,6 +191,14 @@ def test_values_out_of_range_are_refused_at_restore(folders: dict[str, Path],
     assert len(indices(loader)) == 32  # and the loader still reads the rest of the epoch
 
 
+def test_set_epoch_refuses_an_epoch_past_64_bits(folders: dict[str, Path]) -> None:
+    loader = Loader(Dataset(str(folders["train"])), batch_size=4)
+    with pytest.raises(ValueError, match=r"epoch must be an int in \[0, 2\*\*64\), got "):
+        loader.set_epoch(2**64)
+    loader.set_epoch(2**64 - 1)
+    assert len(indices(loader)) == 40
+
+
 def test_a_damaged_source_part_is_refused(folders: dict[str, Path]) -> None:
     loader = Loader(Dataset(str(folders["train"])), batch_size=4, seed=0)
     state = loader.state()

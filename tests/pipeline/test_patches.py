@@ -260,6 +260,8 @@ def test_bad_arguments_fail_at_construction(photos: Dataset, options: dict[str, 
 class _Sized:
     """A dataset stand-in of ``n`` images (the pick needs no records)."""
 
+    fingerprint = "stand-in"
+
     def __init__(self, n: int) -> None:
         self.n = n
 
@@ -281,6 +283,7 @@ class _Sized:
 )
 def test_picks_stay_in_the_resident_window(images: int, cache: int, refresh: int, seed: int,
                                            epoch: int, pick: str) -> None:
+    cache = min(cache, images)  # a larger cache is refused (test_cache_larger_than_dataset)
     patches = Patches(_Sized(images), size=4, cache_images=cache, refresh_every=refresh,
                       pick=pick)
     schedule = PatchSchedule(images, cache_images=cache, refresh_every=refresh)

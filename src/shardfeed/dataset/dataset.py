@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprint
 from shardfeed.dataset.opening import (
     Features,
     Resolved,
@@ -104,6 +105,7 @@ class Dataset:
         self.read_options = read_options or ReadOptions()
         self._spec, self._names = parse_features(features)
         self._schema: Schema | None = None
+        self._fingerprint: str | None = None
 
         resolved = resolve_source(source)
         self._resolved = resolved
@@ -269,6 +271,25 @@ class Dataset:
             for k, (url, c) in enumerate(zip(self._table.urls, self._table.counts.tolist()))
         ]
         return Manifest(shards=shards, schema=self.schema, mode="tfrecord", root=self._root)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short digest that changes when the records do (computed once, on first use).
+
+        From the manifest's shard list (names, record counts, sizes, CRC32Cs) or, for bare
+        TFRecord files, their names and record offsets: see
+        :mod:`shardfeed.dataset.fingerprint`. A loader state carries it, so ``restore``
+        refuses a state saved on another dataset.
+        """
+        if self._fingerprint is None:
+            if self._manifest is not None:
+                self._fingerprint = manifest_fingerprint(self._manifest.shards)
+            else:  # every index was loaded at opening
+                table = self._table
+                self._fingerprint = files_fingerprint(
+                    table.urls, [table.offsets(k) for k in range(table.num_shards)]
+                )
+        return self._fingerprint
 
     def index_bytes(self) -> int:
         """Bytes of index loaded now (offset arrays, mapped or in memory, + shard table)."""

@@ -12,10 +12,12 @@ Ranks (``rank``/``world_size`` None: detected, see :mod:`shardfeed.pipeline.rank
     remainder="drop"  each rank 3 samples; positions 12, 13 are not visited this epoch
     remainder="pad"   each rank 4 samples; r2, r3 take positions 14, 15 = 0, 1 again
 
-State: ``{"seed", "epoch", "consumed", "skipped", "source"}`` — ``consumed`` is the prefix of
-the epoch's positions that all ranks together have received (``min(total, start + steps·W)``),
-identical on every rank after the same number of batches; it restores on any world size
-and any number of threads. Memory: see :meth:`Loader.memory_budget`.
+State: ``{"seed", "epoch", "consumed", "skipped", "shuffle", "order_method", "source"}`` —
+``consumed`` is the prefix of the epoch's positions that all ranks together have received
+(``min(total, start + steps·W)``), identical on every rank after the same number of batches;
+it restores on any world size and any number of threads. ``restore`` refuses a state whose
+seed, order or source fingerprint (dataset, window or patch options) is not this loader's
+(:mod:`shardfeed.pipeline.loader_state`). Memory: see :meth:`Loader.memory_budget`.
 """
 
 from __future__ import annotations
@@ -141,6 +143,10 @@ class Loader:
         self.source: Source = as_source(source)
         self._transform = self.source.bind(transform)
         self._builder = SliceBuilder(self.source, self._transform, skip=self.policy.on_error == "skip")
+        if self.options.workers == "processes":  # what the processes get must pickle: say so now
+            from shardfeed.pipeline.workers import check_payload
+
+            check_payload(self.source, self._transform)
         self.num_units = int(self.source.num_units)
         self.samples_per_epoch = int(self.source.samples_per_epoch(self.num_units))
         per_rank = len(self._share(0))
@@ -195,8 +201,8 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``; keep the position if it is the current epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 1 << 64:
+            raise ValueError(f"epoch must be an int in [0, 2**64), got {epoch!r}")
         self._stop_run()
         if epoch != self._epoch:
             self._epoch = epoch
@@ -210,13 +216,21 @@ class Loader:
             "epoch": self._epoch,
             "consumed": self._consumed,
             "skipped": self._skipped,
+            "shuffle": self.options.shuffle,
+            "order_method": self.options.order_method,
             "source": self.source.state(),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        """Continue the stream that ``state`` was saved from (any thread or rank count)."""
+        """Continue the stream that ``state`` was saved from (any thread or rank count).
+
+        Raises StateError, changing nothing, when the state is not one this loader can
+        continue (another seed, order, dataset or source options; counters out of range).
+        """
+        opts = self.options
         state = check_state(
-            state, seed=self.options.seed, samples_per_epoch=self.samples_per_epoch
+            state, seed=opts.seed, samples_per_epoch=self.samples_per_epoch,
+            shuffle=opts.shuffle, order_method=opts.order_method,
         )
         self.source.restore(state["source"])
         self._stop_run()

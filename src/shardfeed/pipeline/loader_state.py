@@ -1,7 +1,11 @@
 """Where a Loader stands: its state dict (checked before a restore) and its counters.
 
-State: ``{"seed", "epoch", "consumed", "skipped", "source"}``, JSON-serialisable; see
-:mod:`shardfeed.pipeline.loader`. Determinism: pure checks. Memory: none held.
+State: ``{"seed", "epoch", "consumed", "skipped", "shuffle", "order_method", "source"}``,
+JSON-serialisable; see :mod:`shardfeed.pipeline.loader`. ``shuffle`` and ``order_method``
+decide the epoch order, so a state only restores into a loader with the same ones (the
+method only matters when shuffling); ``source`` is the source's own fingerprint, checked by
+the source. What does not change the stream may differ: threads, processes, prefetch depth,
+batch size, ranks. Determinism: pure checks. Memory: none held.
 """
 
 from __future__ import annotations
@@ -12,8 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardfeed.errors import StateError
+from shardfeed.pipeline.produce import MAX_REPLACEMENT_TRIES
 
-STATE_KEYS = frozenset({"seed", "epoch", "consumed", "skipped", "source"})
+STATE_KEYS = frozenset(
+    {"seed", "epoch", "consumed", "skipped", "shuffle", "order_method", "source"}
+)
+_EARLIER_KEYS = frozenset({"seed", "epoch", "consumed", "skipped", "source"})
+"""The keys of a state saved before the order options were recorded."""
+_MAX_WORD = (1 << 64) - 1  # seeds and epochs key the generators as 64-bit words
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,15 +36,29 @@ class LoaderStats:
     batches_total: int
 
 
-def check_state(state: Any, *, seed: int, samples_per_epoch: int) -> Mapping[str, Any]:
+def check_state(
+    state: Any, *, seed: int, samples_per_epoch: int, shuffle: bool, order_method: str
+) -> Mapping[str, Any]:
     """``state`` if it is a Loader state this loader can continue; else :class:`StateError`.
 
-    Checks the keys, that the counters are non-negative ints, the seed, that ``consumed``
-    fits in an epoch of ``samples_per_epoch`` samples and that the source's part is a dict.
+    Checks the keys; that the counters are ints in range (``epoch`` a 64-bit word,
+    ``consumed`` within an epoch of ``samples_per_epoch`` samples, ``skipped`` at most what
+    one epoch can replace); that seed, shuffle and (when shuffling) order method are this
+    loader's; and that the source's part is a dict. The source checks its own part.
     """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict from Loader.state(), got {type(state)}")
     keys = set(state)
+    if keys == _EARLIER_KEYS:
+        raise StateError(
+            "this state predates the 'shuffle' and 'order_method' fields (and the dataset "
+            "fingerprint), so it cannot be checked against this loader: restoring it into a "
+            "loader with another order would repeat some samples and skip others. If you are "
+            "sure it was saved by a loader built exactly like this one, carry its position "
+            "over: state = {**loader.state(), 'epoch': old['epoch'], 'consumed': "
+            "old['consumed'], 'skipped': old['skipped']}; else start the epoch again "
+            "(loader.set_epoch(old['epoch']))"
+        )
     if keys != STATE_KEYS:
         missing = sorted(STATE_KEYS - keys)
         foreign = sorted(keys - STATE_KEYS)
@@ -42,24 +66,63 @@ def check_state(state: Any, *, seed: int, samples_per_epoch: int) -> Mapping[str
             f"not a Loader state: missing keys {missing}, foreign keys {foreign}; pass the "
             "dict Loader.state() returned (nested states pass their 'loader' part)"
         )
-    for name in ("seed", "epoch", "consumed", "skipped"):
+    limits = {
+        "seed": (_MAX_WORD, "a 64-bit word"),
+        "epoch": (_MAX_WORD, "a 64-bit word"),
+        "consumed": (samples_per_epoch, f"the {samples_per_epoch} samples of an epoch here"),
+        "skipped": (
+            samples_per_epoch * MAX_REPLACEMENT_TRIES,
+            f"what an epoch of {samples_per_epoch} samples can replace",
+        ),
+    }
+    for name, (most, what) in limits.items():
         value = state[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise StateError(f"state[{name!r}] must be a non-negative int, got {value!r}")
+            raise StateError(
+                f"state[{name!r}] must be a non-negative int, got {value!r}: the state is "
+                "damaged; pass the dict Loader.state() returned (a JSON round trip keeps it)"
+            )
+        if value > most:
+            hint = ("the state belongs to another dataset or options" if name == "consumed"
+                    else "the state is damaged")
+            raise StateError(
+                f"state[{name!r}]={value} exceeds {what}: {hint}; restore the state this "
+                "loader's own kind saved"
+            )
     if state["seed"] != seed:
         raise StateError(
             f"the state was saved with seed={state['seed']}, this loader has "
             f"seed={seed}: construct the Loader with seed={state['seed']}"
         )
-    if state["consumed"] > samples_per_epoch:
-        raise StateError(
-            f"state['consumed']={state['consumed']} exceeds the {samples_per_epoch} "
-            "samples of an epoch here: the state belongs to another dataset"
-        )
+    _check_order(state, shuffle=shuffle, order_method=order_method)
     source_state = state["source"]
     if not isinstance(source_state, Mapping):
         raise StateError(f"state['source'] must be a dict, got {source_state!r}")
     return state
+
+
+def _check_order(state: Mapping[str, Any], *, shuffle: bool, order_method: str) -> None:
+    """StateError unless the saved epoch order is this loader's (see the module docstring)."""
+    saved_shuffle, saved_method = state["shuffle"], state["order_method"]
+    if not isinstance(saved_shuffle, bool):
+        raise StateError(f"state['shuffle'] must be true or false, got {saved_shuffle!r}")
+    if saved_method not in ("exact", "bijection"):
+        raise StateError(
+            f"state['order_method'] must be 'exact' or 'bijection', got {saved_method!r}"
+        )
+    consequence = ("restoring it here would repeat some samples of the epoch and never give "
+                   "others")
+    if saved_shuffle != shuffle:
+        raise StateError(
+            f"state['shuffle'] is {saved_shuffle}, but this loader has shuffle={shuffle}: "
+            f"{consequence}; construct the Loader with shuffle={saved_shuffle}"
+        )
+    if shuffle and saved_method != order_method:
+        raise StateError(
+            f"state['order_method'] is {saved_method!r}, but this loader has "
+            f"order_method={order_method!r}: {consequence}; construct the Loader with "
+            f"order_method={saved_method!r}"
+        )
 
 
 def state_to_json(state: Mapping[str, Any]) -> str:

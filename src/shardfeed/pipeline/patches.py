@@ -26,8 +26,10 @@ images. Masks get the same box (nearest neighbour). Each sample also carries
 ``"patch/record"`` (its record id).
 
 Determinism: output ``p`` depends only on ``(seed, epoch, p)`` and the data: not on the
-thread count, ranks, restores or the cache (``cache=False`` gives the same bytes). State: a
-configuration fingerprint (see :meth:`Patches.state`). Memory: the decoded-image cache,
+thread count, ranks, restores or the cache (``cache=False`` gives the same bytes). State:
+the dataset's fingerprint and the options that decide the patches (see
+:meth:`Patches.state`); a restore on other ones raises StateError naming the first that
+differs. Memory: the decoded-image cache,
 ``cache_bytes`` (default: ``N + max(2, N // 8)`` decoded images of the first image's size),
 plus the dataset's index (8 bytes an image). Threads work up to ``prefetch_batches ×
 batch_size`` outputs ahead, which needs ``N + ceil(that / R)`` images at once; when ``R``
@@ -59,7 +61,7 @@ from shardfeed.pipeline.source import (
     SampleKey,
     Transform,
     bind_transform,
-    check_fingerprint,
+    check_source_state,
 )
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
@@ -98,7 +100,8 @@ class Patches(DatasetSource):
     ``transform`` applies to each patch after the crop (flip, colour, normalise); it sees
     ``"image"`` (and ``"mask"``) already decoded.
 
-    An epoch has ``(M - N + 1)·R`` outputs for ``M`` images (``len(self)``). With
+    An epoch has ``(M - N + 1)·R`` outputs for ``M`` images (``len(self)``); ``N`` larger
+    than ``M`` raises ValueError (the epoch would be one cache fill of ``R`` patches). With
     ``shuffle=False`` the images come in stored order; slots and crops stay keyed by
     ``(seed, epoch)``, so an evaluation loader at epoch 0 (e.g. a fresh ``Loader.for_eval``)
     gives the same patches every time, and later epochs other patches of the same images.
@@ -129,6 +132,7 @@ class Patches(DatasetSource):
             cache_images=cache_images, refresh_every=refresh_every, pick=pick,
             reduced_decode=reduced_decode, cache=cache, cache_bytes=cache_bytes, mask=mask,
         )
+        _check_cache_fits(self._len, self.options.cache_images, self.options.refresh_every)
         schema = getattr(dataset, "schema", None)
         root = getattr(dataset, "root", None)
         self.schedule = PatchSchedule(self._len, cache_images=self.options.cache_images,
@@ -204,17 +208,18 @@ class Patches(DatasetSource):
         return transform(sample, key.rng())
 
     def state(self) -> dict[str, Any]:
-        """The configuration fingerprint: what changes outputs (not the cache settings)."""
+        """What decides the patches: the dataset and the options (not the cache settings)."""
         o = self.options
         return {
-            "kind": self.kind, "records": self._len, "size": list(o.size),
+            "kind": self.kind, "records": self._len, "dataset": self._fingerprint,
+            "size": list(o.size),
             "scale": None if o.scale is None else list(o.scale),
             "cache_images": o.cache_images, "refresh_every": o.refresh_every, "pick": o.pick,
             "reduced_decode": o.reduced_decode,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        check_fingerprint(state, self.state(), over="Patches of the same dataset and options")
+        check_source_state(state, self.state(), source="Patches")
         if self.cache is not None:
             self.cache.clear()
 
@@ -255,3 +260,17 @@ class Patches(DatasetSource):
         return (f"Patches({self._len} images, size={o.size}, scale={o.scale}, "
                 f"cache_images={o.cache_images}, refresh_every={o.refresh_every}, "
                 f"pick={o.pick!r}, cache={o.cache})")
+
+
+def _check_cache_fits(images: int, cache_images: int, refresh_every: int) -> None:
+    """ValueError when the cache is larger than the dataset (an epoch of one cache fill)."""
+    if not 0 < images < cache_images:
+        return
+    half = max(1, images // 2)
+    raise ValueError(
+        f"cache_images={cache_images} is more than the {images} images of the dataset: the "
+        f"cache would hold every image at once and an epoch would be only "
+        f"refresh_every={refresh_every} patches; pass cache_images={images} or fewer (an "
+        f"epoch has (images - cache_images + 1) x refresh_every patches: cache_images={half} "
+        f"gives {(images - half + 1) * refresh_every}), or use a dataset of more images"
+    )

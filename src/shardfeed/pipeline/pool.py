@@ -38,9 +38,13 @@ def open_ring(
     from shardfeed.pipeline.workers import ProcessWorkers
 
     shared = SharedBatchRing(layout, size)
-    processes = ProcessWorkers(
-        builder, layout, shared.names, shared.buffers, processes=options.num_threads,
-    )
+    try:
+        processes = ProcessWorkers(
+            builder, layout, shared.names, shared.buffers, processes=options.num_threads,
+        )
+    except BaseException:
+        shared.close()  # the workers did not start: free the shared ring now
+        raise
     return shared.buffers, processes, shared
 
 

@@ -52,8 +52,10 @@ rank count, prefetch depth and timing):
   (:func:`shardfeed.transforms.base.call_into`), so the image lands in the batch without a
   per-sample array. The Loader only passes it when the transform's ``output_spec`` matches
   the batch column; sources without the attribute are called without it.
-* ``state()`` returns the source's own JSON-serialisable keys (its configuration fingerprint,
-  e.g. window length); ``restore(state)`` raises StateError when they do not match.
+* ``state()`` returns the source's own JSON-serialisable keys: what decides which records
+  (and crops) each position gets — the dataset's fingerprint and the options such as the
+  window length — and nothing that does not (caches, threads); ``restore(state)`` raises
+  StateError naming the first key that differs (:func:`check_source_state`).
 """
 
 from __future__ import annotations
@@ -178,6 +180,11 @@ class DatasetLike(Protocol):
     @property
     def root(self) -> Any: ...
 
+    @property
+    def fingerprint(self) -> str:
+        """A short text that changes when the records do (see ``Dataset.fingerprint``)."""
+        ...
+
 
 def bind_transform(transform: Any, schema: Any, root: Any) -> Transform | None:
     """Bind ``transform`` to a schema (``transform.bind(schema, root=root)``) if it can be bound.
@@ -237,6 +244,7 @@ class DatasetSource:
     dataset: DatasetLike | None
     _len: int
     _lengths: dict[str, int | None]
+    _fingerprint: str
     _no_dataset = "this copy of the source has no dataset"
 
     def _attach(self, dataset: DatasetLike, *, needs: str) -> None:
@@ -244,9 +252,17 @@ class DatasetSource:
         for name in ("read_many", "locate", "__len__"):
             if not hasattr(dataset, name):
                 raise TypeError(f"{needs}; {type(dataset).__name__} has no {name}()")
+        fingerprint = getattr(dataset, "fingerprint", None)
+        if not isinstance(fingerprint, str):
+            raise TypeError(
+                f"{needs}; {type(dataset).__name__} has no fingerprint (a str that changes "
+                "when its records do, which a loader state is checked against), got "
+                f"{fingerprint!r}"
+            )
         self.dataset = dataset
         self._len = len(dataset)
         self._lengths = _schema_lengths(getattr(dataset, "schema", None))
+        self._fingerprint = fingerprint
 
     def _ds(self) -> DatasetLike:
         if self.dataset is None:
@@ -268,16 +284,71 @@ class DatasetSource:
         return 8 * (self._len + 1)
 
 
-def check_fingerprint(state: Mapping[str, Any], expected: Mapping[str, Any], *, over: str) -> None:
-    """StateError unless a source's saved ``state`` equals its fingerprint ``expected``.
+def check_source_state(
+    state: Mapping[str, Any], expected: Mapping[str, Any], *, source: str
+) -> None:
+    """StateError unless a source's saved ``state`` equals its own ``expected`` state.
 
-    ``over`` completes "restore it on a Loader over ..." (what the state must be restored on).
+    ``source`` names this loader's source in the message (``"Windows"``). The error names
+    the first key that differs, both values and what to do: the keys ``kind``, ``records``,
+    ``windows``, ``index`` and ``dataset`` describe the data, every other key an option.
     """
-    if dict(state) != expected:
+    if not isinstance(state, Mapping):
+        raise StateError(f"state['source'] must be a dict, got {state!r}")
+    kind = state.get("kind")
+    if kind != expected["kind"]:
         raise StateError(
-            f"the saved state is for source {dict(state)!r}, but this loader reads "
-            f"{expected!r}: restore it on a Loader over {over}"
+            f"state['source']['kind'] is {kind!r}, but this loader reads {expected['kind']}: "
+            f"the state was saved by a Loader over {kind}; restore it on one like that"
         )
+    for key, want in expected.items():
+        got = state.get(key, want)  # a missing key is reported below
+        if _same(got, want):
+            continue
+        if key == "dataset":
+            fix = "restore it on a Loader over the dataset the state was saved on"
+            if isinstance(got, str) and got.split(":")[0] != str(want).split(":")[0]:
+                how = "its manifest" if got.startswith("manifest:") else "bare TFRecord files"
+                fix += f" (opened then from {how}: open it the same way)"
+        elif key == "records":
+            fix = "restore it on a Loader over the dataset it was saved on"
+        elif key in ("windows", "index"):
+            fix = ("the dataset's group ids or order keys (its groups.npy / order.npy) are not "
+                   "those the state was saved with; restore it on a Loader over that dataset")
+        else:
+            fix = f"construct {source} with {key}={_as_argument(got)}"
+        raise StateError(
+            f"state['source'][{key!r}] is {got!r}, but this loader's {source} has "
+            f"{key}={want!r}: restoring it would not continue the saved stream; {fix}"
+        )
+    missing = [k for k in expected if k not in state]
+    foreign = sorted(str(k) for k in state if k not in expected)
+    if missing == ["dataset"] and not foreign:
+        raise StateError(
+            "state['source'] predates the 'dataset' fingerprint, so it cannot be checked "
+            "against this loader's dataset: if you are sure it is the same dataset, take "
+            "state['source'] from this loader's state(); else start the epoch again"
+        )
+    if missing or foreign:
+        raise StateError(
+            f"state['source'] is not a state of {source}: missing keys {missing}, foreign "
+            f"keys {foreign}; pass the dict Loader.state() returned"
+        )
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Whether a saved value is this source's (True is not 1; 16 and 16.0 are one value)."""
+    if isinstance(got, bool) != isinstance(want, bool):
+        return False
+    try:
+        return bool(got == want)
+    except (TypeError, ValueError):  # an array or other odd value is no saved option
+        return False
+
+
+def _as_argument(value: Any) -> str:
+    """A saved option as the argument that gives it (JSON lists were tuples)."""
+    return repr(tuple(value)) if isinstance(value, list) else repr(value)
 
 
 class RecordSource(DatasetSource):
@@ -285,7 +356,7 @@ class RecordSource(DatasetSource):
 
     Determinism: output p is ``transform(ds[order[p]], sample_rng(seed, epoch, p))`` (a
     transform that declares ``draws_random = False`` gets ``NO_RANDOMNESS`` instead).
-    State: ``{"kind": "records", "records": len(ds)}`` (a fingerprint). Memory: the dataset's
+    State: ``{"kind": "records", "records": len(ds), "dataset": ds.fingerprint}``. Memory: the dataset's
     index (8 bytes a record); nothing per sample beyond the record being built (the image is
     written into the batch when ``out`` is given).
     """
@@ -301,12 +372,14 @@ class RecordSource(DatasetSource):
 
     def __getstate__(self) -> dict[str, Any]:
         # Process workers only call make_sample: leave the dataset (open files) behind.
-        return {"dataset": None, "_len": self._len, "_lengths": self._lengths}
+        return {"dataset": None, "_len": self._len, "_lengths": self._lengths,
+                "_fingerprint": self._fingerprint}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.dataset = state["dataset"]
         self._len = state["_len"]
         self._lengths = state["_lengths"]
+        self._fingerprint = state["_fingerprint"]
 
     def samples_per_epoch(self, num_units: int) -> int:
         return num_units
@@ -343,10 +416,10 @@ class RecordSource(DatasetSource):
         return call_into(transform, sample, rng, image_out)
 
     def state(self) -> dict[str, Any]:
-        return {"kind": self.kind, "records": self._len}
+        return {"kind": self.kind, "records": self._len, "dataset": self._fingerprint}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        check_fingerprint(state, self.state(), over="the same dataset")
+        check_source_state(state, self.state(), source="record source")
 
 
 def _schema_lengths(schema: Any) -> dict[str, int | None]:

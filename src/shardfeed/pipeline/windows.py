@@ -21,19 +21,23 @@ frames' own keys: ``image``, ``mask``, their stored sizes (``image/height``, ``i
 ``labels="all"`` it is stacked like every other feature.
 
 Determinism: window ``order[p]``, frames transformed with ``sample_rng(seed, epoch, p)``.
-State: a fingerprint of the options and the number of windows. Memory: the window index (4
+State: what decides the windows and their samples: the dataset's fingerprint, the number
+of records and windows, a digest of every window's frames (it changes with the group and
+order sidecars), and the options (length, stride, seconds, labels, label keys); a restore
+on other ones raises StateError naming the first that differs. Memory: the window index (4
 bytes a window for a fixed stride, ``4·length`` time-based) plus the dataset's index.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import SchemaError, StateError
+from shardfeed.errors import SchemaError
 from shardfeed.format import spec
 from shardfeed.pipeline.source import (
     DatasetLike,
@@ -42,6 +46,7 @@ from shardfeed.pipeline.source import (
     Sample,
     SampleKey,
     Transform,
+    check_source_state,
 )
 from shardfeed.sampling.windows import ExcludedWindows, WindowIndex
 
@@ -159,6 +164,7 @@ class Windows:
             k for k in (getattr(manifest, "group_key", None), getattr(manifest, "order_key", None))
             if k
         ) | _FRAME_KEYS
+        self._index_digest: str | None = None
 
     # -- the Source protocol ------------------------------------------------------------------
 
@@ -216,20 +222,30 @@ class Windows:
     def state(self) -> dict[str, Any]:
         o = self.options
         return {
-            "kind": self.kind, "records": self._frames.num_units, "windows": len(self.index),
+            # checked in this order: the data, the options, then what both make
+            "kind": self.kind, "records": self._frames.num_units,
+            "dataset": self._frames.state()["dataset"],
             "length": o.length, "stride": o.stride, "stride_seconds": self.index.stride_seconds,
             "tolerance_seconds": self.index.tolerance_seconds,
             "max_gap_seconds": self.index.max_gap_seconds, "labels": o.labels,
+            "label_keys": None if o.label_keys is None else list(o.label_keys),
+            "windows": len(self.index), "index": self.index_digest(),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        expected = self.state()
-        if dict(state) != expected:
-            raise StateError(
-                f"the saved state is for source {dict(state)!r}, but this loader reads "
-                f"{expected!r}: restore it on a Loader over Windows of the same dataset and "
-                "options"
-            )
+        check_source_state(state, self.state(), source="Windows")
+
+    def index_digest(self) -> str:
+        """A digest of every window's frames, in window order (hashed once, on first use)."""
+        if self._index_digest is None:
+            digest = hashlib.blake2b(digest_size=16)
+            chunk = 1 << 16  # windows hashed at a time: bounded memory
+            for start in range(0, len(self.index), chunk):
+                ws = np.arange(start, min(start + chunk, len(self.index)), dtype=np.int64)
+                frames = np.ascontiguousarray(self.index.frames_many(ws), dtype="<i8")
+                digest.update(frames.data)
+            self._index_digest = digest.hexdigest()
+        return self._index_digest
 
     # -- stacking ------------------------------------------------------------------------------
 

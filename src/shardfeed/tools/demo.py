@@ -188,7 +188,7 @@ def _patches(
     from shardfeed.dataset import Dataset
     from shardfeed.pipeline import Loader, Patches
 
-    cache_images = max(2, sizes.highres_images // 2)
+    cache_images = min(sizes.highres_images, max(2, sizes.highres_images // 2))
     refresh_every = 32
     with Dataset(path) as ds:
         patches = Patches(ds, size=PATCH_SIZE, cache_images=cache_images,

@@ -217,7 +217,7 @@ def _check_color(key: Any) -> Color:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class MaskLabels:
     """How a decoded mask's pixels become class ids (see the module docstring).
 

@@ -125,7 +125,9 @@ def decode_for_patches(
     """Decode the record's image at scale ``1/options.denominator`` and its mask at full size.
 
     ``image_field`` and ``mask_field`` are bound to the dataset's schema; ``mask_field=None``
-    leaves the mask in the record's other features. Raises DecodeError when the mask's size
+    leaves the mask in the record's other features. The mask decodes to class ids as
+    ``mask_field.mask_labels`` says (grey values, palette indices; a colour or 16-bit mask
+    is a DecodeError by default: see :mod:`shardfeed.transforms.masks`). Raises DecodeError when the mask's size
     differs from the image's, SchemaError when ``options.mask`` is True and there is no mask.
     """
     key, encoding = image_field.require(record)
@@ -164,8 +166,9 @@ def decode_for_patches(
             if mask.shape[:2] != full_hw:
                 raise DecodeError(
                     f"{mask_field.where(record, found[0])}: the mask is "
-                    f"{mask.shape[0]}×{mask.shape[1]} but the image is "
-                    f"{full_hw[0]}×{full_hw[1]}; a mask must have the image's size"
+                    f"{mask.shape[0]}×{mask.shape[1]} (height×width) but its image is "
+                    f"{full_hw[0]}×{full_hw[1]}; a mask must have its image's size: re-create "
+                    "the mask at the image's size, or skip such records with on_error='skip'"
                 )
     meta = {k: v for k, v in record.items() if k not in drop}
     return DecodedImage(np.ascontiguousarray(image), mask, meta, full_hw)

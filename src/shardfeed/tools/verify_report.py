@@ -18,6 +18,7 @@ __all__ = [
     "COMPRESSED",
     "COUNT_MISMATCH",
     "INDEX_MISMATCH",
+    "MASK_SIZE_MISMATCH",
     "MISSING_FILE",
     "MISSING_REFERENCED",
     "NOT_EXAMPLE",
@@ -41,6 +42,7 @@ BAD_DATA_CRC = "bad data CRC"
 NOT_EXAMPLE = "not an Example"
 UNDECODABLE_IMAGE = "undecodable image"
 UNDECODABLE_MASK = "undecodable mask"
+MASK_SIZE_MISMATCH = "mask size differs from image"
 MISSING_REFERENCED = "missing referenced file"
 SIZE_MISMATCH = "size differs from manifest"
 CHECKSUM_MISMATCH = "checksum differs from manifest"

@@ -3,6 +3,9 @@
 :func:`check_shard` walks one local shard record by record: framing, length and data CRCs,
 truncation, compression, the index and what the manifest says of the shard; with
 ``decode``/``check_paths`` also each record's Example, images, masks and referenced files.
+Masks decode as the Loader decodes them (grey values, palette indices) and must have their
+image's size; colour and 16-bit masks, which a loader reads only with ``mask_colors`` /
+``mask_dtype="uint16"``, are counted in one warning per shard.
 After a bad length CRC the rest of the shard can only be checked where an index says where the
 records start; otherwise the walk stops there.
 
@@ -30,6 +33,7 @@ from shardfeed.tools.verify_report import (
     COMPRESSED,
     COUNT_MISMATCH,
     INDEX_MISMATCH,
+    MASK_SIZE_MISMATCH,
     MISSING_FILE,
     MISSING_REFERENCED,
     NOT_EXAMPLE,
@@ -141,6 +145,7 @@ def check_shard(job: ShardJob, advance: Callable[[int], object]) -> ShardCheck:
     index = _load_index(path)
     offsets: list[int] = []
     decoded = 0
+    notes: list[tuple[str, int, int]] = []  # masks a loader reads only with an option
     with open(path, "rb") as fh:
         blocks = _Blocks(fh, size)
         pos, record, reported = 0, 0, 0
@@ -187,7 +192,7 @@ def check_shard(job: ShardJob, advance: Callable[[int], object]) -> ShardCheck:
                 problem(BAD_DATA_CRC, "the record's bytes are damaged; re-create the shard from "
                         "its source, or read with on_error='skip'", record, pos)
             elif job.decode or job.check_paths:
-                decoded += _check_payload(job, payload, record, pos, problem)
+                decoded += _check_payload(job, payload, record, pos, problem, notes)
             offsets.append(pos)
             pos, record = end, record + 1
             if pos - reported >= BLOCK_BYTES:
@@ -202,6 +207,7 @@ def check_shard(job: ShardJob, advance: Callable[[int], object]) -> ShardCheck:
     if exp.records is not None and len(offsets) != exp.records and not problems:
         problem(COUNT_MISMATCH, f"the file holds {len(offsets)} records, the manifest says "
                 f"{exp.records}; re-run `shardfeed index`")
+    warnings.extend(_mask_warnings(path, notes))
     return ShardCheck(path, len(offsets), size, decoded, tuple(problems), tuple(warnings))
 
 
@@ -239,9 +245,10 @@ def _dim(features: dict[str, Any], key: str | None) -> int | None:
 def _check_payload(
     job: ShardJob, payload: bytes, record: int, offset: int,
     problem: Callable[[str, str, int | None, int | None], None],
+    notes: list[tuple[str, int, int]],
 ) -> int:
-    """Parse the record, check referenced files, and (``job.decode``) decode images.
-    Returns the number of images and masks decoded."""
+    """Parse the record, check referenced files, and (``job.decode``) decode images and
+    masks, checking that a mask has its image's size. Returns the number decoded."""
     from shardfeed.format.example import decode_example
 
     where = location(job.path, record, offset)
@@ -251,6 +258,7 @@ def _check_payload(
         problem(NOT_EXAMPLE, str(exc), record, offset)
         return 0
     count = 0
+    sizes: dict[str, tuple[int, int]] = {}
     for role, defaults in _DEFAULT_SLOTS:
         given = job.image if role == "image" else job.mask
         slots = (given,) if given is not None else defaults
@@ -259,6 +267,7 @@ def _check_payload(
             value = features.get(slot.key)
             if not isinstance(value, bytes):
                 continue
+            size: tuple[int, int] | None = None
             if slot.encoding == "path":
                 rel = value.decode("utf-8", "replace")
                 full = rel if os.path.isabs(rel) or job.root is None else os.path.join(job.root, rel)
@@ -267,35 +276,76 @@ def _check_payload(
                             "pass the right --root", record, offset)
                 elif job.decode:
                     with open(full, "rb") as f:
-                        count += _try_decode(f.read(), where, kind, record, offset, problem,
-                                             gray=role == "mask")
+                        size = _try_decode(f.read(), where, role, record, offset, problem, notes)
             elif not job.decode:
                 continue
             elif slot.encoding == "raw":
                 h, w = _dim(features, slot.height_key), _dim(features, slot.width_key)
                 c = _dim(features, slot.channels_key) if slot.channels_key else 1
                 want = h * w * c if h is not None and w is not None and c is not None else None
-                if want != len(value):
+                if want != len(value) or h is None or w is None:
                     problem(kind, f"raw {role} holds {len(value)} bytes, but height × width × "
                             f"channels = {h} × {w} × {c}", record, offset)
                 else:
-                    count += 1
+                    size = (h, w)
             else:
-                count += _try_decode(value, where, kind, record, offset, problem,
-                                     gray=role == "mask")
+                size = _try_decode(value, where, role, record, offset, problem, notes)
+            if size is not None:
+                count += 1
+                sizes.setdefault(role, size)
+    image_hw, mask_hw = sizes.get("image"), sizes.get("mask")
+    if image_hw is not None and mask_hw is not None and image_hw != mask_hw:
+        problem(MASK_SIZE_MISMATCH, f"the mask is {mask_hw[0]}×{mask_hw[1]} (height×width) but "
+                f"its image is {image_hw[0]}×{image_hw[1]}; a loader would misalign or reject "
+                "it: re-create the mask at the image's size and pack again, or skip the record "
+                "with on_error='skip'", record, offset)
     return count
 
 
+_COLOUR_MASK = "colour"
+_WIDE_MASK = "16-bit"
+
+
 def _try_decode(
-    data: bytes, where: str, kind: str, record: int, offset: int,
-    problem: Callable[[str, str, int | None, int | None], None], *, gray: bool,
-) -> int:
+    data: bytes, where: str, role: str, record: int, offset: int,
+    problem: Callable[[str, str, int | None, int | None], None],
+    notes: list[tuple[str, int, int]],
+) -> tuple[int, int] | None:
+    """Decode an image or mask (as the Loader would); its (height, width), or None after
+    reporting it undecodable."""
     from shardfeed.errors import DecodeError
     from shardfeed.transforms.decode import decode_image
+    from shardfeed.transforms.masks import read_mask
 
     try:
-        decode_image(data, mode="gray" if gray else "unchanged", where=where)
+        if role == "mask":
+            pixels = read_mask(data, where=where)
+            if pixels.kind == "colour" and pixels.grey_values() is None:
+                notes.append((_COLOUR_MASK, record, offset))
+            elif pixels.plane.dtype != np.uint8:
+                notes.append((_WIDE_MASK, record, offset))
+            return pixels.size
+        image = decode_image(data, mode="unchanged", where=where)
     except DecodeError as exc:
-        problem(kind, str(exc), record, offset)
-        return 0
-    return 1
+        problem(UNDECODABLE_IMAGE if role == "image" else UNDECODABLE_MASK, str(exc), record,
+                offset)
+        return None
+    return int(image.shape[0]), int(image.shape[1])
+
+
+def _mask_warnings(path: str, notes: list[tuple[str, int, int]]) -> list[str]:
+    """One warning per kind of mask that a loader reads only with an option."""
+    needs = {
+        _COLOUR_MASK: ("colour (RGB) images",
+                       "mask_colors={(r, g, b): id, ...} to give their colours class ids"),
+        _WIDE_MASK: ("16-bit", "mask_dtype='uint16' to keep their values"),
+    }
+    result = []
+    for kind, (what, option) in needs.items():
+        hits = [(record, offset) for k, record, offset in notes if k == kind]
+        if hits:
+            record, offset = hits[0]
+            result.append(f"{len(hits)} masks in file '{path}' are {what} (the first: record "
+                          f"{record} at byte {offset}); a loader reads them only with {option}, "
+                          "and raises DecodeError without it")
+    return result

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from shardfeed.errors import DecodeError
 from shardfeed.transforms import arrays
 from shardfeed.transforms.base import ArraySpec, Sample, Specs
 from shardfeed.transforms.boxes import (
@@ -222,13 +221,7 @@ class CropDecoderBase(DecoderBase):
         mask, mask_key = self._decode_mask(sample)
         if mask is None:
             return None, None
-        mask_hw = arrays.spatial_shape(mask, is_mask=True)
-        if mask_hw != image_hw:
-            raise DecodeError(
-                f"{self.mask_field.where(sample, mask_key or 'mask')}: the mask is "
-                f"{mask_hw[0]}×{mask_hw[1]} but the image is {image_hw[0]}×{image_hw[1]}; "
-                "a mask must have the image's size"
-            )
+        self._check_mask_size(sample, mask, mask_key, image_hw)
         region = arrays.crop(mask, box, is_mask=True)
         resized = arrays.resize(region, self.size, is_mask=True)
         if resized is region:
@@ -238,7 +231,7 @@ class CropDecoderBase(DecoderBase):
         return resized, mask_key
 
     def output_spec(self, specs: Specs) -> Specs:
-        """Image ``size``×C uint8 (C = 3, or 1 for gray); mask ``size`` uint8."""
+        """Image ``size``×C uint8 (C = 3, or 1 for gray); mask ``size`` (``mask_dtype``)."""
         result = dict(specs)
         h, w = self.size
         result["image"] = ArraySpec((h, w, self._channel_count()), self._dtype(self.image_field))
@@ -254,7 +247,7 @@ class DecodeRandomResizedCrop(CropDecoderBase):
     its aspect ratio w/h, log-uniform; ``hflip``: probability of a left-right flip. JPEGs
     decode at reduced DCT scale when the crop will be shrunk ≥ 2× (``reduced_decode=False``
     turns that off). Output: ``sample["image"]`` size×C uint8, ``sample["mask"]`` size
-    uint8 (nearest neighbour) with the same crop and flip. See :class:`DecoderBase` for the
+    class ids (nearest neighbour) with the same crop and flip. See :class:`DecoderBase` for the
     options that say where the image is.
 
     Determinism: box then flip, drawn from the generator in that order; the same key gives
@@ -288,7 +281,7 @@ class DecodeCenterCrop(CropDecoderBase):
     ``max(size) / crop_fraction``, then center-crop ``size``", computed with one resize
     (and a reduced-scale JPEG decode when the crop is ≥ 2× the output).
 
-    Output: ``sample["image"]`` size×C uint8; ``sample["mask"]`` size uint8 (nearest). See
+    Output: ``sample["image"]`` size×C uint8; ``sample["mask"]`` size class ids (nearest). See
     :class:`DecoderBase` for the options that say where the image is.
 
     Determinism: fully deterministic; draws nothing from the generator (``hflip`` is 0 by

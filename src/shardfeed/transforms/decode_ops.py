@@ -2,18 +2,23 @@
 
 ``DecodeImage`` decodes the whole picture: embedded JPEG/PNG bytes, raw arrays with their
 stored shape, or referenced files read relative to the dataset root. It writes
-``sample["image"]`` (H×W×C uint8) and ``sample["mask"]`` (H×W uint8) and drops the encoded
-features. The crop-aware ops in :mod:`shardfeed.transforms.crop_decode` share this base.
+``sample["image"]`` (H×W×C uint8) and ``sample["mask"]`` (H×W class ids: grey values or
+palette indices, see :mod:`shardfeed.transforms.masks`) and drops the encoded features. A
+mask of another size than its image is a DecodeError. The crop-aware ops in
+:mod:`shardfeed.transforms.crop_decode` share this base.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 import cv2
 import numpy as np
 
+from shardfeed.errors import DecodeError
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
+from shardfeed.transforms.masks import Color, MaskDtype, MaskLabels
 from shardfeed.transforms.source import Encoding, ImageField
 
 Channels = Literal["rgb", "gray"]
@@ -30,6 +35,9 @@ class DecodeOptions(TypedDict, total=False):
     mask: bool | None
     mask_key: str | None
     mask_encoding: Encoding
+    mask_colors: Mapping[Color, int] | None
+    mask_unlisted: int | None
+    mask_dtype: MaskDtype
     root: str | None
     channels: Channels
     keep_encoded: bool
@@ -46,7 +54,13 @@ class DecoderBase:
       ``height_key``/``width_key``/``channels_key`` (raw shapes): where the image is. Left
       out, they come from the schema at ``bind`` or from the standard feature names.
     - ``mask``: ``None`` decodes a mask when there is one, ``False`` never, ``True`` requires
-      one. ``mask_key``/``mask_encoding`` say where it is.
+      one. ``mask_key``/``mask_encoding`` say where it is. A mask decodes to class ids: grey
+      values, or a palette PNG's indices (never its colours turned into grey levels).
+    - ``mask_colors``: ``{(r, g, b): id, ...}`` gives colour (RGB) masks their ids (and
+      palette masks, by their palette colours); without it a colour mask is a DecodeError.
+      ``mask_unlisted``: the id of pixels whose colour is not listed (default: an error).
+    - ``mask_dtype``: ``"uint8"`` (default; a 16-bit mask is a DecodeError, never cut to 8
+      bits) or ``"uint16"`` (16-bit masks keep their values; every mask is uint16).
     - ``root``: folder or URL that referenced (``"path"``) images are relative to.
     - ``channels``: ``"rgb"`` (H×W×3) or ``"gray"`` (H×W×1).
     - ``keep_encoded``: keep the encoded features in the sample (default: dropped).
@@ -72,6 +86,9 @@ class DecoderBase:
         mask: bool | None = None,
         mask_key: str | None = None,
         mask_encoding: Encoding = "auto",
+        mask_colors: Mapping[Color, int] | None = None,
+        mask_unlisted: int | None = None,
+        mask_dtype: MaskDtype = "uint8",
         root: str | None = None,
         channels: Channels = "rgb",
         keep_encoded: bool = False,
@@ -90,8 +107,9 @@ class DecoderBase:
             channels_key=channels_key,
             root=root,
         )
+        labels = MaskLabels(colors=mask_colors, unlisted=mask_unlisted, dtype=mask_dtype)
         self.mask_field = ImageField(
-            key=mask_key, encoding=mask_encoding, root=root, is_mask=True
+            key=mask_key, encoding=mask_encoding, root=root, is_mask=True, mask_labels=labels
         )
         self.mask = True if mask_key is not None and mask is None else mask
         self.channels: Channels = channels
@@ -145,15 +163,13 @@ class DecoderBase:
         elif c in (3, 4):
             gray = [cv2.cvtColor(f[..., :3], cv2.COLOR_RGB2GRAY) for f in image]
             return np.stack(gray)[..., None]
-        from shardfeed.errors import DecodeError
-
         raise DecodeError(
             f"the image has {c} channels; shardfeed decodes images with 1, 3 or 4 channels "
             "(store RGB, RGBA or grayscale)"
         )
 
     def _decode_mask(self, sample: Sample) -> tuple[np.ndarray | None, str | None]:
-        """The mask (H×W uint8) and its feature, or (None, None) when there is none."""
+        """The mask (H×W class ids) and its feature, or (None, None) when there is none."""
         if self.mask is False:
             return None, None
         found = self.mask_field.locate(sample)
@@ -163,6 +179,20 @@ class DecoderBase:
             return None, None
         mask = self.mask_field.decode(sample, fast_dct=self.fast_dct)
         return mask, found[0]
+
+    def _check_mask_size(
+        self, sample: Sample, mask: np.ndarray, mask_key: str | None, image_hw: tuple[int, int]
+    ) -> None:
+        """DecodeError unless the mask has the image's height and width (a mask of another
+        size would be cropped, flipped and resized out of line with its image)."""
+        mask_hw = (int(mask.shape[-2]), int(mask.shape[-1]))
+        if mask_hw != image_hw:
+            raise DecodeError(
+                f"{self.mask_field.where(sample, mask_key or 'mask')}: the mask is "
+                f"{mask_hw[0]}×{mask_hw[1]} (height×width) but its image is "
+                f"{image_hw[0]}×{image_hw[1]}; a mask must have its image's size: re-create "
+                "the mask at the image's size, or skip such records with on_error='skip'"
+            )
 
     def _finish(
         self, sample: Sample, image: np.ndarray, mask: np.ndarray | None, keys: list[str | None]
@@ -178,7 +208,9 @@ class DecoderBase:
 
     @staticmethod
     def _dtype(field: ImageField) -> np.dtype[Any]:
-        return np.dtype(field.dtype if field.encoding == "raw" else np.uint8)
+        if field.encoding == "raw":
+            return np.dtype(field.dtype)
+        return np.dtype(field.mask_labels.dtype if field.is_mask else np.uint8)
 
     def _channel_count(self) -> int:
         return 3 if self.channels == "rgb" else 1
@@ -194,7 +226,9 @@ class DecodeImage(DecoderBase):
     """Decode the whole image and mask of a sample.
 
     Writes ``sample["image"]`` (H×W×3 uint8, or H×W×1 with ``channels="gray"``; a list of
-    encoded images gives T×H×W×C) and ``sample["mask"]`` (H×W uint8) when there is a mask.
+    encoded images gives T×H×W×C) and ``sample["mask"]`` (H×W class ids, uint8 unless
+    ``mask_dtype="uint16"``) when there is a mask. A mask whose height and width differ from
+    the image's raises DecodeError (the Loader names the shard, record and offset).
 
     Determinism: a pure function of the stored bytes; draws nothing from the generator.
     State: none. Memory: the decoded image and mask.
@@ -206,10 +240,12 @@ class DecodeImage(DecoderBase):
     def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
         image, key = self._decode_full(sample)
         mask, mask_key = self._decode_mask(sample)
+        if mask is not None:
+            self._check_mask_size(sample, mask, mask_key, (image.shape[-3], image.shape[-2]))
         return self._finish(sample, image, mask, [key, mask_key])
 
     def output_spec(self, specs: Specs) -> Specs:
-        """Image H×W×C uint8 with varying H, W; mask H×W uint8 if there is one."""
+        """Image H×W×C uint8 with varying H, W; mask H×W (``mask_dtype``) if there is one."""
         result = dict(specs)
         result["image"] = ArraySpec(
             (None, None, self._channel_count()), self._dtype(self.image_field)

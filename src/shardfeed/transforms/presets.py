@@ -10,14 +10,16 @@ layout        shape                                  dtype
 ``"CHW"``     ``3 × size × size``                    ``normalize`` or ``dtype``
 ============  =====================================  =========================
 
-With a mask in the dataset, ``"mask"`` is ``size × size`` uint8 (same crop and flip,
-nearest neighbour). ``pipeline.bind(schema, root=...).output_spec()`` gives these as
+With a mask in the dataset, ``"mask"`` is ``size × size`` class ids (same crop and flip,
+nearest neighbour): uint8 grey values or palette indices; ``mask_colors`` maps the colours
+of colour masks to ids, ``mask_dtype="uint16"`` keeps 16-bit masks (see
+:mod:`shardfeed.transforms.masks`). ``pipeline.bind(schema, root=...).output_spec()`` gives these as
 ``ArraySpec`` objects for preallocating batch arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from shardfeed.transforms.base import Compose, Transform
@@ -30,6 +32,7 @@ from shardfeed.transforms.color import (
     ToFloat,
 )
 from shardfeed.transforms.crop_decode import DecodeCenterCrop, DecodeRandomResizedCrop
+from shardfeed.transforms.masks import Color, MaskDtype
 
 NormalizeName = Literal["imagenet", "symmetric"]
 DType = Literal["uint8", "float32"]
@@ -77,6 +80,9 @@ def train(
     layout: Layout = "HWC",
     reduced_decode: bool = True,
     fast_upsample: bool = True,
+    mask_colors: Mapping[Color, int] | None = None,
+    mask_unlisted: int | None = None,
+    mask_dtype: MaskDtype = "uint8",
 ) -> Compose:
     """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
     left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
@@ -90,7 +96,12 @@ def train(
 
     Output ``"image"``: ``size×size×3`` (HWC) or ``3×size×size`` (CHW); uint8, or float32
     with ``normalize`` (``"imagenet"`` mean/std, ``"symmetric"`` → [-1, 1]) or
-    ``dtype="float32"`` (→ [0, 1]). ``"mask"`` (if any): ``size×size`` uint8.
+    ``dtype="float32"`` (→ [0, 1]). ``"mask"`` (if any): ``size×size`` class ids.
+
+    ``mask_colors`` (``{(r, g, b): id, ...}``), ``mask_unlisted`` and ``mask_dtype``: how
+    mask pixels become ids, as in :class:`~shardfeed.transforms.decode_ops.DecoderBase`.
+    Without them a palette PNG mask gives its indices, a grey mask its values, and a colour
+    or 16-bit mask a DecodeError.
 
     Determinism: every random choice comes from the per-sample generator.
     """
@@ -100,6 +111,7 @@ def train(
         DecodeRandomResizedCrop(
             size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
             reduced_decode=reduced_decode, fast_upsample=fast_upsample,
+            mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
         )
     ]
     if color:
@@ -117,15 +129,22 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     dtype: DType = "uint8",
     layout: Layout = "HWC",
     reduced_decode: bool = True,
+    mask_colors: Mapping[Color, int] | None = None,
+    mask_unlisted: int | None = None,
+    mask_dtype: MaskDtype = "uint8",
 ) -> Compose:
     """Evaluation pipeline: resize the shorter side to ``size / crop_fraction`` and take the
     center ``size×size`` (one fused, reduced-scale decode), then optional normalisation and
-    layout. Same output shapes and dtypes as :func:`train`.
+    layout. Same output shapes and dtypes as :func:`train`; the mask options as in
+    :func:`train`.
 
     Determinism: fully deterministic; the generator is not used.
     """
     ops: list[Transform] = [
-        DecodeCenterCrop(size, crop_fraction=crop_fraction, reduced_decode=reduced_decode)
+        DecodeCenterCrop(
+            size, crop_fraction=crop_fraction, reduced_decode=reduced_decode,
+            mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
+        )
     ]
     ops.extend(_tail(normalize, dtype, layout))
     return Compose(ops)

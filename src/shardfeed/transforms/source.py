@@ -17,6 +17,7 @@ from shardfeed.errors import DecodeError, SchemaError, StorageError
 from shardfeed.format import spec
 from shardfeed.transforms.base import ImageInfoLike, Sample
 from shardfeed.transforms.decode import Where, decode_error, decode_image, where_text
+from shardfeed.transforms.masks import LABEL_MAPS, MaskLabels, decode_mask
 
 Encoding = Literal["auto", "jpeg", "png", "mixed", "raw", "path"]
 ENCODINGS: tuple[str, ...] = ("auto", "jpeg", "png", "mixed", "raw", "path")
@@ -43,7 +44,9 @@ class ImageField:
     """Where one image-like feature is and how to turn it into pixels.
 
     ``key=None`` means "find the standard feature name in each sample". ``root`` is the
-    folder or URL prefix that referenced (``"path"``) images are relative to.
+    folder or URL prefix that referenced (``"path"``) images are relative to. For a mask
+    (``is_mask``), ``mask_labels`` says how encoded pixels become class ids
+    (:mod:`shardfeed.transforms.masks`); raw masks keep their stored values and ``dtype``.
     """
 
     key: str | None = None
@@ -54,6 +57,7 @@ class ImageField:
     root: str | None = None
     is_mask: bool = False
     dtype: str = "uint8"
+    mask_labels: MaskLabels = LABEL_MAPS
 
     def __post_init__(self) -> None:
         check_encoding(self.encoding)
@@ -84,6 +88,7 @@ class ImageField:
             root=self.root if self.root is not None else root,
             is_mask=self.is_mask,
             dtype=dtype,
+            mask_labels=self.mask_labels,
         )
 
     # --- locating -----------------------------------------------------------------------
@@ -157,7 +162,7 @@ class ImageField:
     def decode(
         self, sample: Sample, *, fast_dct: bool = True, fast_upsample: bool = False
     ) -> np.ndarray:
-        """Decode this field of ``sample``: images H×W×C uint8, masks H×W uint8.
+        """Decode this field of ``sample``: images H×W×C uint8, masks H×W class ids.
 
         Several encoded values (a list of bytes) decode to T×H×W×C / T×H×W.
         """
@@ -175,10 +180,10 @@ class ImageField:
     def decode_bytes(
         self, data: bytes | memoryview, where: Where, fast_dct: bool, fast_upsample: bool = False
     ) -> np.ndarray:
-        """Decode encoded bytes of this field: H×W×3 RGB for images, H×W for masks."""
+        """Decode encoded bytes of this field: H×W×3 RGB for images, H×W class ids for masks
+        (grey values, palette indices, or colours mapped by ``mask_labels``)."""
         if self.is_mask:
-            mask = decode_image(data, mode="gray", where=where, fast_dct=fast_dct)
-            return mask
+            return decode_mask(data, labels=self.mask_labels, where=where, fast_dct=fast_dct)
         image = decode_image(
             data, mode="rgb", where=where, fast_dct=fast_dct, fast_upsample=fast_upsample
         )

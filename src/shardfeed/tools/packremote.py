@@ -6,7 +6,7 @@
     shard-00000-of-00004.tfrecord   --> shard-00000-of-00004.tfrecord      1. the shard
                       .idx, .idx.npy    --> .idx, .idx.npy                 2. its indexes
     ... every shard, as soon as it is complete and indexed ...
-    groups.npy, order.npy           --> groups.npy, order.npy              3. sidecars
+    skipped.csv, groups.npy, ...    --> skipped.csv, groups.npy, ...       3. sidecars
     shardfeed.json                  --> shardfeed.json                     4. the manifest, last
 
 Every object is written with :func:`shardfeed.storage.files.upload_file_atomic` (one PUT, or
@@ -33,11 +33,11 @@ from collections.abc import Callable
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.storage import files
-from shardfeed.tools.packoutput import PLAN_NAME, PackResult
+from shardfeed.tools.packoutput import PLAN_NAME, SKIPPED_NAME, PackResult
 
 log = logging.getLogger(__name__)
 
-SIDECARS = (spec.GROUPS_NAME, spec.ORDER_NAME)
+SIDECARS = (SKIPPED_NAME, spec.GROUPS_NAME, spec.ORDER_NAME)
 
 
 def _owned(name: str) -> bool:
@@ -131,4 +131,6 @@ def pack_to_url(
     finally:
         output.close()
     log.info("uploaded %d shards to '%s'", result.shards, output.url)
-    return dataclasses.replace(result, output=output.url, manifest=manifest)
+    skipped = files.join(output.url, SKIPPED_NAME) if result.skipped_list else None
+    return dataclasses.replace(result, output=output.url, manifest=manifest,
+                               skipped_list=skipped)

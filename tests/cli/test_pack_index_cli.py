@@ -65,7 +65,7 @@ def test_pack_lists_every_bad_file_then_skip_bad_packs_the_rest(
     assert main(["pack", str(photos), str(out), "--no-progress", "--skip-bad"]) == 0
     text = capsys.readouterr().out
     assert "packed 6 records into 1 shard," in text
-    assert (f"2 bad inputs skipped and 1 file not packed (not an image): listed in "
+    assert (f"2 bad inputs skipped and 1 other file not packed: listed in "
             f"{out / 'skipped.csv'}") in text
     assert (out / "skipped.csv").read_text().count("\n") == 4
 

@@ -195,3 +195,18 @@ def test_a_file_that_fails_while_writing_can_be_fixed_and_resumed(
     assert (result.kept_shards, result.records) == (2, 6)
     manifest = json.loads((out / "shardfeed.json").read_text())
     assert manifest["records"] == 6
+
+
+def test_overwrite_with_bad_inputs_keeps_the_existing_dataset(damaged_folder: Path,
+                                                               class_folder: Path,
+                                                               tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    good = tmp_path / "good"
+    for name in ("cat", "dog"):
+        (good / name).mkdir(parents=True)
+        (good / name / "a.jpg").write_bytes((class_folder / "cat" / "cat0.jpg").read_bytes())
+    pack(good, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(BadInputsError):
+        pack(damaged_folder, out, overwrite=True)  # checked before anything is deleted
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -189,8 +189,7 @@ def run(args: argparse.Namespace) -> int:
         if result.skipped:
             parts.append(f"{common.count(len(result.skipped), 'bad input')} skipped")
         if result.ignored:
-            n = len(result.ignored)
-            parts.append(f"{common.count(n, 'file')} not packed (not {'an image' if n == 1 else 'images'})")
+            parts.append(f"{common.count(len(result.ignored), 'other file')} not packed")
         print(f"{' and '.join(parts)}: listed in {result.skipped_list}")
     if result.order_unit is not None:
         print(f"order key read as {_UNIT_NAMES.get(result.order_unit, result.order_unit)}, "

@@ -248,8 +248,8 @@ def _checked_items(
             "nothing to pack"
         )
     if bad:
-        log.warning("skipping %d bad input file%s of '%s'", len(per_item) - len(items),
-                    "" if len(per_item) - len(items) == 1 else "s", data.where)
+        log.info("skipping %s of '%s'", packoutput.count(len(per_item) - len(items),
+                                                           "bad input file"), data.where)
     return items, bad
 
 
@@ -349,7 +349,15 @@ def _commit(
     )
     packoutput.remove_plan(out)
     total_bytes = sum(int(infos[s.index].bytes) for s in plan.shards)
-    log.info("packed %d record(s) into %d shard(s) in '%s'", len(items), len(plan.shards), out)
+    if data.ignored:
+        first = data.ignored[0]
+        log.warning(
+            "%s of '%s' not packed (e.g. '%s': %s); listed in '%s'",
+            packoutput.count(len(data.ignored), "file"), data.where, first.path, first.reason,
+            skipped_list,
+        )
+    log.info("packed %s into %s in '%s'", packoutput.count(len(items), "record"),
+             packoutput.count(len(plan.shards), "shard"), out)
     return PackResult(
         output=out, manifest=manifest, shards=len(plan.shards), records=len(items),
         bytes=total_bytes, kept_shards=kept, skipped=tuple(bad), skipped_list=skipped_list,

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from shardfeed.errors import PackError, ShardfeedError
 from shardfeed.format import spec
 from shardfeed.format.manifest import Mode
 from shardfeed.tools.packplan import PackPlan
+
+if TYPE_CHECKING:
+    from shardfeed.tools.packcheck import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ class PackResult:
     records: int
     bytes: int
     kept_shards: int
-    skipped: tuple[Any, ...] = ()
+    skipped: tuple[BadInput, ...] = ()
     skipped_list: str | None = None
     order_unit: str | None = None
     ignored: tuple[str, ...] = ()
@@ -78,6 +81,11 @@ def write_shard(path: str, payloads: Iterable[bytes]) -> Any:
         writer.abort()
         raise
     return writer.close()
+
+
+def count(n: int, noun: str) -> str:
+    """``count(1, "shard")`` is ``1 shard``, ``count(3, "shard")`` is ``3 shards``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def digest_lines(lines: Iterable[str]) -> str:
@@ -147,8 +155,8 @@ def prepare(out: str, *, resume: bool, overwrite: bool) -> dict[str, Any] | None
                 os.remove(os.path.join(out, name))
         if others:
             log.warning(
-                "output '%s' keeps %d file%s pack did not write (%s)", out, len(others),
-                "" if len(others) == 1 else "s", ", ".join(others[:3]),
+                "output '%s' keeps %s pack did not write (%s)", out,
+                count(len(others), "file"), ", ".join(others[:3]),
             )
         return None
     plan_path = os.path.join(out, PLAN_NAME)

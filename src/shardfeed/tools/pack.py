@@ -101,6 +101,8 @@ def _refuse_non_csv(source: str) -> None:
     from shardfeed.tools.packfiles import is_shard_name
     from shardfeed.tools.packrecord import image_format
 
+    if source.lower().endswith((".csv", ".tsv", ".txt")):
+        return  # Spark names its CSV output part-00000-<id>.csv, like a shard
     with open(source, "rb") as f:
         head = f.read(16)
     if image_format(head) != "other":

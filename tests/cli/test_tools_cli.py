@@ -13,7 +13,8 @@ import pytest
 from shardfeed.cli.main import main
 
 PACK_ARGS = ["--csv-labels", "label", "--csv-floats", "F0..F1", "--csv-group", "day",
-             "--csv-order", "t", "--records-per-shard", "4", "--no-progress"]
+             "--csv-order", "t", "--time-unit", "s", "--records-per-shard", "4",
+             "--no-progress"]
 
 
 def test_pack_inspect_verify(small_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,13 +25,16 @@ def test_expand_columns_ranges() -> None:
         expand_columns("A,A0..A1,A")
 
 
-def test_order_keys_numbers_and_iso() -> None:
-    assert parse_order_key("12.5") == 12.5
-    assert parse_order_key("1970-01-01T00:01:00") == 60.0
-    assert parse_order_key("1970-01-01T01:00:00+01:00") == 0.0
-    assert parse_order_key("1970-01-01T00:00:08Z") == 8.0
+def test_order_keys_numbers_and_iso_in_nanoseconds() -> None:
+    assert parse_order_key("12.5") == 12_500_000_000
+    assert parse_order_key("1500", unit="ms") == 1_500_000_000
+    assert parse_order_key("1970-01-01T00:01:00", unit="iso") == 60 * 10**9
+    assert parse_order_key("1970-01-01T01:00:00+01:00", unit="iso") == 0
+    assert parse_order_key("1970-01-01T00:00:08.25Z", unit="iso") == 8_250_000_000
     with pytest.raises(ValueError, match="ISO 8601"):
         parse_order_key("noon")
+    with pytest.raises(ValueError, match="int64 nanoseconds"):
+        parse_order_key("1714564800000", unit="s")  # epoch ms read as seconds: year 56000
 
 
 def _csv(tmp_path: Path, text: str, images: int = 2) -> Path:
@@ -61,10 +64,17 @@ def test_csv_non_numeric_label_names_line_and_column(tmp_path: Path) -> None:
         read_csv(path, columns=CsvColumns(floats=("a", "b")))
 
 
-def test_csv_missing_file_named_with_line(tmp_path: Path) -> None:
-    path = _csv(tmp_path, "path\ni0.jpg\nnope.jpg\n")
-    with pytest.raises(PackError, match=r"line 3: '.*nope\.jpg'.*--root"):
-        read_csv(path, columns=CsvColumns())
+def test_csv_missing_files_all_named_with_lines(tmp_path: Path) -> None:
+    from shardfeed.tools.pack import pack
+    from shardfeed.tools.packcheck import BadInputsError
+
+    path = _csv(tmp_path, "path\ni0.jpg\nnope.jpg\ni1.jpg\ngone.jpg\n")
+    with pytest.raises(BadInputsError, match=r"2 input files.*line 3: '.*nope\.jpg' does not "
+                       r"exist.*--root") as caught:
+        pack(path, tmp_path / "out")
+    assert [(p.line, Path(p.path).name) for p in caught.value.problems] == [
+        (3, "nope.jpg"), (5, "gone.jpg")]
+    assert not (tmp_path / "out").exists()
 
 
 def test_csv_labels_floats_onehot_groups(frames_csv: Path) -> None:

@@ -1,10 +1,14 @@
 """Pack images into indexed TFRecord shards (readable by tf.data, DALI and shardfeed).
 
 From a folder of class sub-folders (label = index of the sorted class name; the names are
-kept in the manifest), or from a CSV of image paths and label columns. Records of one group
-stay contiguous and sorted by the order key. Shards are written under a temporary name and
-renamed when complete and indexed; the manifest comes last. An interrupted pack is finished
-with --resume (byte-identical to an uninterrupted run).
+kept in the manifest; --classes/--classes-from fix them across splits), or from a CSV of
+image paths and label columns. Every input file is checked first (headers and end markers;
+--check-decode decodes them too): bad files are all listed and nothing is written, unless
+--skip-bad packs the rest and lists what it skipped in OUTPUT/skipped.csv. Records of one
+group stay contiguous and sorted by the order key (stored as int64 nanoseconds; its unit is
+detected, or given with --time-unit). Shards are written under a temporary name and renamed
+when complete and indexed; the manifest comes last. An interrupted pack is finished with
+--resume (byte-identical to an uninterrupted run).
 
 modes:
   embedded    the image file's bytes as they are, no re-encoding (default)
@@ -13,8 +17,11 @@ modes:
 
 examples:
   shardfeed pack photos/ out/ --shard-size 64MB          # class sub-folders become labels
+  shardfeed pack val/ val_out/ --classes-from out/        # the labels of the training split
+  shardfeed pack photos/ out/ --skip-bad --check-decode   # decode all; pack the good ones
   shardfeed pack frames.csv out/ --csv-path path --csv-group day --csv-order timestamp \\
       --csv-floats 'VF,IRR0..IRR10,MPC0..MPC10' --mode referenced
+  shardfeed pack frames.csv out/ --csv-group day --csv-order t_ms --time-unit ms
   shardfeed pack labels.csv out/ --csv-labels label --csv-onehot root,leaf --csv-mask mask
   shardfeed pack frames.csv out/ ... --resume            # finish an interrupted pack
   shardfeed pack old/*.tfrecord.gz out/ --from-tfrecord  # re-pack (GZIP) TFRecord files
@@ -60,10 +67,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="replace what an earlier pack wrote into OUTPUT")
     parser.add_argument("--from-tfrecord", action="store_true",
                         help="the sources are TFRecord files (plain, GZIP or ZLIB) to re-pack")
-    common.add_workers(parser, what="read and encode images")
+    classes = parser.add_mutually_exclusive_group()
+    classes.add_argument(
+        "--classes", default=None, metavar="A,B,C",
+        help="the class list of a folder input, in label order (label = position); a class "
+             "folder not in it is refused, a missing or empty one keeps its label",
+    )
+    classes.add_argument(
+        "--classes-from", default=None, metavar="PATH",
+        help="take the class list from a packed dataset (e.g. the training split's output) "
+             "or a folder of class sub-folders",
+    )
+    check = parser.add_argument_group("input checks")
+    check.add_argument(
+        "--check-decode", action="store_true",
+        help="decode every image before packing (default: check headers and end markers, "
+             "which catches missing, empty, non-image and truncated files)",
+    )
+    check.add_argument(
+        "--skip-bad", action="store_true",
+        help="pack the good files and list the bad ones in OUTPUT/skipped.csv (default: "
+             "list every bad file and write nothing)",
+    )
+    common.add_workers(parser, what="check, read and encode images")
     parser.add_argument("--processes", action="store_true",
                         help="use worker processes instead of threads")
     common.add_progress(parser)
+    parser.add_argument("--json", action="store_true",
+                        help="print a machine-readable summary (or the bad inputs) as JSON")
     csv = parser.add_argument_group("CSV columns")
     csv.add_argument("--csv-path", default="path", metavar="COL",
                      help="column of image paths (default: path)")
@@ -78,13 +109,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     csv.add_argument("--csv-group", default=None, metavar="COL",
                      help="group column (e.g. a day); records of a group stay together")
     csv.add_argument("--csv-order", default=None, metavar="COL",
-                     help="order-key column: numbers or ISO timestamps (sorted within a group)")
+                     help="order-key column: times (sorted within a group; stored as int64 "
+                          "nanoseconds, seconds in order.npy)")
+    csv.add_argument("--time-unit", default="auto",
+                     choices=("auto", "s", "ms", "us", "ns", "iso"),
+                     help="what the --csv-order values are: s, ms, us, ns (numbers), iso "
+                          "(ISO 8601 timestamps) or auto (default: ISO, or Unix times of one "
+                          "unit; any other column is refused)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardfeed.cli.common import human_bytes
     from shardfeed.tools.csvinput import CsvColumns, expand_columns
     from shardfeed.tools.pack import pack
+    from shardfeed.tools.packcheck import BadInputsError
 
     sources = args.source
     if not args.from_tfrecord and len(sources) > 1:
@@ -102,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
             mask=args.csv_mask,
             group=args.csv_group,
             order=args.csv_order,
+            time_unit=args.time_unit,
         )
         import os
 
@@ -111,25 +149,76 @@ def run(args: argparse.Namespace) -> int:
                     f"--csv-* options were given but '{sources[0]}' is a folder; pass a CSV"
                 )
             csv = None
-    result = pack(
-        sources if args.from_tfrecord else sources[0],
-        args.output,
-        mode=args.mode,
-        csv=csv,
-        root=args.root,
-        shard_size=args.shard_size,
-        records_per_shard=args.records_per_shard,
-        workers=args.workers,
-        executor="process" if args.processes else "thread",
-        prefix=args.prefix,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        from_tfrecord=args.from_tfrecord,
-        progress=common.show_progress(args),
-    )
+    classes = None
+    if args.classes is not None:
+        classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    try:
+        result = pack(
+            sources if args.from_tfrecord else sources[0],
+            args.output,
+            mode=args.mode,
+            csv=csv,
+            root=args.root,
+            shard_size=args.shard_size,
+            records_per_shard=args.records_per_shard,
+            workers=args.workers,
+            executor="process" if args.processes else "thread",
+            prefix=args.prefix,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            from_tfrecord=args.from_tfrecord,
+            progress=common.show_progress(args),
+            classes=classes,
+            classes_from=args.classes_from,
+            check="decode" if args.check_decode else "header",
+            skip_bad=args.skip_bad,
+        )
+    except BadInputsError as exc:
+        return _report_bad(exc, as_json=args.json)
+    if args.json:
+        common.print_json(result.to_json())
+        return 0
     kept = f" ({result.kept_shards} kept from the interrupted run)" if result.kept_shards else ""
     print(
-        f"packed {result.records} records into {result.shards} shards{kept}, "
-        f"{human_bytes(result.bytes)}: {result.manifest}"
+        f"packed {common.count(result.records, 'record')} into "
+        f"{common.count(result.shards, 'shard')}{kept}, "
+        f"{common.human_bytes(result.bytes)}: {result.manifest}"
     )
+    if result.skipped_list:
+        parts = []
+        if result.skipped:
+            parts.append(f"{common.count(len(result.skipped), 'bad input')} skipped")
+        if result.ignored:
+            parts.append(f"{common.count(len(result.ignored), 'other file')} not packed")
+        print(f"{' and '.join(parts)}: listed in {result.skipped_list}")
+    if result.order_unit is not None:
+        print(f"order key read as {_UNIT_NAMES.get(result.order_unit, result.order_unit)}, "
+              "stored as int64 nanoseconds (order.npy: float64 seconds)")
     return 0
+
+
+_UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds",
+               "ns": "nanoseconds", "iso": "ISO 8601 timestamps"}
+
+
+def _report_bad(exc: Exception, *, as_json: bool) -> int:
+    """Every bad input, one a line, then one line saying what to do; exit status 1."""
+    import sys
+
+    problems = getattr(exc, "problems", ())
+    if as_json:
+        common.print_json({
+            "ok": False,
+            "error": str(exc),
+            "bad": [{"path": p.path, "line": p.line, "problem": p.problem} for p in problems],
+        })
+        return 1
+    for problem in problems:
+        print(f"bad input: {problem.text()}", file=sys.stderr)
+    print(
+        f"shardfeed pack: error: {common.count(len(problems), 'input file')} cannot be packed "
+        "(listed above); nothing was written. Fix or remove them, or pass --skip-bad to pack "
+        "the rest and list what was skipped",
+        file=sys.stderr,
+    )
+    return 1

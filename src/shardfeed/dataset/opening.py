@@ -59,6 +59,12 @@ def _is_shard_name(name: str) -> bool:
     return bool(_SHARD_NAME.search(base))
 
 
+def is_shard_name(name: str) -> bool:
+    """True for the entries of a folder that ``Dataset(folder)`` opens as shards; ``shardfeed
+    index``, ``verify`` and ``inspect`` list a folder with this same test."""
+    return _is_shard_name(name)
+
+
 def _from_manifest(url: str) -> Resolved:
     manifest = Manifest.load(url)
     base = dataset_dir(url)

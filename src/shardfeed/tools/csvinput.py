@@ -13,8 +13,12 @@ Stored features:
 - ``--csv-onehot root,leaf``: ``image/label/<col>`` one-hot int64 lists; the vocabulary is
   the column's distinct values, sorted (numerically when all are numbers);
 - ``--csv-group day``: int64 ``day`` (or bytes when not all values are integers);
-  ``--csv-order timestamp``: float ``timestamp`` in seconds (numbers, or ISO 8601 timestamps,
-  naive ones taken as UTC).
+  ``--csv-order timestamp``: int64 ``timestamp`` in nanoseconds, read from numbers in the
+  declared or detected ``--time-unit`` or from ISO 8601 timestamps (naive ones taken as UTC);
+  see :mod:`shardfeed.tools.packtime`.
+
+Files named in the CSV are not opened here: ``tools.packcheck`` checks every one of them
+(and reports all the missing or bad ones together) before ``pack`` writes anything.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
+from shardfeed.tools import packtime
 from shardfeed.tools.packitems import PackInput, PackItem
+from shardfeed.tools.packtime import TimeUnit
 
 FLOAT_LABELS_KEY = "labels"
 ONEHOT_PREFIX = "image/label/"
@@ -81,7 +86,9 @@ class CsvColumns:
     ``path``: the image path column; ``labels``: int label columns; ``floats``: float label
     columns (ranges allowed, see :func:`expand_columns`), stored together as ``labels``;
     ``onehot``: categorical columns stored as one-hot lists; ``mask``: a mask path column;
-    ``group`` / ``order``: the group and order-key columns.
+    ``group`` / ``order``: the group and order-key columns; ``time_unit``: what the order
+    column's numbers are (``s``, ``ms``, ``us``, ``ns``), ``iso`` for ISO 8601 timestamps, or
+    ``auto`` (default) to detect it, refusing a column whose unit cannot be told.
     """
 
     path: str = "path"
@@ -91,8 +98,15 @@ class CsvColumns:
     mask: str | None = None
     group: str | None = None
     order: str | None = None
+    time_unit: TimeUnit = "auto"
 
     def __post_init__(self) -> None:
+        packtime.check_time_unit(self.time_unit)
+        if self.time_unit != "auto" and not self.order:
+            raise ValueError(
+                f"time_unit={self.time_unit!r} was given without an order column; name the "
+                "column with order= (--csv-order)"
+            )
         for name in ("labels", "floats", "onehot"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -117,27 +131,10 @@ class CsvColumns:
         return tuple(cols + [c for c in (self.mask, self.group, self.order) if c])
 
 
-def parse_order_key(text: str) -> float:
-    """An order key in seconds: a number, or an ISO 8601 timestamp (naive = UTC)."""
-    value = text.strip()
-    try:
-        number = float(value)
-    except ValueError:
-        pass
-    else:
-        if math.isfinite(number):
-            return number
-        raise ValueError(f"order key {text!r} is not finite")
-    try:
-        stamp = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ValueError(
-            f"order key {text!r} is neither a number nor an ISO 8601 timestamp "
-            "(e.g. 2024-05-01T12:00:08)"
-        ) from None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return stamp.timestamp()
+def parse_order_key(text: str, *, unit: str = "s") -> int:
+    """One order key in integer nanoseconds: a number in ``unit``, or (``unit="iso"``) an
+    ISO 8601 timestamp (naive = UTC). Raises ValueError for anything else."""
+    return packtime.to_nanos(packtime.parse_cell(text), unit)
 
 
 def _parse_int(text: str) -> int:
@@ -182,27 +179,35 @@ def read_csv(
     """Read ``csv_path`` into pack items.
 
     Relative image paths are resolved against ``root`` (default: the CSV's folder) and stored
-    relative to it. Checks: every named column exists, every label parses, every image (and
-    mask) file exists; the first problem found per kind is reported with its line.
+    relative to it. Checks: the file is UTF-8 CSV text, every named column exists, every
+    label and time parses; the first problem found is reported with its line. The image
+    files are checked later, all together (:mod:`shardfeed.tools.packcheck`).
     """
     where = os.fspath(csv_path)
     if not os.path.isfile(where):
         raise PackError(f"CSV file '{where}' does not exist; check the path")
     base = os.path.abspath(root if root is not None else os.path.dirname(os.path.abspath(where)))
+    try:
+        header, rows = _read_rows(where)
+    except UnicodeDecodeError:
+        raise PackError(
+            f"'{where}' is not a CSV file (it is not UTF-8 text); pack takes a folder of "
+            "images or a CSV of image paths (see shardfeed pack --help)"
+        ) from None
+    except csv.Error as exc:
+        raise PackError(
+            f"'{where}' is not a readable CSV file ({exc}); fix or re-export it"
+        ) from None
+    return _items(where, base, header, rows, columns)
+
+
+def _read_rows(where: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
     with open(where, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise PackError(f"CSV file '{where}' is empty; it needs a header row") from None
-        missing = [c for c in columns.required() if c not in header]
-        if missing:
-            raise PackError(
-                f"CSV file '{where}' has no column {', '.join(repr(c) for c in missing)}; its "
-                f"columns are {', '.join(header)}. Name the right columns with the --csv-* "
-                "options"
-            )
-        at = {name: header.index(name) for name in columns.required()}
         rows: list[tuple[int, list[str]]] = []
         for cells in reader:
             if not cells or all(not c.strip() for c in cells):
@@ -213,6 +218,21 @@ def read_csv(
                     f"{len(header)} columns; fix that line"
                 )
             rows.append((reader.line_num, cells))
+    return header, rows
+
+
+def _items(
+    where: str, base: str, header: list[str], rows: list[tuple[int, list[str]]],
+    columns: CsvColumns,
+) -> PackInput:
+    missing = [c for c in columns.required() if c not in header]
+    if missing:
+        raise PackError(
+            f"CSV file '{where}' has no column {', '.join(repr(c) for c in missing)}; its "
+            f"columns are {', '.join(header)}. Name the right columns with the --csv-* "
+            "options"
+        )
+    at = {name: header.index(name) for name in columns.required()}
     if not rows:
         raise PackError(f"CSV file '{where}' has a header but no rows")
 
@@ -252,12 +272,17 @@ def read_csv(
     else:
         int_keys = {c: INT_LABEL_PREFIX + c for c in columns.labels}
 
+    order_nanos: dict[int, int] = {}
+    order_unit: str | None = None
+    if columns.order:
+        order_nanos, order_unit = packtime.column_nanos(
+            where, columns.order, columns.time_unit,
+            [(ln, cell(ln, cells, columns.order)) for ln, cells in rows],
+        )
+
     items: list[PackItem] = []
-    missing_files: list[str] = []
     for line, cells in rows:
         path = _resolve(cell(line, cells, columns.path), base)
-        if not os.path.isfile(path):
-            missing_files.append(f"line {line}: '{path}'")
         ints: dict[str, tuple[int, ...]] = {}
         for col in columns.labels:
             value = cell(line, cells, col)
@@ -282,23 +307,12 @@ def read_csv(
         mask_source = mask_name = None
         if columns.mask:
             mask_source = _resolve(cell(line, cells, columns.mask), base)
-            if not os.path.isfile(mask_source):
-                missing_files.append(f"line {line}: mask '{mask_source}'")
             mask_name = _stored_name(mask_source, base)
         group = group_value = None
         if columns.group and group_ids is not None:
             raw = cell(line, cells, columns.group)
             group = group_ids[raw]
             group_value = group if numeric_groups else raw
-        order = None
-        if columns.order:
-            value = cell(line, cells, columns.order)
-            try:
-                order = parse_order_key(value)
-            except ValueError:
-                raise bad(
-                    line, columns.order, value, "a number or an ISO 8601 timestamp"
-                ) from None
         items.append(
             PackItem(
                 source=path,
@@ -310,15 +324,8 @@ def read_csv(
                 mask_name=mask_name,
                 group=group,
                 group_value=group_value,
-                order=order,
+                order_ns=order_nanos.get(line),
             )
-        )
-    if missing_files:
-        shown = "; ".join(missing_files[:5])
-        more = f" and {len(missing_files) - 5} more" if len(missing_files) > 5 else ""
-        raise PackError(
-            f"CSV file '{where}' names files that do not exist ({shown}{more}); relative paths "
-            f"are resolved against '{base}': fix the CSV or pass --root"
         )
     label_key: str | None = None
     if columns.labels:
@@ -339,4 +346,6 @@ def read_csv(
         group_key=columns.group,
         order_key=columns.order,
         group_names=group_names,
+        order_unit=order_unit,
+        kind="csv",
     )

@@ -4,7 +4,15 @@ For each file, in parallel: scan the record offsets (length CRCs checked), write
 (DALI's format) and ``.idx.npy`` beside it, and optionally read every record's group and
 order features. Then write ``shardfeed.json`` (beside the files, or at ``manifest=``) with the
 shards, their sizes and CRC32C checksums, an inferred schema and the ``groups.npy`` /
-``order.npy`` sidecars, so ``shardfeed.Dataset(folder)`` opens them.
+``order.npy`` sidecars, so ``shardfeed.Dataset(folder)`` opens them. A folder is listed
+exactly as ``Dataset(folder)`` lists it (``*.tfrecord``, ``*-00001-of-00010``, Spark/Hadoop
+``part-r-00000``; never ``_SUCCESS`` or ``*.crc``).
+
+The order key's unit is given (``time_unit="s"``, ``"ms"``, ``"us"``, ``"ns"``) or detected
+(``"auto"``): values that are all Unix times in one unit are read in that unit (so the int64
+nanoseconds ``shardfeed pack`` writes, and epoch milliseconds, come out right); values that
+are no Unix times at all are read as seconds; a mix is refused. ``order.npy`` holds float64
+seconds.
 
 Object storage works the same: ``index_files("s3://bucket/train/*.tfrecord")`` reads each
 object by byte ranges and writes the indexes and the manifest (last) into the bucket.
@@ -23,7 +31,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,7 +39,9 @@ from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec
 from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
-from shardfeed.tools import packfiles
+from shardfeed.tools import packfiles, packtime
+
+IndexTimeUnit = Literal["auto", "s", "ms", "us", "ns"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +63,16 @@ class IndexResult:
     files: int
     records: int
     bytes: int
+    paths: tuple[str, ...] = ()
+    order_unit: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain summary (``shardfeed index --json``)."""
+        return {
+            "ok": True, "manifest": self.manifest, "files": self.files,
+            "records": self.records, "bytes": self.bytes, "paths": list(self.paths),
+            "order_unit": self.order_unit,
+        }
 
 
 def _scalar(value: Any, *, key: str, where: str) -> int | float | str:
@@ -165,6 +185,7 @@ def index_files(
     order_key: str | None = None,
     workers: int = 1,
     progress: bool = False,
+    time_unit: IndexTimeUnit = "auto",
 ) -> IndexResult:
     """Index TFRecord files and write a manifest; see the module docstring.
 
@@ -172,10 +193,16 @@ def index_files(
     goes (default: beside the first file); shard paths in it are relative to its folder.
     ``group_key``/``order_key``: features read from every record into ``groups.npy`` /
     ``order.npy`` (string group values get ids by sorted rank; the names go into the
-    manifest's ``extra``).
+    manifest's ``extra``). ``time_unit``: the order key's unit (see the module docstring).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    packtime.check_time_unit(time_unit, allowed=("auto", "s", "ms", "us", "ns"))
+    if time_unit != "auto" and order_key is None:
+        raise ValueError(
+            f"time_unit={time_unit!r} was given without an order key; name it with order_key= "
+            "(--order-key)"
+        )
     files = packfiles.expand_inputs(inputs)
     manifest_path = _manifest_path(files[0], manifest)
     remote = is_remote(manifest_path)
@@ -208,24 +235,44 @@ def index_files(
     if group_key is not None:
         values = [v for r in results for v in (r.groups or [])]
         group_ids, group_names = _group_ids(values, group_key)
+    order_unit = None
     if order_key is not None:
-        try:
-            order_keys = np.asarray([v for r in results for v in (r.orders or [])],
-                                    dtype=np.float64)
-        except ValueError:
-            raise SchemaError(
-                f"order key {order_key!r} holds non-numbers; an order key must be a number "
-                "(seconds)"
-            ) from None
+        times: list[Any] = [v for r in results for v in (r.orders or [])]
+        order_keys, order_unit = _order_seconds(times, order_key, time_unit)
     path = write_manifest(
         base, shards, mode="tfrecord", root=None, label_key=None, vocabularies={},
         group_key=group_key, order_key=order_key, group_ids=group_ids, order_keys=order_keys,
         group_names=group_names, schema=sample_schema(base, shards),
+        extra={"order_key_unit": order_unit} if order_unit is not None else None,
     )
     if posixpath.basename(manifest_path) != spec.MANIFEST_NAME:
         storage_files.rename(path, manifest_path)
         path = manifest_path
     return IndexResult(
         manifest=path, files=len(shards), records=sum(s.records for s in shards),
-        bytes=sum(s.bytes for s in shards),
+        bytes=sum(s.bytes for s in shards), paths=tuple(files), order_unit=order_unit,
     )
+
+
+def _order_seconds(
+    values: list[Any], key: str, time_unit: IndexTimeUnit
+) -> tuple[np.ndarray, str]:
+    """The order keys as float64 seconds, and the unit they were read in."""
+    if any(isinstance(v, str) for v in values):
+        raise SchemaError(
+            f"order key {key!r} holds non-numbers; an order key must be a number (a time)"
+        )
+    exact = all(isinstance(v, int) for v in values)
+    array = np.asarray(values, dtype=np.int64 if exact else np.float64)
+    unit: packtime.NumericUnit
+    if time_unit == "auto":
+        try:
+            found = packtime.detect_array_unit(array)
+        except ValueError as exc:
+            raise SchemaError(
+                f"order key {key!r}: {exc}; pass --time-unit s, ms, us or ns (time_unit=)"
+            ) from None
+        unit = "s" if found is None else found  # type: ignore[assignment]
+    else:
+        unit = time_unit
+    return packtime.array_seconds(array, unit), unit

@@ -2,14 +2,17 @@
 
 ::
 
-    input --read--> items --plan--> shards --build payloads (N threads, in order)--> ShardWriter
-                                                             shard.tmp -> shard + .idx + .idx.npy
-    last: shardfeed.json (+ groups.npy, order.npy), written atomically
+    input --read--> items --check (N threads)--> good items --plan--> shards
+          --build payloads (N threads, in order)--> ShardWriter: shard.tmp -> shard + indexes
+    last: skipped.csv (what was not packed), shardfeed.json (+ groups.npy, order.npy)
 
-Safety: every shard is written under a temporary name and renamed only when complete and
-indexed; the manifest is written last. The plan (with a digest of the inputs and options) is
-saved first as ``.shardfeed-pack.json``, so ``resume=True`` keeps the complete shards that
-match it and writes the rest: the result is byte-identical to an uninterrupted run.
+Safety: every input file is checked (:mod:`shardfeed.tools.packcheck`) before anything is
+written or deleted, and all bad files are reported together; ``skip_bad`` packs the rest and
+lists what it skipped. Every shard is written under a temporary name and renamed only when
+complete and indexed; the manifest is written last. The plan (with a digest of the inputs
+and options, and one per shard) is saved first as ``.shardfeed-pack.json``, so
+``resume=True`` keeps the complete shards that still match it and writes the rest: the
+result is byte-identical to an uninterrupted run.
 
 Determinism: output bytes depend on the inputs and options only, never on ``workers``.
 Memory: about ``4 × workers`` records in flight.
@@ -18,30 +21,28 @@ Memory: about ``4 × workers`` records in flight.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import PackError
+from shardfeed.errors import DecodeError, PackError
 from shardfeed.storage import is_remote
-from shardfeed.tools import packoutput
+from shardfeed.tools import packoutput, packtime
 from shardfeed.tools.csvinput import CsvColumns, read_csv
-from shardfeed.tools.packitems import PackInput, scan_folder
+from shardfeed.tools.packcheck import BadInput, BadInputsError, CheckLevel, check_inputs
+from shardfeed.tools.packitems import PackInput, PackItem, classes_from_path, scan_folder
 from shardfeed.tools.packoutput import PackResult
-from shardfeed.tools.packplan import ShardPlan, parse_size, plan_shards, sort_key
+from shardfeed.tools.packplan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.packrecord import MODES, Mode, build_payload, estimate_size, fingerprint
+from shardfeed.tools.packworkers import ordered_map
+
+__all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "PackResult", "ordered_map", "pack"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 DEFAULT_SHARD_SIZE = "64MB"
 
@@ -75,55 +76,45 @@ class PackOptions:
             raise ValueError(f"prefix must be a plain file name part, got {self.prefix!r}")
 
 
-def ordered_map(
-    fn: Callable[[T], R], items: Iterable[T], *, workers: int, executor: str = "thread"
-) -> Iterator[R]:
-    """``map(fn, items)`` computed by ``workers`` threads or processes, yielded in order.
-
-    At most ``4 × workers`` results are in flight. On error the pending work is cancelled
-    and the first exception (in item order) propagates.
-
-    Processes start with "forkserver" (or "spawn" where there is none), never a plain fork:
-    forking a process that runs threads (JAX, torch, a progress bar) can deadlock the child.
-    ``fn`` and the items must therefore pickle, and a script that packs with processes needs
-    the usual ``if __name__ == "__main__":`` guard.
-    """
-    if workers == 1:
-        yield from map(fn, items)
-        return
-    pool: Executor = (
-        ThreadPoolExecutor(max_workers=workers) if executor == "thread"
-        else ProcessPoolExecutor(max_workers=workers, mp_context=_process_context())
-    )
-    pending: deque[Future[R]] = deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) >= 4 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _process_context() -> multiprocessing.context.BaseContext:
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-
-
 def _read_input(
-    source: str, *, csv: CsvColumns | None, root: str | None
+    source: str, *, csv: CsvColumns | None, root: str | None, classes: Sequence[str] | None
 ) -> PackInput:
     if os.path.isdir(source):
         if csv is not None:
             raise ValueError(
                 f"CSV columns were given but '{source}' is a folder; pass the CSV file instead"
             )
-        return scan_folder(source)
+        return scan_folder(source, classes=classes)
     if not os.path.exists(source):
         raise PackError(f"input '{source}' does not exist; name a folder of images or a CSV")
+    if classes is not None:
+        raise ValueError(
+            f"a class list was given but '{source}' is not a folder; classes name the class "
+            "sub-folders of a folder input (a CSV's labels are its label columns)"
+        )
+    _refuse_non_csv(source)
     return read_csv(source, columns=csv or CsvColumns(), root=root)
+
+
+def _refuse_non_csv(source: str) -> None:
+    """A file that is plainly not a CSV (an image, a TFRecord) gets its own message."""
+    from shardfeed.tools.packfiles import is_shard_name
+    from shardfeed.tools.packrecord import image_format
+
+    if source.lower().endswith((".csv", ".tsv", ".txt")):
+        return  # Spark names its CSV output part-00000-<id>.csv, like a shard
+    with open(source, "rb") as f:
+        head = f.read(16)
+    if image_format(head) != "other":
+        raise PackError(
+            f"'{source}' is an image file; pack takes a folder of images (class sub-folders "
+            "become labels) or a CSV of image paths: put the image in a folder and pack that"
+        )
+    if is_shard_name(source):
+        raise PackError(
+            f"'{source}' looks like a TFRecord file; pass --from-tfrecord (from_tfrecord=True) "
+            "to re-pack TFRecord files, or `shardfeed index` to index them where they are"
+        )
 
 
 def pack(
@@ -143,22 +134,40 @@ def pack(
     from_tfrecord: bool = False,
     progress: bool = False,
     on_shard: Callable[[str], object] | None = None,
+    classes: Sequence[str] | None = None,
+    classes_from: str | os.PathLike[str] | None = None,
+    check: CheckLevel = "header",
+    skip_bad: bool = False,
 ) -> PackResult:
     """Pack images into indexed shards in ``output``; see the module docstring.
 
-    ``source``: a folder of class sub-folders (label = index of the sorted class name), a CSV
-    file (columns named by ``csv``, paths relative to ``root``, default the CSV's folder), or
-    with ``from_tfrecord`` TFRecord files (plain, GZIP or ZLIB) to re-pack as they are.
+    ``source``: a folder of class sub-folders (label = index of the sorted class name, or of
+    the name in ``classes``), a CSV file (columns named by ``csv``, paths relative to
+    ``root``, default the CSV's folder), or with ``from_tfrecord`` TFRecord files (plain,
+    GZIP or ZLIB) to re-pack as they are.
+    ``classes``: the class list of a folder input (e.g. the training split's), so a split
+    with a class missing keeps the same labels; ``classes_from``: read it from a packed
+    dataset (its manifest) or a folder of class sub-folders.
     ``mode``: ``embedded`` (file bytes as they are), ``referenced`` (relative paths; the root
     goes into the manifest) or ``raw`` (decoded uint8 pixels). ``shard_size``: a target
     size like ``'64MB'`` (default), or ``records_per_shard``. A non-empty ``output`` needs
     ``resume`` (finish an interrupted pack) or ``overwrite``.
+    ``check``: ``"header"`` (default: headers and end markers of every file) or ``"decode"``
+    (also decode every image); bad files raise :class:`BadInputsError` listing all of them
+    before anything is written, unless ``skip_bad`` (pack the rest; ``skipped.csv`` in the
+    output lists what was skipped, and so does ``PackResult.skipped``).
 
     ``output`` may be an object-storage URL (``s3://bucket/ds``): shards are built in a local
     temporary folder and uploaded as each completes, the manifest last (see
     :mod:`shardfeed.tools.packremote`). ``on_shard(path)`` is called after each shard written
     by this run is complete and indexed.
     """
+    if classes is not None and classes_from is not None:
+        raise ValueError("give classes or classes_from, not both")
+    if classes_from is not None:
+        classes = classes_from_path(classes_from)
+    if check not in ("header", "decode"):
+        raise ValueError(f"check must be 'header' or 'decode', got {check!r}")
     if is_remote(os.fspath(output)):
         from shardfeed.tools.packremote import pack_to_url
 
@@ -171,7 +180,8 @@ def pack(
             return pack(source, staging, mode=mode, csv=csv, root=root, shard_size=shard_size,
                         records_per_shard=records_per_shard, workers=workers,
                         executor=executor, prefix=prefix, from_tfrecord=from_tfrecord,
-                        progress=progress, on_shard=both)
+                        progress=progress, on_shard=both, classes=classes, check=check,
+                        skip_bad=skip_bad)
 
         return pack_to_url(run, os.fspath(output), resume=resume, overwrite=overwrite)
     if records_per_shard is None and shard_size is None:
@@ -190,6 +200,8 @@ def pack(
     if from_tfrecord:
         from shardfeed.tools.packtfrecord import pack_tfrecords
 
+        if classes is not None:
+            raise ValueError("classes apply to a folder of images, not to --from-tfrecord")
         inputs = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         return pack_tfrecords(
             [os.fspath(s) for s in inputs], out, options=options, resume=resume,
@@ -198,37 +210,83 @@ def pack(
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError("source must be one folder or CSV path (lists only with from_tfrecord)")
     data = _read_input(
-        os.fspath(source), csv=csv, root=os.fspath(root) if root is not None else None
+        os.fspath(source), csv=csv, root=os.fspath(root) if root is not None else None,
+        classes=classes,
     )
+    packoutput.check_output(out, resume=resume, overwrite=overwrite)
+    items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)
     saved = packoutput.prepare(out, resume=resume, overwrite=overwrite)
-    items = data.items
+    plan = _plan(data, items, options)
+    kept = packoutput.reconcile(out, plan, saved)
+    packoutput.save_plan(out, plan)
+    infos = _write(out, items, plan, kept, data, options, progress=progress, on_shard=on_shard)
+    return _commit(out, items, plan, infos, data, options, bad=bad, kept=len(kept))
+
+
+def _checked_items(
+    data: PackInput, options: PackOptions, *, check: CheckLevel, skip_bad: bool, progress: bool
+) -> tuple[list[PackItem], list[BadInput]]:
+    """Check every input file (in parallel, with a progress bar); return the items to pack
+    and the problems of those left out. Raises BadInputsError unless ``skip_bad``."""
+    from tqdm import tqdm
+
+    csv_lines = data.kind == "csv"
+    with tqdm(total=len(data.items), unit="file", desc="check", disable=not progress) as bar:
+        per_item = check_inputs(
+            data.items, level=check, csv_lines=csv_lines,
+            run=partial(ordered_map, workers=options.workers, executor=options.executor),
+            advance=bar.update,
+        )
+    bad = [p for problems in per_item for p in problems]
+    if bad and not skip_bad:
+        hint = ""
+        if csv_lines and any(p.problem == "does not exist" for p in bad):
+            hint = f" (relative paths are resolved against '{data.root}': fix the CSV or --root)"
+        raise BadInputsError(bad, where=data.where, hint=hint)
+    items = [it for it, problems in zip(data.items, per_item) if not problems]
+    if not items:
+        raise PackError(
+            f"every input file of '{data.where}' is bad ({len(bad)} problems); there is "
+            "nothing to pack"
+        )
+    if bad:
+        log.info("skipping %s of '%s'", packoutput.count(len(per_item) - len(items),
+                                                           "bad input file"), data.where)
+    return items, bad
+
+
+def _plan(data: PackInput, items: Sequence[PackItem], options: PackOptions) -> PackPlan:
     estimate = partial(estimate_size, mode=options.mode)
     sizes = list(ordered_map(estimate, items, workers=options.workers))
-    keys = [sort_key(it.group, it.order, it.row) for it in items]
-    order_int = data.order_key is not None and all(
-        it.order is not None and float(it.order).is_integer() for it in items
-    )
+    keys = [sort_key(it.group, it.order_ns, it.row) for it in items]
     described = {
         "mode": options.mode,
         "group_key": data.group_key,
         "order_key": data.order_key,
-        "order_int": order_int,
-        "items": packoutput.digest_lines(fingerprint(it) for it in items),
+        "order_unit": packtime.STORED_UNIT if data.order_key is not None else None,
+        "shard_bytes": options.shard_bytes,
+        "records_per_shard": options.records_per_shard,
+        "prefix": options.prefix,
     }
-    plan = plan_shards(
+    return plan_shards(
         keys, sizes, records_per_shard=options.records_per_shard,
         shard_bytes=options.shard_bytes, prefix=options.prefix, fingerprint=described,
+        item_lines=[fingerprint(it) for it in items],
     )
-    kept = packoutput.reconcile(out, plan, saved)
-    packoutput.save_plan(out, plan)
+
+
+def _write(
+    out: str, items: Sequence[PackItem], plan: PackPlan, kept: dict[int, Any], data: PackInput,
+    options: PackOptions, *, progress: bool, on_shard: Callable[[str], object] | None,
+) -> dict[int, Any]:
+    """Write the shards of ``plan`` not in ``kept``; return every shard's ShardInfo."""
+    from tqdm import tqdm
+
     build = partial(
         build_payload, mode=options.mode, group_key=data.group_key, order_key=data.order_key,
-        order_int=order_int,
     )
     infos: dict[int, Any] = dict(kept)
     todo = [s for s in plan.shards if s.index not in kept]
-    from tqdm import tqdm
-
     with tqdm(
         total=len(items), initial=sum(plan.shards[i].records for i in kept), unit="img",
         desc="pack", disable=not progress,
@@ -240,14 +298,43 @@ def pack(
         )
         for shard in todo:
             path = os.path.join(out, shard.name)
-            infos[shard.index] = packoutput.write_shard(path, _take(payloads, shard, bar.update))
+            try:
+                infos[shard.index] = packoutput.write_shard(
+                    path, _take(payloads, shard, bar.update)
+                )
+            except (PackError, DecodeError) as exc:
+                done = len(infos)
+                raise PackError(
+                    f"{exc}. The {done} complete shard{'' if done == 1 else 's'} written so "
+                    "far are kept: fix or remove that file, then run the same command with "
+                    "--resume (resume=True)"
+                ) from exc
             if on_shard is not None:
                 on_shard(path)
+    return infos
+
+
+def _commit(
+    out: str, items: Sequence[PackItem], plan: PackPlan, infos: dict[int, Any],
+    data: PackInput, options: PackOptions, *, bad: Sequence[BadInput], kept: int,
+) -> PackResult:
+    """Write the list of what was not packed, the sidecars and the manifest (last)."""
     group_ids = order_keys = None
     if data.group_key is not None:
         group_ids = np.array([items[i].group for i in plan.order], dtype=np.int64)
     if data.order_key is not None:
-        order_keys = np.array([items[i].order for i in plan.order], dtype=np.float64)
+        order_keys = np.array(
+            [packtime.nanos_to_seconds(int(items[i].order_ns or 0)) for i in plan.order],
+            dtype=np.float64,
+        )
+    skipped_list = packoutput.write_skipped(
+        out, [(p.path, p.line, p.problem) for p in bad]
+        + [(i.path, None, i.reason) for i in data.ignored],
+    )
+    extra: dict[str, Any] = {}
+    if data.order_key is not None:
+        extra["order_key_unit"] = packtime.STORED_UNIT
+        extra["order_column_unit"] = data.order_unit
     manifest = packoutput.write_manifest(
         out,
         [infos[s.index] for s in plan.shards],
@@ -260,17 +347,29 @@ def pack(
         group_ids=group_ids,
         order_keys=order_keys,
         group_names=data.group_names,
+        extra=extra,
     )
     packoutput.remove_plan(out)
     total_bytes = sum(int(infos[s.index].bytes) for s in plan.shards)
-    log.info("packed %d records into %d shards in '%s'", len(items), len(plan.shards), out)
+    if data.ignored:
+        first = data.ignored[0]
+        log.warning(
+            "%s of '%s' not packed (e.g. '%s': %s); listed in '%s'",
+            packoutput.count(len(data.ignored), "file"), data.where, first.path, first.reason,
+            skipped_list,
+        )
+    log.info("packed %s into %s in '%s'", packoutput.count(len(items), "record"),
+             packoutput.count(len(plan.shards), "shard"), out)
     return PackResult(
         output=out, manifest=manifest, shards=len(plan.shards), records=len(items),
-        bytes=total_bytes, kept_shards=len(kept),
+        bytes=total_bytes, kept_shards=kept, skipped=tuple(bad), skipped_list=skipped_list,
+        order_unit=data.order_unit, ignored=tuple(i.path for i in data.ignored),
     )
 
 
-def _take(payloads: Iterator[bytes], shard: ShardPlan, advance: Callable[[int], object]) -> Iterator[bytes]:
+def _take(
+    payloads: Iterator[bytes], shard: ShardPlan, advance: Callable[[int], object]
+) -> Iterator[bytes]:
     for _ in range(shard.records):
         try:
             payload = next(payloads)

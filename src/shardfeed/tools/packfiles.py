@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import glob as _glob
 import os
-import re
 from collections.abc import Sequence
 
+from shardfeed.dataset.opening import is_shard_name as _dataset_shard_name
 from shardfeed.errors import ShardfeedError
 from shardfeed.format import spec
 from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
 
-_SHARD_NAME = re.compile(r"(\.tfrecords?|\.tfrec|\.tfrecord\.gz|\.tfrecord\.zz|-\d+-of-\d+)$")
-_NOT_SHARDS = (spec.TEXT_INDEX_SUFFIX, spec.BINARY_INDEX_SUFFIX, spec.TEMP_SUFFIX, ".json", ".npy")
-
 
 def is_shard_name(name: str) -> bool:
-    """True for file names TFRecord shards usually have (``.tfrecord``, ``-00001-of-00010``)."""
-    base = os.path.basename(name)
-    if base.startswith(".") or base.endswith(_NOT_SHARDS):
-        return False
-    return _SHARD_NAME.search(base) is not None
+    """True for the file names ``Dataset(folder)`` opens as shards (``*.tfrecord``,
+    ``name-00001-of-00010``, Spark/Hadoop ``part-00000`` and ``part-r-00000``; never
+    ``_SUCCESS``, ``*.crc``, indexes or hidden files): the tools list a folder exactly as
+    ``Dataset`` does."""
+    return _dataset_shard_name(os.path.basename(name.rstrip("/")))
 
 
 def _has_magic(text: str) -> bool:
@@ -53,7 +50,8 @@ def expand_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
             if not found:
                 raise ShardfeedError(
                     f"folder '{text}' holds no TFRecord files (names ending in .tfrecord or "
-                    "like train-00000-of-00010); name the files or a glob instead"
+                    "like train-00000-of-00010 or part-r-00000); name the files or a glob "
+                    "instead"
                 )
             files.extend(found)
         elif _has_magic(text):

@@ -5,10 +5,13 @@ Files ``pack`` owns in its output folder::
     .shardfeed-pack.json        the plan of a pack in progress (removed when it completes)
     shard-00000-of-00004.tfrecord (+ .idx, .idx.npy)    complete shards only
     shard-00001-of-00004.tfrecord.tmp                   a shard being written
+    skipped.csv                 the inputs not packed (bad files with skip_bad, non-images)
     shardfeed.json, groups.npy, order.npy               written last: the dataset is whole
 
 A folder with a manifest and no plan file is a complete dataset; one with a plan file is an
-interrupted pack that ``resume`` can finish.
+interrupted pack that ``resume`` can finish. ``check_output`` refuses what ``prepare`` would
+refuse without touching anything, so ``pack`` can check its inputs before it deletes or
+writes a file.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,9 +31,13 @@ from shardfeed.format import spec
 from shardfeed.format.manifest import Mode
 from shardfeed.tools.packplan import PackPlan
 
+if TYPE_CHECKING:
+    from shardfeed.tools.packcheck import BadInput
+
 log = logging.getLogger(__name__)
 
 PLAN_NAME = ".shardfeed-pack.json"
+SKIPPED_NAME = "skipped.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,22 @@ class PackResult:
     records: int
     bytes: int
     kept_shards: int
+    skipped: tuple[BadInput, ...] = ()
+    skipped_list: str | None = None
+    order_unit: str | None = None
+    ignored: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain summary (``shardfeed pack --json``)."""
+        return {
+            "ok": True, "output": self.output, "manifest": self.manifest, "shards": self.shards,
+            "records": self.records, "bytes": self.bytes, "kept_shards": self.kept_shards,
+            "skipped": [
+                {"path": p.path, "line": p.line, "problem": p.problem} for p in self.skipped
+            ],
+            "ignored": list(self.ignored), "skipped_list": self.skipped_list,
+            "order_unit": self.order_unit,
+        }
 
 
 def write_shard(path: str, payloads: Iterable[bytes]) -> Any:
@@ -60,6 +83,11 @@ def write_shard(path: str, payloads: Iterable[bytes]) -> Any:
     return writer.close()
 
 
+def count(n: int, noun: str) -> str:
+    """``count(1, "shard")`` is ``1 shard``, ``count(3, "shard")`` is ``3 shards``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def digest_lines(lines: Iterable[str]) -> str:
     """SHA-256 over lines (for fingerprints of many items without one giant string)."""
     h = hashlib.sha256()
@@ -72,10 +100,40 @@ def digest_lines(lines: Iterable[str]) -> str:
 def _owned(name: str) -> bool:
     """True for the files pack writes (and may delete with ``overwrite``)."""
     return (
-        name in (PLAN_NAME, spec.MANIFEST_NAME, spec.GROUPS_NAME, spec.ORDER_NAME)
+        name in (PLAN_NAME, SKIPPED_NAME, spec.MANIFEST_NAME, spec.GROUPS_NAME,
+                 spec.ORDER_NAME)
         or name.endswith((spec.SHARD_SUFFIX, spec.TEXT_INDEX_SUFFIX, spec.BINARY_INDEX_SUFFIX,
                           spec.TEMP_SUFFIX))
     )
+
+
+def check_output(out: str, *, resume: bool, overwrite: bool) -> None:
+    """Raise what :func:`prepare` would raise for ``out``, changing nothing."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PackError(f"output '{out}' is a file; name a folder (it is created if missing)")
+    entries = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    if not entries or overwrite:
+        return
+    if not resume:
+        raise PackError(
+            f"output folder '{out}' is not empty ({_entries(len(entries))}); pass --resume "
+            "(resume=True) to finish an interrupted pack there, or --overwrite "
+            "(overwrite=True) to replace it, or choose an empty folder"
+        )
+    if not os.path.isfile(os.path.join(out, PLAN_NAME)):
+        if spec.MANIFEST_NAME in entries:
+            raise PackError(
+                f"output folder '{out}' holds a complete dataset, there is nothing to resume; "
+                "pass --overwrite to pack it again"
+            )
+        raise PackError(
+            f"output folder '{out}' holds no interrupted pack (no {PLAN_NAME}); choose an "
+            "empty folder, or pass --overwrite to replace its contents"
+        )
+
+
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
 def prepare(out: str, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
@@ -85,8 +143,7 @@ def prepare(out: str, *, resume: bool, overwrite: bool) -> dict[str, Any] | None
     writes (others are left, with a warning), and ``resume`` needs the saved plan of an
     interrupted pack. Without either, a non-empty folder is refused.
     """
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise PackError(f"output '{out}' is a file; name a folder (it is created if missing)")
+    check_output(out, resume=resume, overwrite=overwrite)
     os.makedirs(out, exist_ok=True)
     entries = sorted(os.listdir(out))
     if not entries:
@@ -98,27 +155,11 @@ def prepare(out: str, *, resume: bool, overwrite: bool) -> dict[str, Any] | None
                 os.remove(os.path.join(out, name))
         if others:
             log.warning(
-                "output '%s' keeps %d files pack did not write (%s)", out, len(others),
-                ", ".join(others[:3]),
+                "output '%s' keeps %s pack did not write (%s)", out,
+                count(len(others), "file"), ", ".join(others[:3]),
             )
         return None
-    if not resume:
-        raise PackError(
-            f"output folder '{out}' is not empty ({len(entries)} entries); pass --resume "
-            "(resume=True) to finish an interrupted pack there, or --overwrite "
-            "(overwrite=True) to replace it, or choose an empty folder"
-        )
     plan_path = os.path.join(out, PLAN_NAME)
-    if not os.path.isfile(plan_path):
-        if spec.MANIFEST_NAME in entries:
-            raise PackError(
-                f"output folder '{out}' holds a complete dataset, there is nothing to resume; "
-                "pass --overwrite to pack it again"
-            )
-        raise PackError(
-            f"output folder '{out}' holds no interrupted pack (no {PLAN_NAME}); choose an "
-            "empty folder, or pass --overwrite to replace its contents"
-        )
     try:
         with open(plan_path, encoding="utf-8") as f:
             saved: dict[str, Any] = json.load(f)
@@ -168,18 +209,29 @@ def shard_info(path: str, name: str) -> Any:
 def reconcile(out: str, plan: PackPlan, saved: Mapping[str, Any] | None) -> dict[int, Any]:
     """Shards of ``plan`` already complete in ``out`` (index -> ShardInfo) when resuming.
 
-    The saved plan must have the same digest (same inputs, options and plan); a complete
-    shard is kept when its indexes exist and agree with the plan's record count and the file
-    size. Anything else of the plan on disk is deleted, to be written again.
+    The saved plan must have the same digest (same inputs, options and plan), or the same
+    options with shard digests: then the inputs changed (a bad file fixed or removed), and
+    only the shards whose own digest is unchanged are candidates. A candidate is kept when
+    its indexes exist and agree with the plan's record count and the file size. Anything
+    else of either plan on disk is deleted, to be written again.
     """
     if saved is None:
         return {}
-    if saved.get("digest") != plan.digest:
-        raise PackError(
-            f"output folder '{out}' holds an interrupted pack of other inputs or options (the "
-            "plan differs); re-run with the same inputs and options, or pass --overwrite to "
-            "start over"
-        )
+    same = saved.get("digest") == plan.digest
+    wanted = {s.name: s.digest for s in plan.shards}
+    if not same:
+        old = {str(s.get("name")): str(s.get("digest", "")) for s in saved.get("shards", [])}
+        if not plan.options_digest or saved.get("options") != plan.options_digest or not all(
+            old.values()
+        ):
+            raise PackError(
+                f"output folder '{out}' holds an interrupted pack of other options (the plan "
+                "differs); re-run with the same options, or pass --overwrite to start over"
+            )
+        for name, digest in old.items():
+            if wanted.get(name) != digest and name.endswith(spec.SHARD_SUFFIX):
+                _remove_shard(out, name)
+        log.info("the inputs changed since the interrupted pack: unchanged shards are kept")
     kept: dict[int, Any] = {}
     for shard in plan.shards:
         path = os.path.join(out, shard.name)
@@ -194,10 +246,37 @@ def reconcile(out: str, plan: PackPlan, saved: Mapping[str, Any] | None) -> dict
             kept[shard.index] = info
             continue
         log.warning("shard '%s' does not match the plan; writing it again", path)
-        for p in (path, spec.text_index_path(path), spec.binary_index_path(path)):
-            if os.path.exists(p):
-                os.remove(p)
+        _remove_shard(out, shard.name)
     return kept
+
+
+def _remove_shard(out: str, name: str) -> None:
+    path = os.path.join(out, os.path.basename(name))
+    for p in (path, spec.text_index_path(path), spec.binary_index_path(path)):
+        if os.path.exists(p):
+            os.remove(p)
+
+
+def write_skipped(out: str, rows: Sequence[tuple[str, int | None, str]]) -> str | None:
+    """Write ``skipped.csv`` (``path,line,problem``) into ``out``, or remove a stale one when
+    ``rows`` is empty; return its path or None."""
+    import csv
+    import io
+
+    path = os.path.join(out, SKIPPED_NAME)
+    if not rows:
+        if os.path.isfile(path):
+            os.remove(path)
+        return None
+    from shardfeed.format._fileio import write_bytes_atomic
+
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["path", "line", "problem"])
+    for file, line, problem in rows:
+        writer.writerow([file, "" if line is None else line, problem])
+    write_bytes_atomic(path, text.getvalue().encode("utf-8", "surrogateescape"))
+    return path
 
 
 def write_manifest(
@@ -214,11 +293,12 @@ def write_manifest(
     order_keys: np.ndarray | None,
     group_names: Sequence[str] | None = None,
     schema: Any = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
     """Write the group/order sidecars, then ``shardfeed.json`` (atomically, last); return
     the manifest path. ``mode`` is pack's (``raw`` is stored as ``embedded``: the pixels are
     inside the records). The schema is inferred from the first records unless given; class
-    names and one-hot vocabularies go into the manifest's ``extra``."""
+    names, one-hot vocabularies and ``extra`` go into the manifest's ``extra``."""
     import dataclasses
 
     from shardfeed.format.manifest import Manifest, save_sidecars
@@ -231,11 +311,11 @@ def write_manifest(
             schema = dataclasses.replace(schema, label_key=label_key)
         if schema.mask is None and MASK_PATH in schema.features:
             schema = dataclasses.replace(schema, mask=ImageInfo(MASK_PATH, "path"))
-    extra: dict[str, Any] = {}
+    more: dict[str, Any] = dict(extra or {})
     if vocabularies:
-        extra["vocabularies"] = {k: list(v) for k, v in vocabularies.items()}
+        more["vocabularies"] = {k: list(v) for k, v in vocabularies.items()}
     if group_names is not None:
-        extra["group_names"] = list(group_names)
+        more["group_names"] = list(group_names)
     save_sidecars(out, group_ids=group_ids, order_keys=order_keys)
     manifest = Manifest(
         shards=list(shards),
@@ -244,7 +324,7 @@ def write_manifest(
         root=root,
         group_key=group_key,
         order_key=order_key,
-        extra=extra,
+        extra=more,
     )
     path = os.path.join(out, spec.MANIFEST_NAME)
     manifest.save(path)

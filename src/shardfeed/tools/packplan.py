@@ -11,7 +11,10 @@
 
 Determinism: the plan is a function of the items, their estimated sizes and the options
 only (never of timing or worker count), so an interrupted pack can check what it kept and
-resume. ``PackPlan.digest`` fingerprints everything that decides the output bytes.
+resume. ``PackPlan.digest`` fingerprints everything that decides the output bytes;
+``ShardPlan.digest`` (when the items' fingerprint lines are given) everything that decides
+one shard's bytes, so that a resume after the inputs changed (a bad file fixed or removed)
+keeps the shards that come out the same.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class ShardPlan:
     name: str
     start: int
     stop: int
+    digest: str = ""
 
     @property
     def records(self) -> int:
@@ -46,11 +50,15 @@ class PackPlan:
     order: tuple[int, ...]
     shards: tuple[ShardPlan, ...]
     digest: str
+    options_digest: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "digest": self.digest,
-            "shards": [{"name": s.name, "records": s.records} for s in self.shards],
+            "options": self.options_digest,
+            "shards": [
+                {"name": s.name, "records": s.records, "digest": s.digest} for s in self.shards
+            ],
         }
 
 
@@ -60,8 +68,11 @@ def shard_name(prefix: str, index: int, count: int) -> str:
 
 
 def sort_key(group: int | None, order: float | None, row: int) -> tuple[int, float, int]:
-    """Records sort by group id, then order key, then input row (ties keep input order)."""
-    return (0 if group is None else group, 0.0 if order is None else order, row)
+    """Records sort by group id, then order key, then input row (ties keep input order).
+
+    The order key may be an int (``pack`` gives nanoseconds: exact, where float seconds
+    could tie two frames a microsecond apart)."""
+    return (0 if group is None else group, 0 if order is None else order, row)
 
 
 def plan_shards(
@@ -72,6 +83,7 @@ def plan_shards(
     shard_bytes: int | None = None,
     prefix: str = "shard",
     fingerprint: Any = None,
+    item_lines: Sequence[str] | None = None,
 ) -> PackPlan:
     """Plan the shards.
 
@@ -79,6 +91,8 @@ def plan_shards(
     record size in bytes. Shards hold ``records_per_shard`` records each, or as many as fit
     in ``shard_bytes`` (at least one). ``fingerprint`` is any JSON-serialisable description
     of the inputs and options; it goes into the digest with the plan itself.
+    ``item_lines[i]``, when given, fingerprints item i's record; each shard's digest covers
+    ``fingerprint``, its name and its items' lines, in write order.
     """
     if len(keys) != len(sizes):
         raise ValueError(f"plan_shards got {len(keys)} keys but {len(sizes)} sizes")
@@ -108,21 +122,31 @@ def plan_shards(
             used += size
         if start < len(order):
             bounds.append((start, len(order)))
+    if item_lines is not None and len(item_lines) != len(keys):
+        raise ValueError(f"plan_shards got {len(keys)} keys but {len(item_lines)} item lines")
+    options = _digest(fingerprint)
     shards = tuple(
-        ShardPlan(index=i, name=shard_name(prefix, i, len(bounds)), start=a, stop=b)
+        ShardPlan(
+            index=i, name=shard_name(prefix, i, len(bounds)), start=a, stop=b,
+            digest="" if item_lines is None else _digest(
+                [options, shard_name(prefix, i, len(bounds)),
+                 [item_lines[order[p]] for p in range(a, b)]]
+            ),
+        )
         for i, (a, b) in enumerate(bounds)
     )
-    text = json.dumps(
-        {
-            "fingerprint": fingerprint,
-            "order": order,
-            "shards": [[s.name, s.start, s.stop] for s in shards],
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        default=str,
-    )
-    return PackPlan(order=order, shards=shards, digest=hashlib.sha256(text.encode()).hexdigest())
+    digest = _digest({
+        "fingerprint": fingerprint,
+        "order": order,
+        "shards": [[s.name, s.start, s.stop] for s in shards],
+        **({"items": _digest(list(item_lines))} if item_lines is not None else {}),
+    })
+    return PackPlan(order=order, shards=shards, digest=digest, options_digest=options)
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3,

@@ -10,7 +10,8 @@
                ``image/channels`` (a mask as ``mask/raw`` with ``mask/height``/``width``)
 =============  ==========================================================================
 
-Every mode adds the item's labels and its group and order values. Determinism: a payload is
+Every mode adds the item's labels and its group and order values (the order key as int64
+nanoseconds: see :mod:`shardfeed.tools.packtime`). Determinism: a payload is
 a pure function of the item and the file bytes, so any number of workers writes the same
 bytes. Memory: one image (decoded, in raw mode) per call.
 """
@@ -111,9 +112,7 @@ def _decode_raw(data: bytes, *, where: str, mode: Literal["gray", "unchanged"]) 
     return image
 
 
-def _labels(
-    item: PackItem, group_key: str | None, order_key: str | None, order_int: bool
-) -> dict[str, Any]:
+def _labels(item: PackItem, group_key: str | None, order_key: str | None) -> dict[str, Any]:
     features: dict[str, Any] = {}
     for name, ints in item.int_labels.items():
         features[name] = np.asarray(ints, dtype=np.int64)
@@ -121,11 +120,8 @@ def _labels(
         features[name] = np.asarray(floats, dtype=np.float32)
     if group_key is not None and item.group_value is not None:
         features[group_key] = item.group_value
-    if order_key is not None and item.order is not None:
-        if order_int:
-            features[order_key] = int(item.order)
-        else:
-            features[order_key] = np.asarray([item.order], dtype=np.float32)
+    if order_key is not None and item.order_ns is not None:
+        features[order_key] = np.asarray([item.order_ns], dtype=np.int64)
     return features
 
 
@@ -135,14 +131,13 @@ def build_payload(
     mode: Mode,
     group_key: str | None = None,
     order_key: str | None = None,
-    order_int: bool = False,
 ) -> bytes:
     """The serialized ``tf.train.Example`` of ``item`` in ``mode`` (see the module table).
 
-    The order key is stored as int64 when ``order_int`` (whole seconds, e.g. Unix times that
-    float32 would round by minutes), else as float32.
+    The order key is stored as int64 nanoseconds: exact, where float32 (the only float an
+    Example holds) would round a Unix time to minutes.
     """
-    features = _labels(item, group_key, order_key, order_int)
+    features = _labels(item, group_key, order_key)
     if mode == "referenced":
         features[spec.IMAGE_PATH] = item.name
         if item.mask_name is not None:
@@ -222,6 +217,6 @@ def fingerprint(item: PackItem) -> str:
     return repr(
         (
             item.name, item.mask_name, sorted(item.int_labels.items()),
-            sorted(item.float_labels.items()), item.group, item.group_value, item.order, stats,
+            sorted(item.float_labels.items()), item.group, item.group_value, item.order_ns, stats,
         )
     )

@@ -6,7 +6,7 @@
     shard-00000-of-00004.tfrecord   --> shard-00000-of-00004.tfrecord      1. the shard
                       .idx, .idx.npy    --> .idx, .idx.npy                 2. its indexes
     ... every shard, as soon as it is complete and indexed ...
-    groups.npy, order.npy           --> groups.npy, order.npy              3. sidecars
+    skipped.csv, groups.npy, ...    --> skipped.csv, groups.npy, ...       3. sidecars
     shardfeed.json                  --> shardfeed.json                     4. the manifest, last
 
 Every object is written with :func:`shardfeed.storage.files.upload_file_atomic` (one PUT, or
@@ -33,11 +33,11 @@ from collections.abc import Callable
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.storage import files
-from shardfeed.tools.packoutput import PLAN_NAME, PackResult
+from shardfeed.tools.packoutput import PLAN_NAME, SKIPPED_NAME, PackResult, count
 
 log = logging.getLogger(__name__)
 
-SIDECARS = (spec.GROUPS_NAME, spec.ORDER_NAME)
+SIDECARS = (SKIPPED_NAME, spec.GROUPS_NAME, spec.ORDER_NAME)
 
 
 def _owned(name: str) -> bool:
@@ -62,7 +62,7 @@ class RemoteOutput:
         owned = [n for n in existing if _owned(n)]
         if existing and not overwrite:
             raise PackError(
-                f"output '{self.url}' is not empty ({len(existing)} objects, e.g. "
+                f"output '{self.url}' is not empty ({count(len(existing), 'object')}, e.g. "
                 f"{existing[0]!r}); pass --overwrite (overwrite=True) to replace what pack "
                 "wrote there, or choose an empty prefix"
             )
@@ -72,8 +72,8 @@ class RemoteOutput:
                 files.remove(files.join(self.url, name), missing_ok=True)
             others = [n for n in existing if not _owned(n)]
             if others:
-                log.warning("output '%s' keeps %d objects pack did not write (%s)", self.url,
-                            len(others), ", ".join(others[:3]))
+                log.warning("output '%s' keeps %s pack did not write (%s)", self.url,
+                            count(len(others), "object"), ", ".join(others[:3]))
         self._temp = tempfile.mkdtemp(prefix="shardfeed-pack-", dir=staging_dir)
         self.staging = os.path.join(self._temp, "out")
         self._kept_first = False
@@ -130,5 +130,7 @@ def pack_to_url(
         manifest = output.finish()
     finally:
         output.close()
-    log.info("uploaded %d shards to '%s'", result.shards, output.url)
-    return dataclasses.replace(result, output=output.url, manifest=manifest)
+    log.info("uploaded %s to '%s'", count(result.shards, "shard"), output.url)
+    skipped = files.join(output.url, SKIPPED_NAME) if result.skipped_list else None
+    return dataclasses.replace(result, output=output.url, manifest=manifest,
+                               skipped_list=skipped)

@@ -175,3 +175,21 @@ def test_mask_options_are_checked_at_construction() -> None:
     with pytest.raises(ValueError, match="mask_dtype"):
         DecodeImage(mask_dtype="int8")  # type: ignore[arg-type]
     assert shardfeed.transforms.DecodeImage(mask_colors={(1, 2, 3): 300}, mask_dtype="uint16")
+
+
+def test_raw_mode_stores_palette_indices_and_refuses_colour_masks(tmp_path: Path) -> None:
+    from shardfeed.cli.main import main
+
+    masks = [palette_png(labels_of(i)) for i in range(COUNT)]
+    csv = write_seg_csv(tmp_path / "src", masks)
+    out = tmp_path / "raw"
+    assert main(["pack", str(csv), str(out), "--csv-labels", "label", "--csv-mask", "mask",
+                 "--mode", "raw", "--no-progress"]) == 0
+    batch = load_all(Dataset(str(out)), DecodeImage())
+    for label, mask in zip(batch[LABEL], batch["mask"]):
+        assert np.array_equal(mask, labels_of(int(label)))  # indices, not grey levels
+
+    rgb = write_seg_csv(tmp_path / "rgb", [rgb_png(VOC[labels_of(i)]) for i in range(COUNT)])
+    code = main(["pack", str(rgb), str(tmp_path / "rgb-out"), "--csv-labels", "label",
+                 "--csv-mask", "mask", "--mode", "raw", "--no-progress"])
+    assert code == 1 and not (tmp_path / "rgb-out" / "shardfeed.json").exists()

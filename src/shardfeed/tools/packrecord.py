@@ -28,6 +28,7 @@ from shardfeed.errors import DecodeError, PackError
 from shardfeed.format import spec
 from shardfeed.format.example import encode_example
 from shardfeed.tools.packitems import PackItem
+from shardfeed.transforms.masks import decode_mask
 
 Mode = Literal["embedded", "referenced", "raw"]
 MODES: tuple[str, ...] = ("embedded", "referenced", "raw")
@@ -167,7 +168,11 @@ def build_payload(
             features[spec.MASK_ENCODED] = mask
             features[spec.MASK_FORMAT] = image_format(mask)
         else:
-            pixels = _decode_raw(mask, where=mwhere, mode="gray")
+            # a mask is a label map: palette PNGs keep their indices (decode_mask), never grey levels
+            try:
+                pixels = decode_mask(mask, where=mwhere)
+            except DecodeError as exc:
+                raise _pack_error(exc) from exc
             features[spec.MASK_RAW] = np.ascontiguousarray(pixels).tobytes()
             features[spec.MASK_HEIGHT] = int(pixels.shape[0])
             features[spec.MASK_WIDTH] = int(pixels.shape[1])

@@ -154,6 +154,29 @@ def test_string_and_one_hot_labels_become_classes() -> None:
         shuffle_report(multi_hot, buffer_size=10)
 
 
+def test_labels_that_are_not_classes_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"label array holds float values \(e.g. 0.25, 0.5"):
+        shuffle_report(np.tile([0.25, 0.5, 0.75], 100))
+    with pytest.raises(ValueError, match="varying number of values a record"):
+        shuffle_report(FakeDataset([[1, 2], [3]] * 10, label_key="image/class/label"))
+    with pytest.raises(ValueError, match="60 distinct values in 100 records"):
+        shuffle_report(np.arange(100) % 60)
+    floats = FakeDataset([float(i % 3) for i in range(30)])
+    with pytest.raises(ValueError, match=r"'image/class/label' holds float values.*--label-key"):
+        shuffle_report(floats)
+    # a schema that says float: refused before a single record is read
+    from shardfeed.format.schema import FeatureInfo
+
+    scored = FakeDataset([0.5] * 30, label_key="score")
+    scored.schema.features["score"] = FeatureInfo("score", "float", 1)
+    scored.schema.features["image/class/label"] = FeatureInfo("image/class/label", "int64", 1)
+    with pytest.raises(ValueError, match="such as 'image/class/label'"):
+        shuffle_report(scored)
+    assert scored.calls == []
+    # half the records as classes is still classes: two records a class
+    assert shuffle_report(np.arange(100) % 50, buffer_size=10)["classes"] == 50
+
+
 def test_missing_label_feature_names_the_record_and_the_fix() -> None:
     dataset = FakeDataset([1, 2, 3], label_key=None)
     # no label key in the schema and none given: position statistics only

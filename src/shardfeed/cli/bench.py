@@ -101,9 +101,10 @@ def _mb(n: float | None) -> str:
 def format_result(result: dict[str, Any]) -> str:
     """The text printed by the command."""
     kind = result["kind"]
-    what = {"records": "images",
-            "windows": f"windows of {common.count(result['windows'], 'frame')}",
-            "patches": f"{result['patches']} px patches"}[kind]
+    if kind == "windows":
+        what = f"windows of {common.count(result['windows'], 'frame')}"
+    else:
+        what = "images" if kind == "records" else f"{result['patches']} px patches"
     lines = [
         (f"bench: {result['source']} ({common.count(result['records'], 'record')}), {what}, "
         f"preset {result['preset']}, size {result['size']}, batch {result['batch_size']}, "

@@ -91,10 +91,11 @@ def missing_class_p_value(class_counts: Sequence[int], position: int) -> float:
     t = _check_count("position", position, minimum=0)
     if t > n:
         raise ValueError(f"position must be <= the {n} records, got {t}")
+    sizes, classes = np.unique(np.asarray(class_counts, dtype=np.int64), return_counts=True)
     total = 0.0
-    for count in class_counts:
+    for count, many in zip(sizes.tolist(), classes.tolist()):  # classes of one size: one term
         if count > 0 and n - count >= t:
-            total += math.exp(_log_choose(n - count, t) - _log_choose(n, t))
+            total += many * math.exp(_log_choose(n - count, t) - _log_choose(n, t))
     return min(1.0, total)
 
 

@@ -39,7 +39,7 @@ def test_cli_text_and_json(frames: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["inspect", str(frames), "--windows", "3", "--stride", "2"]) == 0
     text = capsys.readouterr().out
     assert "windows   10 of 3 frames, stride 2" in text
-    assert "1 of 4 groups have no window" in text
+    assert "1 of 4 groups has no window" in text
     assert main(["inspect", str(frames), "--windows", "3", "--stride-seconds", "16",
                  "--max-gap-seconds", "30", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

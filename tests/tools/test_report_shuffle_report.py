@@ -140,7 +140,7 @@ def test_report_reads_labels_from_a_dataset_in_chunks(tmp_path: Path) -> None:
     assert png_size(tmp_path / "plots" / "label_vs_position.png")[0] > 0
 
 
-def test_string_and_vector_labels_become_classes() -> None:
+def test_string_and_one_hot_labels_become_classes() -> None:
     names = [b"cat", b"dog", b"eel"]
     dataset = FakeDataset([names[i // 100] for i in range(300)])
     report = shuffle_report(dataset, buffer_size=10)
@@ -149,9 +149,32 @@ def test_string_and_vector_labels_become_classes() -> None:
     one_hot = np.eye(3, dtype=np.int64)[np.repeat(np.arange(3), 50)]
     report = shuffle_report(one_hot, buffer_size=10)
     assert report["class_names"] == ["0", "1", "2"]  # one-hot: the class is where the 1 is
-    multi_hot = np.array([[1, 1, 0], [0, 1, 1]] * 20)
-    report = shuffle_report(multi_hot, buffer_size=10)
-    assert report["class_names"] == ["(0, 1, 1)", "(1, 1, 0)"]
+    multi_hot = np.array([[1, 1, 0], [0, 1, 1]] * 20)  # several labels a record: no class
+    with pytest.raises(ValueError, match="3 values a record"):
+        shuffle_report(multi_hot, buffer_size=10)
+
+
+def test_labels_that_are_not_classes_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"label array holds float values \(e.g. 0.25, 0.5"):
+        shuffle_report(np.tile([0.25, 0.5, 0.75], 100))
+    with pytest.raises(ValueError, match="varying number of values a record"):
+        shuffle_report(FakeDataset([[1, 2], [3]] * 10, label_key="image/class/label"))
+    with pytest.raises(ValueError, match="60 distinct values in 100 records"):
+        shuffle_report(np.arange(100) % 60)
+    floats = FakeDataset([float(i % 3) for i in range(30)])
+    with pytest.raises(ValueError, match=r"'image/class/label' holds float values.*--label-key"):
+        shuffle_report(floats)
+    # a schema that says float: refused before a single record is read
+    from shardfeed.format.schema import FeatureInfo
+
+    scored = FakeDataset([0.5] * 30, label_key="score")
+    scored.schema.features["score"] = FeatureInfo("score", "float", 1)
+    scored.schema.features["image/class/label"] = FeatureInfo("image/class/label", "int64", 1)
+    with pytest.raises(ValueError, match="such as 'image/class/label'"):
+        shuffle_report(scored)
+    assert scored.calls == []
+    # half the records as classes is still classes: two records a class
+    assert shuffle_report(np.arange(100) % 50, buffer_size=10)["classes"] == 50
 
 
 def test_missing_label_feature_names_the_record_and_the_fix() -> None:

@@ -101,14 +101,17 @@ def _mb(n: float | None) -> str:
 def format_result(result: dict[str, Any]) -> str:
     """The text printed by the command."""
     kind = result["kind"]
-    what = {"records": "images", "windows": f"windows of {result['windows']} frames",
-            "patches": f"{result['patches']} px patches"}[kind]
+    if kind == "windows":
+        what = f"windows of {common.count(result['windows'], 'frame')}"
+    else:
+        what = "images" if kind == "records" else f"{result['patches']} px patches"
     lines = [
-        (f"bench: {result['source']} ({result['records']:,} records), {what}, preset "
-        f"{result['preset']}, size {result['size']}, batch {result['batch_size']}, "
-        f"{result['threads']} threads"),
+        (f"bench: {result['source']} ({common.count(result['records'], 'record')}), {what}, "
+        f"preset {result['preset']}, size {result['size']}, batch {result['batch_size']}, "
+        f"{common.count(result['threads'], 'thread')}"),
         (f"  measured      {result['seconds']:.1f} s after {result['warmup_seconds']:.1f} s "
-        f"warm-up: {result['samples']:,} samples in {result['batches']:,} batches"),
+        f"warm-up: {common.count(result['samples'], 'sample')} in "
+        f"{common.count(result['batches'], 'batch')}"),
     ]
     if kind == "windows":
         lines.append(f"  windows/s     {result['samples_per_s']:,.1f}   "
@@ -139,8 +142,9 @@ def format_result(result: dict[str, Any]) -> str:
         compared = {"records": "images/s", "windows": "frames/s", "patches": "patches/s"}[kind]
         lines.append(
             f"  decode limit  {limit['images_per_s']:,.1f} images/s "
-            f"({limit['mpix_per_s']:,.1f} MPix/s; full decode of {limit['distinct_images']:,} "
-            f"records on {limit['threads']} threads)"
+            f"({limit['mpix_per_s']:,.1f} MPix/s; full decode of "
+            f"{common.count(limit['distinct_images'], 'record')} on "
+            f"{common.count(limit['threads'], 'thread')})"
         )
         lines.append(f"  ratio         {result['ratio_to_decode_limit']:.2f}x the decode limit "
                      f"({compared} / decoded images/s)")

@@ -76,6 +76,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def count(n: int, noun: str) -> str:
-    """``count(1, "shard")`` is ``1 shard``; ``count(2, "shard")`` is ``2 shards``."""
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``count(1, "shard")`` is ``1 shard``; ``count(2, "shard")`` is ``2 shards``;
+    ``count(3, "class")`` is ``3 classes`` (see :func:`shardfeed.tools.wording.count`)."""
+    from shardfeed.tools.wording import count as worded
+
+    return worded(n, noun, plural)

@@ -79,10 +79,11 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
     hb = common.human_bytes
     print(f"dataset   {info['manifest'] or info['source']}")
     print(f"mode      {info['mode']}" + (f"  (root {info['root']})" if info["root"] else ""))
-    print(f"records   {info['records']} in {len(info['shards'])} shards, {hb(info['bytes'])}")
+    shards_text = common.count(len(info["shards"]), "shard")
+    print(f"records   {info['records']:,} in {shards_text}, {hb(info['bytes'])}")
     shards = info["shards"] if all_shards else info["shards"][:10]
     for s in shards:
-        print(f"  {s['path']}  {s['records']} records  {hb(s['bytes'])}")
+        print(f"  {s['path']}  {common.count(s['records'], 'record')}  {hb(s['bytes'])}")
     if len(shards) < len(info["shards"]):
         print(f"  ... {len(info['shards']) - len(shards)} more (--all-shards lists them)")
     print("schema")
@@ -118,9 +119,12 @@ def _print_windows(w: dict[str, Any]) -> None:
         how = f"stride {w['stride']}"
     gap = f", gaps over {w['max_gap_seconds']:g} s excluded" if w["max_gap_seconds"] is not None \
         else ""
-    print(f"windows   {w['count']} of {w['length']} frames, {how}{gap}")
+    print(f"windows   {w['count']:,} of {common.count(w['length'], 'frame')}, {how}{gap}")
     ex = w["excluded"]
-    print(f"excluded  {ex['total']} anchors: {ex['group_end']} at group ends, {ex['gap']} by "
+    print(f"excluded  {common.count(ex['total'], 'anchor')}: {ex['group_end']} at group ends, "
+          f"{ex['gap']} by "
           f"gaps, {ex['off_grid']} off the time grid, {ex['missing_time']} without a time")
     if "groups" in w:
-        print(f"          {w['groups_without_windows']} of {w['groups']} groups have no window")
+        without = w["groups_without_windows"]
+        print(f"          {without:,} of {common.count(w['groups'], 'group')} "
+              f"{'has' if without == 1 else 'have'} no window")

@@ -33,6 +33,18 @@ def _commands() -> list[ModuleType]:
     return sorted(found, key=lambda m: (rank.get(m.NAME, len(_ORDER)), m.NAME))
 
 
+def _version() -> str:
+    """The installed distribution's version; the package's own when it runs uninstalled."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardfeed")
+    except PackageNotFoundError:
+        from shardfeed import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardfeed",
@@ -42,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Run 'shardfeed COMMAND --help' for the options of one command.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on error")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

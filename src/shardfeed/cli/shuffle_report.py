@@ -5,14 +5,22 @@ shardfeed's exact shuffle with the order a shuffle buffer gives (tf.data's
 shuffle(buffer_size), DALI's random_shuffle, WebDataset's shuffle), and with --file-shuffle
 also shards shuffled first, then the buffer. For each order it prints:
 
-  rho           Spearman correlation of output position vs stored index (0 for a fair
-                shuffle, 1 for no shuffle; a buffer over sorted data stays near 1)
-  displacement  mean |position - index| / n (1/3 for a fair shuffle, 0 for none)
-  chi2 p        chi-square test of position decile x index decile; below 0.001 the order
-                is measurably not a uniform shuffle
+  rho, rho p    Spearman correlation of output position vs stored index (0 for a fair
+                shuffle, 1 for no shuffle; a buffer over sorted data stays near 1) and its
+                p-value for this many records
+  displ.        mean |position - index| / n (1/3 for a fair shuffle, 0 for none)
+  chi2 p        chi-square test of position bin x index bin (n/a below 20 records)
   last class    the position where the last class to appear comes out first (a buffer
-                over label-sorted data keeps whole classes out of the early epoch)
+  from, last p  over label-sorted data keeps whole classes out of the early epoch), and
+                the chance a uniform shuffle shows a class that late
   labels/batch  mean distinct labels in a batch, next to what a fair shuffle gives
+  verdict       NOT UNIFORM when the smallest p-value times the number of tests is below
+                0.001; otherwise "looks uniform" if, at this many records, the tests would
+                flag the buffer compared with, else "too small to tell"
+
+The label must be a class: one integer (or string, or one-hot vector) a record; a float
+feature, several values a record or nearly one value a record are refused (exit 2): pass
+--label-key naming an integer class feature.
 
 PATH is a dataset folder, a manifest, a folder of TFRecord files, a glob or TFRecord files;
 or a .npy file of labels (one per record, stored order) to ask what a buffer would do to data
@@ -28,6 +36,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import textwrap
 from typing import Any
 
 from shardfeed.cli import common
@@ -84,25 +93,58 @@ class _Bar:
             self._bar.close()
 
 
-def _p_value(p: float) -> str:
+def _p_value(p: float | None) -> str:
+    if p is None:
+        return "n/a"
     if p == 0.0:
         return "<1e-300"
     return f"{p:.2g}" if p < 0.01 else f"{p:.2f}"
 
 
-def _verdict(name: str, p: float) -> str:
-    if name == "stored":
-        return "not shuffled"
-    return "looks uniform" if p >= 1e-3 else "BIASED"
+_VERDICTS = {"not uniform": "NOT UNIFORM", "looks uniform": "looks uniform",
+             "too small to tell": "too small to tell"}
+_TEST_NAMES = {"rho": "rho p", "chi2": "chi2 p", "last_class": "last p"}
+
+
+def _explain(report: dict[str, Any]) -> list[str]:
+    """What the verdicts mean at this n: the rule, and what the tests can and cannot see."""
+    tests = report["tests"]
+    n, m = report["records"], len(tests["tests"])
+    run = ", ".join(_TEST_NAMES[t] for t in tests["tests"])
+    rule = (f"verdict: NOT UNIFORM when the smallest p-value ({run}) times {m} is below "
+            f"{tests['alpha']:g}; a uniform shuffle is flagged 1 time in {1 / tests['alpha']:,.0f}.")
+    limit = tests["rho_limit"]
+    seen = f"at {common.count(n, 'record')} " + (
+        "the rank test cannot flag any rho" if limit > 1
+        else f"a uniform shuffle keeps |rho| below {limit:.3f}"
+    )
+    last = tests["latest_first_position"]
+    if last is not None:
+        seen += (f"{', and a uniform shuffle' if limit > 1 else ' and'} shows every class before position "
+                 f"{last['limit']:,} (half the time before {last['typical']:,})")
+    buffer = f"a buffer of {report['buffer_size']:,}"
+    if tests["reference"] == "buffer":
+        bias = (f"{buffer} over {common.count(n, 'record')} gives rho "
+                f"{tests['reference_rho']:+.3f} on average, which these tests")
+    else:
+        bias = (f"{buffer} holds every record, so it is a uniform shuffle too; an unshuffled "
+                f"order is what these tests")
+    if tests["can_tell"]:
+        meaning = "flag more often than not: 'looks uniform' means no sign of such a bias."
+    else:
+        meaning = "would miss more often than not: too small to tell; more records would tell."
+    return textwrap.wrap(rule, 100, initial_indent="  ", subsequent_indent="    ") + \
+        textwrap.wrap(f"{seen}; {bias} {meaning}", 100, initial_indent="  ",
+                      subsequent_indent="    ")
 
 
 def format_table(report: dict[str, Any]) -> str:
     """The text summary printed by the command."""
     classes = report["classes"]
     labelled = classes is not None
-    what = f"{report['records']:,} records"
+    what = common.count(report["records"], "record")
     if labelled:
-        what += f", {classes:,} classes"
+        what += ", " + common.count(classes, "class")
         if report["label_key"]:
             what += f" in {report['label_key']!r}"
     lines = [
@@ -113,25 +155,29 @@ def format_table(report: dict[str, Any]) -> str:
         ),
         "",
     ]
-    header = f"  {'order':<32} {'rho':>6} {'displ.':>6} {'chi2 p':>7}"
+    header = f"  {'order':<32} {'rho':>6} {'rho p':>7} {'displ.':>6} {'chi2 p':>7}"
     if labelled:
-        header += f" {'last class from':>17} {'labels/batch':>12}"
-    lines += [header + "  verdict", "  " + "-" * (len(header) + 12)]
-    for name, stats in report["orders"].items():
+        header += f" {'last class from':>17} {'last p':>7} {'labels/batch':>12}"
+    lines += [header + "  verdict", "  " + "-" * (len(header) + 16)]
+    for stats in report["orders"].values():
         row = (
             f"  {stats['description']:<32} {stats['spearman_rho']:>+6.3f} "
-            f"{stats['mean_abs_displacement']:>6.3f} {_p_value(stats['chi2_p_value']):>7}"
+            f"{_p_value(stats['rho_p_value']):>7} {stats['mean_abs_displacement']:>6.3f} "
+            f"{_p_value(stats['chi2_p_value']):>7}"
         )
         if labelled:
             label = str(stats["latest_label"])
             label = label if len(label) <= 8 else label[:7] + "\u2026"
             latest = f"{stats['latest_first_position']:,} ({label})"
-            row += f" {latest:>17} {stats['mean_labels_per_batch']:>12.2f}"
-        lines.append(row + "  " + _verdict(name, stats["chi2_p_value"]))
-    fair = f"  {'a uniform shuffle gives':<32} {'~0':>6} {'~0.333':>6} {'>0.001':>7}"
+            row += (f" {latest:>17} {_p_value(stats['last_class_p_value']):>7}"
+                    f" {stats['mean_labels_per_batch']:>12.2f}")
+        lines.append(row + "  " + _VERDICTS[stats["verdict"]])
+    fair = f"  {'a uniform shuffle gives':<32} {'~0':>6} {'':>7} {'~0.333':>6} {'':>7}"
     if labelled:
-        fair += f" {'':>17} {report['expected_labels_per_batch']:>12.2f}"
-    lines.append(fair)
+        last = report["tests"]["latest_first_position"]
+        typical = "" if last is None else f"~{last['typical']:,}"
+        fair += f" {typical:>17} {'':>7} {report['expected_labels_per_batch']:>12.2f}"
+    lines += [fair.rstrip(), ""] + _explain(report)
     if report["plots"]:
         lines += ["", "plots: " + ", ".join(report["plots"].values())]
     return "\n".join(lines)

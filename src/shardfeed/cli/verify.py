@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     decoded = sum(s.decoded for s in report.shards)
     what = f"{common.count(report.records, 'record')} in {common.count(len(report.shards), 'shard')}"
     if report.decode:
-        what += f", {decoded} images and masks decoded"
+        what += f", {common.count(decoded, 'image or mask', 'images and masks')} decoded"
     if report.ok:
         print(f"ok: {what}")
         return 0

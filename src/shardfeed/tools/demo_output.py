@@ -13,6 +13,8 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
+from shardfeed.tools.wording import count
+
 __all__ = ["MARKER_NAME", "finish", "format_summary", "start"]
 
 MARKER_NAME = ".shardfeed-demo"
@@ -66,6 +68,10 @@ def finish(building: str, out: str) -> None:
         shutil.rmtree(old)
 
 
+def _decodes(n: int | None) -> str:
+    return "image decodes not counted" if n is None else count(n, "image decode")
+
+
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -75,28 +81,30 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
     lines = [f"shardfeed demo: {summary['out']}", "", "datasets (packed, then verified):"]
     for name, info in summary["datasets"].items():
         verify = info["verify"]
-        status = "ok" if verify["ok"] else f"{verify['problems']} PROBLEMS"
+        status = "ok" if verify["ok"] else count(verify["problems"], "PROBLEM")
         lines.append(
-            f"  {name:<10} {info['records']:>6,} records  {info['shards']:>2} shards  "
-            f"{_mb(info['bytes']):>9}  verify {status} ({verify['decoded']:,} images decoded)"
-            f"  {info['what']}"
+            f"  {name:<10} {count(info['records'], 'record'):>14}  "
+            f"{count(info['shards'], 'shard'):>9}  {_mb(info['bytes']):>9}  verify {status} "
+            f"({count(verify['decoded'], 'image')} decoded)  {info['what']}"
         )
     train = summary["train"]
     lines += [
         "",
         (f"train epoch over labelled (presets.train({train['size']}), batch {train['batch_size']},"
-        f" shuffled, {train['threads']} threads):"),
-        (f"  {train['images']:,} images in {train['batches']} batches, image {train['image_shape']}"
-        f", mask {train['mask_shape']}; {train['labels_per_batch']:.1f} labels a batch "
+        f" shuffled, {count(train['threads'], 'thread')}):"),
+        (f"  {count(train['images'], 'image')} in {count(train['batches'], 'batch')}, image "
+        f"{train['image_shape']}, mask {train['mask_shape']}; "
+        f"{train['labels_per_batch']:.1f} labels a batch "
         f"(a uniform shuffle: {train['expected_labels_per_batch']:.1f})"),
         f"  {timings['train']['images_per_s']:,.0f} images/s",
     ]
     win = summary["windows"]
     lines += [
         "",
-        (f"windows over timelapse ({win['length']} frames {win['stride_seconds']:g} s apart, "
-        f"no gap over {win['max_gap_seconds']:g} s):"),
-        (f"  {win['windows']} windows from {win['records']} frames in {win['groups']} days "
+        (f"windows over timelapse ({count(win['length'], 'frame')} {win['stride_seconds']:g} s "
+        f"apart, no gap over {win['max_gap_seconds']:g} s):"),
+        (f"  {count(win['windows'], 'window')} from {count(win['records'], 'frame')} in "
+        f"{count(win['groups'], 'day')} "
         f"(excluded anchors: {win['excluded']['group_end']} at day ends, "
         f"{win['excluded']['off_grid']} off the 16 s grid, {win['excluded']['gap']} across a "
         f"gap); batch image {win['image_shape']}, labels {win['label_shape']}"),
@@ -105,18 +113,19 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
     pat = summary["patches"]
     lines += [
         "",
-        (f"patches over highres ({pat['size']} px, cache {pat['cache_images']} images, refresh "
-        f"every {pat['refresh_every']}):"),
-        (f"  {pat['patches']} patches from {pat['images']} images in {pat['batches']} batches, "
+        (f"patches over highres ({pat['size']} px, cache {count(pat['cache_images'], 'image')}, "
+        f"refresh every {pat['refresh_every']}):"),
+        (f"  {count(pat['patches'], 'patch')} from {count(pat['images'], 'image')} in "
+        f"{count(pat['batches'], 'batch')}, "
         f"{pat['distinct_images_per_batch']:.1f} images a batch"),
         (f"  {timings['patches']['patches_per_s']:,.0f} patches/s, "
-        f"{timings['patches']['decodes']} image decodes"),
+        f"{_decodes(timings['patches']['decodes'])}"),
     ]
     shuf = summary["shuffle"]
     lines += [
         "",
-        (f"shuffle over labelled ({shuf['records']:,} records sorted by label, {shuf['classes']} "
-        f"classes):"),
+        (f"shuffle over labelled ({count(shuf['records'], 'record')} sorted by label, "
+        f"{count(shuf['classes'], 'class')}):"),
         f"  {'':<26} {'rho':>7} {'last label first at':>20} {'labels/batch':>13}",
     ]
     for name in ("exact", "buffer"):
@@ -129,7 +138,7 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
     bench = timings["bench"]
     lines += [
         "",
-        (f"bench over timelapse ({bench['seconds']:.1f} s, {bench['threads']} threads): "
+        (f"bench over timelapse ({bench['seconds']:.1f} s, {count(bench['threads'], 'thread')}): "
         f"{bench['images_per_s']:,.0f} images/s, decode limit "
         f"{bench['decode_limit_images_per_s']:,.0f} images/s "
         f"(ratio {bench['ratio_to_decode_limit']:.2f}), first batch "

@@ -10,9 +10,11 @@ the orders of one epoch:
 - ``file+buffer`` (with ``file_shuffle=True``): shard order shuffled, then the buffer;
 
 and measures each one (see :mod:`shardfeed.tools.shuffle_stats`): Spearman rho of position vs
-index, mean displacement, a chi-square test of position decile x index decile, the first
-position of every label and the mean number of distinct labels per batch. With ``out_dir`` it
-also draws the two plots of :mod:`shardfeed.tools.plots`.
+index, mean displacement, a chi-square test of position bin x index bin, the first position of
+every label and the mean number of distinct labels per batch; then judges each, from those
+figures, as ``not uniform``, ``looks uniform`` or ``too small to tell`` (see
+:mod:`shardfeed.tools.shuffle_verdict`). With ``out_dir`` it also draws the two plots of
+:mod:`shardfeed.tools.plots`.
 
 The input can be a dataset (a path :class:`shardfeed.dataset.Dataset` opens, or an open
 Dataset: open one yourself for a list of TFRecord files) or a plain array or list of labels,
@@ -27,27 +29,34 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shardfeed.errors import SchemaError
 from shardfeed.tools.shuffle_buffer import (
     buffer_shuffle_order,
     file_shuffle_buffer_order,
 )
 from shardfeed.tools.shuffle_buffer import check_count as _check_int
+from shardfeed.tools.shuffle_labels import (
+    LabelSource,
+    Progress,
+    check_label_feature,
+    class_features,
+    encode_labels,
+    label_key_of,
+    read_labels,
+)
 from shardfeed.tools.shuffle_stats import expected_labels_per_batch, order_stats
+from shardfeed.tools.shuffle_verdict import Design, class_counts
 
 __all__ = ["LabelSource", "read_labels", "shuffle_report"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LABEL_KEY = "image/class/label"
-_CHUNK_RECORDS = 1024  # records decoded at a time: bounded memory even for large images
 _MAX_LISTED_CLASSES = 1000  # per-label first positions are listed up to this many classes
 
 ORDER_DESCRIPTIONS = {
@@ -57,124 +66,18 @@ ORDER_DESCRIPTIONS = {
     "file+buffer": "shard shuffle + buffer ({buffer_size:,})",
 }
 
-Progress = Callable[[int, int], None]
-
-
-class LabelSource(Protocol):
-    """What the report needs of a dataset: the contract of :class:`shardfeed.dataset.Dataset`."""
-
-    def __len__(self) -> int: ...
-
-    def read_many(self, indices: Sequence[int]) -> list[dict[str, Any]]: ...
-
-
-def _label_value(value: Any) -> Any:
-    """One record's label as a hashable scalar: int/float, str, or a tuple for a vector."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", errors="replace")
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return tuple(_label_value(v) for v in value)
-    array = np.asarray(value)
-    if array.ndim == 0:
-        return array.item()
-    if array.size == 1:
-        return array.reshape(-1)[0].item()
-    return tuple(array.reshape(-1).tolist())
-
-
-def _label_key(dataset: Any, label_key: str | None) -> str | None:
-    if label_key is not None:
-        return label_key
-    schema = getattr(dataset, "schema", None)
-    key = getattr(schema, "label_key", None)
-    if key:
-        return str(key)
-    features = getattr(schema, "features", None) or {}
-    return DEFAULT_LABEL_KEY if DEFAULT_LABEL_KEY in features else None
-
-
-def read_labels(
-    dataset: LabelSource,
-    label_key: str,
-    *,
-    chunk_records: int = _CHUNK_RECORDS,
-    progress: Progress | None = None,
-) -> list[Any]:
-    """The label of every record of ``dataset``, in stored order, read in chunks.
-
-    Raises :class:`SchemaError` naming the record when one has no ``label_key`` feature.
-    ``progress(done, total)`` is called after each chunk.
-    """
-    chunk_records = _check_int("chunk_records", chunk_records, minimum=1)
-    total = len(dataset)
-    labels: list[Any] = []
-    for start in range(0, total, chunk_records):
-        stop = min(start + chunk_records, total)
-        for offset, record in enumerate(dataset.read_many(range(start, stop))):
-            if label_key not in record:
-                where = f"record {start + offset}"
-                locate = getattr(dataset, "locate", None)
-                if callable(locate):
-                    from shardfeed.errors import location
-
-                    path, index, byte = locate(start + offset)
-                    where = location(path, index, byte)
-                raise SchemaError(
-                    f"{where} has no feature {label_key!r} (it has {sorted(record)}): "
-                    f"pass label_key= (--label-key) naming the label feature"
-                )
-            labels.append(_label_value(record[label_key]))
-        if progress is not None:
-            progress(stop, total)
-    return labels
-
-
-def _encode_labels(
-    values: Sequence[Any] | npt.NDArray[Any],
-) -> tuple[npt.NDArray[np.int64], list[str]]:
-    """Labels as integer codes ``0..K-1`` (sorted by value) and the K class names.
-
-    One-hot label vectors count as the class of their 1; other vectors as whole tuples.
-    """
-    try:
-        array = np.asarray(values)
-    except ValueError:  # label vectors of different lengths
-        array = np.empty(0, dtype=object)
-    one_hot = (
-        array.ndim == 2
-        and array.dtype.kind in "biuf"
-        and array.size > 0
-        and bool(np.all((array == 0) | (array == 1)))
-        and bool(np.all(array.sum(axis=1) == 1))
-    )
-    if one_hot:  # one-hot vectors: the class is the position of the 1
-        array = np.argmax(array, axis=1)
-    if array.dtype.kind in "biufUS" and array.ndim == 2:
-        classes, codes = np.unique(array, axis=0, return_inverse=True)
-        names = [str(tuple(row.tolist())) for row in classes]
-    elif array.dtype.kind in "biufUS" and array.ndim == 1:
-        classes, codes = np.unique(array, return_inverse=True)
-        names = [str(c.item()) for c in classes]
-    else:
-        keys = list(values)
-        try:
-            ordered = sorted(set(keys))
-        except TypeError:  # mixed kinds: order them by their text
-            ordered = sorted(set(keys), key=str)
-        code_of = {value: i for i, value in enumerate(ordered)}
-        codes = np.fromiter((code_of[v] for v in keys), dtype=np.int64, count=len(keys))
-        names = [str(v) for v in ordered]
-    return np.asarray(codes, dtype=np.int64).reshape(-1), names
-
-
 def _shard_sizes(dataset: Any) -> list[int] | None:
     manifest = getattr(dataset, "manifest", None)
     shards = getattr(manifest, "shards", None)
     if shards:
         return [int(shard.records) for shard in shards]
     return None
+
+
+def _check_records(n: int) -> int:
+    if n < 2:
+        raise ValueError(f"the dataset has {n} record(s): a shuffle report needs at least 2")
+    return n
 
 
 def _exact_order(n: int, *, seed: int, epoch: int) -> npt.NDArray[np.int64]:
@@ -206,10 +109,17 @@ def shuffle_report(
     ``out_dir``: write ``position_vs_index.png`` and (with labels) ``label_vs_position.png``.
     ``progress(done, total)`` is called while labels are read.
 
+    The label must be a class (an integer, string or one-hot vector a record): float labels,
+    several values a record or nearly one value a record raise ValueError naming the feature.
+
     Returned keys: ``source``, ``records``, ``label_key``, ``classes``, ``class_names``
     (up to 1000), ``seed``, ``epoch``, ``buffer_size``, ``batch_size``, ``file_shuffle``,
-    ``expected_labels_per_batch`` (a uniform shuffle's mean), ``orders`` (name -> statistics
-    with a ``description``; see :meth:`OrderStats.to_json`) and ``plots`` (name -> path).
+    ``expected_labels_per_batch`` (a uniform shuffle's mean), ``tests`` (the tests run and what
+    they can see: :meth:`Design.to_json`), ``orders`` (name -> statistics with a
+    ``description``, see :meth:`OrderStats.to_json`, plus ``rho_p_value``,
+    ``last_class_p_value``, the combined ``p_value`` and the ``verdict``: ``not uniform``,
+    ``looks uniform`` or ``too small to tell``, see :mod:`shardfeed.tools.shuffle_verdict`)
+    and ``plots`` (name -> path).
     """
     buffer_size = _check_int("buffer_size", buffer_size, minimum=1)
     batch_size = _check_int("batch_size", batch_size, minimum=1)
@@ -231,13 +141,17 @@ def shuffle_report(
         else:
             dataset, source, owned = path_or_dataset, type(path_or_dataset).__name__, False
         try:
-            n = len(dataset)
-            key = _label_key(dataset, label_key)
+            n = _check_records(len(dataset))
+            key = label_key_of(dataset, label_key)
             if key is None:
                 log.warning("no label feature found; pass label_key to get label statistics")
                 codes = None
             else:
-                codes, names = _encode_labels(read_labels(dataset, key, progress=progress))
+                check_label_feature(dataset, key)
+                codes, names = encode_labels(
+                    read_labels(dataset, key, progress=progress),
+                    key=key, candidates=class_features(dataset),
+                )
             if file_shuffle and shard_sizes is None:
                 shard_sizes = _shard_sizes(dataset)
         finally:
@@ -250,10 +164,8 @@ def shuffle_report(
                 f"labels must be one label (or one label vector) per record, got shape "
                 f"{labels.shape}; or pass a dataset path"
             )
-        codes, names = _encode_labels(labels)
-        n, source, key = int(labels.shape[0]), "labels", label_key
-    if n < 2:
-        raise ValueError(f"the dataset has {n} record(s): a shuffle report needs at least 2")
+        n, source, key = _check_records(int(labels.shape[0])), "labels", label_key
+        codes, names = encode_labels(labels, key=key)
 
     orders: dict[str, npt.NDArray[np.int64]] = {
         "stored": np.arange(n, dtype=np.int64),
@@ -289,16 +201,31 @@ def shuffle_report(
         "expected_labels_per_batch": (
             None if codes is None else expected_labels_per_batch(codes, batch_size)
         ),
+        "tests": {},
         "orders": {},
         "plots": {},
     }
+    design = Design(
+        records=n,
+        class_counts=() if codes is None else class_counts(codes, len(names)),
+        buffer_size=buffer_size,
+    )
+    summary["tests"] = design.to_json()
     for name, order in orders.items():
         stats = order_stats(order, labels=codes, batch_size=batch_size, num_records=n).to_json()
+        verdict, p_values = design.judge(
+            rho=stats["spearman_rho"], chi2_p_value=stats["chi2_p_value"],
+            latest_first_position=stats["latest_first_position"],
+        )
         if stats["label_first_positions"] is not None:
             firsts = {names[int(c)]: p for c, p in stats["label_first_positions"].items()}
             stats["label_first_positions"] = firsts if len(firsts) <= _MAX_LISTED_CLASSES else None
             stats["latest_label"] = names[int(stats["latest_label"])]
         stats["description"] = ORDER_DESCRIPTIONS[name].format(buffer_size=buffer_size)
+        stats["rho_p_value"] = p_values["rho"]
+        stats["last_class_p_value"] = p_values.get("last_class")
+        stats["p_value"] = p_values["combined"]
+        stats["verdict"] = verdict
         summary["orders"][name] = stats
 
     if out_dir is not None:

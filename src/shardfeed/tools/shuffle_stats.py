@@ -2,8 +2,10 @@
 
 An *order* is a 1-D integer array: ``order[p]`` is the record index emitted at output position
 ``p`` of one epoch. :func:`order_stats` gives Spearman rho of position vs index, mean absolute
-displacement, chi-square of position decile x index decile with its p-value, first position of
-each label and the mean number of distinct labels per batch.
+displacement, chi-square of position bin x index bin with its p-value (up to deciles, as many
+bins as keep every expected count at 5 or more; none below 20 records), first position of
+each label and the mean number of distinct labels per batch. What they say about the order is
+decided in :mod:`shardfeed.tools.shuffle_verdict`.
 
 The orders of a shuffle buffer come from :mod:`shardfeed.tools.shuffle_buffer`; its functions
 (:func:`buffer_shuffle_order`, :func:`file_shuffle_buffer_order`, :func:`buffer_draws`,
@@ -32,6 +34,7 @@ from shardfeed.tools.shuffle_buffer import (
     simulate_buffer,
 )
 from shardfeed.tools.shuffle_buffer import check_count as _check_count
+from shardfeed.tools.shuffle_verdict import chi2_bins
 
 __all__ = [
     "ChiSquare",
@@ -250,14 +253,15 @@ def expected_labels_per_batch(labels: npt.ArrayLike, batch_size: int) -> float:
 class OrderStats:
     """Statistics of one order (see :func:`order_stats`); ``to_json()`` gives plain types.
 
-    Label fields are None when no labels were given. ``latest_label`` is the label whose first
+    Label fields are None when no labels were given; ``chi2`` is None below 20 records (too
+    few for the chi-square approximation). ``latest_label`` is the label whose first
     appearance comes last and ``latest_first_position`` that position.
     """
 
     records: int
     spearman_rho: float
     mean_abs_displacement: float
-    chi2: ChiSquare
+    chi2: ChiSquare | None
     label_first_positions: dict[Any, int] | None = None
     latest_label: Any = None
     latest_first_position: int | None = None
@@ -269,9 +273,9 @@ class OrderStats:
             "records": self.records,
             "spearman_rho": self.spearman_rho,
             "mean_abs_displacement": self.mean_abs_displacement,
-            "chi2": self.chi2.statistic,
-            "chi2_dof": self.chi2.dof,
-            "chi2_p_value": self.chi2.p_value,
+            "chi2": None if self.chi2 is None else self.chi2.statistic,
+            "chi2_dof": None if self.chi2 is None else self.chi2.dof,
+            "chi2_p_value": None if self.chi2 is None else self.chi2.p_value,
             "label_first_positions": (
                 None if firsts is None else {str(k): v for k, v in firsts.items()}
             ),
@@ -288,7 +292,10 @@ def order_stats(
     batch_size: int = 256,
     num_records: int | None = None,
 ) -> OrderStats:
-    """All statistics of one order; label statistics only when ``labels`` (one per record) given."""
+    """All statistics of one order; label statistics only when ``labels`` (one per record) given.
+
+    The chi-square uses :func:`shardfeed.tools.shuffle_verdict.chi2_bins` bins a side.
+    """
     if labels is not None:
         count = np.asarray(labels).shape[0] if np.ndim(labels) else 0
         if num_records is not None and num_records != count:
@@ -300,7 +307,8 @@ def order_stats(
     o, n = _as_order(order, num_records)
     rho = spearman_rho(o)
     displacement = mean_abs_displacement(o, num_records=n)
-    chi2 = decile_chi2(o, num_records=n)
+    bins = chi2_bins(o.size)
+    chi2 = decile_chi2(o, num_records=n, bins=bins) if bins >= 2 else None
     if labels is None:
         return OrderStats(o.size, rho, displacement, chi2)
     firsts = label_first_positions(o, labels)

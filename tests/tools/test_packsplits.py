@@ -136,3 +136,36 @@ def test_ambiguous_time_columns_are_refused_until_the_unit_is_given(
         pack(mixed, tmp_path / "b", csv=CsvColumns(group="day", order="t", time_unit="s"))
     with pytest.raises(ValueError, match="time unit must be one of"):
         CsvColumns(order="t", time_unit="minutes")  # type: ignore[arg-type]
+
+
+def test_val_csv_missing_a_onehot_value_keeps_the_training_vocabulary(
+    tmp_path: Path, make_image  # type: ignore[no-untyped-def]
+) -> None:
+    from shardfeed.cli.main import main
+
+    rows = {"train": ["bird", "cat", "dog"], "val": ["bird", "dog"], "odd": ["bird", "eel"]}
+    for split, kinds in rows.items():
+        lines = ["path,kind"]
+        for i, kind in enumerate(kinds):
+            make_image(tmp_path / split / f"{i}.jpg", i)
+            lines.append(f"{i}.jpg,{kind}")
+        (tmp_path / split / "labels.csv").write_text("\n".join(lines) + "\n")
+
+    def hot(out: Path) -> dict[str, list[int]]:
+        ds = shardfeed.Dataset(str(out))
+        try:
+            return {kind: ds[i]["image/label/kind"].tolist() for i, kind in
+                    enumerate(rows[out.name.split("_")[0]])}
+        finally:
+            ds.close()
+
+    args = ["--csv-onehot", "kind", "--no-progress"]
+    assert main(["pack", str(tmp_path / "train/labels.csv"), str(tmp_path / "train_out"), *args]) == 0
+    assert hot(tmp_path / "train_out")["dog"] == [0, 0, 1]
+    # packed on its own, the val split would call dog [0, 1]: another position, another size
+    assert main(["pack", str(tmp_path / "val/labels.csv"), str(tmp_path / "val_out"), *args,
+                 "--classes-from", str(tmp_path / "train_out")]) == 0
+    assert hot(tmp_path / "val_out") == {"bird": [1, 0, 0], "dog": [0, 0, 1]}
+    with pytest.raises(PackError, match=r"line 3, column 'kind': 'eel' is not in the vocabulary"):
+        pack(tmp_path / "odd/labels.csv", tmp_path / "odd_out",
+             csv=CsvColumns(onehot=("kind",)), classes_from=tmp_path / "train_out")

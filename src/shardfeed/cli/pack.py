@@ -76,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     classes.add_argument(
         "--classes-from", default=None, metavar="PATH",
         help="take the class list from a packed dataset (e.g. the training split's output) "
-             "or a folder of class sub-folders",
+             "or a folder of class sub-folders; for a CSV, the dataset's --csv-onehot "
+             "vocabularies",
     )
     check = parser.add_argument_group("input checks")
     check.add_argument(

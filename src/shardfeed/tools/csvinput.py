@@ -27,7 +27,7 @@ import csv
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardfeed.errors import PackError
@@ -174,9 +174,17 @@ def _stored_name(path: str, root: str) -> str:
 
 
 def read_csv(
-    csv_path: str | os.PathLike[str], *, columns: CsvColumns, root: str | None = None
+    csv_path: str | os.PathLike[str],
+    *,
+    columns: CsvColumns,
+    root: str | None = None,
+    vocabularies: Mapping[str, Sequence[str]] | None = None,
 ) -> PackInput:
     """Read ``csv_path`` into pack items.
+
+    ``vocabularies`` (feature name → values, e.g. the training split's manifest) fixes the
+    one-hot vocabulary of a ``--csv-onehot`` column, so a split that lacks a value keeps every
+    other value's position; a value outside it is an error naming its line.
 
     Relative image paths are resolved against ``root`` (default: the CSV's folder) and stored
     relative to it. Checks: the file is UTF-8 CSV text, every named column exists, every
@@ -198,7 +206,7 @@ def read_csv(
         raise PackError(
             f"'{where}' is not a readable CSV file ({exc}); fix or re-export it"
         ) from None
-    return _items(where, base, header, rows, columns)
+    return _items(where, base, header, rows, columns, vocabularies or {})
 
 
 def _read_rows(where: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
@@ -224,6 +232,7 @@ def _read_rows(where: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
 def _items(
     where: str, base: str, header: list[str], rows: list[tuple[int, list[str]]],
     columns: CsvColumns,
+    given: Mapping[str, Sequence[str]],
 ) -> PackInput:
     missing = [c for c in columns.required() if c not in header]
     if missing:
@@ -251,7 +260,20 @@ def _items(
     # Vocabularies first: one-hot columns and string group columns need every value.
     vocab: dict[str, tuple[str, ...]] = {}
     for col in columns.onehot:
-        vocab[col] = _sorted_vocabulary({cell(ln, cells, col) for ln, cells in rows})
+        seen = {cell(ln, cells, col): ln for ln, cells in rows}
+        fixed = given.get(ONEHOT_PREFIX + col)
+        if fixed is None:
+            vocab[col] = _sorted_vocabulary(set(seen))
+            continue
+        vocab[col] = tuple(fixed)
+        for value, line in sorted(seen.items(), key=lambda kv: kv[1]):
+            if value not in vocab[col]:
+                raise PackError(
+                    f"CSV file '{where}', line {line}, column '{col}': {value!r} is not in the "
+                    f"vocabulary given for it ({', '.join(vocab[col])}); its one-hot position "
+                    "would differ from the other split's: fix the value, or pack without "
+                    "--classes-from to make a new vocabulary"
+                )
     group_ids: dict[str, int] | None = None
     group_names: tuple[str, ...] | None = None
     numeric_groups = False

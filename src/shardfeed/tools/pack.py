@@ -34,7 +34,13 @@ from shardfeed.storage import is_remote
 from shardfeed.tools import packoutput, packtime
 from shardfeed.tools.csvinput import CsvColumns, read_csv
 from shardfeed.tools.packcheck import BadInput, BadInputsError, CheckLevel, check_inputs
-from shardfeed.tools.packitems import PackInput, PackItem, classes_from_path, scan_folder
+from shardfeed.tools.packitems import (
+    PackInput,
+    PackItem,
+    classes_from_path,
+    scan_folder,
+    vocabularies_from_path,
+)
 from shardfeed.tools.packoutput import PackResult
 from shardfeed.tools.packplan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.packrecord import MODES, Mode, build_payload, estimate_size, fingerprint
@@ -77,13 +83,20 @@ class PackOptions:
 
 
 def _read_input(
-    source: str, *, csv: CsvColumns | None, root: str | None, classes: Sequence[str] | None
+    source: str,
+    *,
+    csv: CsvColumns | None,
+    root: str | None,
+    classes: Sequence[str] | None,
+    classes_from: str | None = None,
 ) -> PackInput:
     if os.path.isdir(source):
         if csv is not None:
             raise ValueError(
                 f"CSV columns were given but '{source}' is a folder; pass the CSV file instead"
             )
+        if classes is None and classes_from is not None:
+            classes = classes_from_path(classes_from)
         return scan_folder(source, classes=classes)
     if not os.path.exists(source):
         raise PackError(f"input '{source}' does not exist; name a folder of images or a CSV")
@@ -93,7 +106,8 @@ def _read_input(
             "sub-folders of a folder input (a CSV's labels are its label columns)"
         )
     _refuse_non_csv(source)
-    return read_csv(source, columns=csv or CsvColumns(), root=root)
+    vocabularies = vocabularies_from_path(classes_from) if classes_from is not None else None
+    return read_csv(source, columns=csv or CsvColumns(), root=root, vocabularies=vocabularies)
 
 
 def _refuse_non_csv(source: str) -> None:
@@ -147,7 +161,8 @@ def pack(
     GZIP or ZLIB) to re-pack as they are.
     ``classes``: the class list of a folder input (e.g. the training split's), so a split
     with a class missing keeps the same labels; ``classes_from``: read it from a packed
-    dataset (its manifest) or a folder of class sub-folders.
+    dataset (its manifest) or a folder of class sub-folders; for a CSV input, a packed
+    dataset whose one-hot vocabularies the ``csv.onehot`` columns keep.
     ``mode``: ``embedded`` (file bytes as they are), ``referenced`` (relative paths; the root
     goes into the manifest) or ``raw`` (decoded uint8 pixels). ``shard_size``: a target
     size like ``'64MB'`` (default), or ``records_per_shard``. A non-empty ``output`` needs
@@ -164,8 +179,6 @@ def pack(
     """
     if classes is not None and classes_from is not None:
         raise ValueError("give classes or classes_from, not both")
-    if classes_from is not None:
-        classes = classes_from_path(classes_from)
     if check not in ("header", "decode"):
         raise ValueError(f"check must be 'header' or 'decode', got {check!r}")
     if is_remote(os.fspath(output)):
@@ -180,8 +193,8 @@ def pack(
             return pack(source, staging, mode=mode, csv=csv, root=root, shard_size=shard_size,
                         records_per_shard=records_per_shard, workers=workers,
                         executor=executor, prefix=prefix, from_tfrecord=from_tfrecord,
-                        progress=progress, on_shard=both, classes=classes, check=check,
-                        skip_bad=skip_bad)
+                        progress=progress, on_shard=both, classes=classes,
+                        classes_from=classes_from, check=check, skip_bad=skip_bad)
 
         return pack_to_url(run, os.fspath(output), resume=resume, overwrite=overwrite)
     if records_per_shard is None and shard_size is None:
@@ -200,7 +213,7 @@ def pack(
     if from_tfrecord:
         from shardfeed.tools.packtfrecord import pack_tfrecords
 
-        if classes is not None:
+        if classes is not None or classes_from is not None:
             raise ValueError("classes apply to a folder of images, not to --from-tfrecord")
         inputs = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         return pack_tfrecords(
@@ -211,7 +224,7 @@ def pack(
         raise TypeError("source must be one folder or CSV path (lists only with from_tfrecord)")
     data = _read_input(
         os.fspath(source), csv=csv, root=os.fspath(root) if root is not None else None,
-        classes=classes,
+        classes=classes, classes_from=os.fspath(classes_from) if classes_from else None,
     )
     packoutput.check_output(out, resume=resume, overwrite=overwrite)
     items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)

@@ -233,6 +233,23 @@ def _flat(root: str, ignored: list[Ignored]) -> PackInput:
     return PackInput(items=tuple(items), root=root, where=root, ignored=tuple(ignored))
 
 
+def vocabularies_from_path(path: str | os.PathLike[str]) -> dict[str, tuple[str, ...]]:
+    """The label vocabularies a packed dataset kept (feature name → names, index = value):
+    its class names and its CSV one-hot vocabularies. PackError if ``path`` is no dataset."""
+    text = os.fspath(path)
+    manifest = os.path.join(text, spec.MANIFEST_NAME) if os.path.isdir(text) else text
+    if not os.path.isfile(manifest):
+        raise PackError(
+            f"'{text}' is not a packed dataset (no {spec.MANIFEST_NAME}); the labels of a CSV "
+            "are taken from the dataset packed from the training split's CSV"
+        )
+    from shardfeed.format.manifest import Manifest
+
+    vocabularies = Manifest.load(manifest).extra.get("vocabularies") or {}
+    return {str(k): tuple(str(n) for n in v) for k, v in vocabularies.items()
+            if isinstance(v, list)}
+
+
 def classes_from_path(path: str | os.PathLike[str]) -> tuple[str, ...]:
     """The class list of a packed dataset (its folder or manifest: the class names ``pack``
     kept for ``image/class/label``) or of a folder of class sub-folders (sorted)."""

@@ -104,6 +104,15 @@ def test_patches(data: dict[str, Path]) -> None:
     assert result["output_mpix_per_s"] == pytest.approx(result["samples_per_s"] * 32 * 32 / 1e6)
 
 
+def test_patches_on_fewer_images_than_the_default_cache(data: dict[str, Path]) -> None:
+    from shardfeed.cli.main import main
+
+    result = bench(data["highres"], patches=32, refresh_every=8, batch_size=8, **FAST)
+    assert result["cache_images"] == SIZES.highres_images  # not the 64 a larger dataset gets
+    assert main(["bench", str(data["highres"]), "--patches", "32", "--refresh-every", "8",
+                 "--batch", "8", "--seconds", "0.3", "--threads", "2"]) == 0
+
+
 def test_options_are_checked(data: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="preset"):
         BenchOptions(preset="fast")

@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     patches.add_argument("--patches", type=common.positive_int, default=None, metavar="SIZE",
                          help="bench random SIZE x SIZE crops from a cache of decoded images")
     patches.add_argument("--cache-images", type=common.positive_int, default=None, metavar="N",
-                         help="decoded images in the cache (default: 64)")
+                         help="decoded images in the cache (default: 64, or every image of a "
+                              "smaller dataset)")
     patches.add_argument("--refresh-every", type=common.positive_int, default=None, metavar="R",
                          help="outputs between two cache refreshes (default: 100)")
     parser.add_argument("--seconds", type=_seconds, default=30.0, metavar="S",
@@ -89,7 +90,7 @@ def _options(args: argparse.Namespace) -> Any:
     return BenchOptions(
         preset=args.preset, size=args.size, batch_size=args.batch, num_threads=args.threads,
         windows=args.windows, stride=args.stride or 1, patches=args.patches,
-        cache_images=args.cache_images or 64, refresh_every=args.refresh_every or 100,
+        cache_images=args.cache_images, refresh_every=args.refresh_every or 100,
         seconds=args.seconds, seed=args.seed,
     )
 

@@ -56,10 +56,16 @@ def _check_seconds(name: str, value: object, *, minimum: float) -> None:
         raise ValueError(f"{name} must be a number of seconds >= {minimum}, got {value!r}")
 
 
+#: Decoded images in the patch cache when ``cache_images`` is not given (fewer on a smaller
+#: dataset: a cache never holds more images than there are).
+DEFAULT_CACHE_IMAGES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class BenchOptions:
     """What to measure. ``windows`` (a frame count) and ``patches`` (a crop size) exclude each
-    other; ``stride`` belongs to windows, ``cache_images`` / ``refresh_every`` to patches.
+    other; ``stride`` belongs to windows, ``cache_images`` / ``refresh_every`` to patches
+    (``cache_images=None``: 64, or every image of a smaller dataset).
     ``warmup_seconds`` defaults to ``min(5, seconds / 5)``, ``decode_seconds`` to
     ``max(1, seconds / 4)``."""
 
@@ -70,7 +76,7 @@ class BenchOptions:
     windows: int | None = None
     stride: int = 1
     patches: int | None = None
-    cache_images: int = 64
+    cache_images: int | None = None
     refresh_every: int = 100
     seconds: float = 30.0
     warmup_seconds: float | None = None
@@ -80,9 +86,10 @@ class BenchOptions:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {self.preset!r}")
-        for name in ("size", "batch_size", "num_threads", "stride", "cache_images",
-                     "refresh_every"):
+        for name in ("size", "batch_size", "num_threads", "stride", "refresh_every"):
             _check_int(name, getattr(self, name), minimum=1)
+        if self.cache_images is not None:
+            _check_int("cache_images", self.cache_images, minimum=1)
         _check_int("seed", self.seed, minimum=0)
         if self.windows is not None:
             _check_int("windows", self.windows, minimum=1)
@@ -126,7 +133,8 @@ def _source(dataset: Any, options: BenchOptions) -> tuple[Any, Any]:
     if options.patches is not None:
         from shardfeed.pipeline import Patches
 
-        source = Patches(dataset, size=options.patches, cache_images=options.cache_images,
+        cache = options.cache_images or min(DEFAULT_CACHE_IMAGES, len(dataset))
+        source = Patches(dataset, size=options.patches, cache_images=cache,
                          refresh_every=options.refresh_every)
         return source, None
     return dataset, _transform(options)
@@ -312,7 +320,7 @@ def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, An
         "windows": options.windows,
         "stride": options.stride if kind == "windows" else None,
         "patches": options.patches,
-        "cache_images": options.cache_images if kind == "patches" else None,
+        "cache_images": source.options.cache_images if kind == "patches" else None,
         "refresh_every": options.refresh_every if kind == "patches" else None,
         "warmup_seconds": options.warmup,
         "seconds": t_measure,

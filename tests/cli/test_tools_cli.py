@@ -97,3 +97,14 @@ def test_python_dash_m_runs(tf_fixtures: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "ok: 21 records in 1 shard" in proc.stdout
+
+
+def test_inspect_names_float_label_columns_values_not_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["examples", str(tmp_path / "ex")]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "ex" / "days")]) == 0
+    text = capsys.readouterr().out
+    assert "values    labels: 5 floats (VF, IRR0, IRR1, IRR2, IRR3)" in text
+    assert "classes   labels" not in text  # five float columns are no five classes

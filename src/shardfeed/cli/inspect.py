@@ -103,9 +103,13 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
                   f"median {span['median']:g} s / max {span['max']:g} s")
     if "windows" in info:
         _print_windows(info["windows"])
+    kinds = {row["name"]: row["kind"] for row in info["schema"]}
     for key, names in (info["extra"].get("vocabularies") or {}).items():
         shown = ", ".join(map(str, names[:12])) + (" ..." if len(names) > 12 else "")
-        print(f"classes   {key}: {len(names)} ({shown})")
+        if kinds.get(key) == "float":  # the names of float label columns, not classes
+            print(f"values    {key}: {common.count(len(names), 'float')} ({shown})")
+        else:
+            print(f"classes   {key}: {len(names)} ({shown})")
     for i, rec in enumerate(info.get("first_records", [])):
         print(f"record {i}")
         for key, value in rec.items():

@@ -30,7 +30,7 @@ from shardfeed.tools.packplan import PackPlan
 
 log = logging.getLogger(__name__)
 
-PLAN_NAME = ".shardfeed-pack.json"
+PLAN_NAME = spec.PACK_PLAN_NAME
 
 
 @dataclass(frozen=True, slots=True)

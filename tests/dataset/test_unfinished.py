@@ -55,9 +55,10 @@ def _photos(folder: Path, per_class: int = 15) -> Path:
 
 
 def _killed_pack(photos: Path, out: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", _KILLED_PACK, str(photos), str(out)],
-                          env=env, capture_output=True, timeout=120)
+                          env=env, capture_output=True, timeout=120, check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
 
 

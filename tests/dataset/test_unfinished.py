@@ -8,6 +8,7 @@ the plan file, no manifest).
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -107,6 +108,8 @@ def test_killed_pack_is_refused_by_every_reader_until_resumed(
     # the one explicit way to read what is there
     with Dataset(out, allow_partial=True) as partial:
         assert len(partial) == 3
+        with pickle.loads(pickle.dumps(partial)) as reopened:  # as process workers get it
+            assert len(reopened) == 3
 
     # finishing the pack as the message says makes the folder a dataset for every reader
     assert main(["pack", str(photos), str(out), "--records-per-shard", "1", "--resume",

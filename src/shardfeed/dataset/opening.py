@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardfeed.dataset import unfinished
 from shardfeed.errors import FormatError, StorageError
@@ -176,6 +177,26 @@ def resolve_source(source: SourceArg, *, allow_partial: bool = False) -> Resolve
     if not urls:
         raise ValueError("Dataset source list is empty; pass at least one TFRecord file")
     return _from_files(urls, check=check)
+
+
+def resolve_sources(source: SourceArg, *, allow_partial: bool = False) -> Resolved:
+    """:func:`resolve_source`, but the items of a list may also be folders and globs (a
+    command's several arguments): each is resolved on its own and the files of all of them
+    are taken in order (without their manifests). A list of one item is that item."""
+    if isinstance(source, (str, os.PathLike)) or not isinstance(source, Sequence):
+        return resolve_source(source, allow_partial=allow_partial)
+    items: list[Any] = [os.fspath(i) if isinstance(i, (str, os.PathLike)) else i
+                        for i in source]
+    if len(items) == 1 and isinstance(items[0], str):
+        return resolve_source(items[0], allow_partial=allow_partial)
+    urls: list[Any] = []
+    for item in items:
+        if isinstance(item, str) and (
+                _GLOB_CHARS.search(item) or os.path.isdir(item.removeprefix("file://"))):
+            urls.extend(resolve_source(item, allow_partial=allow_partial).urls)
+        else:
+            urls.append(item)  # checked (and refused if not a path) by resolve_source
+    return resolve_source(urls, allow_partial=allow_partial)
 
 
 def referenced_root(resolved: Resolved, root: str | os.PathLike[str] | None) -> str | None:

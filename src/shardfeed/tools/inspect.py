@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.dataset.opening import referenced_root, resolve_source
+from shardfeed.dataset.opening import referenced_root, resolve_sources
 from shardfeed.format import spec
 
 SCHEMA_SAMPLE = 32
@@ -163,6 +163,9 @@ def inspect(
 ) -> dict[str, Any]:
     """Describe a dataset as a JSON-serialisable dict.
 
+    ``source``: what ``Dataset`` opens, local or at a URL; a list may also hold folders and
+    globs (a command's several arguments), whose files are then described together.
+
     Keys: ``source``, ``manifest`` (path or None), ``mode``, ``root``, ``shards`` (path,
     records, bytes each), ``records``, ``bytes``, ``schema`` (one row a feature: name, kind,
     length, role, image encoding), ``groups`` (count, records per group min/median/max, order
@@ -182,7 +185,7 @@ def inspect(
         raise ValueError(f"windows must be a number of frames >= 1, got {windows!r}")
     groups: np.ndarray | None = None
     order: np.ndarray | None = None
-    resolved = resolve_source(source)
+    resolved = resolve_sources(source)
     manifest = resolved.manifest
     result: dict[str, Any] = {"source": os.fspath(source) if isinstance(source, (str, os.PathLike))
                               else [os.fspath(s) for s in source]}

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from shardfeed.dataset.opening import Resolved, referenced_root, resolve_source
+from shardfeed.dataset.opening import Resolved, referenced_root, resolve_sources
 from shardfeed.errors import ShardfeedError
 from shardfeed.format.schema import ImageInfo
 from shardfeed.storage import is_remote
@@ -108,7 +108,8 @@ def verify(
 
     ``source``: anything ``Dataset`` opens, local or on object storage (``s3://``,
     ``memory://``, ...): a dataset folder or manifest (then sizes, checksums and record counts
-    are checked against it), a folder of TFRecord files, a glob or a list of files. A folder
+    are checked against it), a folder of TFRecord files, a glob, or a list of files (also of
+    folders and globs, as a command's several arguments give). A folder
     whose pack did not finish is refused with :class:`~shardfeed.errors.FormatError`, as
     ``Dataset`` refuses it. ``root``: where referenced images live (default: the manifest's
     root). ``workers`` shards are checked at once. Never raises for bad records or shards:
@@ -116,7 +117,7 @@ def verify(
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    resolved = resolve_source(source)
+    resolved = resolve_sources(source)
     jobs = _jobs(resolved, decode=decode, root=root)
     total = _total_bytes([j.path for j in jobs], [j.expected for j in jobs])
     from tqdm import tqdm

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -37,8 +38,10 @@ def test_manifest_round_trip(tmp_path: Path) -> None:
     m.save(tmp_path / "shardfeed.json")
     doc = json.loads((tmp_path / "shardfeed.json").read_text())
     assert doc["format"] == "shardfeed" and doc["version"] == 1 and doc["records"] == 5
+    assert doc["root"] == "images"  # stored as given: relative to the manifest's folder
     back = load(tmp_path / "shardfeed.json")
-    assert back == m
+    assert back.root == str(tmp_path / "images")  # resolved where the manifest is now
+    assert dataclasses.replace(back, root="images") == m
     assert back.num_records == 5
     assert back.schema is not None and back.schema.image == ImageInfo("image/encoded", "jpeg")
     assert dict(back.extra) == {"classes": ["cat", "dog"]}

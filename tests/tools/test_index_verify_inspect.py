@@ -173,3 +173,17 @@ def test_inspect_bare_tfrecord(tf_fixtures: Path) -> None:
     info = inspect(tf_fixtures / "mixed.tfrecord")
     assert info["manifest"] is None and info["records"] == 21
     assert {r["name"] for r in info["schema"]} >= {"labels", "image/encoded", "mask_raw"}
+
+
+def test_several_folders_and_globs_as_the_cli_passes_them(
+    tf_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardfeed.cli.main import main
+
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(tf_copy / "mixed.tfrecord", other / "again.tfrecord")
+    sources = [str(tf_copy), str(other / "*.tfrecord")]
+    assert verify(sources).records == 51 and inspect(sources)["records"] == 51
+    assert main(["verify", *sources, "--no-progress"]) == 0
+    assert "ok: 51 records in 3 shards" in capsys.readouterr().out

@@ -5,6 +5,7 @@ examples:
   shardfeed inspect data/train.tfrecord  # bare TFRecord files (schema inferred)
   shardfeed inspect out/ --records 3     # also the first 3 records, briefly
   shardfeed inspect out/ --json
+  shardfeed inspect s3://bucket/ds/      # any URL Dataset opens (s3://, gs://, memory://)
   shardfeed inspect out/ --windows 3 --stride 2            # valid 3-frame windows, every 2nd frame
   shardfeed inspect out/ --windows 3 --stride-seconds 16 --max-gap-seconds 30
 """

@@ -3,6 +3,8 @@
 Each command is one module in this package that defines ``NAME``, ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``; they are found here at start-up, and their
 heavy imports happen inside ``run``. Exit codes: 0 ok, 1 the data or the check failed, 2 usage.
+A command whose reader closed stdout (``shardfeed inspect out/ | head``) stops quietly with
+141, what a shell reports for a command its pipe stopped (128 + SIGPIPE).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -85,16 +88,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shardfeed.errors import ShardfeedError
 
     try:
-        return int(args._run(args))
+        code = int(args._run(args))
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers below
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except (ShardfeedError, ValueError, TypeError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_closed():
+            return _drop_stdout()
         if args.debug:
             raise
         kind = "error" if isinstance(exc, ShardfeedError) else type(exc).__name__
         print(f"shardfeed {args.command}: {kind}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, (ValueError, TypeError)) else 1
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (or cannot be told apart from one),
+    so that a broken pipe of some other kind still fails loudly."""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no poll(), or no real stdout
+        return True
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _drop_stdout() -> int:
+    """Point stdout at /dev/null, so that flushing what is left at exit cannot fail again
+    (Python would print "Exception ignored ... BrokenPipeError"); return 141."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return 141
 
 
 if __name__ == "__main__":

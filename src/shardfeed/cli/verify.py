@@ -3,12 +3,14 @@
 Reads every shard record by record and lists each bad record with its shard, record index,
 byte offset and what is wrong: bad length CRC, bad data CRC, truncated, not a
 tf.train.Example, undecodable image or mask (--decode), missing referenced file, a shard
-whose size or checksum differs from the manifest. Exit status 1 if anything is wrong.
+whose size or checksum differs from the manifest. Exit status 1 if anything is wrong. A folder
+whose pack did not finish is refused (exit 1): finish it with `shardfeed pack ... --resume`.
 
 examples:
   shardfeed verify out/                    # a packed dataset (checks the manifest too)
   shardfeed verify out/ --decode           # also decode every image and mask
   shardfeed verify 'data/train-*' --json   # TFRecord files; machine-readable report
+  shardfeed verify s3://bucket/ds/         # any URL Dataset opens (s3://, gs://, memory://)
 """
 
 from __future__ import annotations

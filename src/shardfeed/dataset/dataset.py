@@ -21,6 +21,7 @@ from shardfeed.dataset.opening import (
     Resolved,
     SourceArg,
     parse_features,
+    referenced_root,
     resolve_source,
 )
 from shardfeed.dataset.reading import ReadOptions, read_payloads
@@ -37,7 +38,7 @@ from shardfeed.dataset.sources import ShardSources, check_source_options
 from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec as S
 from shardfeed.format.example import Value, decode_example
-from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar, resolve
+from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar
 from shardfeed.format.schema import Schema, infer_schema
 
 if TYPE_CHECKING:
@@ -64,13 +65,19 @@ class Dataset:
     ``verify_crc``: check each record's data CRC when read (the length CRC is always
     checked). ``features``: decode only these names, or shape/check them with a mapping of
     :class:`FeatureSpec`. ``root``: folder that referenced image paths are relative to
-    (default: the manifest's root, else the dataset folder). ``read_options``: coalescing.
+    (default: the manifest's root, else the dataset folder); pass it when the images moved
+    away from the dataset. ``read_options``: coalescing.
     ``source_options``: options for remote shards, passed to ``open_source(url, **options)``
     (``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``, ``retries``,
     ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``; see
     :class:`~shardfeed.storage.remote.RemoteOptions`); checked here, unused by local files.
     One ``read_many`` reads its remote shards at the same time (up to ``max_concurrency``
     shards, default 16), local shards one after another.
+
+    A folder whose writing did not finish (an interrupted ``pack``: its plan file, a shard's
+    ``.tmp``, fewer ``-of-N`` shards than N without a manifest) raises :class:`FormatError`
+    saying how to finish it, however its files are named (folder, glob, list);
+    ``allow_partial=True`` reads the complete shards that are there instead.
 
     ``ds[i]`` and ``ds.read_many(indices)`` return ``{feature: value}`` dicts (see
     :func:`shardfeed.format.example.decode_example`). Errors name the shard, the record
@@ -88,18 +95,21 @@ class Dataset:
         build_index: bool = True,
         read_options: ReadOptions | None = None,
         source_options: Mapping[str, Any] | None = None,
+        allow_partial: bool = False,
     ) -> None:
         if not isinstance(verify_crc, bool):
             raise TypeError(f"verify_crc must be True or False, got {verify_crc!r}")
         if not isinstance(build_index, bool):
             raise TypeError(f"build_index must be True or False, got {build_index!r}")
+        if not isinstance(allow_partial, bool):
+            raise TypeError(f"allow_partial must be True or False, got {allow_partial!r}")
         if read_options is not None and not isinstance(read_options, ReadOptions):
             raise TypeError(
                 f"read_options must be a ReadOptions, got {type(read_options).__name__}"
             )
         options = check_source_options(source_options)
         self._args = (source, verify_crc, features, root, build_index, read_options,
-                      source_options)
+                      source_options, allow_partial)
         self._build = build_index
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
@@ -107,7 +117,7 @@ class Dataset:
         self._schema: Schema | None = None
         self._fingerprint: str | None = None
 
-        resolved = resolve_source(source)
+        resolved = resolve_source(source, allow_partial=allow_partial)
         self._resolved = resolved
         self._manifest = resolved.manifest
         if resolved.manifest is not None:
@@ -115,7 +125,7 @@ class Dataset:
         else:
             self._table = self._open_files(resolved.urls, build=build_index)
         self._sources = ShardSources(self._table, source_options=options)
-        self._root = self._find_root(root)
+        self._root = referenced_root(resolved, root)
         self._group_ids, self._order_keys = self._load_sidecars()
         if self._manifest is not None and self._manifest.schema is not None:
             self._schema = self._manifest.schema
@@ -190,14 +200,6 @@ class Dataset:
         finally:
             if bar is not None:
                 bar.close()
-
-    def _find_root(self, root: str | os.PathLike[str] | None) -> str | None:
-        if root is not None:
-            return os.fspath(root)
-        base = self._resolved.base
-        if self._manifest is not None and self._manifest.root is not None:
-            return resolve(base, self._manifest.root) if base else self._manifest.root
-        return base
 
     def _load_sidecars(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         m, base = self._manifest, self._resolved.base
@@ -409,7 +411,8 @@ class Dataset:
 def _reopen(source: SourceArg, verify_crc: bool, features: Features,
             root: str | os.PathLike[str] | None, build_index: bool,
             read_options: ReadOptions | None,
-            source_options: Mapping[str, Any] | None = None) -> Dataset:
+            source_options: Mapping[str, Any] | None = None,
+            allow_partial: bool = False) -> Dataset:
     return Dataset(source, verify_crc=verify_crc, features=features, root=root,
                    build_index=build_index, read_options=read_options,
-                   source_options=source_options)
+                   source_options=source_options, allow_partial=allow_partial)

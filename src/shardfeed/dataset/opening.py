@@ -10,6 +10,11 @@ Shard names in a folder: ``*.tfrecord`` (and ``.tfrecords``, ``.tfrec``), TF's
 are skipped. On object storage a URL is a folder unless its name is a shard name (end a
 folder's URL with ``/`` when its name looks like a shard's); opening a dataset folder costs
 one GET (its manifest), a folder of bare shards one GET and one listing.
+
+Whatever form names the files, a folder whose dataset was never committed (an interrupted
+pack, a partial copy) is refused unless ``allow_partial``; see
+:mod:`shardfeed.dataset.unfinished`. Opening through a manifest trusts the manifest (locally,
+pack's plan file beside it still means the pack did not finish).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from shardfeed.dataset import unfinished
 from shardfeed.errors import FormatError, StorageError
 from shardfeed.format import spec as S
 from shardfeed.format.example import FeatureSpec
@@ -65,29 +72,34 @@ def is_shard_name(name: str) -> bool:
     return _is_shard_name(name)
 
 
-def _from_manifest(url: str) -> Resolved:
+def _from_manifest(url: str, *, check: bool) -> Resolved:
+    if check:
+        unfinished.check_plan_beside(url)
     manifest = Manifest.load(url)
     base = dataset_dir(url)
     urls = tuple(resolve(base, shard.path) for shard in manifest.shards)
     return Resolved(urls=urls, manifest=manifest, manifest_url=url, base=base)
 
 
-def _try_manifest(url: str) -> Resolved | None:
+def _try_manifest(url: str, *, check: bool) -> Resolved | None:
     """The dataset of the manifest at ``url``, or None if there is no such file.
 
     One read, no existence check first: on an object store that is one GET.
     """
     try:
-        return _from_manifest(url)
+        return _from_manifest(url, check=check)
     except StorageError as exc:
         if isinstance(exc.__cause__, FileNotFoundError):
             return None
         raise
 
 
-def _from_folder(url: str, names: list[str]) -> Resolved:
-    """The shards among ``names``, the entries of the folder ``url`` (sorted by name)."""
+def _from_folder(url: str, names: list[str], *, check: bool) -> Resolved:
+    """The shards among ``names``, the entries of the folder ``url`` (sorted by name);
+    ``check``: refuse the folder if its dataset is unfinished."""
     shards = [files.join(url, n) for n in names if _is_shard_name(n)]
+    if check:
+        unfinished.check_folder(url, names)
     if not shards:
         shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
         raise FormatError(
@@ -98,50 +110,64 @@ def _from_folder(url: str, names: list[str]) -> Resolved:
     return Resolved(urls=tuple(shards))
 
 
-def _from_remote(url: str) -> Resolved:
+def _from_remote(url: str, *, check: bool) -> Resolved:
     """A URL that is neither a glob nor a manifest: a dataset folder (one GET of its
     manifest), a folder of TFRecord files (+ one listing), or one object."""
     if _is_shard_name(url) and not url.endswith("/"):
-        return Resolved(urls=(url,))  # a shard's own URL: no request needed to know
-    found = _try_manifest(files.join(url, S.MANIFEST_NAME))
+        return _from_files([url], check=check)  # a shard's own URL: no request to know that
+    found = _try_manifest(files.join(url, S.MANIFEST_NAME), check=check)
     if found is not None:
         return found
     names = files.listdir(url)  # an object lists as nothing; a missing prefix raises
     if not names:
-        return Resolved(urls=(url.rstrip("/"),))
-    return _from_folder(url.rstrip("/"), names)
+        return _from_files([url.rstrip("/")], check=check)
+    return _from_folder(url.rstrip("/"), names, check=check)
 
 
-def _from_local(text: str) -> Resolved:
+def _from_local(text: str, *, check: bool) -> Resolved:
     path = text.removeprefix("file://")
     if os.path.isdir(path):
-        found = _try_manifest(files.join(text, S.MANIFEST_NAME))
+        found = _try_manifest(files.join(text, S.MANIFEST_NAME), check=check)
         if found is not None:
             return found
-        return _from_folder(text, files.listdir(text))
+        return _from_folder(text, files.listdir(text), check=check)
     if not os.path.exists(path):
         raise StorageError(f"'{text}' does not exist; check the path")
-    return Resolved(urls=(text,))
+    return _from_files([text], check=check)
 
 
-def _from_glob(pattern: str) -> Resolved:
+def _from_glob(pattern: str, *, check: bool) -> Resolved:
     matches = [m for m in files.glob(pattern) if not m.endswith(_NOT_SHARDS)]
     if not matches:
         raise FormatError(f"no files match '{pattern}'; check the pattern")
-    return Resolved(urls=tuple(matches))
+    return _from_files(matches, check=check)
 
 
-def resolve_source(source: SourceArg) -> Resolved:
-    """Find the manifest or the shard files ``source`` names."""
+def _from_files(urls: Sequence[str], *, check: bool) -> Resolved:
+    """Files named one by one (a list, a glob's matches, one file), checked by folder."""
+    if check:
+        unfinished.check_folders_of(urls)
+    return Resolved(urls=tuple(urls))
+
+
+def resolve_source(source: SourceArg, *, allow_partial: bool = False) -> Resolved:
+    """Find the manifest or the shard files ``source`` names.
+
+    Raises :class:`FormatError` when the folder of the files holds a dataset whose writing
+    did not finish (see :mod:`shardfeed.dataset.unfinished`), unless ``allow_partial``.
+    """
+    check = not allow_partial
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if not text:
             raise ValueError("Dataset source is an empty string; pass a folder, file or glob")
         if _GLOB_CHARS.search(text):
-            return _from_glob(text)
+            return _from_glob(text, check=check)
         if text.endswith(".json"):
-            return _from_manifest(text)
-        return _from_remote(text) if is_remote(text) else _from_local(text)
+            return _from_manifest(text, check=check)
+        if is_remote(text):
+            return _from_remote(text, check=check)
+        return _from_local(text, check=check)
     if isinstance(source, (bytes, bytearray)) or not isinstance(source, Sequence):
         raise TypeError(
             "Dataset source must be a folder, manifest, glob or file path, or a list of "
@@ -156,7 +182,40 @@ def resolve_source(source: SourceArg) -> Resolved:
         urls.append(os.fspath(item))
     if not urls:
         raise ValueError("Dataset source list is empty; pass at least one TFRecord file")
-    return Resolved(urls=tuple(urls))
+    return _from_files(urls, check=check)
+
+
+def resolve_sources(source: SourceArg, *, allow_partial: bool = False) -> Resolved:
+    """:func:`resolve_source`, but the items of a list may also be folders and globs (a
+    command's several arguments): each is resolved on its own and the files of all of them
+    are taken in order (without their manifests). A list of one item is that item."""
+    if isinstance(source, (str, os.PathLike)) or not isinstance(source, Sequence):
+        return resolve_source(source, allow_partial=allow_partial)
+    items: list[Any] = [os.fspath(i) if isinstance(i, (str, os.PathLike)) else i
+                        for i in source]
+    if len(items) == 1 and isinstance(items[0], str):
+        return resolve_source(items[0], allow_partial=allow_partial)
+    urls: list[Any] = []
+    for item in items:
+        if isinstance(item, str) and (
+                _GLOB_CHARS.search(item) or os.path.isdir(item.removeprefix("file://"))):
+            urls.extend(resolve_source(item, allow_partial=allow_partial).urls)
+        else:
+            urls.append(item)  # checked (and refused if not a path) by resolve_source
+    return resolve_source(urls, allow_partial=allow_partial)
+
+
+def referenced_root(resolved: Resolved, root: str | os.PathLike[str] | None) -> str | None:
+    """The folder referenced image paths are relative to: ``root`` when given, else the
+    manifest's root (a relative root is relative to the manifest's folder, which is how
+    ``pack`` stores a root near the dataset: the two can move together), else the dataset
+    folder (None for files without a manifest)."""
+    if root is not None:
+        return os.fspath(root)
+    base, manifest = resolved.base, resolved.manifest
+    if manifest is not None and manifest.root is not None:
+        return resolve(base, manifest.root) if base else manifest.root
+    return base
 
 
 def parse_features(

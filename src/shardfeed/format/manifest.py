@@ -10,11 +10,19 @@
       groups.npy              int64 group id per record (optional)
       order.npy               float64 order key per record (optional)
 
-Shard paths are relative to the manifest's folder unless they are absolute or URLs.
+Shard paths are relative to the manifest's folder unless they are absolute or URLs. So is the
+``root`` of referenced images: :meth:`Manifest.save` stores a local root that lies near the
+dataset (inside the folder that holds the dataset folder) relative to the manifest's folder,
+so that the dataset and its images can be moved or copied together::
+
+    data/                          root stored as "../photos"
+      photos/cat/001.jpg           (an absolute root, stored by older versions or for images
+      packed/shardfeed.json         elsewhere, is used as it is; ``Dataset(root=)`` re-points)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -62,7 +70,8 @@ class ShardInfo:
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """What is in a dataset. ``mode``: ``embedded`` (images inside the records),
-    ``referenced`` (records hold paths under ``root``), ``raw`` (decoded pixels and their shape
+    ``referenced`` (records hold paths under ``root``: absolute, a URL, or relative to the
+    manifest's folder, which :meth:`load` resolves), ``raw`` (decoded pixels and their shape
     inside the records) or ``tfrecord`` (indexed files written
     by other tools). ``group_key``/``order_key`` name the features whose per-record values
     are stored in the ``groups.npy``/``order.npy`` sidecars. ``extra`` holds free-form JSON
@@ -152,13 +161,23 @@ class Manifest:
         return manifest
 
     def save(self, url: str | os.PathLike[str]) -> None:
-        """Write the manifest atomically (temp name + rename) to ``url``."""
-        text = json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+        """Write the manifest atomically (temp name + rename) to ``url``.
+
+        A local absolute ``root`` inside the folder that holds the manifest's folder is
+        written relative to the manifest's folder (``..``, ``../photos``, ``images``).
+        """
+        data = self.to_json()
+        data["root"] = portable_root(self.root, os.fspath(url))
+        text = json.dumps(data, indent=1, sort_keys=False) + "\n"
         _fileio.write_bytes_atomic(url, text.encode("utf-8"))
 
     @classmethod
     def load(cls, url: str | os.PathLike[str]) -> Manifest:
-        """Read a manifest file (a path or URL to ``shardfeed.json``)."""
+        """Read a manifest file (a path or URL to ``shardfeed.json``).
+
+        A relative ``root`` is resolved against the manifest's folder where it is now, so
+        ``root`` is always usable as it is (and saving elsewhere stores it right again).
+        """
         where = os.fspath(url)
         raw = _fileio.read_bytes(url)
         try:
@@ -167,7 +186,11 @@ class Manifest:
             raise FormatError(
                 f"file '{where}' is not valid JSON ({exc}); re-create it with `shardfeed index`"
             ) from None
-        return cls.from_json(data, where=where)
+        manifest = cls.from_json(data, where=where)
+        root = manifest.root
+        if root is not None and not is_remote(root) and not os.path.isabs(root):
+            manifest = dataclasses.replace(manifest, root=resolve(dataset_dir(where), root))
+        return manifest
 
 
 def load(url: str | os.PathLike[str]) -> Manifest:
@@ -188,13 +211,36 @@ def dataset_dir(manifest_url: str | os.PathLike[str]) -> str:
     return os.path.dirname(os.path.abspath(text.removeprefix("file://")))
 
 
+def portable_root(root: str | None, manifest_url: str) -> str | None:
+    """``root`` as a manifest at ``manifest_url`` stores it: relative to the manifest's folder
+    when both are local and the root lies inside the folder that holds the manifest's folder
+    (not the file-system root), else unchanged."""
+    if root is None or is_remote(root) or is_remote(manifest_url) or not os.path.isabs(root):
+        return root
+    if root.startswith("file://") or manifest_url.startswith("file://"):
+        return root
+    base = dataset_dir(manifest_url)
+    near = os.path.dirname(base)
+    if near == os.path.dirname(near):  # the dataset folder sits at the file-system root
+        near = base
+    target = os.path.normpath(root)
+    if os.path.commonpath([near, target]) != near:
+        return root
+    return os.path.relpath(target, base).replace(os.sep, "/")
+
+
 def resolve(base: str, path: str) -> str:
-    """Join a shard/sidecar path from the manifest to the manifest's folder ``base``."""
+    """Join a path from the manifest (a shard, a sidecar, the image root) to the manifest's
+    folder ``base``; ``..`` steps are applied (``out/../photos`` is ``photos``)."""
     if is_remote(path) or os.path.isabs(path):
         return path
     if is_remote(base):
-        return posixpath.join(base, path)
-    return os.path.join(base, path)
+        joined = posixpath.join(base, path)
+        if ".." not in path.split("/"):
+            return joined
+        scheme, _, rest = joined.partition("://")
+        return f"{scheme}://{posixpath.normpath(rest)}"
+    return os.path.normpath(os.path.join(base, path))
 
 
 def _array_bytes(arr: np.ndarray) -> bytes:

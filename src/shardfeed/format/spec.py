@@ -49,6 +49,10 @@ TEXT_INDEX_SUFFIX: Final = ".idx"
 BINARY_INDEX_SUFFIX: Final = ".idx.npy"
 TEMP_SUFFIX: Final = ".tmp"
 MANIFEST_NAME: Final = "shardfeed.json"
+"""A dataset's manifest, written last: the dataset's commit point."""
+PACK_PLAN_NAME: Final = ".shardfeed-pack.json"
+"""The plan of a pack in progress, saved before its first shard and removed right after the
+manifest: a folder that holds it is an unfinished pack (``pack --resume`` finishes it)."""
 GROUPS_NAME: Final = "groups.npy"
 ORDER_NAME: Final = "order.npy"
 FORMAT_VERSION: Final = 1

@@ -1,8 +1,10 @@
 """``inspect``: what a dataset holds: shards, records, bytes, schema, groups, first records.
 
-Works on a packed or indexed dataset (everything comes from the manifest and sidecars, no
-record is read unless ``records > 0``) and on bare TFRecord files (scanned for their offsets,
-schema inferred from the first records).
+Works on anything ``Dataset`` opens, local or on object storage, resolved by the same code
+(and refused the same way when a pack did not finish): a packed or indexed dataset
+(everything comes from the manifest and sidecars, no record is read unless ``records > 0``)
+and bare TFRecord files (their offsets from their indexes, or a scan, never written; schema
+inferred from the first records).
 
 Determinism: a pure function of the files. Memory: the group sidecars and n+1 offsets a
 shard.
@@ -16,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.dataset.opening import referenced_root, resolve_sources
 from shardfeed.format import spec
-from shardfeed.tools import packfiles
 
 SCHEMA_SAMPLE = 32
 
@@ -105,14 +107,14 @@ def _read_records(path: str, offsets: np.ndarray, count: int) -> list[dict[str, 
     return out
 
 
-def _offsets(path: str) -> np.ndarray:
+def _offsets(url: str) -> np.ndarray:
+    """The n+1 record offsets of a shard: from its index as ``Dataset`` finds it, else a scan
+    (nothing is written: inspecting changes no file)."""
+    from shardfeed.dataset.shards import find_index
     from shardfeed.format.framing import scan
-    from shardfeed.format.index import load_binary_index
 
-    idx = spec.binary_index_path(path)
-    if os.path.isfile(idx):
-        return np.asarray(load_binary_index(idx, mmap=False))
-    return scan(path)
+    found = find_index(url, mmap=False)
+    return np.asarray(found) if found is not None else scan(url)
 
 
 def _window_stats(
@@ -161,6 +163,9 @@ def inspect(
 ) -> dict[str, Any]:
     """Describe a dataset as a JSON-serialisable dict.
 
+    ``source``: what ``Dataset`` opens, local or at a URL; a list may also hold folders and
+    globs (a command's several arguments), whose files are then described together.
+
     Keys: ``source``, ``manifest`` (path or None), ``mode``, ``root``, ``shards`` (path,
     records, bytes each), ``records``, ``bytes``, ``schema`` (one row a feature: name, kind,
     length, role, image encoding), ``groups`` (count, records per group min/median/max, order
@@ -180,18 +185,15 @@ def inspect(
         raise ValueError(f"windows must be a number of frames >= 1, got {windows!r}")
     groups: np.ndarray | None = None
     order: np.ndarray | None = None
-    manifest_path = (
-        packfiles.find_manifest(source) if isinstance(source, (str, os.PathLike)) else None
-    )
+    resolved = resolve_sources(source)
+    manifest = resolved.manifest
     result: dict[str, Any] = {"source": os.fspath(source) if isinstance(source, (str, os.PathLike))
                               else [os.fspath(s) for s in source]}
-    shard_paths: list[str]
-    if manifest_path is not None:
-        from shardfeed.format.manifest import Manifest, dataset_dir, load_sidecar, resolve
+    shard_paths = list(resolved.urls)
+    if manifest is not None and resolved.base is not None:
+        from shardfeed.format.manifest import load_sidecar
 
-        manifest = Manifest.load(manifest_path)
-        base = dataset_dir(manifest_path)
-        shard_paths = [resolve(base, s.path) for s in manifest.shards]
+        base = resolved.base
         shards = [{"path": s.path, "records": s.records, "bytes": s.bytes}
                   for s in manifest.shards]
         if manifest.group_key:
@@ -199,7 +201,8 @@ def inspect(
         if manifest.order_key:
             order = load_sidecar(base, spec.ORDER_NAME, records=manifest.num_records)
         result.update(
-            manifest=manifest_path, mode=manifest.mode, root=manifest.root,
+            manifest=resolved.manifest_url, mode=manifest.mode,
+            root=referenced_root(resolved, None) if manifest.root is not None else None,
             group_key=manifest.group_key, order_key=manifest.order_key,
         )
         schema = manifest.schema
@@ -208,7 +211,6 @@ def inspect(
     else:
         from shardfeed.format.schema import infer_schema
 
-        shard_paths = packfiles.expand_inputs(source)
         offsets = [_offsets(p) for p in shard_paths]
         shards = [{"path": p, "records": int(o.size - 1), "bytes": int(o[-1])}
                   for p, o in zip(shard_paths, offsets)]

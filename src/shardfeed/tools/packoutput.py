@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PLAN_NAME = ".shardfeed-pack.json"
+PLAN_NAME = spec.PACK_PLAN_NAME
 SKIPPED_NAME = "skipped.csv"
 
 

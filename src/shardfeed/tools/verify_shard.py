@@ -1,7 +1,8 @@
 """The per-shard checker of :func:`shardfeed.tools.verify.verify`.
 
-:func:`check_shard` walks one local shard record by record: framing, length and data CRCs,
-truncation, compression, the index and what the manifest says of the shard; with
+:func:`check_shard` walks one shard record by record, local or on object storage (read through
+the byte sources of :mod:`shardfeed.storage`, as ``Dataset`` reads it): framing, length and
+data CRCs, truncation, compression, the index and what the manifest says of the shard; with
 ``decode``/``check_paths`` also each record's Example, images, masks and referenced files.
 Masks decode as the Loader decodes them (grey values, palette indices) and must have their
 image's size; colour and 16-bit masks, which a loader reads only with ``mask_colors`` /
@@ -22,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import SchemaError, ShardfeedError, location
+from shardfeed.errors import SchemaError, ShardfeedError, StorageError, location
 from shardfeed.format import spec
 from shardfeed.format.crc import masked_crc32c
 from shardfeed.format.schema import ImageInfo
+from shardfeed.storage import files, is_remote, open_source
+from shardfeed.storage.base import ByteSource
 from shardfeed.tools.verify_report import (
     BAD_DATA_CRC,
     BAD_LENGTH_CRC,
@@ -75,10 +78,11 @@ class ShardJob:
 
 
 class _Blocks:
-    """Sequential reads through big blocks (one syscall per 8 MiB, not per record)."""
+    """Sequential reads through big blocks (one read, or one ranged GET, per 8 MiB, not per
+    record)."""
 
-    def __init__(self, fh: Any, size: int) -> None:
-        self.fh = fh
+    def __init__(self, source: ByteSource, size: int) -> None:
+        self.source = source
         self.size = size
         self.start = 0
         self.data = b""
@@ -87,37 +91,64 @@ class _Blocks:
         end = offset + length
         if offset >= self.start and end <= self.start + len(self.data):
             return self.data[offset - self.start:end - self.start]
-        self.fh.seek(offset)
-        self.data = self.fh.read(max(BLOCK_BYTES, length))
+        want = min(max(BLOCK_BYTES, length), self.size - offset)
+        self.data = self.source.read(offset, want) if want > 0 else b""
         self.start = offset
         return self.data[:length]
 
 
-def _file_crc(path: str) -> int:
+def _file_crc(source: ByteSource, size: int) -> int:
     import google_crc32c
 
     value = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(BLOCK_BYTES):
-            value = int(google_crc32c.extend(value, chunk))
+    for start in range(0, size, BLOCK_BYTES):
+        chunk = source.read(start, min(BLOCK_BYTES, size - start))
+        value = int(google_crc32c.extend(value, chunk))
     return value
 
 
 def _load_index(path: str) -> np.ndarray | None:
-    """The shard's offsets from ``.idx.npy`` or ``.idx`` if one exists and parses."""
-    from shardfeed.format.index import load_binary_index, read_text_index
+    """The shard's offsets from ``.idx.npy`` or ``.idx`` if one exists and parses (found the
+    way ``Dataset`` finds them, local or remote)."""
+    from shardfeed.dataset.shards import find_index
 
     try:
-        if os.path.isfile(spec.binary_index_path(path)):
-            return np.asarray(load_binary_index(spec.binary_index_path(path), mmap=False))
-        if os.path.isfile(spec.text_index_path(path)):
-            return read_text_index(spec.text_index_path(path))
+        found = find_index(path, mmap=False)
     except ShardfeedError:
         return None
-    return None
+    return None if found is None else np.asarray(found)
+
+
+def _size(path: str) -> int | None:
+    """The shard's size in bytes, or None if there is no such file or object."""
+    if not is_remote(path):
+        local = path.removeprefix("file://")
+        return os.path.getsize(local) if os.path.isfile(local) else None
+    try:
+        return files.size(path)
+    except StorageError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
 
 
 def check_shard(job: ShardJob, advance: Callable[[int], object]) -> ShardCheck:
+    """Check one shard (a local path or a URL); ``advance(n)`` reports bytes walked."""
+    size = _size(job.path)
+    if size is None:
+        missing = Problem(job.path, None, None, MISSING_FILE,
+                          "the shard does not exist; restore it, or rebuild the dataset")
+        return ShardCheck(job.path, 0, 0, 0, (missing,))
+    source = open_source(job.path)
+    try:
+        return _walk(job, source, size, advance)
+    finally:
+        source.close()
+
+
+def _walk(job: ShardJob, source: ByteSource, size: int,
+          advance: Callable[[int], object]) -> ShardCheck:
+    """Check the shard ``job.path`` of ``size`` bytes, read through ``source``."""
     path = job.path
     problems: list[Problem] = []
     warnings: list[str] = []
@@ -125,15 +156,11 @@ def check_shard(job: ShardJob, advance: Callable[[int], object]) -> ShardCheck:
     def problem(kind: str, detail: str, record: int | None = None, offset: int | None = None) -> None:
         problems.append(Problem(path, record, offset, kind, detail))
 
-    if not os.path.isfile(path):
-        problem(MISSING_FILE, "the shard does not exist; restore it, or rebuild the dataset")
-        return ShardCheck(path, 0, 0, 0, tuple(problems))
-    size = os.path.getsize(path)
     exp = job.expected
     if exp.size is not None and exp.size != size:
         problem(SIZE_MISMATCH, f"the file has {size} bytes, the manifest says {exp.size}; the "
                 "shard changed after it was written: restore it, or re-run `shardfeed index`")
-    elif exp.checksum is not None and _file_crc(path) != exp.checksum:
+    elif exp.checksum is not None and _file_crc(source, size) != exp.checksum:
         problem(CHECKSUM_MISMATCH, "the file's CRC32C differs from the manifest; the shard "
                 "changed after it was written: restore it, or re-run `shardfeed index`")
     if size == 0:
@@ -146,59 +173,58 @@ def check_shard(job: ShardJob, advance: Callable[[int], object]) -> ShardCheck:
     offsets: list[int] = []
     decoded = 0
     notes: list[tuple[str, int, int]] = []  # masks a loader reads only with an option
-    with open(path, "rb") as fh:
-        blocks = _Blocks(fh, size)
-        pos, record, reported = 0, 0, 0
-        while pos < size:
-            header = blocks.read(pos, spec.HEADER_BYTES)
-            whole = len(header) == spec.HEADER_BYTES
-            length, length_crc = _HEADER.unpack(header) if whole else (0, 0)
-            header_ok = whole and masked_crc32c(header[:spec.LENGTH_BYTES]) == length_crc
-            if not header_ok and record == 0 and _compressed(header):
-                problem(COMPRESSED, "the file is GZIP/ZLIB-compressed and cannot be read by "
-                        "offset; convert it with `shardfeed pack FILE OUT --from-tfrecord`", 0, 0)
+    blocks = _Blocks(source, size)
+    pos, record, reported = 0, 0, 0
+    while pos < size:
+        header = blocks.read(pos, spec.HEADER_BYTES)
+        whole = len(header) == spec.HEADER_BYTES
+        length, length_crc = _HEADER.unpack(header) if whole else (0, 0)
+        header_ok = whole and masked_crc32c(header[:spec.LENGTH_BYTES]) == length_crc
+        if not header_ok and record == 0 and _compressed(header):
+            problem(COMPRESSED, "the file is GZIP/ZLIB-compressed and cannot be read by "
+                    "offset; convert it with `shardfeed pack FILE OUT --from-tfrecord`", 0, 0)
+            break
+        if not whole:
+            problem(TRUNCATED, f"the file ends at byte {size} inside this record's header; "
+                    f"{record} whole records precede it: re-create the shard", record, pos)
+            break
+        if not header_ok:
+            if record == 0 and index is None:
+                problem(NOT_TFRECORD, "the first record's length CRC does not match: this "
+                        "is not a TFRecord file (or its first header is damaged)", 0, 0)
                 break
-            if not whole:
-                problem(TRUNCATED, f"the file ends at byte {size} inside this record's header; "
-                        f"{record} whole records precede it: re-create the shard", record, pos)
+            resume_at = _next_indexed(index, record, pos)
+            tail = ("the rest of the shard is checked at the offsets of its index"
+                    if resume_at is not None else
+                    "records after it cannot be located without an index and were not "
+                    "checked")
+            problem(BAD_LENGTH_CRC, f"the record header is damaged; {tail}. Re-create the "
+                    "shard from its source", record, pos)
+            if resume_at is None:
                 break
-            if not header_ok:
-                if record == 0 and index is None:
-                    problem(NOT_TFRECORD, "the first record's length CRC does not match: this "
-                            "is not a TFRecord file (or its first header is damaged)", 0, 0)
-                    break
-                resume_at = _next_indexed(index, record, pos)
-                tail = ("the rest of the shard is checked at the offsets of its index"
-                        if resume_at is not None else
-                        "records after it cannot be located without an index and were not "
-                        "checked")
-                problem(BAD_LENGTH_CRC, f"the record header is damaged; {tail}. Re-create the "
-                        "shard from its source", record, pos)
-                if resume_at is None:
-                    break
-                offsets.append(pos)
-                pos, record = resume_at, record + 1
-                continue
-            end = pos + spec.FRAMING_BYTES + length
-            if end > size:
-                problem(TRUNCATED, f"the record needs {spec.FRAMING_BYTES + length} bytes but "
-                        f"the file ends at byte {size}; {record} whole records precede it: "
-                        f"re-create the shard, or truncate it to {pos} bytes", record, pos)
-                break
-            body = blocks.read(pos + spec.HEADER_BYTES, length + spec.CRC_BYTES)
-            payload = body[:length]
-            (data_crc,) = _CRC.unpack_from(body, length)
-            if masked_crc32c(payload) != data_crc:
-                problem(BAD_DATA_CRC, "the record's bytes are damaged; re-create the shard from "
-                        "its source, or read with on_error='skip'", record, pos)
-            elif job.decode or job.check_paths:
-                decoded += _check_payload(job, payload, record, pos, problem, notes)
             offsets.append(pos)
-            pos, record = end, record + 1
-            if pos - reported >= BLOCK_BYTES:
-                advance(pos - reported)
-                reported = pos
-        advance(size - reported)
+            pos, record = resume_at, record + 1
+            continue
+        end = pos + spec.FRAMING_BYTES + length
+        if end > size:
+            problem(TRUNCATED, f"the record needs {spec.FRAMING_BYTES + length} bytes but "
+                    f"the file ends at byte {size}; {record} whole records precede it: "
+                    f"re-create the shard, or truncate it to {pos} bytes", record, pos)
+            break
+        body = blocks.read(pos + spec.HEADER_BYTES, length + spec.CRC_BYTES)
+        payload = body[:length]
+        (data_crc,) = _CRC.unpack_from(body, length)
+        if masked_crc32c(payload) != data_crc:
+            problem(BAD_DATA_CRC, "the record's bytes are damaged; re-create the shard from "
+                    "its source, or read with on_error='skip'", record, pos)
+        elif job.decode or job.check_paths:
+            decoded += _check_payload(job, payload, record, pos, problem, notes)
+        offsets.append(pos)
+        pos, record = end, record + 1
+        if pos - reported >= BLOCK_BYTES:
+            advance(pos - reported)
+            reported = pos
+    advance(size - reported)
     if index is not None and not problems:
         walked = np.asarray(offsets + [size], dtype=np.uint64)
         if walked.shape != index.shape or bool(np.any(walked != index)):
@@ -269,14 +295,13 @@ def _check_payload(
                 continue
             size: tuple[int, int] | None = None
             if slot.encoding == "path":
-                rel = value.decode("utf-8", "replace")
-                full = rel if os.path.isabs(rel) or job.root is None else os.path.join(job.root, rel)
-                if not os.path.isfile(full):
+                full = _referenced(job.root, value.decode("utf-8", "replace"))
+                data = files.read_if_exists(full) if job.decode else None  # one read, no stat
+                if not (data is not None if job.decode else files.exists(full)):
                     problem(MISSING_REFERENCED, f"{role} '{full}' does not exist; restore it, or "
                             "pass the right --root", record, offset)
-                elif job.decode:
-                    with open(full, "rb") as f:
-                        size = _try_decode(f.read(), where, role, record, offset, problem, notes)
+                elif data is not None:
+                    size = _try_decode(data, where, role, record, offset, problem, notes)
             elif not job.decode:
                 continue
             elif slot.encoding == "raw":
@@ -304,6 +329,13 @@ def _check_payload(
 
 _COLOUR_MASK = "colour"
 _WIDE_MASK = "16-bit"
+
+
+def _referenced(root: str | None, rel: str) -> str:
+    """The file a referenced path names: ``rel`` under ``root`` unless absolute or a URL."""
+    if root is None or os.path.isabs(rel) or "://" in rel:
+        return rel
+    return files.join(root, rel)
 
 
 def _try_decode(

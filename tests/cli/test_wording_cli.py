@@ -68,7 +68,7 @@ def test_bench_windows_names_the_frames(small_csv: Path, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "days"
     assert main(["pack", str(small_csv), str(out), "--csv-labels", "label", "--csv-group", "day",
-                 "--csv-order", "t", "--no-progress"]) == 0
+                 "--csv-order", "t", "--time-unit", "s", "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["bench", str(out), "--windows", "2", "--size", "16", "--batch", "2",
                  "--threads", "1", "--seconds", "0.2", "--no-progress"]) == 0

@@ -99,9 +99,11 @@ def test_killed_pack_is_refused_by_every_reader_until_resumed(
         line = _one_error_line(capsys)
         assert "did not finish" in line and "--resume" in line, line
 
-    # indexing the shards writes a manifest, but the pack is still unfinished
-    assert main(["index", str(out), "--no-progress"]) == 0
-    capsys.readouterr()
+    # indexing the shards would write a manifest that makes them look whole: refused too
+    assert main(["index", str(out), "--no-progress"]) == 1
+    line = _one_error_line(capsys)
+    assert "did not finish" in line and "--resume" in line, line
+    assert not (out / "shardfeed.json").exists()
     with pytest.raises(FormatError, match=refused):
         Dataset(out)
 

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shardfeed.dataset import unfinished
 from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec
 from shardfeed.storage import files as storage_files
@@ -204,6 +205,8 @@ def index_files(
             "(--order-key)"
         )
     files = packfiles.expand_inputs(inputs)
+    # A manifest over the shards of a pack that did not finish would make them look whole.
+    unfinished.check_folders_of(files)
     manifest_path = _manifest_path(files[0], manifest)
     remote = is_remote(manifest_path)
     base = posixpath.dirname(manifest_path) if remote else os.path.dirname(manifest_path)

@@ -241,3 +241,13 @@ def test_one_class_is_worded_as_one(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["shuffle-report", str(path), "--buffer", "10"]) == 0
     text = capsys.readouterr().out
     assert "100 records, 1 class;" in text
+
+
+def test_json_names_the_classes_the_pack_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["examples", str(tmp_path / "ex")]) == 0
+    capsys.readouterr()
+    assert main(["shuffle-report", str(tmp_path / "ex" / "out"), "--buffer", "4", "--batch", "8",
+                 "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["class_names"] == ["cat", "dog", "fox"]

@@ -66,6 +66,22 @@ ORDER_DESCRIPTIONS = {
     "file+buffer": "shard shuffle + buffer ({buffer_size:,})",
 }
 
+def _named_classes(dataset: Any, key: str, names: list[str]) -> list[str]:
+    """The class names the manifest keeps for ``key`` (pack's class folders, one-hot
+    vocabularies) in place of the label values "0", "1", ...; ``names`` as they are otherwise."""
+    manifest = getattr(dataset, "manifest", None)
+    vocabulary = ((manifest.extra if manifest is not None else {}).get("vocabularies") or {}).get(key)
+    if not vocabulary:
+        return names
+    try:
+        values = [int(name) for name in names]
+    except ValueError:
+        return names
+    if any(not 0 <= v < len(vocabulary) for v in values):
+        return names
+    return [str(vocabulary[v]) for v in values]
+
+
 def _shard_sizes(dataset: Any) -> list[int] | None:
     manifest = getattr(dataset, "manifest", None)
     shards = getattr(manifest, "shards", None)
@@ -152,6 +168,7 @@ def shuffle_report(
                     read_labels(dataset, key, progress=progress),
                     key=key, candidates=class_features(dataset),
                 )
+                names = _named_classes(dataset, key, names)
             if file_shuffle and shard_sizes is None:
                 shard_sizes = _shard_sizes(dataset)
         finally:

@@ -69,8 +69,8 @@ ORDER_DESCRIPTIONS = {
 def _named_classes(dataset: Any, key: str, names: list[str]) -> list[str]:
     """The class names the manifest keeps for ``key`` (pack's class folders, one-hot
     vocabularies) in place of the label values "0", "1", ...; ``names`` as they are otherwise."""
-    manifest = getattr(dataset, "manifest", None)
-    vocabulary = ((manifest.extra if manifest is not None else {}).get("vocabularies") or {}).get(key)
+    extra = getattr(getattr(dataset, "manifest", None), "extra", None) or {}
+    vocabulary = (extra.get("vocabularies") or {}).get(key)
     if not vocabulary:
         return names
     try:

@@ -14,7 +14,7 @@ from pipeline_helpers import open_dataset, record_ids, train_transform
 
 from shardfeed.pipeline import Loader
 
-OPTIONS: dict[str, Any] = dict(batch_size=8, seed=1, num_threads=2, prefetch_batches=2)
+OPTIONS: dict[str, Any] = {"batch_size": 8, "seed": 1, "num_threads": 2, "prefetch_batches": 2}
 SIZE = 96  # 8 images of 96x96x3 are more than the 64 KiB a batch that small columns may be
 
 

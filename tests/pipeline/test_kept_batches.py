@@ -23,8 +23,8 @@ SIZE = 96  # 8 images of 96x96x3 are more than the 64 KiB a batch that small col
 
 
 def options(workers: str = "threads", **extra: Any) -> dict[str, Any]:
-    made: dict[str, Any] = dict(batch_size=8, seed=4, transform=train_transform(SIZE),
-                                num_threads=2, prefetch_batches=2, workers=workers)
+    made: dict[str, Any] = {"batch_size": 8, "seed": 4, "transform": train_transform(SIZE),
+                            "num_threads": 2, "prefetch_batches": 2, "workers": workers}
     made.update(extra)
     return made
 

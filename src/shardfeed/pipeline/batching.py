@@ -12,7 +12,8 @@ lists, ragged arrays) a Python list::
     "boxes": int64 (varies)             ->  [array, ...]        schema says the length varies
 
 Determinism: a pure reshaping; row r of the batch is sample r. State: none. Memory: the
-buffers a caller allocates (:meth:`BatchLayout.batch_bytes` each).
+buffers a caller allocates (:meth:`BatchLayout.batch_bytes` each); a column renewed while the
+caller holds its old memory (:meth:`BatchBuffer.renew_held`) leaves that memory to the caller.
 """
 
 from __future__ import annotations
@@ -94,14 +95,15 @@ def _infer_field(name: str, value: Any, *, ragged: bool) -> Field:
     return Field(name, False)
 
 
-class _RingMemory(np.ndarray):  # type: ignore[type-arg]
+class _RingMemory(np.ndarray):
     """The loader's own memory behind a batch column (a private ndarray type).
 
-    NumPy collapses a view's ``base`` to the first array that owns its data, but stops at an
-    array of another type. A handed-out column is a plain ndarray whose base is a
-    ``_RingMemory``, so every view, ``torch.from_numpy`` tensor or zero-copy JAX array made
-    from it keeps *that* array alive, and a weak reference to it tells whether the caller
-    still holds any of the memory.
+    NumPy sets a new view's ``base`` to the first array down the chain that owns its data,
+    but stops before a base of another type than the view. A handed-out column is a plain
+    ndarray whose base is a ``_RingMemory``, so every plain view of it has the handed-out
+    array itself as base; a view, ``torch.from_numpy`` tensor, memoryview or zero-copy JAX
+    array made from it keeps that array alive, and a weak reference to it tells whether the
+    caller still holds any of the memory.
     """
 
 
@@ -121,7 +123,9 @@ class BatchBuffer:
     def __init__(self, layout: BatchLayout, block: memoryview | None = None) -> None:
         self.layout = layout
         self.shared = block is not None
-        self._block: _RingMemory | None = None
+        # the block, the columns' owners and their memory are _RingMemory arrays (views of
+        # a _RingMemory keep its type; NumPy's stubs type them as plain arrays)
+        self._block: np.ndarray | None = None
         offsets, size = layout.offsets()
         if block is not None:
             # frombuffer holds a buffer export, so the block cannot be unmapped under an array
@@ -131,7 +135,7 @@ class BatchBuffer:
             f.name for f in layout.fields
             if f.is_array and layout.batch_size * f.row_bytes() <= SMALL_COLUMN_BYTES
         )
-        self._owners: dict[str, _RingMemory] = {}
+        self._owners: dict[str, np.ndarray] = {}
         self.arrays: dict[str, np.ndarray] = {}
         # per handed-out column: a weak reference to the array the caller was given
         self._handed: dict[str, weakref.ref[np.ndarray]] = {}
@@ -145,7 +149,6 @@ class BatchBuffer:
     def _place(self, f: Field) -> None:
         """Give column ``f`` its memory: new process memory, or its place in the block."""
         nbytes = self.layout.batch_size * f.row_bytes()
-        memory: _RingMemory
         if self._block is None:
             memory = _aligned_bytes(nbytes)
         else:
@@ -284,8 +287,8 @@ SMALL_COLUMN_BYTES = 64 * 1024
 """Array columns of at most this many bytes a batch are handed out as copies."""
 
 
-def _aligned_bytes(nbytes: int) -> _RingMemory:
-    """``nbytes`` of new process memory starting at a multiple of 64 bytes.
+def _aligned_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` of new process memory (a :class:`_RingMemory`) at a multiple of 64 bytes.
 
     Aligned like the columns of a shared block (XLA on CPU uses such memory without a copy).
     """

@@ -11,8 +11,8 @@ import pytest
 from shardfeed.loaders import numpy as np_adapter
 
 
-def test_numpy_copy_outlives_ring(loader: Any) -> None:
-    adapted = np_adapter.adapt(loader, copy=True)
+def test_numpy_batches_outlive_the_ring(loader: Any) -> None:
+    adapted = np_adapter.adapt(loader)
     batches = list(adapted)
     assert len(adapted) == 4 and [len(b["index"]) for b in batches] == [8, 8, 8, 6]
     ids = np.concatenate([b["index"] for b in batches])

@@ -106,9 +106,8 @@ def test_drop_last_and_len(clean_ds: Any) -> None:
     assert [len(b["index"]) for b in drop] == [25] * 4 and len(drop) == 4
 
 
-def test_copy_true_batches_outlive_the_ring(clean_ds: Any) -> None:
-    loader = Loader(clean_ds, batch_size=5, shuffle=False, copy=True, prefetch_batches=1,
-                    num_threads=2)
+def test_kept_batches_outlive_the_ring(clean_ds: Any) -> None:
+    loader = Loader(clean_ds, batch_size=5, shuffle=False, prefetch_batches=1, num_threads=2)
     kept = list(loader)
     assert [int(b["index"][0]) for b in kept] == list(range(0, 103, 5))
 

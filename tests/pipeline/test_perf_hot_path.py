@@ -33,7 +33,7 @@ class _Opaque:
 
 def _batches(ds: Any, transform: Any, *, threads: int, epochs: int = 2) -> list[dict[str, Any]]:
     loader = Loader(ds, batch_size=16, shuffle=True, seed=7, transform=transform,
-                    num_threads=threads, copy=True)
+                    num_threads=threads)
     out: list[dict[str, Any]] = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)

@@ -56,7 +56,7 @@ def png_ds(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _epochs(ds: Any, transform: Any, *, threads: int, shuffle: bool = True,
             epochs: tuple[int, ...] = (0, 2)) -> list[dict[str, Any]]:
     loader = Loader(ds, batch_size=16, shuffle=shuffle, seed=SEED, transform=transform,
-                    num_threads=threads, copy=True)
+                    num_threads=threads)
     out: list[dict[str, Any]] = []
     for epoch in epochs:
         loader.set_epoch(epoch)

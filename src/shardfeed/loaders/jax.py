@@ -2,9 +2,10 @@
 
 Every NumPy array of a batch is placed with ``jax.device_put``: on the default device, on a
 given ``jax.sharding.Sharding``, or with ``sharding="batch"`` split along the batch axis over
-the local devices (the batch size must divide by their number). On CPU devices the array is
-copied first, because XLA may otherwise alias the loader's reused batch buffer. Lists
-(file names, bytes) stay lists. JAX's default dtype rules apply (int64 becomes int32 unless
+the local devices (the batch size must divide by their number). No copy is made first: on CPU
+devices XLA may use the batch's memory itself, and then holds the NumPy array, which keeps
+the loader from writing into that memory while the JAX array lives (a kept JAX array never
+changes). Lists (file names, bytes) stay lists. JAX's default dtype rules apply (int64 becomes int32 unless
 ``jax_enable_x64`` is set).
 
 Determinism, state and memory: the loader's; ``state()`` / ``restore()`` are the loader's own.
@@ -26,11 +27,6 @@ class _ToJax:
 
     def __init__(self, sharding: Sharding | None) -> None:
         self.sharding = sharding
-        if sharding is None:
-            devices = [jax.local_devices()[0]]
-        else:
-            devices = list(sharding.device_set)
-        self.copy_first = any(d.platform == "cpu" for d in devices)
 
     def _sharding_for(self, value: np.ndarray) -> Any:
         if self.sharding is None or value.ndim > 0:
@@ -43,8 +39,6 @@ class _ToJax:
             if not isinstance(value, np.ndarray):
                 out[name] = value
                 continue
-            if self.copy_first:
-                value = value.copy()
             out[name] = jax.device_put(value, self._sharding_for(value))
         return out
 

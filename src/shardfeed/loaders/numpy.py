@@ -7,6 +7,7 @@ so a checkpoint taken through an adapter restores the identical stream.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -68,21 +69,23 @@ class AdaptedLoader:
         return getattr(self.loader, name)
 
 
-def _copy_arrays(batch: Batch) -> Batch:
-    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in batch.items()}
-
-
 def _identity(batch: Batch) -> Batch:
     return batch
 
 
 def adapt(loader: Any, *, copy: bool = False) -> AdaptedLoader:
-    """NumPy batches from ``loader``; ``copy=True`` gives arrays the caller may keep forever.
+    """NumPy batches from ``loader``: the loader's own, which the caller may keep.
 
-    Without a copy the arrays live in the loader's ring of batch buffers and stay valid until
-    the next batch is requested (see :class:`shardfeed.pipeline.Loader`).
+    ``copy`` is deprecated and has no effect: the loader never writes into a batch that is
+    still referenced (see :class:`shardfeed.pipeline.Loader`).
     """
-    return AdaptedLoader(loader, _copy_arrays if copy else _identity)
+    if copy is True:
+        warnings.warn(
+            "copy=True is no longer needed and has no effect: batches you keep are never "
+            "overwritten; drop the argument",
+            DeprecationWarning, stacklevel=2,
+        )
+    return AdaptedLoader(loader, _identity)
 
 
 def move_channels_first(array: np.ndarray) -> np.ndarray:

@@ -1,10 +1,17 @@
 """torch tensors from a Loader: ``shardfeed.torch.adapt(loader, pin_memory=True)``.
 
 Every NumPy array of a batch becomes a tensor with ``torch.from_numpy`` (no copy: it shares
-the loader's batch buffer, valid until the next batch is requested); ``pin_memory`` copies it
-into page-locked memory and ``device`` moves it with a non-blocking copy, after which the
-tensor is the caller's. Lists (file names, bytes) stay lists. ``channels_first`` turns the
-``"image"`` and ``"mask"`` arrays of shape ``(..., H, W, C)`` into ``(..., C, H, W)`` views.
+the loader's batch memory, which the loader never writes into while the tensor, or any view
+of it, is alive, so kept tensors never change). ``channels_first`` turns the ``"image"`` and
+``"mask"`` arrays of shape ``(..., H, W, C)`` into contiguous ``(..., C, H, W)`` tensors, the
+transpose being done in the one copy each path makes anyway where there is one::
+
+    no pin, no device    from_numpy -> transposed copy (CPU)
+    pin_memory           from_numpy -> transposed copy into page-locked memory -> device
+    device, no pin       from_numpy -> device (the batch's own layout) -> transposed there
+
+``pin_memory`` copies each tensor into page-locked memory and ``device`` moves it with a
+non-blocking copy. Lists (file names, bytes) stay lists.
 
 Determinism, state and memory: the loader's; ``state()`` / ``restore()`` are the loader's own.
 """
@@ -29,7 +36,8 @@ class _ToTorch:
                  device: torch.device | None) -> None:
         self.pin_memory = pin_memory
         self.channels_first = channels_first
-        self.device = device
+        # a CPU device needs no move: the tensors are on the CPU already
+        self.device = device if device is not None and device.type != "cpu" else None
 
     def __call__(self, batch: Batch) -> Batch:
         out: Batch = {}
@@ -37,29 +45,68 @@ class _ToTorch:
             if not isinstance(value, np.ndarray):
                 out[name] = value
                 continue
-            tensor = torch.from_numpy(value)
-            if self.channels_first and name in IMAGE_KEYS and tensor.ndim >= 4:
-                tensor = tensor.movedim(-1, -3)
-            if self.pin_memory:
-                tensor = tensor.pin_memory()
-            if self.device is not None:
-                tensor = tensor.to(self.device, non_blocking=True)
-            out[name] = tensor
+            out[name] = self._convert(
+                torch.from_numpy(value),
+                transpose=self.channels_first and name in IMAGE_KEYS and value.ndim >= 4,
+            )
         return out
+
+    def _convert(self, tensor: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+        source = tensor.movedim(-1, -3) if transpose else tensor
+        if self.pin_memory:
+            pinned = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+            pinned.copy_(source)
+            if self.device is None:
+                return pinned
+            return pinned.to(self.device, non_blocking=True)
+        if self.device is not None:
+            moved = tensor.to(self.device, non_blocking=True)
+            return moved.movedim(-1, -3).contiguous() if transpose else moved
+        return source.contiguous()  # no copy unless transposed
+
+
+def _check_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a torch device that exists here; ValueError naming it and the fix."""
+    if device is None:
+        return None
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device={device!r} is not a torch device: pass e.g. 'cuda', 'cuda:1' or 'cpu', "
+            "or leave device=None for CPU tensors"
+        ) from exc
+    if target.type != "cuda":
+        return target
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}, but CUDA is not available here (torch {torch.__version__}, "
+            "no usable GPU or a build without CUDA): leave device=None (CPU tensors) or pass "
+            "device='cpu'"
+        )
+    count = torch.cuda.device_count()
+    if target.index is not None and target.index >= count:
+        raise ValueError(
+            f"device={device!r}, but this machine has {count} CUDA device(s) (cuda:0 to "
+            f"cuda:{count - 1}): pass one of them, or leave device=None for CPU tensors"
+        )
+    return target
 
 
 def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False,
           device: str | torch.device | None = None) -> AdaptedLoader:
     """Wrap ``loader`` so that it yields torch tensors (see the module docstring).
 
-    ``pin_memory=True`` without CUDA is a no-op with a warning. ``device`` may be any torch
-    device (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
+    ``device`` may be any torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``); a CUDA device
+    this machine does not have is a ValueError here, not an error at the first batch.
+    ``pin_memory=True`` without CUDA does nothing and warns (as torch's own DataLoader does).
     """
     if not isinstance(pin_memory, bool) or not isinstance(channels_first, bool):
         raise TypeError(
             f"pin_memory and channels_first must be True or False, got {pin_memory!r}, "
             f"{channels_first!r}"
         )
+    target = _check_device(device)
     if pin_memory and not torch.cuda.is_available():
         warnings.warn(
             "pin_memory=True has no effect: CUDA is not available here, so batches stay in "
@@ -67,7 +114,6 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
             stacklevel=2,
         )
         pin_memory = False
-    target = torch.device(device) if device is not None else None
     return AdaptedLoader(
         loader, _ToTorch(pin_memory=pin_memory, channels_first=channels_first, device=target)
     )

@@ -12,12 +12,14 @@ lists, ragged arrays) a Python list::
     "boxes": int64 (varies)             ->  [array, ...]        schema says the length varies
 
 Determinism: a pure reshaping; row r of the batch is sample r. State: none. Memory: the
-buffers a caller allocates (:meth:`BatchLayout.batch_bytes` each).
+buffers a caller allocates (:meth:`BatchLayout.batch_bytes` each); a column renewed while the
+caller holds its old memory (:meth:`BatchBuffer.renew_held`) leaves that memory to the caller.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -93,27 +95,73 @@ def _infer_field(name: str, value: Any, *, ragged: bool) -> Field:
     return Field(name, False)
 
 
+class _RingMemory(np.ndarray):
+    """The loader's own memory behind a batch column (a private ndarray type).
+
+    NumPy sets a new view's ``base`` to the first array down the chain that owns its data,
+    but stops before a base of another type than the view. A handed-out column is a plain
+    ndarray whose base is a ``_RingMemory``, so every plain view of it has the handed-out
+    array itself as base; a view, ``torch.from_numpy`` tensor, memoryview or zero-copy JAX
+    array made from it keeps that array alive, and a weak reference to it tells whether the
+    caller still holds any of the memory.
+    """
+
+
 class BatchBuffer:
-    """One batch's array columns (views into one block of memory) plus its list columns.
+    """One batch's array columns plus its list columns, and what the caller still holds of it.
 
     Rows are written by several threads at once, each its own rows; lists are filled by index.
+    Array columns live in process memory (one allocation each, so one can be renewed alone)
+    or, given ``block``, at the layout's offsets in one block of shared memory.
+
+    Handing out (:meth:`take`): columns of at most :data:`SMALL_COLUMN_BYTES` a batch (labels,
+    indices) are copied, so keeping them pins nothing; larger ones (images, masks) are handed
+    out as the buffer's own memory, and :meth:`held` says whether any array made from them
+    is still alive.
     """
 
     def __init__(self, layout: BatchLayout, block: memoryview | None = None) -> None:
         self.layout = layout
+        self.shared = block is not None
+        # the block, the columns' owners and their memory are _RingMemory arrays (views of
+        # a _RingMemory keep its type; NumPy's stubs type them as plain arrays)
+        self._block: np.ndarray | None = None
         offsets, size = layout.offsets()
-        if block is None:
-            self._raw = np.empty(size, dtype=np.uint8)
-        else:
-            self._raw = np.frombuffer(block, dtype=np.uint8, count=size)
+        if block is not None:
+            # frombuffer holds a buffer export, so the block cannot be unmapped under an array
+            self._block = np.frombuffer(block, dtype=np.uint8, count=size).view(_RingMemory)
+        self._offsets = dict(zip((f.name for f in layout.fields), offsets))
+        self._small = frozenset(
+            f.name for f in layout.fields
+            if f.is_array and layout.batch_size * f.row_bytes() <= SMALL_COLUMN_BYTES
+        )
+        self._owners: dict[str, np.ndarray] = {}
         self.arrays: dict[str, np.ndarray] = {}
-        for f, offset in zip(layout.fields, offsets):
+        # per handed-out column: a weak reference to the array the caller was given
+        self._handed: dict[str, weakref.ref[np.ndarray]] = {}
+        for f in layout.fields:
             if f.is_array:
-                count = layout.batch_size * int(np.prod(f.shape, dtype=np.int64))
-                column = np.frombuffer(
-                    self._raw, dtype=np.dtype(f.dtype), count=count, offset=offset
-                )
-                self.arrays[f.name] = column.reshape((layout.batch_size, *f.shape))
+                self._place(f)
+        self._names = frozenset(f.name for f in layout.fields)
+        self.lists: dict[str, list[Any]] = {}
+        self.reset_lists()
+
+    def _place(self, f: Field) -> None:
+        """Give column ``f`` its memory: new process memory, or its place in the block."""
+        nbytes = self.layout.batch_size * f.row_bytes()
+        if self._block is None:
+            memory = _aligned_bytes(nbytes)
+        else:
+            offset = self._offsets[f.name]
+            memory = self._block[offset : offset + nbytes]
+        # every view on the way is a _RingMemory too, so a handed-out array stops at the owner
+        owner = memory.view(np.dtype(f.dtype)).reshape((self.layout.batch_size, *f.shape))
+        self._owners[f.name] = owner
+        self.arrays[f.name] = owner.view(np.ndarray)
+        self._handed.pop(f.name, None)
+        self._build_plan()
+
+    def _build_plan(self) -> None:
         # Per field: its column (None for lists), the shape and dtype a sample's value has,
         # and how a value of exactly that shape and dtype is stored (see _store_mode).
         self._plan: list[
@@ -121,16 +169,46 @@ class BatchBuffer:
         ] = [
             (f, f.name, self.arrays.get(f.name), (1,) if f.squeeze else f.shape,
              np.dtype(f.dtype) if f.is_array else np.dtype(np.uint8), _store_mode(f))
-            for f in layout.fields
+            for f in self.layout.fields
         ]
-        self._names = frozenset(f.name for f in layout.fields)
-        self.lists: dict[str, list[Any]] = {}
-        self.reset_lists()
 
     def reset_lists(self) -> None:
         self.lists = {
             f.name: [None] * self.layout.batch_size for f in self.layout.fields if not f.is_array
         }
+
+    # -- what the caller holds -------------------------------------------------------------
+
+    def held_columns(self) -> list[str]:
+        """Columns of which the caller still holds an array (or a view, tensor, ...)."""
+        return [name for name, ref in self._handed.items() if ref() is not None]
+
+    def held(self) -> bool:
+        """Whether writing into this buffer could change anything the caller holds."""
+        return any(ref() is not None for ref in self._handed.values())
+
+    def renew_held(self) -> int:
+        """Give every held column new memory (the caller keeps the old); how many were renewed.
+
+        Only for buffers in process memory: worker processes know a shared block by name.
+        """
+        held = self.held_columns()
+        if held and self.shared:
+            raise RuntimeError("a batch buffer in shared memory cannot be given new memory")
+        fields = {f.name: f for f in self.layout.fields}
+        for name in held:
+            self._place(fields[name])
+        return len(held)
+
+    def release_memory(self) -> None:
+        """Drop every reference this buffer holds to its memory (before the block is closed)."""
+        self.arrays.clear()
+        self._owners.clear()
+        self._handed.clear()
+        self._plan = []
+        self._block = None
+
+    # -- writing -----------------------------------------------------------------------------
 
     def slot(self, name: str, row: int) -> np.ndarray:
         """Row ``row`` of array column ``name``: a view a transform may write the value into
@@ -184,17 +262,39 @@ class BatchBuffer:
             self.arrays[f.name][row] = array[0] if f.squeeze else array
 
     def take(self, count: int, *, copy: bool) -> dict[str, Any]:
-        """The batch of the first ``count`` rows, as a dict in the layout's key order."""
+        """The batch of the first ``count`` rows, as a dict in the layout's key order.
+
+        Large array columns are the buffer's own memory unless ``copy``; each such array is
+        new (never an internal one), so :meth:`held` sees exactly what the caller keeps.
+        """
         batch: dict[str, Any] = {}
+        full = count == self.layout.batch_size
         for f in self.layout.fields:
-            if f.is_array:
-                column = self.arrays[f.name]
-                if count < self.layout.batch_size:
-                    column = column[:count]
-                batch[f.name] = column.copy() if copy else column
+            name = f.name
+            if not f.is_array:
+                batch[name] = self.lists[name][:count]
+            elif copy or name in self._small:
+                batch[name] = self.arrays[name][:count].copy()
             else:
-                batch[f.name] = self.lists[f.name][:count]
+                owner = self._owners[name]
+                handed = (owner if full else owner[:count]).view(np.ndarray)
+                self._handed[name] = weakref.ref(handed)
+                batch[name] = handed
         return batch
+
+
+SMALL_COLUMN_BYTES = 64 * 1024
+"""Array columns of at most this many bytes a batch are handed out as copies."""
+
+
+def _aligned_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` of new process memory (a :class:`_RingMemory`) at a multiple of 64 bytes.
+
+    Aligned like the columns of a shared block (XLA on CPU uses such memory without a copy).
+    """
+    raw = _RingMemory((nbytes + _ALIGN,), dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes]
 
 
 _WHOLE, _INTEGER_SCALAR, _SCALAR = 0, 1, 2
@@ -234,9 +334,7 @@ class SharedBatchRing:
     def close(self) -> None:
         buffers = getattr(self, "buffers", [])
         for buffer in buffers:
-            buffer.arrays.clear()
-            buffer._plan = []
-            buffer._raw = np.empty(0, dtype=np.uint8)
+            buffer.release_memory()
         self.buffers = []
         for block in self.blocks:
             try:

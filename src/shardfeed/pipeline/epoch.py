@@ -4,14 +4,14 @@
 
     batch k  = positions share[k*B : (k+1)*B]           (this rank's share of the epoch)
     slices   = pieces of ~B/num_threads positions       (one task each, any thread)
-    buffer   = ring[k mod (prefetch_batches + 1)]       (preallocated, reused)
+    buffer   = ring.buffer_for(k)                       (preallocated, reused)
 
     submitted: k .. k+prefetch_batches-1 while the caller holds batch k-1
 
 Batches come out in order; at most ``prefetch_batches`` batches are being built while the
-caller holds one more, so the ring has ``prefetch_batches + 1`` buffers. A yielded batch's
-arrays live in the ring: they stay valid until the caller asks for the next batch
-(``copy=True`` gives batches the caller may keep).
+caller holds one more. A yielded batch's large arrays are the ring's memory, and the ring
+never writes into memory the caller still holds (see
+:class:`~shardfeed.pipeline.pool.BatchRing`): a batch the caller keeps stays what it was.
 
 Determinism: a batch is a function of its positions; threads only change when it is ready.
 State: kept by the Loader (it commits each batch as it is handed out). Memory: the ring.
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.pipeline.batching import BatchBuffer
+from shardfeed.pipeline.pool import BatchRing
 from shardfeed.pipeline.source import EpochContext
 
 SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]
@@ -50,8 +51,8 @@ class EpochRun:
 
     def __init__(
         self, *, ctx: EpochContext, positions: np.ndarray, batch_size: int, drop_last: bool,
-        slice_size: int, prefetch_batches: int, ring: list[BatchBuffer],
-        executor: ThreadPoolExecutor, build_slice: SliceFn, copy: bool,
+        slice_size: int, prefetch_batches: int, ring: BatchRing,
+        executor: ThreadPoolExecutor, build_slice: SliceFn,
         on_batch: Callable[[int, int, bool], None],
     ) -> None:
         self.ctx = ctx
@@ -64,7 +65,6 @@ class EpochRun:
         self.ring = ring
         self.executor = executor
         self.build_slice = build_slice
-        self.copy = copy
         self.on_batch = on_batch
         self.pending: deque[_Pending] = deque()
         self.next_submit = 0
@@ -77,7 +77,7 @@ class EpochRun:
     def _submit(self, index: int) -> None:
         lo = index * self.batch_size
         positions = self.positions[lo : lo + self.batch_size]
-        buffer = self.ring[index % len(self.ring)]
+        buffer = self.ring.buffer_for(index, [p.buffer for p in self.pending])
         buffer.reset_lists()
         pending = _Pending(index, buffer, len(positions))
         for start in range(0, len(positions), self.slice_size):
@@ -104,7 +104,7 @@ class EpochRun:
             self.close()
             raise
         self.pending.popleft()
-        batch = head.buffer.take(head.count, copy=self.copy)
+        batch = self.ring.hand_out(head.buffer, head.count)
         self.next_yield += 1
         last = self.next_yield == self.num_batches
         self.on_batch(head.count, skipped, last)

@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 
 from shardfeed.errors import ShardfeedError
-from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing
+from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
 from shardfeed.pipeline.epoch import EpochRun
 from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
 from shardfeed.pipeline.memory import MemoryBudget, order_index_bytes, work_bytes
 from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
-from shardfeed.pipeline.pool import open_ring, release, thread_pool
+from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
 from shardfeed.pipeline.ranks import RankInfo, resolve_ranks
 from shardfeed.pipeline.source import EpochContext, Sample, Source, as_source
@@ -71,8 +71,11 @@ class Loader:
 
     Batches: numeric features become arrays with the batch first ((B,) when the stored length
     is 1), bytes and strings lists. ``transform=None`` gives the parsed features as stored.
-    Arrays live in a ring of ``prefetch_batches + 1`` reused buffers: a batch stays valid until
-    the next one is requested; pass ``copy=True`` to keep batches longer.
+    Batches may be kept (in a list, per-batch labels, views, tensors): the large arrays are
+    built in a ring of reused buffers, but a buffer is written again only once nothing made
+    from its last batch is alive (see :class:`~shardfeed.pipeline.pool.BatchRing`), so a
+    training loop that drops each batch reuses them with no copy. ``copy`` is deprecated and
+    has no effect.
 
     Iterating runs the rest of the current epoch; when it completes the loader moves on to the
     next epoch, so ``for batch in loader`` again gives the next epoch. ``set_epoch(e)`` jumps to
@@ -129,6 +132,12 @@ class Loader:
         order_method: str = "exact",
     ) -> None:
         self.ranks: RankInfo = resolve_ranks(rank, world_size)
+        if copy is True:
+            warnings.warn(
+                "copy=True is no longer needed and has no effect: batches you keep are never "
+                "overwritten; drop the argument",
+                DeprecationWarning, stacklevel=2,
+            )
         if remainder is None:
             remainder = "drop" if drop_last is True else "pad"
         self.options = LoaderOptions(
@@ -164,7 +173,7 @@ class Loader:
         self._batches_total = 0
         self._layout: BatchLayout | None = None
         self._probe: tuple[Sample, list[Sample]] | None = None
-        self._ring: list[BatchBuffer] | None = None
+        self._ring: BatchRing | None = None
         self._shared: SharedBatchRing | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._processes: Any = None
@@ -293,7 +302,7 @@ class Loader:
             index += order_index_bytes(self.num_units)
         return MemoryBudget(
             batch_bytes=self._layout.batch_bytes(),
-            ring_batches=self.options.prefetch_batches + 1,
+            ring_batches=ring_batches(self.options),
             work_bytes_per_thread=work,
             threads=self.options.num_threads,
             index_bytes=index,
@@ -327,7 +336,7 @@ class Loader:
         if self._closed:
             raise RuntimeError("this Loader is closed; create a new one to read again")
 
-    def _resources(self, layout: BatchLayout) -> tuple[list[BatchBuffer], Any]:
+    def _resources(self, layout: BatchLayout) -> tuple[BatchRing, Any]:
         opts = self.options
         if self._executor is None:
             self._executor = thread_pool(opts)
@@ -352,12 +361,13 @@ class Loader:
             layout = self._ensure_layout(ctx, int(positions[0]))
             ring, build = self._resources(layout)
         else:
-            ring, build = [], self._builder.build_slice
+            ring = BatchRing([], prefetch_batches=opts.prefetch_batches)
+            build = self._builder.build_slice
         self._run = EpochRun(
             ctx=ctx, positions=positions, batch_size=opts.batch_size, drop_last=opts.drop_last,
             slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
             executor=self._executor or ThreadPoolExecutor(max_workers=1),
-            build_slice=build, copy=opts.copy, on_batch=self._commit,
+            build_slice=build, on_batch=self._commit,
         )
         return _Guard(self, self._run)
 

@@ -2,14 +2,16 @@
 
 Threads plan, read and (with ``workers="threads"``) build slices; with
 ``workers="processes"`` a :class:`~shardfeed.pipeline.workers.ProcessWorkers` pool builds
-them into a ring of batch buffers in shared memory. Determinism: none of this affects the
-output bytes. State: none beyond the pools themselves. Memory: the ring holds
-``prefetch_batches + 1`` batches.
+them into a ring of batch buffers in shared memory. :class:`BatchRing` decides which buffer
+a batch is built in, so that a batch the caller keeps is never written into. Determinism:
+none of this affects the output bytes. State: none beyond the pools themselves. Memory: the
+ring holds :func:`ring_batches` batches; batches the caller keeps are the caller's memory.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,16 +27,78 @@ def thread_pool(options: LoaderOptions) -> ThreadPoolExecutor:
     )
 
 
+class BatchRing:
+    """The loader's batch buffers, and the rule that keeps every batch the caller holds intact.
+
+    A buffer is written again only when nothing made from its last batch is still alive (no
+    array, view, tensor: see :meth:`BatchBuffer.held`)::
+
+        batch k is built in the next buffer (in ring order) that is neither being
+        built nor held
+        threads    n = prefetch_batches + 1 buffers in process memory; if every idle
+                   buffer is held, the next one's held columns get new memory first
+                   (the caller keeps the old memory)
+        processes  n = prefetch_batches + 2 buffers in shared memory (the worker
+                   processes know them by name, so there are never more); a batch is
+                   handed out as the buffer's own memory while at most
+                   n - prefetch_batches - 1 other buffers are held, else as a copy
+
+    In a training loop (each batch dropped by the time the one after next is asked for) no
+    column is renewed and nothing is copied. The process rule keeps a free buffer for every
+    batch to build: at most ``prefetch_batches - 1`` are being built while the caller asks for
+    a batch, and at most ``n - prefetch_batches`` are held.
+    """
+
+    def __init__(self, buffers: list[BatchBuffer], *, prefetch_batches: int) -> None:
+        self.buffers = buffers
+        self.prefetch_batches = prefetch_batches
+        self.shared = any(b.shared for b in buffers)
+        self._cursor = 0  # where the search for a free buffer starts: the ring's order
+
+    def buffer_for(self, index: int, building: Sequence[BatchBuffer]) -> BatchBuffer:
+        """The buffer to build batch ``index`` in; ``building``: buffers of batches in flight."""
+        n = len(self.buffers)
+        idle = [
+            self.buffers[(self._cursor + step) % n] for step in range(n)
+            if all(self.buffers[(self._cursor + step) % n] is not b for b in building)
+        ]
+        chosen = next((b for b in idle if not b.held()), None)
+        if chosen is None:
+            if self.shared or not idle:  # the hand-out rule makes this unreachable
+                raise RuntimeError(
+                    f"no free batch buffer among {n} for batch {index}: {len(building)} in "
+                    "flight, the others held"
+                )
+            chosen = idle[0]
+            chosen.renew_held()
+        self._cursor = (self.buffers.index(chosen) + 1) % n
+        return chosen
+
+    def hand_out(self, buffer: BatchBuffer, count: int) -> dict[str, Any]:
+        """The batch of ``buffer``'s first ``count`` rows, copied only where the rule says."""
+        copy = False
+        if self.shared:
+            others = sum(1 for b in self.buffers if b is not buffer and b.held())
+            copy = others > len(self.buffers) - self.prefetch_batches - 1
+        return buffer.take(count, copy=copy)
+
+
+def ring_batches(options: LoaderOptions) -> int:
+    """How many batch buffers the loader holds (see :class:`BatchRing`)."""
+    return options.prefetch_batches + (2 if options.workers == "processes" else 1)
+
+
 def open_ring(
     builder: SliceBuilder, layout: BatchLayout, options: LoaderOptions
-) -> tuple[list[BatchBuffer], Any, SharedBatchRing | None]:
-    """The ring of ``prefetch_batches + 1`` batch buffers, the process pool, the shared ring.
+) -> tuple[BatchRing, Any, SharedBatchRing | None]:
+    """The ring of :func:`ring_batches` batch buffers, the process pool, the shared ring.
 
     With ``workers="threads"`` the buffers are local and the other two are None.
     """
-    size = options.prefetch_batches + 1
+    size = ring_batches(options)
     if options.workers != "processes":
-        return local_ring(layout, size), None, None
+        ring = BatchRing(local_ring(layout, size), prefetch_batches=options.prefetch_batches)
+        return ring, None, None
     from shardfeed.pipeline.workers import ProcessWorkers
 
     shared = SharedBatchRing(layout, size)
@@ -45,7 +109,8 @@ def open_ring(
     except BaseException:
         shared.close()  # the workers did not start: free the shared ring now
         raise
-    return shared.buffers, processes, shared
+    ring = BatchRing(shared.buffers, prefetch_batches=options.prefetch_batches)
+    return ring, processes, shared
 
 
 def release(parts: list[Any], *, wait: bool = False) -> None:

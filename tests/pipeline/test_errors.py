@@ -111,3 +111,19 @@ def test_one_argument_transform(clean_ds: Any) -> None:
 
     loader = Loader(clean_ds, batch_size=4, shuffle=False, transform=add_one, num_threads=1)
     assert next(iter(loader))["index"].tolist() == [1, 2, 3, 4]
+
+
+def _wider_after_the_first(sample: dict[str, Any]) -> dict[str, Any]:
+    """Class ids as uint8 for record 0, as uint16 (300) for every other record."""
+    index = int(np.asarray(sample["index"]).reshape(-1)[0])
+    dtype = np.uint8 if index == 0 else np.uint16
+    return {"index": sample["index"], "ids": np.full((4, 4), 1 if index == 0 else 300, dtype)}
+
+
+def test_values_that_do_not_fit_the_batch_dtype_are_refused_not_wrapped(clean_ds: Any) -> None:
+    from shardfeed.errors import SchemaError
+
+    loader = Loader(clean_ds, batch_size=4, shuffle=False, transform=_wider_after_the_first,
+                    num_threads=1)
+    with pytest.raises(SchemaError, match=r"'ids'.*uint16.*uint8"):
+        next(iter(loader))  # 300 stored as uint8 would read 44

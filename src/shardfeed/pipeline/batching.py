@@ -251,7 +251,7 @@ class BatchBuffer:
                 continue
             array = np.asarray(value)
             shape = (1,) if f.squeeze else f.shape
-            if array.shape != shape or not np.can_cast(array.dtype, f.dtype, "same_kind"):
+            if array.shape != shape or not _fits(array.dtype, np.dtype(f.dtype)):
                 raise SchemaError(
                     f"feature {f.name!r} of sample {_where(where)} is {array.dtype} "
                     f"{array.shape}, but the batch holds {np.dtype(f.dtype)} {shape} (learned "
@@ -307,6 +307,13 @@ def _store_mode(f: Field) -> int:
     # Floats keep value[0]: a round trip through a Python float could quiet a NaN's payload.
     return _INTEGER_SCALAR if np.dtype(f.dtype).kind in "biu" else _SCALAR
 
+
+
+def _fits(value: np.dtype[Any], column: np.dtype[Any]) -> bool:
+    """Whether values of dtype ``value`` may be stored in a batch column of ``column``: a safe
+    cast, or float to a narrower float (precision only). Never an integer cast that wraps
+    (uint16 mask ids into a uint8 column would turn 300 into 44 without a word)."""
+    return bool(np.can_cast(value, column, "safe")) or (value.kind == "f" and column.kind == "f")
 
 def _where(where: str | Callable[[], str]) -> str:
     return where if isinstance(where, str) else where()

@@ -15,13 +15,15 @@ So every attempt runs *beside* the caller, and the caller only waits on its futu
                                       future abandons it (it ends when its call returns)
     wait(futures + wake, timeout)     wakes on a result, on the deadline, on Ctrl-C (a
                                       signal interrupts the wait), or when ``wake`` is
-                                      cancelled by ``close()`` or the interpreter's exit
+                                      completed by ``close()`` or the interpreter's exit
 
 A :class:`CallGroup` holds the ``wake`` futures of the calls running on one source:
 ``cancel_all()`` (the source's ``close()``) makes each of them stop waiting and cancel its
-attempts. :func:`abandon_all_calls` does the same for every call in the process; it runs when
-the interpreter exits, before it joins the threads of thread pools, so a pool thread that is
-waiting on a dead server does not hold the exit.
+attempts. :func:`interrupt_calls` does the same for every call in flight in the process
+(a Loader leaving its ``with`` block on Ctrl-C calls it, so that joining its workers does not
+wait on a dead server), and :func:`abandon_all_calls` for every call now and later; it runs
+when the interpreter exits, before it joins the threads of thread pools, so a pool thread
+that is waiting on a dead server does not hold the exit.
 
 Determinism: none needed (no data decided here). State: the sets of calls in flight.
 Memory: one future per attempt in flight, one daemon thread per attempt on a synchronous
@@ -44,6 +46,7 @@ __all__ = [
     "CallGroup",
     "ClosedError",
     "abandon_all_calls",
+    "interrupt_calls",
     "start_fs_call",
     "start_in_thread",
 ]
@@ -121,7 +124,7 @@ def _coroutine_method(fs: Any, method: str) -> Callable[..., Any] | None:
 class CallGroup:
     """The calls running on one source; :meth:`cancel_all` stops them all at once.
 
-    Each call holds a ``wake`` future (never run) while it waits; cancelling it wakes the
+    Each call holds a ``wake`` future (never run) while it waits; completing it wakes the
     call, which then cancels its attempts and raises. Thread-safe.
     """
 
@@ -140,7 +143,7 @@ class CallGroup:
         with _ALL_LOCK:
             _ALL_WAKES.add(wake)
         if _EXITING.is_set():
-            wake.cancel()
+            _ring(wake)
         return wake
 
     def leave(self, wake: Future[None]) -> None:
@@ -156,12 +159,35 @@ class CallGroup:
             self.closed = True
             wakes = list(self._wakes)
         for wake in wakes:
-            wake.cancel()
+            _ring(wake)
+
+
+def _ring(wake: Future[None]) -> None:
+    # Completing the future wakes concurrent.futures.wait(); cancelling it would not (a
+    # cancelled future only notifies waiters through set_running_or_notify_cancel).
+    with contextlib.suppress(InvalidStateError):
+        wake.set_result(None)
 
 
 _ALL_LOCK = threading.Lock()
 _ALL_WAKES: set[Future[None]] = set()
 _EXITING = threading.Event()
+_INTERRUPTS = [0]
+
+
+def interrupt_calls() -> None:
+    """Make every storage call in flight in the process stop waiting and fail now (calls
+    started later run as usual). For Ctrl-C: threads waiting on a dead server end at once."""
+    _INTERRUPTS[0] += 1
+    with _ALL_LOCK:
+        wakes = list(_ALL_WAKES)
+    for wake in wakes:
+        _ring(wake)
+
+
+def interrupts() -> int:
+    """How many times :func:`interrupt_calls` ran (a call compares before and after)."""
+    return _INTERRUPTS[0]
 
 
 def abandon_all_calls() -> None:
@@ -171,7 +197,7 @@ def abandon_all_calls() -> None:
     with _ALL_LOCK:
         wakes = list(_ALL_WAKES)
     for wake in wakes:
-        wake.cancel()
+        _ring(wake)
 
 
 def exiting() -> bool:

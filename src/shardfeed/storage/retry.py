@@ -38,7 +38,13 @@ from typing import Any, Generic, TypeVar
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.failures import deadline_error, describe, is_transient, storage_error
-from shardfeed.storage.inflight import CallGroup, ClosedError, exiting, start_in_thread
+from shardfeed.storage.inflight import (
+    CallGroup,
+    ClosedError,
+    exiting,
+    interrupts,
+    start_in_thread,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -150,22 +156,28 @@ class Retrier:
                 f"cannot {action} '{url}': it was closed; open it again with open_source(url)"
             ) from None
         try:
-            return _Call(self, jobs, url=url, wake=wake, max_in_flight=max_in_flight).run()
+            return _Call(self, jobs, url=url, wake=wake, group=group,
+                         max_in_flight=max_in_flight).run()
         finally:
             group.leave(wake)
 
     def _jitter(self) -> float:
         with self._lock:
-            self.retries_done += 1
             return self._rng.random()
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self.retries_done += 1
 
 
 class _Call(Generic[T]):
     """The state of one :meth:`Retrier.run`: what is running, waiting, done."""
 
     def __init__(self, retrier: Retrier, jobs: Sequence[Job[T]], *, url: str,
-                 wake: Future[None], max_in_flight: int) -> None:
+                 wake: Future[None], group: CallGroup, max_in_flight: int) -> None:
         self.retrier = retrier
+        self.group = group
+        self.interrupts = interrupts()
         self.policy = retrier.policy
         self.jobs = jobs
         self.url = url
@@ -187,7 +199,7 @@ class _Call(Generic[T]):
                 while self.later and self.later[0][0] <= now:
                     self.ready.append(heapq.heappop(self.later)[1])
                 self._start_ready()
-                if self.wake.cancelled():
+                if self.wake.done():
                     raise self._stopped()
                 if now >= self.deadline:
                     raise self._too_late(now, still_waiting=bool(self.running))
@@ -242,6 +254,7 @@ class _Call(Generic[T]):
             "%s '%s' failed (%s); retry %d in %.2f s", action, self.url, describe(exc),
             self.attempts[i], wait_seconds,
         )
+        self.retrier._count_retry()
         heapq.heappush(self.later, (now + wait_seconds, i))
 
     def _unfinished(self) -> list[int]:
@@ -260,9 +273,14 @@ class _Call(Generic[T]):
     def _stopped(self) -> StorageError:
         unfinished = self._unfinished()
         i = unfinished[0] if unfinished else 0
-        why = ("the interpreter is exiting" if exiting()
-               else "it was closed while the call was running; open it again with "
-                    "open_source(url)")
+        if exiting():
+            why = "the interpreter is exiting"
+        elif self.group.closed:
+            why = "it was closed while the call was running; open it again with open_source(url)"
+        elif interrupts() != self.interrupts:
+            why = "interrupted (Ctrl-C)"
+        else:
+            why = "the call was cancelled"
         return StorageError(
             f"cannot {self.jobs[i].action} '{self.url}' ({self.attempts[i]} attempt(s) in "
             f"{time.monotonic() - self.began:.1f} s): {why}"

@@ -20,8 +20,8 @@ So every attempt runs *beside* the caller, and the caller only waits on its futu
 A :class:`CallGroup` holds the ``wake`` futures of the calls running on one source:
 ``cancel_all()`` (the source's ``close()``) makes each of them stop waiting and cancel its
 attempts. :func:`interrupt_calls` does the same for every call in flight in the process
-(a Loader leaving its ``with`` block on Ctrl-C calls it, so that joining its workers does not
-wait on a dead server), and :func:`abandon_all_calls` for every call now and later; it runs
+(a Loader's epoch closed while Ctrl-C goes up calls it, so that waiting for its workers does
+not mean waiting on a dead server), and :func:`abandon_all_calls` for every call now and later; it runs
 when the interpreter exits, before it joins the threads of thread pools, so a pool thread
 that is waiting on a dead server does not hold the exit.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook first (see the end)
 import contextlib
 import inspect
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
@@ -46,7 +47,11 @@ __all__ = [
     "CallGroup",
     "ClosedError",
     "abandon_all_calls",
+    "exiting",
     "interrupt_calls",
+    "interrupts",
+    "is_async",
+    "start_coroutine",
     "start_fs_call",
     "start_in_thread",
 ]
@@ -104,7 +109,7 @@ def start_coroutine(fs: Any, coroutine: Coroutine[Any, Any, T]) -> Future[T]:
     try:
         loop = fs.loop
     except BaseException:
-        coroutine.close()  # never awaited: say so to nobody
+        coroutine.close()  # it will never run; closed, it draws no "never awaited" warning
         raise
     return asyncio.run_coroutine_threadsafe(coroutine, loop)
 
@@ -198,6 +203,17 @@ def abandon_all_calls() -> None:
         wakes = list(_ALL_WAKES)
     for wake in wakes:
         _ring(wake)
+
+
+def _reset_after_fork() -> None:
+    # A forked child has none of its parent's calls (their threads do not exist there), and
+    # the lock may have been held by one of those threads at the fork.
+    global _ALL_LOCK
+    _ALL_LOCK = threading.Lock()
+    _ALL_WAKES.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def exiting() -> bool:

@@ -196,13 +196,13 @@ class _Call(Generic[T]):
         try:
             while len(self.results) < len(self.jobs):
                 now = time.monotonic()
-                while self.later and self.later[0][0] <= now:
-                    self.ready.append(heapq.heappop(self.later)[1])
-                self._start_ready()
                 if self.wake.done():
                     raise self._stopped()
                 if now >= self.deadline:
                     raise self._too_late(now, still_waiting=bool(self.running))
+                while self.later and self.later[0][0] <= now:
+                    self.ready.append(heapq.heappop(self.later)[1])
+                self._start_ready()
                 timeout = self.deadline - now
                 if self.later:
                     timeout = min(timeout, self.later[0][0] - now)

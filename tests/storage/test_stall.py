@@ -14,8 +14,11 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
+import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 from stalled_server import StalledServer
 
 from shardfeed.errors import StorageError
@@ -221,3 +224,59 @@ def test_retries_cap_the_attempts_inside_the_deadline(refusing_url: str) -> None
     elapsed, message = _timed_error(lambda: remote.read(0, 10))
     assert "after 3 attempts in" in message and refusing_url in message
     assert elapsed < 60
+
+
+class SlowMemoryFileSystem(MemoryFileSystem):
+    """``slowmem://``: fsspec's in-memory filesystem, each read and write ``delay`` s slow
+    (a server that is slow but alive)."""
+
+    protocol = ("slowmem",)
+    store: ClassVar[dict[str, Any]] = {}  # its own, apart from memory://
+    pseudo_dirs: ClassVar[list[str]] = [""]
+    delay_seconds = 0.2
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return str(MemoryFileSystem._strip_protocol(path.replace("slowmem://", "memory://", 1)))
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None,
+                 **kwargs: Any) -> bytes:
+        time.sleep(self.delay_seconds)
+        return bytes(super().cat_file(path, start=start, end=end, **kwargs))
+
+    def pipe_file(self, path: str, value: bytes, *args: Any, **kwargs: Any) -> None:
+        time.sleep(self.delay_seconds)
+        super().pipe_file(path, value, *args, **kwargs)
+
+
+fsspec.register_implementation("slowmem", SlowMemoryFileSystem, clobber=True)
+
+
+def test_a_read_of_many_requests_may_outlast_the_deadline_while_each_request_is_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline bounds each request, from its first attempt: six requests one after
+    another, 0.2 s each, under a 0.5 s deadline all succeed."""
+    monkeypatch.setattr(SlowMemoryFileSystem, "delay_seconds", 0.0)
+    data = bytes(range(256)) * 40
+    files.write_bytes_atomic("slowmem://b/six.bin", data)
+    monkeypatch.setattr(SlowMemoryFileSystem, "delay_seconds", 0.2)
+    remote = RemoteSource("slowmem://b/six.bin", deadline_seconds=0.5, max_concurrency=1,
+                          coalesce_gap_bytes=-1)
+    ranges = [(1000 * k, 10) for k in range(6)]
+    began = time.monotonic()
+    assert remote.read_ranges(ranges) == [data[o : o + n] for o, n in ranges]
+    assert time.monotonic() - began >= 1.0  # longer than the deadline, and no error
+    assert remote.stats()["requests"] == 6
+
+
+def test_writes_get_more_time_for_more_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write of n bytes may take the deadline plus n / 1 MiB/s; a slow small one fails."""
+    monkeypatch.setattr(SlowMemoryFileSystem, "delay_seconds", 1.0)
+    with files.retry_policy(RetryPolicy(deadline_seconds=0.5)):
+        files.write_bytes_atomic("slowmem://b/big.bin", bytes(2 << 20))  # 0.5 + 2 s allowed
+        with pytest.raises(StorageError, match=r"cannot write 'slowmem://b/small.bin'.*"
+                                               r"deadline_seconds="):
+            files.write_bytes_atomic("slowmem://b/small.bin", b"tiny")
+    monkeypatch.setattr(SlowMemoryFileSystem, "delay_seconds", 0.0)
+    assert files.size("slowmem://b/big.bin") == 2 << 20

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import errno
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -55,12 +56,24 @@ def remote_filesystem(url: str, options: Options) -> tuple[Any, str]:
     return filesystem(url, options, deadline_seconds=current_policy().deadline_seconds)
 
 
-def remote_call(url: str, options: Options, action: str, start: Start[T]) -> T:
+TRANSFER_BYTES_PER_SECOND = 1 << 20
+"""A write or upload of n bytes gets n / this many seconds more than the deadline: sending a
+large shard takes its time, and a server that stalls still fails in bounded time."""
+
+
+def remote_call(url: str, options: Options, action: str, start: Start[T], *,
+                send_bytes: int = 0) -> T:
     """The result of ``start(fs, path)``'s attempts for a remote URL, retried within the
-    deadline of the current policy, with StorageError naming ``url``."""
+    deadline of the current policy (longer by ``send_bytes / TRANSFER_BYTES_PER_SECOND``),
+    with StorageError naming ``url``."""
     fs, path = remote_filesystem(url, options)
+    policy = current_policy()
+    if send_bytes > 0:
+        policy = dataclasses.replace(
+            policy, deadline_seconds=policy.deadline_seconds
+            + send_bytes / TRANSFER_BYTES_PER_SECOND)
     job = Job(action, lambda: start(fs, path))
-    return Retrier(current_policy(), key=url).run([job], url=url)[0]
+    return Retrier(policy, key=url).run([job], url=url)[0]
 
 
 def op(method: str, *args: Any, **kwargs: Any) -> Start[Any]:
@@ -104,6 +117,7 @@ def _cat_whole(fs: Any, path: str) -> bytes:
 
 
 __all__ = [
+    "TRANSFER_BYTES_PER_SECOND",
     "current_policy",
     "in_thread",
     "op",

@@ -9,8 +9,9 @@ backoff, permanent ones raise :class:`~shardfeed.errors.StorageError` naming the
 Each remote operation has one deadline covering all its attempts, as reads of shards do: the
 default :class:`~shardfeed.storage.retry.RetryPolicy` (60 s), or the policy of the
 :func:`retry_policy` block it runs in (a Dataset reads its manifest and indexes inside one,
-with the deadline of its ``source_options``). The caller only waits on the operation, so
-Ctrl-C ends the wait at once.
+with the deadline of its ``source_options``); writes and uploads get one more second a MiB
+sent (:data:`~shardfeed.storage.calls.TRANSFER_BYTES_PER_SECOND`). The caller only waits on
+the operation, so Ctrl-C ends the wait at once.
 
 Atomicity: :func:`write_bytes_atomic` and :func:`upload_file_atomic` never leave a
 half-written file under the final name. Locally they write a temporary name in the same
@@ -196,7 +197,9 @@ def write_bytes_atomic(
         with _local_errors(local, "write"):
             _atomic_local(local, fill)
         return
-    remote_call(text, storage_options, "write", op("pipe_file", bytes(data)))
+    payload = bytes(data)
+    remote_call(text, storage_options, "write", op("pipe_file", payload),
+                send_bytes=len(payload))
 
 
 def upload_file_atomic(
@@ -228,7 +231,8 @@ def upload_file_atomic(
             _atomic_local(local, copy)
         return
     remote_call(text, storage_options, "upload to",
-                 lambda fs, p: start_fs_call(fs, "put_file", source, p))
+                lambda fs, p: start_fs_call(fs, "put_file", source, p),
+                send_bytes=os.path.getsize(source))
 
 
 def exists(url: PathLike, *, storage_options: Options = None) -> bool:

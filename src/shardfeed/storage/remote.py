@@ -90,9 +90,10 @@ class RemoteOptions:
     :class:`~shardfeed.dataset.Dataset`, shards read at once by one ``read_many``).
     ``coalesce_gap_bytes``: ranges whose hole is at most this many bytes share one request
     (-1: only overlapping ranges). ``max_request_bytes``: merged requests stop growing here.
-    ``deadline_seconds``: the most one read (or ``size()``) may take, every attempt and
-    every wait between them included; past it the read is abandoned with a StorageError that
-    names the URL, the byte range, the attempts, the time spent and the last error.
+    ``deadline_seconds``: the most one request (a ``read``, each merged request of
+    ``read_ranges``, ``size()``) may take, every attempt and every wait between them
+    included; past it the read is abandoned with a StorageError that names the URL, the byte
+    range, the attempts, the time spent and the last error.
     ``retries`` (None: as many as fit in the deadline), ``backoff_seconds``,
     ``max_backoff_seconds``: see :class:`RetryPolicy`. ``storage_options``: fsspec options
     (endpoint, credentials); the client's own timeouts and retries are fitted inside the
@@ -177,8 +178,8 @@ class RemoteSource:
     ``size()`` is one HEAD, remembered. With a ``cache``, an object no larger than
     ``cache.max_item_bytes`` is fetched whole once and served from memory.
 
-    Each of these calls finishes within ``deadline_seconds`` (retries included) or raises
-    StorageError; the calling thread only waits, so Ctrl-C interrupts it and ``close()``
+    Each request finishes within ``deadline_seconds`` of its first attempt (retries
+    included) or the call raises StorageError; the calling thread only waits, so Ctrl-C interrupts it and ``close()``
     from another thread ends it at once (the requests still running are cancelled).
 
     Determinism: the bytes returned do not depend on coalescing, concurrency or retries.

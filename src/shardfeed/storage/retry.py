@@ -1,7 +1,7 @@
 """Retries for object storage: error classification, the retry policy with its deadline, and
 StorageError messages.
 
-Every storage call (one read, one whole-file operation) has one deadline,
+Every request of a storage call (one byte range, one whole-file operation) has one deadline,
 ``deadline_seconds`` (default 60 s), that covers all of it: every attempt and every wait
 between attempts. Transient failures (refused or dropped connections, timeouts, HTTP 5xx/429)
 are retried with exponential backoff and jitter while the deadline allows; permanent ones (no
@@ -63,11 +63,14 @@ def _check_seconds(name: str, value: object, *, positive: bool) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryPolicy:
-    """How one storage call is retried, and how long it may take in all.
+    """How the requests of a storage call are retried, and how long each may take in all.
 
-    ``deadline_seconds``: the most one call (every attempt and every wait between them) may
-    take; past it the call is abandoned with a StorageError. ``retries``: at most this many
-    attempts after the first (None: as many as fit in the deadline). The wait before retry i
+    ``deadline_seconds``: the most one request (every attempt and every wait between them)
+    may take, from its first attempt; past it the call is abandoned with a StorageError. A
+    call of one request (``read``, ``size``, a whole-file read) ends within it; a call of many
+    (``read_ranges``) ends within it when the server stalls, and may take longer only while
+    requests keep succeeding. ``retries``: at most this many attempts after the first (None:
+    as many as fit in the deadline). The wait before retry i
     (0-based) is ``min(max_backoff_seconds, backoff_seconds * 2**i)`` times a jitter factor in
     [0.5, 1), drawn from a private generator keyed by the URL; a retry whose wait would end
     past the deadline is not made (the call fails then, before its deadline).
@@ -139,8 +142,8 @@ class Retrier:
 
     def run(self, jobs: Sequence[Job[T]], *, url: str, max_in_flight: int = 1,
             group: CallGroup | None = None) -> list[T]:
-        """The results of ``jobs``, at most ``max_in_flight`` attempts running at once, all
-        within one ``deadline_seconds``.
+        """The results of ``jobs``, at most ``max_in_flight`` attempts running at once, each
+        job within ``deadline_seconds`` of its first attempt.
 
         A transient failure of one job retries that job after its backoff; the first
         permanent failure, an exhausted budget, the deadline, or ``group.cancel_all()``
@@ -171,7 +174,11 @@ class Retrier:
 
 
 class _Call(Generic[T]):
-    """The state of one :meth:`Retrier.run`: what is running, waiting, done."""
+    """The state of one :meth:`Retrier.run`: what is running, waiting, done.
+
+    Each job's deadline starts with its first attempt (a job queued behind
+    ``max_in_flight`` others has not started waiting on the server yet).
+    """
 
     def __init__(self, retrier: Retrier, jobs: Sequence[Job[T]], *, url: str,
                  wake: Future[None], group: CallGroup, max_in_flight: int) -> None:
@@ -184,9 +191,9 @@ class _Call(Generic[T]):
         self.wake = wake
         self.max_in_flight = max(1, max_in_flight)
         self.began = time.monotonic()
-        self.deadline = self.began + self.policy.deadline_seconds
         self.results: dict[int, T] = {}
         self.attempts = [0] * len(jobs)
+        self.deadlines = [math.inf] * len(jobs)  # set at each job's first attempt
         self.errors: list[BaseException | None] = [None] * len(jobs)
         self.ready = deque(range(len(jobs)))
         self.later: list[tuple[float, int]] = []  # (when, job) retries waiting their turn
@@ -198,16 +205,20 @@ class _Call(Generic[T]):
                 now = time.monotonic()
                 if self.wake.done():
                     raise self._stopped()
-                if now >= self.deadline:
-                    raise self._too_late(now, still_waiting=bool(self.running))
                 while self.later and self.later[0][0] <= now:
                     self.ready.append(heapq.heappop(self.later)[1])
-                self._start_ready()
-                timeout = self.deadline - now
+                self._start_ready(now)
+                timeout = math.inf
+                for i in self.running.values():
+                    if self.deadlines[i] <= now:
+                        raise self._too_late(i, now, still_waiting=True)
+                    timeout = min(timeout, self.deadlines[i] - now)
                 if self.later:
                     timeout = min(timeout, self.later[0][0] - now)
                 waited: list[Future[Any]] = [self.wake, *self.running]
-                done, _ = wait(waited, timeout=timeout, return_when=FIRST_COMPLETED)
+                # every unfinished job is running or waiting its retry: the timeout is finite
+                done, _ = wait(waited, timeout=None if math.isinf(timeout) else timeout,
+                               return_when=FIRST_COMPLETED)
                 for future in done:
                     if future is not self.wake:
                         self._finished(future)
@@ -216,9 +227,11 @@ class _Call(Generic[T]):
             for future in self.running:
                 future.cancel()  # abandoned: cancels the task (async) or drops the thread's result
 
-    def _start_ready(self) -> None:
+    def _start_ready(self, now: float) -> None:
         while self.ready and len(self.running) < self.max_in_flight:
             i = self.ready.popleft()
+            if not self.attempts[i]:
+                self.deadlines[i] = now + self.policy.deadline_seconds
             self.attempts[i] += 1
             try:
                 future = self.jobs[i].start()
@@ -246,10 +259,10 @@ class _Call(Generic[T]):
         retries = self.policy.retries
         if retries is not None and self.attempts[i] > retries:
             raise storage_error(self.url, exc, action=action, attempts=self.attempts[i],
-                                elapsed_seconds=now - self.began) from exc
+                                elapsed_seconds=self._elapsed(i, now)) from exc
         wait_seconds = self.policy.delay(self.attempts[i] - 1, self.retrier._jitter())
-        if now + wait_seconds >= self.deadline:
-            raise self._too_late(now, still_waiting=False, job=i) from exc
+        if now + wait_seconds >= self.deadlines[i]:
+            raise self._too_late(i, now, still_waiting=False) from exc
         logger.debug(
             "%s '%s' failed (%s); retry %d in %.2f s", action, self.url, describe(exc),
             self.attempts[i], wait_seconds,
@@ -257,21 +270,19 @@ class _Call(Generic[T]):
         self.retrier._count_retry()
         heapq.heappush(self.later, (now + wait_seconds, i))
 
-    def _unfinished(self) -> list[int]:
-        return [i for i in range(len(self.jobs)) if i not in self.results]
+    def _elapsed(self, i: int, now: float) -> float:
+        return now - (self.deadlines[i] - self.policy.deadline_seconds)
 
-    def _too_late(self, now: float, *, still_waiting: bool, job: int | None = None) -> StorageError:
-        unfinished = self._unfinished()
-        i = unfinished[0] if job is None else job
+    def _too_late(self, i: int, now: float, *, still_waiting: bool) -> StorageError:
         return deadline_error(
             self.url, action=self.jobs[i].action, deadline_seconds=self.policy.deadline_seconds,
-            attempts=self.attempts[i], elapsed_seconds=now - self.began,
-            last_error=self.errors[i], still_waiting=still_waiting and i in self.running.values(),
-            unfinished=len(unfinished),
+            attempts=self.attempts[i], elapsed_seconds=self._elapsed(i, now),
+            last_error=self.errors[i], still_waiting=still_waiting,
+            unfinished=len(self.jobs) - len(self.results),
         )
 
     def _stopped(self) -> StorageError:
-        unfinished = self._unfinished()
+        unfinished = [i for i in range(len(self.jobs)) if i not in self.results]
         i = unfinished[0] if unfinished else 0
         if exiting():
             why = "the interpreter is exiting"

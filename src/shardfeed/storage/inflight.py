@@ -108,10 +108,24 @@ def start_coroutine(fs: Any, coroutine: Coroutine[Any, Any, T]) -> Future[T]:
 
     try:
         loop = fs.loop
+        if _running_loop() is loop:  # waiting here would block the loop the call needs
+            raise RuntimeError(
+                "a storage call cannot wait inside fsspec's own event loop; call it from "
+                "another thread"
+            )
     except BaseException:
         coroutine.close()  # it will never run; closed, it draws no "never awaited" warning
         raise
     return asyncio.run_coroutine_threadsafe(coroutine, loop)
+
+
+def _running_loop() -> Any:
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def is_async(fs: Any) -> bool:

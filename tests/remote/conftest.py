@@ -1,4 +1,5 @@
-"""Fixtures of the remote tests: the moto S3 server of tests/storage and tiny datasets."""
+"""Fixtures of the remote tests: the moto S3 server and the stalled endpoint of tests/storage,
+and tiny datasets."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ sys.path.insert(0, str(_TESTS / "distributed"))
 
 from dist_helpers import write_records
 from s3_fixture import S3Server
+from stalled_server import StalledServer, stalled_server
 
 from shardfeed.tools.index import index_files
 
-__all__ = ["S3Server", "records_dataset"]
+__all__ = ["S3Server", "StalledServer", "records_dataset", "stalled_server"]
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,25 @@ class LoggedRequest:
     range: str | None
 
 
+class Stall:
+    """Requests whose path ends with ``suffix`` wait in :meth:`hold`, unanswered, until
+    :meth:`release` or ``timeout_seconds`` (the server's threads stay bounded)."""
+
+    def __init__(self, suffix: str, timeout_seconds: float) -> None:
+        self.suffix = suffix
+        self.timeout_seconds = timeout_seconds
+        self.held = 0
+        self._released = threading.Event()
+
+    def hold(self, request: LoggedRequest) -> None:
+        if request.method == "GET" and request.path.endswith(self.suffix):
+            self.held += 1
+            self._released.wait(self.timeout_seconds)
+
+    def release(self) -> None:
+        self._released.set()
+
+
 class Gate:
     """Requests wait in :meth:`arrive` until ``parties`` of them are there, then all pass."""
 
@@ -104,6 +123,7 @@ class S3Server:
         self._state_lock = threading.Lock()  # start/stop from the test and restart threads
         self._placeholder: socket.socket | None = None
         self._gate: Gate | None = None
+        self._stall: Stall | None = None
         self._buckets = 0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -133,8 +153,11 @@ class S3Server:
             with owner._log_lock:
                 owner._log.append(request)
                 gate = owner._gate
+                stall = owner._stall
             if gate is not None and request.range is not None:
                 gate.arrive()
+            if stall is not None:
+                stall.hold(request)
             return app(environ, start_response)
 
         class Handler(MotoRequestHandler):
@@ -262,6 +285,21 @@ class S3Server:
             with self._log_lock:
                 self._gate = None
             gate.release()
+
+    @contextlib.contextmanager
+    def stall_gets(self, suffix: str, *, timeout_seconds: float = 60.0) -> Iterator[Stall]:
+        """Inside the block, GETs of objects whose path ends with ``suffix`` get no answer
+        (each is held at most ``timeout_seconds``); other requests are served. A server that
+        stalls mid-stream: the manifest and indexes come, the shards' bytes never do."""
+        stall = Stall(suffix, timeout_seconds)
+        with self._log_lock:
+            self._stall = stall
+        try:
+            yield stall
+        finally:
+            with self._log_lock:
+                self._stall = None
+            stall.release()
 
     def clear_log(self) -> None:
         with self._log_lock:

@@ -40,6 +40,8 @@ from shardfeed.format import spec as S
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar
 from shardfeed.format.schema import Schema, infer_schema
+from shardfeed.storage.files import retry_policy
+from shardfeed.storage.remote import RemoteOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -68,9 +70,11 @@ class Dataset:
     (default: the manifest's root, else the dataset folder); pass it when the images moved
     away from the dataset. ``read_options``: coalescing.
     ``source_options``: options for remote shards, passed to ``open_source(url, **options)``
-    (``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``, ``retries``,
-    ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``; see
+    (``deadline_seconds``, ``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``,
+    ``retries``, ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``; see
     :class:`~shardfeed.storage.remote.RemoteOptions`); checked here, unused by local files.
+    Its deadline and retries also govern reading the manifest and indexes from object
+    storage.
     One ``read_many`` reads its remote shards at the same time (up to ``max_concurrency``
     shards, default 16), local shards one after another.
 
@@ -116,17 +120,20 @@ class Dataset:
         self._spec, self._names = parse_features(features)
         self._schema: Schema | None = None
         self._fingerprint: str | None = None
+        # manifest, indexes and sidecars on object storage: the deadline of source_options
+        self._file_policy = RemoteOptions(**options).policy()
 
-        resolved = resolve_source(source, allow_partial=allow_partial)
-        self._resolved = resolved
-        self._manifest = resolved.manifest
-        if resolved.manifest is not None:
-            self._table = self._open_manifest(resolved, resolved.manifest)
-        else:
-            self._table = self._open_files(resolved.urls, build=build_index)
-        self._sources = ShardSources(self._table, source_options=options)
-        self._root = referenced_root(resolved, root)
-        self._group_ids, self._order_keys = self._load_sidecars()
+        with retry_policy(self._file_policy):
+            resolved = resolve_source(source, allow_partial=allow_partial)
+            self._resolved = resolved
+            self._manifest = resolved.manifest
+            if resolved.manifest is not None:
+                self._table = self._open_manifest(resolved, resolved.manifest)
+            else:
+                self._table = self._open_files(resolved.urls, build=build_index)
+            self._sources = ShardSources(self._table, source_options=options)
+            self._root = referenced_root(resolved, root)
+            self._group_ids, self._order_keys = self._load_sidecars()
         if self._manifest is not None and self._manifest.schema is not None:
             self._schema = self._manifest.schema
             self._check_names_in_schema(self._schema)
@@ -148,7 +155,8 @@ class Dataset:
 
         def load(k: int) -> np.ndarray:
             url, info = urls[k], shards[k]
-            offsets = find_index(url, mmap=mmap)
+            with retry_policy(self._file_policy):
+                offsets = find_index(url, mmap=mmap)
             if offsets is None:
                 if not self._build:
                     raise FormatError(

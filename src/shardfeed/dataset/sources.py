@@ -211,7 +211,10 @@ class ShardSources:
             sources, self._sources = self._sources, {}
             self._local_lru.clear()
             pool, self._pool = self._pool, None
+        for k, src in sources.items():  # a closed remote source ends its reads at once
+            if is_remote(self._table.urls[k]):
+                src.close()
         if pool is not None and self._pool_pid == os.getpid():
             pool.shutdown(wait=True, cancel_futures=True)
-        for src in sources.values():
+        for src in sources.values():  # local ones after: no pread may be running on them
             src.close()

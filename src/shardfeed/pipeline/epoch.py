@@ -19,6 +19,7 @@ State: kept by the Loader (it commits each batch as it is handed out). Memory: t
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -30,6 +31,7 @@ import numpy as np
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.pool import BatchRing
 from shardfeed.pipeline.source import EpochContext
+from shardfeed.storage.inflight import interrupt_calls
 
 SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]
 
@@ -120,5 +122,7 @@ class EpochRun:
         futures = [f for pending in self.pending for f in pending.futures]
         for future in futures:
             future.cancel()
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            interrupt_calls()  # Ctrl-C: slices waiting on a dead server end now, not at its deadline
         wait(futures)
         self.pending.clear()

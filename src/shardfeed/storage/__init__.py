@@ -25,9 +25,9 @@ def open_source(url: str | os.PathLike[str], /, **options: Any) -> ByteSource:
     """Open a file for random access: a local path, or any fsspec URL (s3://, gs://, http://).
 
     ``options`` go to :class:`~shardfeed.storage.remote.RemoteSource` for URLs
-    (``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``, ``retries``,
-    ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``, ``cache``). A local
-    path takes none: reading it is one ``pread`` a range.
+    (``deadline_seconds``, ``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``,
+    ``retries``, ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``, ``cache``).
+    A local path takes none: reading it is one ``pread`` a range.
     """
     text = os.fspath(url)
     text = text.removeprefix("file://")

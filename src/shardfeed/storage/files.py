@@ -6,6 +6,13 @@ Local paths (and ``file://`` URLs) use ``os`` directly and never import fsspec. 
 environment variables, or ``storage_options=`` here); transient failures are retried with
 backoff, permanent ones raise :class:`~shardfeed.errors.StorageError` naming the URL.
 
+Each remote operation has one deadline covering all its attempts, as reads of shards do: the
+default :class:`~shardfeed.storage.retry.RetryPolicy` (60 s), or the policy of the
+:func:`retry_policy` block it runs in (a Dataset reads its manifest and indexes inside one,
+with the deadline of its ``source_options``); writes and uploads get one more second a MiB
+sent (:data:`~shardfeed.storage.calls.TRANSFER_BYTES_PER_SECOND`). The caller only waits on
+the operation, so Ctrl-C ends the wait at once.
+
 Atomicity: :func:`write_bytes_atomic` and :func:`upload_file_atomic` never leave a
 half-written file under the final name. Locally they write a temporary name in the same
 folder, fsync and ``os.replace``; on object stores one PUT (or one multipart upload, which
@@ -16,7 +23,6 @@ a copy then delete on object stores.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import glob as _glob
 import os
@@ -24,11 +30,21 @@ import posixpath
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from typing import Any, BinaryIO, TypeVar
 
 from shardfeed.errors import StorageError
 from shardfeed.storage import is_remote
 from shardfeed.storage.cache import ByteCache
+from shardfeed.storage.calls import (
+    in_thread,
+    op,
+    remote_call,
+    remote_filesystem,
+    retry_policy,
+    start_cat_whole,
+)
+from shardfeed.storage.inflight import start_fs_call
 
 T = TypeVar("T")
 PathLike = str | os.PathLike[str]
@@ -45,6 +61,7 @@ __all__ = [
     "read_if_exists",
     "remove",
     "rename",
+    "retry_policy",
     "size",
     "upload_file_atomic",
     "write_bytes_atomic",
@@ -57,16 +74,6 @@ def _local(url: PathLike) -> str | None:
     if text.startswith("file://"):
         return text[len("file://"):]
     return None if is_remote(text) else text
-
-
-def _remote_call(
-    url: str, options: Options, action: str, fn: Callable[[Any, str], T]
-) -> T:
-    """``fn(fs, path)`` for a remote URL, with retries and StorageError naming ``url``."""
-    from shardfeed.storage.remote import Retrier, RetryPolicy, filesystem
-
-    fs, path = filesystem(url, options)
-    return Retrier(RetryPolicy(), key=url).call(lambda: fn(fs, path), url=url, action=action)
 
 
 @contextlib.contextmanager
@@ -104,7 +111,7 @@ def read_bytes(
         with _local_errors(local, "read"), open(local, "rb") as handle:
             data = handle.read()
     else:
-        data = bytes(_remote_call(text, storage_options, "read", _cat_whole))
+        data = remote_call(text, storage_options, "read", start_cat_whole)
     if cache is not None:
         cache.put(text, data)
     return data
@@ -124,18 +131,6 @@ def read_if_exists(
         if isinstance(exc.__cause__, FileNotFoundError):
             return None
         raise
-
-
-def _cat_whole(fs: Any, path: str) -> bytes:
-    # A plain cat_file asks s3fs for the size first (a HEAD, to split big objects into
-    # parallel parts); an open-ended range ("bytes=0-") is one GET on every HTTP store.
-    try:
-        return bytes(fs.cat_file(path, start=0))
-    except OSError as exc:
-        # some stores refuse any range of an empty object (HTTP 416)
-        if exc.errno != errno.EINVAL:
-            raise
-        return bytes(fs.cat_file(path))
 
 
 def fsync_folder(folder: str) -> None:
@@ -203,7 +198,8 @@ def write_bytes_atomic(
             _atomic_local(local, fill)
         return
     payload = bytes(data)
-    _remote_call(text, storage_options, "write", lambda fs, p: fs.pipe_file(p, payload))
+    remote_call(text, storage_options, "write", op("pipe_file", payload),
+                send_bytes=len(payload))
 
 
 def upload_file_atomic(
@@ -234,7 +230,9 @@ def upload_file_atomic(
         with _local_errors(local, "write"):
             _atomic_local(local, copy)
         return
-    _remote_call(text, storage_options, "upload to", lambda fs, p: fs.put_file(source, p))
+    remote_call(text, storage_options, "upload to",
+                lambda fs, p: start_fs_call(fs, "put_file", source, p),
+                send_bytes=os.path.getsize(source))
 
 
 def exists(url: PathLike, *, storage_options: Options = None) -> bool:
@@ -244,11 +242,11 @@ def exists(url: PathLike, *, storage_options: Options = None) -> bool:
     if local is not None:
         return os.path.exists(local)
 
-    def check(fs: Any, path: str) -> bool:
+    def check(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
-        return bool(fs.exists(path))
+        return start_fs_call(fs, "exists", path)
 
-    return _remote_call(text, storage_options, "check", check)
+    return bool(remote_call(text, storage_options, "check", check))
 
 
 def size(url: PathLike, *, storage_options: Options = None) -> int:
@@ -259,14 +257,14 @@ def size(url: PathLike, *, storage_options: Options = None) -> int:
         with _local_errors(local, "get the size of"):
             return os.path.getsize(local)
 
-    def get(fs: Any, path: str) -> int:
+    def get(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
-        value = fs.size(path)
-        if value is None:
-            raise StorageError(f"'{text}' has no size; is it a folder? give one object's URL")
-        return int(value)
+        return start_fs_call(fs, "size", path)
 
-    return _remote_call(text, storage_options, "get the size of", get)
+    value = remote_call(text, storage_options, "get the size of", get)
+    if value is None:
+        raise StorageError(f"'{text}' has no size; is it a folder? give one object's URL")
+    return int(value)
 
 
 def glob(pattern: PathLike, *, storage_options: Options = None) -> list[str]:
@@ -277,11 +275,13 @@ def glob(pattern: PathLike, *, storage_options: Options = None) -> list[str]:
         found = sorted(_glob.glob(local, recursive=True))
         return [f"file://{p}" for p in found] if text.startswith("file://") else found
 
-    def run(fs: Any, path: str) -> list[str]:
+    def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache()
-        return sorted(str(fs.unstrip_protocol(p)) for p in fs.glob(path))
+        return start_fs_call(fs, "glob", path)
 
-    return _remote_call(text, storage_options, "list", run)
+    found = remote_call(text, storage_options, "list", run)
+    fs, _ = remote_filesystem(text, storage_options)
+    return sorted(str(fs.unstrip_protocol(p)) for p in found)
 
 
 def listdir(url: PathLike, *, storage_options: Options = None) -> list[str]:
@@ -292,18 +292,18 @@ def listdir(url: PathLike, *, storage_options: Options = None) -> list[str]:
         with _local_errors(local, "list"):
             return sorted(os.listdir(local))
 
-    def run(fs: Any, path: str) -> list[str]:
+    def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
-        entries = fs.ls(path, detail=False)
-        base = path.rstrip("/")
-        names = set()
-        for entry in entries:
-            full = str(entry).rstrip("/")
-            if full != base:  # some filesystems list a file as itself
-                names.add(full.rsplit("/", 1)[-1])
-        return sorted(names)
+        return start_fs_call(fs, "ls", path, detail=False)
 
-    return _remote_call(text, storage_options, "list", run)
+    entries = remote_call(text, storage_options, "list", run)
+    base = remote_filesystem(text, storage_options)[1].rstrip("/")
+    names = set()
+    for entry in entries:
+        full = str(entry).rstrip("/")
+        if full != base:  # some filesystems list a file as itself
+            names.add(full.rsplit("/", 1)[-1])
+    return sorted(names)
 
 
 def join(base: PathLike, *names: str) -> str:
@@ -342,7 +342,7 @@ def remove(
             raise FileNotFoundError(path)
         fs.rm_file(path)
 
-    _remote_call(text, storage_options, "remove", run)
+    remote_call(text, storage_options, "remove", in_thread(run))
 
 
 def rename(
@@ -368,7 +368,7 @@ def rename(
         with _local_errors(local_src, "rename"):
             os.replace(local_src, local_dst)
         return
-    from shardfeed.storage.remote import filesystem
+    from shardfeed.storage.options import filesystem
 
     _, dst_path = filesystem(target, storage_options)
 
@@ -376,7 +376,7 @@ def rename(
         fs.mv(path, dst_path)
         fs.invalidate_cache()
 
-    _remote_call(source, storage_options, "rename", run)
+    remote_call(source, storage_options, "rename", in_thread(run))
 
 
 def makedirs(url: PathLike, *, storage_options: Options = None) -> None:
@@ -387,7 +387,4 @@ def makedirs(url: PathLike, *, storage_options: Options = None) -> None:
         with _local_errors(local, "create the folder"):
             os.makedirs(local, exist_ok=True)
         return
-    _remote_call(
-        text, storage_options, "create the folder",
-        lambda fs, p: fs.makedirs(p, exist_ok=True),
-    )
+    remote_call(text, storage_options, "create the folder", op("makedirs", exist_ok=True))

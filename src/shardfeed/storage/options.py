@@ -13,6 +13,9 @@ later ones overriding earlier ones:
 
 3. ``storage_options={...}`` given to :class:`~shardfeed.storage.remote.RemoteSource` or a
    ``storage.files`` function.
+
+On top of these, :func:`filesystem` fits the client's own timeouts and retries inside the
+deadline of a call (:func:`client_options`), for every setting the user left unset.
 """
 
 from __future__ import annotations
@@ -65,14 +68,47 @@ def storage_options_for(
     return merged
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+_S3_CONNECT_TIMEOUT_SECONDS = 5.0  # s3fs's own defaults, kept for long deadlines
+_S3_READ_TIMEOUT_SECONDS = 15.0
+
+
+def client_options(url: str, options: Mapping[str, Any], *,
+                   deadline_seconds: float) -> dict[str, Any]:
+    """``options`` with the client's timeouts and retries fitted to ``deadline_seconds``.
+
+    shardfeed retries transient failures itself within the deadline of each call; a client
+    that retries on its own (botocore: up to 5 attempts, each waiting up to its read
+    timeout) would spend the whole deadline in one attempt. So for ``s3://`` (s3fs), unless
+    ``config_kwargs`` already sets them: ``retries={"total_max_attempts": 1}``, and
+    ``connect_timeout`` / ``read_timeout`` of a quarter of the deadline, at most s3fs's
+    defaults (5 s / 15 s): a connection that stalls fails in time for a retry. Other
+    protocols are left as they are (the deadline still bounds every call).
+    """
+    merged = dict(options)
+    protocol = url.split("://", 1)[0].lower()
+    if protocol in ("s3", "s3a"):
+        config = dict(merged.get("config_kwargs") or {})
+        quarter = deadline_seconds / 4
+        config.setdefault("connect_timeout", min(_S3_CONNECT_TIMEOUT_SECONDS, quarter))
+        config.setdefault("read_timeout", min(_S3_READ_TIMEOUT_SECONDS, quarter))
+        config.setdefault("retries", {"total_max_attempts": 1})
+        merged["config_kwargs"] = config
+    return merged
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None, *,
+               deadline_seconds: float | None = None) -> tuple[Any, str]:
     """``(fsspec filesystem, path within it)`` for ``url``, with the options for that URL.
 
-    fsspec caches filesystem instances, so calling this per file is cheap.
+    With ``deadline_seconds``, the client's own timeouts and retries are fitted inside it
+    (see :func:`client_options`). fsspec caches filesystem instances, so calling this per
+    file is cheap.
     """
     import fsspec.core
 
     options = storage_options_for(url, storage_options)
+    if deadline_seconds is not None:
+        options = client_options(url, options, deadline_seconds=deadline_seconds)
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
@@ -85,4 +121,10 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     return fs, str(path)
 
 
-__all__ = ["clear_storage_options", "filesystem", "set_storage_options", "storage_options_for"]
+__all__ = [
+    "clear_storage_options",
+    "client_options",
+    "filesystem",
+    "set_storage_options",
+    "storage_options_for",
+]

@@ -7,9 +7,11 @@ Storage options (endpoint, credentials, anonymous access) come from fsspec's con
 :func:`~shardfeed.storage.options.set_storage_options`, or ``storage_options={...}`` given to
 :class:`RemoteSource` (see :mod:`shardfeed.storage.options`). Transient failures are retried
 with backoff; permanent ones raise :class:`~shardfeed.errors.StorageError` at once, naming the
-URL (see :mod:`shardfeed.storage.retry`).
+URL (see :mod:`shardfeed.storage.retry`). Every call (``size``, ``read``, ``read_ranges``) has one
+deadline, ``deadline_seconds``, covering all its attempts; ``close()`` from another thread, or
+Ctrl-C, ends a call at once (see :mod:`shardfeed.storage.inflight`).
 
-The option registry and the retry helpers are re-exported here, so
+The option registry, the range planner and the retry helpers are re-exported here, so
 ``from shardfeed.storage.remote import set_storage_options, Retrier`` keeps working.
 """
 
@@ -19,28 +21,47 @@ import errno
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.cache import ByteCache
+from shardfeed.storage.inflight import (
+    CallGroup,
+    is_async,
+    start_coroutine,
+    start_fs_call,
+    start_in_thread,
+)
 from shardfeed.storage.options import (
     clear_storage_options,
     filesystem,
     set_storage_options,
     storage_options_for,
 )
-from shardfeed.storage.retry import Retrier, RetryPolicy, is_transient, storage_error
+from shardfeed.storage.ranges import (
+    DEFAULT_COALESCE_GAP_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    RangeRequest,
+    check_range,
+    coalesce_ranges,
+)
+from shardfeed.storage.retry import (
+    DEFAULT_DEADLINE_SECONDS,
+    Job,
+    Retrier,
+    RetryPolicy,
+    is_transient,
+    storage_error,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-DEFAULT_COALESCE_GAP_BYTES = 256 * 1024
-DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
-
 __all__ = [
     "DEFAULT_COALESCE_GAP_BYTES",
+    "DEFAULT_DEADLINE_SECONDS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "RangeRequest",
     "RemoteOptions",
@@ -57,64 +78,11 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------
-# Range coalescing
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RangeRequest:
-    """One request ``[start, end)`` that serves the asked ranges at positions ``members``."""
-
-    start: int
-    end: int
-    members: tuple[int, ...]
-
-
-def coalesce_ranges(
-    ranges: Sequence[tuple[int, int]], *, gap_bytes: int, max_request_bytes: int
-) -> list[RangeRequest]:
-    """Group ``(offset, length)`` ranges into few requests.
-
-    Ranges are taken in offset order; a range joins the current request when the hole
-    between them is at most ``gap_bytes`` (overlaps count as no hole) and the request would
-    stay within ``max_request_bytes``; a single range longer than that is one request alone.
-    Zero-length ranges need no bytes and belong to no request. Every other asked range is a
-    member of exactly one request that covers it.
-    """
-    order = sorted(
-        (i for i in range(len(ranges)) if ranges[i][1] > 0), key=lambda i: ranges[i][0]
-    )
-    requests: list[RangeRequest] = []
-    start = end = 0
-    members: list[int] = []
-    for i in order:
-        offset, length = ranges[i]
-        stop = offset + length
-        if members and offset - end <= gap_bytes and max(end, stop) - start <= max_request_bytes:
-            end = max(end, stop)
-            members.append(i)
-            continue
-        if members:
-            requests.append(RangeRequest(start, end, tuple(members)))
-        start, end, members = offset, stop, [i]
-    if members:
-        requests.append(RangeRequest(start, end, tuple(members)))
-    return requests
-
-
-def _check_range(offset: int, length: int) -> None:
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise ValueError(f"length must be an int >= 0, got {length!r}")
-
-
-# ---------------------------------------------------------------------------------------------
 # Options
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RemoteOptions:
     """How a :class:`RemoteSource` reads: the keyword options of ``open_source(url, ...)``.
 
@@ -122,9 +90,15 @@ class RemoteOptions:
     :class:`~shardfeed.dataset.Dataset`, shards read at once by one ``read_many``).
     ``coalesce_gap_bytes``: ranges whose hole is at most this many bytes share one request
     (-1: only overlapping ranges). ``max_request_bytes``: merged requests stop growing here.
-    ``retries``, ``backoff_seconds``, ``max_backoff_seconds``: see :class:`RetryPolicy`.
-    ``storage_options``: fsspec options (endpoint, credentials). ``cache``: whole small
-    objects kept in memory.
+    ``deadline_seconds``: the most one request (a ``read``, each merged request of
+    ``read_ranges``, ``size()``) may take, every attempt and every wait between them
+    included; past it the read is abandoned with a StorageError that names the URL, the byte
+    range, the attempts, the time spent and the last error.
+    ``retries`` (None: as many as fit in the deadline), ``backoff_seconds``,
+    ``max_backoff_seconds``: see :class:`RetryPolicy`. ``storage_options``: fsspec options
+    (endpoint, credentials); the client's own timeouts and retries are fitted inside the
+    deadline unless these set them (see :func:`~shardfeed.storage.options.client_options`).
+    ``cache``: whole small objects kept in memory.
 
     The filesystem package may bound requests in flight too: s3fs (botocore) keeps 10
     connections per filesystem unless told otherwise, so for more than about 10 requests at
@@ -134,7 +108,8 @@ class RemoteOptions:
     max_concurrency: int = 16
     coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    retries: int = 5
+    deadline_seconds: float = DEFAULT_DEADLINE_SECONDS
+    retries: int | None = None
     backoff_seconds: float = 0.1
     max_backoff_seconds: float = 10.0
     storage_options: Mapping[str, Any] | None = None
@@ -159,12 +134,13 @@ class RemoteOptions:
             )
         if self.cache is not None and not isinstance(self.cache, ByteCache):
             raise TypeError(f"cache must be a ByteCache or None, got {type(self.cache).__name__}")
-        self.policy()  # checks retries and backoff
+        self.policy()  # checks the deadline, retries and backoff
 
     def policy(self) -> RetryPolicy:
-        """The retry policy these options describe."""
+        """The retry policy (with its deadline) these options describe."""
         return RetryPolicy(retries=self.retries, backoff_seconds=self.backoff_seconds,
-                           max_backoff_seconds=self.max_backoff_seconds)
+                           max_backoff_seconds=self.max_backoff_seconds,
+                           deadline_seconds=self.deadline_seconds)
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any], /, *, what: str) -> RemoteOptions:
@@ -198,14 +174,19 @@ class RemoteSource:
 
     ``read(offset, length)`` is one ranged GET. ``read_ranges`` sorts the ranges, merges
     neighbours whose hole is at most ``coalesce_gap_bytes`` into one request (up to
-    ``max_request_bytes``), and runs up to ``max_concurrency`` requests at once on the
-    source's thread pool. ``size()`` is one HEAD, remembered. With a ``cache``, an object no
-    larger than ``cache.max_item_bytes`` is fetched whole once and served from memory.
+    ``max_request_bytes``), and keeps up to ``max_concurrency`` requests in flight at once.
+    ``size()`` is one HEAD, remembered. With a ``cache``, an object no larger than
+    ``cache.max_item_bytes`` is fetched whole once and served from memory.
+
+    Each request finishes within ``deadline_seconds`` of its first attempt (retries
+    included) or the call raises StorageError; the calling thread only waits, so Ctrl-C interrupts it and ``close()``
+    from another thread ends it at once (the requests still running are cancelled).
 
     Determinism: the bytes returned do not depend on coalescing, concurrency or retries.
     State: none beyond the remembered size. Memory: the requests in flight (each at most
-    ``max_request_bytes``, or one asked range if longer), ``max_concurrency`` threads, and
-    the cache if given.
+    ``max_request_bytes``, or one asked range if longer) and the cache if given; requests
+    run as tasks on fsspec's event loop (async filesystems such as s3fs) or on one daemon
+    thread each (other filesystems).
     """
 
     def __init__(
@@ -215,7 +196,8 @@ class RemoteSource:
         max_concurrency: int = 16,
         coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP_BYTES,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-        retries: int = 5,
+        deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+        retries: int | None = None,
         backoff_seconds: float = 0.1,
         max_backoff_seconds: float = 10.0,
         storage_options: Mapping[str, Any] | None = None,
@@ -225,9 +207,10 @@ class RemoteSource:
             raise ValueError(f"url must be an fsspec URL such as 's3://bucket/key', got {url!r}")
         options = RemoteOptions(
             max_concurrency=max_concurrency, coalesce_gap_bytes=coalesce_gap_bytes,
-            max_request_bytes=max_request_bytes, retries=retries,
-            backoff_seconds=backoff_seconds, max_backoff_seconds=max_backoff_seconds,
-            storage_options=storage_options, cache=cache,
+            max_request_bytes=max_request_bytes, deadline_seconds=deadline_seconds,
+            retries=retries, backoff_seconds=backoff_seconds,
+            max_backoff_seconds=max_backoff_seconds, storage_options=storage_options,
+            cache=cache,
         )
         self.url = url
         self.options = options
@@ -236,13 +219,12 @@ class RemoteSource:
         self.max_request_bytes = max_request_bytes
         self.policy = options.policy()
         self.cache = cache
-        self._fs, self._path = filesystem(url, storage_options)
+        self._fs, self._path = self._filesystem()
+        self._fs_pid = os.getpid()
         self._retrier = Retrier(self.policy, key=url)
+        self._calls = CallGroup()
         self._size: int | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
         self._lock = threading.Lock()
-        self._closed = False
         self._requests = 0
         self._bytes_fetched = 0
 
@@ -262,10 +244,9 @@ class RemoteSource:
 
     def size(self) -> int:
         if self._size is None:
-            self._check_open()
-            info_size = self._retrier.call(
-                lambda: self._fs.size(self._path), url=self.url, action="get the size of"
-            )
+            fs, path = self._client()
+            job: Job[Any] = Job("get the size of", lambda: start_fs_call(fs, "size", path))
+            info_size = self._retrier.run([job], url=self.url, group=self._calls)[0]
             if info_size is None:
                 raise StorageError(
                     f"cannot get the size of '{self.url}': the storage does not report one "
@@ -275,17 +256,17 @@ class RemoteSource:
         return self._size
 
     def read(self, offset: int, length: int) -> bytes:
-        _check_range(offset, length)
+        check_range(offset, length)
         if length == 0:
             return b""
         whole = self._cached_whole()
         if whole is not None:
             return whole[offset : offset + length]
-        return self._fetch(offset, offset + length)
+        return self._fetch([(offset, offset + length)])[0]
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         for offset, length in ranges:
-            _check_range(offset, length)
+            check_range(offset, length)
         out: list[bytes] = [b""] * len(ranges)
         if not ranges:
             return out
@@ -295,11 +276,7 @@ class RemoteSource:
         plan = coalesce_ranges(
             ranges, gap_bytes=self.coalesce_gap_bytes, max_request_bytes=self.max_request_bytes
         )
-        if len(plan) == 1:
-            blobs = [self._fetch(plan[0].start, plan[0].end)]
-        else:
-            pool = self._executor()
-            blobs = list(pool.map(lambda r: self._fetch(r.start, r.end), plan))
+        blobs = self._fetch([(r.start, r.end) for r in plan])
         for request, blob in zip(plan, blobs):
             for i in request.members:
                 offset, length = ranges[i]
@@ -308,12 +285,9 @@ class RemoteSource:
         return out
 
     def close(self) -> None:
-        """Stop the thread pool; idempotent. Reads after close raise StorageError."""
-        with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        """Idempotent. Reads running in other threads stop at once with a StorageError that
+        says so (their requests are cancelled); reads after close raise StorageError."""
+        self._calls.cancel_all()
 
     def __enter__(self) -> Self:
         return self
@@ -326,25 +300,21 @@ class RemoteSource:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageError(f"'{self.url}' was closed; open it again with open_source(url)")
+    def _filesystem(self) -> tuple[Any, str]:
+        return filesystem(self.url, self.options.storage_options,
+                          deadline_seconds=self.options.deadline_seconds)
 
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._closed:
-                raise StorageError(
-                    f"'{self.url}' was closed; open it again with open_source(url)"
-                )
-            if self._pool is not None and self._pool_pid != os.getpid():
-                # Forked child: the parent's pool threads do not exist here.
-                self._pool = None
-            if self._pool is None:
-                self._pool_pid = os.getpid()
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self.max_concurrency, thread_name_prefix="shardfeed-remote"
-                )
-            return self._pool
+    def _client(self) -> tuple[Any, str]:
+        """The filesystem and path; a forked child gets its own (fsspec's event loop and
+        connections belong to the process that made them)."""
+        if self._calls.closed:
+            raise StorageError(f"'{self.url}' was closed; open it again with open_source(url)")
+        if self._fs_pid != os.getpid():
+            with self._lock:
+                if self._fs_pid != os.getpid():
+                    self._fs, self._path = self._filesystem()
+                    self._fs_pid = os.getpid()
+        return self._fs, self._path
 
     def _cached_whole(self) -> bytes | None:
         cache = self.cache
@@ -355,26 +325,58 @@ class RemoteSource:
             return data
         if self.size() > cache.max_item_bytes:
             return None
-        data = self._fetch(0, self.size()) if self.size() else b""
+        data = self._fetch([(0, self.size())])[0] if self.size() else b""
         cache.put(self.url, data)
         return data
 
-    def _fetch(self, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``, fewer only at end of object."""
-        self._check_open()
+    def _fetch(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Bytes ``[start, end)`` of each span (fewer only at end of object), up to
+        ``max_concurrency`` requests in flight, all within one deadline."""
+        fs, path = self._client()
+        known_size = self._size
 
-        def get() -> bytes:
-            try:
-                return bytes(self._fs.cat_file(self._path, start=start, end=end))
-            except OSError as exc:
-                # A range that starts at or past the end is an error for S3 (416); the
-                # ByteSource contract says: an empty read.
-                if exc.errno == errno.EINVAL and start >= self.size():
-                    return b""
-                raise
+        def job(start: int, end: int) -> Job[bytes]:
+            return Job(f"read bytes {start}..{end} of",
+                       lambda: _start_range(fs, path, start, end, known_size))
 
-        data = self._retrier.call(get, url=self.url, action=f"read bytes {start}..{end} of")
+        jobs = [job(start, end) for start, end in spans]
+        blobs = self._retrier.run(jobs, url=self.url, max_in_flight=self.max_concurrency,
+                                  group=self._calls)
         with self._lock:
-            self._requests += 1
-            self._bytes_fetched += len(data)
-        return data
+            self._requests += len(blobs)
+            self._bytes_fetched += sum(len(b) for b in blobs)
+        return blobs
+
+
+def _start_range(fs: Any, path: str, start: int, end: int,
+                 known_size: int | None) -> Future[bytes]:
+    """One attempt at bytes ``[start, end)`` of ``path``, started beside the caller."""
+    if known_size is not None and start >= known_size:
+        done: Future[bytes] = Future()
+        done.set_result(b"")  # past the end: an empty read, no request needed
+        return done
+    if is_async(fs):
+        return start_coroutine(fs, _get_range_async(fs, path, start, end))
+    return start_in_thread(lambda: _get_range(fs, path, start, end))
+
+
+# A range that starts at or past the end is an error for S3 (HTTP 416, EINVAL from s3fs);
+# the ByteSource contract says: an empty read.
+
+
+async def _get_range_async(fs: Any, path: str, start: int, end: int) -> bytes:
+    try:
+        return bytes(await fs._cat_file(path, start=start, end=end))
+    except OSError as exc:
+        if exc.errno == errno.EINVAL and start >= int(await fs._size(path)):
+            return b""
+        raise
+
+
+def _get_range(fs: Any, path: str, start: int, end: int) -> bytes:
+    try:
+        return bytes(fs.cat_file(path, start=start, end=end))
+    except OSError as exc:
+        if exc.errno == errno.EINVAL and start >= int(fs.size(path)):
+            return b""
+        raise

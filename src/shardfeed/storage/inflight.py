@@ -1,0 +1,247 @@
+"""Storage calls in flight: started off the caller's thread, waited on, abandoned at once.
+
+A remote read must never leave a thread stuck in a wait that nothing can end: a server that
+accepts connections and never answers would otherwise hold the reader (and Ctrl-C, and
+``close()``, and the interpreter's exit) for as long as the client library keeps retrying.
+So every attempt runs *beside* the caller, and the caller only waits on its future:
+
+::
+
+    caller thread                     where the attempt runs
+    -------------                     ----------------------
+    start_fs_call(fs, "cat_file") ->  async filesystem (s3fs, gcsfs, http): a task on
+                                      fsspec's event loop; cancelling the future cancels it
+                                      any other filesystem: a daemon thread; cancelling the
+                                      future abandons it (it ends when its call returns)
+    wait(futures + wake, timeout)     wakes on a result, on the deadline, on Ctrl-C (a
+                                      signal interrupts the wait), or when ``wake`` is
+                                      completed by ``close()`` or the interpreter's exit
+
+A :class:`CallGroup` holds the ``wake`` futures of the calls running on one source:
+``cancel_all()`` (the source's ``close()``) makes each of them stop waiting and cancel its
+attempts. :func:`interrupt_calls` does the same for every call in flight in the process
+(a Loader's epoch closed while Ctrl-C goes up calls it, so that waiting for its workers does
+not mean waiting on a dead server), and :func:`abandon_all_calls` for every call now and later; it runs
+when the interpreter exits, before it joins the threads of thread pools, so a pool thread
+that is waiting on a dead server does not hold the exit.
+
+Determinism: none needed (no data decided here). State: the sets of calls in flight.
+Memory: one future per attempt in flight, one daemon thread per attempt on a synchronous
+filesystem.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures.thread  # noqa: F401 - registers its exit hook first (see the end)
+import contextlib
+import inspect
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+__all__ = [
+    "CallGroup",
+    "ClosedError",
+    "abandon_all_calls",
+    "exiting",
+    "interrupt_calls",
+    "interrupts",
+    "is_async",
+    "start_coroutine",
+    "start_fs_call",
+    "start_in_thread",
+]
+
+
+class ClosedError(Exception):
+    """Raised inside :class:`CallGroup.enter` when the group was closed."""
+
+
+def start_in_thread(fn: Callable[[], T], *, name: str = "shardfeed-storage") -> Future[T]:
+    """Run ``fn()`` on a new daemon thread; its future.
+
+    Daemon, because an abandoned call may never return, and a non-daemon thread would hold
+    the interpreter's exit until it does. Cancelling the future abandons the call: the
+    thread ends when ``fn`` returns, and its result is dropped.
+    """
+    future: Future[T] = Future()
+
+    def run() -> None:
+        # The caller may have cancelled the future meanwhile (abandoned the call): then the
+        # outcome has nobody to go to (InvalidStateError).
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            with contextlib.suppress(InvalidStateError):
+                future.set_exception(exc)
+        else:
+            with contextlib.suppress(InvalidStateError):
+                future.set_result(result)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def start_fs_call(fs: Any, method: str, /, *args: Any, **kwargs: Any) -> Future[Any]:
+    """``fs.<method>(*args, **kwargs)`` started off the caller's thread; its future.
+
+    On an fsspec async filesystem the coroutine ``fs._<method>`` runs as a task on the
+    filesystem's event loop (cancelling the future cancels the task: the connection is
+    dropped, nothing keeps running); on any other filesystem the method runs on a daemon
+    thread (:func:`start_in_thread`).
+    """
+    coroutine_fn = _coroutine_method(fs, method)
+    if coroutine_fn is None:
+        bound = getattr(fs, method)
+        return start_in_thread(lambda: bound(*args, **kwargs))
+    return start_coroutine(fs, coroutine_fn(*args, **kwargs))
+
+
+def start_coroutine(fs: Any, coroutine: Coroutine[Any, Any, T]) -> Future[T]:
+    """Run ``coroutine`` on the event loop of the async filesystem ``fs``; its future
+    (cancelling it cancels the task)."""
+    import asyncio
+
+    try:
+        loop = fs.loop
+        if _running_loop() is loop:  # waiting here would block the loop the call needs
+            raise RuntimeError(
+                "a storage call cannot wait inside fsspec's own event loop; call it from "
+                "another thread"
+            )
+    except BaseException:
+        coroutine.close()  # it will never run; closed, it draws no "never awaited" warning
+        raise
+    return asyncio.run_coroutine_threadsafe(coroutine, loop)
+
+
+def _running_loop() -> Any:
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def is_async(fs: Any) -> bool:
+    """True for fsspec filesystems whose operations are coroutines on an event loop."""
+    return bool(getattr(fs, "async_impl", False)) and not getattr(fs, "asynchronous", False)
+
+
+def _coroutine_method(fs: Any, method: str) -> Callable[..., Any] | None:
+    if not is_async(fs):
+        return None
+    found = getattr(fs, "_" + method, None)
+    return found if found is not None and inspect.iscoroutinefunction(found) else None
+
+
+class CallGroup:
+    """The calls running on one source; :meth:`cancel_all` stops them all at once.
+
+    Each call holds a ``wake`` future (never run) while it waits; completing it wakes the
+    call, which then cancels its attempts and raises. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wakes: set[Future[None]] = set()
+        self.closed = False
+
+    def enter(self) -> Future[None]:
+        """A new call's ``wake`` future (ClosedError if the group was closed)."""
+        wake: Future[None] = Future()
+        with self._lock:
+            if self.closed:
+                raise ClosedError
+            self._wakes.add(wake)
+        with _ALL_LOCK:
+            _ALL_WAKES.add(wake)
+        if _EXITING.is_set():
+            _ring(wake)
+        return wake
+
+    def leave(self, wake: Future[None]) -> None:
+        """The call is over."""
+        with self._lock:
+            self._wakes.discard(wake)
+        with _ALL_LOCK:
+            _ALL_WAKES.discard(wake)
+
+    def cancel_all(self) -> None:
+        """Close the group: every call running on it stops waiting now, later ones fail."""
+        with self._lock:
+            self.closed = True
+            wakes = list(self._wakes)
+        for wake in wakes:
+            _ring(wake)
+
+
+def _ring(wake: Future[None]) -> None:
+    # Completing the future wakes concurrent.futures.wait(); cancelling it would not (a
+    # cancelled future only notifies waiters through set_running_or_notify_cancel).
+    with contextlib.suppress(InvalidStateError):
+        wake.set_result(None)
+
+
+_ALL_LOCK = threading.Lock()
+_ALL_WAKES: set[Future[None]] = set()
+_EXITING = threading.Event()
+_INTERRUPTS = [0]
+
+
+def interrupt_calls() -> None:
+    """Make every storage call in flight in the process stop waiting and fail now (calls
+    started later run as usual). For Ctrl-C: threads waiting on a dead server end at once."""
+    _INTERRUPTS[0] += 1
+    with _ALL_LOCK:
+        wakes = list(_ALL_WAKES)
+    for wake in wakes:
+        _ring(wake)
+
+
+def interrupts() -> int:
+    """How many times :func:`interrupt_calls` ran (a call compares before and after)."""
+    return _INTERRUPTS[0]
+
+
+def abandon_all_calls() -> None:
+    """Make every storage call in the process stop waiting and fail now (and any started
+    later). Runs when the interpreter exits."""
+    _EXITING.set()
+    with _ALL_LOCK:
+        wakes = list(_ALL_WAKES)
+    for wake in wakes:
+        _ring(wake)
+
+
+def _reset_after_fork() -> None:
+    # A forked child has none of its parent's calls (their threads do not exist there), and
+    # the lock may have been held by one of those threads at the fork.
+    global _ALL_LOCK
+    _ALL_LOCK = threading.Lock()
+    _ALL_WAKES.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def exiting() -> bool:
+    """True once :func:`abandon_all_calls` ran."""
+    return _EXITING.is_set()
+
+
+# The interpreter joins the threads of every ThreadPoolExecutor (a Dataset's shard readers, a
+# Loader's workers) before it exits; a worker waiting on a dead server would hold the exit
+# (after Ctrl-C, say) until its deadline. threading's exit hooks run in reverse order of
+# registration and before those joins, and concurrent.futures registered its own when
+# imported above, so this one runs first. The hook is a private (but stable since Python
+# 3.9) part of threading; without it the exit waits for the deadline, nothing worse.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(abandon_all_calls)
+del _register

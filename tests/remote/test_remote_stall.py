@@ -1,0 +1,187 @@
+"""Datasets on a storage server that stalls or goes away: errors within the deadline, Ctrl-C at
+once, a short outage survived with the default options."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stalled_server import StalledServer
+
+from shardfeed import Dataset, StorageError
+
+SLACK_SECONDS = 2.0
+"""Allowed past a stated deadline on a loaded machine."""
+
+
+def test_opening_a_dataset_on_a_stalled_endpoint_fails_within_the_deadline(
+    stalled_server: StalledServer,
+) -> None:
+    url = "s3://stalled-bucket/ds"
+    began = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        Dataset(url, source_options={"deadline_seconds": 3})
+    elapsed = time.monotonic() - began
+    assert elapsed < 3 + SLACK_SECONDS, f"the error came after {elapsed:.1f} s"
+    message = str(info.value)
+    assert f"{url}/shardfeed.json" in message  # the manifest, the first thing read
+    assert "deadline_seconds=3" in message and "attempt" in message
+    assert stalled_server.connections > 0
+
+
+def test_reading_records_from_a_server_that_stalls_mid_stream_fails_within_the_deadline(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """The manifest and indexes come; the shards' bytes never do."""
+    url = s3_server.upload_folder(records_dataset(40, 4))
+    with Dataset(url, source_options={"deadline_seconds": 3}) as ds:
+        ds.read_many([0, 10, 20, 30])  # indexes and sizes loaded
+        with s3_server.stall_gets(".tfrecord") as stall:
+            began = time.monotonic()
+            with pytest.raises(StorageError) as info:
+                ds.read_many([1, 11, 21, 31])
+            elapsed = time.monotonic() - began
+    assert elapsed < 3 + SLACK_SECONDS, f"the error came after {elapsed:.1f} s"
+    assert stall.held > 0
+    message = str(info.value)
+    assert f"{url}/part-00" in message and "read bytes" in message
+    assert "deadline_seconds=3" in message
+
+
+def test_close_from_another_thread_ends_a_blocked_read_at_once(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    url = s3_server.upload_folder(records_dataset(40, 4))
+    ds = Dataset(url)  # the default deadline: only close() can end the read early
+    ds.read_many([0, 10, 20, 30])
+    outcome: list[tuple[float, BaseException]] = []
+
+    def read() -> None:
+        try:
+            ds.read_many([1, 11, 21, 31])
+        except Exception as exc:  # noqa: BLE001 - checked below
+            outcome.append((time.monotonic(), exc))
+
+    with s3_server.stall_gets(".tfrecord") as stall:
+        reader = threading.Thread(target=read)
+        reader.start()
+        while stall.held < 4 and reader.is_alive():
+            time.sleep(0.01)
+        closed_at = time.monotonic()
+        ds.close()
+        close_took = time.monotonic() - closed_at
+        reader.join(timeout=10)
+    assert not reader.is_alive()
+    assert close_took < 1.0, f"close() took {close_took:.1f} s"
+    ended, error = outcome[0]
+    assert ended - closed_at < 1.0, f"the reader ended {ended - closed_at:.1f} s after close()"
+    assert "closed" in str(error)
+
+
+_READER = textwrap.dedent(
+    """
+    import json, sys
+    import shardfeed
+    from shardfeed.storage.remote import set_storage_options
+
+    url, options, how = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    set_storage_options("s3://", **options)
+    with shardfeed.Dataset(url) as ds:
+        if how == "read_many":
+            ds.read_many([0, 100, 200, 300])  # the indexes and sizes come
+            print("ready", flush=True)
+            sys.stdin.readline()  # from now on the server holds every GET of shard bytes
+            ds.read_many([1, 101, 201, 301])
+        else:
+            with shardfeed.Loader(ds, batch_size=4, shuffle=True, seed=1, transform=None,
+                                  num_threads=4, rank=0, world_size=1) as loader:
+                batches = iter(loader)
+                next(batches)
+                print("ready", flush=True)
+                sys.stdin.readline()  # the workers' reads stall from now on
+                for batch in batches:
+                    pass
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["read_many", "loader"])
+def test_ctrl_c_returns_within_a_second_while_reads_are_stalled(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], how: str
+) -> None:
+    """What a user does: a script reading a dataset whose server stops answering, then
+    Ctrl-C. The process ends with KeyboardInterrupt within a second, however many reads
+    are stuck in however many threads."""
+    url = s3_server.upload_folder(records_dataset(400, 4))
+    options = {"key": "testing-key", "secret": "testing-secret",
+               "client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _READER, url, json.dumps(options), how],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    ready = proc.stdout.readline().strip()
+    with s3_server.stall_gets(".tfrecord") as stall:
+        try:
+            assert ready == "ready", proc.communicate(timeout=30)[1][-2000:]
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            ends = time.monotonic() + 30
+            while stall.held < 1 and time.monotonic() < ends:
+                time.sleep(0.01)
+            assert stall.held > 0, "the reads never reached the server"
+            time.sleep(1.0)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the process did not end within 20 s of Ctrl-C")
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            _, stderr = proc.communicate()
+            proc.stdin.close()
+    assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+    assert proc.returncode != 0
+    assert took < 1.0, f"the process ended {took:.2f} s after Ctrl-C"
+
+
+def test_a_three_second_outage_is_survived_with_the_default_options(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """The server goes away for 3 s in the middle of reading; with no options at all, every
+    record is read, and read right."""
+    folder = records_dataset(80, 4)
+    url = s3_server.upload_folder(folder)
+    with Dataset(str(folder)) as local:
+        expected = local.read_many(range(80))
+    with Dataset(url) as ds:
+        ds.read_many([0, 20])  # shards 0 and 1 opened; 2 and 3 not yet
+        s3_server.stop()
+        down_at = time.monotonic()
+        restart = s3_server.restart_later(3.0)
+        # records of the open shards, and the indexes and sizes of the others: all wait
+        got = ds.read_many(range(80))
+        waited = time.monotonic() - down_at
+        retries = ds.storage_stats()["retries"]
+        again = [ds[i] for i in range(80)]
+    restart.join(timeout=30)
+    assert [r["index"].tolist() for r in got] == [r["index"].tolist() for r in expected]
+    assert [r["name"] for r in got] == [r["name"] for r in expected]
+    assert [r["name"] for r in again] == [r["name"] for r in expected]
+    assert waited >= 2.5 and retries > 0  # the outage was felt, and waited out

@@ -1,0 +1,109 @@
+"""A TCP server on 127.0.0.1 that accepts connections and never answers: a stalled endpoint.
+
+It reads and drops whatever clients send and holds their connections open, so a client
+waits for an answer that never comes (what a hung proxy or an overloaded gateway does). Its
+one thread is bounded in time: it stops by itself after ``lifetime_seconds``, or at
+:meth:`StalledServer.stop`, closing every connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+KEY = "stalled-key"
+SECRET = "stalled-secret"
+
+
+class StalledServer:
+    """Listens on ``127.0.0.1:port``; ``connections`` counts the connections accepted."""
+
+    def __init__(self, *, lifetime_seconds: float = 120.0) -> None:
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self._listener.setblocking(False)
+        self.port = int(self._listener.getsockname()[1])
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.connections = 0
+        self._lifetime_seconds = lifetime_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="stalled-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        ends = time.monotonic() + self._lifetime_seconds
+        clients: list[socket.socket] = []
+        try:
+            while not self._stop.is_set() and time.monotonic() < ends:
+                readable, _, _ = select.select([self._listener, *clients], [], [], 0.05)
+                for sock in readable:
+                    if sock is self._listener:
+                        with contextlib.suppress(BlockingIOError):
+                            conn, _ = self._listener.accept()
+                            clients.append(conn)
+                            self.connections += 1
+                        continue
+                    try:
+                        data = sock.recv(65536)  # read the request, never answer it
+                    except OSError:
+                        data = b""
+                    if not data:  # the client gave up
+                        clients.remove(sock)
+                        sock.close()
+        finally:
+            for sock in clients:
+                sock.close()
+            self._listener.close()
+
+    def wait_for_connection(self, timeout_seconds: float = 30.0) -> None:
+        """Return once a client has connected (the read under test is waiting)."""
+        ends = time.monotonic() + timeout_seconds
+        while self.connections == 0 and time.monotonic() < ends:
+            time.sleep(0.01)
+        assert self.connections > 0, "no client connected to the stalled server"
+
+    def storage_options(self) -> dict[str, Any]:
+        """s3fs options that send every request here, with the client's default timeouts
+        (what a user who only set the endpoint has)."""
+        return {
+            "key": KEY,
+            "secret": SECRET,
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+            "config_kwargs": {},
+        }
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture()
+def stalled_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[StalledServer]:
+    """A stalled endpoint; ``s3://stalled-bucket/`` is registered to point at it.
+
+    No S3 request can leave 127.0.0.1: the credentials are given, and instance metadata
+    lookups are off.
+    """
+    pytest.importorskip("s3fs")
+    from shardfeed.storage.remote import set_storage_options
+
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY",
+                 "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    server = StalledServer()
+    set_storage_options("s3://stalled-bucket/", **server.storage_options())
+    try:
+        yield server
+    finally:
+        set_storage_options("s3://stalled-bucket/")
+        server.stop()

@@ -61,8 +61,8 @@ from shardfeed.pipeline.source import (
     SampleKey,
     Transform,
     bind_transform,
-    check_source_state,
 )
+from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.transforms.source import ImageField

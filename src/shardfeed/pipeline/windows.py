@@ -46,8 +46,8 @@ from shardfeed.pipeline.source import (
     Sample,
     SampleKey,
     Transform,
-    check_source_state,
 )
+from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.windows import ExcludedWindows, WindowIndex
 
 __all__ = ["WindowOptions", "Windows"]

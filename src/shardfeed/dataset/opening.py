@@ -291,7 +291,7 @@ def referenced_root(resolved: Resolved, root: str | os.PathLike[str] | None, *,
         found = contained(
             region, manifest.root, where=f"manifest '{resolved.manifest_url}'",
             what="image root", allow_outside=allow_outside_paths,
-            opt_in=f"pass the image folder yourself (Dataset(..., root=...), --root), or "
+            opt_in=f"pass the image folder yourself (Dataset(..., root=...); verify --root), or "
                    f"{OPT_IN}",
         )
     else:

@@ -19,6 +19,8 @@ from shardfeed import Dataset
 from shardfeed.errors import FormatError, UnsafePathError
 from shardfeed.format.manifest import Manifest, ShardInfo, save_sidecars
 from shardfeed.format.writer import ShardWriter
+from shardfeed.tools.inspect import inspect
+from shardfeed.tools.verify import verify
 
 __all__ = ["counting_server"]  # the fixture, imported for pytest
 
@@ -98,6 +100,10 @@ def test_a_local_manifest_naming_an_http_shard_sends_no_request(
     with pytest.raises(UnsafePathError, match="http://") as caught:
         Dataset(download)
     assert url in str(caught.value)
+    with pytest.raises(UnsafePathError):
+        verify(download)
+    with pytest.raises(UnsafePathError):
+        inspect(download)
     assert counting_server.requests == []
 
 

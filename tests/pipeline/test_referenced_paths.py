@@ -92,7 +92,7 @@ def test_a_record_naming_a_file_outside_the_root_is_refused(tmp_path: Path, kind
                    tmp_path / "home" / "data" / "photos" / "holiday.jpg")
     with Dataset(ds_folder) as ds:
         assert ds.root == str(tmp_path / "home" / "data" / "photos")
-        path, record, offset = ds.locate(BAD)
+        _shard, record, offset = ds.locate(BAD)
         seen: list[int] = []
         with pytest.raises(DecodeError) as caught:
             for batch in _epoch(ds):

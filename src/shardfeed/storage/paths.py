@@ -26,6 +26,7 @@ from a dataset to the transforms that read its referenced images.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 from collections.abc import Sequence
@@ -111,19 +112,25 @@ def _remote_reason(base: str, path: str) -> str | None:
     return None
 
 
-def _real(path: str, folders: dict[str, str] | None) -> str:
-    """``os.path.realpath(path)``; with ``folders``, each folder is resolved once (a shard
-    list: one ``lstat`` a file when its name is not itself a link)."""
-    if folders is None or os.path.islink(path):
+@functools.lru_cache(maxsize=4096)
+def _real_folder(folder: str) -> str:
+    """``os.path.realpath`` of a folder, once a process (resolving costs an ``lstat`` a
+    component: more than reading a small image). Links are taken as they were when a folder
+    was first seen: a dataset is not rewritten under a reader by the hostile party whose
+    download it is, and whoever can rewrite it could write the files themselves."""
+    return os.path.realpath(folder)
+
+
+def _real(path: str) -> str:
+    """``os.path.realpath(path)`` of an absolute, normalised path: its folder's resolved path
+    (cached) and one ``lstat`` of the name unless the name is itself a link."""
+    if os.path.islink(path):
         return os.path.realpath(path)
     folder, name = os.path.split(path)
-    real = folders.get(folder)
-    if real is None:
-        real = folders[folder] = os.path.realpath(folder)
-    return os.path.join(real, name)
+    return os.path.join(_real_folder(folder), name) if name else _real_folder(folder)
 
 
-def _local_reason(base: str, path: str, folders: dict[str, str] | None) -> str | None:
+def _local_reason(base: str, path: str) -> str | None:
     scheme = _scheme(path)
     if scheme not in (None, "file"):
         return f"is a URL ({scheme}://), and the dataset is on this machine ('{base}')"
@@ -131,8 +138,8 @@ def _local_reason(base: str, path: str, folders: dict[str, str] | None) -> str |
     target = os.path.abspath(join_named(top, _local_text(path)))
     if not _under(top, target, os.sep):
         return f"leads out of '{base}'"
-    real_top = os.path.realpath(top) if folders is None else _real(top, folders)
-    real = _real(target, folders)
+    real_top = _real_folder(top)
+    real = _real(target)
     if not _under(real_top, real, os.sep):
         return f"leads out of '{base}' through a symbolic link (to '{real}')"
     return None
@@ -146,8 +153,13 @@ def _show(path: str) -> str:
 
 def _check(
     base: str, path: str, *, where: str, what: str, allow_outside: bool, opt_in: str,
-    error: type[UnsafePathError], folders: dict[str, str] | None,
+    error: type[UnsafePathError],
 ) -> str:
+    if not isinstance(path, str):
+        raise error(
+            f"{where} gives the {what} as {type(path).__name__} {path!r:.80}, not a path; the "
+            "dataset is damaged or hostile: re-create or re-download it", named=str(path),
+        )
     if "\x00" in path:
         raise error(
             f"{where} names the {what} '{_show(path)}', which holds a NUL byte: no file has "
@@ -158,7 +170,7 @@ def _check(
     if allow_outside:
         return joined
     remote = _scheme(base) not in (None, "file")
-    reason = _remote_reason(base, path) if remote else _local_reason(base, path, folders)
+    reason = _remote_reason(base, path) if remote else _local_reason(base, path)
     if reason is None:
         return joined
     raise error(
@@ -187,7 +199,7 @@ def contained(
     checked, not substituted), or a URL / absolute path as it is.
     """
     return _check(base, path, where=where, what=what, allow_outside=allow_outside,
-                  opt_in=opt_in, error=error, folders=None)
+                  opt_in=opt_in, error=error)
 
 
 def contained_all(
@@ -199,11 +211,10 @@ def contained_all(
     allow_outside: bool = False,
     opt_in: str = OPT_IN,
 ) -> list[str]:
-    """:func:`contained` for many paths under one ``base`` (a manifest's shard list): each
+    """:func:`contained` for many paths under one ``base`` (a manifest's shard list); each
     local folder is resolved once, each file costs one ``lstat``."""
-    folders: dict[str, str] = {}
     return [_check(base, p, where=where, what=what, allow_outside=allow_outside,
-                   opt_in=opt_in, error=UnsafePathError, folders=folders) for p in paths]
+                   opt_in=opt_in, error=UnsafePathError) for p in paths]
 
 
 __all__ = ["OPT_IN", "UnconfinedRoot", "confines", "contained", "contained_all", "join_named"]

@@ -260,7 +260,7 @@ class Dataset:
     def root(self) -> str | None:
         """The folder referenced image paths are relative to (None if unknown). With
         ``allow_outside_paths`` an :class:`~shardfeed.storage.paths.UnconfinedRoot`
-        (``"."``, the working directory, when unknown): transforms bound to it read record
+        (the working directory when unknown): transforms bound to it read record
         paths outside it."""
         return self._root
 

@@ -279,7 +279,7 @@ def referenced_root(resolved: Resolved, root: str | os.PathLike[str] | None, *,
     ``../photos``; not ``/etc`` nor ``../../..``): else
     :class:`~shardfeed.errors.UnsafePathError`, unless ``allow_outside_paths``. With it, the
     root comes back as an :class:`~shardfeed.storage.paths.UnconfinedRoot` (the working
-    directory's ``"."`` when there is none), which lets the transforms read record paths
+    directory, made absolute, when there is none), which lets the transforms read record paths
     outside it.
     """
     found: str | None
@@ -297,7 +297,7 @@ def referenced_root(resolved: Resolved, root: str | os.PathLike[str] | None, *,
     else:
         found = base
     if allow_outside_paths:
-        return UnconfinedRoot(os.curdir if found is None else found)
+        return UnconfinedRoot(os.path.abspath(os.curdir) if found is None else found)
     return found
 
 

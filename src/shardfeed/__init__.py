@@ -22,6 +22,7 @@ from shardfeed.errors import (
     ShardfeedError,
     StateError,
     StorageError,
+    UnsafePathError,
 )
 
 __version__ = "0.1.0"
@@ -70,6 +71,7 @@ __all__ = [
     "ShardfeedError",
     "StateError",
     "StorageError",
+    "UnsafePathError",
     "Windows",
     "__version__",
     "jax",

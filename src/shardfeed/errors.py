@@ -48,6 +48,32 @@ class DecodeError(ShardfeedError):
         self.offset = offset
 
 
+class UnsafePathError(FormatError):
+    """A path a dataset names is refused: it leads outside the dataset (``..`` steps, an
+    absolute path, another URL scheme or bucket, a symbolic link out), or it is no path at all
+    (a NUL byte, not UTF-8). ``named`` is the path as the dataset gives it. Datasets that are
+    meant to reference files elsewhere open with ``allow_outside_paths=True``."""
+
+    def __init__(self, message: str, *, named: str = "") -> None:
+        super().__init__(message)
+        self.named = named
+
+
+class UnsafeRecordPathError(UnsafePathError, DecodeError):
+    """A record's referenced image path is refused (see :class:`UnsafePathError`). Also a
+    :class:`DecodeError`: the image cannot be had, so ``on_error="skip"`` replaces the sample.
+    ``path``/``record``/``offset`` locate the record when known."""
+
+    def __init__(
+        self, message: str, *, named: str = "", path: str | None = None,
+        record: int | None = None, offset: int | None = None,
+    ) -> None:
+        super().__init__(message, named=named)
+        self.path = path
+        self.record = record
+        self.offset = offset
+
+
 class StateError(ShardfeedError):
     """A saved loader state cannot be restored here (missing or foreign keys, other dataset)."""
 

@@ -75,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE",
                         help="write throughput over time as a PNG")
+    common.add_dataset_options(parser)
     common.add_progress(parser)
 
 
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = _options(args)
     result = bench(args.source, options=options, progress=common.show_progress(args),
-                   plot=args.plot)
+                   plot=args.plot, **common.dataset_options(args))
     if args.json:
         common.print_json(result)
     else:

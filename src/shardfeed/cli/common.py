@@ -1,4 +1,5 @@
-"""Helpers shared by the command modules: JSON output, size arguments, worker counts."""
+"""Helpers shared by the command modules: JSON output, size arguments, worker counts, and
+the options every command that reads a dataset takes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,22 @@ def add_workers(parser: argparse.ArgumentParser, *, what: str) -> None:
         "--workers", type=positive_int, default=default_workers(), metavar="N",
         help=f"{what} in parallel with N threads (default: {default_workers()})",
     )
+
+
+def add_dataset_options(parser: argparse.ArgumentParser) -> None:
+    """``--allow-outside-paths``, for every command that reads a dataset (verify, inspect,
+    bench, shuffle-report); read back with :func:`dataset_options`."""
+    parser.add_argument(
+        "--allow-outside-paths", action="store_true",
+        help="read a dataset whose manifest or records name files outside it (shards "
+             "elsewhere, an image root far away, absolute image paths, links out); by "
+             "default such paths are refused. Use it only for datasets you trust",
+    )
+
+
+def dataset_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords :func:`add_dataset_options` gives the tools (``allow_outside_paths``)."""
+    return {"allow_outside_paths": bool(getattr(args, "allow_outside_paths", False))}
 
 
 def add_progress(parser: argparse.ArgumentParser) -> None:

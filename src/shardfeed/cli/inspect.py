@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print everything as JSON")
     parser.add_argument("--all-shards", action="store_true",
                         help="list every shard (default: the first 10)")
+    common.add_dataset_options(parser)
     windows = parser.add_argument_group(
         "windows", "count the valid windows of K frames within groups (needs group/order keys)"
     )
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--stride, --stride-seconds and --max-gap-seconds describe windows: "
                          "also pass --windows K (frames a window)")
     info = inspect(source, records=args.records, windows=args.windows, stride=args.stride,
-                   stride_seconds=args.stride_seconds, max_gap_seconds=args.max_gap_seconds)
+                   stride_seconds=args.stride_seconds, max_gap_seconds=args.max_gap_seconds,
+                   **common.dataset_options(args))
     if args.json:
         common.print_json(info)
         return 0

@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="write position_vs_index.png and label_vs_position.png here")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    common.add_dataset_options(parser)
     common.add_progress(parser)
 
 
@@ -201,13 +202,14 @@ def run(args: argparse.Namespace) -> int:
     elif len(sources) > 1:
         from shardfeed.dataset import Dataset
 
-        source = opened = Dataset(sources)
+        source = opened = Dataset(sources, **common.dataset_options(args))
     bar = _Bar() if common.show_progress(args) else None
     try:
         report = shuffle_report(
             source, label_key=args.label_key, buffer_size=args.buffer, seed=args.seed,
             epoch=args.epoch, file_shuffle=args.file_shuffle, batch_size=args.batch,
             out_dir=args.out, progress=bar,
+            **common.dataset_options(args),
         )
     finally:
         if bar is not None:

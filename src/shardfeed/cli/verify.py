@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     common.add_workers(parser, what="check shards")
+    common.add_dataset_options(parser)
     common.add_progress(parser)
 
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     source = args.source[0] if len(args.source) == 1 else args.source
     report = verify(
         source, decode=args.decode, root=args.root, workers=args.workers,
-        progress=common.show_progress(args),
+        progress=common.show_progress(args), **common.dataset_options(args),
     )
     if args.json:
         common.print_json(report.to_json())

@@ -83,6 +83,10 @@ class Dataset:
     saying how to finish it, however its files are named (folder, glob, list);
     ``allow_partial=True`` reads the complete shards that are there instead.
 
+    ``allow_outside_paths=True`` opts in to a dataset whose manifest or records name files
+    outside it; by default such paths raise :class:`~shardfeed.errors.UnsafePathError`
+    (see :mod:`shardfeed.storage.paths`). A ``root`` passed here is trusted.
+
     ``ds[i]`` and ``ds.read_many(indices)`` return ``{feature: value}`` dicts (see
     :func:`shardfeed.format.example.decode_example`). Errors name the shard, the record
     within it and its byte offset.
@@ -100,6 +104,7 @@ class Dataset:
         read_options: ReadOptions | None = None,
         source_options: Mapping[str, Any] | None = None,
         allow_partial: bool = False,
+        allow_outside_paths: bool = False,
     ) -> None:
         if not isinstance(verify_crc, bool):
             raise TypeError(f"verify_crc must be True or False, got {verify_crc!r}")
@@ -107,13 +112,17 @@ class Dataset:
             raise TypeError(f"build_index must be True or False, got {build_index!r}")
         if not isinstance(allow_partial, bool):
             raise TypeError(f"allow_partial must be True or False, got {allow_partial!r}")
+        if not isinstance(allow_outside_paths, bool):
+            raise TypeError(
+                f"allow_outside_paths must be True or False, got {allow_outside_paths!r}")
         if read_options is not None and not isinstance(read_options, ReadOptions):
             raise TypeError(
                 f"read_options must be a ReadOptions, got {type(read_options).__name__}"
             )
         options = check_source_options(source_options)
         self._args = (source, verify_crc, features, root, build_index, read_options,
-                      source_options, allow_partial)
+                      source_options, allow_partial, allow_outside_paths)
+        self._outside = allow_outside_paths
         self._build = build_index
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
@@ -124,7 +133,8 @@ class Dataset:
         self._file_policy = RemoteOptions(**options).policy()
 
         with retry_policy(self._file_policy):
-            resolved = resolve_source(source, allow_partial=allow_partial)
+            resolved = resolve_source(source, allow_partial=allow_partial,
+                                      allow_outside_paths=allow_outside_paths)
             self._resolved = resolved
             self._manifest = resolved.manifest
             if resolved.manifest is not None:
@@ -132,7 +142,8 @@ class Dataset:
             else:
                 self._table = self._open_files(resolved.urls, build=build_index)
             self._sources = ShardSources(self._table, source_options=options)
-            self._root = referenced_root(resolved, root)
+            self._root = referenced_root(resolved, root,
+                                         allow_outside_paths=allow_outside_paths)
             self._group_ids, self._order_keys = self._load_sidecars()
         if self._manifest is not None and self._manifest.schema is not None:
             self._schema = self._manifest.schema
@@ -213,10 +224,10 @@ class Dataset:
         m, base = self._manifest, self._resolved.base
         if m is None or base is None:
             return None, None
-        groups = None if m.group_key is None else load_sidecar(base, S.GROUPS_NAME,
-                                                               records=len(self))
-        order = None if m.order_key is None else load_sidecar(base, S.ORDER_NAME,
-                                                              records=len(self))
+        groups = None if m.group_key is None else load_sidecar(
+            base, S.GROUPS_NAME, records=len(self), allow_outside=self._outside)
+        order = None if m.order_key is None else load_sidecar(
+            base, S.ORDER_NAME, records=len(self), allow_outside=self._outside)
         return groups, order
 
     def _check_names_in_schema(self, schema: Schema) -> None:
@@ -247,7 +258,10 @@ class Dataset:
 
     @property
     def root(self) -> str | None:
-        """The folder referenced image paths are relative to (None if unknown)."""
+        """The folder referenced image paths are relative to (None if unknown). With
+        ``allow_outside_paths`` an :class:`~shardfeed.storage.paths.UnconfinedRoot`
+        (the working directory when unknown): transforms bound to it read record
+        paths outside it."""
         return self._root
 
     @property
@@ -420,7 +434,8 @@ def _reopen(source: SourceArg, verify_crc: bool, features: Features,
             root: str | os.PathLike[str] | None, build_index: bool,
             read_options: ReadOptions | None,
             source_options: Mapping[str, Any] | None = None,
-            allow_partial: bool = False) -> Dataset:
+            allow_partial: bool = False, allow_outside_paths: bool = False) -> Dataset:
     return Dataset(source, verify_crc=verify_crc, features=features, root=root,
                    build_index=build_index, read_options=read_options,
-                   source_options=source_options, allow_partial=allow_partial)
+                   source_options=source_options, allow_partial=allow_partial,
+                   allow_outside_paths=allow_outside_paths)

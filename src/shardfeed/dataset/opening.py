@@ -11,10 +11,15 @@ are skipped. On object storage a URL is a folder unless its name is a shard name
 folder's URL with ``/`` when its name looks like a shard's); opening a dataset folder costs
 one GET (its manifest), a folder of bare shards one GET and one listing.
 
+A path that exists is opened as that path even when its name holds ``*``, ``?`` or ``[``
+(``exp[1]/ds``); only a name that does not exist is taken as a glob.
+
 Whatever form names the files, a folder whose dataset was never committed (an interrupted
 pack, a partial copy) is refused unless ``allow_partial``; see
-:mod:`shardfeed.dataset.unfinished`. Opening through a manifest trusts the manifest (locally,
-pack's plan file beside it still means the pack did not finish).
+:mod:`shardfeed.dataset.unfinished`. Opening through a manifest trusts the manifest's counts
+(locally, pack's plan file beside it still means the pack did not finish), not its paths:
+every shard it names must lie inside its folder, and its image root inside the folder that
+holds that folder, unless ``allow_outside_paths`` (see :mod:`shardfeed.storage.paths`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from shardfeed.dataset import unfinished
 from shardfeed.errors import FormatError, StorageError
 from shardfeed.format import spec as S
 from shardfeed.format.example import FeatureSpec
-from shardfeed.format.manifest import Manifest, dataset_dir, resolve
+from shardfeed.format.manifest import Manifest, dataset_dir
 from shardfeed.storage import files, is_remote
+from shardfeed.storage.paths import OPT_IN, UnconfinedRoot, contained, contained_all
 
 SourceArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 Features = Mapping[str, FeatureSpec] | Sequence[str] | None
@@ -72,33 +78,58 @@ def is_shard_name(name: str) -> bool:
     return _is_shard_name(name)
 
 
-def _from_manifest(url: str, *, check: bool) -> Resolved:
-    if check:
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """How to open: ``check`` refuses unfinished datasets; ``outside`` lets a manifest name
+    paths outside its dataset."""
+
+    check: bool
+    outside: bool
+
+
+def shard_urls(manifest: Manifest, manifest_url: str, *, allow_outside: bool = False
+               ) -> tuple[str, ...]:
+    """The files the shards of ``manifest`` (read from ``manifest_url``) name, each checked
+    to lie inside the manifest's folder, and so (locally) their index files: a link named
+    ``x.tfrecord.idx`` leading out of the folder is refused like a shard path."""
+    base = dataset_dir(manifest_url)
+    where = f"manifest '{manifest_url}'"
+    urls = contained_all(base, [s.path for s in manifest.shards], where=where, what="shard",
+                         allow_outside=allow_outside)
+    if not allow_outside and not is_remote(base):
+        for url in urls:  # one lstat each: only a link can lead an index out of the folder
+            for index in (S.binary_index_path(url), S.text_index_path(url)):
+                if os.path.islink(index):
+                    contained(base, index, where=where, what="index file of a shard")
+    return tuple(urls)
+
+
+def _from_manifest(url: str, rules: _Rules) -> Resolved:
+    if rules.check:
         unfinished.check_plan_beside(url)
     manifest = Manifest.load(url)
-    base = dataset_dir(url)
-    urls = tuple(resolve(base, shard.path) for shard in manifest.shards)
-    return Resolved(urls=urls, manifest=manifest, manifest_url=url, base=base)
+    urls = shard_urls(manifest, url, allow_outside=rules.outside)
+    return Resolved(urls=urls, manifest=manifest, manifest_url=url, base=dataset_dir(url))
 
 
-def _try_manifest(url: str, *, check: bool) -> Resolved | None:
+def _try_manifest(url: str, rules: _Rules) -> Resolved | None:
     """The dataset of the manifest at ``url``, or None if there is no such file.
 
     One read, no existence check first: on an object store that is one GET.
     """
     try:
-        return _from_manifest(url, check=check)
+        return _from_manifest(url, rules)
     except StorageError as exc:
         if isinstance(exc.__cause__, FileNotFoundError):
             return None
         raise
 
 
-def _from_folder(url: str, names: list[str], *, check: bool) -> Resolved:
+def _from_folder(url: str, names: list[str], rules: _Rules) -> Resolved:
     """The shards among ``names``, the entries of the folder ``url`` (sorted by name);
     ``check``: refuse the folder if its dataset is unfinished."""
     shards = [files.join(url, n) for n in names if _is_shard_name(n)]
-    if check:
+    if rules.check:
         unfinished.check_folder(url, names)
     if not shards:
         shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
@@ -110,64 +141,81 @@ def _from_folder(url: str, names: list[str], *, check: bool) -> Resolved:
     return Resolved(urls=tuple(shards))
 
 
-def _from_remote(url: str, *, check: bool) -> Resolved:
+def _from_remote(url: str, rules: _Rules) -> Resolved:
     """A URL that is neither a glob nor a manifest: a dataset folder (one GET of its
     manifest), a folder of TFRecord files (+ one listing), or one object."""
     if _is_shard_name(url) and not url.endswith("/"):
-        return _from_files([url], check=check)  # a shard's own URL: no request to know that
-    found = _try_manifest(files.join(url, S.MANIFEST_NAME), check=check)
+        return _from_files([url], rules)  # a shard's own URL: no request to know that
+    found = _try_manifest(files.join(url, S.MANIFEST_NAME), rules)
     if found is not None:
         return found
     names = files.listdir(url)  # an object lists as nothing; a missing prefix raises
     if not names:
-        return _from_files([url.rstrip("/")], check=check)
-    return _from_folder(url.rstrip("/"), names, check=check)
+        return _from_files([url.rstrip("/")], rules)
+    return _from_folder(url.rstrip("/"), names, rules)
 
 
-def _from_local(text: str, *, check: bool) -> Resolved:
+def _from_local(text: str, rules: _Rules) -> Resolved:
     path = text.removeprefix("file://")
     if os.path.isdir(path):
-        found = _try_manifest(files.join(text, S.MANIFEST_NAME), check=check)
+        found = _try_manifest(files.join(text, S.MANIFEST_NAME), rules)
         if found is not None:
             return found
-        return _from_folder(text, files.listdir(text), check=check)
+        return _from_folder(text, files.listdir(text), rules)
     if not os.path.exists(path):
         raise StorageError(f"'{text}' does not exist; check the path")
-    return _from_files([text], check=check)
+    return _from_files([text], rules)
 
 
-def _from_glob(pattern: str, *, check: bool) -> Resolved:
+def _is_glob(text: str) -> bool:
+    """True when ``text`` is a pattern: it holds ``*``, ``?`` or ``[`` and no file or
+    folder has exactly that name (``exp[1]/ds`` is a folder's name when it exists)."""
+    if not _GLOB_CHARS.search(text):
+        return False
+    if is_remote(text):
+        return not files.exists(text)  # one request, only for names that look like globs
+    return not os.path.exists(text.removeprefix("file://"))
+
+
+def _from_glob(pattern: str, rules: _Rules) -> Resolved:
     matches = [m for m in files.glob(pattern) if not m.endswith(_NOT_SHARDS)]
     if not matches:
-        raise FormatError(f"no files match '{pattern}'; check the pattern")
-    return _from_files(matches, check=check)
+        raise FormatError(
+            f"no files match the pattern '{pattern}', and no file or folder has that name; "
+            "check the pattern or the path"
+        )
+    return _from_files(matches, rules)
 
 
-def _from_files(urls: Sequence[str], *, check: bool) -> Resolved:
+def _from_files(urls: Sequence[str], rules: _Rules) -> Resolved:
     """Files named one by one (a list, a glob's matches, one file), checked by folder."""
-    if check:
+    if rules.check:
         unfinished.check_folders_of(urls)
     return Resolved(urls=tuple(urls))
 
 
-def resolve_source(source: SourceArg, *, allow_partial: bool = False) -> Resolved:
+def resolve_source(source: SourceArg, *, allow_partial: bool = False,
+                   allow_outside_paths: bool = False) -> Resolved:
     """Find the manifest or the shard files ``source`` names.
 
     Raises :class:`FormatError` when the folder of the files holds a dataset whose writing
-    did not finish (see :mod:`shardfeed.dataset.unfinished`), unless ``allow_partial``.
+    did not finish (see :mod:`shardfeed.dataset.unfinished`), unless ``allow_partial``;
+    :class:`~shardfeed.errors.UnsafePathError` when a manifest names a shard outside its
+    folder, unless ``allow_outside_paths``. The files the user names (a list, a glob, a
+    folder) are the user's choice and are not confined.
     """
-    check = not allow_partial
+    rules = _Rules(check=not allow_partial, outside=allow_outside_paths)
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if not text:
             raise ValueError("Dataset source is an empty string; pass a folder, file or glob")
-        if _GLOB_CHARS.search(text):
-            return _from_glob(text, check=check)
+        if _is_glob(text):
+            return _from_glob(text, rules)
         if text.endswith(".json"):
-            return _from_manifest(text, check=check)
+            return _from_manifest(text, rules)
         if is_remote(text):
-            return _from_remote(text, check=check)
-        return _from_local(text, check=check)
+            return _from_remote(text, rules)
+        return _from_local(text, rules)
     if isinstance(source, (bytes, bytearray)) or not isinstance(source, Sequence):
         raise TypeError(
             "Dataset source must be a folder, manifest, glob or file path, or a list of "
@@ -182,40 +230,75 @@ def resolve_source(source: SourceArg, *, allow_partial: bool = False) -> Resolve
         urls.append(os.fspath(item))
     if not urls:
         raise ValueError("Dataset source list is empty; pass at least one TFRecord file")
-    return _from_files(urls, check=check)
+    return _from_files(urls, rules)
 
 
-def resolve_sources(source: SourceArg, *, allow_partial: bool = False) -> Resolved:
+def resolve_sources(source: SourceArg, *, allow_partial: bool = False,
+                    allow_outside_paths: bool = False) -> Resolved:
     """:func:`resolve_source`, but the items of a list may also be folders and globs (a
     command's several arguments): each is resolved on its own and the files of all of them
     are taken in order (without their manifests). A list of one item is that item."""
+    rules = {"allow_partial": allow_partial, "allow_outside_paths": allow_outside_paths}
     if isinstance(source, (str, os.PathLike)) or not isinstance(source, Sequence):
-        return resolve_source(source, allow_partial=allow_partial)
+        return resolve_source(source, **rules)
     items: list[Any] = [os.fspath(i) if isinstance(i, (str, os.PathLike)) else i
                         for i in source]
     if len(items) == 1 and isinstance(items[0], str):
-        return resolve_source(items[0], allow_partial=allow_partial)
+        return resolve_source(items[0], **rules)
     urls: list[Any] = []
     for item in items:
         if isinstance(item, str) and (
-                _GLOB_CHARS.search(item) or os.path.isdir(item.removeprefix("file://"))):
-            urls.extend(resolve_source(item, allow_partial=allow_partial).urls)
+                _is_glob(item) or os.path.isdir(item.removeprefix("file://"))):
+            urls.extend(resolve_source(item, **rules).urls)
         else:
             urls.append(item)  # checked (and refused if not a path) by resolve_source
-    return resolve_source(urls, allow_partial=allow_partial)
+    return resolve_source(urls, **rules)
 
 
-def referenced_root(resolved: Resolved, root: str | os.PathLike[str] | None) -> str | None:
-    """The folder referenced image paths are relative to: ``root`` when given, else the
-    manifest's root (a relative root is relative to the manifest's folder, which is how
-    ``pack`` stores a root near the dataset: the two can move together), else the dataset
-    folder (None for files without a manifest)."""
-    if root is not None:
-        return os.fspath(root)
+def _root_region(base: str) -> str:
+    """Where a manifest in the folder ``base`` may put its image root: the folder that holds
+    ``base`` (so ``../photos`` beside the dataset, as ``pack`` stores it), but never the
+    file system's root or above a bucket: then ``base`` itself."""
+    if is_remote(base):
+        scheme, _, rest = base.partition("://")
+        rest = rest.rstrip("/")
+        return f"{scheme}://{rest.rsplit('/', 1)[0]}" if "/" in rest.lstrip("/") else base
+    near = os.path.dirname(base)
+    return base if near == os.path.dirname(near) else near
+
+
+def referenced_root(resolved: Resolved, root: str | os.PathLike[str] | None, *,
+                    allow_outside_paths: bool = False) -> str | None:
+    """The folder referenced image paths are relative to: ``root`` when given (trusted),
+    else the manifest's root (a relative root is relative to the manifest's folder, which is
+    how ``pack`` stores a root near the dataset: the two can move together), else the
+    dataset folder (None for files without a manifest: paths are then relative to the
+    working directory).
+
+    A manifest's root must lie inside the folder that holds the dataset folder (``..``,
+    ``../photos``; not ``/etc`` nor ``../../..``): else
+    :class:`~shardfeed.errors.UnsafePathError`, unless ``allow_outside_paths``. With it, the
+    root comes back as an :class:`~shardfeed.storage.paths.UnconfinedRoot` (the working
+    directory, made absolute, when there is none), which lets the transforms read record paths
+    outside it.
+    """
+    found: str | None
     base, manifest = resolved.base, resolved.manifest
-    if manifest is not None and manifest.root is not None:
-        return resolve(base, manifest.root) if base else manifest.root
-    return base
+    if root is not None:
+        found = os.fspath(root)
+    elif manifest is not None and manifest.root is not None:
+        region = _root_region(base) if base else os.curdir
+        found = contained(
+            region, manifest.root, where=f"manifest '{resolved.manifest_url}'",
+            what="image root", allow_outside=allow_outside_paths,
+            opt_in=f"pass the image folder yourself (Dataset(..., root=...); verify --root), or "
+                   f"{OPT_IN}",
+        )
+    else:
+        found = base
+    if allow_outside_paths:
+        return UnconfinedRoot(os.path.abspath(os.curdir) if found is None else found)
+    return found
 
 
 def parse_features(

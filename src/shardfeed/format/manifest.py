@@ -10,7 +10,8 @@
       groups.npy              int64 group id per record (optional)
       order.npy               float64 order key per record (optional)
 
-Shard paths are relative to the manifest's folder unless they are absolute or URLs. So is the
+Shard paths are relative to the manifest's folder unless they are absolute or URLs (readers
+refuse those that lead outside the folder: :mod:`shardfeed.storage.paths`). So is the
 ``root`` of referenced images: :meth:`Manifest.save` stores a local root that lies near the
 dataset (inside the folder that holds the dataset folder) relative to the manifest's folder,
 so that the dataset and its images can be moved or copied together::
@@ -39,6 +40,7 @@ from shardfeed.format import _fileio
 from shardfeed.format import spec as S
 from shardfeed.format.schema import Schema
 from shardfeed.storage import is_remote
+from shardfeed.storage.paths import contained
 
 Mode = Literal["embedded", "referenced", "raw", "tfrecord"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -231,7 +233,10 @@ def portable_root(root: str | None, manifest_url: str) -> str | None:
 
 def resolve(base: str, path: str) -> str:
     """Join a path from the manifest (a shard, a sidecar, the image root) to the manifest's
-    folder ``base``; ``..`` steps are applied (``out/../photos`` is ``photos``)."""
+    folder ``base``; ``..`` steps are applied (``out/../photos`` is ``photos``).
+
+    No check: readers confine what a manifest names with
+    :func:`shardfeed.storage.paths.contained` (see :mod:`shardfeed.dataset.opening`)."""
     if is_remote(path) or os.path.isabs(path):
         return path
     if is_remote(base):
@@ -280,10 +285,16 @@ def _save_sidecar(
 
 
 def load_sidecar(
-    base: str, name: Literal["groups.npy", "order.npy"], *, records: int
+    base: str, name: Literal["groups.npy", "order.npy"], *, records: int,
+    allow_outside: bool = False,
 ) -> np.ndarray:
-    """Load one sidecar (memory-mapped when local) and check it has one value per record."""
-    url = resolve(base, name)
+    """Load one sidecar (memory-mapped when local) and check it has one value per record.
+
+    A local sidecar that is a link leading out of ``base`` is refused
+    (:class:`~shardfeed.errors.UnsafePathError`) unless ``allow_outside``.
+    """
+    url = contained(base, name, where=f"the dataset in '{base}'", what="sidecar",
+                    allow_outside=allow_outside)
     try:
         if is_remote(url):
             arr = np.load(io.BytesIO(_fileio.read_bytes(url)), allow_pickle=False)

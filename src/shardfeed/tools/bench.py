@@ -212,6 +212,7 @@ def bench(
     options: BenchOptions | None = None,
     progress: bool = False,
     plot: str | os.PathLike[str] | None = None,
+    allow_outside_paths: bool = False,
     **option_values: Any,
 ) -> dict[str, Any]:
     """Measure a Loader over ``path_or_dataset`` (a dataset path or an open Dataset).
@@ -219,7 +220,8 @@ def bench(
     Options come as a :class:`BenchOptions` or as its fields by keyword (``preset``,
     ``size``, ``batch_size``, ``num_threads``, ``windows``, ``stride``, ``patches``,
     ``cache_images``, ``refresh_every``, ``seconds``, ...). ``progress`` draws a live tqdm bar
-    on stderr; ``plot`` writes throughput over time as a PNG.
+    on stderr; ``plot`` writes throughput over time as a PNG. ``allow_outside_paths``: open
+    a dataset path as ``Dataset(path, allow_outside_paths=True)``.
 
     Returns a JSON-able dict: ``kind``, ``samples_per_s``, ``images_per_s``,
     ``frames_per_s`` (windows), ``patches_per_s`` (patches), ``output_mpix_per_s``,
@@ -235,7 +237,8 @@ def bench(
     from shardfeed.dataset import Dataset
 
     owned = not hasattr(path_or_dataset, "read_many")
-    dataset = Dataset(os.fspath(path_or_dataset)) if owned else path_or_dataset
+    dataset = Dataset(os.fspath(path_or_dataset), allow_outside_paths=allow_outside_paths) \
+        if owned else path_or_dataset
     try:
         result = _run(dataset, options, progress=progress)
     finally:

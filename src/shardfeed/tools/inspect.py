@@ -159,7 +159,7 @@ def _window_stats(
 def inspect(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, records: int = 0,
     windows: int | None = None, stride: int = 1, stride_seconds: float | None = None,
-    max_gap_seconds: float | None = None,
+    max_gap_seconds: float | None = None, allow_outside_paths: bool = False,
 ) -> dict[str, Any]:
     """Describe a dataset as a JSON-serialisable dict.
 
@@ -177,6 +177,9 @@ def inspect(
     gave none by reason (``excluded``: group ends, gaps, missing times, off the time grid),
     and how many groups have no window. Raises SchemaError when the dataset has no groups
     and no order keys.
+
+    A manifest naming shards, sidecars or an image root outside the dataset raises
+    :class:`~shardfeed.errors.UnsafePathError` unless ``allow_outside_paths`` (as ``Dataset``).
     """
     if records < 0:
         raise ValueError(f"records must be >= 0, got {records}")
@@ -185,7 +188,7 @@ def inspect(
         raise ValueError(f"windows must be a number of frames >= 1, got {windows!r}")
     groups: np.ndarray | None = None
     order: np.ndarray | None = None
-    resolved = resolve_sources(source)
+    resolved = resolve_sources(source, allow_outside_paths=allow_outside_paths)
     manifest = resolved.manifest
     result: dict[str, Any] = {"source": os.fspath(source) if isinstance(source, (str, os.PathLike))
                               else [os.fspath(s) for s in source]}
@@ -197,12 +200,15 @@ def inspect(
         shards = [{"path": s.path, "records": s.records, "bytes": s.bytes}
                   for s in manifest.shards]
         if manifest.group_key:
-            groups = load_sidecar(base, spec.GROUPS_NAME, records=manifest.num_records)
+            groups = load_sidecar(base, spec.GROUPS_NAME, records=manifest.num_records,
+                                  allow_outside=allow_outside_paths)
         if manifest.order_key:
-            order = load_sidecar(base, spec.ORDER_NAME, records=manifest.num_records)
+            order = load_sidecar(base, spec.ORDER_NAME, records=manifest.num_records,
+                                 allow_outside=allow_outside_paths)
         result.update(
             manifest=resolved.manifest_url, mode=manifest.mode,
-            root=referenced_root(resolved, None) if manifest.root is not None else None,
+            root=None if manifest.root is None else str(referenced_root(
+                resolved, None, allow_outside_paths=allow_outside_paths)),
             group_key=manifest.group_key, order_key=manifest.order_key,
         )
         schema = manifest.schema

@@ -114,6 +114,7 @@ def shuffle_report(
     out_dir: str | os.PathLike[str] | None = None,
     shard_sizes: Sequence[int] | None = None,
     progress: Progress | None = None,
+    allow_outside_paths: bool = False,
 ) -> dict[str, Any]:
     """Compare shardfeed's exact shuffle with a shuffle buffer on one dataset; a JSON-able dict.
 
@@ -123,7 +124,8 @@ def shuffle_report(
     only the position statistics are computed. ``shard_sizes`` gives the shard record counts
     for ``file_shuffle`` when the input is a label array (a dataset knows its own).
     ``out_dir``: write ``position_vs_index.png`` and (with labels) ``label_vs_position.png``.
-    ``progress(done, total)`` is called while labels are read.
+    ``progress(done, total)`` is called while labels are read. ``allow_outside_paths``: open
+    a dataset path as ``Dataset(path, allow_outside_paths=True)``.
 
     The label must be a class (an integer, string or one-hot vector a record): float labels,
     several values a record or nearly one value a record raise ValueError naming the feature.
@@ -151,7 +153,8 @@ def shuffle_report(
         if isinstance(path_or_dataset, (str, os.PathLike)):
             from shardfeed.dataset import Dataset
 
-            dataset: Any = Dataset(os.fspath(path_or_dataset))
+            dataset: Any = Dataset(os.fspath(path_or_dataset),
+                                   allow_outside_paths=allow_outside_paths)
             source = os.fspath(path_or_dataset)
             owned = True
         else:

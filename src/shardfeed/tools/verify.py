@@ -72,8 +72,8 @@ def _total_bytes(urls: Sequence[str], expected: Sequence[Expected]) -> int | Non
     return sum(os.path.getsize(u) for u in urls if os.path.isfile(u))
 
 
-def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | None
-          ) -> list[ShardJob]:
+def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | None,
+          allow_outside_paths: bool) -> list[ShardJob]:
     """One job a shard, with what the manifest (if any) says of it."""
     urls = list(resolved.urls)
     manifest = resolved.manifest
@@ -89,8 +89,7 @@ def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | No
         expected = [Expected()] * len(urls)
         if decode:
             image, mask = _sampled_slots(urls)
-    use_root = referenced_root(resolved, root) if manifest is not None or root is not None \
-        else None
+    use_root = referenced_root(resolved, root, allow_outside_paths=allow_outside_paths)
     check_paths = referenced or root is not None
     return [ShardJob(u, e, decode, use_root, check_paths, image, mask)
             for u, e in zip(urls, expected)]
@@ -103,6 +102,7 @@ def verify(
     root: str | os.PathLike[str] | None = None,
     workers: int = 1,
     progress: bool = False,
+    allow_outside_paths: bool = False,
 ) -> VerifyReport:
     """Check every record of a dataset; see the module docstring for what is checked.
 
@@ -113,12 +113,15 @@ def verify(
     whose pack did not finish is refused with :class:`~shardfeed.errors.FormatError`, as
     ``Dataset`` refuses it. ``root``: where referenced images live (default: the manifest's
     root). ``workers`` shards are checked at once. Never raises for bad records or shards:
-    every problem is in the report.
+    every problem is in the report, also a referenced path that leads outside the root.
+    A manifest naming shards or an image root outside the dataset raises
+    :class:`~shardfeed.errors.UnsafePathError` unless ``allow_outside_paths`` (as
+    ``Dataset`` does; see :mod:`shardfeed.storage.paths`).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    resolved = resolve_sources(source)
-    jobs = _jobs(resolved, decode=decode, root=root)
+    resolved = resolve_sources(source, allow_outside_paths=allow_outside_paths)
+    jobs = _jobs(resolved, decode=decode, root=root, allow_outside_paths=allow_outside_paths)
     total = _total_bytes([j.path for j in jobs], [j.expected for j in jobs])
     from tqdm import tqdm
 

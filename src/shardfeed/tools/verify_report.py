@@ -23,6 +23,7 @@ __all__ = [
     "MISSING_REFERENCED",
     "NOT_EXAMPLE",
     "NOT_TFRECORD",
+    "REFUSED_PATH",
     "SIZE_MISMATCH",
     "TRUNCATED",
     "UNDECODABLE_IMAGE",
@@ -44,6 +45,7 @@ UNDECODABLE_IMAGE = "undecodable image"
 UNDECODABLE_MASK = "undecodable mask"
 MASK_SIZE_MISMATCH = "mask size differs from image"
 MISSING_REFERENCED = "missing referenced file"
+REFUSED_PATH = "refused referenced path"
 SIZE_MISMATCH = "size differs from manifest"
 CHECKSUM_MISMATCH = "checksum differs from manifest"
 COUNT_MISMATCH = "record count differs from manifest"

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import SchemaError, ShardfeedError, StorageError, location
+from shardfeed.errors import SchemaError, ShardfeedError, StorageError, UnsafePathError, location
 from shardfeed.format import spec
 from shardfeed.format.crc import masked_crc32c
 from shardfeed.format.schema import ImageInfo
@@ -41,6 +41,7 @@ from shardfeed.tools.verify_report import (
     MISSING_REFERENCED,
     NOT_EXAMPLE,
     NOT_TFRECORD,
+    REFUSED_PATH,
     SIZE_MISMATCH,
     TRUNCATED,
     UNDECODABLE_IMAGE,
@@ -295,7 +296,11 @@ def _check_payload(
                 continue
             size: tuple[int, int] | None = None
             if slot.encoding == "path":
-                full = _referenced(job.root, value.decode("utf-8", "replace"))
+                try:
+                    full = _referenced(job.root, value, "the record")
+                except UnsafePathError as exc:
+                    problem(REFUSED_PATH, str(exc), record, offset)
+                    continue
                 data = files.read_if_exists(full) if job.decode else None  # one read, no stat
                 if not (data is not None if job.decode else files.exists(full)):
                     problem(MISSING_REFERENCED, f"{role} '{full}' does not exist; restore it, or "
@@ -331,11 +336,13 @@ _COLOUR_MASK = "colour"
 _WIDE_MASK = "16-bit"
 
 
-def _referenced(root: str | None, rel: str) -> str:
-    """The file a referenced path names: ``rel`` under ``root`` unless absolute or a URL."""
-    if root is None or os.path.isabs(rel) or "://" in rel:
-        return rel
-    return files.join(root, rel)
+def _referenced(root: str | None, value: bytes, where: str) -> str:
+    """The file a referenced path names under ``root``, found as the Loader finds it:
+    refused (:class:`~shardfeed.errors.UnsafePathError`) when not UTF-8 or leading outside
+    the root, unless the root is unconfined (``--allow-outside-paths``)."""
+    from shardfeed.transforms.source import referenced_file
+
+    return referenced_file(root, value, where)
 
 
 def _try_decode(

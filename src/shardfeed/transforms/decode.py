@@ -62,12 +62,19 @@ def _describe(where: Where) -> str:
     return f" ({text})" if text else ""
 
 
+_KINDS = {"jpeg": "JPEG", "png": "PNG", "other": "neither JPEG nor PNG"}
+
+
 def decode_error(data: bytes | memoryview, where: Where, reason: str) -> DecodeError:
-    """Build the DecodeError every decode path raises: place, reason, first bytes, the fix."""
-    head = bytes(data[:8]).hex(" ")
+    """Build the DecodeError every decode path raises: place, reason, size, the fix.
+
+    The message says what the bytes look like (JPEG, PNG, neither) but never quotes them: a
+    referenced image may be any file a dataset points at, and its content is not for logs.
+    """
+    kind = _KINDS[sniff_format(data)] if len(data) else "empty"
     return DecodeError(
         f"cannot decode image{_describe(where)}: {reason} "
-        f"[{len(data)} bytes, starting {head or '(empty)'}]. "
+        f"[{len(data)} bytes, {kind}]. "
         "The record holds a damaged or unsupported image: re-encode it as JPEG or PNG, or drop "
         "the record; `shardfeed verify --decode` lists every bad record, and "
         "on_error='skip' lets a loader replace such samples."

@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardfeed.errors import DecodeError, SchemaError, StorageError
+from shardfeed.errors import DecodeError, SchemaError, StorageError, UnsafeRecordPathError
 from shardfeed.format import spec
+from shardfeed.storage.paths import confines, contained
 from shardfeed.transforms.base import ImageInfoLike, Sample
 from shardfeed.transforms.decode import Where, decode_error, decode_image, where_text
 from shardfeed.transforms.masks import LABEL_MAPS, MaskLabels, decode_mask
@@ -44,7 +45,8 @@ class ImageField:
     """Where one image-like feature is and how to turn it into pixels.
 
     ``key=None`` means "find the standard feature name in each sample". ``root`` is the
-    folder or URL prefix that referenced (``"path"``) images are relative to. For a mask
+    folder or URL prefix that referenced (``"path"``) images are relative to, and lie
+    inside (unless it is an :class:`~shardfeed.storage.paths.UnconfinedRoot`). For a mask
     (``is_mask``), ``mask_labels`` says how encoded pixels become class ids
     (:mod:`shardfeed.transforms.masks`); raw masks keep their stored values and ``dtype``.
     """
@@ -143,13 +145,18 @@ class ImageField:
         return self.read_referenced(value, self.where(sample, key))
 
     def read_referenced(self, value: bytes | memoryview, where: Where) -> bytes:
-        """Read the file a ``"path"`` feature names, relative to ``root`` unless absolute."""
+        """Read the file a ``"path"`` feature names, relative to ``root`` (the working
+        directory when None).
+
+        The path must lead to a file inside the root (no ``..`` out, no absolute path or URL
+        elsewhere, no link out: :func:`~shardfeed.storage.paths.contained`) unless the root
+        is an :class:`~shardfeed.storage.paths.UnconfinedRoot` (a dataset opened with
+        ``allow_outside_paths=True``). A refused path, or one that is not UTF-8, raises
+        :class:`~shardfeed.errors.UnsafeRecordPathError`, a DecodeError (skippable).
+        """
         from shardfeed.storage import files
 
-        rel = bytes(value).decode("utf-8")
-        full = rel
-        if self.root is not None and "://" not in rel and not os.path.isabs(rel):
-            full = files.join(self.root, rel)
+        full = referenced_file(self.root, value, where)
         try:
             return files.read_bytes(full)
         except (OSError, StorageError) as exc:
@@ -228,6 +235,30 @@ class ImageField:
         return pixels.reshape(height, width, channels)
 
 
+def referenced_file(root: str | None, value: bytes | memoryview, where: Where) -> str:
+    """The file a referenced path (a record's ``image/path`` bytes) names under ``root``.
+
+    ``root`` None is the working directory. Raises
+    :class:`~shardfeed.errors.UnsafeRecordPathError` naming ``where`` for a path that is not
+    UTF-8 or that leads outside the root, unless the root is an
+    :class:`~shardfeed.storage.paths.UnconfinedRoot` (see :mod:`shardfeed.storage.paths`).
+    """
+    raw = bytes(value)
+    try:
+        rel = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = raw.decode("utf-8", "backslashreplace")
+        raise UnsafeRecordPathError(
+            f"{where_text(where)}: the referenced image path '{shown}' is not UTF-8 text; the "
+            "record is damaged, or was written by a tool that stores paths in another "
+            "encoding: re-create the dataset, or skip such records with on_error='skip'",
+            named=shown,
+        ) from None
+    return contained(os.curdir if root is None else root, rel, where=where_text(where),
+                     what="referenced image", allow_outside=not confines(root),
+                     error=UnsafeRecordPathError)
+
+
 def _schema_encoding(info: ImageInfoLike) -> Encoding:
     encoding = info.encoding
     if encoding in ("jpeg", "png", "mixed"):
@@ -296,4 +327,4 @@ def _stack(frames: list[np.ndarray], where: Where) -> np.ndarray:
     return np.stack(frames)
 
 
-__all__ = ["ENCODINGS", "Encoding", "ImageField", "check_encoding"]
+__all__ = ["ENCODINGS", "Encoding", "ImageField", "check_encoding", "referenced_file"]

@@ -109,8 +109,8 @@ class ShardWriter:
         except OSError as exc:
             self.abort()
             raise StorageError(
-                f"cannot write shard '{self.temp_path}': {describe_os_error(exc)}; the "
-                "partial shard was removed"
+                f"cannot write shard '{self.path}' (the partial shard was removed): "
+                f"{describe_os_error(exc)}"
             ) from exc
         crc = google_crc32c.extend(self._crc, head)
         crc = google_crc32c.extend(crc, data)
@@ -155,8 +155,8 @@ class ShardWriter:
                 _remove(path)
             if isinstance(exc, OSError):
                 raise StorageError(
-                    f"cannot finish shard '{self.path}' (writing '{current}'): "
-                    f"{describe_os_error(exc)}; nothing of this shard was kept"
+                    f"cannot finish shard '{self.path}' (writing '{current}'; nothing of "
+                    f"this shard was kept): {describe_os_error(exc)}"
                 ) from exc
             raise
         _fileio.fsync_folder(os.path.dirname(os.path.abspath(self.path)))

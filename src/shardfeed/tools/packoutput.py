@@ -160,14 +160,35 @@ def output_errors(out: str) -> Iterator[None]:
                      "shards written so far are kept")
         if isinstance(exc, StorageError) and again:
             raise PackError(f"{exc}{again}") from exc  # the writer's message names the file
-        at = f" ('{where}')" if where is not None and where != out else ""
+        reason = describe_os_error(cause)
+        if where is not None and _same(where, out) and not os.path.isdir(out):
+            raise PackError(
+                f"cannot create the output folder '{out}': "
+                f"{reason.replace('the folder', 'its parent folder')}"
+            ) from exc
+        at = "" if where is None or _same(where, out) else f" ('{_final_name(where)}')"
         raise PackError(
-            f"cannot write into the output folder '{out}'{at}: {describe_os_error(cause)}"
-            f"{again}"
+            f"cannot write into the output folder '{out}'{at}: {reason}{again}"
         ) from exc
 
 
 _FOLDER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _final_name(path: str) -> str:
+    """The file a temporary file of pack's naming stands for (``.NAME.XXXX.tmp``,
+    ``NAME.tmp``), else ``path``."""
+    folder, name = os.path.split(path)
+    if not name.endswith(spec.TEMP_SUFFIX):
+        return path
+    name = name.removesuffix(spec.TEMP_SUFFIX)
+    if name.startswith("."):
+        name = name[1:].rpartition(".")[0] or name
+    return os.path.join(folder, name)
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -221,7 +221,8 @@ def ownership(entries: Iterable[str], *, manifest: bytes | None, ledger: Ledger 
     if ledger is not None:
         written |= ledger.files
     names = written | set(planned) | set(COMMIT_NAMES)
-    owned, others = [], []
+    owned: list[str] = []
+    others: list[str] = []
     for entry in sorted(entries):
         (owned if entry in written or is_pack_temp(entry, names) else others).append(entry)
     wanted = set(planned) | {PLAN_NAME}

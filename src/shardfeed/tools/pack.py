@@ -10,9 +10,13 @@ Safety: every input file is checked (:mod:`shardfeed.tools.packcheck`) before an
 written or deleted, and all bad files are reported together; ``skip_bad`` packs the rest and
 lists what it skipped. Every shard is written under a temporary name and renamed only when
 complete and indexed; the manifest is written last. The plan (with a digest of the inputs
-and options, and one per shard) is saved first as ``.shardfeed-pack.json``, so
-``resume=True`` keeps the complete shards that still match it and writes the rest: the
-result is byte-identical to an uninterrupted run.
+and options, one per shard, and the files it writes) is saved first as
+``.shardfeed-pack.json``, and each finished shard's size and CRC32C are added to it, so
+``resume=True`` keeps the complete shards that still match it (read back and checked
+against those checksums) and writes the rest: the result is byte-identical to an
+uninterrupted run. ``resume`` on a finished pack checks it and changes nothing.
+``overwrite=True`` removes what an earlier pack wrote (its manifest or plan says which) and
+nothing else; no pack writes over a file it did not write.
 
 Determinism: output bytes depend on the inputs and options only, never on ``workers``.
 Memory: about ``4 × workers`` records in flight.
@@ -33,6 +37,7 @@ from shardfeed.tools import packoutput, packtime
 from shardfeed.tools.csvinput import CsvColumns, read_csv
 from shardfeed.tools.packcheck import BadInput, BadInputsError, CheckLevel, check_inputs
 from shardfeed.tools.packcommit import commit, commit_names, complete_result
+from shardfeed.tools.packerrors import output_errors
 from shardfeed.tools.packitems import (
     PackInput,
     PackItem,
@@ -167,7 +172,9 @@ def pack(
     ``mode``: ``embedded`` (file bytes as they are), ``referenced`` (relative paths; the root
     goes into the manifest) or ``raw`` (decoded uint8 pixels). ``shard_size``: a target
     size like ``'64MB'`` (default), or ``records_per_shard``. A non-empty ``output`` needs
-    ``resume`` (finish an interrupted pack) or ``overwrite``.
+    ``resume`` (finish an interrupted pack; on a finished one, check it and return with
+    ``PackResult.already_complete``) or ``overwrite`` (replace what an earlier pack wrote).
+    A full disk or an output folder that cannot be written raises one PackError saying so.
     ``check``: ``"header"`` (default: headers and end markers of every file) or ``"decode"``
     (also decode every image); bad files raise :class:`BadInputsError` listing all of them
     before anything is written, unless ``skip_bad`` (pack the rest; ``skipped.csv`` in the
@@ -231,7 +238,7 @@ def pack(
     items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)
     plan = _plan(data, items, options)
     planned = planned_files(plan, commit_names(data, bad))
-    with packoutput.output_errors(out):
+    with output_errors(out):
         if resume and packoutput.is_complete(out):
             manifest = already_complete(out, plan, progress=progress)
             return complete_result(out, manifest, data, bad)

@@ -1,33 +1,35 @@
 """The output folder of ``pack``: refusing to clobber, the saved plan, resuming, the manifest.
 
-Files ``pack`` owns in its output folder::
+Files ``pack`` writes in its output folder::
 
-    .shardfeed-pack.json        the plan of a pack in progress (removed when it completes)
+    .shardfeed-pack.json        the plan of a pack in progress, and each finished shard's
+                                CRC32C (removed when the pack completes)
     shard-00000-of-00004.tfrecord (+ .idx, .idx.npy)    complete shards only
-    shard-00001-of-00004.tfrecord.tmp                   a shard being written
+    shard-00001-of-00004.tfrecord.tmp (+ .idx.tmp, ...)  a shard being written
     skipped.csv                 the inputs not packed (bad files with skip_bad, non-images)
     shardfeed.json, groups.npy, order.npy               written last: the dataset is whole
 
 A folder with a manifest and no plan file is a complete dataset; one with a plan file is an
-interrupted pack that ``resume`` can finish. ``check_output`` refuses what ``prepare`` would
-refuse without touching anything, so ``pack`` can check its inputs before it deletes or
-writes a file.
+interrupted pack that ``resume`` can finish. Only files the plan file or a pack's manifest
+name are pack's (:mod:`shardfeed.tools.packledger`): ``overwrite`` removes those and no
+others, and no pack writes over a file that is not. ``check_output`` refuses what
+``prepare`` would refuse without touching anything, so ``pack`` can check its inputs before
+it deletes or writes a file; :func:`shardfeed.tools.packerrors.output_errors` turns a full
+disk or an unwritable folder into one PackError.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardfeed.errors import PackError, StorageError
+from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.format.manifest import Mode, ShardInfo
 from shardfeed.tools.packledger import (
@@ -135,65 +137,6 @@ def is_complete(out: str) -> bool:
     return os.path.isfile(os.path.join(out, spec.MANIFEST_NAME)) and not os.path.exists(
         os.path.join(out, PLAN_NAME)
     )
-
-
-@contextlib.contextmanager
-def output_errors(out: str) -> Iterator[None]:
-    """Turn a failure to write into ``out`` (a full disk, a read-only or unwritable folder)
-    into one PackError naming the folder and what to do."""
-    from shardfeed.format.writer import describe_os_error
-
-    try:
-        yield
-    except (OSError, StorageError) as exc:
-        cause = exc if isinstance(exc, OSError) else exc.__cause__
-        if not isinstance(cause, OSError) or cause.errno not in _FOLDER_ERRNOS:
-            raise
-        where = cause.filename if isinstance(cause.filename, str) else None
-        if where is not None and not _inside(where, out):
-            raise  # an input file, not the output folder
-        again = ""
-        if cause.errno in (errno.ENOSPC, errno.EDQUOT) and os.path.exists(
-            os.path.join(out, PLAN_NAME)
-        ):
-            again = (", then run the same command with --resume (resume=True): the complete "
-                     "shards written so far are kept")
-        if isinstance(exc, StorageError) and again:
-            raise PackError(f"{exc}{again}") from exc  # the writer's message names the file
-        reason = describe_os_error(cause)
-        if where is not None and _same(where, out) and not os.path.isdir(out):
-            raise PackError(
-                f"cannot create the output folder '{out}': "
-                f"{reason.replace('the folder', 'its parent folder')}"
-            ) from exc
-        at = "" if where is None or _same(where, out) else f" ('{_final_name(where)}')"
-        raise PackError(
-            f"cannot write into the output folder '{out}'{at}: {reason}{again}"
-        ) from exc
-
-
-_FOLDER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-def _same(a: str, b: str) -> bool:
-    return os.path.abspath(a) == os.path.abspath(b)
-
-
-def _final_name(path: str) -> str:
-    """The file a temporary file of pack's naming stands for (``.NAME.XXXX.tmp``,
-    ``NAME.tmp``), else ``path``."""
-    folder, name = os.path.split(path)
-    if not name.endswith(spec.TEMP_SUFFIX):
-        return path
-    name = name.removesuffix(spec.TEMP_SUFFIX)
-    if name.startswith("."):
-        name = name[1:].rpartition(".")[0] or name
-    return os.path.join(folder, name)
-
-
-def _inside(path: str, folder: str) -> bool:
-    path, folder = os.path.abspath(path), os.path.abspath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _entries(n: int) -> str:

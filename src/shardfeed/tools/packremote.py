@@ -3,11 +3,13 @@
 ::
 
     local staging (temp)            bucket (s3://bucket/ds/)
+    .shardfeed-pack.json            --> .shardfeed-pack.json               0. the plan first
     shard-00000-of-00004.tfrecord   --> shard-00000-of-00004.tfrecord      1. the shard
                       .idx, .idx.npy    --> .idx, .idx.npy                 2. its indexes
     ... every shard, as soon as it is complete and indexed ...
     skipped.csv, groups.npy, ...    --> skipped.csv, groups.npy, ...       3. sidecars
     shardfeed.json                  --> shardfeed.json                     4. the manifest, last
+                                        .shardfeed-pack.json removed       5. done
 
 Every object is written with :func:`shardfeed.storage.files.upload_file_atomic` (one PUT, or
 a multipart upload that becomes visible only when complete), so an object under its final

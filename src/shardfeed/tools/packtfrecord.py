@@ -22,6 +22,7 @@ from shardfeed.errors import CorruptRecordError, PackError, location
 from shardfeed.format import spec
 from shardfeed.format.crc import masked_crc32c
 from shardfeed.tools import packoutput
+from shardfeed.tools.packerrors import output_errors
 from shardfeed.tools.packfiles import expand_inputs
 from shardfeed.tools.packkept import already_complete
 from shardfeed.tools.packledger import planned_files, record_done
@@ -149,7 +150,7 @@ def pack_tfrecords(
         fingerprint={"from_tfrecord": packoutput.digest_lines(lines)},
     )
     planned = planned_files(plan, [spec.MANIFEST_NAME])
-    with packoutput.output_errors(out):
+    with output_errors(out):
         if resume and packoutput.is_complete(out):
             done = already_complete(out, plan, progress=progress)
             return PackResult(

@@ -121,3 +121,29 @@ def test_pack_to_s3_overwrite_keeps_objects_pack_did_not_write(
     assert fs.cat_file(f"{bucket}/ds/shard-00000-of-00010.tfrecord") == b"not pack's"
     with Dataset(url) as ds:  # the earlier dataset is still whole
         assert ds.num_shards == 2 and len(ds) == 10
+
+
+def test_interrupted_pack_to_s3_is_cleared_by_overwrite(s3_server: Any, tmp_path: Path) -> None:
+    from shardfeed.tools.pack import pack
+
+    photos = _photos(tmp_path / "photos")
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds"
+
+    class Stop(Exception):
+        pass
+
+    def stop(path: str) -> None:
+        raise Stop(path)
+
+    with pytest.raises(Stop):  # killed after its first shard went up
+        pack(str(photos), url, records_per_shard=3, on_shard=stop)
+    fs = s3_server.filesystem()
+    fs.pipe_file(f"{bucket}/ds/notes.txt", b"mine")
+    assert main(["pack", str(photos), url, "--records-per-shard", "5", "--overwrite",
+                 "--no-progress"]) == 0
+    names = {p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/ds", detail=False, refresh=True)}
+    assert not [n for n in names if "-of-00004" in n]  # the interrupted pack's shard is gone
+    assert "notes.txt" in names and ".shardfeed-pack.json" not in names
+    with Dataset(url) as ds:
+        assert len(ds) == 10

@@ -190,7 +190,6 @@ class ShardWriter:
             self.abort()
 
 
-
 def describe_os_error(exc: OSError) -> str:
     """What an OS error while writing means for the user, in words: ``the disk is full``."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):

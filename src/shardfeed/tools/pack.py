@@ -240,7 +240,7 @@ def pack(
     planned = planned_files(plan, commit_names(data, bad))
     with output_errors(out):
         if resume and packoutput.is_complete(out):
-            manifest = already_complete(out, plan, progress=progress)
+            manifest = already_complete(out, plan, mode=options.mode, progress=progress)
             return complete_result(out, manifest, data, bad)
         saved = packoutput.prepare(out, plan, planned=planned, resume=resume,
                                    overwrite=overwrite)

@@ -5,8 +5,8 @@
     shards complete --> skipped.csv --> groups.npy, order.npy --> shardfeed.json --> plan removed
 
 The manifest is the commit point: it is written last, atomically, and records the files the
-pack wrote (``extra.pack_files``, what ``overwrite`` may remove) and the plan's digest
-(``extra.pack_digest``, how ``resume`` recognises a finished pack of the same inputs).
+pack wrote (``extra.pack_files``: what ``overwrite`` may remove, and how ``resume`` knows a
+finished pack).
 """
 
 from __future__ import annotations
@@ -70,12 +70,9 @@ def commit(
         out, [(p.path, p.line, p.problem) for p in bad]
         + [(i.path, None, i.reason) for i in data.ignored],
     )
-    # what this pack wrote, so that --overwrite removes exactly that; the digest lets
-    # --resume recognise the finished pack of the same inputs and options
-    extra: dict[str, Any] = {
-        "pack_files": [n for n in planned if n != spec.MANIFEST_NAME],
-        "pack_digest": plan.digest,
-    }
+    # what this pack wrote, so that --overwrite removes exactly that (names only: the
+    # manifest's bytes stay a function of the inputs' contents and the options)
+    extra: dict[str, Any] = {"pack_files": [n for n in planned if n != spec.MANIFEST_NAME]}
     if data.order_key is not None:
         extra["order_key_unit"] = packtime.STORED_UNIT
         extra["order_column_unit"] = data.order_unit

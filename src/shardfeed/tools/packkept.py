@@ -132,28 +132,32 @@ def check_complete(out: str, shards: Sequence[ShardInfo], *, progress: bool = Fa
                 )
 
 
-def already_complete(out: str, plan: PackPlan, *, progress: bool) -> Manifest:
-    """``resume`` where the pack finished: check that the dataset in ``out`` was packed with
-    this plan (the manifest's ``pack_digest``) and that every shard is whole (sizes and
-    CRC32C against the manifest); return its Manifest, changing nothing. PackError else."""
-    from shardfeed.tools.packledger import manifest_digest
+def already_complete(out: str, plan: PackPlan, *, mode: str, progress: bool) -> Manifest:
+    """``resume`` where the pack finished: check that the dataset in ``out`` is what a pack
+    of ``plan`` in ``mode`` writes (a pack's manifest, the same mode, shard names and record
+    counts) and that every shard is whole (size, CRC32C and indexes against the manifest);
+    return its Manifest, changing nothing. PackError otherwise."""
+    from shardfeed.tools.packledger import manifest_files
 
     path = os.path.join(out, spec.MANIFEST_NAME)
     with open(path, "rb") as f:
-        digest = manifest_digest(f.read())
-    if digest is None:
+        ours = bool(manifest_files(f.read()))
+    if not ours:
         raise PackError(
             f"output folder '{out}' holds a finished dataset that pack cannot match to these "
-            "inputs (its manifest records no plan: written by `shardfeed index` or an earlier "
-            "version of pack); there is nothing to resume: pass --overwrite to pack it again"
-        )
-    if digest != plan.digest:
-        raise PackError(
-            f"output folder '{out}' holds a finished dataset packed from other inputs or "
-            "options; there is nothing to resume: pass --overwrite to pack it again, or "
-            "choose another folder"
+            "inputs (its manifest was written by `shardfeed index` or an earlier version of "
+            "pack); there is nothing to resume: pass --overwrite to pack it again"
         )
     manifest = Manifest.load(path)
+    stored = "embedded" if mode == "raw" else mode  # raw pixels live inside the records
+    if manifest.mode != stored or [(s.name, s.records) for s in plan.shards] != [
+        (os.path.basename(s.path), s.records) for s in manifest.shards
+    ]:
+        raise PackError(
+            f"output folder '{out}' holds a finished dataset packed from other inputs or "
+            "options (its shards or their record counts differ); there is nothing to resume: "
+            "pass --overwrite to pack it again, or choose another folder"
+        )
     check_complete(out, manifest.shards, progress=progress)
     log.info("'%s' is already complete and its shards match the manifest; nothing to do", out)
     return manifest

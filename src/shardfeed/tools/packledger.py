@@ -11,8 +11,7 @@ the manifest; it is JSON lines::
 The first line is the plan and every file the pack writes into the folder; each later line
 records a finished shard's size and whole-file CRC32C (fsynced before the next shard starts),
 so ``resume`` can tell a kept shard from one damaged since. A line cut short by a crash is
-ignored. The manifest of a completed pack carries the same list (``extra.pack_files``) and
-the plan's digest (``extra.pack_digest``).
+ignored. The manifest of a completed pack carries the same list (``extra.pack_files``).
 
 Ownership: ``overwrite`` removes exactly the files named by the manifest a pack wrote and by
 the plan file, plus temporary files of pack's own naming for them (``NAME.tmp``,
@@ -173,17 +172,6 @@ def manifest_files(data: bytes | None) -> list[str]:
     if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
         return []
     return plain_names([*listed, spec.MANIFEST_NAME])
-
-
-def manifest_digest(data: bytes) -> str | None:
-    """The plan digest a pack's manifest records (``extra.pack_digest``), else None."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    extra = doc.get("extra") if isinstance(doc, dict) else None
-    digest = extra.get("pack_digest") if isinstance(extra, dict) else None
-    return digest if isinstance(digest, str) else None
 
 
 def is_pack_temp(entry: str, names: Collection[str]) -> bool:

@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True, slots=True)
 class PackResult:
     """What ``pack`` wrote: the manifest path, shard count, record count, bytes, and how many

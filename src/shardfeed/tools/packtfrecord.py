@@ -152,7 +152,7 @@ def pack_tfrecords(
     planned = planned_files(plan, [spec.MANIFEST_NAME])
     with output_errors(out):
         if resume and packoutput.is_complete(out):
-            done = already_complete(out, plan, progress=progress)
+            done = already_complete(out, plan, mode="tfrecord", progress=progress)
             return PackResult(
                 output=out, manifest=os.path.join(out, spec.MANIFEST_NAME),
                 shards=len(done.shards), records=done.num_records,
@@ -169,8 +169,7 @@ def pack_tfrecords(
             out, [infos[s.index] for s in plan.shards], mode="tfrecord", root=None,
             label_key=None, vocabularies={}, group_key=None, order_key=None, group_ids=None,
             order_keys=None,
-            extra={"pack_files": [n for n in planned if n != spec.MANIFEST_NAME],
-                   "pack_digest": plan.digest},
+            extra={"pack_files": [n for n in planned if n != spec.MANIFEST_NAME]},
         )
         packoutput.remove_plan(out)
     return PackResult(

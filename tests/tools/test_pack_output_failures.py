@@ -6,13 +6,12 @@ delayed-allocation file system does when the disk filled while the file was writ
 A read-only folder is real: ``chmod 0o555``, and the CLI run in a child process. Run as
 root (as the tests may be), permission bits bind only without the capabilities that let
 root ignore them, so the child drops CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER
-from its bounding set before it starts (it stays root otherwise; non-root runs need no
-help).
+from its bounding set and then execs the command, which runs without them (it stays root
+otherwise; non-root runs need no help).
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import subprocess
@@ -61,21 +60,23 @@ def test_disk_full_while_an_index_is_written(
         n: (clean / n).read_bytes() for n in os.listdir(clean)}
 
 
-def _without_dac_override() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in _DAC_CAPABILITIES:
-        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+_DROP_THEN_RUN = f"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for cap in {_DAC_CAPABILITIES}:
+    if libc.prctl({_PR_CAPBSET_DROP}, cap, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+os.execv(sys.executable, [sys.executable, "-m", "shardfeed", *sys.argv[1:]])
+"""
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``shardfeed ...`` in a child process that file permissions bind."""
+    """``shardfeed ...`` in a child process that file permissions bind (as root: one that
+    drops the capabilities to ignore them, then starts the command)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run(
-        [sys.executable, "-m", "shardfeed", *args], capture_output=True, text=True, env=env,
-        preexec_fn=_without_dac_override if os.geteuid() == 0 else None, check=False,
-        timeout=120,
-    )
+    start = ["-c", _DROP_THEN_RUN] if os.geteuid() == 0 else ["-m", "shardfeed"]
+    return subprocess.run([sys.executable, *start, *args], capture_output=True, text=True,
+                          env=env, check=False, timeout=120)
 
 
 def _listing(folder: Path) -> dict[str, bytes]:

@@ -197,8 +197,9 @@ def prepare(
         raise PackError(f"cannot read the saved plan '{plan_path}'; pass --overwrite to start over")
     # what the interrupted pack wrote after its shards is written again at the end
     for name in found.owned:
-        if name in COMMIT_NAMES or name.endswith(spec.TEMP_SUFFIX):
-            os.remove(os.path.join(out, name))
+        path = os.path.join(out, name)
+        if (name in COMMIT_NAMES or name.endswith(spec.TEMP_SUFFIX)) and os.path.isfile(path):
+            os.remove(path)
     return saved
 
 

@@ -74,10 +74,13 @@ def test_explicit_ranks_override_the_environment() -> None:
 
 
 def test_loader_uses_env_ranks_unless_given(ds: Any, order: list[int],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            announced: None) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    with Loader(ds, batch_size=4, seed=SEED, transform=None, remainder="drop") as loader:
+    with pytest.warns(UserWarning, match="RANK=1, WORLD_SIZE=3 from the environment"):
+        loader = Loader(ds, batch_size=4, seed=SEED, transform=None, remainder="drop")
+    with loader:
         assert loader.ranks == RankInfo(1, 3, "env")
         assert ids(loader) == order[1 : len(order) - len(order) % 3 : 3]
     with Loader(ds, batch_size=4, seed=SEED, transform=None, rank=0, world_size=1) as whole:
@@ -183,3 +186,63 @@ def test_elastic_resume_is_exact(ds: Any, order: list[int], world: int, new_worl
     else:
         pad = -left % new_world
         assert sorted(i for a in after for i in a) == sorted(order[consumed:] + order[:pad])
+
+
+@pytest.fixture()
+def announced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh process as far as the once-a-process announcement goes."""
+    from shardfeed.pipeline import ranks
+
+    monkeypatch.setattr(ranks, "_announced", set())
+    for name in ranks.LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_left_over_rank_variables_are_named_once_with_the_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, announced: None,
+) -> None:
+    from dist_helpers import write_records
+
+    with Dataset(write_records(tmp_path / "d", 300)) as three_hundred:
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        with pytest.warns(UserWarning) as caught:
+            loader = Loader(three_hundred, batch_size=25, transform=None, shuffle=False)
+        assert len(caught) == 1
+        message = str(caught[0].message)
+        assert message.startswith("RANK=1, WORLD_SIZE=4 from the environment: this loader "
+                                  "reads 75 of 300 samples")
+        assert "rank=0, world_size=1" in message
+        assert caught[0].filename == __file__  # points at the user's line
+        assert len(ids(loader)) == 75
+        loader.close()
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            Loader(three_hundred, batch_size=25, transform=None).close()  # once only
+            Loader(three_hundred, batch_size=25, transform=None, rank=0,
+                   world_size=1).close()
+
+
+def test_rank_variables_of_a_launcher_are_logged_not_warned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    announced: None,
+) -> None:
+    import logging
+    import warnings
+
+    from dist_helpers import write_records
+
+    with Dataset(write_records(tmp_path / "d", 300)) as three_hundred:
+        for name, value in (("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "3"),
+                            ("MASTER_ADDR", "127.0.0.1")):
+            monkeypatch.setenv(name, value)
+        caplog.set_level(logging.INFO, logger="shardfeed.pipeline.ranks")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            Loader(three_hundred, batch_size=25, transform=None).close()
+            Loader(three_hundred, batch_size=25, transform=None).close()
+    said = [r.getMessage() for r in caplog.records if r.name == "shardfeed.pipeline.ranks"]
+    assert said == [("RANK=3, WORLD_SIZE=4 from the environment: this loader reads 75 of "
+                     "300 samples an epoch (the launcher's rank share)")]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import google_crc32c
 import numpy as np
 import pytest
 
+from shardfeed.errors import StorageError
 from shardfeed.format.example import decode_example
 from shardfeed.format.framing import scan, unframe
 from shardfeed.format.index import load_binary_index, read_text_index
@@ -70,3 +73,52 @@ def test_empty_shard_and_custom_name(tmp_path: Path) -> None:
 def test_remote_path_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="local"):
         ShardWriter("s3://bucket/x.tfrecord")
+
+
+def fail_fsync_of(monkeypatch: pytest.MonkeyPatch, part: str) -> list[str]:
+    """Make the disk fill up when a file whose path holds ``part`` is made durable (where a
+    delayed-allocation file system reports ENOSPC); returns the paths that failed."""
+    real = os.fsync
+    failed: list[str] = []
+
+    def fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if part in target:
+            failed.append(target)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
+
+
+def test_disk_full_while_writing_an_index_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed = fail_fsync_of(monkeypatch, ".idx.npy")
+    path = tmp_path / "s.tfrecord"
+    writer = ShardWriter(path)
+    for i in range(5):
+        writer.write(b"record %d" % i)
+    with pytest.raises(StorageError) as info:
+        writer.close()
+    assert failed
+    message = str(info.value)
+    assert "disk is full" in message and "s.tfrecord.idx.npy" in message
+    assert list(tmp_path.iterdir()) == []  # no .tmp, no .idx without its shard
+    monkeypatch.undo()
+    with ShardWriter(path) as again:  # once there is room, the same shard is written
+        again.write(b"record")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "s.tfrecord", "s.tfrecord.idx", "s.tfrecord.idx.npy"]
+
+
+def test_disk_full_while_writing_records_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_fsync_of(monkeypatch, "s.tfrecord.tmp")
+    writer = ShardWriter(tmp_path / "s.tfrecord")
+    writer.write(b"x" * 1000)
+    with pytest.raises(StorageError, match="disk is full"):
+        writer.close()
+    assert list(tmp_path.iterdir()) == []

@@ -89,3 +89,61 @@ def test_index_tfrecords_in_a_bucket(
         assert len(remote) == len(local) == 30
         assert remote.read_payloads(range(30)) == local.read_payloads(range(30))
 
+
+
+def test_pack_to_s3_overwrite_keeps_objects_pack_did_not_write(
+    s3_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    photos = _photos(tmp_path / "photos")
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds"
+    fs = s3_server.filesystem()
+    assert main(["pack", str(photos), url, "--records-per-shard", "3", "--no-progress"]) == 0
+    first = set(fs.ls(f"{bucket}/ds", detail=False))
+    mine = {"important.tfrecord": b"the user's own records", "notes.txt": b"mine"}
+    for name, data in mine.items():
+        fs.pipe_file(f"{bucket}/ds/{name}", data)
+    assert main(["pack", str(photos), url, "--records-per-shard", "5", "--overwrite",
+                 "--no-progress"]) == 0
+    for name, data in mine.items():
+        assert fs.cat_file(f"{bucket}/ds/{name}") == data
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 1 and "keeps 2 objects pack did not write" in said[0]
+    now = {p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/ds", detail=False, refresh=True)}
+    assert not {p.rsplit("/", 1)[-1] for p in first if "-of-00004" in p} & now
+    assert ".shardfeed-pack.json" not in now
+    with Dataset(url) as ds:
+        assert ds.num_shards == 2 and len(ds) == 10
+    # an object of a name the new pack would write, which no pack wrote: refused, kept
+    fs.pipe_file(f"{bucket}/ds/shard-00000-of-00010.tfrecord", b"not pack's")
+    assert main(["pack", str(photos), url, "--records-per-shard", "1", "--overwrite",
+                 "--no-progress"]) == 1
+    assert fs.cat_file(f"{bucket}/ds/shard-00000-of-00010.tfrecord") == b"not pack's"
+    with Dataset(url) as ds:  # the earlier dataset is still whole
+        assert ds.num_shards == 2 and len(ds) == 10
+
+
+def test_interrupted_pack_to_s3_is_cleared_by_overwrite(s3_server: Any, tmp_path: Path) -> None:
+    from shardfeed.tools.pack import pack
+
+    photos = _photos(tmp_path / "photos")
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/ds"
+
+    class Stop(Exception):
+        pass
+
+    def stop(path: str) -> None:
+        raise Stop(path)
+
+    with pytest.raises(Stop):  # killed after its first shard went up
+        pack(str(photos), url, records_per_shard=3, on_shard=stop)
+    fs = s3_server.filesystem()
+    fs.pipe_file(f"{bucket}/ds/notes.txt", b"mine")
+    assert main(["pack", str(photos), url, "--records-per-shard", "5", "--overwrite",
+                 "--no-progress"]) == 0
+    names = {p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/ds", detail=False, refresh=True)}
+    assert not [n for n in names if "-of-00004" in n]  # the interrupted pack's shard is gone
+    assert "notes.txt" in names and ".shardfeed-pack.json" not in names
+    with Dataset(url) as ds:
+        assert len(ds) == 10

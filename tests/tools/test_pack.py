@@ -145,8 +145,12 @@ def test_non_empty_output_is_refused(class_folder: Path, tmp_path: Path) -> None
     result = pack(class_folder, out, overwrite=True)
     assert result.records == 9
     assert (out / "notes.txt").read_text() == "mine"
-    with pytest.raises(PackError, match="complete dataset.*--overwrite"):
-        pack(class_folder, out, resume=True)
+    before = shard_bytes(out)
+    again = pack(class_folder, out, resume=True)  # finished: checked, nothing written
+    assert again.already_complete and again.records == 9
+    assert shard_bytes(out) == before
+    with pytest.raises(PackError, match="finished dataset packed from other inputs.*--overwrite"):
+        pack(class_folder, out, resume=True, records_per_shard=2)
 
 
 def test_interrupted_pack_leaves_only_whole_shards_and_resumes_identically(

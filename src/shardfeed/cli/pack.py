@@ -8,7 +8,9 @@ image paths and label columns. Every input file is checked first (headers and en
 group stay contiguous and sorted by the order key (stored as int64 nanoseconds; its unit is
 detected, or given with --time-unit). Shards are written under a temporary name and renamed
 when complete and indexed; the manifest comes last. An interrupted pack is finished with
---resume (byte-identical to an uninterrupted run).
+--resume (byte-identical to an uninterrupted run; kept shards are checked against the
+checksums recorded when they were written). --overwrite removes what an earlier pack wrote
+there and nothing else.
 
 modes:
   embedded    the image file's bytes as they are, no re-encoding (default)
@@ -62,9 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shard file name prefix (default: shard -> shard-00000-of-00004)")
     again = parser.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
-                       help="finish an interrupted pack into OUTPUT, keeping its complete shards")
+                       help="finish an interrupted pack into OUTPUT, keeping its complete "
+                            "shards that still match their checksums (a finished one is "
+                            "checked and left as it is)")
     again.add_argument("--overwrite", action="store_true",
-                       help="replace what an earlier pack wrote into OUTPUT")
+                       help="replace what an earlier pack wrote into OUTPUT (the files its "
+                            "manifest or plan names); other files stay")
     parser.add_argument("--from-tfrecord", action="store_true",
                         help="the sources are TFRecord files (plain, GZIP or ZLIB) to re-pack")
     classes = parser.add_mutually_exclusive_group()
@@ -178,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
         return _report_bad(exc, as_json=args.json)
     if args.json:
         common.print_json(result.to_json())
+        return 0
+    if result.already_complete:
+        print(
+            f"already complete: {common.count(result.records, 'record')} in "
+            f"{common.count(result.shards, 'shard')}, every shard checked against "
+            f"{result.manifest}; nothing was written"
+        )
         return 0
     kept = f" ({result.kept_shards} kept from the interrupted run)" if result.kept_shards else ""
     print(

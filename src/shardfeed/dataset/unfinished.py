@@ -87,10 +87,12 @@ def unfinished_reason(folder: str, names: Sequence[str]) -> str | None:
     counted = "" if missing is None else f", {missing[1]} of {missing[2]} shards written"
     resume = f"`shardfeed pack SOURCE {folder} --resume`"
     if S.PACK_PLAN_NAME in entries:
+        finish = f"finish it with {resume} (the same inputs and options)"
+        if is_remote(folder):  # a pack into object storage does not resume: it starts over
+            finish = f"pack it again with `shardfeed pack SOURCE {folder} --overwrite`"
         return (
             f"folder '{folder}' holds a pack that did not finish ({S.PACK_PLAN_NAME} is "
-            f"there{counted}): finish it with {resume} (the same inputs and options), "
-            f"{ESCAPE_HINT}"
+            f"there{counted}): {finish}, {ESCAPE_HINT}"
         )
     if S.MANIFEST_NAME in entries:
         return None  # committed: the manifest names the shards

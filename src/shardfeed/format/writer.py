@@ -1,18 +1,26 @@
-"""ShardWriter: write one TFRecord shard safely (temp name, indexes, fsync, rename).
+"""ShardWriter: write one TFRecord shard safely (temp names, fsync, renames).
 
 ::
 
     open            write ... write          close()
-    path.tmp  --->  records appended  --->  path.idx, path.idx.npy written (atomic)
-                                            path.tmp fsynced, renamed to path, dir fsynced
-                    abort() or an exception in the `with` block: path.tmp removed
+    path.tmp  --->  records appended  --->  path.idx.tmp, path.idx.npy.tmp written, fsynced
+                                            renamed to path.idx, path.idx.npy; then
+                                            path.tmp fsynced, renamed to path; dir fsynced
+                    abort(), an exception in the `with` block, or a failed write or
+                    close (disk full, folder not writable): every file it wrote removed
 
-A shard therefore exists under its final name only when it is complete and indexed; an
-interrupted ``pack`` leaves at most a ``.tmp`` file, which a resumed run overwrites.
+Every file is written under a temporary name and renamed into place; a shard exists under its
+final name only when it is complete and indexed. A failure leaves nothing behind (no ``.tmp``,
+no index without its shard); only a killed process can leave a ``.tmp`` file, which a resumed
+``pack`` overwrites. Failures of the disk or folder raise :class:`StorageError` naming the
+file and what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
 import struct
 from collections.abc import Mapping
@@ -21,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 import google_crc32c
 import numpy as np
 
-from shardfeed.errors import FormatError
+from shardfeed.errors import StorageError
 from shardfeed.format import _fileio
 from shardfeed.format.crc import mask
 from shardfeed.format.example import encode_example
-from shardfeed.format.index import write_binary_index, write_text_index
+from shardfeed.format.index import format_text_index
 from shardfeed.format.manifest import ShardInfo
 from shardfeed.format.spec import (
     FRAMING_BYTES,
@@ -71,7 +79,9 @@ class ShardWriter:
         try:
             self._file = open(self.temp_path, "wb", buffering=WRITE_BUFFER_BYTES)  # noqa: SIM115
         except OSError as exc:
-            raise FormatError(f"cannot create shard '{self.temp_path}': {exc}") from exc
+            raise StorageError(
+                f"cannot create shard '{self.temp_path}': {describe_os_error(exc)}"
+            ) from exc
 
     @property
     def records(self) -> int:
@@ -92,9 +102,16 @@ class ShardWriter:
         head = length + _CRC.pack(mask(google_crc32c.value(length)))
         tail = _CRC.pack(mask(google_crc32c.value(data)))
         fh = self._file
-        fh.write(head)
-        fh.write(data)
-        fh.write(tail)
+        try:
+            fh.write(head)
+            fh.write(data)
+            fh.write(tail)
+        except OSError as exc:
+            self.abort()
+            raise StorageError(
+                f"cannot write shard '{self.path}' (the partial shard was removed): "
+                f"{describe_os_error(exc)}"
+            ) from exc
         crc = google_crc32c.extend(self._crc, head)
         crc = google_crc32c.extend(crc, data)
         self._crc = google_crc32c.extend(crc, tail)
@@ -113,17 +130,36 @@ class ShardWriter:
             raise ValueError(f"shard '{self.path}' was aborted; nothing to close")
         self._closed = True
         offsets = np.array(self._offsets, dtype=np.uint64)
+        text_path, binary_path = text_index_path(self.path), binary_index_path(self.path)
+        placed: list[str] = []  # final names this close has put in place
+        current = self.temp_path
         try:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
-            write_text_index(text_index_path(self.path), offsets)
-            write_binary_index(binary_index_path(self.path), offsets)
+            current = text_path
+            _write_file(text_path + TEMP_SUFFIX, format_text_index(offsets))
+            current = binary_path
+            _write_file(binary_path + TEMP_SUFFIX, _binary_index_bytes(offsets))
+            for final in (text_path, binary_path):
+                current = final
+                os.replace(final + TEMP_SUFFIX, final)
+                placed.append(final)
+            current = self.path
             os.replace(self.temp_path, self.path)
-            _fileio.fsync_folder(os.path.dirname(os.path.abspath(self.path)))
-        except OSError as exc:
-            self._remove_temp()
-            raise FormatError(f"cannot finish shard '{self.path}': {exc}") from exc
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                self._file.close()  # after a failed flush this fails again: nothing to keep
+            for path in (self.temp_path, text_path + TEMP_SUFFIX, binary_path + TEMP_SUFFIX,
+                         *placed):
+                _remove(path)
+            if isinstance(exc, OSError):
+                raise StorageError(
+                    f"cannot finish shard '{self.path}' (writing '{current}'; nothing of "
+                    f"this shard was kept): {describe_os_error(exc)}"
+                ) from exc
+            raise
+        _fileio.fsync_folder(os.path.dirname(os.path.abspath(self.path)))
         self._info = ShardInfo(
             path=self.name, records=self.records, bytes=int(offsets[-1]), crc32c=self._crc
         )
@@ -136,15 +172,13 @@ class ShardWriter:
             return
         self._closed = True
         try:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a shard being dropped: its bytes do not matter
+                self._file.close()
         finally:
             self._remove_temp()
 
     def _remove_temp(self) -> None:
-        try:
-            os.unlink(self.temp_path)
-        except FileNotFoundError:
-            pass
+        _remove(self.temp_path)
 
     def __enter__(self) -> Self:
         return self
@@ -155,3 +189,35 @@ class ShardWriter:
         else:
             self.abort()
 
+
+def describe_os_error(exc: OSError) -> str:
+    """What an OS error while writing means for the user, in words: ``the disk is full``."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full (no space left on device): free space"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied: make the folder writable, or write elsewhere"
+    if exc.errno == errno.EROFS:
+        return "the file system is read-only: write elsewhere"
+    return exc.strerror or str(exc)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """Write ``data`` as the whole of the new file ``path`` and fsync it."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _binary_index_bytes(offsets: np.ndarray) -> bytes:
+    """The bytes of a ``.idx.npy`` file (what ``write_binary_index`` writes)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(offsets, dtype="<u8"), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

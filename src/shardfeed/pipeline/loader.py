@@ -41,7 +41,7 @@ from shardfeed.pipeline.memory import MemoryBudget, order_index_bytes, work_byte
 from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
 from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
-from shardfeed.pipeline.ranks import RankInfo, resolve_ranks
+from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.source import EpochContext, Sample, Source, as_source
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.permutation import EpochOrder
@@ -159,6 +159,7 @@ class Loader:
         self.num_units = int(self.source.num_units)
         self.samples_per_epoch = int(self.source.samples_per_epoch(self.num_units))
         per_rank = len(self._share(0))
+        announce_share(self.ranks, share=per_rank, total=self.samples_per_epoch)
         if drop_last and per_rank < batch_size:
             warnings.warn(
                 f"each of {self.options.world_size} rank(s) gets {per_rank} samples an epoch, "

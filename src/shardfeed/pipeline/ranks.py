@@ -10,16 +10,31 @@ First match wins (explicit ``rank=`` / ``world_size=`` arguments of the Loader o
 The core never imports torch or jax: they are consulted only when the program has imported
 them already (``"torch" in sys.modules``). Checkpoints that agree across ranks are in
 :mod:`shardfeed.loaders.distributed`.
+
+Ranks taken from RANK / WORLD_SIZE are announced once a process (:func:`announce_share`):
+a launcher (torchrun and the like also set MASTER_ADDR, LOCAL_RANK, ...) gets an INFO log
+line; variables with no launcher beside them, perhaps left over from another job, get a
+warning, since they silently shrink what the loader reads.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["SOURCES", "RankInfo", "detect_ranks", "resolve_ranks"]
+__all__ = ["SOURCES", "RankInfo", "announce_share", "detect_ranks", "resolve_ranks"]
+
+log = logging.getLogger(__name__)
+
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                      "TORCHELASTIC_RUN_ID", "GROUP_RANK")
+"""Variables a launcher (torchrun, torch.distributed.launch, accelerate) sets with RANK."""
+
+_announced: set[tuple[int, int]] = set()
 
 SOURCES = ("explicit", "torch", "env", "jax", "single")
 """Where a :class:`RankInfo` came from."""
@@ -129,3 +144,32 @@ def resolve_ranks(
     if rank is not None and world_size is not None:
         return RankInfo(rank, world_size, "explicit")
     return detect_ranks(environ=environ)
+
+
+def announce_share(
+    ranks: RankInfo, *, share: int, total: int, environ: Mapping[str, str] | None = None
+) -> None:
+    """Say which share of an epoch ranks from RANK / WORLD_SIZE give, once a process.
+
+    Nothing for other sources, or for a world of one. With a launcher's variables beside
+    them (:data:`LAUNCHER_VARIABLES`) it is an INFO log line; without, a ``UserWarning``
+    (pointing at the code that built the loader), since left-over variables would
+    otherwise quietly read a fraction of the data.
+    """
+    if ranks.source != "env" or ranks.world_size == 1:
+        return
+    key = (ranks.rank, ranks.world_size)
+    if key in _announced:
+        return
+    _announced.add(key)
+    env = os.environ if environ is None else environ
+    text = (f"RANK={ranks.rank}, WORLD_SIZE={ranks.world_size} from the environment: this "
+            f"loader reads {share} of {total} samples an epoch")
+    if any(name in env for name in LAUNCHER_VARIABLES):
+        log.info("%s (the launcher's rank share)", text)
+        return
+    warnings.warn(
+        f"{text}; if these variables are left over from another job, unset them or pass "
+        "rank=0, world_size=1 to read all",
+        stacklevel=3,
+    )

@@ -10,9 +10,13 @@ Safety: every input file is checked (:mod:`shardfeed.tools.packcheck`) before an
 written or deleted, and all bad files are reported together; ``skip_bad`` packs the rest and
 lists what it skipped. Every shard is written under a temporary name and renamed only when
 complete and indexed; the manifest is written last. The plan (with a digest of the inputs
-and options, and one per shard) is saved first as ``.shardfeed-pack.json``, so
-``resume=True`` keeps the complete shards that still match it and writes the rest: the
-result is byte-identical to an uninterrupted run.
+and options, one per shard, and the files it writes) is saved first as
+``.shardfeed-pack.json``, and each finished shard's size and CRC32C are added to it, so
+``resume=True`` keeps the complete shards that still match it (read back and checked
+against those checksums) and writes the rest: the result is byte-identical to an
+uninterrupted run. ``resume`` on a finished pack checks it and changes nothing.
+``overwrite=True`` removes what an earlier pack wrote (its manifest or plan says which) and
+nothing else; no pack writes over a file it did not write.
 
 Determinism: output bytes depend on the inputs and options only, never on ``workers``.
 Memory: about ``4 × workers`` records in flight.
@@ -27,13 +31,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
-
 from shardfeed.errors import DecodeError, PackError
 from shardfeed.storage import is_remote
 from shardfeed.tools import packoutput, packtime
 from shardfeed.tools.csvinput import CsvColumns, read_csv
 from shardfeed.tools.packcheck import BadInput, BadInputsError, CheckLevel, check_inputs
+from shardfeed.tools.packcommit import commit, commit_names, complete_result
+from shardfeed.tools.packerrors import output_errors
 from shardfeed.tools.packitems import (
     PackInput,
     PackItem,
@@ -41,6 +45,8 @@ from shardfeed.tools.packitems import (
     scan_folder,
     vocabularies_from_path,
 )
+from shardfeed.tools.packkept import already_complete
+from shardfeed.tools.packledger import planned_files, record_done
 from shardfeed.tools.packoutput import PackResult
 from shardfeed.tools.packplan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.packrecord import MODES, Mode, build_payload, estimate_size, fingerprint
@@ -166,7 +172,9 @@ def pack(
     ``mode``: ``embedded`` (file bytes as they are), ``referenced`` (relative paths; the root
     goes into the manifest) or ``raw`` (decoded uint8 pixels). ``shard_size``: a target
     size like ``'64MB'`` (default), or ``records_per_shard``. A non-empty ``output`` needs
-    ``resume`` (finish an interrupted pack) or ``overwrite``.
+    ``resume`` (finish an interrupted pack; on a finished one, check it and return with
+    ``PackResult.already_complete``) or ``overwrite`` (replace what an earlier pack wrote).
+    A full disk or an output folder that cannot be written raises one PackError saying so.
     ``check``: ``"header"`` (default: headers and end markers of every file) or ``"decode"``
     (also decode every image); bad files raise :class:`BadInputsError` listing all of them
     before anything is written, unless ``skip_bad`` (pack the rest; ``skipped.csv`` in the
@@ -228,12 +236,20 @@ def pack(
     )
     packoutput.check_output(out, resume=resume, overwrite=overwrite)
     items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)
-    saved = packoutput.prepare(out, resume=resume, overwrite=overwrite)
     plan = _plan(data, items, options)
-    kept = packoutput.reconcile(out, plan, saved)
-    packoutput.save_plan(out, plan)
-    infos = _write(out, items, plan, kept, data, options, progress=progress, on_shard=on_shard)
-    return _commit(out, items, plan, infos, data, options, bad=bad, kept=len(kept))
+    planned = planned_files(plan, commit_names(data, bad))
+    with output_errors(out):
+        if resume and packoutput.is_complete(out):
+            manifest = already_complete(out, plan, mode=options.mode, progress=progress)
+            return complete_result(out, manifest, data, bad)
+        saved = packoutput.prepare(out, plan, planned=planned, resume=resume,
+                                   overwrite=overwrite)
+        kept = packoutput.reconcile(out, plan, saved, progress=progress)
+        packoutput.save_plan(out, plan, planned=planned, kept=kept)
+        infos = _write(out, items, plan, kept, data, options, progress=progress,
+                       on_shard=on_shard)
+        return commit(out, items, plan, infos, data, mode=options.mode, bad=bad,
+                      kept=len(kept), planned=planned)
 
 
 def _checked_items(
@@ -322,62 +338,10 @@ def _write(
                     "far are kept: fix or remove that file, then run the same command with "
                     "--resume (resume=True)"
                 ) from exc
+            record_done(out, infos[shard.index])
             if on_shard is not None:
                 on_shard(path)
     return infos
-
-
-def _commit(
-    out: str, items: Sequence[PackItem], plan: PackPlan, infos: dict[int, Any],
-    data: PackInput, options: PackOptions, *, bad: Sequence[BadInput], kept: int,
-) -> PackResult:
-    """Write the list of what was not packed, the sidecars and the manifest (last)."""
-    group_ids = order_keys = None
-    if data.group_key is not None:
-        group_ids = np.array([items[i].group for i in plan.order], dtype=np.int64)
-    if data.order_key is not None:
-        order_keys = np.array(
-            [packtime.nanos_to_seconds(int(items[i].order_ns or 0)) for i in plan.order],
-            dtype=np.float64,
-        )
-    skipped_list = packoutput.write_skipped(
-        out, [(p.path, p.line, p.problem) for p in bad]
-        + [(i.path, None, i.reason) for i in data.ignored],
-    )
-    extra: dict[str, Any] = {}
-    if data.order_key is not None:
-        extra["order_key_unit"] = packtime.STORED_UNIT
-        extra["order_column_unit"] = data.order_unit
-    manifest = packoutput.write_manifest(
-        out,
-        [infos[s.index] for s in plan.shards],
-        mode=options.mode,
-        root=data.root if options.mode == "referenced" else None,
-        label_key=data.label_key,
-        vocabularies=dict(data.vocabularies),
-        group_key=data.group_key,
-        order_key=data.order_key,
-        group_ids=group_ids,
-        order_keys=order_keys,
-        group_names=data.group_names,
-        extra=extra,
-    )
-    packoutput.remove_plan(out)
-    total_bytes = sum(int(infos[s.index].bytes) for s in plan.shards)
-    if data.ignored:
-        first = data.ignored[0]
-        log.warning(
-            "%s of '%s' not packed (e.g. '%s': %s); listed in '%s'",
-            packoutput.count(len(data.ignored), "file"), data.where, first.path, first.reason,
-            skipped_list,
-        )
-    log.info("packed %s into %s in '%s'", packoutput.count(len(items), "record"),
-             packoutput.count(len(plan.shards), "shard"), out)
-    return PackResult(
-        output=out, manifest=manifest, shards=len(plan.shards), records=len(items),
-        bytes=total_bytes, kept_shards=kept, skipped=tuple(bad), skipped_list=skipped_list,
-        order_unit=data.order_unit, ignored=tuple(i.path for i in data.ignored),
-    )
 
 
 def _take(

@@ -1,23 +1,26 @@
 """The output folder of ``pack``: refusing to clobber, the saved plan, resuming, the manifest.
 
-Files ``pack`` owns in its output folder::
+Files ``pack`` writes in its output folder::
 
-    .shardfeed-pack.json        the plan of a pack in progress (removed when it completes)
+    .shardfeed-pack.json        the plan of a pack in progress, and each finished shard's
+                                CRC32C (removed when the pack completes)
     shard-00000-of-00004.tfrecord (+ .idx, .idx.npy)    complete shards only
-    shard-00001-of-00004.tfrecord.tmp                   a shard being written
+    shard-00001-of-00004.tfrecord.tmp (+ .idx.tmp, ...)  a shard being written
     skipped.csv                 the inputs not packed (bad files with skip_bad, non-images)
     shardfeed.json, groups.npy, order.npy               written last: the dataset is whole
 
 A folder with a manifest and no plan file is a complete dataset; one with a plan file is an
-interrupted pack that ``resume`` can finish. ``check_output`` refuses what ``prepare`` would
-refuse without touching anything, so ``pack`` can check its inputs before it deletes or
-writes a file.
+interrupted pack that ``resume`` can finish. Only files the plan file or a pack's manifest
+name are pack's (:mod:`shardfeed.tools.packledger`): ``overwrite`` removes those and no
+others, and no pack writes over a file that is not. ``check_output`` refuses what
+``prepare`` would refuse without touching anything, so ``pack`` can check its inputs before
+it deletes or writes a file; :func:`shardfeed.tools.packerrors.output_errors` turns a full
+disk or an unwritable folder into one PackError.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,9 +29,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardfeed.errors import PackError, ShardfeedError
+from shardfeed.errors import PackError
 from shardfeed.format import spec
-from shardfeed.format.manifest import Mode
+from shardfeed.format.manifest import Mode, ShardInfo
+from shardfeed.tools.packledger import (
+    COMMIT_NAMES,
+    PLAN_NAME,
+    SKIPPED_NAME,
+    Ledger,
+    ownership,
+    parse_ledger,
+    refuse_in_the_way,
+    remove_ledger,
+    write_ledger,
+)
 from shardfeed.tools.packplan import PackPlan
 
 if TYPE_CHECKING:
@@ -36,14 +50,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PLAN_NAME = spec.PACK_PLAN_NAME
-SKIPPED_NAME = "skipped.csv"
-
 
 @dataclass(frozen=True, slots=True)
 class PackResult:
     """What ``pack`` wrote: the manifest path, shard count, record count, bytes, and how many
-    complete shards an interrupted run had left that were kept (``resume``)."""
+    complete shards an interrupted run had left that were kept (``resume``);
+    ``already_complete``: ``resume`` found the pack finished and checked, and wrote nothing."""
 
     output: str
     manifest: str
@@ -55,6 +67,7 @@ class PackResult:
     skipped_list: str | None = None
     order_unit: str | None = None
     ignored: tuple[str, ...] = ()
+    already_complete: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """A plain summary (``shardfeed pack --json``)."""
@@ -65,7 +78,7 @@ class PackResult:
                 {"path": p.path, "line": p.line, "problem": p.problem} for p in self.skipped
             ],
             "ignored": list(self.ignored), "skipped_list": self.skipped_list,
-            "order_unit": self.order_unit,
+            "order_unit": self.order_unit, "already_complete": self.already_complete,
         }
 
 
@@ -97,18 +110,8 @@ def digest_lines(lines: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def _owned(name: str) -> bool:
-    """True for the files pack writes (and may delete with ``overwrite``)."""
-    return (
-        name in (PLAN_NAME, SKIPPED_NAME, spec.MANIFEST_NAME, spec.GROUPS_NAME,
-                 spec.ORDER_NAME)
-        or name.endswith((spec.SHARD_SUFFIX, spec.TEXT_INDEX_SUFFIX, spec.BINARY_INDEX_SUFFIX,
-                          spec.TEMP_SUFFIX))
-    )
-
-
 def check_output(out: str, *, resume: bool, overwrite: bool) -> None:
-    """Raise what :func:`prepare` would raise for ``out``, changing nothing."""
+    """Raise what :func:`prepare` would raise for ``out`` before planning, changing nothing."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise PackError(f"output '{out}' is a file; name a folder (it is created if missing)")
     entries = sorted(os.listdir(out)) if os.path.isdir(out) else []
@@ -118,135 +121,133 @@ def check_output(out: str, *, resume: bool, overwrite: bool) -> None:
         raise PackError(
             f"output folder '{out}' is not empty ({_entries(len(entries))}); pass --resume "
             "(resume=True) to finish an interrupted pack there, or --overwrite "
-            "(overwrite=True) to replace it, or choose an empty folder"
+            "(overwrite=True) to replace what an earlier pack wrote there, or choose an empty "
+            "folder"
         )
-    if not os.path.isfile(os.path.join(out, PLAN_NAME)):
-        if spec.MANIFEST_NAME in entries:
-            raise PackError(
-                f"output folder '{out}' holds a complete dataset, there is nothing to resume; "
-                "pass --overwrite to pack it again"
-            )
+    if PLAN_NAME not in entries and spec.MANIFEST_NAME not in entries:
         raise PackError(
             f"output folder '{out}' holds no interrupted pack (no {PLAN_NAME}); choose an "
-            "empty folder, or pass --overwrite to replace its contents"
+            "empty folder, or pass --overwrite to replace what an earlier pack wrote there"
         )
+
+
+def is_complete(out: str) -> bool:
+    """True when ``out`` holds a committed dataset (a manifest) and no pack in progress."""
+    return os.path.isfile(os.path.join(out, spec.MANIFEST_NAME)) and not os.path.exists(
+        os.path.join(out, PLAN_NAME)
+    )
 
 
 def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
-def prepare(out: str, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
-    """Make ``out`` ready to write into; return the saved plan when resuming.
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
-    An empty or missing folder is always fine. Otherwise ``overwrite`` deletes the files pack
-    writes (others are left, with a warning), and ``resume`` needs the saved plan of an
-    interrupted pack. Without either, a non-empty folder is refused.
+
+def prepare(
+    out: str, plan: PackPlan, *, planned: Sequence[str], resume: bool, overwrite: bool
+) -> Ledger | None:
+    """Make ``out`` ready for a pack of ``plan`` that writes the files ``planned``; return
+    the saved ledger when resuming.
+
+    A missing or empty folder is always fine. Files no earlier pack wrote there stay, and a
+    pack that would write over one of them is refused before anything changes.
+    ``overwrite`` removes exactly what earlier packs wrote (their manifest and plan file name
+    it: see :mod:`shardfeed.tools.packledger`); ``resume`` needs the plan file of an
+    interrupted pack, and removes that pack's manifest, sidecars and temporary files (a
+    resumed pack writes them again).
     """
     check_output(out, resume=resume, overwrite=overwrite)
     os.makedirs(out, exist_ok=True)
     entries = sorted(os.listdir(out))
     if not entries:
         return None
+    plan_path = os.path.join(out, PLAN_NAME)
+    data = _read(plan_path)
+    try:
+        saved = None if data is None else parse_ledger(data, where=plan_path)
+    except PackError:
+        if resume:
+            raise
+        saved = None  # overwrite: only the plan file itself is known to be pack's
+    found = ownership(entries, manifest=_read(os.path.join(out, spec.MANIFEST_NAME)),
+                      ledger=saved, planned=planned)
+    refuse_in_the_way(out, found)
     if overwrite:
-        others = [e for e in entries if not _owned(e)]
-        for name in entries:
-            if _owned(name) and os.path.isfile(os.path.join(out, name)):
+        # the new plan names the old files too until they are gone: an interrupted
+        # overwrite leaves a folder whose every file pack wrote is still on record
+        write_ledger(out, plan, files=[*planned, *found.owned])
+        for name in sorted(found.owned, key=lambda n: n != spec.MANIFEST_NAME):
+            if name != PLAN_NAME and os.path.isfile(os.path.join(out, name)):
                 os.remove(os.path.join(out, name))
-        if others:
+        if found.others:
+            shown = ", ".join(found.others[:5]) + (", ..." if len(found.others) > 5 else "")
             log.warning(
-                "output '%s' keeps %s pack did not write (%s)", out,
-                count(len(others), "file"), ", ".join(others[:3]),
+                "output '%s' keeps %s pack did not write (%s): they stay beside the new "
+                "dataset", out, count(len(found.others), "file"), shown,
             )
         return None
-    plan_path = os.path.join(out, PLAN_NAME)
-    try:
-        with open(plan_path, encoding="utf-8") as f:
-            saved: dict[str, Any] = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise PackError(
-            f"cannot read the saved plan '{plan_path}' ({exc}); pass --overwrite to start over"
-        ) from None
-    # a manifest left by an older complete run is stale once a new pack has started here
-    for name in (spec.MANIFEST_NAME, spec.GROUPS_NAME, spec.ORDER_NAME):
-        if name in entries:
-            os.remove(os.path.join(out, name))
-    for name in entries:
-        if name.endswith(spec.TEMP_SUFFIX):
-            os.remove(os.path.join(out, name))
+    if saved is None:
+        raise PackError(f"cannot read the saved plan '{plan_path}'; pass --overwrite to start over")
+    # what the interrupted pack wrote after its shards is written again at the end
+    for name in found.owned:
+        path = os.path.join(out, name)
+        if (name in COMMIT_NAMES or name.endswith(spec.TEMP_SUFFIX)) and os.path.isfile(path):
+            os.remove(path)
     return saved
 
 
-def save_plan(out: str, plan: PackPlan) -> None:
-    from shardfeed.format._fileio import write_bytes_atomic
-
-    text = json.dumps(plan.to_json(), indent=1).encode("utf-8")
-    write_bytes_atomic(os.path.join(out, PLAN_NAME), text)
+def save_plan(out: str, plan: PackPlan, *, planned: Sequence[str],
+              kept: Mapping[int, ShardInfo]) -> None:
+    """Write the plan file of ``plan`` (the files it writes, its kept shards as done)."""
+    write_ledger(out, plan, files=planned, done=[kept[i] for i in sorted(kept)])
 
 
 def remove_plan(out: str) -> None:
-    try:
-        os.remove(os.path.join(out, PLAN_NAME))
-    except FileNotFoundError:
-        pass
+    remove_ledger(out)
 
 
-def shard_info(path: str, name: str) -> Any:
-    """The ShardInfo of a complete shard on disk (records from its index, whole-file CRC)."""
-    import google_crc32c
-
-    from shardfeed.format.index import load_binary_index
-    from shardfeed.format.manifest import ShardInfo
-
-    offsets = load_binary_index(spec.binary_index_path(path), mmap=False)
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            crc = int(google_crc32c.extend(crc, chunk))
-    return ShardInfo(path=name, records=int(offsets.size - 1), bytes=int(offsets[-1]), crc32c=crc)
-
-
-def reconcile(out: str, plan: PackPlan, saved: Mapping[str, Any] | None) -> dict[int, Any]:
+def reconcile(
+    out: str, plan: PackPlan, saved: Ledger | None, *, progress: bool = False
+) -> dict[int, ShardInfo]:
     """Shards of ``plan`` already complete in ``out`` (index -> ShardInfo) when resuming.
 
     The saved plan must have the same digest (same inputs, options and plan), or the same
     options with shard digests: then the inputs changed (a bad file fixed or removed), and
     only the shards whose own digest is unchanged are candidates. A candidate is kept when
-    its indexes exist and agree with the plan's record count and the file size. Anything
-    else of either plan on disk is deleted, to be written again.
+    it is exactly what was written: see :func:`shardfeed.tools.packkept.check_kept`.
+    Anything else of either plan on disk is deleted, to be written again.
     """
+    from shardfeed.tools.packkept import check_kept
+
     if saved is None:
         return {}
-    same = saved.get("digest") == plan.digest
-    wanted = {s.name: s.digest for s in plan.shards}
+    same = saved.plan.get("digest") == plan.digest
     if not same:
-        old = {str(s.get("name")): str(s.get("digest", "")) for s in saved.get("shards", [])}
-        if not plan.options_digest or saved.get("options") != plan.options_digest or not all(
+        old = {str(s.get("name")): str(s.get("digest", "")) for s in saved.plan["shards"]}
+        if not plan.options_digest or saved.plan.get("options") != plan.options_digest or not all(
             old.values()
         ):
             raise PackError(
                 f"output folder '{out}' holds an interrupted pack of other options (the plan "
                 "differs); re-run with the same options, or pass --overwrite to start over"
             )
+        wanted = {s.name: s.digest for s in plan.shards}
         for name, digest in old.items():
             if wanted.get(name) != digest and name.endswith(spec.SHARD_SUFFIX):
                 _remove_shard(out, name)
         log.info("the inputs changed since the interrupted pack: unchanged shards are kept")
-    kept: dict[int, Any] = {}
-    for shard in plan.shards:
-        path = os.path.join(out, shard.name)
-        if not os.path.isfile(path):
-            continue
-        try:
-            info = shard_info(path, shard.name)
-            ok = info.records == shard.records and info.bytes == os.path.getsize(path)
-        except (ShardfeedError, OSError, ValueError):
-            ok = False
-        if ok:
-            kept[shard.index] = info
-            continue
-        log.warning("shard '%s' does not match the plan; writing it again", path)
-        _remove_shard(out, shard.name)
+    candidates = [s for s in plan.shards if os.path.isfile(os.path.join(out, s.name))]
+    kept = check_kept(out, candidates, saved.done, progress=progress)
+    for shard in candidates:
+        if shard.index not in kept:
+            _remove_shard(out, shard.name)
     return kept
 
 
@@ -258,16 +259,14 @@ def _remove_shard(out: str, name: str) -> None:
 
 
 def write_skipped(out: str, rows: Sequence[tuple[str, int | None, str]]) -> str | None:
-    """Write ``skipped.csv`` (``path,line,problem``) into ``out``, or remove a stale one when
-    ``rows`` is empty; return its path or None."""
+    """Write ``skipped.csv`` (``path,line,problem``) into ``out`` when there are ``rows``;
+    return its path or None."""
     import csv
     import io
 
     path = os.path.join(out, SKIPPED_NAME)
     if not rows:
-        if os.path.isfile(path):
-            os.remove(path)
-        return None
+        return None  # a stale list of an earlier pack went with its other files
     from shardfeed.format._fileio import write_bytes_atomic
 
     text = io.StringIO()

@@ -3,11 +3,13 @@
 ::
 
     local staging (temp)            bucket (s3://bucket/ds/)
+    .shardfeed-pack.json            --> .shardfeed-pack.json               0. the plan first
     shard-00000-of-00004.tfrecord   --> shard-00000-of-00004.tfrecord      1. the shard
                       .idx, .idx.npy    --> .idx, .idx.npy                 2. its indexes
     ... every shard, as soon as it is complete and indexed ...
     skipped.csv, groups.npy, ...    --> skipped.csv, groups.npy, ...       3. sidecars
     shardfeed.json                  --> shardfeed.json                     4. the manifest, last
+                                        .shardfeed-pack.json removed       5. done
 
 Every object is written with :func:`shardfeed.storage.files.upload_file_atomic` (one PUT, or
 a multipart upload that becomes visible only when complete), so an object under its final
@@ -15,6 +17,11 @@ name is always whole; an index is there only if its shard is; the manifest only 
 whole dataset is. ``Dataset(url)`` opens the manifest, so an interrupted upload never reads
 as a complete dataset. Resuming is for local outputs: an interrupted remote pack is re-run
 with ``overwrite=True``.
+
+The plan file goes up before the first shard and is removed after the manifest, so the
+prefix always records what pack wrote there: ``overwrite`` removes exactly that (after
+checking, at the first shard, that no object it did not write is in the way), and leaves
+every other object (see :mod:`shardfeed.tools.packledger`).
 
 Determinism: the uploaded bytes are those a local pack writes. Memory: none beyond the pack's.
 Local disk: the first shard (the schema is read from it at the end) and the shard being
@@ -33,51 +40,79 @@ from collections.abc import Callable
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.storage import files
-from shardfeed.tools.packoutput import PLAN_NAME, SKIPPED_NAME, PackResult, count
+from shardfeed.tools.packledger import (
+    PLAN_NAME,
+    SKIPPED_NAME,
+    Ledger,
+    ledger_bytes,
+    ownership,
+    parse_ledger,
+    refuse_in_the_way,
+)
+from shardfeed.tools.packoutput import PackResult, count
 
 log = logging.getLogger(__name__)
 
 SIDECARS = (SKIPPED_NAME, spec.GROUPS_NAME, spec.ORDER_NAME)
 
 
-def _owned(name: str) -> bool:
-    return (
-        name in (PLAN_NAME, spec.MANIFEST_NAME, *SIDECARS)
-        or name.endswith((spec.SHARD_SUFFIX, spec.TEXT_INDEX_SUFFIX, spec.BINARY_INDEX_SUFFIX,
-                          spec.TEMP_SUFFIX))
-    )
-
-
 class RemoteOutput:
     """A pack's remote output folder ``url`` and its local staging folder (a temp folder).
 
     ``staging`` is where pack writes; :meth:`shard_done` uploads one complete shard and its
-    indexes; :meth:`finish` uploads the sidecars and the manifest last; :meth:`close` removes
-    the staging folder (idempotent).
+    indexes (before the first, the plan file, after removing what an earlier pack wrote
+    there with ``overwrite``); :meth:`finish` uploads the sidecars and the manifest last and
+    removes the plan file; :meth:`close` removes the staging folder (idempotent).
     """
 
     def __init__(self, url: str, *, overwrite: bool, staging_dir: str | None = None) -> None:
         self.url = url.rstrip("/")
-        existing = self._existing()
-        owned = [n for n in existing if _owned(n)]
-        if existing and not overwrite:
+        self._entries = self._existing()
+        if self._entries and not overwrite:
             raise PackError(
-                f"output '{self.url}' is not empty ({count(len(existing), 'object')}, e.g. "
-                f"{existing[0]!r}); pass --overwrite (overwrite=True) to replace what pack "
-                "wrote there, or choose an empty prefix"
+                f"output '{self.url}' is not empty ({count(len(self._entries), 'object')}, "
+                f"e.g. {self._entries[0]!r}); pass --overwrite (overwrite=True) to replace "
+                "what pack wrote there, or choose an empty prefix"
             )
-        if overwrite:
-            # the manifest goes first: from then on the prefix no longer reads as a dataset
-            for name in sorted(owned, key=lambda n: n != spec.MANIFEST_NAME):
-                files.remove(files.join(self.url, name), missing_ok=True)
-            others = [n for n in existing if not _owned(n)]
-            if others:
-                log.warning("output '%s' keeps %s pack did not write (%s)", self.url,
-                            count(len(others), "object"), ", ".join(others[:3]))
+        self._manifest = self._read(spec.MANIFEST_NAME)
+        self._ledger: Ledger | None = None
+        data = self._read(PLAN_NAME)
+        if data is not None:
+            try:
+                self._ledger = parse_ledger(data, where=files.join(self.url, PLAN_NAME))
+            except PackError:
+                self._ledger = None  # only the plan file itself is known to be pack's
         self._temp = tempfile.mkdtemp(prefix="shardfeed-pack-", dir=staging_dir)
         self.staging = os.path.join(self._temp, "out")
+        self._started = False
         self._kept_first = False
         self.uploaded: list[str] = []
+
+    def _read(self, name: str) -> bytes | None:
+        if name not in self._entries:
+            return None
+        return files.read_if_exists(files.join(self.url, name))
+
+    def _start(self) -> None:
+        """Before the first upload: refuse to write over objects no pack wrote, record the
+        plan (with what an earlier pack wrote) remotely, then remove the earlier pack's."""
+        plan_path = os.path.join(self.staging, PLAN_NAME)
+        with open(plan_path, "rb") as f:
+            ledger = parse_ledger(f.read(), where=plan_path)
+        found = ownership(self._entries, manifest=self._manifest, ledger=self._ledger,
+                          planned=ledger.files)
+        refuse_in_the_way(self.url, found)
+        files.write_bytes_atomic(files.join(self.url, PLAN_NAME),
+                                 ledger_bytes(ledger.plan, [*ledger.files, *found.owned]))
+        # the manifest goes first: from then on the prefix no longer reads as a dataset
+        for name in sorted(found.owned, key=lambda n: n != spec.MANIFEST_NAME):
+            if name != PLAN_NAME:
+                files.remove(files.join(self.url, name), missing_ok=True)
+        if found.others:
+            shown = ", ".join(found.others[:5]) + (", ..." if len(found.others) > 5 else "")
+            log.warning("output '%s' keeps %s pack did not write (%s): they stay beside the "
+                        "new dataset", self.url, count(len(found.others), "object"), shown)
+        self._started = True
 
     def _existing(self) -> list[str]:
         if not files.exists(self.url):
@@ -90,6 +125,8 @@ class RemoteOutput:
 
     def shard_done(self, path: str) -> None:
         """Upload the complete shard at ``path`` (in ``staging``), then its two indexes."""
+        if not self._started:
+            self._start()
         name = os.path.basename(path)
         self._upload(name)
         self._upload(name + spec.TEXT_INDEX_SUFFIX)
@@ -105,6 +142,7 @@ class RemoteOutput:
             if os.path.exists(os.path.join(self.staging, name)):
                 self._upload(name)
         self._upload(spec.MANIFEST_NAME)
+        files.remove(files.join(self.url, PLAN_NAME), missing_ok=True)
         return files.join(self.url, spec.MANIFEST_NAME)
 
     def close(self) -> None:

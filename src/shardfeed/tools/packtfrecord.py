@@ -22,9 +22,12 @@ from shardfeed.errors import CorruptRecordError, PackError, location
 from shardfeed.format import spec
 from shardfeed.format.crc import masked_crc32c
 from shardfeed.tools import packoutput
+from shardfeed.tools.packerrors import output_errors
 from shardfeed.tools.packfiles import expand_inputs
+from shardfeed.tools.packkept import already_complete
+from shardfeed.tools.packledger import planned_files, record_done
 from shardfeed.tools.packoutput import PackResult
-from shardfeed.tools.packplan import plan_shards
+from shardfeed.tools.packplan import PackPlan, plan_shards
 
 _HEADER = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
@@ -126,15 +129,13 @@ def pack_tfrecords(
     progress: bool, on_shard: Callable[[str], object] | None = None,
 ) -> PackResult:
     """Re-pack ``inputs`` into ``out``; see the module docstring. Returns a PackResult."""
-    from tqdm import tqdm
-
     files = expand_inputs(inputs)
     for f in files:
         if os.path.abspath(os.path.dirname(f)) == out:
             raise PackError(
                 f"input '{f}' is inside the output folder '{out}'; choose another output folder"
             )
-    saved = packoutput.prepare(out, resume=resume, overwrite=overwrite)
+    packoutput.check_output(out, resume=resume, overwrite=overwrite)
     sizes: list[int] = []
     lines: list[str] = []
     for f in files:
@@ -148,8 +149,43 @@ def pack_tfrecords(
         shard_bytes=options.shard_bytes, prefix=options.prefix,
         fingerprint={"from_tfrecord": packoutput.digest_lines(lines)},
     )
-    kept = packoutput.reconcile(out, plan, saved)
-    packoutput.save_plan(out, plan)
+    planned = planned_files(plan, [spec.MANIFEST_NAME])
+    with output_errors(out):
+        if resume and packoutput.is_complete(out):
+            done = already_complete(out, plan, mode="tfrecord", progress=progress)
+            return PackResult(
+                output=out, manifest=os.path.join(out, spec.MANIFEST_NAME),
+                shards=len(done.shards), records=done.num_records,
+                bytes=sum(s.bytes for s in done.shards), kept_shards=len(done.shards),
+                already_complete=True,
+            )
+        saved = packoutput.prepare(out, plan, planned=planned, resume=resume,
+                                   overwrite=overwrite)
+        kept = packoutput.reconcile(out, plan, saved, progress=progress)
+        packoutput.save_plan(out, plan, planned=planned, kept=kept)
+        infos = _write(files, out, plan, kept, total=len(sizes), progress=progress,
+                       on_shard=on_shard)
+        manifest = packoutput.write_manifest(
+            out, [infos[s.index] for s in plan.shards], mode="tfrecord", root=None,
+            label_key=None, vocabularies={}, group_key=None, order_key=None, group_ids=None,
+            order_keys=None,
+            extra={"pack_files": [n for n in planned if n != spec.MANIFEST_NAME]},
+        )
+        packoutput.remove_plan(out)
+    return PackResult(
+        output=out, manifest=manifest, shards=len(plan.shards), records=len(sizes),
+        bytes=sum(int(infos[s.index].bytes) for s in plan.shards), kept_shards=len(kept),
+    )
+
+
+def _write(
+    files: Sequence[str], out: str, plan: PackPlan, kept: dict[int, Any], *, total: int,
+    progress: bool, on_shard: Callable[[str], object] | None,
+) -> dict[int, Any]:
+    """Write the shards of ``plan`` not in ``kept`` from the records of ``files``, in order;
+    return every shard's ShardInfo."""
+    from tqdm import tqdm
+
     infos: dict[int, Any] = dict(kept)
 
     def stream() -> Iterator[bytes]:
@@ -157,7 +193,7 @@ def pack_tfrecords(
             yield from read_records(f)
 
     payloads = stream()
-    with tqdm(total=len(sizes), unit="rec", desc="pack", disable=not progress) as bar:
+    with tqdm(total=total, unit="rec", desc="pack", disable=not progress) as bar:
         for shard in plan.shards:
             if shard.index in kept:
                 for _ in range(shard.records):
@@ -172,14 +208,7 @@ def pack_tfrecords(
 
             path = os.path.join(out, shard.name)
             infos[shard.index] = packoutput.write_shard(path, take())
+            record_done(out, infos[shard.index])
             if on_shard is not None:
                 on_shard(path)
-    manifest = packoutput.write_manifest(
-        out, [infos[s.index] for s in plan.shards], mode="tfrecord", root=None, label_key=None,
-        vocabularies={}, group_key=None, order_key=None, group_ids=None, order_keys=None,
-    )
-    packoutput.remove_plan(out)
-    return PackResult(
-        output=out, manifest=manifest, shards=len(plan.shards), records=len(sizes),
-        bytes=sum(int(infos[s.index].bytes) for s in plan.shards), kept_shards=len(kept),
-    )
+    return infos

@@ -116,6 +116,40 @@ def _read_input(
     return read_csv(source, columns=csv or CsvColumns(), root=root, vocabularies=vocabularies)
 
 
+def _check_referenced_names(data: PackInput) -> None:
+    """Referenced records store paths relative to the root; a path the root does not hold
+    would be stored absolute or with ``..``, which readers refuse as leaving the dataset.
+    Refuse it now, naming the root that holds every image."""
+    outside = [
+        item for item in data.items
+        for name in (item.name, item.mask_name) if name is not None
+        and (name == ".." or name.startswith(("/", "../")))
+    ]
+    if not outside:
+        return
+    sources = [p for item in data.items for p in (item.source, item.mask_source) if p]
+    common = os.path.commonpath([os.path.abspath(p) for p in sources])
+    raise PackError(
+        f"{len(outside)} image paths of '{data.where}' lie outside the root '{data.root}' "
+        f"(the first: '{outside[0].source}'); referenced records store paths under the root, "
+        f"so pass --root (root=) with a folder that holds every image, e.g. '{common}', and "
+        "write the CSV's paths relative to it"
+    )
+
+
+def _warn_far_root(root: str, out: str) -> None:
+    """A root outside the folder that holds the dataset is stored absolute, and readers refuse
+    it unless told to trust it (a downloaded dataset must not reach elsewhere): say so now."""
+    near = os.path.dirname(os.path.abspath(out))
+    if os.path.commonpath([os.path.abspath(root), near]) != near:
+        log.warning(
+            "the image root '%s' is not beside the dataset '%s': it is stored as an absolute "
+            "path, and readers refuse it unless the dataset is opened with root='%s' or "
+            "allow_outside_paths=True (--allow-outside-paths); pack into a folder beside the "
+            "images to avoid this", root, out, root,
+        )
+
+
 def _refuse_non_csv(source: str) -> None:
     """A file that is plainly not a CSV (an image, a TFRecord) gets its own message."""
     from shardfeed.tools.packfiles import is_shard_name
@@ -234,6 +268,9 @@ def pack(
         os.fspath(source), csv=csv, root=os.fspath(root) if root is not None else None,
         classes=classes, classes_from=os.fspath(classes_from) if classes_from else None,
     )
+    if options.mode == "referenced":
+        _check_referenced_names(data)
+        _warn_far_root(data.root, out)
     packoutput.check_output(out, resume=resume, overwrite=overwrite)
     items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)
     plan = _plan(data, items, options)

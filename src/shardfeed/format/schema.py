@@ -83,12 +83,54 @@ class ImageInfo:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ImageInfo:
-        return cls(
-            key=data["key"], encoding=data["encoding"], height_key=data.get("height_key"),
-            width_key=data.get("width_key"), channels_key=data.get("channels_key"),
-            dtype=data.get("dtype", "uint8"),
-        )
+    def from_json(cls, data: Mapping[str, Any], *, field_name: str = "image") -> ImageInfo:
+        """Inverse of :meth:`to_json`; raises :class:`SchemaError` naming ``field_name`` and
+        the entry when a value has the wrong type or is out of range (a manifest is
+        untrusted input)."""
+        if not isinstance(data, dict):
+            raise SchemaError(f"{field_name}: expected an object, got {type(data).__name__}")
+        key = _text(data, "key", field_name, required=True)
+        encoding = data.get("encoding")
+        if encoding not in ENCODINGS:
+            raise SchemaError(
+                f"{field_name}.encoding: expected one of {', '.join(ENCODINGS)}, got "
+                f"{_shown(encoding)}"
+            )
+        dtype = data.get("dtype", "uint8")
+        if dtype not in PIXEL_DTYPES:
+            raise SchemaError(
+                f"{field_name}.dtype: expected one of {', '.join(PIXEL_DTYPES)}, got "
+                f"{_shown(dtype)}"
+            )
+        try:
+            return cls(
+                key=key or "", encoding=encoding, height_key=_text(data, "height_key", field_name),
+                width_key=_text(data, "width_key", field_name),
+                channels_key=_text(data, "channels_key", field_name), dtype=dtype,
+            )
+        except ValueError as exc:  # e.g. raw pixels without their shape keys
+            raise SchemaError(f"{field_name}: {exc}") from None
+
+
+PIXEL_DTYPES: tuple[str, ...] = (
+    "uint8", "uint16", "uint32", "int8", "int16", "int32", "float16", "float32", "float64",
+)
+"""Pixel types a manifest may name for raw images and masks."""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:37] + '...' if len(text) > 40 else text}"
+
+
+def _text(data: Mapping[str, Any], name: str, where: str, *, required: bool = False) -> str | None:
+    """The string entry ``name`` of ``data`` (None when absent or null unless ``required``)."""
+    value = data.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SchemaError(f"{where}.{name}: expected a non-empty string, got {_shown(value)}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,25 +168,49 @@ class Schema:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Schema:
-        """Inverse of :meth:`to_json`; raises :class:`SchemaError` on a malformed entry."""
+        """Inverse of :meth:`to_json`; raises :class:`SchemaError` naming the entry when a
+        value has the wrong type or is out of range (a manifest is untrusted input)."""
+        if not isinstance(data, dict):
+            raise SchemaError(f"schema: expected an object, got {type(data).__name__}")
+        entries = data.get("features")
+        if entries is None:
+            entries = {}
+        if not isinstance(entries, dict):
+            raise SchemaError(f"schema.features: expected an object, got {_shown(entries)}")
+        features = {name: _feature_from_json(name, f) for name, f in entries.items()}
+        image, mask = data.get("image"), data.get("mask")
         try:
-            features = {
-                name: FeatureInfo(name=name, kind=f["kind"], length=f.get("length"))
-                for name, f in data.get("features", {}).items()
-            }
-            image = data.get("image")
-            mask = data.get("mask")
             return cls(
                 features=features,
-                image=None if image is None else ImageInfo.from_json(image),
-                mask=None if mask is None else ImageInfo.from_json(mask),
-                label_key=data.get("label_key"),
+                image=None if image is None else ImageInfo.from_json(image,
+                                                                     field_name="schema.image"),
+                mask=None if mask is None else ImageInfo.from_json(mask,
+                                                                   field_name="schema.mask"),
+                label_key=_text(data, "label_key", "schema"),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SchemaError(
-                f"malformed schema in the manifest ({exc}); re-create the manifest with "
-                "`shardfeed index`"
-            ) from None
+        except ValueError as exc:  # roles naming features the schema does not have
+            raise SchemaError(str(exc)) from None
+
+
+MAX_FEATURE_LENGTH = (1 << 31) - 1
+"""Largest fixed value count a schema may give a feature."""
+
+
+def _feature_from_json(name: str, data: object) -> FeatureInfo:
+    where = f"schema.features[{name!r}]"
+    if not isinstance(data, dict):
+        raise SchemaError(f"{where}: expected an object, got {_shown(data)}")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise SchemaError(f"{where}.kind: expected one of {', '.join(KINDS)}, got {_shown(kind)}")
+    length = data.get("length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)
+                               or not 0 <= length <= MAX_FEATURE_LENGTH):
+        raise SchemaError(
+            f"{where}.length: expected null or an integer in [0, {MAX_FEATURE_LENGTH}], got "
+            f"{_shown(length)}"
+        )
+    return FeatureInfo(name=name, kind=kind, length=length)
 
 
 def _kind_and_count(value: Value) -> tuple[Kind | None, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -133,6 +134,8 @@ def map_vector(
 
     ``OSError`` from opening the file (missing, unreadable) propagates unchanged.
     """
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would block, a folder fail oddly
+        raise _fail(path, what, "not a regular file", fix)
     with open(path, "rb") as f:
         file_bytes = os.fstat(f.fileno()).st_size
         head = f.read(MAX_HEADER_BYTES + _PREFIX_BYTES + 4)

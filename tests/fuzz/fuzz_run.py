@@ -44,6 +44,7 @@ class Report:
     findings: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     workers: int = 0
+    began: float = field(default_factory=time.monotonic)
 
     def summary(self) -> str:
         rate = self.inputs / self.seconds if self.seconds else 0.0
@@ -78,15 +79,13 @@ def run(
         base = work or Path(scratch)
         corpus = fuzz_corpus.build(base / "corpus")
         report = Report()
-        began = time.monotonic()
         stop = start + inputs
         number = start
         while number < stop:
             number = _one_worker(corpus, base / "work", seed, number, stop, memory_mb,
                                  timeout_s, report, progress)
-            report.seconds = time.monotonic() - began
         report.inputs = stop - start
-        report.seconds = time.monotonic() - began
+        report.seconds = time.monotonic() - report.began
         return report
 
 
@@ -132,6 +131,7 @@ def _one_worker(corpus: Path, work: Path, seed: int, number: int, stop: int,
                     report.findings.append(json.loads(parts[2]))
                 if progress is not None and number % 10_000 == 0:
                     report.inputs = number
+                    report.seconds = time.monotonic() - report.began
                     progress(report)
             return number
         finally:

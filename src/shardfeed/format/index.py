@@ -57,9 +57,9 @@ def write_text_index(path: str | os.PathLike[str], offsets: np.ndarray) -> None:
     _fileio.write_bytes_atomic(path, format_text_index(offsets))
 
 
-_TEXT_INDEX = re.compile(rb"[0-9\s]*")
-_MAX_DIGITS = len(str(S.MAX_FILE_BYTES))
-_LONG_NUMBER = re.compile(rb"[0-9]{%d,}" % (_MAX_DIGITS + 1))
+_INDEX_BYTES = b"0123456789 \t\n\r\x0b\x0c"
+"""The bytes of a ``.idx`` file: decimal digits and the whitespace ``bytes.split`` splits on."""
+_NOT_INDEX_BYTE = rb"[^0-9 \t\n\r\x0b\x0c]"
 
 
 def parse_text_index(text: bytes, *, path: str = "<memory>") -> np.ndarray:
@@ -70,20 +70,16 @@ def parse_text_index(text: bytes, *, path: str = "<memory>") -> np.ndarray:
     framing) or records that do not follow one another raise :class:`FormatError` naming
     the file and line. Time and memory are linear in the text.
     """
-    if not _TEXT_INDEX.fullmatch(text):
-        bad = _first_line_with(text, re.compile(rb"[^0-9\s]"))
+    if text.translate(None, _INDEX_BYTES):  # a sign, a letter, an underscore, ...
+        line = _line_of(text, _NOT_INDEX_BYTE)
         raise FormatError(
-            f"file '{path}', line {bad}: not an index file (expected lines of two decimal "
+            f"file '{path}', line {line}: not an index file (expected lines of two decimal "
             "integers 'offset size'); delete it and re-run `shardfeed index`"
         )
-    long_number = _LONG_NUMBER.search(text)
-    if long_number is not None:
-        bad = text.count(b"\n", 0, long_number.start()) + 1
-        raise FormatError(
-            f"file '{path}', line {bad}: a number past the largest file size "
-            f"({S.MAX_FILE_BYTES}); the index is damaged: delete it and re-run `shardfeed index`"
-        )
-    values = np.array(text.split(), dtype=np.uint64)  # digits only, at most 19 of them
+    try:
+        values = np.array(text.split(), dtype=np.uint64)
+    except OverflowError:  # a number of 2**64 or more
+        raise _past_the_end(path, _line_of(text, rb"[0-9]{20}")) from None
     if values.size % 2:
         raise FormatError(
             f"file '{path}' is not an index file (odd number of integers); delete it and "
@@ -93,11 +89,8 @@ def parse_text_index(text: bytes, *, path: str = "<memory>") -> np.ndarray:
     if pairs.shape[0] == 0:
         return np.zeros(1, dtype=np.uint64)
     if bool(np.any(pairs > S.MAX_FILE_BYTES)):
-        bad = int(np.flatnonzero(np.any(pairs > S.MAX_FILE_BYTES, axis=1))[0])
-        raise FormatError(
-            f"file '{path}', line {bad + 1}: a number past the largest file size "
-            f"({S.MAX_FILE_BYTES}); the index is damaged: delete it and re-run `shardfeed index`"
-        )
+        raise _past_the_end(path, int(np.flatnonzero(np.any(pairs > S.MAX_FILE_BYTES,
+                                                            axis=1))[0]) + 1)
     starts, sizes = pairs[:, 0], pairs[:, 1]
     ends = starts + sizes  # both < 2**63: no wrap-around
     if starts[0] != 0 or bool(np.any(starts[1:] != ends[:-1])):
@@ -114,9 +107,17 @@ def parse_text_index(text: bytes, *, path: str = "<memory>") -> np.ndarray:
     return out
 
 
-def _first_line_with(text: bytes, pattern: re.Pattern[bytes]) -> int:
-    found = pattern.search(text)
+def _line_of(text: bytes, pattern: bytes) -> int:
+    """The line number (from 1) of the first match of ``pattern`` (an error path only)."""
+    found = re.search(pattern, text)
     return 1 if found is None else text.count(b"\n", 0, found.start()) + 1
+
+
+def _past_the_end(path: str, line: int) -> FormatError:
+    return FormatError(
+        f"file '{path}', line {line}: a number past the largest file size "
+        f"({S.MAX_FILE_BYTES}); the index is damaged: delete it and re-run `shardfeed index`"
+    )
 
 
 CHECK_CHUNK = 1 << 20

@@ -161,3 +161,14 @@ def test_sidecars_written_by_pack_load(tmp_path: Path) -> None:
     save_sidecars(tmp_path, group_ids=np.array([1, 1, 2]), order_keys=np.array([0.5, 1, 2]))
     assert load_sidecar(str(tmp_path), "groups.npy", records=3).tolist() == [1, 1, 2]
     assert load_sidecar(str(tmp_path), "order.npy", records=3).tolist() == [0.5, 1.0, 2.0]
+
+
+def test_documents_built_in_python_are_checked_the_same() -> None:
+    """from_json takes the parsed document: numbers past Python's printing limit still give
+    a FormatError naming the field, not a ValueError from the message itself."""
+    doc = _changed(("shards", 0, "records"), 10**5000)
+    with pytest.raises(FormatError, match=r"shards\[0\]\.records: a 16610-bit number"):
+        Manifest.from_json(doc, where="doc.json")
+    doc = _changed(("schema", "features", "day", "length"), 10**5000)
+    with pytest.raises(FormatError, match=r"features\['day'\]\.length: .* a 16610-bit int"):
+        Manifest.from_json(doc, where="doc.json")

@@ -58,8 +58,9 @@ def parse_document(raw: bytes, *, where: str) -> Any:
 
 def nesting_depth(text: str) -> int:
     """The deepest nesting of ``[`` and ``{`` outside JSON strings (linear time, memory for
-    one chunk). For text that is not JSON the figure is only an upper bound on what a
-    parser would reach, which is all a guard needs."""
+    one chunk); 0 without a scan when the text holds too few brackets to pass
+    ``MAX_MANIFEST_DEPTH``. For text that is not JSON the figure is only an upper bound on
+    what a parser would reach, which is all a guard needs."""
     if text.count("[") + text.count("{") <= S.MAX_MANIFEST_DEPTH:
         return 0  # cannot be deeper: skip the scan for every real manifest
     bare = _STRING.sub("", text).encode("utf-8", "surrogatepass")
@@ -92,7 +93,8 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(name, f"expected an integer, got {_shown(value)}")
         if not low <= value <= high:
-            raise self.fail(name, f"{value} is outside [{low}, {high}]")
+            shown = str(value) if value.bit_length() < 256 else f"a {value.bit_length()}-bit number"
+            raise self.fail(name, f"{shown} is outside [{low}, {high}]")
         return value
 
     def optional_integer(self, name: str, *, low: int, high: int) -> int | None:
@@ -132,7 +134,10 @@ def check_path_text(value: str, fail: Callable[[str], Exception]) -> None:
 
 
 def _shown(value: object) -> str:
-    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else ""
+    """A value's type and its first characters, for a message."""
+    plain = isinstance(value, (str, float, bool, type(None))) or (
+        isinstance(value, int) and value.bit_length() < 256)
+    text = json.dumps(value) if plain else ""
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{type(value).__name__} {text}".rstrip()

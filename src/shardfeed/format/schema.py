@@ -119,6 +119,9 @@ PIXEL_DTYPES: tuple[str, ...] = (
 
 
 def _shown(value: object) -> str:
+    """A value's type and its first characters, for a message."""
+    if isinstance(value, int) and value.bit_length() >= 256:
+        return f"a {value.bit_length()}-bit int"
     text = repr(value)
     return f"{type(value).__name__} {text[:37] + '...' if len(text) > 40 else text}"
 

@@ -6,6 +6,8 @@ Stored in the manifest (``to_json``/``from_json``) or inferred from a few decode
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -97,10 +99,10 @@ class ImageInfo:
                 f"{_shown(encoding)}"
             )
         dtype = data.get("dtype", "uint8")
-        if dtype not in PIXEL_DTYPES:
+        if not is_pixel_dtype(dtype):
             raise SchemaError(
-                f"{field_name}.dtype: expected one of {', '.join(PIXEL_DTYPES)}, got "
-                f"{_shown(dtype)}"
+                f"{field_name}.dtype: expected the name of a number type of at most 8 bytes "
+                f"(uint8, uint16, float32, ...), got {_shown(dtype)}"
             )
         try:
             return cls(
@@ -112,10 +114,22 @@ class ImageInfo:
             raise SchemaError(f"{field_name}: {exc}") from None
 
 
-PIXEL_DTYPES: tuple[str, ...] = (
-    "uint8", "uint16", "uint32", "int8", "int16", "int32", "float16", "float32", "float64",
-)
-"""Pixel types a manifest may name for raw images and masks."""
+_DTYPE_NAME = re.compile(r"[<>|=]?[A-Za-z]{1,10}[0-9]{0,2}")
+
+
+def is_pixel_dtype(value: object) -> bool:
+    """True if ``value`` names a type raw pixels may have: a bool, integer or float of at
+    most 8 bytes (``uint8``, ``<u2``, ``float32``). Only short plain names reach NumPy, so
+    no structured, object or sized-string type is ever built from a manifest."""
+    if not isinstance(value, str) or not _DTYPE_NAME.fullmatch(value):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a deprecated alias is refused, not warned about
+        try:
+            dtype = np.dtype(value)
+        except (TypeError, ValueError, Warning):
+            return False
+    return dtype.kind in "biuf" and dtype.itemsize <= 8
 
 
 def _shown(value: object) -> str:

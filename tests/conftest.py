@@ -29,3 +29,11 @@ def tf_fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     copy = tmp_path_factory.mktemp("tf-fixtures") / "tf"
     shutil.copytree(TF_FIXTURES, copy)
     return copy
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardfeed fuzz target (tests/fuzz)")
+    group.addoption("--fuzz-inputs", type=int, default=None, metavar="N",
+                    help="mutated inputs the fuzz target runs (default 2500, about 10 s)")
+    group.addoption("--fuzz-seed", type=int, default=0, metavar="SEED",
+                    help="seed of the fuzz target's inputs (default 0)")

@@ -216,7 +216,7 @@ def test_manifest_shard_size_mismatch(make_packed: Callable[..., Path]) -> None:
 
 def test_manifest_index_mismatch_found_on_first_use(make_packed: Callable[..., Path]) -> None:
     folder = make_packed(shards=2, per_shard=3)
-    np.save(folder / "train-00000.tfrecord.idx.npy", np.array([0, 5], dtype=np.uint64))
+    np.save(folder / "train-00000.tfrecord.idx.npy", np.array([0, 20], dtype=np.uint64))
     with Dataset(folder) as ds, pytest.raises(FormatError, match="train-00000.*3 records"):
         ds[0]
 

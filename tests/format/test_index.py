@@ -91,6 +91,7 @@ def test_an_operating_system_error_is_not_blamed_on_the_index(
     import errno
 
     from shardfeed.format import index as index_module
+    from shardfeed.format import npyfile
 
     path = tmp_path / "a.idx.npy"
     index_module.write_binary_index(path, np.array([0, 20], dtype=np.uint64))
@@ -98,7 +99,7 @@ def test_an_operating_system_error_is_not_blamed_on_the_index(
     def no_descriptors(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(index_module.np, "load", no_descriptors)
+    monkeypatch.setattr(npyfile.np, "memmap", no_descriptors)
     with pytest.raises(OSError, match="Too many open files") as info:
         index_module.load_binary_index(path)
     assert "delete" not in str(info.value)

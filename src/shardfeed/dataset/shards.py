@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
 
@@ -40,17 +41,25 @@ RERUN_HINT = "re-run `shardfeed index` on it (or `shardfeed pack --resume` for p
 
 
 def _local_size(url: str) -> int | None:
-    """Size of a local file, None for URLs; StorageError if the file is missing."""
+    """Size of a local file, None for URLs; StorageError if the file is missing or cannot be
+    looked at, FormatError if it is not a regular file (a folder, a pipe, a device)."""
     if is_remote(url):
         return None
     path = url.removeprefix("file://")
     try:
-        return os.stat(path).st_size
+        info = os.stat(path)
     except FileNotFoundError:
         raise StorageError(
             f"file '{url}' does not exist; check the path, or rebuild the manifest with "
             "`shardfeed index` if the shards were moved"
         ) from None
+    except OSError as exc:  # a name too long, a file where a folder should be, no access
+        raise StorageError(f"cannot look at file '{url}' ({exc.strerror}); check the path, "
+                           "or rebuild the manifest with `shardfeed index`") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise FormatError(f"'{url}' is not a regular file, so not a shard; check the path, "
+                          "or rebuild the manifest with `shardfeed index`")
+    return info.st_size
 
 
 MAX_MAPPED_INDEXES = 128
@@ -93,9 +102,20 @@ def _read_if_exists(url: str) -> bytes | None:
 
 
 def _exists(url: str) -> bool:
+    """True if the index file ``url`` exists; FormatError if something else is there (a
+    folder, a pipe that would block the reader, a device)."""
     if is_remote(url):
         return files.exists(url)
-    return os.path.exists(url.removeprefix("file://"))
+    try:
+        info = os.stat(url.removeprefix("file://"))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot look at file '{url}' ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise FormatError(f"'{url}' is not a regular file, so not an index; delete it and "
+                          f"{RERUN_HINT}")
+    return True
 
 
 def build_index(url: str, *, progress: Callable[[int], object] | None) -> np.ndarray:

@@ -36,7 +36,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from shardfeed.errors import FormatError, SchemaError
-from shardfeed.format import _fileio
+from shardfeed.format import _fileio, manifest_check
 from shardfeed.format import spec as S
 from shardfeed.format.schema import Schema
 from shardfeed.storage import is_remote
@@ -121,18 +121,10 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, where: str = "manifest") -> Manifest:
-        """Parse a manifest document; raises :class:`FormatError` naming ``where``."""
-        if not isinstance(data, Mapping) or data.get("format") != S.FORMAT_NAME:
-            raise FormatError(
-                f"file '{where}' is not a shardfeed manifest (no \"format\": "
-                f"\"{S.FORMAT_NAME}\"); open the shards as a list or glob instead"
-            )
-        version = data.get("version")
-        if not isinstance(version, int) or version > S.FORMAT_VERSION:
-            raise FormatError(
-                f"file '{where}' has manifest version {version!r}; this shardfeed reads up to "
-                f"version {S.FORMAT_VERSION}: upgrade shardfeed"
-            )
+        """Parse a manifest document; raises :class:`FormatError` naming ``where`` and the
+        field (every field is checked first: :func:`manifest_check.check_document`)."""
+        manifest_check.check_document(data, where=where)
+        version = data["version"]
         try:
             shards = [
                 ShardInfo(path=s["path"], records=int(s["records"]), bytes=int(s["bytes"]),
@@ -142,24 +134,18 @@ class Manifest:
             schema_data = data.get("schema")
             schema = None if schema_data is None else Schema.from_json(schema_data)
             manifest = cls(
-                shards=shards, schema=schema, mode=data.get("mode", "embedded"),
+                shards=shards, schema=schema, mode=data.get("mode") or "embedded",
                 root=data.get("root"), group_key=data.get("group_key"),
                 order_key=data.get("order_key"), version=version,
                 extra=data.get("extra") or {},
             )
         except SchemaError as exc:
-            raise FormatError(f"file '{where}': {exc}") from None
+            raise FormatError(f"file '{where}', field {exc}; {manifest_check.REBUILD}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(
                 f"file '{where}' is a malformed manifest ({type(exc).__name__}: {exc}); "
                 "re-create it with `shardfeed index` or `shardfeed pack --resume`"
             ) from None
-        total = data.get("records")
-        if total is not None and total != manifest.num_records:
-            raise FormatError(
-                f"file '{where}' says {total} records but its shards add up to "
-                f"{manifest.num_records}; re-create it with `shardfeed index`"
-            )
         return manifest
 
     def save(self, url: str | os.PathLike[str]) -> None:
@@ -181,13 +167,7 @@ class Manifest:
         ``root`` is always usable as it is (and saving elsewhere stores it right again).
         """
         where = os.fspath(url)
-        raw = _fileio.read_bytes(url)
-        try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(
-                f"file '{where}' is not valid JSON ({exc}); re-create it with `shardfeed index`"
-            ) from None
+        data = manifest_check.parse_document(_fileio.read_bytes(url), where=where)
         manifest = cls.from_json(data, where=where)
         root = manifest.root
         if root is not None and not is_remote(root) and not os.path.isabs(root):
@@ -288,7 +268,8 @@ def load_sidecar(
     base: str, name: Literal["groups.npy", "order.npy"], *, records: int,
     allow_outside: bool = False,
 ) -> np.ndarray:
-    """Load one sidecar (memory-mapped when local) and check it has one value per record.
+    """Load one sidecar (memory-mapped when local) and check its type and that it has one
+    value per record (:func:`manifest_check.load_sidecar_array`).
 
     A local sidecar that is a link leading out of ``base`` is refused
     (:class:`~shardfeed.errors.UnsafePathError`) unless ``allow_outside``.
@@ -296,22 +277,13 @@ def load_sidecar(
     url = contained(base, name, where=f"the dataset in '{base}'", what="sidecar",
                     allow_outside=allow_outside)
     try:
-        if is_remote(url):
-            arr = np.load(io.BytesIO(_fileio.read_bytes(url)), allow_pickle=False)
-        else:
-            arr = np.load(url, mmap_mode="r", allow_pickle=False)
+        data = _fileio.read_bytes(url) if is_remote(url) else None
+        return manifest_check.load_sidecar_array(url, name, records=records, data=data)
     except FileNotFoundError:
         raise FormatError(
             f"file '{url}' is missing but the manifest names a "
             f"{'group' if name == S.GROUPS_NAME else 'order'} key; re-run `shardfeed pack "
             "--resume` or `shardfeed index` to rebuild it"
         ) from None
-    except (ValueError, OSError) as exc:
-        raise FormatError(f"file '{url}' is not a NumPy array ({exc}); rebuild it") from None
-    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.shape[0] != records:
-        shape = getattr(arr, "shape", None)
-        raise FormatError(
-            f"file '{url}' has shape {shape} but the dataset has {records} records; the "
-            "sidecar is stale: re-run `shardfeed index`"
-        )
-    return arr
+    except OSError as exc:
+        raise FormatError(f"file '{url}' cannot be read ({exc}); rebuild it") from None

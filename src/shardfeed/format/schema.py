@@ -6,6 +6,8 @@ Stored in the manifest (``to_json``/``from_json``) or inferred from a few decode
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -83,12 +85,69 @@ class ImageInfo:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ImageInfo:
-        return cls(
-            key=data["key"], encoding=data["encoding"], height_key=data.get("height_key"),
-            width_key=data.get("width_key"), channels_key=data.get("channels_key"),
-            dtype=data.get("dtype", "uint8"),
-        )
+    def from_json(cls, data: Mapping[str, Any], *, field_name: str = "image") -> ImageInfo:
+        """Inverse of :meth:`to_json`; raises :class:`SchemaError` naming ``field_name`` and
+        the entry when a value has the wrong type or is out of range (a manifest is
+        untrusted input)."""
+        if not isinstance(data, dict):
+            raise SchemaError(f"{field_name}: expected an object, got {type(data).__name__}")
+        key = _text(data, "key", field_name, required=True)
+        encoding = data.get("encoding")
+        if encoding not in ENCODINGS:
+            raise SchemaError(
+                f"{field_name}.encoding: expected one of {', '.join(ENCODINGS)}, got "
+                f"{_shown(encoding)}"
+            )
+        dtype = data.get("dtype", "uint8")
+        if not is_pixel_dtype(dtype):
+            raise SchemaError(
+                f"{field_name}.dtype: expected the name of a number type of at most 8 bytes "
+                f"(uint8, uint16, float32, ...), got {_shown(dtype)}"
+            )
+        try:
+            return cls(
+                key=key or "", encoding=encoding, height_key=_text(data, "height_key", field_name),
+                width_key=_text(data, "width_key", field_name),
+                channels_key=_text(data, "channels_key", field_name), dtype=dtype,
+            )
+        except ValueError as exc:  # e.g. raw pixels without their shape keys
+            raise SchemaError(f"{field_name}: {exc}") from None
+
+
+_DTYPE_NAME = re.compile(r"[<>|=]?[A-Za-z]{1,10}[0-9]{0,2}")
+
+
+def is_pixel_dtype(value: object) -> bool:
+    """True if ``value`` names a type raw pixels may have: a bool, integer or float of at
+    most 8 bytes (``uint8``, ``<u2``, ``float32``). Only short plain names reach NumPy, so
+    no structured, object or sized-string type is ever built from a manifest."""
+    if not isinstance(value, str) or not _DTYPE_NAME.fullmatch(value):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a deprecated alias is refused, not warned about
+        try:
+            dtype = np.dtype(value)
+        except (TypeError, ValueError, Warning):
+            return False
+    return dtype.kind in "biuf" and dtype.itemsize <= 8
+
+
+def _shown(value: object) -> str:
+    """A value's type and its first characters, for a message."""
+    if isinstance(value, int) and value.bit_length() >= 256:
+        return f"a {value.bit_length()}-bit int"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:37] + '...' if len(text) > 40 else text}"
+
+
+def _text(data: Mapping[str, Any], name: str, where: str, *, required: bool = False) -> str | None:
+    """The string entry ``name`` of ``data`` (None when absent or null unless ``required``)."""
+    value = data.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SchemaError(f"{where}.{name}: expected a non-empty string, got {_shown(value)}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,25 +185,49 @@ class Schema:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Schema:
-        """Inverse of :meth:`to_json`; raises :class:`SchemaError` on a malformed entry."""
+        """Inverse of :meth:`to_json`; raises :class:`SchemaError` naming the entry when a
+        value has the wrong type or is out of range (a manifest is untrusted input)."""
+        if not isinstance(data, dict):
+            raise SchemaError(f"schema: expected an object, got {type(data).__name__}")
+        entries = data.get("features")
+        if entries is None:
+            entries = {}
+        if not isinstance(entries, dict):
+            raise SchemaError(f"schema.features: expected an object, got {_shown(entries)}")
+        features = {name: _feature_from_json(name, f) for name, f in entries.items()}
+        image, mask = data.get("image"), data.get("mask")
         try:
-            features = {
-                name: FeatureInfo(name=name, kind=f["kind"], length=f.get("length"))
-                for name, f in data.get("features", {}).items()
-            }
-            image = data.get("image")
-            mask = data.get("mask")
             return cls(
                 features=features,
-                image=None if image is None else ImageInfo.from_json(image),
-                mask=None if mask is None else ImageInfo.from_json(mask),
-                label_key=data.get("label_key"),
+                image=None if image is None else ImageInfo.from_json(image,
+                                                                     field_name="schema.image"),
+                mask=None if mask is None else ImageInfo.from_json(mask,
+                                                                   field_name="schema.mask"),
+                label_key=_text(data, "label_key", "schema"),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SchemaError(
-                f"malformed schema in the manifest ({exc}); re-create the manifest with "
-                "`shardfeed index`"
-            ) from None
+        except ValueError as exc:  # roles naming features the schema does not have
+            raise SchemaError(str(exc)) from None
+
+
+MAX_FEATURE_LENGTH = (1 << 31) - 1
+"""Largest fixed value count a schema may give a feature."""
+
+
+def _feature_from_json(name: str, data: object) -> FeatureInfo:
+    where = f"schema.features[{name!r}]"
+    if not isinstance(data, dict):
+        raise SchemaError(f"{where}: expected an object, got {_shown(data)}")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise SchemaError(f"{where}.kind: expected one of {', '.join(KINDS)}, got {_shown(kind)}")
+    length = data.get("length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)
+                               or not 0 <= length <= MAX_FEATURE_LENGTH):
+        raise SchemaError(
+            f"{where}.length: expected null or an integer in [0, {MAX_FEATURE_LENGTH}], got "
+            f"{_shown(length)}"
+        )
+    return FeatureInfo(name=name, kind=kind, length=length)
 
 
 def _kind_and_count(value: Value) -> tuple[Kind | None, int]:

@@ -37,6 +37,8 @@ CRC_MASK_DELTA: Final = 0xA282EAD8
 """Added to the rotated CRC32C to form the masked CRC (TensorFlow's ``kMaskDelta``)."""
 MAX_RECORD_BYTES: Final = 1 << 40
 """Largest payload length accepted when scanning; a larger length means garbage (1 TiB)."""
+MAX_FILE_BYTES: Final = (1 << 63) - 1
+"""Largest byte offset or size an index or manifest may name (the largest POSIX ``off_t``)."""
 
 # --- compressed-file signatures (refused: byte offsets would be meaningless) -----------------
 GZIP_MAGIC: Final = b"\x1f\x8b"
@@ -56,6 +58,9 @@ manifest: a folder that holds it is an unfinished pack (``pack --resume`` finish
 GROUPS_NAME: Final = "groups.npy"
 ORDER_NAME: Final = "order.npy"
 FORMAT_VERSION: Final = 1
+MAX_MANIFEST_DEPTH: Final = 64
+"""Deepest nesting of arrays and objects accepted in a manifest (pack writes 4 levels;
+``extra`` is free-form JSON)."""
 FORMAT_NAME: Final = "shardfeed"
 
 # --- standard feature names -----------------------------------------------------------------

@@ -108,16 +108,17 @@ def _file_crc(source: ByteSource, size: int) -> int:
     return value
 
 
-def _load_index(path: str) -> np.ndarray | None:
-    """The shard's offsets from ``.idx.npy`` or ``.idx`` if one exists and parses (found the
-    way ``Dataset`` finds them, local or remote)."""
+def _load_index(path: str) -> tuple[np.ndarray | None, str | None]:
+    """The shard's offsets from ``.idx.npy`` or ``.idx`` if one exists (found the way
+    ``Dataset`` finds them, local or remote), and why it is unusable when it is damaged (a
+    Dataset would refuse it, so verify reports it)."""
     from shardfeed.dataset.shards import find_index
 
     try:
         found = find_index(path, mmap=False)
-    except ShardfeedError:
-        return None
-    return None if found is None else np.asarray(found)
+    except ShardfeedError as exc:
+        return None, str(exc)
+    return (None if found is None else np.asarray(found)), None
 
 
 def _size(path: str) -> int | None:
@@ -170,7 +171,9 @@ def _walk(job: ShardJob, source: ByteSource, size: int,
         else:
             warnings.append(f"file '{path}' is empty (no records); remove it if unintended")
         return ShardCheck(path, 0, 0, 0, tuple(problems), tuple(warnings))
-    index = _load_index(path)
+    index, damaged = _load_index(path)
+    if damaged is not None:
+        problem(INDEX_MISMATCH, damaged)
     offsets: list[int] = []
     decoded = 0
     notes: list[tuple[str, int, int]] = []  # masks a loader reads only with an option

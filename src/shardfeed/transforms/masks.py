@@ -24,8 +24,11 @@ as it stands. The rewrite copies the file once (a few µs); the decode skips the
 → grey conversion, about 5× faster than decoding the colours. Decoders stretch 1/2/4-bit grey
 samples to 0..255 by bit replication (value × 255 / (2^d − 1)); that is undone exactly.
 
+Size limit: a mask is an image like any other: one whose header claims more than
+``max_pixels`` pixels is refused before decoding (see :mod:`shardfeed.transforms.image_size`).
+
 Determinism: a pure function of the bytes. State: none. Memory: the decoded mask (and, for a
-colour mask, its H×W×3 colours while ids are looked up).
+colour mask, its H×W×3 colours while ids are looked up, a chunk of rows at a time).
 """
 
 from __future__ import annotations
@@ -40,7 +43,15 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import DecodeError
-from shardfeed.transforms.decode import Where, decode_error, decode_image, where_text
+from shardfeed.transforms.decode import (
+    Where,
+    check_size,
+    decode_error,
+    decode_image,
+    out_of_memory,
+    where_text,
+)
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 
 MaskDtype = Literal["uint8", "uint16"]
 MASK_DTYPES: tuple[str, ...] = ("uint8", "uint16")
@@ -50,6 +61,9 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _CHUNK_HEAD = struct.Struct(">I4s")
 _GREY, _PALETTE = 0, 3
 _LIST_COLORS = 6  # colours named in an error message
+# Colours are looked up this many pixels at a time: the lookup's temporaries (packed colours,
+# positions, matches: 17 bytes a pixel) stay a few MB whatever the mask's size.
+_CHUNK_PIXELS = 1 << 18
 
 
 # --- reading the pixels ------------------------------------------------------------------
@@ -147,18 +161,25 @@ def _unstretch(plane: np.ndarray, depth: int) -> np.ndarray:
 
 
 def read_mask(
-    data: bytes | memoryview, *, where: Where = "", fast_dct: bool = True
+    data: bytes | memoryview, *, where: Where = "", fast_dct: bool = True,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> MaskPixels:
     """Decode a mask's pixels: grey values, palette indices (with the palette), or colours.
 
-    Raises DecodeError for bytes that do not decode.
+    Raises DecodeError for bytes that do not decode, and for a mask whose header claims
+    more than ``max_pixels`` pixels (checked before decoding).
     """
     head = bytes(data[:29])
     if head[:8] == _PNG_MAGIC and head[12:16] == b"IHDR" and len(head) == 29:
         depth, colour_type = head[24], head[25]
         if colour_type == _PALETTE or (colour_type == _GREY and depth < 8):
-            return _read_one_sample_png(data, where, depth, colour_type)
-    image = decode_image(data, mode="unchanged", where=where, fast_dct=fast_dct)
+            check_size(data, max_pixels=max_pixels, where=where, what="mask")
+            try:
+                return _read_one_sample_png(data, where, depth, colour_type)
+            except MemoryError:
+                raise out_of_memory(data, where, "the mask") from None
+    image = decode_image(data, mode="unchanged", where=where, fast_dct=fast_dct,
+                         max_pixels=max_pixels)
     source = "png" if head[:8] == _PNG_MAGIC else "jpeg" if head[:3] == b"\xff\xd8\xff" else "other"
     if image.ndim == 2:
         return MaskPixels(image, "grey", source=source)
@@ -289,9 +310,34 @@ class MaskLabels:
                 f"{_prefix(where)}the mask is a 16-bit colour image; mask_colors maps "
                 "8-bit colours: store the masks as 8-bit RGB, palette or grey PNGs"
             )
-        packed = _pack(pixels.plane)
-        ids = self._lookup(packed, where, np.ones(packed.shape, np.int64))
-        return ids.astype(target, copy=False)
+        try:
+            return self._colour_ids(pixels.plane, where).astype(target, copy=False)
+        except MemoryError:
+            height, width = pixels.size
+            raise DecodeError(f"{_prefix(where)}out of memory while giving the {height}×{width} "
+                              "colour mask its ids; lower num_threads or max_pixels") from None
+
+    def _colour_ids(self, rgb: np.ndarray, where: Where) -> np.ndarray:
+        """The ids of an H×W×3 colour mask, looked up :data:`_CHUNK_PIXELS` at a time."""
+        height, width = int(rgb.shape[0]), int(rgb.shape[1])
+        ids = np.empty((height, width), dtype=self._ids.dtype)
+        rows = max(1, _CHUNK_PIXELS // max(1, width))
+        missing: list[np.ndarray] = []
+        missing_pixels = 0
+        for top in range(0, height, rows):
+            packed = _pack(rgb[top:top + rows])
+            found, chunk = self._find(packed)
+            if not bool(found.all()):
+                if self.unlisted is None:
+                    missing.append(np.unique(packed[~found]))
+                    missing_pixels += int(np.count_nonzero(~found))
+                else:
+                    chunk[~found] = self.unlisted
+            ids[top:top + rows] = chunk
+        if missing:
+            raise DecodeError(self._missing_message(np.unique(np.concatenate(missing)),
+                                                    missing_pixels, where))
+        return ids
 
     def _palette_ids(self, pixels: MaskPixels, where: Where) -> np.ndarray:
         palette = pixels.palette if pixels.palette is not None else np.zeros((0, 3), np.uint8)
@@ -311,29 +357,35 @@ class MaskLabels:
         table[used] = lut
         return np.asarray(cv2.LUT(indices, table))  # one pass, no index array
 
-    def _lookup(self, packed: np.ndarray, where: Where, pixels: np.ndarray) -> np.ndarray:
-        """The id of each packed colour; ``pixels``: how many pixels each stands for."""
+    def _find(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each packed colour is listed, and its id (0 where it is not)."""
         keys = self._keys
         if keys.size == 0:
-            found = np.zeros(packed.shape, dtype=bool)
-            ids = np.zeros(packed.shape, dtype=self._ids.dtype)
-        else:
-            pos = np.searchsorted(keys, packed)
-            np.minimum(pos, keys.size - 1, out=pos)
-            found = keys[pos] == packed
-            ids = self._ids[pos]
+            return (np.zeros(packed.shape, dtype=bool),
+                    np.zeros(packed.shape, dtype=self._ids.dtype))
+        pos = np.searchsorted(keys, packed)
+        np.minimum(pos, keys.size - 1, out=pos)
+        return keys[pos] == packed, self._ids[pos]
+
+    def _lookup(self, packed: np.ndarray, where: Where, pixels: np.ndarray) -> np.ndarray:
+        """The id of each packed colour; ``pixels``: how many pixels each stands for."""
+        found, ids = self._find(packed)
         if not bool(found.all()):
             if self.unlisted is None:
-                missing = np.unique(packed[~found])
-                listed = ", ".join(_color_text(int(c)) for c in missing[:_LIST_COLORS])
-                more = f" and {missing.size - _LIST_COLORS} more" if missing.size > _LIST_COLORS else ""
-                raise DecodeError(
-                    f"{_prefix(where)}the mask has {int(pixels[~found].sum())} pixels of "
-                    f"colours that mask_colors does not list: {listed}{more}. Add them to "
-                    "mask_colors, or pass mask_unlisted=ID (e.g. 255, an ignore id) for them"
-                )
+                raise DecodeError(self._missing_message(
+                    np.unique(packed[~found]), int(pixels[~found].sum()), where))
             ids[~found] = self.unlisted
         return ids
+
+    @staticmethod
+    def _missing_message(missing: np.ndarray, count: int, where: Where) -> str:
+        listed = ", ".join(_color_text(int(c)) for c in missing[:_LIST_COLORS])
+        more = f" and {missing.size - _LIST_COLORS} more" if missing.size > _LIST_COLORS else ""
+        return (
+            f"{_prefix(where)}the mask has {count} pixels of colours that mask_colors does "
+            f"not list: {listed}{more}. Add them to mask_colors, or pass mask_unlisted=ID "
+            "(e.g. 255, an ignore id) for them"
+        )
 
     def _unmapped_message(self, pixels: MaskPixels, where: Where) -> str:
         colours = np.unique(_pack(pixels.plane[::4, ::4]).reshape(-1)) if (
@@ -363,13 +415,16 @@ def decode_mask(
     labels: MaskLabels = LABEL_MAPS,
     where: Where = "",
     fast_dct: bool = True,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """Decode an encoded mask into an H×W array of class ids (``labels.dtype``).
 
     Grey masks keep their values, palette PNGs their indices; colour masks need
-    ``labels.colors`` (see the module docstring). Raises DecodeError naming ``where``.
+    ``labels.colors`` (see the module docstring). Raises DecodeError naming ``where``, also
+    for a mask whose header claims more than ``max_pixels`` pixels.
     """
-    return labels.labels(read_mask(data, where=where, fast_dct=fast_dct), where=where)
+    pixels = read_mask(data, where=where, fast_dct=fast_dct, max_pixels=max_pixels)
+    return labels.labels(pixels, where=where)
 
 
 __all__ = [

@@ -182,7 +182,8 @@ def test_memory_bound(clean_ds: Any) -> None:
     assert budget.decode_bytes_per_thread >= HEIGHT * WIDTH * 3  # its own decode: estimated
     assert budget.index_bytes >= 8 * 103
     assert loader.memory_bound_bytes == budget.total_bytes > 3 * budget.batch_bytes
-    assert budget.batch_bytes <= 10 * (row + 64)
+    names = 33 + len("img0000.jpg") + 33 + len("jpeg")  # the two bytes list columns
+    assert budget.batch_bytes <= 10 * (row + 64 + names)
     loader.close()
 
 

@@ -41,6 +41,7 @@ from shardfeed.pipeline.memory import (
     MemoryBudget,
     decode_bytes_per_thread,
     fixed_bytes,
+    list_bytes,
     order_index_bytes,
     work_bytes,
 )
@@ -300,8 +301,9 @@ class Loader:
         if self._layout is None:
             self._ensure_layout(self._context(), 0)
         assert self._layout is not None and self._probe is not None
-        _, records = self._probe
+        sample, records = self._probe
         row_bytes = self._layout.batch_bytes() // self.options.batch_size
+        lists = [f.name for f in self._layout.fields if not f.is_array]
         work = work_bytes(records, slice_size=self.options.slice_size(), row_bytes=row_bytes)
         index = self.source.index_bytes
         if self.options.order_method == "exact":
@@ -310,7 +312,8 @@ class Loader:
         threads = self.options.num_threads
         processes = threads if self.options.workers == "processes" else 0
         return MemoryBudget(
-            batch_bytes=self._layout.batch_bytes(),
+            batch_bytes=self._layout.batch_bytes()
+            + self.options.batch_size * list_bytes(sample, lists),
             ring_batches=ring_batches(self.options),
             work_bytes_per_thread=work,
             threads=threads,

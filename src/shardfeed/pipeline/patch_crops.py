@@ -115,8 +115,8 @@ class PatchOptions:
     @property
     def decode_bytes(self) -> int:
         """The most memory one image's decode holds while it runs (``max_pixels`` pixels,
-        and the mask unless ``mask=False``), in bytes."""
-        return decode_peak_bytes(self.max_pixels, masks=self.mask is not False)
+        and its mask), in bytes."""
+        return decode_peak_bytes(self.max_pixels)
 
     def slack_images(self) -> int:
         """Images beyond ``cache_images`` the default byte bound allows (threads run ahead)."""

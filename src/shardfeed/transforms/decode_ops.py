@@ -137,9 +137,9 @@ class DecoderBase:
     @property
     def decode_bytes(self) -> int:
         """The most memory one call holds while it decodes (an image of ``max_pixels``
-        pixels, and its mask unless masks are off), in bytes: what
-        ``Loader.memory_budget()`` counts a thread for decoding."""
-        return decode_peak_bytes(self.max_pixels, masks=self.mask is not False)
+        pixels and its mask), in bytes: what ``Loader.memory_budget()`` counts a thread for
+        decoding."""
+        return decode_peak_bytes(self.max_pixels)
 
     # --- binding ------------------------------------------------------------------------
 

@@ -38,18 +38,14 @@ from dataclasses import dataclass
 #: :data:`DECODE_PEAK_BYTES_PER_PIXEL`). Raise it with ``max_pixels=`` where needed.
 DEFAULT_MAX_PIXELS = 1 << 27
 
-#: The most memory a decode holds at once, per pixel of the image, measured (peak RSS of
-#: one decode) on every path shardfeed decodes by: a baseline JPEG takes 3 bytes a pixel (its
-#: RGB output), a progressive 4:4:4 JPEG 9 (libjpeg keeps 16-bit coefficients of the whole
-#: image), PNG, BMP, TIFF and PPM through OpenCV 6, WebP 7, GIF 8, a palette TIFF 9 and a
-#: progressive CMYK JPEG (OpenCV) 11. A mask decoded beside its image adds its own, while the
-#: image is held: see :func:`decode_peak_bytes`.
+#: The most memory one decode op holds at once, per pixel of its image, measured as the peak
+#: RSS of decoding 16- and 36-megapixel images: a baseline JPEG takes 3 bytes a pixel (its RGB
+#: output), a progressive 4:4:4 JPEG 9 (libjpeg keeps 16-bit coefficients of the whole
+#: image), PNG, BMP, TIFF and PPM through OpenCV 6 (it decodes, then copies), WebP 7, GIF 8, a
+#: palette TIFF 9, a progressive CMYK JPEG (OpenCV) 11; an image held (3) while its mask
+#: decodes: with an 8-bit colour mask 10, a 16-bit grey one 7. (16-bit colour masks, 15 and
+#: more, are refused before decoding: see :mod:`shardfeed.transforms.masks`.)
 DECODE_PEAK_BYTES_PER_PIXEL = 11
-
-#: What a mask's decode adds, per pixel, while its image (3 bytes a pixel) is held: an 8-bit
-#: colour mask through OpenCV peaks at 6 and then holds its colours (3) and ids (up to 2)
-#: while the colours are looked up, a chunk of rows at a time.
-MASK_PEAK_BYTES_PER_PIXEL = 8
 
 
 def check_max_pixels(value: object) -> int:
@@ -63,24 +59,29 @@ def check_max_pixels(value: object) -> int:
     return value
 
 
-def decode_peak_bytes(max_pixels: int, *, masks: bool) -> int:
-    """The most memory one decode of an image of ``max_pixels`` pixels holds at once (with
-    its mask when ``masks``), in bytes."""
-    per_pixel = DECODE_PEAK_BYTES_PER_PIXEL
-    if masks:
-        per_pixel = max(per_pixel, 3 + MASK_PEAK_BYTES_PER_PIXEL)
-    return max_pixels * per_pixel
+def decode_peak_bytes(max_pixels: int) -> int:
+    """The most memory one decode op holds at once for images (and masks) of up to
+    ``max_pixels`` pixels, in bytes: :data:`DECODE_PEAK_BYTES_PER_PIXEL` a pixel."""
+    return max_pixels * DECODE_PEAK_BYTES_PER_PIXEL
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimedSize:
     """What a header claims: ``height``, ``width``, and ``pixels`` the decoder allocates
-    (more than ``height × width`` when a TIFF's tiles are larger than the image)."""
+    (more than ``height × width`` when a TIFF's tiles are larger than the image); for PNG,
+    TIFF and PNM also ``channels`` and ``bits`` a sample (None where not read)."""
 
     format: str
     height: int
     width: int
     pixels: int
+    channels: int | None = None
+    bits: int | None = None
+
+    @property
+    def wide_colour(self) -> bool:
+        """More than one channel of more than 8 bits (a 16-bit colour image)."""
+        return (self.channels or 1) > 1 and (self.bits or 8) > 8
 
 
 class _Short(Exception):
@@ -108,11 +109,15 @@ def _jpeg(data: bytes | memoryview) -> tuple[int, int]:
     return int(height), int(width)
 
 
-def _png(data: bytes | memoryview) -> tuple[int, int]:
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # by colour type
+
+
+def _png(data: bytes | memoryview) -> ClaimedSize:
     if bytes(data[12:16]) != b"IHDR":
         raise Unsized("damaged PNG: it does not start with its IHDR header chunk")
-    width, height = _unpack(">II", data, 16)
-    return height, width
+    width, height, depth, colour_type = _unpack(">IIBB", data, 16)
+    return ClaimedSize("png", height, width, height * width,
+                       _PNG_CHANNELS.get(colour_type), depth)
 
 
 def _bmp(data: bytes | memoryview) -> tuple[int, int]:
@@ -147,7 +152,7 @@ _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH = 322, 323
 _TIFF_TYPES = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8: the types these tags use
 
 
-def _tiff(data: bytes | memoryview) -> tuple[int, int, int]:
+def _tiff(data: bytes | memoryview) -> ClaimedSize:
     order = "<" if bytes(data[:2]) == b"II" else ">"
     (version,) = _unpack(order + "H", data, 2)
     if version == 43:  # BigTIFF: 8-byte offsets and counts
@@ -188,7 +193,7 @@ def _tiff(data: bytes | memoryview) -> tuple[int, int, int]:
                       "PNG)")
     height, width = tags[_TIFF_LENGTH], tags[_TIFF_WIDTH]
     tile = tags.get(_TIFF_TILE_WIDTH, 0) * tags.get(_TIFF_TILE_LENGTH, 0)
-    return height, width, max(height * width, tile)
+    return ClaimedSize("tiff", height, width, max(height * width, tile), samples, bits)
 
 
 def _webp(data: bytes | memoryview) -> tuple[int, int]:
@@ -212,31 +217,42 @@ def _webp(data: bytes | memoryview) -> tuple[int, int]:
     raise Unsized(f"damaged WebP: unknown first chunk {chunk!r}")
 
 
-def _pnm(data: bytes | memoryview) -> tuple[int, int]:
+def _pnm(data: bytes | memoryview) -> ClaimedSize:
     head = bytes(data[:4096])
     kind = head[1:2]
-    if kind == b"7":  # PAM: "WIDTH n" / "HEIGHT n" lines up to ENDHDR
+    if kind == b"7":  # PAM: "WIDTH n" / "HEIGHT n" / "DEPTH n" / "MAXVAL n" lines to ENDHDR
         fields: dict[bytes, int] = {}
         for line in head.split(b"\n")[1:]:
             words = line.split()
             if words[:1] == [b"ENDHDR"]:
                 break
-            if len(words) == 2 and words[0] in (b"WIDTH", b"HEIGHT") and words[1].isdigit():
+            if len(words) == 2 and words[1].isdigit():
                 fields[words[0]] = int(words[1])
         else:
             raise _Short if len(data) <= len(head) else Unsized("damaged PAM header")
-        if len(fields) != 2:
+        if b"WIDTH" not in fields or b"HEIGHT" not in fields:
             raise Unsized("damaged PAM: no WIDTH and HEIGHT in its header")
-        return fields[b"HEIGHT"], fields[b"WIDTH"]
+        height, width = fields[b"HEIGHT"], fields[b"WIDTH"]
+        return ClaimedSize("pnm", height, width, height * width, fields.get(b"DEPTH"),
+                           _bits(fields.get(b"MAXVAL", 255)))
+    # P1/P4: width height; the others: width height maxval
+    wanted = 2 if kind in b"14" else 3
     tokens: list[int] = []
     for line in head[2:].split(b"\n"):
         for word in line.split(b"#", 1)[0].split():
             if not word.isdigit():
                 raise Unsized("damaged PNM: its header is not numbers")
             tokens.append(int(word))
-        if len(tokens) >= 2:
-            return tokens[1], tokens[0]
+        if len(tokens) >= wanted:
+            width, height = tokens[0], tokens[1]
+            channels = 3 if kind in b"36" else 1
+            bits = 1 if wanted == 2 else _bits(tokens[2])
+            return ClaimedSize("pnm", height, width, height * width, channels, bits)
     raise _Short if len(data) <= len(head) else Unsized("damaged PNM header")
+
+
+def _bits(maxval: int) -> int:
+    return max(1, maxval.bit_length())
 
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -280,11 +296,9 @@ def claimed_size(data: bytes | memoryview) -> ClaimedSize:
         raise Unsized(f"not an image format whose size shardfeed can read before decoding "
                       f"(it starts with bytes {head}; sized formats: {SIZED_FORMATS})")
     try:
-        if kind == "tiff":
-            height, width, pixels = _tiff(data)
-            return ClaimedSize(kind, height, width, pixels)
-        reader = {"jpeg": _jpeg, "png": _png, "bmp": _bmp, "gif": _gif, "webp": _webp,
-                  "pnm": _pnm}[kind]
+        if kind in ("png", "tiff", "pnm"):
+            return {"png": _png, "tiff": _tiff, "pnm": _pnm}[kind](data)
+        reader = {"jpeg": _jpeg, "bmp": _bmp, "gif": _gif, "webp": _webp}[kind]
         height, width = reader(data)
     except _Short:
         raise Unsized(f"a {kind.upper()} header cut short ({len(data)} bytes)") from None
@@ -313,7 +327,6 @@ def pixels_reason(height: int, width: int, max_pixels: int, *, what: str) -> str
 __all__ = [
     "DECODE_PEAK_BYTES_PER_PIXEL",
     "DEFAULT_MAX_PIXELS",
-    "MASK_PEAK_BYTES_PER_PIXEL",
     "SIZED_FORMATS",
     "ClaimedSize",
     "Unsized",

@@ -7,9 +7,11 @@ grey, 8-bit (PNG, JPEG, ...)    its values, uint8
 grey PNG, 1, 2 or 4-bit         its stored values (0..1, 0..3, 0..15), not stretched to 0..255
 grey, 16-bit                    its values as uint16 with ``dtype="uint16"``; else an error
 palette PNG (any bit depth)     its palette indices (VOC: 0..20 and 255), whatever the colours
-colour (RGB, RGBA)              with ``colors``: the id of each pixel's colour (alpha is
+colour (RGB, RGBA), 8-bit      with ``colors``: the id of each pixel's colour (alpha is
                                 ignored); without: an error, unless R = G = B at every pixel
                                 (a grey mask stored in three channels: its values)
+colour, 16-bit (PNG, TIFF, PNM) an error, before decoding (store 16-bit masks as one-channel
+                                grey images)
 ==============================  ===========================================================
 
 With ``colors``, a palette PNG's pixels are mapped by colour too (each index has its
@@ -166,14 +168,21 @@ def read_mask(
 ) -> MaskPixels:
     """Decode a mask's pixels: grey values, palette indices (with the palette), or colours.
 
-    Raises DecodeError for bytes that do not decode, and for a mask whose header claims
-    more than ``max_pixels`` pixels (checked before decoding).
+    Raises DecodeError for bytes that do not decode, and, before decoding, for a mask whose
+    header claims more than ``max_pixels`` pixels or 16-bit colours (such a mask is no
+    label map, and takes 15 bytes a pixel and more to decode).
     """
+    claim = check_size(data, max_pixels=max_pixels, where=where, what="mask")
+    if claim.wide_colour:
+        raise DecodeError(
+            f"{_prefix(where)}the mask is a {claim.bits}-bit colour image ({claim.channels} "
+            f"channels); masks are label maps: store 16-bit masks as one-channel grey images "
+            "(and decode with mask_dtype='uint16'), colour masks with 8 bits a channel"
+        )
     head = bytes(data[:29])
     if head[:8] == _PNG_MAGIC and head[12:16] == b"IHDR" and len(head) == 29:
         depth, colour_type = head[24], head[25]
         if colour_type == _PALETTE or (colour_type == _GREY and depth < 8):
-            check_size(data, max_pixels=max_pixels, where=where, what="mask")
             try:
                 return _read_one_sample_png(data, where, depth, colour_type)
             except MemoryError:

@@ -84,7 +84,7 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     return worded(n, noun, plural)
 
 
-def add_max_pixels(parser: argparse.ArgumentParser, *, what: str) -> None:
+def add_max_pixels(parser: Any, *, what: str) -> None:
     """``--max-pixels N``: the most pixels one image may have (read from its header)."""
     from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 

@@ -26,6 +26,21 @@ from shardfeed.transforms.source import Encoding, ImageField
 Channels = Literal["rgb", "gray"]
 
 
+def check_channels(image: np.ndarray) -> None:
+    """DecodeError unless ``image`` (H×W or …×H×W×C) has 1, 3 or 4 channels: what every
+    decode op takes."""
+    c = image.shape[-1] if image.ndim >= 3 else 1
+    if c not in (1, 3, 4):
+        raise _channels_error(c)
+
+
+def _channels_error(c: int) -> DecodeError:
+    return DecodeError(
+        f"the image has {c} channels; shardfeed decodes images with 1, 3 or 4 channels "
+        "(store RGB, RGBA or grayscale)"
+    )
+
+
 class DecodeOptions(TypedDict, total=False):
     """The keyword options of :class:`DecoderBase`, as the ops built on it pass them on."""
 
@@ -196,10 +211,7 @@ class DecoderBase:
         elif c in (3, 4):
             gray = [cv2.cvtColor(f[..., :3], cv2.COLOR_RGB2GRAY) for f in image]
             return np.stack(gray)[..., None]
-        raise DecodeError(
-            f"the image has {c} channels; shardfeed decodes images with 1, 3 or 4 channels "
-            "(store RGB, RGBA or grayscale)"
-        )
+        raise _channels_error(c)
 
     def _decode_mask(self, sample: Sample) -> tuple[np.ndarray | None, str | None]:
         """The mask (H×W class ids) and its feature, or (None, None) when there is none."""
@@ -288,4 +300,4 @@ class DecodeImage(DecoderBase):
         return result
 
 
-__all__ = ["Channels", "DecodeImage", "DecodeOptions", "DecoderBase"]
+__all__ = ["Channels", "DecodeImage", "DecodeOptions", "DecoderBase", "check_channels"]

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 from shardfeed.tools.bench_probe import (
     RssSampler,
     bytes_read,
@@ -39,6 +38,7 @@ from shardfeed.tools.bench_probe import (
     peak_rss_bytes,
     sample_encoded,
 )
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 
 __all__ = ["BenchOptions", "bench"]
 

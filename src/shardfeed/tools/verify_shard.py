@@ -31,7 +31,6 @@ from shardfeed.errors import SchemaError, ShardfeedError, StorageError, location
 from shardfeed.format import spec
 from shardfeed.format.crc import masked_crc32c
 from shardfeed.format.schema import ImageInfo
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 from shardfeed.storage import files, is_remote, open_source
 from shardfeed.storage.base import ByteSource
 from shardfeed.tools.verify_report import (
@@ -53,6 +52,7 @@ from shardfeed.tools.verify_report import (
     Problem,
     ShardCheck,
 )
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
     from shardfeed.transforms.source import ImageField
@@ -290,7 +290,6 @@ def _check_payload(
     for role, defaults in _DEFAULT_SLOTS:
         given = job.image if role == "image" else job.mask
         slots = (given,) if given is not None else defaults
-        kind = UNDECODABLE_IMAGE if role == "image" else UNDECODABLE_MASK
         for slot in slots:
             value = features.get(slot.key)
             if not isinstance(value, bytes):

@@ -226,10 +226,13 @@ def test_max_pixels_must_be_an_int() -> None:
 
 
 def test_decode_ops_declare_their_decode_memory() -> None:
-    from shardfeed.transforms.image_size import DECODE_PEAK_BYTES_PER_PIXEL
+    from shardfeed.transforms.image_size import decode_peak_bytes
 
-    assert DecodeImage(max_pixels=1000).decode_bytes == 1000 * DECODE_PEAK_BYTES_PER_PIXEL
-    assert presets.train(max_pixels=1000).decode_bytes == 1000 * DECODE_PEAK_BYTES_PER_PIXEL
+    # 11 bytes a pixel, 128 a row and column
+    assert decode_peak_bytes(1000) == 1000 * 11 + 1001 * 128
+    assert decode_peak_bytes(1 << 27) == (1 << 27) * 11 + (65535 + 2048) * 128
+    assert DecodeImage(max_pixels=1000).decode_bytes == decode_peak_bytes(1000)
+    assert presets.train(max_pixels=1000).decode_bytes == decode_peak_bytes(1000)
 
 
 def test_files_on_disk_decode_the_same(tmp_path: Path) -> None:

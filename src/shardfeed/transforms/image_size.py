@@ -35,17 +35,26 @@ from dataclasses import dataclass
 #: The default limit on the pixels of one decoded image: 2^27 = 134,217,728 (16384×8192).
 #: Above a 100-megapixel medium-format photo (11648×8736) and a 16K×8K panorama; an RGB
 #: image of this size is 403 MB decoded, and at most 1.5 GB while it decodes (see
-#: :data:`DECODE_PEAK_BYTES_PER_PIXEL`). Raise it with ``max_pixels=`` where needed.
+#: :func:`decode_peak_bytes`). Raise it with ``max_pixels=`` where needed.
 DEFAULT_MAX_PIXELS = 1 << 27
 
 #: The most memory one decode op holds at once, per pixel of its image, measured as the peak
-#: RSS of decoding 16- and 36-megapixel images: a baseline JPEG takes 3 bytes a pixel (its RGB
-#: output), a progressive 4:4:4 JPEG 9 (libjpeg keeps 16-bit coefficients of the whole
-#: image), PNG, BMP, TIFF and PPM through OpenCV 6 (it decodes, then copies), WebP 7, GIF 8, a
-#: palette TIFF 9, a progressive CMYK JPEG (OpenCV) 11; an image held (3) while its mask
-#: decodes: with an 8-bit colour mask 10, a 16-bit grey one 7. (16-bit colour masks, 15 and
-#: more, are refused before decoding: see :mod:`shardfeed.transforms.masks`.)
+#: RSS of decoding images of 16, 36 and 134 (the default limit) megapixels: a baseline JPEG
+#: takes 3 bytes a pixel (its RGB output), a progressive 4:4:4 JPEG 9 (libjpeg keeps 16-bit
+#: coefficients of the whole image), PNG, BMP, TIFF and PPM through OpenCV 6 (it decodes,
+#: then copies), WebP 7, GIF 8, a palette TIFF 9, a progressive CMYK JPEG (OpenCV) 11; an
+#: image held (3) while its mask decodes: with an 8-bit colour mask 10, a 16-bit grey one 7.
+#: (16-bit colour masks, 15 and more, are refused before decoding: see
+#: :mod:`shardfeed.transforms.masks`.)
 DECODE_PEAK_BYTES_PER_PIXEL = 11
+
+#: What a decode holds beyond that per row and column of its image: libjpeg works in bands
+#: of 8 or 16 rows (an image one row high costs as much as a band) and keeps row buffers.
+#: Measured: 110 bytes a column for a 1×65000 progressive CMYK JPEG, 72 a row for a 65000×1
+#: one, 80 a column at 16384×8192. JPEG sides are at most 65,535 pixels; the other formats
+#: stay under 9 bytes a pixel on thin images too (a 1×1,000,000 PNG: 8.8), within the 11.
+DECODE_EDGE_BYTES = 128
+_MAX_SIDE = 65535  # of a JPEG
 
 
 def check_max_pixels(value: object) -> int:
@@ -61,8 +70,12 @@ def check_max_pixels(value: object) -> int:
 
 def decode_peak_bytes(max_pixels: int) -> int:
     """The most memory one decode op holds at once for images (and masks) of up to
-    ``max_pixels`` pixels, in bytes: :data:`DECODE_PEAK_BYTES_PER_PIXEL` a pixel."""
-    return max_pixels * DECODE_PEAK_BYTES_PER_PIXEL
+    ``max_pixels`` pixels, in bytes: :data:`DECODE_PEAK_BYTES_PER_PIXEL` a pixel, and
+    :data:`DECODE_EDGE_BYTES` a row and column: an image of at most ``max_pixels`` pixels
+    has at most ``max_pixels + 1`` rows and columns together (one row), and a JPEG, whose
+    sides are at most 65,535, at most ``65535 + max_pixels // 65535``."""
+    edges = min(max_pixels + 1, _MAX_SIDE + max_pixels // _MAX_SIDE)
+    return max_pixels * DECODE_PEAK_BYTES_PER_PIXEL + edges * DECODE_EDGE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +338,7 @@ def pixels_reason(height: int, width: int, max_pixels: int, *, what: str) -> str
 
 
 __all__ = [
+    "DECODE_EDGE_BYTES",
     "DECODE_PEAK_BYTES_PER_PIXEL",
     "DEFAULT_MAX_PIXELS",
     "SIZED_FORMATS",

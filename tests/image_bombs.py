@@ -75,13 +75,19 @@ def bmp_bomb(height: int, width: int) -> bytes:
 
 def peak_rss_mb(code: str, **values: Any) -> tuple[float, dict[str, Any]]:
     """Run ``code`` in a fresh Python with shardfeed importable; ``values`` are in scope as
-    ``ARGS`` (JSON). Returns its peak resident memory in MB and what it put in ``RESULT``."""
+    ``ARGS`` (JSON). Returns its peak resident memory in MB and what it put in ``RESULT``.
+
+    The peak is the process's own (``VmHWM``): ``ru_maxrss`` would also count the test
+    process it was forked from, whose high-water mark survives the exec."""
     program = textwrap.dedent("""
-        import json, resource, sys
+        import json, sys
         ARGS = json.loads(sys.argv[1])
         RESULT = {}
     """) + textwrap.dedent(code) + textwrap.dedent("""
-        RESULT["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    RESULT["peak_mb"] = int(line.split()[1]) / 1024
         print("RESULT=" + json.dumps(RESULT))
     """)
     env = dict(os.environ)

@@ -12,7 +12,7 @@ memory all the same raises DecodeError too (never a bare MemoryError).
 
 Determinism: decoding is a pure function of the bytes (for one libjpeg-turbo build). State:
 none, except a per-thread scratch buffer used by :func:`decode_jpeg_scratch`. Memory: the
-decoded image, at most ``max_pixels`` × :data:`DECODE_PEAK_BYTES_PER_PIXEL` while it decodes;
+decoded image, at most :func:`~shardfeed.transforms.image_size.decode_peak_bytes` while it decodes;
 the scratch buffer a thread keeps is at most :data:`SCRATCH_KEEP_BYTES` (a larger decode
 gets a buffer of its own, freed with the image).
 """
@@ -30,7 +30,6 @@ import simplejpeg
 
 from shardfeed.errors import DecodeError
 from shardfeed.transforms.image_size import (
-    DECODE_PEAK_BYTES_PER_PIXEL,
     DEFAULT_MAX_PIXELS,
     ClaimedSize,
     Unsized,
@@ -157,12 +156,15 @@ def _decode_cv2(data: bytes | memoryview, mode: str, where: Where) -> np.ndarray
         kind = sniff_format(data)
         reason = "not a format OpenCV can read" if kind == "other" else f"damaged {kind.upper()}"
         raise decode_error(data, where, reason)
-    if image.ndim == 3:
-        if image.shape[2] == 3:
-            if not rgb_direct:
-                image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        elif image.shape[2] == 4:
-            image = cv2.cvtColor(image, cv2.COLOR_BGRA2RGBA)
+    try:
+        if image.ndim == 3:
+            if image.shape[2] == 3:
+                if not rgb_direct:
+                    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+            elif image.shape[2] == 4:
+                image = cv2.cvtColor(image, cv2.COLOR_BGRA2RGBA)
+    except (cv2.error, MemoryError):  # the only way a channel swap fails: no memory for it
+        raise out_of_memory(data, where, f"the {image.shape} image") from None
     if image.flags.c_contiguous:
         return image
     return np.ascontiguousarray(image)
@@ -325,7 +327,6 @@ def decode_jpeg_scratch(
 
 
 __all__ = [
-    "DECODE_PEAK_BYTES_PER_PIXEL",
     "DEFAULT_MAX_PIXELS",
     "MODES",
     "SCRATCH_KEEP_BYTES",

@@ -334,7 +334,7 @@ def _kind_of(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"{value.dtype} values of shape {value.shape}"
     if isinstance(value, list):
-        return f"a list of {len(value)} values"
+        return f"a list of {len(value)} value{'' if len(value) == 1 else 's'}"
     return type(value).__name__
 
 
@@ -345,9 +345,8 @@ def _shape_value(
     for k in keys:
         if k in sample:
             stored = sample[k]
-            value = stored.reshape(-1) if isinstance(stored, np.ndarray) else None
-            if (value is not None and value.size == 1 and value.dtype.kind in "iu"
-                    and int(value[0]) > 0):
+            value = np.asarray(stored).reshape(-1)
+            if value.size == 1 and value.dtype.kind in "iu" and int(value[0]) > 0:
                 return int(value[0])
             raise DecodeError(
                 f"{where_text(where)}: the {what} feature '{k}' must hold one positive int, "

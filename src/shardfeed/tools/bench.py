@@ -372,6 +372,7 @@ def _decode_part(dataset: Any, options: BenchOptions, images_per_s: float) -> di
     encoded = sample_encoded(dataset, image_key=image.key, seed=options.seed)
     if not encoded:
         return {"decode_limit": None, "ratio_to_decode_limit": None}
-    limit = decode_limit(encoded, num_threads=options.num_threads, seconds=options.decode)
+    limit = decode_limit(encoded, num_threads=options.num_threads, seconds=options.decode,
+                         max_pixels=options.max_pixels)
     ratio = images_per_s / limit.images_per_s if limit.images_per_s > 0 else math.nan
     return {"decode_limit": limit.to_json(), "ratio_to_decode_limit": ratio}

@@ -179,10 +179,11 @@ def test_memory_bound(clean_ds: Any) -> None:
     row = 32 * 48 * 3 + 8 * 4 + 3 * 4 + 2 * 4 + 8 * 2  # image, ints, labels, noise, timestamp
     assert budget.batch_bytes >= 10 * 32 * 48 * 3
     assert budget.ring_batches == 3
-    assert budget.work_bytes_per_thread >= HEIGHT * WIDTH * 3
+    assert budget.decode_bytes_per_thread >= HEIGHT * WIDTH * 3  # its own decode: estimated
     assert budget.index_bytes >= 8 * 103
     assert loader.memory_bound_bytes == budget.total_bytes > 3 * budget.batch_bytes
-    assert budget.batch_bytes <= 10 * (row + 64)
+    names = 33 + len("img0000.jpg") + 33 + len("jpeg")  # the two bytes list columns
+    assert budget.batch_bytes <= 10 * (row + 64 + names)
     loader.close()
 
 

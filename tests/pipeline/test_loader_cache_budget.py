@@ -59,7 +59,8 @@ def test_sources_without_a_cache_add_nothing(pictures: Path) -> None:
         assert budget.cache_bytes == 0
         assert budget.total_bytes == (budget.batch_bytes * budget.ring_batches
                                       + budget.work_bytes_per_thread * budget.threads
-                                      + budget.index_bytes)
+                                      + budget.decode_bytes_per_thread * budget.threads
+                                      + budget.index_bytes + budget.fixed_bytes)
     with Dataset(str(pictures)) as ds:
         uncached = Patches(ds, size=16, cache_images=4, refresh_every=3, cache=False)
         with Loader(uncached, batch_size=8, seed=1, transform=None, num_threads=1) as loader:

@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measured time after the warm-up (default: 30)")
     parser.add_argument("--seed", type=common.non_negative_int, default=0, metavar="S",
                         help="shuffle and augmentation seed (default: 0)")
+    common.add_max_pixels(parser, what="larger images stop the run; the stated memory bound "
+                          "counts this much decoding a thread: lower it to your largest image "
+                          "for a tight bound")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE",
                         help="write throughput over time as a PNG")
@@ -92,7 +95,7 @@ def _options(args: argparse.Namespace) -> Any:
         preset=args.preset, size=args.size, batch_size=args.batch, num_threads=args.threads,
         windows=args.windows, stride=args.stride or 1, patches=args.patches,
         cache_images=args.cache_images, refresh_every=args.refresh_every or 100,
-        seconds=args.seconds, seed=args.seed,
+        seconds=args.seconds, seed=args.seed, max_pixels=args.max_pixels,
     )
 
 
@@ -136,6 +139,12 @@ def format_result(result: dict[str, Any]) -> str:
         f"  memory        peak RSS {_mb(result['peak_rss_bytes'])}, growth "
         f"{_mb(result['rss_growth_bytes'])} vs stated bound "
         f"{_mb(result['memory_bound_bytes'])}{verdict}"
+    )
+    budget = result["memory_budget"]
+    lines.append(
+        f"                of the bound: decoding {_mb(budget['decode_bytes_per_thread'])} a "
+        f"thread (images up to --max-pixels {result['max_pixels']}), fixed "
+        f"{_mb(budget['fixed_bytes'])}"
     )
     limit = result["decode_limit"]
     if limit is None:

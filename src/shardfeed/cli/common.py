@@ -99,3 +99,14 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     from shardfeed.tools.wording import count as worded
 
     return worded(n, noun, plural)
+
+
+def add_max_pixels(parser: Any, *, what: str) -> None:
+    """``--max-pixels N``: the most pixels one image may have (read from its header)."""
+    from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
+
+    parser.add_argument(
+        "--max-pixels", type=positive_int, default=DEFAULT_MAX_PIXELS, metavar="N",
+        help=f"the most pixels one image may have, read from its header before decoding; "
+             f"{what} (default: {DEFAULT_MAX_PIXELS}, 16384x8192)",
+    )

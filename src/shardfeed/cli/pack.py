@@ -95,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pack the good files and list the bad ones in OUTPUT/skipped.csv (default: "
              "list every bad file and write nothing)",
     )
+    common.add_max_pixels(check, what="an image claiming more is a bad input, as a loader "
+                          "with that limit would refuse it")
     common.add_workers(parser, what="check, read and encode images")
     parser.add_argument("--processes", action="store_true",
                         help="use worker processes instead of threads")
@@ -178,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             classes_from=args.classes_from,
             check="decode" if args.check_decode else "header",
             skip_bad=args.skip_bad,
+            max_pixels=args.max_pixels,
         )
     except BadInputsError as exc:
         return _report_bad(exc, as_json=args.json)

@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--root", default=None,
         help="folder of referenced images (default: the root stored in the manifest)",
     )
+    common.add_max_pixels(parser, what="with --decode a larger image is a bad record, as a "
+                          "Loader would refuse it")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     common.add_workers(parser, what="check shards")
     common.add_dataset_options(parser)
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     source = args.source[0] if len(args.source) == 1 else args.source
     report = verify(
         source, decode=args.decode, root=args.root, workers=args.workers,
-        progress=common.show_progress(args), **common.dataset_options(args),
+        progress=common.show_progress(args), max_pixels=args.max_pixels,
+        **common.dataset_options(args),
     )
     if args.json:
         common.print_json(report.to_json())

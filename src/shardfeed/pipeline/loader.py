@@ -37,7 +37,14 @@ from shardfeed.errors import ShardfeedError
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
 from shardfeed.pipeline.epoch import EpochRun
 from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
-from shardfeed.pipeline.memory import MemoryBudget, order_index_bytes, work_bytes
+from shardfeed.pipeline.memory import (
+    MemoryBudget,
+    decode_bytes_per_thread,
+    fixed_bytes,
+    list_bytes,
+    order_index_bytes,
+    work_bytes,
+)
 from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
 from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
@@ -295,19 +302,26 @@ class Loader:
         if self._layout is None:
             self._ensure_layout(self._context(), 0)
         assert self._layout is not None and self._probe is not None
-        _, records = self._probe
+        sample, records = self._probe
         row_bytes = self._layout.batch_bytes() // self.options.batch_size
+        lists = [f.name for f in self._layout.fields if not f.is_array]
         work = work_bytes(records, slice_size=self.options.slice_size(), row_bytes=row_bytes)
         index = self.source.index_bytes
         if self.options.order_method == "exact":
             index += order_index_bytes(self.num_units)
+        decode = decode_bytes_per_thread(self._transform, self.source, records)
+        threads = self.options.num_threads
+        processes = threads if self.options.workers == "processes" else 0
         return MemoryBudget(
-            batch_bytes=self._layout.batch_bytes(),
+            batch_bytes=self._layout.batch_bytes()
+            + self.options.batch_size * list_bytes(sample, lists),
             ring_batches=ring_batches(self.options),
             work_bytes_per_thread=work,
-            threads=self.options.num_threads,
+            threads=threads,
             index_bytes=index,
             cache_bytes=self._cache_bound(),
+            decode_bytes_per_thread=decode,
+            fixed_bytes=fixed_bytes(threads=threads, processes=processes, decode_bytes=decode),
         )
 
     def _cache_bound(self) -> int:

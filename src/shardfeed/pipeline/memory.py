@@ -1,5 +1,18 @@
 """The Loader's memory bound: what it holds at most, by part, and how each part is estimated.
 
+=================================  ========================================================
+part                               what it counts
+=================================  ========================================================
+``batch_bytes × ring_batches``     the batch buffers (prefetched and being built): array
+                                   columns, and list columns estimated from the first sample
+``work_bytes_per_thread``          a slice of parsed records and a batch row a thread
+``decode_bytes_per_thread``        one decode at its peak a thread: ``max_pixels`` × the
+                                   decode's peak bytes a pixel (decode ops, Patches)
+``index_bytes``                    the dataset's offsets and the epoch's order
+``cache_bytes``                    the source's cache (the decoded images of Patches)
+``fixed_bytes``                    what any loader holds beyond these (:func:`fixed_bytes`)
+=================================  ========================================================
+
 Determinism: pure arithmetic on sizes. State: none. Memory: none held.
 """
 
@@ -13,6 +26,28 @@ from typing import Any
 import numpy as np
 
 from shardfeed.pipeline.source import Sample
+from shardfeed.transforms.decode import SCRATCH_KEEP_BYTES
+
+# The per-record, per-thread and per-loader terms below were measured as the peak RSS growth
+# of loaders over four epochs beyond all their other terms, on datasets of small images
+# (where nothing else hides them), at 1 to 32 threads and batches of 16 to 512.
+
+#: Per record of a slice, beyond its encoded bytes: its parsed features (a dict, small arrays,
+#: Python objects), the parser's scratch, and the heap the thread keeps after freeing them
+#: (glibc keeps a thread's freed memory in its own arena). Measured: up to 24 kB a record with
+#: slices of 2 to 32 records, less a record in larger slices (7 kB at 256).
+RECORD_OVERHEAD_BYTES = 24 << 10
+#: A worker thread's own cost: its stack pages, its malloc arena's first heap, the decoders'
+#: per-thread state (measured with slices of 2 records: 50 kB).
+THREAD_FIXED_BYTES = 128 << 10
+#: The loader's own cost: the epoch run, futures and batch dicts of the batches in flight,
+#: Python's object arenas (measured: 0.4 MB with one thread and small batches).
+LOADER_FIXED_BYTES = 1 << 20
+#: One worker process of ``workers="processes"``: a Python interpreter with NumPy, OpenCV and
+#: shardfeed imported (measured resident size: 63 MB, shared library pages included).
+PROCESS_FIXED_BYTES = 64 << 20
+#: The resource tracker process that ``workers="processes"`` starts once (measured: 12.4 MB).
+TRACKER_FIXED_BYTES = 12 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +55,14 @@ class MemoryBudget:
     """The memory a Loader will hold at most, in bytes, by part.
 
     ``work_bytes_per_thread`` is estimated from the first sample of the epoch (its record's
-    encoded bytes times the slice length, plus its decoded image): datasets whose images are
-    much larger than the first one raise that term in proportion. ``cache_bytes`` is the
-    source's own bound on what it caches (the decoded images of :class:`Patches`; 0 for
-    sources that cache nothing).
+    encoded bytes times the slice length, plus a batch row): datasets whose records are much
+    larger than the first one raise that term in proportion. ``decode_bytes_per_thread`` is
+    the decode's bound: the transform's (or source's) declared ``decode_bytes``, from its
+    ``max_pixels`` (a larger image is refused before decoding); for a transform that
+    declares none, the first sample's decoded image. ``cache_bytes`` is the source's own
+    bound on what it caches (the decoded images of :class:`Patches`; 0 for sources that cache
+    nothing). ``fixed_bytes`` is what the loader holds whatever the data
+    (:func:`fixed_bytes`).
     """
 
     batch_bytes: int
@@ -32,22 +71,72 @@ class MemoryBudget:
     threads: int
     index_bytes: int
     cache_bytes: int = 0
+    decode_bytes_per_thread: int = 0
+    fixed_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return (self.batch_bytes * self.ring_batches
-                + self.work_bytes_per_thread * self.threads + self.index_bytes
-                + self.cache_bytes)
+                + (self.work_bytes_per_thread + self.decode_bytes_per_thread) * self.threads
+                + self.index_bytes + self.cache_bytes + self.fixed_bytes)
+
+
+def declared_decode_bytes(transform: Any, source: Any) -> int | None:
+    """The most memory one decode holds, as the transform and the source declare it
+    (``decode_bytes``; the larger of the two); None when neither declares one."""
+    declared = [value for value in (getattr(transform, "decode_bytes", None),
+                                    getattr(source, "decode_bytes", None))
+                if isinstance(value, int)]
+    return max(declared) if declared else None
+
+
+def decode_bytes_per_thread(transform: Any, source: Any, records: list[Sample]) -> int:
+    """One thread's decode term: the declared bound, else the first sample's decoded image."""
+    declared = declared_decode_bytes(transform, source)
+    return decoded_bytes(records) if declared is None else declared
+
+
+def fixed_bytes(*, threads: int, processes: int, decode_bytes: int) -> int:
+    """What a loader holds whatever its data: :data:`LOADER_FIXED_BYTES`,
+    :data:`THREAD_FIXED_BYTES` a thread, :data:`PROCESS_FIXED_BYTES` a worker process (and
+    :data:`TRACKER_FIXED_BYTES` once with any), and the JPEG scratch buffer each decoding
+    thread keeps (at most :data:`~shardfeed.transforms.decode.SCRATCH_KEEP_BYTES`, less when
+    ``decode_bytes`` bounds the decodes lower), counted also for the calling thread, which
+    builds the first sample to learn the batch layout."""
+    scratch = min(SCRATCH_KEEP_BYTES, decode_bytes)
+    workers = processes * PROCESS_FIXED_BYTES + (TRACKER_FIXED_BYTES if processes else 0)
+    return (LOADER_FIXED_BYTES + threads * THREAD_FIXED_BYTES + workers
+            + (threads + 1) * scratch)
 
 
 def work_bytes(records: list[Sample], *, slice_size: int, row_bytes: int) -> int:
-    """One thread's working memory: a slice of encoded records, a decoded image, a batch row.
+    """One thread's working memory beside its decode: a slice of parsed records, a batch row.
 
     ``records`` are the records of the epoch's first sample (empty when they could not be
-    read); their encoded bytes count ``slice_size`` times.
+    read); their encoded bytes and :data:`RECORD_OVERHEAD_BYTES` each count ``slice_size``
+    times.
     """
     encoded = sum(payload_bytes(r) for r in records)
-    return slice_size * encoded + decoded_bytes(records) + row_bytes
+    return slice_size * (encoded + RECORD_OVERHEAD_BYTES * max(1, len(records))) + row_bytes
+
+
+def list_bytes(sample: Mapping[str, Any], names: list[str]) -> int:
+    """The bytes a batch row's list columns (``names``: bytes, strings, ragged values) hold,
+    estimated from ``sample``: what a batch keeps beside its arrays."""
+    return sum(object_bytes(sample.get(name)) for name in names)
+
+
+def object_bytes(value: Any) -> int:
+    """The memory of one sample value kept in a batch list (CPython object sizes)."""
+    if isinstance(value, bytes):
+        return 33 + len(value)
+    if isinstance(value, str):
+        return 49 + len(value.encode("utf-8"))
+    if isinstance(value, np.ndarray):
+        return 112 + value.nbytes
+    if isinstance(value, (list, tuple)):
+        return 56 + 8 * len(value) + sum(object_bytes(v) for v in value)
+    return 32
 
 
 def order_index_bytes(num_units: int) -> int:

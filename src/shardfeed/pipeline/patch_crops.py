@@ -12,8 +12,12 @@ JPEG is decoded at reduced DCT scale ``1/d`` (``d`` the largest of 2, 4, 8 not a
 other encodings are shrunk by ``d`` after decoding). Masks get the same box (nearest
 neighbour).
 
+An image (or mask) whose header claims more than ``max_pixels`` pixels is refused before
+decoding, whatever the scale it would be decoded at, with a DecodeError naming it.
+
 Determinism: a patch is a function of the decoded image and the generator's draws.
-State: none. Memory: one decoded image per :class:`DecodedImage`; a patch is a new array.
+State: none. Memory: one decoded image per :class:`DecodedImage`; a patch is a new array;
+a decode holds at most :attr:`PatchOptions.decode_bytes` while it runs.
 """
 
 from __future__ import annotations
@@ -30,7 +34,18 @@ from shardfeed.errors import DecodeError
 from shardfeed.pipeline.source import Sample
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size
-from shardfeed.transforms.decode import decode_error, jpeg_header, sniff_format
+from shardfeed.transforms.decode import (
+    check_pixels,
+    decode_error,
+    jpeg_header,
+    out_of_memory,
+    sniff_format,
+)
+from shardfeed.transforms.image_size import (
+    DEFAULT_MAX_PIXELS,
+    check_max_pixels,
+    decode_peak_bytes,
+)
 from shardfeed.transforms.source import ImageField
 
 __all__ = ["PICKS", "DecodedImage", "PatchOptions", "cut_patch", "decode_for_patches"]
@@ -52,9 +67,11 @@ class PatchOptions:
     cache: bool = True
     cache_bytes: int | None = None
     mask: bool | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", parse_size(self.size))
+        check_max_pixels(self.max_pixels)
         for name in ("cache_images", "refresh_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -95,6 +112,12 @@ class PatchOptions:
             d *= 2
         return d
 
+    @property
+    def decode_bytes(self) -> int:
+        """The most memory one image's decode holds while it runs (``max_pixels`` pixels,
+        and its mask), in bytes."""
+        return decode_peak_bytes(self.max_pixels)
+
     def slack_images(self) -> int:
         """Images beyond ``cache_images`` the default byte bound allows (threads run ahead)."""
         return max(2, self.cache_images // 8)
@@ -128,7 +151,9 @@ def decode_for_patches(
     leaves the mask in the record's other features. The mask decodes to class ids as
     ``mask_field.mask_labels`` says (grey values, palette indices; a colour or 16-bit mask
     is a DecodeError by default: see :mod:`shardfeed.transforms.masks`). Raises DecodeError when the mask's size
-    differs from the image's, SchemaError when ``options.mask`` is True and there is no mask.
+    differs from the image's or an image (or mask) claims more than ``options.max_pixels``
+    pixels (the fields' own ``max_pixels`` applies to what they decode), SchemaError when
+    ``options.mask`` is True and there is no mask.
     """
     key, encoding = image_field.require(record)
     where = image_field.where(record, key)
@@ -139,6 +164,8 @@ def decode_for_patches(
         data = image_field.encoded_bytes(record, key, encoding)
         if sniff_format(data) == "jpeg":
             height, width, space = jpeg_header(data, where=where)
+            check_pixels(height, width, max_pixels=options.max_pixels, where=where,
+                         nbytes=len(data))
             if space not in _CMYK:
                 image = _decode_jpeg(data, d, where)
                 full_hw = (height, width)
@@ -152,8 +179,12 @@ def decode_for_patches(
         image = image[:, :, None]
     if d > 1 and image.shape[:2] == full_hw:
         shape = (math.ceil(full_hw[1] / d), math.ceil(full_hw[0] / d))
-        image = cv2.resize(image, shape, interpolation=cv2.INTER_AREA).reshape(
-            shape[1], shape[0], image.shape[2])
+        try:
+            image = cv2.resize(image, shape, interpolation=cv2.INTER_AREA).reshape(
+                shape[1], shape[0], image.shape[2])
+        except (cv2.error, MemoryError) as exc:
+            raise DecodeError(f"{where}: cannot shrink the decoded {full_hw[0]}×{full_hw[1]} "
+                              f"image by {d}: {exc}") from None
     drop = [key] if encoding != "path" else []
     mask = None
     if mask_field is not None:
@@ -232,6 +263,8 @@ def _decode_jpeg(data: bytes | memoryview, d: int, where: str) -> np.ndarray:
             )
     except ValueError as exc:
         raise decode_error(data, where, f"damaged JPEG: {exc}") from None
+    except MemoryError:
+        raise out_of_memory(data, where, "the JPEG") from None
     return image
 
 

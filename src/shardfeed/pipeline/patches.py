@@ -65,6 +65,7 @@ from shardfeed.pipeline.source import (
 from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 from shardfeed.transforms.source import ImageField
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
@@ -96,7 +97,9 @@ class Patches(DatasetSource):
     module docstring); ``reduced_decode`` (decode at 1/2, 1/4, 1/8 when every crop is
     shrunk that much); ``cache`` (False decodes for every patch: same outputs, slower);
     ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8)`` images of the first
-    image's size); ``mask`` (None: cut the mask too when the dataset has one). The Loader's
+    image's size); ``mask`` (None: cut the mask too when the dataset has one); ``max_pixels``
+    (the most pixels an image may have, read from its header before decoding; default 2^27:
+    see :class:`~shardfeed.transforms.decode_ops.DecoderBase`). The Loader's
     ``transform`` applies to each patch after the crop (flip, colour, normalise); it sees
     ``"image"`` (and ``"mask"``) already decoded.
 
@@ -125,23 +128,26 @@ class Patches(DatasetSource):
         cache: bool = True,
         cache_bytes: int | None = None,
         mask: bool | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
         self._attach(dataset, needs="Patches needs a shardfeed.Dataset")
         self.options = PatchOptions(
             size=size, scale=None if scale is None else tuple(scale),  # type: ignore[arg-type]
             cache_images=cache_images, refresh_every=refresh_every, pick=pick,
             reduced_decode=reduced_decode, cache=cache, cache_bytes=cache_bytes, mask=mask,
+            max_pixels=max_pixels,
         )
         _check_cache_fits(self._len, self.options.cache_images, self.options.refresh_every)
         schema = getattr(dataset, "schema", None)
         root = getattr(dataset, "root", None)
         self.schedule = PatchSchedule(self._len, cache_images=self.options.cache_images,
                                       refresh_every=self.options.refresh_every)
-        self._image_field = ImageField().bound(getattr(schema, "image", None), root=root)
+        fields = ImageField(max_pixels=max_pixels)
+        self._image_field = fields.bound(getattr(schema, "image", None), root=root)
         self._mask_field: ImageField | None = None
         if self.options.mask is not False:
-            self._mask_field = ImageField(is_mask=True).bound(getattr(schema, "mask", None),
-                                                              root=root)
+            self._mask_field = ImageField(is_mask=True, max_pixels=max_pixels).bound(
+                getattr(schema, "mask", None), root=root)
         n = self.schedule.max_resident
         self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
@@ -224,6 +230,11 @@ class Patches(DatasetSource):
             self.cache.clear()
 
     # -- cache and decode ----------------------------------------------------------------------
+
+    @property
+    def decode_bytes(self) -> int:
+        """The most memory one image's decode holds while it runs (``max_pixels``)."""
+        return self.options.decode_bytes
 
     @property
     def cache_bytes(self) -> int | None:

@@ -1,10 +1,13 @@
 """Build the samples of one batch slice: plan, one coalesced read, make each sample, write rows.
 
 Errors. Data errors are :class:`CorruptRecordError` (a damaged record) and :class:`DecodeError`
-(an image that does not decode). With ``on_error="raise"`` they stop the loader and name the
-shard, record and byte offset (taken from ``source.locate``). Any other exception raised by a
-transform (a bug in user code) always propagates unchanged — same object, original traceback —
-with a note naming the epoch position, the record and the stage.
+(an image that does not decode, is larger than ``max_pixels``, runs out of memory; a raw
+image whose stored shape is not ints; a referenced path that is not UTF-8 text): every
+failure that what one record holds can cause in shardfeed's read and decode path is one of
+the two. With ``on_error="raise"`` they stop the loader and name the shard, record and byte
+offset (taken from ``source.locate``). Any other exception raised by a transform (a bug in
+user code) always propagates unchanged — same object, original traceback — with a note
+naming the epoch position, the record and the stage.
 
 Skipping. With ``on_error="skip"`` a bad sample at position ``p`` is replaced by the sample of
 another position ``q`` of the same epoch, drawn from the generator keyed ``(seed, epoch, p,
@@ -30,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import CorruptRecordError, DecodeError, location
+from shardfeed.errors import CorruptRecordError, DecodeError, ShardfeedError, location
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.source import EpochContext, Sample, SampleKey, Source, Transform
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
@@ -41,8 +44,9 @@ PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
 MAX_REPLACEMENT_TRIES = 16
 
 
-class TooManyBadSamples(Exception):
-    """Internal: every replacement draw for one position was bad as well."""
+class TooManyBadSamples(ShardfeedError):
+    """Every replacement draw for one position was bad as well (the Loader raises it as its
+    ``TooManyErrorsError`` while iterating); chained from the last bad record's error."""
 
 
 class SliceBuilder:
@@ -147,16 +151,18 @@ class SliceBuilder:
         """The deterministic stand-in for the bad sample at ``position``; bad draws met."""
         rng = ctx.rng(position, PURPOSE_REPLACE)
         bad = 0
+        last: BaseException | None = None
         for _ in range(MAX_REPLACEMENT_TRIES):
             other = int(rng.integers(ctx.total))
             try:
                 return self._build_one(ctx, other), bad
-            except DATA_ERRORS:
+            except DATA_ERRORS as exc:
                 bad += 1
+                last = exc
         raise TooManyBadSamples(
             f"{MAX_REPLACEMENT_TRIES} replacement draws for epoch position {position} were all "
-            "bad records"
-        )
+            f"bad records (the last: {last})"
+        ) from last
 
     # -- one slice -------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from shardfeed.tools.bench_probe import (
     peak_rss_bytes,
     sample_encoded,
 )
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 
 __all__ = ["BenchOptions", "bench"]
 
@@ -67,7 +68,8 @@ class BenchOptions:
     other; ``stride`` belongs to windows, ``cache_images`` / ``refresh_every`` to patches
     (``cache_images=None``: 64, or every image of a smaller dataset).
     ``warmup_seconds`` defaults to ``min(5, seconds / 5)``, ``decode_seconds`` to
-    ``max(1, seconds / 4)``."""
+    ``max(1, seconds / 4)``. ``max_pixels`` goes to the decode (the preset, or Patches): the
+    largest image allowed, and what the stated memory bound counts a thread for decoding."""
 
     preset: str = "train"
     size: int = 224
@@ -82,6 +84,7 @@ class BenchOptions:
     warmup_seconds: float | None = None
     decode_seconds: float | None = None
     seed: int = 0
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -91,6 +94,7 @@ class BenchOptions:
         if self.cache_images is not None:
             _check_int("cache_images", self.cache_images, minimum=1)
         _check_int("seed", self.seed, minimum=0)
+        _check_int("max_pixels", self.max_pixels, minimum=1)
         if self.windows is not None:
             _check_int("windows", self.windows, minimum=1)
         if self.patches is not None:
@@ -120,8 +124,8 @@ def _transform(options: BenchOptions) -> Any:
     from shardfeed.transforms import presets
 
     if options.preset == "train":
-        return presets.train(size=options.size)
-    return presets.eval(size=options.size)
+        return presets.train(size=options.size, max_pixels=options.max_pixels)
+    return presets.eval(size=options.size, max_pixels=options.max_pixels)
 
 
 def _source(dataset: Any, options: BenchOptions) -> tuple[Any, Any]:
@@ -135,7 +139,7 @@ def _source(dataset: Any, options: BenchOptions) -> tuple[Any, Any]:
 
         cache = options.cache_images or min(DEFAULT_CACHE_IMAGES, len(dataset))
         source = Patches(dataset, size=options.patches, cache_images=cache,
-                         refresh_every=options.refresh_every)
+                         refresh_every=options.refresh_every, max_pixels=options.max_pixels)
         return source, None
     return dataset, _transform(options)
 
@@ -346,8 +350,11 @@ def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, An
         "memory_budget": {
             "batch_bytes": budget.batch_bytes, "ring_batches": budget.ring_batches,
             "work_bytes_per_thread": budget.work_bytes_per_thread, "threads": budget.threads,
-            "index_bytes": budget.index_bytes,
+            "decode_bytes_per_thread": budget.decode_bytes_per_thread,
+            "index_bytes": budget.index_bytes, "cache_bytes": budget.cache_bytes,
+            "fixed_bytes": budget.fixed_bytes,
         },
+        "max_pixels": options.max_pixels,
         "start_rss_bytes": rss.start_bytes,
         "peak_rss_bytes": rss.peak_bytes if rss.peak_bytes is not None else peak_rss_bytes(),
         "timeline": _timeline(stamps),
@@ -368,6 +375,7 @@ def _decode_part(dataset: Any, options: BenchOptions, images_per_s: float) -> di
     encoded = sample_encoded(dataset, image_key=image.key, seed=options.seed)
     if not encoded:
         return {"decode_limit": None, "ratio_to_decode_limit": None}
-    limit = decode_limit(encoded, num_threads=options.num_threads, seconds=options.decode)
+    limit = decode_limit(encoded, num_threads=options.num_threads, seconds=options.decode,
+                         max_pixels=options.max_pixels)
     ratio = images_per_s / limit.images_per_s if limit.images_per_s > 0 else math.nan
     return {"decode_limit": limit.to_json(), "ratio_to_decode_limit": ratio}

@@ -135,12 +135,19 @@ def sample_encoded(
 
 
 def decode_limit(
-    encoded: Sequence[bytes], *, num_threads: int, seconds: float, min_images: int = 8
+    encoded: Sequence[bytes], *, num_threads: int, seconds: float, min_images: int = 8,
+    max_pixels: int | None = None,
 ) -> DecodeLimit:
     """Decode ``encoded`` round and round on ``num_threads`` threads for about ``seconds``
     (and at least ``min_images`` decodes); the decode is
-    :func:`shardfeed.transforms.decode.decode_image` (full size, RGB)."""
-    from shardfeed.transforms.decode import decode_image
+    :func:`shardfeed.transforms.decode.decode_image` (full size, RGB; images up to
+    ``max_pixels``, default the decode's)."""
+    from functools import partial
+
+    from shardfeed.transforms.decode import DEFAULT_MAX_PIXELS
+    from shardfeed.transforms.decode import decode_image as decode
+
+    decode_image = partial(decode, max_pixels=max_pixels or DEFAULT_MAX_PIXELS)
 
     if not encoded:
         raise ValueError("decode_limit needs at least one encoded image")

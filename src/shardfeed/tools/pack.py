@@ -51,6 +51,7 @@ from shardfeed.tools.packoutput import PackResult
 from shardfeed.tools.packplan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.packrecord import MODES, Mode, build_payload, estimate_size, fingerprint
 from shardfeed.tools.packworkers import ordered_map
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "PackResult", "ordered_map", "pack"]
 
@@ -62,7 +63,8 @@ DEFAULT_SHARD_SIZE = "64MB"
 @dataclass(frozen=True, slots=True)
 class PackOptions:
     """How to pack. ``shard_bytes`` or ``records_per_shard`` (exactly one) sizes shards;
-    ``workers`` threads (or processes, ``executor="process"``) read and encode records."""
+    ``workers`` threads (or processes, ``executor="process"``) read and encode records;
+    ``max_pixels``: the most pixels an input image may claim."""
 
     mode: Mode = "embedded"
     shard_bytes: int | None = None
@@ -70,6 +72,7 @@ class PackOptions:
     workers: int = 1
     executor: str = "thread"
     prefix: str = "shard"
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -86,6 +89,7 @@ class PackOptions:
             raise ValueError(f"executor must be 'thread' or 'process', got {self.executor!r}")
         if not self.prefix or "/" in self.prefix or os.sep in self.prefix:
             raise ValueError(f"prefix must be a plain file name part, got {self.prefix!r}")
+        check_max_pixels(self.max_pixels)
 
 
 def _read_input(
@@ -192,6 +196,7 @@ def pack(
     classes_from: str | os.PathLike[str] | None = None,
     check: CheckLevel = "header",
     skip_bad: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> PackResult:
     """Pack images into indexed shards in ``output``; see the module docstring.
 
@@ -212,7 +217,9 @@ def pack(
     ``check``: ``"header"`` (default: headers and end markers of every file) or ``"decode"``
     (also decode every image); bad files raise :class:`BadInputsError` listing all of them
     before anything is written, unless ``skip_bad`` (pack the rest; ``skipped.csv`` in the
-    output lists what was skipped, and so does ``PackResult.skipped``).
+    output lists what was skipped, and so does ``PackResult.skipped``). ``max_pixels``: an
+    image (or mask) whose header claims more pixels is a bad input, as a loader with that
+    limit would refuse it (default 2^27; raise it for larger images, and the loader's too).
 
     ``output`` may be an object-storage URL (``s3://bucket/ds``): shards are built in a local
     temporary folder and uploaded as each completes, the manifest last (see
@@ -236,7 +243,8 @@ def pack(
                         records_per_shard=records_per_shard, workers=workers,
                         executor=executor, prefix=prefix, from_tfrecord=from_tfrecord,
                         progress=progress, on_shard=both, classes=classes,
-                        classes_from=classes_from, check=check, skip_bad=skip_bad)
+                        classes_from=classes_from, check=check, skip_bad=skip_bad,
+                        max_pixels=max_pixels)
 
         return pack_to_url(run, os.fspath(output), resume=resume, overwrite=overwrite)
     if records_per_shard is None and shard_size is None:
@@ -248,6 +256,7 @@ def pack(
         workers=workers,
         executor=executor,
         prefix=prefix,
+        max_pixels=max_pixels,
     )
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other; choose one")
@@ -301,7 +310,7 @@ def _checked_items(
         per_item = check_inputs(
             data.items, level=check, csv_lines=csv_lines,
             run=partial(ordered_map, workers=options.workers, executor=options.executor),
-            advance=bar.update,
+            advance=bar.update, max_pixels=options.max_pixels,
         )
     bad = [p for problems in per_item for p in problems]
     if bad and not skip_bad:
@@ -350,6 +359,7 @@ def _write(
 
     build = partial(
         build_payload, mode=options.mode, group_key=data.group_key, order_key=data.order_key,
+        max_pixels=options.max_pixels,
     )
     infos: dict[int, Any] = dict(kept)
     todo = [s for s in plan.shards if s.index not in kept]

@@ -33,6 +33,13 @@ from typing import Literal
 from shardfeed.errors import DecodeError, PackError
 from shardfeed.tools.packitems import PackItem
 from shardfeed.tools.packrecord import image_format
+from shardfeed.transforms.image_size import (
+    DEFAULT_MAX_PIXELS,
+    ClaimedSize,
+    Unsized,
+    claimed_size,
+    too_large,
+)
 
 CheckLevel = Literal["header", "decode"]
 
@@ -173,6 +180,32 @@ def _png_size(probe: _Probe) -> tuple[int, int]:
     return int(height), int(width)
 
 
+def _claimed(probe: _Probe) -> ClaimedSize:
+    """The size the file's header claims (reading the whole file when the header lies
+    beyond the head, as a TIFF's directory may)."""
+    try:
+        return claimed_size(probe.head)
+    except Unsized as exc:
+        if len(probe.head) == probe.size:
+            raise _Problem(f"does not decode ({exc})") from None
+    try:
+        return claimed_size(probe.whole())
+    except Unsized as exc:
+        raise _Problem(f"does not decode ({exc})") from None
+
+
+def _check_pixels(claim: ClaimedSize, max_pixels: int) -> None:
+    reason = too_large(claim, max_pixels)
+    if reason is not None:
+        size = f"{claim.height}x{claim.width} (height x width) = {claim.pixels:,} pixels"
+        raise _Problem(
+            f"is a {claim.format.upper()} that claims {size}, more than max_pixels="
+            f"{max_pixels:,}: no loader decodes it with that limit; if such images are "
+            "intended, pass --max-pixels (max_pixels=) to pack, and the same limit to the "
+            "loader's decode"
+        )
+
+
 def _not_an_image(head: bytes) -> str:
     sample = head[:16]
     if sample and all(32 <= b < 127 or b in (9, 10, 13) for b in sample):
@@ -181,7 +214,9 @@ def _not_an_image(head: bytes) -> str:
     return f"is not an image (it starts with bytes {sample[:8].hex(' ')})"
 
 
-def inspect_file(path: str, *, decode: bool) -> tuple[int, int]:
+def inspect_file(
+    path: str, *, decode: bool, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[int, int]:
     """``(height, width)`` of the image at ``path`` after the checks of the module table;
     raises :class:`_Problem` saying what is wrong."""
     from shardfeed.transforms.decode import decode_image
@@ -202,33 +237,39 @@ def inspect_file(path: str, *, decode: bool) -> tuple[int, int]:
             raise _Problem(_not_an_image(probe.head))
         if kind == "jpeg":
             size = _jpeg_size(probe)
+            _check_pixels(ClaimedSize("jpeg", *size, size[0] * size[1]), max_pixels)
             if not probe.tail.rstrip(b"\x00").endswith(b"\xff\xd9") and (
                 jpeg_end(probe.whole()) is None
             ):
                 raise _Problem("is a truncated JPEG: it has no end-of-image marker (FF D9)")
         elif kind == "png":
             size = _png_size(probe)
+            _check_pixels(ClaimedSize("png", *size, size[0] * size[1]), max_pixels)
             if not probe.tail.endswith(_PNG_IEND) and not png_complete(probe.whole()):
                 raise _Problem("is a truncated PNG: its chunks stop before the IEND chunk")
+        else:
+            _check_pixels(_claimed(probe), max_pixels)
         if kind not in ("jpeg", "png") or decode:
-            image = decode_image(probe.whole(), mode="unchanged")
+            image = decode_image(probe.whole(), mode="unchanged", max_pixels=max_pixels)
             size = (int(image.shape[0]), int(image.shape[1]))
     except DecodeError as exc:
         raise _Problem(f"does not decode ({_reason(exc)})") from None
     return size
 
 
-def check_item(item: PackItem, *, decode: bool, line: int | None) -> list[BadInput]:
+def check_item(
+    item: PackItem, *, decode: bool, line: int | None, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> list[BadInput]:
     """The problems of one item: its image, its mask, and whether their sizes agree."""
     problems: list[BadInput] = []
     size = mask_size = None
     try:
-        size = inspect_file(item.source, decode=decode)
+        size = inspect_file(item.source, decode=decode, max_pixels=max_pixels)
     except _Problem as exc:
         problems.append(BadInput(item.source, str(exc), line))
     if item.mask_source is not None:
         try:
-            mask_size = inspect_file(item.mask_source, decode=decode)
+            mask_size = inspect_file(item.mask_source, decode=decode, max_pixels=max_pixels)
         except _Problem as exc:
             problems.append(BadInput(item.mask_source, f"(mask) {exc}", line))
     if size is not None and mask_size is not None and size != mask_size:
@@ -247,14 +288,17 @@ def check_inputs(
     run: Callable[[Callable[[PackItem], list[BadInput]], Iterable[PackItem]],
                   Iterable[list[BadInput]]],
     advance: Callable[[int], object] = lambda n: None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> list[list[BadInput]]:
     """The problems of each of ``items`` (one list per item, empty when it is fine).
 
     ``run(fn, items)`` maps in parallel, in order (``packworkers.ordered_map``);
-    ``csv_lines`` says that ``PackItem.row`` is a CSV line to name in the problems."""
+    ``csv_lines`` says that ``PackItem.row`` is a CSV line to name in the problems;
+    ``max_pixels``: the most pixels an image may claim."""
     if level not in ("header", "decode"):
         raise ValueError(f"check must be 'header' or 'decode', got {level!r}")
-    fn = partial(_check_row, decode=level == "decode", csv_lines=csv_lines)
+    fn = partial(_check_row, decode=level == "decode", csv_lines=csv_lines,
+                 max_pixels=max_pixels)
     found: list[list[BadInput]] = []
     for problems in run(fn, items):
         found.append(problems)
@@ -262,5 +306,8 @@ def check_inputs(
     return found
 
 
-def _check_row(item: PackItem, *, decode: bool, csv_lines: bool) -> list[BadInput]:
-    return check_item(item, decode=decode, line=item.row if csv_lines else None)
+def _check_row(
+    item: PackItem, *, decode: bool, csv_lines: bool, max_pixels: int
+) -> list[BadInput]:
+    return check_item(item, decode=decode, line=item.row if csv_lines else None,
+                      max_pixels=max_pixels)

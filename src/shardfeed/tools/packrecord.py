@@ -28,6 +28,7 @@ from shardfeed.errors import DecodeError, PackError
 from shardfeed.format import spec
 from shardfeed.format.example import encode_example
 from shardfeed.tools.packitems import PackItem
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 from shardfeed.transforms.masks import decode_mask
 
 Mode = Literal["embedded", "referenced", "raw"]
@@ -70,8 +71,17 @@ def _where(path: str, item: PackItem) -> str:
     return f"file '{path}' (input row {item.row})"
 
 
-def image_shape(data: bytes, *, where: str) -> tuple[int, int, int]:
-    """``(height, width, channels)`` of an encoded image, from its header when it has one."""
+def image_shape(
+    data: bytes, *, where: str, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[int, int, int]:
+    """``(height, width, channels)`` of an encoded image, from its header when it has one;
+    PackError for an image that claims more than ``max_pixels`` pixels."""
+    from shardfeed.transforms.decode import check_size
+
+    try:
+        check_size(data, max_pixels=max_pixels, where=where)
+    except DecodeError as exc:
+        raise _pack_error(exc) from None
     kind = image_format(data)
     if kind == "png" and len(data) >= 26 and data[12:16] == b"IHDR":
         width, height = struct.unpack(">II", data[16:24])
@@ -85,15 +95,16 @@ def image_shape(data: bytes, *, where: str) -> tuple[int, int, int]:
             raise _pack_error(exc) from None
         channels = 1 if space == "Gray" else 4 if space in ("CMYK", "YCCK") else 3
         return height, width, channels
-    image = _decode(data, where=where, mode="unchanged")
+    image = _decode(data, where=where, mode="unchanged", max_pixels=max_pixels)
     return int(image.shape[0]), int(image.shape[1]), 1 if image.ndim == 2 else int(image.shape[2])
 
 
-def _decode(data: bytes, *, where: str, mode: Literal["rgb", "gray", "unchanged"]) -> np.ndarray:
+def _decode(data: bytes, *, where: str, mode: Literal["rgb", "gray", "unchanged"],
+            max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     from shardfeed.transforms.decode import decode_image
 
     try:
-        return decode_image(data, mode=mode, where=where)
+        return decode_image(data, mode=mode, where=where, max_pixels=max_pixels)
     except DecodeError as exc:
         raise _pack_error(exc) from None
 
@@ -103,8 +114,9 @@ def _pack_error(exc: DecodeError) -> PackError:
     return PackError(f"{text}. Fix or remove that input file (or its CSV row)")
 
 
-def _decode_raw(data: bytes, *, where: str, mode: Literal["gray", "unchanged"]) -> np.ndarray:
-    image = _decode(data, where=where, mode=mode)
+def _decode_raw(data: bytes, *, where: str, mode: Literal["gray", "unchanged"],
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    image = _decode(data, where=where, mode=mode, max_pixels=max_pixels)
     if image.dtype != np.uint8:
         raise PackError(
             f"{where}: the image has {image.dtype} pixels; raw mode stores uint8 only: convert "
@@ -132,8 +144,10 @@ def build_payload(
     mode: Mode,
     group_key: str | None = None,
     order_key: str | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> bytes:
-    """The serialized ``tf.train.Example`` of ``item`` in ``mode`` (see the module table).
+    """The serialized ``tf.train.Example`` of ``item`` in ``mode`` (see the module table);
+    images and masks of more than ``max_pixels`` pixels raise PackError.
 
     The order key is stored as int64 nanoseconds: exact, where float32 (the only float an
     Example holds) would round a Unix time to minutes.
@@ -149,11 +163,11 @@ def build_payload(
     features[spec.IMAGE_FILENAME] = item.name
     if mode == "embedded":
         kind = image_format(data)
-        height, width, channels = image_shape(data, where=where)
+        height, width, channels = image_shape(data, where=where, max_pixels=max_pixels)
         features[spec.IMAGE_ENCODED] = data
         features[spec.IMAGE_FORMAT] = kind
     else:
-        image = _decode_raw(data, where=where, mode="unchanged")
+        image = _decode_raw(data, where=where, mode="unchanged", max_pixels=max_pixels)
         height, width = int(image.shape[0]), int(image.shape[1])
         channels = 1 if image.ndim == 2 else int(image.shape[2])
         features[spec.IMAGE_RAW] = np.ascontiguousarray(image).tobytes()
@@ -164,13 +178,14 @@ def build_payload(
         mask = _read(item.mask_source, item)
         mwhere = _where(item.mask_source, item)
         if mode == "embedded":
-            image_shape(mask, where=mwhere)  # refuse an unreadable mask now, not in training
+            # refuse an unreadable mask now, not in training
+            image_shape(mask, where=mwhere, max_pixels=max_pixels)
             features[spec.MASK_ENCODED] = mask
             features[spec.MASK_FORMAT] = image_format(mask)
         else:
             # a mask is a label map: palette PNGs keep their indices (decode_mask), never grey levels
             try:
-                pixels = decode_mask(mask, where=mwhere)
+                pixels = decode_mask(mask, where=mwhere, max_pixels=max_pixels)
             except DecodeError as exc:
                 raise _pack_error(exc) from exc
             features[spec.MASK_RAW] = np.ascontiguousarray(pixels).tobytes()

@@ -21,6 +21,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from shardfeed.dataset.opening import Resolved, referenced_root, resolve_sources
 from shardfeed.errors import ShardfeedError
@@ -28,6 +29,7 @@ from shardfeed.format.schema import ImageInfo
 from shardfeed.storage import is_remote
 from shardfeed.tools.verify_report import Problem, ShardCheck, VerifyReport
 from shardfeed.tools.verify_shard import Expected, ShardJob, check_shard
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels
 
 # The kinds of problem (BAD_DATA_CRC, TRUNCATED, ...) are in shardfeed.tools.verify_report.
 __all__ = ["Problem", "ShardCheck", "VerifyReport", "verify"]
@@ -103,6 +105,7 @@ def verify(
     workers: int = 1,
     progress: bool = False,
     allow_outside_paths: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> VerifyReport:
     """Check every record of a dataset; see the module docstring for what is checked.
 
@@ -112,16 +115,19 @@ def verify(
     folders and globs, as a command's several arguments give). A folder
     whose pack did not finish is refused with :class:`~shardfeed.errors.FormatError`, as
     ``Dataset`` refuses it. ``root``: where referenced images live (default: the manifest's
-    root). ``workers`` shards are checked at once. Never raises for bad records or shards:
-    every problem is in the report, also a referenced path that leads outside the root.
-    A manifest naming shards or an image root outside the dataset raises
-    :class:`~shardfeed.errors.UnsafePathError` unless ``allow_outside_paths`` (as
+    root). ``workers`` shards are checked at once. ``max_pixels``: the most pixels an image
+    may have, as the Loader's decode ops take it (a larger one is a bad record). Never raises
+    for bad records or shards: every problem is in the report, also a referenced path that
+    leads outside the root. A manifest naming shards or an image root outside the dataset
+    raises :class:`~shardfeed.errors.UnsafePathError` unless ``allow_outside_paths`` (as
     ``Dataset`` does; see :mod:`shardfeed.storage.paths`).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    check_max_pixels(max_pixels)
     resolved = resolve_sources(source, allow_outside_paths=allow_outside_paths)
-    jobs = _jobs(resolved, decode=decode, root=root, allow_outside_paths=allow_outside_paths)
+    jobs = [replace(job, max_pixels=max_pixels) for job in
+            _jobs(resolved, decode=decode, root=root, allow_outside_paths=allow_outside_paths)]
     total = _total_bytes([j.path for j in jobs], [j.expected for j in jobs])
     from tqdm import tqdm
 

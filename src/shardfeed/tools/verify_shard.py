@@ -4,9 +4,13 @@
 the byte sources of :mod:`shardfeed.storage`, as ``Dataset`` reads it): framing, length and
 data CRCs, truncation, compression, the index and what the manifest says of the shard; with
 ``decode``/``check_paths`` also each record's Example, images, masks and referenced files.
-Masks decode as the Loader decodes them (grey values, palette indices) and must have their
-image's size; colour and 16-bit masks, which a loader reads only with ``mask_colors`` /
-``mask_dtype="uint16"``, are counted in one warning per shard.
+Images decode exactly as the Loader's decode ops decode them, by the same functions
+(:class:`~shardfeed.transforms.source.ImageField`): the same ``max_pixels`` limit read from
+the header, the same formats (a float TIFF a loader refuses is a bad record here too), raw
+pixels checked against their stored shape and dtype, 1, 3 or 4 channels. Masks decode as the
+Loader decodes them (grey values, palette indices) and must have their image's size; colour
+and 16-bit masks, which a loader reads only with ``mask_colors`` / ``mask_dtype="uint16"``,
+are counted in one warning per shard.
 After a bad length CRC the rest of the shard can only be checked where an index says where the
 records start; otherwise the walk stops there.
 
@@ -19,7 +23,7 @@ import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +53,10 @@ from shardfeed.tools.verify_report import (
     Problem,
     ShardCheck,
 )
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
+
+if TYPE_CHECKING:
+    from shardfeed.transforms.source import ImageField
 
 __all__ = ["BLOCK_BYTES", "Expected", "ShardJob", "check_shard"]
 
@@ -76,6 +84,7 @@ class ShardJob:
     check_paths: bool
     image: ImageInfo | None
     mask: ImageInfo | None
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 class _Blocks:
@@ -265,13 +274,6 @@ _DEFAULT_SLOTS = (
 )
 
 
-def _dim(features: dict[str, Any], key: str | None) -> int | None:
-    value = features.get(key) if key else None
-    if isinstance(value, np.ndarray) and value.size == 1:
-        return int(value.reshape(-1)[0])
-    return None
-
-
 def _check_payload(
     job: ShardJob, payload: bytes, record: int, offset: int,
     problem: Callable[[str, str, int | None, int | None], None],
@@ -292,7 +294,6 @@ def _check_payload(
     for role, defaults in _DEFAULT_SLOTS:
         given = job.image if role == "image" else job.mask
         slots = (given,) if given is not None else defaults
-        kind = UNDECODABLE_IMAGE if role == "image" else UNDECODABLE_MASK
         for slot in slots:
             value = features.get(slot.key)
             if not isinstance(value, bytes):
@@ -309,20 +310,15 @@ def _check_payload(
                     problem(MISSING_REFERENCED, f"{role} '{full}' does not exist; restore it, or "
                             "pass the right --root", record, offset)
                 elif data is not None:
-                    size = _try_decode(data, where, role, record, offset, problem, notes)
+                    size = _try_decode(job, slot, data, where, role, record, offset, problem,
+                                       notes)
             elif not job.decode:
                 continue
             elif slot.encoding == "raw":
-                h, w = _dim(features, slot.height_key), _dim(features, slot.width_key)
-                c = _dim(features, slot.channels_key) if slot.channels_key else 1
-                want = h * w * c if h is not None and w is not None and c is not None else None
-                if want != len(value) or h is None or w is None:
-                    problem(kind, f"raw {role} holds {len(value)} bytes, but height × width × "
-                            f"channels = {h} × {w} × {c}", record, offset)
-                else:
-                    size = (h, w)
+                size = _try_raw(job, slot, features, where, role, record, offset, problem)
             else:
-                size = _try_decode(value, where, role, record, offset, problem, notes)
+                size = _try_decode(job, slot, value, where, role, record, offset, problem,
+                                   notes)
             if size is not None:
                 count += 1
                 sizes.setdefault(role, size)
@@ -348,27 +344,55 @@ def _referenced(root: str | None, value: bytes, where: str) -> str:
     return referenced_file(root, value, where)
 
 
+def _field(job: ShardJob, slot: ImageInfo, role: str) -> ImageField:
+    """The field a Loader's decode op reads ``slot`` with (its dtype, shape keys, limit)."""
+    from shardfeed.transforms.source import ImageField
+
+    return ImageField(is_mask=role == "mask", max_pixels=job.max_pixels).bound(slot,
+                                                                                root=job.root)
+
+
 def _try_decode(
-    data: bytes, where: str, role: str, record: int, offset: int,
-    problem: Callable[[str, str, int | None, int | None], None],
+    job: ShardJob, slot: ImageInfo, data: bytes, where: str, role: str, record: int,
+    offset: int, problem: Callable[[str, str, int | None, int | None], None],
     notes: list[tuple[str, int, int]],
 ) -> tuple[int, int] | None:
-    """Decode an image or mask (as the Loader would); its (height, width), or None after
+    """Decode an image or mask as the Loader does; its (height, width), or None after
     reporting it undecodable."""
     from shardfeed.errors import DecodeError
-    from shardfeed.transforms.decode import decode_image
+    from shardfeed.transforms.decode_ops import check_channels
     from shardfeed.transforms.masks import read_mask
 
     try:
         if role == "mask":
-            pixels = read_mask(data, where=where)
+            pixels = read_mask(data, where=where, max_pixels=job.max_pixels)
             if pixels.kind == "colour" and pixels.grey_values() is None:
                 notes.append((_COLOUR_MASK, record, offset))
             elif pixels.plane.dtype != np.uint8:
                 notes.append((_WIDE_MASK, record, offset))
             return pixels.size
-        image = decode_image(data, mode="unchanged", where=where)
+        image = _field(job, slot, role).decode_bytes(data, where, True)
+        check_channels(image)
     except DecodeError as exc:
+        problem(UNDECODABLE_IMAGE if role == "image" else UNDECODABLE_MASK, str(exc), record,
+                offset)
+        return None
+    return int(image.shape[0]), int(image.shape[1])
+
+
+def _try_raw(
+    job: ShardJob, slot: ImageInfo, features: dict[str, Any], where: str, role: str,
+    record: int, offset: int, problem: Callable[[str, str, int | None, int | None], None],
+) -> tuple[int, int] | None:
+    """Read raw pixels as the Loader does (stored shape and dtype, ``max_pixels``); their
+    (height, width), or None after reporting them."""
+    from shardfeed.transforms.decode_ops import check_channels
+
+    try:
+        image = _field(job, slot, role).decode(features)
+        if role == "image":
+            check_channels(image)
+    except ShardfeedError as exc:  # DecodeError, or SchemaError for a missing shape feature
         problem(UNDECODABLE_IMAGE if role == "image" else UNDECODABLE_MASK, str(exc), record,
                 offset)
         return None

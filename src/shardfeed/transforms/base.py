@@ -16,6 +16,9 @@ Optional extras a transform class may define:
   crop, normalisation, ...). A caller may then hand it :data:`NO_RANDOMNESS` instead of
   building a keyed generator (a few µs a sample); drawing from that raises. Transforms
   without the attribute are assumed to draw.
+- ``decode_bytes`` (an int): the most memory one call holds while it decodes an image (the
+  decode ops: ``max_pixels`` × the decode's peak bytes a pixel). ``Loader.memory_budget()``
+  counts it once a thread; a transform of yours that decodes declares it to be counted.
 """
 
 from __future__ import annotations
@@ -198,6 +201,14 @@ class Compose:
     def draws_random(self) -> bool:
         """Whether any child draws from the generator."""
         return self._draws
+
+    @property
+    def decode_bytes(self) -> int | None:
+        """The largest ``decode_bytes`` a child declares (they decode one after another);
+        None when no child declares one."""
+        declared = [d for d in (getattr(t, "decode_bytes", None) for t in self.transforms)
+                    if isinstance(d, int)]
+        return max(declared) if declared else None
 
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None

@@ -8,6 +8,8 @@ resize writes into the caller's array (``out=``, a slot of the batch) when given
 
 Other encodings (PNG, raw, CMYK JPEG) are decoded whole, then cropped the same way: the box
 is drawn from the same generator calls, so the geometry does not depend on the encoding.
+Whatever the scale, an image whose header claims more than ``max_pixels`` pixels is refused
+before decoding (a progressive JPEG holds full-size coefficients even for a 1/8 decode).
 
 ::
 
@@ -38,7 +40,13 @@ from shardfeed.transforms.boxes import (
     scale_denominator,
     scaled_box,
 )
-from shardfeed.transforms.decode import Where, decode_jpeg_scratch, jpeg_header, sniff_format
+from shardfeed.transforms.decode import (
+    Where,
+    check_pixels,
+    decode_jpeg_scratch,
+    jpeg_header,
+    sniff_format,
+)
 from shardfeed.transforms.decode_ops import DecodeOptions, DecoderBase
 
 if TYPE_CHECKING:
@@ -89,6 +97,8 @@ class CropDecoderBase(DecoderBase):
             where = field.where_lazy(sample, key)
             if sniff_format(data) == "jpeg":
                 height, width, space = jpeg_header(data, where=where)
+                check_pixels(height, width, max_pixels=field.max_pixels, where=where,
+                             nbytes=len(data))
                 if space not in _CMYK:
                     box = self._box(height, width, rng)
                     flip = self._draw_flip(rng)
@@ -132,6 +142,7 @@ class CropDecoderBase(DecoderBase):
             where=where,
             fast_dct=self.fast_dct,
             fast_upsample=self.fast_upsample,
+            max_pixels=self.image_field.max_pixels,
         )
         dh, dw = decoded.shape[:2]
         if d > 1 and not (box.h >= 2 * d * out_h and box.w >= 2 * d * out_w):

@@ -1,12 +1,20 @@
 """Decode encoded images (JPEG, PNG, and whatever else OpenCV reads) into NumPy arrays.
 
 JPEG goes through simplejpeg (libjpeg-turbo; releases the GIL, decodes at reduced DCT scale,
-writes into a caller's buffer); PNG and every other format through ``cv2.imdecode`` (also
-releases the GIL). The format is sniffed from the magic bytes, never trusted from a feature.
+writes into a caller's buffer); PNG and the other formats of
+:mod:`shardfeed.transforms.image_size` through ``cv2.imdecode`` (also releases the GIL). The
+format is sniffed from the magic bytes, never trusted from a feature.
+
+Size limit: before any pixel is decoded, the size the header claims is read and an image of
+more than ``max_pixels`` pixels (default :data:`DEFAULT_MAX_PIXELS`) is refused with a
+DecodeError naming it, as is a format whose size cannot be read. A decode that runs out of
+memory all the same raises DecodeError too (never a bare MemoryError).
 
 Determinism: decoding is a pure function of the bytes (for one libjpeg-turbo build). State:
 none, except a per-thread scratch buffer used by :func:`decode_jpeg_scratch`. Memory: the
-decoded image; the scratch buffer grows to the largest image a thread has decoded.
+decoded image, at most :func:`~shardfeed.transforms.image_size.decode_peak_bytes` while it decodes;
+the scratch buffer a thread keeps is at most :data:`SCRATCH_KEEP_BYTES` (a larger decode
+gets a buffer of its own, freed with the image).
 """
 
 from __future__ import annotations
@@ -21,6 +29,13 @@ import numpy as np
 import simplejpeg
 
 from shardfeed.errors import DecodeError
+from shardfeed.transforms.image_size import (
+    DEFAULT_MAX_PIXELS,
+    ClaimedSize,
+    Unsized,
+    claimed_size,
+    too_large,
+)
 
 Mode = Literal["rgb", "gray", "unchanged"]
 MODES: tuple[str, ...] = ("rgb", "gray", "unchanged")
@@ -81,6 +96,41 @@ def decode_error(data: bytes | memoryview, where: Where, reason: str) -> DecodeE
     )
 
 
+def too_large_error(where: Where, reason: str, nbytes: int) -> DecodeError:
+    """The DecodeError of an image larger than ``max_pixels`` (``reason`` from
+    :func:`~shardfeed.transforms.image_size.too_large`): place, claimed size, the fix."""
+    return DecodeError(
+        f"refusing to decode image{_describe(where)} [{nbytes} bytes]: {reason}. Otherwise "
+        "drop the record: `shardfeed verify --decode` lists every such record, and "
+        "on_error='skip' lets a loader replace such samples."
+    )
+
+
+def out_of_memory(data: bytes | memoryview, where: Where, what: str) -> DecodeError:
+    """The DecodeError of a decode that ran out of memory (``what``: the size it needed)."""
+    return decode_error(data, where, f"out of memory while decoding {what}; lower num_threads "
+                        "or max_pixels, or free memory")
+
+
+def check_size(
+    data: bytes | memoryview, *, max_pixels: int, where: Where, what: str = "image"
+) -> ClaimedSize:
+    """The size the header of ``data`` claims, after checking it against ``max_pixels``.
+
+    Raises DecodeError (naming ``where``) for an image of more pixels than ``max_pixels``,
+    a damaged header, or a format whose size cannot be read (see
+    :mod:`shardfeed.transforms.image_size`).
+    """
+    try:
+        claim = claimed_size(data)
+    except Unsized as exc:
+        raise decode_error(data, where, str(exc)) from None
+    reason = too_large(claim, max_pixels, what=what)
+    if reason is not None:
+        raise too_large_error(where, reason, len(data))
+    return claim
+
+
 def _as_uint8(data: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
@@ -107,16 +157,21 @@ def _decode_cv2(data: bytes | memoryview, mode: str, where: Where) -> np.ndarray
         image = cv2.imdecode(buf, flags)
     except cv2.error as exc:  # OpenCV raises for some malformed inputs instead of returning None
         raise decode_error(data, where, f"OpenCV failed: {exc}") from None
+    except MemoryError:
+        raise out_of_memory(data, where, "the image") from None
     if image is None:
         kind = sniff_format(data)
         reason = "not a format OpenCV can read" if kind == "other" else f"damaged {kind.upper()}"
         raise decode_error(data, where, reason)
-    if image.ndim == 3:
-        if image.shape[2] == 3:
-            if not rgb_direct:
-                image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        elif image.shape[2] == 4:
-            image = cv2.cvtColor(image, cv2.COLOR_BGRA2RGBA)
+    try:
+        if image.ndim == 3:
+            if image.shape[2] == 3:
+                if not rgb_direct:
+                    image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+            elif image.shape[2] == 4:
+                image = cv2.cvtColor(image, cv2.COLOR_BGRA2RGBA)
+    except (cv2.error, MemoryError):  # the only way a channel swap fails: no memory for it
+        raise out_of_memory(data, where, f"the {image.shape} image") from None
     if image.flags.c_contiguous:
         return image
     return np.ascontiguousarray(image)
@@ -126,6 +181,16 @@ def _jpeg_colorspace(mode: str, header_space: str) -> str:
     if mode == "gray" or (mode == "unchanged" and header_space == "Gray"):
         return "GRAY"
     return "RGB"
+
+
+def check_pixels(
+    height: int, width: int, *, max_pixels: int, where: Where, nbytes: int, fmt: str = "jpeg",
+    what: str = "image",
+) -> None:
+    """DecodeError when a ``height``×``width`` image (from its header) exceeds ``max_pixels``."""
+    if height * width > max_pixels:
+        claim = ClaimedSize(fmt, height, width, height * width)
+        raise too_large_error(where, too_large(claim, max_pixels, what=what) or "", nbytes)
 
 
 def jpeg_header(data: bytes | memoryview, *, where: Where = "") -> tuple[int, int, str]:
@@ -147,6 +212,7 @@ def decode_image(
     where: Where = "",
     fast_dct: bool = True,
     fast_upsample: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """Decode one encoded image into a new uint8 array.
 
@@ -166,12 +232,17 @@ def decode_image(
     faster, with slightly blockier colour edges; luma is unchanged. Default False, as
     ``tf.io.decode_jpeg`` (``fancy_upscaling=True``).
 
+    ``max_pixels``: an image whose header claims more pixels is refused before decoding
+    (see the module docstring), as is a format whose size cannot be read from its header.
+
     Raises DecodeError for bytes that do not decode (including truncated JPEGs).
     """
     check_mode(mode)
     if sniff_format(data) != "jpeg":
+        check_size(data, max_pixels=max_pixels, where=where)
         return _decode_cv2(data, mode, where)
-    _h, _w, space = jpeg_header(data, where=where)
+    height, width, space = jpeg_header(data, where=where)
+    check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
     if space in _CMYK_SPACES:
         return _decode_cv2(data, mode, where)
     colorspace = _jpeg_colorspace(mode, space)
@@ -181,6 +252,8 @@ def decode_image(
         )
     except ValueError as exc:
         raise decode_error(data, where, f"damaged JPEG: {exc}") from None
+    except MemoryError:
+        raise out_of_memory(data, where, f"a {height}×{width} JPEG") from None
     if colorspace == "GRAY":
         image = image.reshape(image.shape[0], image.shape[1])
     return image
@@ -190,16 +263,24 @@ def decode_image(
 
 _scratch = threading.local()
 
+#: The largest scratch buffer a thread keeps between decodes: 16 MiB, a 2560×2160 RGB image
+#: at full scale (or a 20-megapixel one at 1/2). Larger decodes get a buffer of their own,
+#: freed with the image, so a thread that met one huge image does not hold it for good.
+SCRATCH_KEEP_BYTES = 16 << 20
+
 
 def scratch_buffer(nbytes: int) -> np.ndarray:
-    """A per-thread reusable uint8 buffer of at least ``nbytes`` (grown, never shrunk).
+    """A per-thread reusable uint8 buffer of at least ``nbytes`` (grown up to
+    :data:`SCRATCH_KEEP_BYTES`, never shrunk; larger requests get a new buffer, not kept).
 
     Arrays that view it are valid only until the same thread asks for scratch again.
     """
     buf: np.ndarray | None = getattr(_scratch, "buf", None)
     if buf is None or buf.size < nbytes:
+        if nbytes > SCRATCH_KEEP_BYTES:
+            return np.empty(nbytes, dtype=np.uint8)
         # Grow with headroom so a stream of slightly larger images does not reallocate often.
-        buf = np.empty(max(nbytes, int(nbytes * 1.25)), dtype=np.uint8)
+        buf = np.empty(min(SCRATCH_KEEP_BYTES, max(nbytes, int(nbytes * 1.25))), dtype=np.uint8)
         _scratch.buf = buf
     return buf
 
@@ -214,6 +295,7 @@ def decode_jpeg_scratch(
     where: Where = "",
     fast_dct: bool = True,
     fast_upsample: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """Decode a JPEG at scale ``1/denominator`` into this thread's scratch buffer.
 
@@ -221,12 +303,17 @@ def decode_jpeg_scratch(
     H'×W'×C view of the scratch buffer (C = 3 for rgb, 1 for gray) with
     ``H' = ceil(height / denominator)``; it is overwritten by the next call on this thread,
     so copy or resize out of it before decoding again. ``fast_dct`` / ``fast_upsample``: see
-    :func:`decode_image`. Raises DecodeError.
+    :func:`decode_image`. ``max_pixels`` bounds the full-size image, whatever the scale.
+    Raises DecodeError.
     """
+    check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
     out_h = math.ceil(height / denominator)
     out_w = math.ceil(width / denominator)
     channels = 1 if mode == "gray" else 3
-    buf = scratch_buffer(out_h * out_w * channels)
+    try:
+        buf = scratch_buffer(out_h * out_w * channels)
+    except MemoryError:
+        raise out_of_memory(data, where, f"a {out_h}×{out_w} JPEG") from None
     kwargs: dict[str, int] = {}
     if denominator > 1:
         kwargs = {"min_height": out_h, "min_width": out_w}
@@ -241,19 +328,27 @@ def decode_jpeg_scratch(
         )
     except ValueError as exc:
         raise decode_error(data, where, f"damaged JPEG: {exc}") from None
+    except MemoryError:
+        raise out_of_memory(data, where, f"a {height}×{width} JPEG") from None
     return image
 
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
     "MODES",
+    "SCRATCH_KEEP_BYTES",
     "Mode",
     "Where",
     "check_mode",
+    "check_pixels",
+    "check_size",
     "decode_error",
     "decode_image",
     "decode_jpeg_scratch",
     "jpeg_header",
+    "out_of_memory",
     "scratch_buffer",
     "sniff_format",
+    "too_large_error",
     "where_text",
 ]

@@ -4,7 +4,8 @@
 stored shape, or referenced files read relative to the dataset root. It writes
 ``sample["image"]`` (H×W×C uint8) and ``sample["mask"]`` (H×W class ids: grey values or
 palette indices, see :mod:`shardfeed.transforms.masks`) and drops the encoded features. A
-mask of another size than its image is a DecodeError. The crop-aware ops in
+mask of another size than its image is a DecodeError, and so is an image or mask whose header
+claims more than ``max_pixels`` pixels (refused before decoding). The crop-aware ops in
 :mod:`shardfeed.transforms.crop_decode` share this base.
 """
 
@@ -18,10 +19,26 @@ import numpy as np
 
 from shardfeed.errors import DecodeError
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, decode_peak_bytes
 from shardfeed.transforms.masks import Color, MaskDtype, MaskLabels
 from shardfeed.transforms.source import Encoding, ImageField
 
 Channels = Literal["rgb", "gray"]
+
+
+def check_channels(image: np.ndarray) -> None:
+    """DecodeError unless ``image`` (H×W or …×H×W×C) has 1, 3 or 4 channels: what every
+    decode op takes."""
+    c = image.shape[-1] if image.ndim >= 3 else 1
+    if c not in (1, 3, 4):
+        raise _channels_error(c)
+
+
+def _channels_error(c: int) -> DecodeError:
+    return DecodeError(
+        f"the image has {c} channels; shardfeed decodes images with 1, 3 or 4 channels "
+        "(store RGB, RGBA or grayscale)"
+    )
 
 
 class DecodeOptions(TypedDict, total=False):
@@ -43,6 +60,7 @@ class DecodeOptions(TypedDict, total=False):
     keep_encoded: bool
     fast_dct: bool
     fast_upsample: bool
+    max_pixels: int
 
 
 class DecoderBase:
@@ -68,6 +86,12 @@ class DecoderBase:
     - ``fast_upsample``: upsample JPEG chroma by replication instead of libjpeg's smooth filter
       (about 5 % faster decodes, slightly blockier colour edges; default False, as
       TensorFlow). Masks are gray and unaffected.
+    - ``max_pixels``: the most pixels one image (or mask) may have, read from its header
+      before decoding (default 2^27 = 134,217,728: 16384×8192, a 100-megapixel photo fits);
+      a larger one raises DecodeError naming the record and its size, which
+      ``on_error="skip"`` replaces. It bounds the decode's memory (:attr:`decode_bytes`,
+      counted by ``Loader.memory_budget()``): lower it to your largest image for a tighter
+      bound.
     """
 
     __slots__ = (
@@ -94,6 +118,7 @@ class DecoderBase:
         keep_encoded: bool = False,
         fast_dct: bool = True,
         fast_upsample: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
         if channels not in ("rgb", "gray"):
             raise ValueError(f"channels must be 'rgb' or 'gray', got {channels!r}")
@@ -106,16 +131,30 @@ class DecoderBase:
             width_key=width_key,
             channels_key=channels_key,
             root=root,
+            max_pixels=max_pixels,
         )
         labels = MaskLabels(colors=mask_colors, unlisted=mask_unlisted, dtype=mask_dtype)
         self.mask_field = ImageField(
-            key=mask_key, encoding=mask_encoding, root=root, is_mask=True, mask_labels=labels
+            key=mask_key, encoding=mask_encoding, root=root, is_mask=True, mask_labels=labels,
+            max_pixels=max_pixels,
         )
         self.mask = True if mask_key is not None and mask is None else mask
         self.channels: Channels = channels
         self.keep_encoded = bool(keep_encoded)
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
+
+    @property
+    def max_pixels(self) -> int:
+        """The most pixels one decoded image (or mask) may have."""
+        return self.image_field.max_pixels
+
+    @property
+    def decode_bytes(self) -> int:
+        """The most memory one call holds while it decodes (an image of ``max_pixels``
+        pixels and its mask), in bytes: what ``Loader.memory_budget()`` counts a thread for
+        decoding."""
+        return decode_peak_bytes(self.max_pixels)
 
     # --- binding ------------------------------------------------------------------------
 
@@ -148,6 +187,15 @@ class DecoderBase:
         return self._fix_channels(image), key
 
     def _fix_channels(self, image: np.ndarray) -> np.ndarray:
+        try:
+            return self._convert_channels(image)
+        except MemoryError:
+            raise DecodeError(
+                f"out of memory while converting a {image.shape} image to {self.channels}; "
+                "lower num_threads or max_pixels"
+            ) from None
+
+    def _convert_channels(self, image: np.ndarray) -> np.ndarray:
         c = image.shape[-1]
         if self.channels == "rgb":
             if c == 3:
@@ -163,10 +211,7 @@ class DecoderBase:
         elif c in (3, 4):
             gray = [cv2.cvtColor(f[..., :3], cv2.COLOR_RGB2GRAY) for f in image]
             return np.stack(gray)[..., None]
-        raise DecodeError(
-            f"the image has {c} channels; shardfeed decodes images with 1, 3 or 4 channels "
-            "(store RGB, RGBA or grayscale)"
-        )
+        raise _channels_error(c)
 
     def _decode_mask(self, sample: Sample) -> tuple[np.ndarray | None, str | None]:
         """The mask (H×W class ids) and its feature, or (None, None) when there is none."""
@@ -255,4 +300,4 @@ class DecodeImage(DecoderBase):
         return result
 
 
-__all__ = ["Channels", "DecodeImage", "DecodeOptions", "DecoderBase"]
+__all__ = ["Channels", "DecodeImage", "DecodeOptions", "DecoderBase", "check_channels"]

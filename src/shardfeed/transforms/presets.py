@@ -32,6 +32,7 @@ from shardfeed.transforms.color import (
     ToFloat,
 )
 from shardfeed.transforms.crop_decode import DecodeCenterCrop, DecodeRandomResizedCrop
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 from shardfeed.transforms.masks import Color, MaskDtype
 
 NormalizeName = Literal["imagenet", "symmetric"]
@@ -83,6 +84,7 @@ def train(
     mask_colors: Mapping[Color, int] | None = None,
     mask_unlisted: int | None = None,
     mask_dtype: MaskDtype = "uint8",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Compose:
     """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
     left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
@@ -103,6 +105,10 @@ def train(
     Without them a palette PNG mask gives its indices, a grey mask its values, and a colour
     or 16-bit mask a DecodeError.
 
+    ``max_pixels``: the most pixels an image may have (read from its header before decoding;
+    a larger one is a DecodeError): see
+    :class:`~shardfeed.transforms.decode_ops.DecoderBase`.
+
     Determinism: every random choice comes from the per-sample generator.
     """
     if color is not None and (isinstance(color, bool) or not color >= 0):
@@ -112,6 +118,7 @@ def train(
             size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
             reduced_decode=reduced_decode, fast_upsample=fast_upsample,
             mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
+            max_pixels=max_pixels,
         )
     ]
     if color:
@@ -132,11 +139,12 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     mask_colors: Mapping[Color, int] | None = None,
     mask_unlisted: int | None = None,
     mask_dtype: MaskDtype = "uint8",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Compose:
     """Evaluation pipeline: resize the shorter side to ``size / crop_fraction`` and take the
     center ``size×size`` (one fused, reduced-scale decode), then optional normalisation and
-    layout. Same output shapes and dtypes as :func:`train`; the mask options as in
-    :func:`train`.
+    layout. Same output shapes and dtypes as :func:`train`; the mask options and
+    ``max_pixels`` as in :func:`train`.
 
     Determinism: fully deterministic; the generator is not used.
     """
@@ -144,6 +152,7 @@ def eval(  # the name the API promises (presets.train / presets.eval)
         DecodeCenterCrop(
             size, crop_fraction=crop_fraction, reduced_decode=reduced_decode,
             mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
+            max_pixels=max_pixels,
         )
     ]
     ops.extend(_tail(normalize, dtype, layout))

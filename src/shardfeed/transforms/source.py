@@ -3,6 +3,12 @@
 An :class:`ImageField` is resolved from, in order: what the user passed, the schema handed to
 ``bind``, or the standard feature names (``image/encoded``, ``image/raw``, ``image/path``;
 ``mask/encoded``, ``mask/raw``) present in the sample.
+
+Every failure caused by what one record holds (bytes that do not decode, an image larger than
+``max_pixels``, a referenced path that is not UTF-8 text or holds a NUL byte, a raw image
+whose stored height is not one positive int) is a :class:`DecodeError`, which a Loader with
+``on_error="skip"`` replaces. A SchemaError means the decode op is not set up for the data
+(no such feature: pass ``key=`` or bind to the schema).
 """
 
 from __future__ import annotations
@@ -17,7 +23,15 @@ from shardfeed.errors import DecodeError, SchemaError, StorageError, UnsafeRecor
 from shardfeed.format import spec
 from shardfeed.storage.paths import confines, contained
 from shardfeed.transforms.base import ImageInfoLike, Sample
-from shardfeed.transforms.decode import Where, decode_error, decode_image, where_text
+from shardfeed.transforms.decode import (
+    Where,
+    check_size,
+    decode_error,
+    decode_image,
+    too_large_error,
+    where_text,
+)
+from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels, pixels_reason
 from shardfeed.transforms.masks import LABEL_MAPS, MaskLabels, decode_mask
 
 Encoding = Literal["auto", "jpeg", "png", "mixed", "raw", "path"]
@@ -49,6 +63,8 @@ class ImageField:
     inside (unless it is an :class:`~shardfeed.storage.paths.UnconfinedRoot`). For a mask
     (``is_mask``), ``mask_labels`` says how encoded pixels become class ids
     (:mod:`shardfeed.transforms.masks`); raw masks keep their stored values and ``dtype``.
+    ``max_pixels``: the most pixels one decoded image (or all images of one list feature
+    together) may have; larger ones raise DecodeError before decoding.
     """
 
     key: str | None = None
@@ -60,9 +76,11 @@ class ImageField:
     is_mask: bool = False
     dtype: str = "uint8"
     mask_labels: MaskLabels = LABEL_MAPS
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         check_encoding(self.encoding)
+        check_max_pixels(self.max_pixels)
         try:
             np.dtype(self.dtype)
         except TypeError:
@@ -91,6 +109,7 @@ class ImageField:
             is_mask=self.is_mask,
             dtype=dtype,
             mask_labels=self.mask_labels,
+            max_pixels=self.max_pixels,
         )
 
     # --- locating -----------------------------------------------------------------------
@@ -179,8 +198,7 @@ class ImageField:
             return self._raw(sample, key, where)
         value = sample[key]
         if isinstance(value, list) and encoding != "path":
-            frames = [self.decode_bytes(v, where, fast_dct, fast_upsample) for v in value]
-            return _stack(frames, where)
+            return self._decode_list(value, where, fast_dct, fast_upsample)
         data = self.encoded_bytes(sample, key, encoding)
         return self.decode_bytes(data, where, fast_dct, fast_upsample)
 
@@ -189,12 +207,32 @@ class ImageField:
     ) -> np.ndarray:
         """Decode encoded bytes of this field: H×W×3 RGB for images, H×W class ids for masks
         (grey values, palette indices, or colours mapped by ``mask_labels``)."""
+        return self._decode_bytes(data, where, fast_dct, fast_upsample, self.max_pixels)
+
+    def _decode_bytes(self, data: bytes | memoryview, where: Where, fast_dct: bool,
+                      fast_upsample: bool, max_pixels: int) -> np.ndarray:
         if self.is_mask:
-            return decode_mask(data, labels=self.mask_labels, where=where, fast_dct=fast_dct)
-        image = decode_image(
-            data, mode="rgb", where=where, fast_dct=fast_dct, fast_upsample=fast_upsample
-        )
-        return image
+            return decode_mask(data, labels=self.mask_labels, where=where, fast_dct=fast_dct,
+                               max_pixels=max_pixels)
+        return decode_image(data, mode="rgb", where=where, fast_dct=fast_dct,
+                            fast_upsample=fast_upsample, max_pixels=max_pixels)
+
+    def _decode_list(self, values: list[Any], where: Where, fast_dct: bool,
+                     fast_upsample: bool) -> np.ndarray:
+        """Several encoded images of one feature, stacked; together at most ``max_pixels``."""
+        datas = [_single_bytes(value, "", where) for value in values]
+        what = "mask" if self.is_mask else "image"
+        total = sum(check_size(data, max_pixels=self.max_pixels, where=where, what=what).pixels
+                    for data in datas)
+        if total > self.max_pixels:
+            raise too_large_error(
+                where, f"the {len(datas)} {what}s of this feature claim {total:,} pixels "
+                f"together, more than max_pixels={self.max_pixels:,} (they decode into one "
+                "array); if such records are intended, raise max_pixels",
+                sum(len(data) for data in datas))
+        frames = [self._decode_bytes(data, where, fast_dct, fast_upsample, self.max_pixels)
+                  for data in datas]
+        return _stack(frames, where)
 
     def _raw(self, sample: Sample, key: str, where: Where) -> np.ndarray:
         data = _single_bytes(sample[key], key, where)
@@ -202,6 +240,10 @@ class ImageField:
         widths = (spec.MASK_WIDTH, spec.IMAGE_WIDTH) if self.is_mask else (spec.IMAGE_WIDTH,)
         height = _shape_value(sample, self.height_key, heights, where, "height")
         width = _shape_value(sample, self.width_key, widths, where, "width")
+        what = "raw mask" if self.is_mask else "raw image"
+        reason = pixels_reason(height, width, self.max_pixels, what=what)
+        if reason is not None:
+            raise too_large_error(where, reason, len(data))
         dtype = np.dtype(self.dtype)
         if len(data) % dtype.itemsize:
             raise decode_error(
@@ -290,11 +332,20 @@ def _single_bytes(value: Any, key: str, where: Where) -> bytes | memoryview:
         return value if not isinstance(value, bytearray) else bytes(value)
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], bytes):
         return value[0]
-    raise SchemaError(
-        f"{where_text(where)}: expected one bytes value, got {type(value).__name__}"
-        + (f" with {len(value)} values" if isinstance(value, list) else "")
-        + f"; '{key}' must be a bytes_list feature holding one image"
+    feature = f"'{key}' must be" if key else "the feature must be"
+    raise DecodeError(
+        f"{where_text(where)}: expected one bytes value, got {_kind_of(value)}; "
+        f"{feature} a bytes_list feature holding one image: re-pack the record, or skip it "
+        "with on_error='skip'"
     )
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} values of shape {value.shape}"
+    if isinstance(value, list):
+        return f"a list of {len(value)} value{'' if len(value) == 1 else 's'}"
+    return type(value).__name__
 
 
 def _shape_value(
@@ -303,11 +354,14 @@ def _shape_value(
     keys = (key,) if key is not None else defaults
     for k in keys:
         if k in sample:
-            value = np.asarray(sample[k]).reshape(-1)
-            if value.size == 1 and value[0] > 0:
+            stored = sample[k]
+            value = np.asarray(stored).reshape(-1)
+            if value.size == 1 and value.dtype.kind in "iu" and int(value[0]) > 0:
                 return int(value[0])
-            raise SchemaError(
-                f"{where_text(where)}: the {what} feature '{k}' must hold one positive int"
+            raise DecodeError(
+                f"{where_text(where)}: the {what} feature '{k}' must hold one positive int, "
+                f"it holds {_kind_of(stored)}; re-pack the record, or skip it with "
+                "on_error='skip'"
             )
     raise SchemaError(
         f"{where_text(where)}: a raw image needs its {what}; the sample has no feature "
@@ -317,7 +371,8 @@ def _shape_value(
 
 def _stack(frames: list[np.ndarray], where: Where) -> np.ndarray:
     if not frames:
-        raise SchemaError(f"{where_text(where)}: the feature holds no image")
+        raise DecodeError(f"{where_text(where)}: the feature holds no image; re-pack the "
+                          "record, or skip it with on_error='skip'")
     shapes = {f.shape for f in frames}
     if len(shapes) != 1:
         raise DecodeError(

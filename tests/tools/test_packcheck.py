@@ -210,3 +210,18 @@ def test_overwrite_with_bad_inputs_keeps_the_existing_dataset(damaged_folder: Pa
     with pytest.raises(BadInputsError):
         pack(damaged_folder, out, overwrite=True)  # checked before anything is deleted
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_ppm_and_pgm_files_pack_as_the_docs_say(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    colour = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    grey = rng.integers(0, 256, (12, 16), dtype=np.uint8)
+    for name, pixels in (("a/0.ppm", colour), ("b/0.pgm", grey)):
+        (tmp_path / "src" / name).parent.mkdir(parents=True)
+        assert cv2.imwrite(str(tmp_path / "src" / name), pixels)
+    result = pack(tmp_path / "src", tmp_path / "out", mode="raw")
+    assert result.records == 2 and not result.skipped
+    with shardfeed.Dataset(str(tmp_path / "out")) as ds:
+        shapes = sorted((int(ds[i]["image/height"][0]), int(ds[i]["image/channels"][0]))
+                        for i in range(2))
+    assert shapes == [(12, 1), (12, 3)]

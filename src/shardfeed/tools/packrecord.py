@@ -40,7 +40,8 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 
 
 def image_format(data: bytes) -> str:
-    """The encoding named by the magic bytes: jpeg, png, bmp, gif, webp, tiff, or ``other``."""
+    """The encoding named by the magic bytes: jpeg, png, bmp, gif, webp, tiff, pnm, or
+    ``other``."""
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
     if data[:8] == _PNG_MAGIC:
@@ -53,6 +54,8 @@ def image_format(data: bytes) -> str:
         return "webp"
     if data[:4] in (b"II*\x00", b"MM\x00*"):
         return "tiff"
+    if data[:1] == b"P" and data[1:2] in b"1234567" and data[2:3] in b" \t\r\n#":
+        return "pnm"  # PBM/PGM/PPM/PAM (binary or text), as OpenCV reads them
     return "other"
 
 

@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple
 
 import google_crc32c
 
-from shardfeed.format.crc import mask, masked_crc32c
+from shardfeed.format.crc import mask
 from shardfeed.format.spec import (
     FRAMING_BYTES,
     GZIP_MAGIC,
@@ -123,16 +123,19 @@ def walk(
     total = source.size() if size is None else size
     win = _Window(source, total, max(block_bytes, HEADER_BYTES))
     check, keep = data != "skip", data == "payload"
-    unpack_header = _HEADER.unpack_from
+    unpack_header, unpack_crc = _HEADER.unpack_from, _CRC.unpack_from
     crc_value = google_crc32c.value  # the hot loop: one 8-byte CRC a record
     new = tuple.__new__  # builds a RecordStatus without NamedTuple's Python-level __new__
     pos = record = 0
+    buf, start, stop = b"", 0, 0  # the window's bytes and the file range they hold
     while pos < total:
-        if not win.ensure(pos, pos + HEADER_BYTES):
-            yield _short_header(source, record, pos, total)
-            return
-        rel = pos - win.start
-        buf = win.data
+        if pos < start or pos + HEADER_BYTES > stop:
+            if not win.ensure(pos, pos + HEADER_BYTES):
+                yield _short_header(source, record, pos, total)
+                return
+            buf, start = win.data, win.start
+            stop = start + len(buf)
+        rel = pos - start
         length, length_crc = unpack_header(buf, rel)
         if mask(crc_value(buf[rel:rel + LENGTH_BYTES])) != length_crc:
             status = _bad_header(buf[rel:rel + HEADER_BYTES], record, pos, resume)
@@ -145,10 +148,19 @@ def walk(
         if length > MAX_RECORD_BYTES or end > total:
             yield RecordStatus(record, pos, "truncated", length, None)
             return
-        if check:
-            yield _checked(win, record, pos, length, end, keep)
-        else:
+        if not check:
             yield new(RecordStatus, (record, pos, "ok", length, end, None))
+        else:
+            if end > stop:  # the body is not all in the window: read from its start
+                win.ensure(pos + HEADER_BYTES, end)  # the file holds ``end`` bytes (above)
+                buf, start = win.data, win.start
+                stop = start + len(buf)
+            body = pos + HEADER_BYTES - start
+            payload = buf[body:body + length]
+            if mask(crc_value(payload)) != unpack_crc(buf, body + length)[0]:
+                yield new(RecordStatus, (record, pos, "bad_data_crc", length, end, None))
+            else:
+                yield new(RecordStatus, (record, pos, "ok", length, end, payload if keep else None))
         pos, record = end, record + 1
 
 
@@ -169,17 +181,3 @@ def _bad_header(head: bytes, record: int, pos: int, resume: Resume | None) -> Re
     if end is not None and end <= pos:
         end = None  # an index that does not move forward cannot say where to go on
     return RecordStatus(record, pos, "bad_length_crc", None, end)
-
-
-def _checked(win: _Window, record: int, pos: int, length: int, end: int,
-             keep: bool) -> RecordStatus:
-    """The status of a whole record after checking its data CRC."""
-    start = pos + HEADER_BYTES
-    win.ensure(start, end)  # the file holds ``end`` bytes: checked by the caller
-    rel = start - win.start
-    buf = win.data
-    payload = buf[rel:rel + length]
-    (data_crc,) = _CRC.unpack_from(buf, rel + length)
-    if masked_crc32c(payload) != data_crc:
-        return RecordStatus(record, pos, "bad_data_crc", length, end)
-    return RecordStatus(record, pos, "ok", length, end, payload if keep else None)

@@ -10,20 +10,19 @@ import os
 import struct
 from collections.abc import Callable
 
-import google_crc32c
 import numpy as np
 
-from shardfeed.errors import CorruptRecordError, FormatError, location
-from shardfeed.format.crc import Buffer, mask, masked_crc32c
+from shardfeed.errors import CorruptRecordError, FormatError, ShardfeedError, location
+from shardfeed.format.crc import Buffer, masked_crc32c
 from shardfeed.format.spec import (
     FRAMING_BYTES,
     GZIP_MAGIC,
     HEADER_BYTES,
     LENGTH_BYTES,
-    MAX_RECORD_BYTES,
     ZLIB_FIRST_BYTE,
     ZLIB_SECOND_BYTES,
 )
+from shardfeed.format.walk import WALK_BLOCK_BYTES, RecordStatus, WalkData, walk
 from shardfeed.storage import open_source
 from shardfeed.storage.base import ByteSource
 
@@ -31,7 +30,7 @@ _HEADER = struct.Struct("<QI")
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 
-SCAN_BLOCK_BYTES = 8 << 20
+SCAN_BLOCK_BYTES = WALK_BLOCK_BYTES
 """Bytes read at a time by :func:`scan` (large blocks, not one read per record)."""
 
 CONVERT_HINT = (
@@ -145,31 +144,6 @@ def _not_tfrecord(path: str, head: bytes) -> FormatError:
     )
 
 
-class _Window:
-    """A sliding window of file bytes read in large blocks."""
-
-    def __init__(self, source: ByteSource, size: int, block_bytes: int) -> None:
-        self.source = source
-        self.size = size
-        self.block_bytes = block_bytes
-        self.start = 0
-        self.data = b""
-        self.bytes_read = 0
-
-    def ensure(self, start: int, end: int) -> bool:
-        """Make ``[start, end)`` available; False if the file ends before ``end``."""
-        if end > self.size:
-            return False
-        if start >= self.start and end <= self.start + len(self.data):
-            return True
-        want = max(self.block_bytes, end - start)
-        data = self.source.read(start, min(want, self.size - start))
-        self.start = start
-        self.data = data
-        self.bytes_read += len(data)
-        return end <= start + len(data)
-
-
 def scan(
     source: ByteSource | str | os.PathLike[str],
     *,
@@ -203,56 +177,16 @@ def _scan(
     progress: Callable[[int], object] | None,
     block_bytes: int,
 ) -> np.ndarray:
-    path = src.url
     size = src.size()
     offsets: list[int] = []
-    if size == 0:
-        return np.zeros(1, dtype=np.uint64)
-    win = _Window(src, size, max(block_bytes, HEADER_BYTES))
-    pos = 0
-    reported = 0
     append = offsets.append
-    unpack_header = _HEADER.unpack_from
-    crc_value = google_crc32c.value  # the hot loop: one 8-byte CRC a record
-    while pos < size:
-        record = len(offsets)
-        if not win.ensure(pos, pos + HEADER_BYTES):
-            if record == 0:
-                head = src.read(0, min(size, HEADER_BYTES))
-                sig = _signature_error(path, head)
-                if sig is not None:
-                    raise sig
-            raise _truncated(path, record, pos, size, HEADER_BYTES)
-        rel = pos - win.start
-        data = win.data
-        length, length_crc = unpack_header(data, rel)
-        if mask(crc_value(data[rel:rel + LENGTH_BYTES])) != length_crc:
-            if record == 0:
-                raise _not_tfrecord(path, data[:HEADER_BYTES])
-            raise CorruptRecordError(
-                f"{location(path, record, pos)}: bad length CRC; the record header is "
-                f"damaged ({record} whole records precede it). Re-create the shard from its "
-                "source, or truncate the file to those records",
-                path=path, record=record, offset=pos,
-            )
-        end = pos + FRAMING_BYTES + length
-        if length > MAX_RECORD_BYTES or end > size:
-            raise _truncated(path, record, pos, size, FRAMING_BYTES + length)
-        if verify_data:
-            data_start = pos + HEADER_BYTES
-            if not win.ensure(data_start, end):
-                raise _truncated(path, record, pos, size, FRAMING_BYTES + length)
-            drel = data_start - win.start
-            ddata = win.data
-            (data_crc,) = _CRC.unpack_from(ddata, drel + length)
-            if masked_crc32c(ddata[drel:drel + length]) != data_crc:
-                raise CorruptRecordError(
-                    f"{location(path, record, pos)}: bad data CRC; the record's bytes are "
-                    "damaged. Re-create the shard from its source, or read with "
-                    "on_error='skip' to skip it",
-                    path=path, record=record, offset=pos,
-                )
-        append(pos)
+    pos = reported = 0
+    data: WalkData = "check" if verify_data else "skip"
+    for status in walk(src, size=size, data=data, block_bytes=block_bytes):
+        _, offset, state, _, end, _ = status
+        if state != "ok" or end is None:
+            raise status_error(src, status, size)
+        append(offset)
         pos = end
         if progress is not None and pos - reported >= block_bytes:
             progress(pos - reported)
@@ -261,6 +195,31 @@ def _scan(
         progress(pos - reported)
     offsets.append(pos)
     return np.array(offsets, dtype=np.uint64)
+
+
+def status_error(source: ByteSource, status: RecordStatus, size: int) -> ShardfeedError:
+    """The error :func:`scan` raises for a record :func:`walk` did not find whole: a
+    :class:`FormatError` for a compressed or non-TFRecord file, else a
+    :class:`CorruptRecordError` naming the file, record and offset."""
+    path, record, pos = source.url, status.record, status.offset
+    if status.state in ("compressed", "not_tfrecord"):
+        return _not_tfrecord(path, source.read(0, min(size, HEADER_BYTES)))
+    if status.state == "bad_length_crc":
+        return CorruptRecordError(
+            f"{location(path, record, pos)}: bad length CRC; the record header is "
+            f"damaged ({record} whole records precede it). Re-create the shard from its "
+            "source, or truncate the file to those records",
+            path=path, record=record, offset=pos,
+        )
+    if status.state == "bad_data_crc":
+        return CorruptRecordError(
+            f"{location(path, record, pos)}: bad data CRC; the record's bytes are "
+            "damaged. Re-create the shard from its source, or read with "
+            "on_error='skip' to skip it",
+            path=path, record=record, offset=pos,
+        )
+    need = HEADER_BYTES if status.length is None else FRAMING_BYTES + status.length
+    return _truncated(path, record, pos, size, need)
 
 
 def _truncated(path: str, record: int, pos: int, size: int, need: int) -> CorruptRecordError:
@@ -279,6 +238,7 @@ __all__ = [
     "frame",
     "framed_size",
     "scan",
+    "status_error",
     "unframe",
     "unframe_bytes",
 ]

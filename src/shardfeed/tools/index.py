@@ -40,6 +40,7 @@ from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec
 from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
+from shardfeed.storage.base import ByteSource
 from shardfeed.tools import packfiles, packtime
 
 IndexTimeUnit = Literal["auto", "s", "ms", "us", "ns"]
@@ -92,50 +93,68 @@ def _index_one(
     path: str, name: str, *, group_key: str | None, order_key: str | None,
     advance: Any,
 ) -> IndexedFile:
-    from shardfeed.format.example import decode_example
-    from shardfeed.format.framing import scan, unframe
+    from shardfeed.format.framing import scan
     from shardfeed.format.index import write_binary_index, write_text_index
     from shardfeed.format.manifest import ShardInfo
     from shardfeed.storage import open_source
 
     if not is_remote(path) and not os.path.isfile(path):
         raise FormatError(f"file '{path}' does not exist; check the path")
-    offsets = scan(path, progress=advance)
-    if offsets.size == 1:
-        log.warning("file '%s' is empty (no records)", path)
-    write_text_index(spec.text_index_path(path), offsets)
-    write_binary_index(spec.binary_index_path(path), offsets)
-    groups: list[int | str] | None = [] if group_key else None
-    orders: list[float] | None = [] if order_key else None
-    crc = 0
     src = open_source(path)
     try:
-        import google_crc32c
-
-        pos, size = 0, int(offsets[-1])
-        while pos < size:
-            chunk = src.read(pos, min(8 << 20, size - pos))
-            crc = int(google_crc32c.extend(crc, chunk))
-            pos += len(chunk)
+        offsets = scan(src, progress=advance)
+        if offsets.size == 1:
+            log.warning("file '%s' is empty (no records)", path)
+        write_text_index(spec.text_index_path(path), offsets)
+        write_binary_index(spec.binary_index_path(path), offsets)
+        size = int(offsets[-1])
+        crc = _file_crc(src, size)
+        groups: list[int | str] | None = [] if group_key else None
+        orders: list[float] | None = [] if order_key else None
         if groups is not None or orders is not None:
-            for i in range(offsets.size - 1):
-                a, b = int(offsets[i]), int(offsets[i + 1])
-                where = location(path, i, a)
-                rec = decode_example(unframe(src.read(a, b - a), path=path, record=i, offset=a),
-                                     where=where)
-                for key, out in ((group_key, groups), (order_key, orders)):
-                    if key is None or out is None:
-                        continue
-                    if key not in rec:
-                        raise SchemaError(
-                            f"{where}: the record has no feature {key!r} (it has "
-                            f"{', '.join(sorted(rec))}); choose another key"
-                        )
-                    out.append(_scalar(rec[key], key=key, where=where))  # type: ignore[arg-type]
+            _read_keys(src, size, ((group_key, groups), (order_key, orders)))
     finally:
         src.close()
-    info = ShardInfo(path=name, records=int(offsets.size - 1), bytes=int(offsets[-1]), crc32c=crc)
+    info = ShardInfo(path=name, records=int(offsets.size - 1), bytes=size, crc32c=crc)
     return IndexedFile(info=info, groups=groups, orders=orders)
+
+
+def _file_crc(src: ByteSource, size: int) -> int:
+    """The CRC32C of the first ``size`` bytes, read in 8 MiB blocks."""
+    import google_crc32c
+
+    crc = pos = 0
+    while pos < size:
+        chunk = src.read(pos, min(8 << 20, size - pos))
+        crc = int(google_crc32c.extend(crc, chunk))
+        pos += len(chunk)
+    return crc
+
+
+def _read_keys(
+    src: ByteSource, size: int, wanted: tuple[tuple[str | None, list[Any] | None], ...]
+) -> None:
+    """Append each record's value of every ``(key, out)`` in ``wanted`` with a key to ``out``,
+    reading the records with :func:`shardfeed.format.walk.walk` (data CRCs checked)."""
+    from shardfeed.format.example import decode_example
+    from shardfeed.format.framing import status_error
+    from shardfeed.format.walk import walk
+
+    path = src.url
+    for status in walk(src, size=size, data="payload"):
+        if status.payload is None:
+            raise status_error(src, status, size)
+        where = location(path, status.record, status.offset)
+        rec = decode_example(status.payload, where=where)
+        for key, out in wanted:
+            if key is None or out is None:
+                continue
+            if key not in rec:
+                raise SchemaError(
+                    f"{where}: the record has no feature {key!r} (it has "
+                    f"{', '.join(sorted(rec))}); choose another key"
+                )
+            out.append(_scalar(rec[key], key=key, where=where))
 
 
 def _group_ids(values: list[int | str], key: str) -> tuple[np.ndarray, list[str] | None]:

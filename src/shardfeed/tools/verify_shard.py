@@ -20,17 +20,17 @@ Determinism: problems in file order. State: none. Memory: one read block (8 MiB)
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardfeed.errors import SchemaError, ShardfeedError, StorageError, UnsafePathError, location
 from shardfeed.format import spec
-from shardfeed.format.crc import masked_crc32c
 from shardfeed.format.schema import ImageInfo
+from shardfeed.format.walk import RecordStatus, WalkData, walk
 from shardfeed.storage import files, is_remote, open_source
 from shardfeed.storage.base import ByteSource
 from shardfeed.tools.verify_report import (
@@ -62,10 +62,6 @@ __all__ = ["BLOCK_BYTES", "Expected", "ShardJob", "check_shard"]
 
 BLOCK_BYTES = 8 << 20
 
-_HEADER = struct.Struct("<QI")
-_CRC = struct.Struct("<I")
-
-
 @dataclass(frozen=True, slots=True)
 class Expected:
     """What the manifest says about a shard (None: nothing known)."""
@@ -85,26 +81,6 @@ class ShardJob:
     image: ImageInfo | None
     mask: ImageInfo | None
     max_pixels: int = DEFAULT_MAX_PIXELS
-
-
-class _Blocks:
-    """Sequential reads through big blocks (one read, or one ranged GET, per 8 MiB, not per
-    record)."""
-
-    def __init__(self, source: ByteSource, size: int) -> None:
-        self.source = source
-        self.size = size
-        self.start = 0
-        self.data = b""
-
-    def read(self, offset: int, length: int) -> bytes:
-        end = offset + length
-        if offset >= self.start and end <= self.start + len(self.data):
-            return self.data[offset - self.start:end - self.start]
-        want = min(max(BLOCK_BYTES, length), self.size - offset)
-        self.data = self.source.read(offset, want) if want > 0 else b""
-        self.start = offset
-        return self.data[:length]
 
 
 def _file_crc(source: ByteSource, size: int) -> int:
@@ -183,61 +159,8 @@ def _walk(job: ShardJob, source: ByteSource, size: int,
     index, damaged = _load_index(path)
     if damaged is not None:
         problem(INDEX_MISMATCH, damaged)
-    offsets: list[int] = []
-    decoded = 0
     notes: list[tuple[str, int, int]] = []  # masks a loader reads only with an option
-    blocks = _Blocks(source, size)
-    pos, record, reported = 0, 0, 0
-    while pos < size:
-        header = blocks.read(pos, spec.HEADER_BYTES)
-        whole = len(header) == spec.HEADER_BYTES
-        length, length_crc = _HEADER.unpack(header) if whole else (0, 0)
-        header_ok = whole and masked_crc32c(header[:spec.LENGTH_BYTES]) == length_crc
-        if not header_ok and record == 0 and _compressed(header):
-            problem(COMPRESSED, "the file is GZIP/ZLIB-compressed and cannot be read by "
-                    "offset; convert it with `shardfeed pack FILE OUT --from-tfrecord`", 0, 0)
-            break
-        if not whole:
-            problem(TRUNCATED, f"the file ends at byte {size} inside this record's header; "
-                    f"{record} whole records precede it: re-create the shard", record, pos)
-            break
-        if not header_ok:
-            if record == 0 and index is None:
-                problem(NOT_TFRECORD, "the first record's length CRC does not match: this "
-                        "is not a TFRecord file (or its first header is damaged)", 0, 0)
-                break
-            resume_at = _next_indexed(index, record, pos)
-            tail = ("the rest of the shard is checked at the offsets of its index"
-                    if resume_at is not None else
-                    "records after it cannot be located without an index and were not "
-                    "checked")
-            problem(BAD_LENGTH_CRC, f"the record header is damaged; {tail}. Re-create the "
-                    "shard from its source", record, pos)
-            if resume_at is None:
-                break
-            offsets.append(pos)
-            pos, record = resume_at, record + 1
-            continue
-        end = pos + spec.FRAMING_BYTES + length
-        if end > size:
-            problem(TRUNCATED, f"the record needs {spec.FRAMING_BYTES + length} bytes but "
-                    f"the file ends at byte {size}; {record} whole records precede it: "
-                    f"re-create the shard, or truncate it to {pos} bytes", record, pos)
-            break
-        body = blocks.read(pos + spec.HEADER_BYTES, length + spec.CRC_BYTES)
-        payload = body[:length]
-        (data_crc,) = _CRC.unpack_from(body, length)
-        if masked_crc32c(payload) != data_crc:
-            problem(BAD_DATA_CRC, "the record's bytes are damaged; re-create the shard from "
-                    "its source, or read with on_error='skip'", record, pos)
-        elif job.decode or job.check_paths:
-            decoded += _check_payload(job, payload, record, pos, problem, notes)
-        offsets.append(pos)
-        pos, record = end, record + 1
-        if pos - reported >= BLOCK_BYTES:
-            advance(pos - reported)
-            reported = pos
-    advance(size - reported)
+    offsets, decoded = _walk_records(job, source, size, index, problem, notes, advance)
     if index is not None and not problems:
         walked = np.asarray(offsets + [size], dtype=np.uint64)
         if walked.shape != index.shape or bool(np.any(walked != index)):
@@ -250,14 +173,66 @@ def _walk(job: ShardJob, source: ByteSource, size: int,
     return ShardCheck(path, len(offsets), size, decoded, tuple(problems), tuple(warnings))
 
 
-def _compressed(head: bytes) -> bool:
-    if head[:2] == spec.GZIP_MAGIC:
-        return True
-    return len(head) >= 2 and head[0] == spec.ZLIB_FIRST_BYTE and head[1] in spec.ZLIB_SECOND_BYTES
+_Report = Callable[[str, str, "int | None", "int | None"], None]
 
 
-def _next_indexed(index: np.ndarray | None, record: int, pos: int) -> int | None:
-    if index is None or record + 1 >= index.size or int(index[record]) != pos:
+def _walk_records(
+    job: ShardJob, source: ByteSource, size: int, index: np.ndarray | None,
+    problem: _Report, notes: list[tuple[str, int, int]], advance: Callable[[int], object],
+) -> tuple[list[int], int]:
+    """Walk the records with :func:`shardfeed.format.walk.walk`, reporting each problem;
+    return the offsets of the records walked and the number of images and masks decoded."""
+    resume = None if index is None else partial(_next_indexed, index)
+    data: WalkData = "payload" if job.decode or job.check_paths else "check"
+    offsets: list[int] = []
+    decoded = reported = 0
+    for status in walk(source, size=size, data=data, resume=resume, block_bytes=BLOCK_BYTES):
+        record, pos, state = status.record, status.offset, status.state
+        if state == "ok" and status.payload is not None:
+            decoded += _check_payload(job, status.payload, record, pos, problem, notes)
+        elif state != "ok":
+            _report_status(status, size, problem)
+        if status.end is None:
+            break
+        offsets.append(pos)
+        if status.end - reported >= BLOCK_BYTES:
+            advance(status.end - reported)
+            reported = status.end
+    advance(size - reported)
+    return offsets, decoded
+
+
+def _report_status(status: RecordStatus, size: int, problem: _Report) -> None:
+    """Report a record the walk did not find whole."""
+    record, pos, state = status.record, status.offset, status.state
+    if state == "compressed":
+        problem(COMPRESSED, "the file is GZIP/ZLIB-compressed and cannot be read by "
+                "offset; convert it with `shardfeed pack FILE OUT --from-tfrecord`", 0, 0)
+    elif state == "truncated" and status.length is None:
+        problem(TRUNCATED, f"the file ends at byte {size} inside this record's header; "
+                f"{record} whole records precede it: re-create the shard", record, pos)
+    elif state == "not_tfrecord":
+        problem(NOT_TFRECORD, "the first record's length CRC does not match: this "
+                "is not a TFRecord file (or its first header is damaged)", 0, 0)
+    elif state == "bad_length_crc":
+        tail = ("the rest of the shard is checked at the offsets of its index"
+                if status.end is not None else
+                "records after it cannot be located without an index and were not "
+                "checked")
+        problem(BAD_LENGTH_CRC, f"the record header is damaged; {tail}. Re-create the "
+                "shard from its source", record, pos)
+    elif state == "truncated":
+        need = spec.FRAMING_BYTES + (status.length or 0)
+        problem(TRUNCATED, f"the record needs {need} bytes but "
+                f"the file ends at byte {size}; {record} whole records precede it: "
+                f"re-create the shard, or truncate it to {pos} bytes", record, pos)
+    else:
+        problem(BAD_DATA_CRC, "the record's bytes are damaged; re-create the shard from "
+                "its source, or read with on_error='skip'", record, pos)
+
+
+def _next_indexed(index: np.ndarray, record: int, pos: int) -> int | None:
+    if record + 1 >= index.size or int(index[record]) != pos:
         return None
     return int(index[record + 1])
 

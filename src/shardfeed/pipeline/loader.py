@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
@@ -180,7 +179,6 @@ class Loader:
         self._processes: Any = None
         self._run: EpochRun | None = None
         self._closed = False
-        self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, release, [None, None, None])
 
     # -- presets -------------------------------------------------------------------------------

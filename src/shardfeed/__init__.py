@@ -22,6 +22,7 @@ from shardfeed.errors import (
     ShardfeedError,
     StateError,
     StorageError,
+    TooManyErrorsError,
     UnsafePathError,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "ShardfeedError",
     "StateError",
     "StorageError",
+    "TooManyErrorsError",
     "UnsafePathError",
     "Windows",
     "__version__",

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import ShardfeedError
+from shardfeed.errors import TooManyErrorsError
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
 from shardfeed.pipeline.epoch import EpochRun
 from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
@@ -50,10 +50,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class TooManyErrorsError(ShardfeedError):
-    """More bad samples in one epoch than ``on_error="skip"`` allows."""
 
 
 class Loader:

@@ -32,7 +32,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from shardfeed.errors import ShardfeedError
+from shardfeed.errors import MissingDependencyError, ShardfeedError
 
 __all__ = [
     "TIMELAPSE_FLOATS",
@@ -56,10 +56,6 @@ TIMELAPSE_FLOATS: tuple[str, ...] = ("VF", *(f"IRR{i}" for i in range(22)))
 FRAME_SECONDS = 8
 JPEG_QUALITY = 90
 _START = datetime(2024, 6, 1, 6, 0, 0, tzinfo=timezone.utc)
-
-
-class MissingDependencyError(ShardfeedError):
-    """An optional package the demo needs is not installed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -41,7 +41,8 @@ from shardfeed.tools.bench_probe import (
 
 __all__ = ["BenchOptions", "bench"]
 
-PRESETS = ("train", "eval")
+Preset = Literal["train", "eval"]
+PRESETS: tuple[Preset, ...] = get_args(Preset)
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:
@@ -61,7 +62,7 @@ def _check_seconds(name: str, value: object, *, minimum: float) -> None:
 DEFAULT_CACHE_IMAGES = 64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class BenchOptions:
     """What to measure. ``windows`` (a frame count) and ``patches`` (a crop size) exclude each
     other; ``stride`` belongs to windows, ``cache_images`` / ``refresh_every`` to patches
@@ -69,7 +70,7 @@ class BenchOptions:
     ``warmup_seconds`` defaults to ``min(5, seconds / 5)``, ``decode_seconds`` to
     ``max(1, seconds / 4)``."""
 
-    preset: str = "train"
+    preset: Preset = "train"
     size: int = 224
     batch_size: int = 256
     num_threads: int = 4

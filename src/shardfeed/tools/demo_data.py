@@ -58,7 +58,7 @@ JPEG_QUALITY = 90
 _START = datetime(2024, 6, 1, 6, 0, 0, tzinfo=timezone.utc)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class DemoSizes:
     """How big the demo datasets are.
 

@@ -22,6 +22,7 @@ from shardfeed.errors import (
     ShardfeedError,
     StateError,
     StorageError,
+    TooManyErrorsError,
     UnsafePathError,
 )
 
@@ -40,8 +41,16 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "jax": ("shardfeed.loaders.jax", None),
 }
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the same names, seen by type checkers without importing at run time
+    from shardfeed import transforms as transforms
     from shardfeed.dataset import Dataset as Dataset
+    from shardfeed.loaders import jax as jax
+    from shardfeed.loaders import torch as torch
+    from shardfeed.pipeline import Loader as Loader
+    from shardfeed.pipeline.patches import Patches as Patches
+    from shardfeed.pipeline.windows import Windows as Windows
+    from shardfeed.tools.pack import pack as pack
+    from shardfeed.transforms import presets as presets
 
 
 def __getattr__(name: str) -> Any:
@@ -71,6 +80,7 @@ __all__ = [
     "ShardfeedError",
     "StateError",
     "StorageError",
+    "TooManyErrorsError",
     "UnsafePathError",
     "Windows",
     "__version__",
@@ -78,4 +88,5 @@ __all__ = [
     "pack",
     "presets",
     "torch",
+    "transforms",
 ]

@@ -87,6 +87,14 @@ class PackError(ShardfeedError):
     or an output folder that is not empty."""
 
 
+class TooManyErrorsError(ShardfeedError):
+    """More bad samples in one epoch than ``on_error="skip"`` allows."""
+
+
+class MissingDependencyError(ShardfeedError):
+    """An optional package the demo needs is not installed."""
+
+
 def location(path: str, record: int | None = None, offset: int | None = None) -> str:
     """Format a location the same way in every message: ``file 'a.tfrecord', record 5 at byte 1234``."""
     text = f"file '{path}'"

@@ -28,7 +28,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class ReadOptions:
     """How :class:`~shardfeed.dataset.Dataset` groups reads.
 

@@ -88,11 +88,6 @@ class ShardWriter:
         """Records written so far."""
         return len(self._offsets) - 1
 
-    @property
-    def bytes_written(self) -> int:
-        """Bytes written so far (framing included)."""
-        return self._offsets[-1]
-
     def write(self, payload: bytes | bytearray | memoryview) -> int:
         """Append one record; returns its index within the shard."""
         if self._closed:

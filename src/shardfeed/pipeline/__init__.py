@@ -7,10 +7,14 @@ imported on first use, so this package imports without them.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardfeed.pipeline.loader import Loader, LoaderStats, MemoryBudget, TooManyErrorsError
 from shardfeed.pipeline.source import EpochContext, RecordSource, SampleKey, Source
+
+if TYPE_CHECKING:  # the lazy names, seen by type checkers
+    from shardfeed.pipeline.patches import Patches as Patches
+    from shardfeed.pipeline.windows import Windows as Windows
 
 _LAZY = {"Windows": "shardfeed.pipeline.windows", "Patches": "shardfeed.pipeline.patches"}
 

@@ -373,5 +373,3 @@ def local_ring(layout: BatchLayout, size: int) -> list[BatchBuffer]:
     """``size`` batch buffers in ordinary process memory."""
     return [BatchBuffer(layout) for _ in range(size)]
 
-
-BufferFactory = Callable[[BatchLayout, int], list[BatchBuffer]]

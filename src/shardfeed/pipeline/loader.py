@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
@@ -33,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import ShardfeedError
+from shardfeed.errors import TooManyErrorsError
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
 from shardfeed.pipeline.epoch import EpochRun
 from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
@@ -45,7 +44,14 @@ from shardfeed.pipeline.memory import (
     order_index_bytes,
     work_bytes,
 )
-from shardfeed.pipeline.options import ErrorPolicy, LoaderOptions
+from shardfeed.pipeline.options import (
+    ErrorPolicy,
+    LoaderOptions,
+    OnError,
+    OrderMethod,
+    Remainder,
+    Workers,
+)
 from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
@@ -58,10 +64,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class TooManyErrorsError(ShardfeedError):
-    """More bad samples in one epoch than ``on_error="skip"`` allows."""
 
 
 class Loader:
@@ -128,15 +130,15 @@ class Loader:
         num_threads: int = 4,
         prefetch_batches: int = 2,
         drop_last: bool = False,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         max_skipped: int | None = None,
         max_skipped_fraction: float = 0.01,
         rank: int | None = None,
         world_size: int | None = None,
-        remainder: str | None = None,
-        workers: str = "threads",
+        remainder: Remainder | None = None,
+        workers: Workers = "threads",
         copy: bool = False,
-        order_method: str = "exact",
+        order_method: OrderMethod = "exact",
     ) -> None:
         self.ranks: RankInfo = resolve_ranks(rank, world_size)
         if copy is True:
@@ -187,7 +189,6 @@ class Loader:
         self._processes: Any = None
         self._run: EpochRun | None = None
         self._closed = False
-        self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, release, [None, None, None])
 
     # -- presets -------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ class Loader:
         opts = self.options
         return RankShare(
             self.samples_per_epoch, rank=opts.rank, world_size=opts.world_size,
-            start=epoch_start, remainder=opts.remainder,  # type: ignore[arg-type]
+            start=epoch_start, remainder=opts.remainder,
         )
 
     def _positions(self, epoch_start: int) -> np.ndarray:
@@ -278,7 +279,7 @@ class Loader:
         opts = self.options
         order = EpochOrder(
             self.num_units, seed=opts.seed, epoch=self._epoch, shuffle=opts.shuffle,
-            method=opts.order_method,  # type: ignore[arg-type]
+            method=opts.order_method,
         )
         return EpochContext(opts.seed, self._epoch, order, self.samples_per_epoch)
 

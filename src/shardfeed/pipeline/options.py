@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-ON_ERROR = ("raise", "skip")
-WORKERS = ("threads", "processes")
-ORDER_METHODS = ("exact", "bijection")
-REMAINDERS = ("drop", "pad")
+OnError = Literal["raise", "skip"]
+Workers = Literal["threads", "processes"]
+OrderMethod = Literal["exact", "bijection"]
+Remainder = Literal["drop", "pad"]
+
+ON_ERROR: tuple[OnError, ...] = get_args(OnError)
+WORKERS: tuple[Workers, ...] = get_args(Workers)
+ORDER_METHODS: tuple[OrderMethod, ...] = get_args(OrderMethod)
+REMAINDERS: tuple[Remainder, ...] = get_args(Remainder)
 
 
 def _check_int(name: str, value: object, *, minimum: int, fix: str) -> None:
@@ -18,7 +24,7 @@ def _check_int(name: str, value: object, *, minimum: int, fix: str) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}; {fix}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class ErrorPolicy:
     """What a corrupt record or undecodable image does.
 
@@ -28,7 +34,7 @@ class ErrorPolicy:
     of the epoch's samples on this rank, at least 1) raises.
     """
 
-    on_error: str = "raise"
+    on_error: OnError = "raise"
     max_skipped: int | None = None
     max_skipped_fraction: float = 0.01
 
@@ -56,7 +62,7 @@ class ErrorPolicy:
         return max(1, math.ceil(self.max_skipped_fraction * samples))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class LoaderOptions:
     """Everything about a Loader except the source and the transform."""
 
@@ -68,10 +74,10 @@ class LoaderOptions:
     drop_last: bool = False
     rank: int = 0
     world_size: int = 1
-    remainder: str = "pad"
-    workers: str = "threads"
+    remainder: Remainder = "pad"
+    workers: Workers = "threads"
     copy: bool = False
-    order_method: str = "exact"
+    order_method: OrderMethod = "exact"
 
     def __post_init__(self) -> None:
         _check_int("batch_size", self.batch_size, minimum=1, fix="pass e.g. batch_size=256")

@@ -23,8 +23,9 @@ a decode holds at most :attr:`PatchOptions.decode_bytes` while it runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import cv2
 import numpy as np
@@ -48,21 +49,22 @@ from shardfeed.transforms.image_size import (
 )
 from shardfeed.transforms.source import ImageField
 
-__all__ = ["PICKS", "DecodedImage", "PatchOptions", "cut_patch", "decode_for_patches"]
+__all__ = ["PICKS", "DecodedImage", "PatchOptions", "Pick", "cut_patch", "decode_for_patches"]
 
-PICKS = ("stratified", "uniform")
+Pick = Literal["stratified", "uniform"]
+PICKS: tuple[Pick, ...] = get_args(Pick)
 _CMYK = ("CMYK", "YCCK")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class PatchOptions:
     """How patches are cut and cached (see :class:`Patches` for the meaning of each)."""
 
     size: tuple[int, int]
-    scale: tuple[float, float] | None = None
+    scale: Sequence[float] | None = None  # kept as a pair of floats
     cache_images: int = 64
     refresh_every: int = 100
-    pick: str = "stratified"
+    pick: Pick = "stratified"
     reduced_decode: bool = True
     cache: bool = True
     cache_bytes: int | None = None

@@ -50,6 +50,7 @@ from shardfeed.pipeline.patch_crops import (
     PICKS,
     DecodedImage,
     PatchOptions,
+    Pick,
     cut_patch,
     decode_for_patches,
 )
@@ -65,6 +66,7 @@ from shardfeed.pipeline.source import (
 from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
+from shardfeed.transforms.boxes import parse_size
 from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 from shardfeed.transforms.source import ImageField
 
@@ -123,7 +125,7 @@ class Patches(DatasetSource):
         scale: Sequence[float] | None = None,
         cache_images: int = 64,
         refresh_every: int = 100,
-        pick: str = "stratified",
+        pick: Pick = "stratified",
         reduced_decode: bool = True,
         cache: bool = True,
         cache_bytes: int | None = None,
@@ -132,7 +134,7 @@ class Patches(DatasetSource):
     ) -> None:
         self._attach(dataset, needs="Patches needs a shardfeed.Dataset")
         self.options = PatchOptions(
-            size=size, scale=None if scale is None else tuple(scale),  # type: ignore[arg-type]
+            size=parse_size(size), scale=None if scale is None else tuple(scale),
             cache_images=cache_images, refresh_every=refresh_every, pick=pick,
             reduced_decode=reduced_decode, cache=cache, cache_bytes=cache_bytes, mask=mask,
             max_pixels=max_pixels,

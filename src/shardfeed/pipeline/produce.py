@@ -174,10 +174,10 @@ class SliceBuilder:
         all_ids = [int(i) for ids in plans for i in ids]
         try:
             return plans, self.read(all_ids), {}
-        except DATA_ERRORS as exc:
+        except DATA_ERRORS:
             if not self.skip:
                 # name the sample whose record is bad: find it by reading one at a time
-                self._raise_first_bad(ctx, positions, plans, exc)
+                self._raise_first_bad(ctx, positions, plans)
                 raise
         records: dict[int, Sample] = {}
         bad: dict[int, BaseException] = {}
@@ -189,7 +189,7 @@ class SliceBuilder:
         return plans, records, bad
 
     def _raise_first_bad(self, ctx: EpochContext, positions: np.ndarray,
-                         plans: list[Sequence[int]], first: BaseException) -> None:
+                         plans: list[Sequence[int]]) -> None:
         for position, ids in zip(positions, plans):
             for record in ids:
                 try:
@@ -199,7 +199,6 @@ class SliceBuilder:
                     if replacement is not None:
                         raise replacement from exc
                     raise
-        del first
 
     def build_slice(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
                     first_row: int) -> int:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -52,7 +52,8 @@ from shardfeed.sampling.windows import ExcludedWindows, WindowIndex
 
 __all__ = ["WindowOptions", "Windows"]
 
-LABEL_MODES = ("last", "all")
+LabelMode = Literal["last", "all"]
+LABEL_MODES: tuple[LabelMode, ...] = get_args(LabelMode)
 _FRAME_KEYS = frozenset({
     "image", "mask", spec.IMAGE_HEIGHT, spec.IMAGE_WIDTH, spec.IMAGE_CHANNELS, spec.MASK_HEIGHT,
     spec.MASK_WIDTH,
@@ -63,7 +64,7 @@ _HOW_TO_ADD = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class WindowOptions:
     """What a window is and which features are labels (see :class:`Windows`)."""
 
@@ -72,8 +73,8 @@ class WindowOptions:
     stride_seconds: float | None = None
     tolerance_seconds: float | None = None
     max_gap_seconds: float | None = None
-    labels: str = "last"
-    label_keys: tuple[str, ...] | None = None
+    labels: LabelMode = "last"
+    label_keys: Sequence[str] | None = None  # kept as a tuple
 
     def __post_init__(self) -> None:
         for name in ("length", "stride"):
@@ -128,7 +129,7 @@ class Windows:
         stride_seconds: float | None = None,
         tolerance_seconds: float | None = None,
         max_gap_seconds: float | None = None,
-        labels: str = "last",
+        labels: LabelMode = "last",
         label_keys: Sequence[str] | None = None,
     ) -> None:
         for name in ("read_many", "locate", "__len__"):
@@ -138,7 +139,7 @@ class Windows:
         self.options = WindowOptions(
             length=length, stride=stride, stride_seconds=stride_seconds,
             tolerance_seconds=tolerance_seconds, max_gap_seconds=max_gap_seconds,
-            labels=labels, label_keys=label_keys,  # type: ignore[arg-type]
+            labels=labels, label_keys=label_keys,
         )
         groups = getattr(dataset, "group_ids", None)
         order = getattr(dataset, "order_keys", None)

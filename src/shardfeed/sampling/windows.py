@@ -246,11 +246,12 @@ def _check_arrays(
             raise ValueError(f"{name} must be 1-D (one value per record), got shape {array.shape}")
     if keys is not None and keys.size and keys.dtype.kind not in "iuf":
         raise TypeError(f"order_keys must be numbers (e.g. seconds), got dtype {keys.dtype}")
-    if groups is None and keys is None:
+    counted = groups if groups is not None else keys
+    if counted is None:
         raise ValueError("give group_ids or order_keys (at least one per-record array), to "
                          "know how many records there are")
     if groups is not None and keys is not None and groups.size != keys.size:
         raise ValueError(f"group_ids and order_keys must have one value per record; got "
                          f"{groups.size} group ids and {keys.size} order keys")
-    n = int(groups.size if groups is not None else keys.size)  # type: ignore[union-attr]
+    n = int(counted.size)
     return groups, keys, n

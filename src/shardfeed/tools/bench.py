@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -42,7 +42,8 @@ from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 
 __all__ = ["BenchOptions", "bench"]
 
-PRESETS = ("train", "eval")
+Preset = Literal["train", "eval"]
+PRESETS: tuple[Preset, ...] = get_args(Preset)
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:
@@ -62,7 +63,7 @@ def _check_seconds(name: str, value: object, *, minimum: float) -> None:
 DEFAULT_CACHE_IMAGES = 64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class BenchOptions:
     """What to measure. ``windows`` (a frame count) and ``patches`` (a crop size) exclude each
     other; ``stride`` belongs to windows, ``cache_images`` / ``refresh_every`` to patches
@@ -71,7 +72,7 @@ class BenchOptions:
     ``max(1, seconds / 4)``. ``max_pixels`` goes to the decode (the preset, or Patches): the
     largest image allowed, and what the stated memory bound counts a thread for decoding."""
 
-    preset: str = "train"
+    preset: Preset = "train"
     size: int = 224
     batch_size: int = 256
     num_threads: int = 4

@@ -202,8 +202,7 @@ def _patches(
                 count += int(batch["image"].shape[0])
                 per_batch.append(len(np.unique(np.asarray(batch["patch/record"]))))
             seconds = time.perf_counter() - start_s
-        stats = patches.cache_stats
-        stats = stats() if callable(stats) else stats
+        stats = patches.cache_stats()
         figures = {
             "size": PATCH_SIZE, "cache_images": cache_images, "refresh_every": refresh_every,
             "images": len(ds), "patches": count, "batches": len(per_batch),

@@ -32,7 +32,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from shardfeed.errors import ShardfeedError
+from shardfeed.errors import MissingDependencyError, ShardfeedError
 
 __all__ = [
     "TIMELAPSE_FLOATS",
@@ -58,11 +58,7 @@ JPEG_QUALITY = 90
 _START = datetime(2024, 6, 1, 6, 0, 0, tzinfo=timezone.utc)
 
 
-class MissingDependencyError(ShardfeedError):
-    """An optional package the demo needs is not installed."""
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class DemoSizes:
     """How big the demo datasets are.
 

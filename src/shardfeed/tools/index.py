@@ -294,7 +294,7 @@ def _order_seconds(
             raise SchemaError(
                 f"order key {key!r}: {exc}; pass --time-unit s, ms, us or ns (time_unit=)"
             ) from None
-        unit = "s" if found is None else found  # type: ignore[assignment]
+        unit = "s" if found is None else found
     else:
         unit = time_unit
     return packtime.array_seconds(array, unit), unit

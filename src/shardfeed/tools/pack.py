@@ -50,7 +50,7 @@ from shardfeed.tools.packledger import planned_files, record_done
 from shardfeed.tools.packoutput import PackResult
 from shardfeed.tools.packplan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.packrecord import MODES, Mode, build_payload, estimate_size, fingerprint
-from shardfeed.tools.packworkers import ordered_map
+from shardfeed.tools.packworkers import ExecutorKind, ordered_map
 from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "PackResult", "ordered_map", "pack"]
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SHARD_SIZE = "64MB"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class PackOptions:
     """How to pack. ``shard_bytes`` or ``records_per_shard`` (exactly one) sizes shards;
     ``workers`` threads (or processes, ``executor="process"``) read and encode records;
@@ -70,7 +70,7 @@ class PackOptions:
     shard_bytes: int | None = None
     records_per_shard: int | None = None
     workers: int = 1
-    executor: str = "thread"
+    executor: ExecutorKind = "thread"
     prefix: str = "shard"
     max_pixels: int = DEFAULT_MAX_PIXELS
 
@@ -185,7 +185,7 @@ def pack(
     shard_size: int | str | None = None,
     records_per_shard: int | None = None,
     workers: int = 1,
-    executor: str = "thread",
+    executor: ExecutorKind = "thread",
     prefix: str = "shard",
     resume: bool = False,
     overwrite: bool = False,

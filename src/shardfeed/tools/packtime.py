@@ -34,6 +34,7 @@ NumericUnit = Literal["s", "ms", "us", "ns"]
 
 NANOS: dict[str, int] = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 """Nanoseconds per unit."""
+NUMERIC_UNITS: tuple[NumericUnit, ...] = ("s", "ms", "us", "ns")
 
 STORED_UNIT = "ns"
 """The unit of the int64 order feature ``pack`` writes."""
@@ -187,15 +188,15 @@ def nanos_to_seconds(nanos: int) -> float:
     return whole + rest / 1e9
 
 
-def detect_array_unit(values: np.ndarray) -> str | None:
+def detect_array_unit(values: np.ndarray) -> NumericUnit | None:
     """For ``shardfeed index``: the one unit in which every value is a Unix time; None when
     no value is one (read as seconds, as before units were declared). Raises ValueError when
     some are and some are not, or they are of several units."""
     if values.size == 0:
         return None
     anywhere = np.zeros(values.shape, dtype=bool)
-    for unit, nanos in NANOS.items():
-        seconds = values.astype(np.float64) * (nanos / 1e9)
+    for unit in NUMERIC_UNITS:
+        seconds = values.astype(np.float64) * (NANOS[unit] / 1e9)
         inside = (seconds >= _EPOCH_LOW) & (seconds <= _EPOCH_HIGH)
         if inside.all():
             return unit

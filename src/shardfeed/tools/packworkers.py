@@ -10,14 +10,17 @@ import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
+#: Threads or processes.
+ExecutorKind = Literal["thread", "process"]
+
 
 def ordered_map(
-    fn: Callable[[T], R], items: Iterable[T], *, workers: int, executor: str = "thread"
+    fn: Callable[[T], R], items: Iterable[T], *, workers: int, executor: ExecutorKind = "thread"
 ) -> Iterator[R]:
     """``map(fn, items)`` computed by ``workers`` threads or processes, yielded in order.
 

@@ -30,6 +30,8 @@ __version__ = "0.1.0"
 # public name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
     "Dataset": ("shardfeed.dataset", "Dataset"),
+    "DataSource": ("shardfeed.dataset", "DataSource"),
+    "DataSourceBase": ("shardfeed.dataset", "DataSourceBase"),
     "Loader": ("shardfeed.pipeline", "Loader"),
     "Windows": ("shardfeed.pipeline", "Windows"),
     "Patches": ("shardfeed.pipeline", "Patches"),
@@ -42,6 +44,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 if TYPE_CHECKING:
     from shardfeed.dataset import Dataset as Dataset
+    from shardfeed.dataset import DataSource as DataSource
+    from shardfeed.dataset import DataSourceBase as DataSourceBase
 
 
 def __getattr__(name: str) -> Any:
@@ -61,6 +65,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CorruptRecordError",
+    "DataSource",
+    "DataSourceBase",
     "Dataset",
     "DecodeError",
     "FormatError",

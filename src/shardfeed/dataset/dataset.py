@@ -59,6 +59,8 @@ Record = dict[str, Value]
 class Dataset:
     """Random access to the records of TFRecord shards; thread-safe.
 
+    The TFRecord implementation of :class:`~shardfeed.dataset.data_source.DataSource`.
+
     ``source``: a dataset folder (with ``shardfeed.json``), a manifest path, a folder of
     ``.tfrecord`` files, a glob, a TFRecord path, or a list of TFRecord paths/URLs. Bare
     TFRecord files without an index get one built (written beside the file when it is a
@@ -273,6 +275,16 @@ class Dataset:
     def order_keys(self) -> np.ndarray | None:
         """Order key per record (float64) from the manifest's ``order.npy``, or None."""
         return self._order_keys
+
+    @property
+    def group_key(self) -> str | None:
+        """The feature the manifest names as each record's group id, or None."""
+        return None if self._manifest is None else self._manifest.group_key
+
+    @property
+    def order_key(self) -> str | None:
+        """The feature the manifest names as each record's order key, or None."""
+        return None if self._manifest is None else self._manifest.order_key
 
     @property
     def schema(self) -> Schema:

@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.dataset.data_source import DataSource
+from shardfeed.format.schema import ImageInfo
 from shardfeed.pipeline.image_cache import CacheStats, ImageCache
 from shardfeed.pipeline.patch_crops import (
     PICKS,
@@ -54,7 +56,6 @@ from shardfeed.pipeline.patch_crops import (
     decode_for_patches,
 )
 from shardfeed.pipeline.source import (
-    DatasetLike,
     DatasetSource,
     EpochContext,
     Sample,
@@ -113,7 +114,7 @@ class Patches(DatasetSource):
 
     def __init__(
         self,
-        dataset: DatasetLike,
+        dataset: DataSource,
         /,
         *,
         size: int | Sequence[int],
@@ -126,22 +127,23 @@ class Patches(DatasetSource):
         cache_bytes: int | None = None,
         mask: bool | None = None,
     ) -> None:
-        self._attach(dataset, needs="Patches needs a shardfeed.Dataset")
+        self._attach(dataset, needs="Patches needs a shardfeed.Dataset or another "
+                     "shardfeed.DataSource")
         self.options = PatchOptions(
             size=size, scale=None if scale is None else tuple(scale),  # type: ignore[arg-type]
             cache_images=cache_images, refresh_every=refresh_every, pick=pick,
             reduced_decode=reduced_decode, cache=cache, cache_bytes=cache_bytes, mask=mask,
         )
         _check_cache_fits(self._len, self.options.cache_images, self.options.refresh_every)
-        schema = getattr(dataset, "schema", None)
-        root = getattr(dataset, "root", None)
+        schema, root = dataset.schema, dataset.root
+        image_info: ImageInfo | None = None if schema is None else schema.image
+        mask_info: ImageInfo | None = None if schema is None else schema.mask
         self.schedule = PatchSchedule(self._len, cache_images=self.options.cache_images,
                                       refresh_every=self.options.refresh_every)
-        self._image_field = ImageField().bound(getattr(schema, "image", None), root=root)
+        self._image_field = ImageField().bound(image_info, root=root)
         self._mask_field: ImageField | None = None
         if self.options.mask is not False:
-            self._mask_field = ImageField(is_mask=True).bound(getattr(schema, "mask", None),
-                                                              root=root)
+            self._mask_field = ImageField(is_mask=True).bound(mask_info, root=root)
         n = self.schedule.max_resident
         self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
@@ -159,10 +161,10 @@ class Patches(DatasetSource):
         return len(self.schedule)
 
     def bind(self, transform: Transform | None) -> Transform | None:
-        ds = self.dataset
+        ds = self._ds()
         if self.cache is not None:
             self.cache.clear()  # a new loader starts its own clock
-        return bind_transform(transform, getattr(ds, "schema", None), getattr(ds, "root", None))
+        return bind_transform(transform, ds.schema, ds.root)
 
     def order_positions(self, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The order position ``q`` (an index into the epoch's image order) of each output."""

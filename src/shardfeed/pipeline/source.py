@@ -66,6 +66,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from shardfeed.dataset.data_source import DataSource, check_data_source
+from shardfeed.format.schema import Schema
 from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.keys import sample_rng
 from shardfeed.sampling.permutation import EpochOrder
@@ -165,27 +167,6 @@ class Source(Protocol):
         ...
 
 
-class DatasetLike(Protocol):
-    """The part of ``shardfeed.Dataset`` the record source uses."""
-
-    def __len__(self) -> int: ...
-
-    def read_many(self, indices: Sequence[int]) -> list[dict[str, Any]]: ...
-
-    def locate(self, i: int) -> tuple[str, int, int]: ...
-
-    @property
-    def schema(self) -> Any: ...
-
-    @property
-    def root(self) -> Any: ...
-
-    @property
-    def fingerprint(self) -> str:
-        """A short text that changes when the records do (see ``Dataset.fingerprint``)."""
-        ...
-
-
 def bind_transform(transform: Any, schema: Any, root: Any) -> Transform | None:
     """Bind ``transform`` to a schema (``transform.bind(schema, root=root)``) if it can be bound.
 
@@ -241,30 +222,21 @@ class DatasetSource:
     State: none of its own. Memory: the dataset's index (8 bytes a record).
     """
 
-    dataset: DatasetLike | None
+    dataset: DataSource | None
     _len: int
     _lengths: dict[str, int | None]
     _fingerprint: str
     _no_dataset = "this copy of the source has no dataset"
 
-    def _attach(self, dataset: DatasetLike, *, needs: str) -> None:
-        """Keep ``dataset`` after checking it is one; ``needs`` starts the TypeError."""
-        for name in ("read_many", "locate", "__len__"):
-            if not hasattr(dataset, name):
-                raise TypeError(f"{needs}; {type(dataset).__name__} has no {name}()")
-        fingerprint = getattr(dataset, "fingerprint", None)
-        if not isinstance(fingerprint, str):
-            raise TypeError(
-                f"{needs}; {type(dataset).__name__} has no fingerprint (a str that changes "
-                "when its records do, which a loader state is checked against), got "
-                f"{fingerprint!r}"
-            )
-        self.dataset = dataset
-        self._len = len(dataset)
-        self._lengths = _schema_lengths(getattr(dataset, "schema", None))
-        self._fingerprint = fingerprint
+    def _attach(self, dataset: object, *, needs: str) -> None:
+        """Keep ``dataset`` after checking it is a DataSource; ``needs`` starts the TypeError."""
+        data = check_data_source(dataset, needs=needs)
+        self.dataset = data
+        self._len = len(data)
+        self._lengths = _schema_lengths(data.schema)
+        self._fingerprint = data.fingerprint
 
-    def _ds(self) -> DatasetLike:
+    def _ds(self) -> DataSource:
         if self.dataset is None:
             raise RuntimeError(self._no_dataset)
         return self.dataset
@@ -298,9 +270,10 @@ class RecordSource(DatasetSource):
     accepts_out = True
     _no_dataset = "this copy of the record source has no dataset (process copy)"
 
-    def __init__(self, dataset: DatasetLike, /) -> None:
+    def __init__(self, dataset: DataSource, /) -> None:
         self._attach(
-            dataset, needs="a Loader source must be a shardfeed.Dataset (or Windows/Patches)"
+            dataset, needs="a Loader source must be a shardfeed.Dataset or another "
+            "shardfeed.DataSource (or Windows/Patches over one)"
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -319,7 +292,7 @@ class RecordSource(DatasetSource):
 
     def bind(self, transform: Transform | None) -> Transform | None:
         ds = self._ds()
-        return bind_transform(transform, getattr(ds, "schema", None), getattr(ds, "root", None))
+        return bind_transform(transform, ds.schema, ds.root)
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
         units = np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
@@ -355,20 +328,16 @@ class RecordSource(DatasetSource):
         check_source_state(state, self.state(), source="record source")
 
 
-def _schema_lengths(schema: Any) -> dict[str, int | None]:
-    features = getattr(schema, "features", None)
-    if not isinstance(features, Mapping):
+def _schema_lengths(schema: Schema | None) -> dict[str, int | None]:
+    if schema is None:
         return {}
-    lengths: dict[str, int | None] = {}
-    for name, info in features.items():
-        lengths[name] = getattr(info, "length", None)
-    return lengths
+    return {name: info.length for name, info in schema.features.items()}
 
 
-def as_source(source: Any) -> Source:
-    """A Source for ``source``: itself if it is one, else a :class:`RecordSource` over it."""
-    if isinstance(source, RecordSource):
+def as_source(source: object) -> Source:
+    """A Source for ``source``: itself if it is one (Windows, Patches, a record source), else
+    a :class:`RecordSource` over it, which checks it is a DataSource (TypeError naming the
+    missing member)."""
+    if isinstance(source, Source):
         return source
-    if hasattr(source, "make_sample") and hasattr(source, "plan"):
-        return source  # type: ignore[no-any-return]
-    return RecordSource(source)
+    return RecordSource(source)  # type: ignore[arg-type]  # checked by check_data_source

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.dataset.data_source import DataSource, check_data_source
 from shardfeed.errors import SchemaError
 from shardfeed.format import spec
 from shardfeed.pipeline.source import (
-    DatasetLike,
     EpochContext,
     RecordSource,
     Sample,
@@ -120,7 +120,7 @@ class Windows:
 
     def __init__(
         self,
-        dataset: DatasetLike,
+        dataset: DataSource,
         /,
         *,
         length: int,
@@ -131,17 +131,15 @@ class Windows:
         labels: str = "last",
         label_keys: Sequence[str] | None = None,
     ) -> None:
-        for name in ("read_many", "locate", "__len__"):
-            if not hasattr(dataset, name):
-                raise TypeError(f"Windows needs a shardfeed.Dataset; {type(dataset).__name__} "
-                                f"has no {name}()")
+        dataset = check_data_source(
+            dataset, needs="Windows needs a shardfeed.Dataset or another shardfeed.DataSource")
         self.options = WindowOptions(
             length=length, stride=stride, stride_seconds=stride_seconds,
             tolerance_seconds=tolerance_seconds, max_gap_seconds=max_gap_seconds,
             labels=labels, label_keys=label_keys,  # type: ignore[arg-type]
         )
-        groups = getattr(dataset, "group_ids", None)
-        order = getattr(dataset, "order_keys", None)
+        groups = dataset.group_ids
+        order = dataset.order_keys
         if groups is None and order is None:
             raise SchemaError(
                 f"{_describe(dataset)} has no group ids or order keys, so Windows cannot tell "
@@ -159,10 +157,8 @@ class Windows:
         )
         # Frames are records: reading, locating and binding go through a record source.
         self._frames = RecordSource(dataset)
-        manifest = getattr(dataset, "manifest", None)
         self._frame_keys = frozenset(
-            k for k in (getattr(manifest, "group_key", None), getattr(manifest, "order_key", None))
-            if k
+            k for k in (dataset.group_key, dataset.order_key) if k
         ) | _FRAME_KEYS
         self._index_digest: str | None = None
 
@@ -285,7 +281,7 @@ class Windows:
     # The record source pickles without its dataset (open files), so nothing more to drop here.
 
     @property
-    def dataset(self) -> DatasetLike | None:
+    def dataset(self) -> DataSource | None:
         """The dataset the frames are read from (None in a process worker's copy)."""
         return self._frames.dataset
 
@@ -315,8 +311,7 @@ def _stack_values(name: str, values: list[Any]) -> Any:
     return stacked
 
 
-def _describe(dataset: Any) -> str:
-    urls = getattr(dataset, "shard_urls", None)
-    if urls:
-        return f"the dataset of {len(urls)} shard(s) starting with '{urls[0]}'"
-    return "the dataset"
+def _describe(dataset: DataSource) -> str:
+    if len(dataset) == 0:
+        return f"the data source {dataset!r}"
+    return f"the data source {dataset!r} (record 0 in '{dataset.locate(0)[0]}')"

@@ -289,7 +289,7 @@ def test_plan_covers_each_window_once_within_groups(sizes: list[int], length: in
     days = {g: list(order[groups == g]) for g in range(len(sizes))}
     expected = expected_windows(days, length=length, stride=stride)
     assert len(windows) == len(expected)
-    from shardfeed.pipeline.source import EpochContext
+    from shardfeed.pipeline.samplers import EpochContext
 
     n = len(windows)
     ctx = EpochContext(seed, 0, EpochOrder(n, seed=seed, epoch=0, shuffle=True), n)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.pipeline.source import Sample
+from shardfeed.pipeline.samplers import Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +22,8 @@ class MemoryBudget:
     ``work_bytes_per_thread`` is estimated from the first sample of the epoch (its record's
     encoded bytes times the slice length, plus its decoded image): datasets whose images are
     much larger than the first one raise that term in proportion. ``cache_bytes`` is the
-    source's own bound on what it caches (the decoded images of :class:`Patches`; 0 for
-    sources that cache nothing).
+    sampler's own bound on what it caches (the decoded images of :class:`Patches`; 0 for
+    samplers that cache nothing).
     """
 
     batch_bytes: int

@@ -27,7 +27,7 @@ import numpy as np
 import simplejpeg
 
 from shardfeed.errors import DecodeError
-from shardfeed.pipeline.source import Sample
+from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size
 from shardfeed.transforms.decode import decode_error, jpeg_header, sniff_format

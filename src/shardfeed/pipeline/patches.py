@@ -55,15 +55,15 @@ from shardfeed.pipeline.patch_crops import (
     cut_patch,
     decode_for_patches,
 )
-from shardfeed.pipeline.source import (
-    DatasetSource,
+from shardfeed.pipeline.sampler_state import check_sampler_state
+from shardfeed.pipeline.samplers import (
     EpochContext,
     Sample,
     SampleKey,
+    SamplerBase,
     Transform,
     bind_transform,
 )
-from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.transforms.source import ImageField
@@ -82,8 +82,8 @@ def _block_permutation(seed: int, epoch: int, block: int, n: int) -> np.ndarray:
     return order
 
 
-class Patches(DatasetSource):
-    """A Loader source of random patches cut from a cache of decoded images.
+class Patches(SamplerBase):
+    """A Loader sampler of random patches cut from a cache of decoded images.
 
     ::
 
@@ -110,7 +110,7 @@ class Patches(DatasetSource):
     """
 
     kind = "patches"
-    _no_dataset = "this copy of the patch source has no dataset"
+    _no_dataset = "this copy of the patch sampler has no data source"
 
     def __init__(
         self,
@@ -150,7 +150,7 @@ class Patches(DatasetSource):
             default = max(1, n) + self.options.slack_images()
             self.cache = ImageCache(max_bytes=self.options.cache_bytes, default_images=default)
 
-    # -- the Source protocol ------------------------------------------------------------------
+    # -- the Sampler protocol -----------------------------------------------------------------
 
     def samples_per_epoch(self, num_units: int) -> int:
         return len(PatchSchedule(num_units, cache_images=self.options.cache_images,
@@ -221,7 +221,7 @@ class Patches(DatasetSource):
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        check_source_state(state, self.state(), source="Patches")
+        check_sampler_state(state, self.state(), sampler="Patches")
         if self.cache is not None:
             self.cache.clear()
 

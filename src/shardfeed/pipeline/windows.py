@@ -1,4 +1,4 @@
-"""Windows: samples of ``length`` frames of one group (a day of a time-lapse), as a Loader source.
+"""Windows: samples of ``length`` frames of one group (a day of a time-lapse), a Loader sampler.
 
 The window index (:class:`~shardfeed.sampling.windows.WindowIndex`) is built once from the
 dataset's per-record group ids and order keys (the manifest's ``groups.npy`` / ``order.npy``
@@ -40,14 +40,14 @@ import numpy as np
 from shardfeed.dataset.data_source import DataSource, check_data_source
 from shardfeed.errors import SchemaError
 from shardfeed.format import spec
-from shardfeed.pipeline.source import (
+from shardfeed.pipeline.sampler_state import check_sampler_state
+from shardfeed.pipeline.samplers import (
     EpochContext,
-    RecordSource,
+    RecordSampler,
     Sample,
     SampleKey,
     Transform,
 )
-from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.windows import ExcludedWindows, WindowIndex
 
 __all__ = ["WindowOptions", "Windows"]
@@ -95,7 +95,7 @@ class WindowOptions:
 
 
 class Windows:
-    """A Loader source whose samples are windows of frames within groups.
+    """A Loader sampler whose samples are windows of frames within groups.
 
     ::
 
@@ -155,14 +155,14 @@ class Windows:
             stride_seconds=stride_seconds, tolerance_seconds=tolerance_seconds,
             max_gap_seconds=max_gap_seconds,
         )
-        # Frames are records: reading, locating and binding go through a record source.
-        self._frames = RecordSource(dataset)
+        # Frames are records: reading, locating and binding go through a record sampler.
+        self._frames = RecordSampler(dataset)
         self._frame_keys = frozenset(
             k for k in (dataset.group_key, dataset.order_key) if k
         ) | _FRAME_KEYS
         self._index_digest: str | None = None
 
-    # -- the Source protocol ------------------------------------------------------------------
+    # -- the Sampler protocol -----------------------------------------------------------------
 
     @property
     def num_units(self) -> int:
@@ -229,7 +229,7 @@ class Windows:
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        check_source_state(state, self.state(), source="Windows")
+        check_sampler_state(state, self.state(), sampler="Windows")
 
     def index_digest(self) -> str:
         """A digest of every window's frames, in window order (hashed once, on first use)."""
@@ -278,7 +278,7 @@ class Windows:
         return sample
 
     # -- pickling (process workers only call make_sample) ---------------------------------------
-    # The record source pickles without its dataset (open files), so nothing more to drop here.
+    # The record sampler pickles without its data source (open files): nothing more to drop.
 
     @property
     def dataset(self) -> DataSource | None:

@@ -31,7 +31,7 @@ from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size
 from shardfeed.transforms.decode import decode_error, jpeg_header, sniff_format
-from shardfeed.transforms.source import ImageField
+from shardfeed.transforms.fields import ImageField
 
 __all__ = ["PICKS", "DecodedImage", "PatchOptions", "cut_patch", "decode_for_patches"]
 

@@ -66,7 +66,7 @@ from shardfeed.pipeline.samplers import (
 )
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
-from shardfeed.transforms.source import ImageField
+from shardfeed.transforms.fields import ImageField
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
 

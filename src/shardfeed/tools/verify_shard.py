@@ -343,7 +343,7 @@ def _referenced(root: str | None, value: bytes, where: str) -> str:
     """The file a referenced path names under ``root``, found as the Loader finds it:
     refused (:class:`~shardfeed.errors.UnsafePathError`) when not UTF-8 or leading outside
     the root, unless the root is unconfined (``--allow-outside-paths``)."""
-    from shardfeed.transforms.source import referenced_file
+    from shardfeed.transforms.fields import referenced_file
 
     return referenced_file(root, value, where)
 

@@ -5,12 +5,11 @@ indices, where a record lives (for error messages), and a fingerprint that chang
 records do. :class:`~shardfeed.dataset.Dataset` (TFRecord shards) is one implementation; any
 object with the members of :class:`DataSource` is another, and gets everything the Loader
 does over it: exact shuffle, rank shares, ``Windows``, ``Patches``, threads or processes,
-and ``state()`` / ``restore()``::
+and ``state()`` / ``restore()`` (``docs/extending.md`` has a worked example)::
 
     class Arrays(shardfeed.DataSourceBase):        # the optional members default to None
-        def __init__(self, images, labels):
-            self.images, self.labels = images, labels
-            self.fingerprint = f"arrays:{len(images)}"   # change it when the data changes
+        def __init__(self, images, labels, *, version):
+            self.images, self.labels, self.version = images, labels, version
 
         def __len__(self):
             return len(self.images)
@@ -18,7 +17,11 @@ and ``state()`` / ``restore()``::
         def read_many(self, indices):
             return [{"image": self.images[i], "label": self.labels[i]} for i in indices]
 
-    loader = shardfeed.Loader(Arrays(images, labels), batch_size=32, shuffle=True, seed=0)
+        @property
+        def fingerprint(self):                      # a new version when the data changes
+            return f"arrays:{self.version}:{len(self.images)}"
+
+    loader = shardfeed.Loader(Arrays(images, labels, version=1), batch_size=32, seed=0)
 
 Members (all declared; :func:`check_data_source` raises TypeError naming a missing one):
 

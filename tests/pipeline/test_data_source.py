@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import simplejpeg
 
 import shardfeed
 from shardfeed.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
@@ -147,6 +148,46 @@ def test_a_state_is_refused_on_other_arrays() -> None:
     other.images[0] = other.images[0] ^ np.uint8(1)  # the data changed: its fingerprint too
     with pytest.raises(shardfeed.StateError, match="dataset"):
         shardfeed.Loader(other, batch_size=4, seed=0).restore(state)
+
+
+class Jpegs(shardfeed.DataSourceBase):
+    """Encoded JPEGs in memory: what Patches decodes itself (under the standard name)."""
+
+    def __init__(self, blobs: list[bytes]) -> None:
+        self.blobs = blobs
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def read_many(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return [{"image/encoded": self.blobs[i], "label": i} for i in indices]
+
+    @property
+    def fingerprint(self) -> str:
+        return f"jpegs:{hashlib.blake2b(b''.join(self.blobs), digest_size=8).hexdigest()}"
+
+
+def test_patches_over_a_data_source_of_jpegs_resume_on_other_threads() -> None:
+    rng = np.random.default_rng(3)
+    blobs = [simplejpeg.encode_jpeg(rng.integers(0, 256, (24, 32, 3), dtype=np.uint8))
+             for _ in range(9)]
+
+    def make(num_threads: int) -> shardfeed.Loader:
+        patches = shardfeed.Patches(Jpegs(blobs), size=8, cache_images=3, refresh_every=4)
+        return shardfeed.Loader(patches, batch_size=5, seed=4, num_threads=num_threads)
+
+    whole = run(make(1))
+    assert sum(len(b["label"]) for b in whole) == (9 - 3 + 1) * 4
+    assert whole[0]["image"].shape == (5, 8, 8, 3)
+    interrupted = make(4)
+    head = run(interrupted, batches=2)
+    resumed = make(2)
+    resumed.restore(json.loads(json.dumps(interrupted.state())))
+    rest = run(resumed)
+    assert len(head) + len(rest) == len(whole)
+    for got, want in zip(head + rest, whole):
+        for key in want:
+            assert got[key].tobytes() == want[key].tobytes()
 
 
 class _NoGroups:

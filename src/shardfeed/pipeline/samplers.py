@@ -259,6 +259,10 @@ class SamplerBase:
         return 8 * (self._len + 1)
 
 
+_LOADER_NEEDS = ("a Loader source must be a shardfeed.Dataset or another shardfeed.DataSource "
+                 "(or Windows/Patches over one)")
+
+
 class RecordSampler(SamplerBase):
     """One output per record of a Dataset: the record at order position p, transformed.
 
@@ -274,10 +278,7 @@ class RecordSampler(SamplerBase):
     _no_dataset = "this copy of the record sampler has no data source (process copy)"
 
     def __init__(self, dataset: DataSource, /) -> None:
-        self._attach(
-            dataset, needs="a Loader source must be a shardfeed.Dataset or another "
-            "shardfeed.DataSource (or Windows/Patches over one)"
-        )
+        self._attach(dataset, needs=_LOADER_NEEDS)
 
     def __getstate__(self) -> dict[str, Any]:
         # Process workers only call make_sample: leave the dataset (open files) behind.
@@ -343,4 +344,4 @@ def as_sampler(source: object) -> Sampler:
     missing member)."""
     if isinstance(source, Sampler):
         return source
-    return RecordSampler(source)  # type: ignore[arg-type]  # checked by check_data_source
+    return RecordSampler(check_data_source(source, needs=_LOADER_NEEDS))

@@ -31,6 +31,8 @@ __version__ = "0.1.0"
 # public name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
     "Dataset": ("shardfeed.dataset", "Dataset"),
+    "DataSource": ("shardfeed.dataset", "DataSource"),
+    "DataSourceBase": ("shardfeed.dataset", "DataSourceBase"),
     "Loader": ("shardfeed.pipeline", "Loader"),
     "Windows": ("shardfeed.pipeline", "Windows"),
     "Patches": ("shardfeed.pipeline", "Patches"),
@@ -44,6 +46,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 if TYPE_CHECKING:  # the same names, seen by type checkers without importing at run time
     from shardfeed import transforms as transforms
     from shardfeed.dataset import Dataset as Dataset
+    from shardfeed.dataset import DataSource as DataSource
+    from shardfeed.dataset import DataSourceBase as DataSourceBase
     from shardfeed.loaders import jax as jax
     from shardfeed.loaders import torch as torch
     from shardfeed.pipeline import Loader as Loader
@@ -70,6 +74,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CorruptRecordError",
+    "DataSource",
+    "DataSourceBase",
     "Dataset",
     "DecodeError",
     "FormatError",

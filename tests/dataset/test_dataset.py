@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+import shardfeed.dataset.open_shards as open_shards_module
 import shardfeed.dataset.shards as shards_module
-import shardfeed.dataset.sources as sources_module
 from shardfeed.dataset import Dataset, ReadOptions
 from shardfeed.errors import CorruptRecordError, FormatError, SchemaError, StorageError
 from shardfeed.format.example import FeatureSpec
@@ -129,10 +129,10 @@ class CountingSource:
 
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
-    real = sources_module.open_source
+    real = open_shards_module.open_source
     log: ClassVar[list[tuple[str, int, int]]] = []
     CountingSource.log = log
-    monkeypatch.setattr(sources_module, "open_source", lambda url: CountingSource(real(url)))
+    monkeypatch.setattr(open_shards_module, "open_source", lambda url: CountingSource(real(url)))
     return log
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import shardfeed.dataset.dataset as dataset_module
-import shardfeed.dataset.sources as sources_module
+import shardfeed.dataset.open_shards as open_shards_module
 from shardfeed import Dataset
 from shardfeed.format.example import encode_example
 from shardfeed.format.framing import frame
@@ -53,7 +53,7 @@ def open_in(folder: Path, *, suffix: str = "") -> int:
 def test_open_shards_are_bounded_and_reads_stay_right(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sources_module, "MAX_OPEN_LOCAL", 6)
+    monkeypatch.setattr(open_shards_module, "MAX_OPEN_LOCAL", 6)
     monkeypatch.setattr(dataset_module, "MAX_MAPPED_INDEXES", 10)
     folder = write_shards(tmp_path / "many", 40)
     order = np.random.default_rng(3).permutation(120)
@@ -105,7 +105,7 @@ def test_more_shards_than_the_descriptor_limit(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", code.replace(
             "from shardfeed import Dataset\n",
-            "import shardfeed.dataset.sources as s\ns.MAX_OPEN_LOCAL = 150\n"
+            "import shardfeed.dataset.open_shards as s\ns.MAX_OPEN_LOCAL = 150\n"
             "from shardfeed import Dataset\n")],
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )

@@ -16,7 +16,7 @@ import simplejpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.dataset import Dataset
+from shardfeed.dataset import Dataset, DataSourceBase
 from shardfeed.errors import DecodeError, StateError
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
@@ -257,7 +257,7 @@ def test_bad_arguments_fail_at_construction(photos: Dataset, options: dict[str, 
         Patches(photos, **options)
 
 
-class _Sized:
+class _Sized(DataSourceBase):
     """A dataset stand-in of ``n`` images (the pick needs no records)."""
 
     fingerprint = "stand-in"

@@ -15,7 +15,7 @@ from shardfeed.errors import SchemaError
 from shardfeed.pipeline import Loader
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.produce import SliceBuilder, in_place_keys
-from shardfeed.pipeline.source import EpochContext, RecordSource
+from shardfeed.pipeline.samplers import EpochContext, RecordSampler
 from shardfeed.sampling.permutation import EpochOrder
 from shardfeed.transforms import presets
 
@@ -56,7 +56,7 @@ def test_in_place_batches_equal_the_copy_path(clean_ds: Any) -> None:
 
 
 def _builder_and_buffer(ds: Any, transform: Any) -> tuple[SliceBuilder, BatchBuffer, EpochContext]:
-    source = RecordSource(ds)
+    source = RecordSampler(ds)
     builder = SliceBuilder(source, source.bind(transform), skip=False)
     ctx = EpochContext(0, 0, EpochOrder(len(ds), seed=0, epoch=0, shuffle=True), len(ds))
     sample, _ = builder.sample_at(ctx, 0)

@@ -17,7 +17,7 @@ from shardfeed.dataset import Dataset
 from shardfeed.errors import SchemaError
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
-from shardfeed.pipeline import source as source_module
+from shardfeed.pipeline import samplers as source_module
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.sampling.keys import sample_rng
 from shardfeed.sampling.permutation import EpochOrder

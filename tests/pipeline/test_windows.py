@@ -15,7 +15,7 @@ import simplejpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.dataset import Dataset
+from shardfeed.dataset import Dataset, DataSourceBase
 from shardfeed.errors import SchemaError, StateError
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
@@ -256,7 +256,7 @@ def test_bad_arguments_fail_at_construction(frames_ds: Dataset, options: dict[st
         Windows(frames_ds, **options)
 
 
-class _Keys:
+class _Keys(DataSourceBase):
     """A dataset stand-in with group and order sidecars only (plan needs no records)."""
 
     fingerprint = "stand-in"
@@ -289,7 +289,7 @@ def test_plan_covers_each_window_once_within_groups(sizes: list[int], length: in
     days = {g: list(order[groups == g]) for g in range(len(sizes))}
     expected = expected_windows(days, length=length, stride=stride)
     assert len(windows) == len(expected)
-    from shardfeed.pipeline.source import EpochContext
+    from shardfeed.pipeline.samplers import EpochContext
 
     n = len(windows)
     ctx = EpochContext(seed, 0, EpochOrder(n, seed=seed, epoch=0, shuffle=True), n)

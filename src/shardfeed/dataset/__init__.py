@@ -1,6 +1,8 @@
-"""dataset layer: random access over shards (:class:`Dataset`)."""
+"""dataset layer: the DataSource protocol a Loader reads records through, and its TFRecord
+implementation :class:`Dataset` (random access over shards)."""
 
+from shardfeed.dataset.data_source import DataSource, DataSourceBase
 from shardfeed.dataset.dataset import Dataset
 from shardfeed.dataset.reading import ReadOptions
 
-__all__ = ["Dataset", "ReadOptions"]
+__all__ = ["DataSource", "DataSourceBase", "Dataset", "ReadOptions"]

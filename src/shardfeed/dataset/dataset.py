@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprint
+from shardfeed.dataset.open_shards import OpenShards, check_source_options
 from shardfeed.dataset.opening import (
     Features,
     Resolved,
@@ -34,7 +35,6 @@ from shardfeed.dataset.shards import (
     check_offsets,
     find_index,
 )
-from shardfeed.dataset.sources import ShardSources, check_source_options
 from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec as S
 from shardfeed.format.example import Value, decode_example
@@ -58,6 +58,8 @@ Record = dict[str, Value]
 
 class Dataset:
     """Random access to the records of TFRecord shards; thread-safe.
+
+    The TFRecord implementation of :class:`~shardfeed.dataset.data_source.DataSource`.
 
     ``source``: a dataset folder (with ``shardfeed.json``), a manifest path, a folder of
     ``.tfrecord`` files, a glob, a TFRecord path, or a list of TFRecord paths/URLs. Bare
@@ -141,7 +143,7 @@ class Dataset:
                 self._table = self._open_manifest(resolved, resolved.manifest)
             else:
                 self._table = self._open_files(resolved.urls, build=build_index)
-            self._sources = ShardSources(self._table, source_options=options)
+            self._shards = OpenShards(self._table, source_options=options)
             self._root = referenced_root(resolved, root,
                                          allow_outside_paths=allow_outside_paths)
             self._group_ids, self._order_keys = self._load_sidecars()
@@ -275,6 +277,16 @@ class Dataset:
         return self._order_keys
 
     @property
+    def group_key(self) -> str | None:
+        """The feature the manifest names as each record's group id, or None."""
+        return None if self._manifest is None else self._manifest.group_key
+
+    @property
+    def order_key(self) -> str | None:
+        """The feature the manifest names as each record's order key, or None."""
+        return None if self._manifest is None else self._manifest.order_key
+
+    @property
     def schema(self) -> Schema:
         """The manifest's schema, or one inferred from the first records (read once)."""
         if self._schema is None:
@@ -353,7 +365,7 @@ class Dataset:
     def storage_stats(self) -> dict[str, int]:
         """Requests to object storage since opening, summed over the remote shards read so
         far: ``requests`` (GETs of shard bytes), ``bytes_fetched``, ``retries``."""
-        return self._sources.stats()
+        return self._shards.stats()
 
     def read_payloads(self, indices: Iterable[int] | np.ndarray) -> list[bytes]:
         """The serialized Examples of records ``indices``, in that order (CRC-checked when
@@ -405,16 +417,16 @@ class Dataset:
         return {n: record[n] for n in self._names}
 
     def _read(self, idx: np.ndarray) -> list[bytes]:
-        sources = self._sources
-        return read_payloads(self._table, idx, read=sources.read_ranges, options=self.read_options,
+        shards = self._shards
+        return read_payloads(self._table, idx, read=shards.read_ranges, options=self.read_options,
                              verify=self.verify_crc,
-                             run_all=sources.run_all if sources.remote else None)
+                             run_all=shards.run_all if shards.remote else None)
 
     # --- lifetime ------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close every open shard and stop the reader threads. Idempotent."""
-        self._sources.close()
+        self._shards.close()
 
     def __enter__(self) -> Self:
         return self

@@ -1,4 +1,4 @@
-"""pipeline layer: the Loader, its sources (records, windows, patches), batching and workers.
+"""pipeline layer: the Loader, its samplers (records, windows, patches), batching and workers.
 
 ``Windows`` and ``Patches`` live in ``pipeline/windows.py`` and ``pipeline/patches.py`` and are
 imported on first use, so this package imports without them.
@@ -10,7 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from shardfeed.pipeline.loader import Loader, LoaderStats, MemoryBudget, TooManyErrorsError
-from shardfeed.pipeline.source import EpochContext, RecordSource, SampleKey, Source
+from shardfeed.pipeline.samplers import EpochContext, RecordSampler, SampleKey, Sampler
+
+# The names these had before samplers were called samplers (kept for old imports).
+Source = Sampler
+RecordSource = RecordSampler
 
 if TYPE_CHECKING:  # the lazy names, seen by type checkers
     from shardfeed.pipeline.patches import Patches as Patches
@@ -33,8 +37,10 @@ __all__ = [
     "LoaderStats",
     "MemoryBudget",
     "Patches",
+    "RecordSampler",
     "RecordSource",
     "SampleKey",
+    "Sampler",
     "Source",
     "TooManyErrorsError",
     "Windows",

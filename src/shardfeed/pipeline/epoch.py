@@ -30,7 +30,7 @@ import numpy as np
 
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.pool import BatchRing
-from shardfeed.pipeline.source import EpochContext
+from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.storage.inflight import interrupt_calls
 
 SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]

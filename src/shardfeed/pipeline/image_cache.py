@@ -1,4 +1,4 @@
-"""The decoded-image cache of the patch source: bounded in bytes, shared by threads.
+"""The decoded-image cache of the patch sampler: bounded in bytes, shared by threads.
 
 A performance device only: what it returns is exactly what the loader function returns, so
 dropping an entry (or the whole cache) never changes an output, only how often images are

@@ -1,6 +1,6 @@
-"""The Loader: shuffled, transformed, batched samples from a source, with a tiny state.
+"""The Loader: shuffled, transformed, batched samples from a data source, with a tiny state.
 
-Determinism: the sample at global epoch position ``p`` is ``source.make_sample`` of unit
+Determinism: the sample at global epoch position ``p`` is ``sampler.make_sample`` of unit
 ``EpochOrder(seed, epoch)[p]`` with randomness from ``sample_rng(seed, epoch, p)``; this rank
 takes positions ``RankShare(total, rank, world_size, start=consumed, remainder=...)``.
 Nothing depends on the number of threads or processes, the prefetch depth or timing.
@@ -55,7 +55,7 @@ from shardfeed.pipeline.options import (
 from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
-from shardfeed.pipeline.source import EpochContext, Sample, Source, as_source
+from shardfeed.pipeline.samplers import EpochContext, Sample, Sampler, as_sampler
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.permutation import EpochOrder
 
@@ -67,7 +67,10 @@ logger = logging.getLogger(__name__)
 
 
 class Loader:
-    """Batches of samples from a Dataset (or Windows / Patches source), in parallel.
+    """Batches of samples from a Dataset or any DataSource (or Windows / Patches over one), in
+    parallel. ``data`` is read through a sampler (:mod:`shardfeed.pipeline.samplers`): one
+    sample a record, or ``Windows`` / ``Patches`` as given; a new input format implements
+    :class:`~shardfeed.dataset.data_source.DataSource` (see ``docs/extending.md``).
 
     ::
 
@@ -120,7 +123,7 @@ class Loader:
 
     def __init__(
         self,
-        source: Any,
+        data: Any,
         /,
         *,
         batch_size: int,
@@ -158,15 +161,15 @@ class Loader:
         self.policy = ErrorPolicy(
             on_error=on_error, max_skipped=max_skipped, max_skipped_fraction=max_skipped_fraction
         )
-        self.source: Source = as_source(source)
-        self._transform = self.source.bind(transform)
-        self._builder = SliceBuilder(self.source, self._transform, skip=self.policy.on_error == "skip")
+        self.sampler: Sampler = as_sampler(data)
+        self._transform = self.sampler.bind(transform)
+        self._builder = SliceBuilder(self.sampler, self._transform, skip=self.policy.on_error == "skip")
         if self.options.workers == "processes":  # what the processes get must pickle: say so now
             from shardfeed.pipeline.workers import check_payload
 
-            check_payload(self.source, self._transform)
-        self.num_units = int(self.source.num_units)
-        self.samples_per_epoch = int(self.source.samples_per_epoch(self.num_units))
+            check_payload(self.sampler, self._transform)
+        self.num_units = int(self.sampler.num_units)
+        self.samples_per_epoch = int(self.sampler.samples_per_epoch(self.num_units))
         per_rank = len(self._share(0))
         announce_share(self.ranks, share=per_rank, total=self.samples_per_epoch)
         if drop_last and per_rank < batch_size:
@@ -191,21 +194,26 @@ class Loader:
         self._closed = False
         self._finalizer = weakref.finalize(self, release, [None, None, None])
 
+    @property
+    def source(self) -> Sampler:
+        """The sampler (its name before samplers were called so; use :attr:`sampler`)."""
+        return self.sampler
+
     # -- presets -------------------------------------------------------------------------------
 
     @classmethod
-    def for_train(cls, source: Any, /, *, batch_size: int, **options: Any) -> Loader:
+    def for_train(cls, data: Any, /, *, batch_size: int, **options: Any) -> Loader:
         """A training loader: shuffled, last partial batch dropped (override any option)."""
         options.setdefault("shuffle", True)
         options.setdefault("drop_last", True)
-        return cls(source, batch_size=batch_size, **options)
+        return cls(data, batch_size=batch_size, **options)
 
     @classmethod
-    def for_eval(cls, source: Any, /, *, batch_size: int, **options: Any) -> Loader:
+    def for_eval(cls, data: Any, /, *, batch_size: int, **options: Any) -> Loader:
         """An evaluation loader: dataset order, last partial batch kept (override any option)."""
         options.setdefault("shuffle", False)
         options.setdefault("drop_last", False)
-        return cls(source, batch_size=batch_size, **options)
+        return cls(data, batch_size=batch_size, **options)
 
     # -- epochs and state ------------------------------------------------------------------------
 
@@ -236,7 +244,7 @@ class Loader:
             "skipped": self._skipped,
             "shuffle": self.options.shuffle,
             "order_method": self.options.order_method,
-            "source": self.source.state(),
+            "source": self.sampler.state(),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -250,7 +258,7 @@ class Loader:
             state, seed=opts.seed, samples_per_epoch=self.samples_per_epoch,
             shuffle=opts.shuffle, order_method=opts.order_method,
         )
-        self.source.restore(state["source"])
+        self.sampler.restore(state["source"])
         self._stop_run()
         self._epoch = int(state["epoch"])
         self._consumed = int(state["consumed"])
@@ -285,7 +293,7 @@ class Loader:
 
     def _ensure_layout(self, ctx: EpochContext, position: int) -> BatchLayout:
         if self._layout is None:
-            ids = self.source.plan(ctx, np.array([position], dtype=np.int64))[0]
+            ids = self.sampler.plan(ctx, np.array([position], dtype=np.int64))[0]
             records: list[Sample] = []
             with contextlib.suppress(*DATA_ERRORS):  # a bad first record: its size is unknown
                 by_id = self._builder.read(ids)
@@ -293,7 +301,7 @@ class Loader:
             sample, _ = self._builder.sample_at(ctx, position)
             self._probe = (sample, records)
             self._layout = BatchLayout.infer(
-                sample, batch_size=self.options.batch_size, lengths=self.source.feature_lengths()
+                sample, batch_size=self.options.batch_size, lengths=self.sampler.feature_lengths()
             )
         return self._layout
 
@@ -307,7 +315,7 @@ class Loader:
         row_bytes = self._layout.batch_bytes() // self.options.batch_size
         lists = [f.name for f in self._layout.fields if not f.is_array]
         work = work_bytes(records, slice_size=self.options.slice_size(), row_bytes=row_bytes)
-        index = self.source.index_bytes
+        index = self.sampler.index_bytes
         if self.options.order_method == "exact":
             index += order_index_bytes(self.num_units)
         decode = decode_bytes_per_thread(self._transform, self.source, records)
@@ -326,19 +334,19 @@ class Loader:
         )
 
     def _cache_bound(self) -> int:
-        """The source's cache bound in bytes (``cache_bytes``; 0 for sources without one).
+        """The sampler's cache bound in bytes (``cache_bytes``; 0 for samplers without one).
 
         A bound derived from the first cached image is unknown until an image was decoded
         (and again after a restore cleared the cache): the probe sample is then built again,
         which decodes one image through the cache.
         """
-        if not hasattr(self.source, "cache_bytes"):
+        if not hasattr(self.sampler, "cache_bytes"):
             return 0
-        bound = self.source.cache_bytes
-        if bound is None and getattr(self.source, "cache", None) is not None:
+        bound = self.sampler.cache_bytes
+        if bound is None and getattr(self.sampler, "cache", None) is not None:
             with contextlib.suppress(*DATA_ERRORS):
                 self._builder.sample_at(self._context(), 0)
-            bound = self.source.cache_bytes
+            bound = self.sampler.cache_bytes
         return int(bound or 0)
 
     @property
@@ -438,7 +446,7 @@ class Loader:
 
     def __repr__(self) -> str:
         opts = self.options
-        return (f"Loader({type(self.source).__name__}, batch_size={opts.batch_size}, "
+        return (f"Loader({type(self.sampler).__name__}, batch_size={opts.batch_size}, "
                 f"shuffle={opts.shuffle}, seed={opts.seed}, epoch={self._epoch}, "
                 f"consumed={self._consumed}/{self.samples_per_epoch}, "
                 f"rank={opts.rank}/{opts.world_size})")

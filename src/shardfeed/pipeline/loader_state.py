@@ -3,8 +3,8 @@
 State: ``{"seed", "epoch", "consumed", "skipped", "shuffle", "order_method", "source"}``,
 JSON-serialisable; see :mod:`shardfeed.pipeline.loader`. ``shuffle`` and ``order_method``
 decide the epoch order, so a state only restores into a loader with the same ones (the
-method only matters when shuffling); ``source`` is the source's own fingerprint, checked by
-the source. What does not change the stream may differ: threads, processes, prefetch depth,
+method only matters when shuffling); ``source`` is the sampler's own fingerprint, checked by
+the sampler. What does not change the stream may differ: threads, processes, prefetch depth,
 batch size, ranks. Determinism: pure checks. Memory: none held.
 """
 
@@ -44,7 +44,7 @@ def check_state(
     Checks the keys; that the counters are ints in range (``epoch`` a 64-bit word,
     ``consumed`` within an epoch of ``samples_per_epoch`` samples, ``skipped`` at most what
     one epoch can replace); that seed, shuffle and (when shuffling) order method are this
-    loader's; and that the source's part is a dict. The source checks its own part.
+    loader's; and that the sampler's part is a dict. The sampler checks its own part.
     """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict from Loader.state(), got {type(state)}")

@@ -9,7 +9,7 @@ part                               what it counts
 ``decode_bytes_per_thread``        one decode at its peak a thread: ``max_pixels`` × the
                                    decode's peak bytes a pixel (decode ops, Patches)
 ``index_bytes``                    the dataset's offsets and the epoch's order
-``cache_bytes``                    the source's cache (the decoded images of Patches)
+``cache_bytes``                    the sampler's cache (the decoded images of Patches)
 ``fixed_bytes``                    what any loader holds beyond these (:func:`fixed_bytes`)
 =================================  ========================================================
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.pipeline.source import Sample
+from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms.decode import SCRATCH_KEEP_BYTES
 
 # The per-record, per-thread and per-loader terms below were measured as the peak RSS growth
@@ -57,10 +57,10 @@ class MemoryBudget:
     ``work_bytes_per_thread`` is estimated from the first sample of the epoch (its record's
     encoded bytes times the slice length, plus a batch row): datasets whose records are much
     larger than the first one raise that term in proportion. ``decode_bytes_per_thread`` is
-    the decode's bound: the transform's (or source's) declared ``decode_bytes``, from its
+    the decode's bound: the transform's (or sampler's) declared ``decode_bytes``, from its
     ``max_pixels`` (a larger image is refused before decoding); for a transform that
-    declares none, the first sample's decoded image. ``cache_bytes`` is the source's own
-    bound on what it caches (the decoded images of :class:`Patches`; 0 for sources that cache
+    declares none, the first sample's decoded image. ``cache_bytes`` is the sampler's own
+    bound on what it caches (the decoded images of :class:`Patches`; 0 for samplers that cache
     nothing). ``fixed_bytes`` is what the loader holds whatever the data
     (:func:`fixed_bytes`).
     """

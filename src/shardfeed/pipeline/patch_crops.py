@@ -32,7 +32,7 @@ import numpy as np
 import simplejpeg
 
 from shardfeed.errors import DecodeError
-from shardfeed.pipeline.source import Sample
+from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size
 from shardfeed.transforms.decode import (
@@ -42,12 +42,12 @@ from shardfeed.transforms.decode import (
     out_of_memory,
     sniff_format,
 )
+from shardfeed.transforms.fields import ImageField
 from shardfeed.transforms.image_size import (
     DEFAULT_MAX_PIXELS,
     check_max_pixels,
     decode_peak_bytes,
 )
-from shardfeed.transforms.source import ImageField
 
 __all__ = ["PICKS", "DecodedImage", "PatchOptions", "Pick", "cut_patch", "decode_for_patches"]
 

@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.dataset.data_source import DataSource
+from shardfeed.format.schema import ImageInfo
 from shardfeed.pipeline.image_cache import CacheStats, ImageCache
 from shardfeed.pipeline.patch_crops import (
     PICKS,
@@ -54,21 +56,20 @@ from shardfeed.pipeline.patch_crops import (
     cut_patch,
     decode_for_patches,
 )
-from shardfeed.pipeline.source import (
-    DatasetLike,
-    DatasetSource,
+from shardfeed.pipeline.sampler_state import check_sampler_state
+from shardfeed.pipeline.samplers import (
     EpochContext,
     Sample,
     SampleKey,
+    SamplerBase,
     Transform,
     bind_transform,
 )
-from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.transforms.boxes import parse_size
+from shardfeed.transforms.fields import ImageField
 from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
-from shardfeed.transforms.source import ImageField
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
 
@@ -84,8 +85,8 @@ def _block_permutation(seed: int, epoch: int, block: int, n: int) -> np.ndarray:
     return order
 
 
-class Patches(DatasetSource):
-    """A Loader source of random patches cut from a cache of decoded images.
+class Patches(SamplerBase):
+    """A Loader sampler of random patches cut from a cache of decoded images.
 
     ::
 
@@ -114,11 +115,11 @@ class Patches(DatasetSource):
     """
 
     kind = "patches"
-    _no_dataset = "this copy of the patch source has no dataset"
+    _no_dataset = "this copy of the patch sampler has no data source"
 
     def __init__(
         self,
-        dataset: DatasetLike,
+        dataset: DataSource,
         /,
         *,
         size: int | Sequence[int],
@@ -132,7 +133,8 @@ class Patches(DatasetSource):
         mask: bool | None = None,
         max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
-        self._attach(dataset, needs="Patches needs a shardfeed.Dataset")
+        self._attach(dataset, needs="Patches needs a shardfeed.Dataset or another "
+                     "shardfeed.DataSource")
         self.options = PatchOptions(
             size=parse_size(size), scale=None if scale is None else tuple(scale),
             cache_images=cache_images, refresh_every=refresh_every, pick=pick,
@@ -140,23 +142,24 @@ class Patches(DatasetSource):
             max_pixels=max_pixels,
         )
         _check_cache_fits(self._len, self.options.cache_images, self.options.refresh_every)
-        schema = getattr(dataset, "schema", None)
-        root = getattr(dataset, "root", None)
+        schema, root = dataset.schema, dataset.root
+        image_info: ImageInfo | None = None if schema is None else schema.image
+        mask_info: ImageInfo | None = None if schema is None else schema.mask
         self.schedule = PatchSchedule(self._len, cache_images=self.options.cache_images,
                                       refresh_every=self.options.refresh_every)
         fields = ImageField(max_pixels=max_pixels)
-        self._image_field = fields.bound(getattr(schema, "image", None), root=root)
+        self._image_field = fields.bound(image_info, root=root)
         self._mask_field: ImageField | None = None
         if self.options.mask is not False:
             self._mask_field = ImageField(is_mask=True, max_pixels=max_pixels).bound(
-                getattr(schema, "mask", None), root=root)
+                mask_info, root=root)
         n = self.schedule.max_resident
         self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
             default = max(1, n) + self.options.slack_images()
             self.cache = ImageCache(max_bytes=self.options.cache_bytes, default_images=default)
 
-    # -- the Source protocol ------------------------------------------------------------------
+    # -- the Sampler protocol -----------------------------------------------------------------
 
     def samples_per_epoch(self, num_units: int) -> int:
         return len(PatchSchedule(num_units, cache_images=self.options.cache_images,
@@ -167,10 +170,10 @@ class Patches(DatasetSource):
         return len(self.schedule)
 
     def bind(self, transform: Transform | None) -> Transform | None:
-        ds = self.dataset
+        ds = self._ds()
         if self.cache is not None:
             self.cache.clear()  # a new loader starts its own clock
-        return bind_transform(transform, getattr(ds, "schema", None), getattr(ds, "root", None))
+        return bind_transform(transform, ds.schema, ds.root)
 
     def order_positions(self, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The order position ``q`` (an index into the epoch's image order) of each output."""
@@ -227,7 +230,7 @@ class Patches(DatasetSource):
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        check_source_state(state, self.state(), source="Patches")
+        check_sampler_state(state, self.state(), sampler="Patches")
         if self.cache is not None:
             self.cache.clear()
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from shardfeed.errors import CorruptRecordError, DecodeError, ShardfeedError, location
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
-from shardfeed.pipeline.source import EpochContext, Sample, SampleKey, Source, Transform
+from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
 from shardfeed.transforms.base import output_spec_of
 
@@ -55,7 +55,7 @@ class SliceBuilder:
     Determinism, state and memory: see the module docstring.
     """
 
-    def __init__(self, source: Source, transform: Transform | None, *, skip: bool) -> None:
+    def __init__(self, source: Sampler, transform: Transform | None, *, skip: bool) -> None:
         self.source = source
         self.transform = transform
         self.skip = skip

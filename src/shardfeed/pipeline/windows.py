@@ -1,4 +1,4 @@
-"""Windows: samples of ``length`` frames of one group (a day of a time-lapse), as a Loader source.
+"""Windows: samples of ``length`` frames of one group (a day of a time-lapse), a Loader sampler.
 
 The window index (:class:`~shardfeed.sampling.windows.WindowIndex`) is built once from the
 dataset's per-record group ids and order keys (the manifest's ``groups.npy`` / ``order.npy``
@@ -37,17 +37,17 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from shardfeed.dataset.data_source import DataSource, check_data_source
 from shardfeed.errors import SchemaError
 from shardfeed.format import spec
-from shardfeed.pipeline.source import (
-    DatasetLike,
+from shardfeed.pipeline.sampler_state import check_sampler_state
+from shardfeed.pipeline.samplers import (
     EpochContext,
-    RecordSource,
+    RecordSampler,
     Sample,
     SampleKey,
     Transform,
 )
-from shardfeed.pipeline.source_state import check_source_state
 from shardfeed.sampling.windows import ExcludedWindows, WindowIndex
 
 __all__ = ["WindowOptions", "Windows"]
@@ -96,7 +96,7 @@ class WindowOptions:
 
 
 class Windows:
-    """A Loader source whose samples are windows of frames within groups.
+    """A Loader sampler whose samples are windows of frames within groups.
 
     ::
 
@@ -121,7 +121,7 @@ class Windows:
 
     def __init__(
         self,
-        dataset: DatasetLike,
+        dataset: DataSource,
         /,
         *,
         length: int,
@@ -132,17 +132,15 @@ class Windows:
         labels: LabelMode = "last",
         label_keys: Sequence[str] | None = None,
     ) -> None:
-        for name in ("read_many", "locate", "__len__"):
-            if not hasattr(dataset, name):
-                raise TypeError(f"Windows needs a shardfeed.Dataset; {type(dataset).__name__} "
-                                f"has no {name}()")
+        dataset = check_data_source(
+            dataset, needs="Windows needs a shardfeed.Dataset or another shardfeed.DataSource")
         self.options = WindowOptions(
             length=length, stride=stride, stride_seconds=stride_seconds,
             tolerance_seconds=tolerance_seconds, max_gap_seconds=max_gap_seconds,
             labels=labels, label_keys=label_keys,
         )
-        groups = getattr(dataset, "group_ids", None)
-        order = getattr(dataset, "order_keys", None)
+        groups = dataset.group_ids
+        order = dataset.order_keys
         if groups is None and order is None:
             raise SchemaError(
                 f"{_describe(dataset)} has no group ids or order keys, so Windows cannot tell "
@@ -158,16 +156,14 @@ class Windows:
             stride_seconds=stride_seconds, tolerance_seconds=tolerance_seconds,
             max_gap_seconds=max_gap_seconds,
         )
-        # Frames are records: reading, locating and binding go through a record source.
-        self._frames = RecordSource(dataset)
-        manifest = getattr(dataset, "manifest", None)
+        # Frames are records: reading, locating and binding go through a record sampler.
+        self._frames = RecordSampler(dataset)
         self._frame_keys = frozenset(
-            k for k in (getattr(manifest, "group_key", None), getattr(manifest, "order_key", None))
-            if k
+            k for k in (dataset.group_key, dataset.order_key) if k
         ) | _FRAME_KEYS
         self._index_digest: str | None = None
 
-    # -- the Source protocol ------------------------------------------------------------------
+    # -- the Sampler protocol -----------------------------------------------------------------
 
     @property
     def num_units(self) -> int:
@@ -234,7 +230,7 @@ class Windows:
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        check_source_state(state, self.state(), source="Windows")
+        check_sampler_state(state, self.state(), sampler="Windows")
 
     def index_digest(self) -> str:
         """A digest of every window's frames, in window order (hashed once, on first use)."""
@@ -283,10 +279,10 @@ class Windows:
         return sample
 
     # -- pickling (process workers only call make_sample) ---------------------------------------
-    # The record source pickles without its dataset (open files), so nothing more to drop here.
+    # The record sampler pickles without its data source (open files): nothing more to drop.
 
     @property
-    def dataset(self) -> DatasetLike | None:
+    def dataset(self) -> DataSource | None:
         """The dataset the frames are read from (None in a process worker's copy)."""
         return self._frames.dataset
 
@@ -316,8 +312,7 @@ def _stack_values(name: str, values: list[Any]) -> Any:
     return stacked
 
 
-def _describe(dataset: Any) -> str:
-    urls = getattr(dataset, "shard_urls", None)
-    if urls:
-        return f"the dataset of {len(urls)} shard(s) starting with '{urls[0]}'"
-    return "the dataset"
+def _describe(dataset: DataSource) -> str:
+    if len(dataset) == 0:
+        return f"the data source {dataset!r}"
+    return f"the data source {dataset!r} (record 0 in '{dataset.locate(0)[0]}')"

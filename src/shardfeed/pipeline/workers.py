@@ -7,7 +7,7 @@ batch buffer in shared memory (``multiprocessing.shared_memory``). Only the list
 (bytes, strings) and errors travel back through a pipe.
 
 Processes start with the ``spawn`` method (safe with threads; no inherited locks), so the
-source and the transform must pickle; the record source pickles without its dataset. Both
+sampler and the transform must pickle; the record sampler pickles without its data. Both
 are checked when the Loader is built (:func:`check_payload`: a TypeError naming what does
 not pickle and the fix). Each worker first runs the main script again, as ``spawn`` does: a
 script that builds its Loader outside ``if __name__ == "__main__":`` would build one in every
@@ -39,7 +39,7 @@ import numpy as np
 from shardfeed.errors import ShardfeedError
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, in_place_keys
-from shardfeed.pipeline.source import EpochContext, Sample, SampleKey
+from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey
 
 __all__ = ["ProcessWorkers", "WorkerStartError", "check_payload"]
 

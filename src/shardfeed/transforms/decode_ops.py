@@ -19,9 +19,9 @@ import numpy as np
 
 from shardfeed.errors import DecodeError
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
+from shardfeed.transforms.fields import Encoding, ImageField
 from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, decode_peak_bytes
 from shardfeed.transforms.masks import Color, MaskDtype, MaskLabels
-from shardfeed.transforms.source import Encoding, ImageField
 
 Channels = Literal["rgb", "gray"]
 

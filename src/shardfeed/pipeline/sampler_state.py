@@ -1,8 +1,9 @@
-"""The check every source makes before a restore: its saved state against its own.
+"""The check every sampler makes before a restore: its saved state against its own.
 
-A source's state names the data it reads (``kind``, ``records``, ``windows``, ``index``,
-``dataset``: the dataset's fingerprint) and the options that decide its stream; a restore
-continues the saved stream only when all of them are this source's own. Determinism, state,
+A sampler's state (the Loader state's ``"source"``) names the data it reads (``kind``,
+``records``, ``windows``, ``index``, ``dataset``: the data source's fingerprint) and the
+options that decide its stream; a restore continues the saved stream only when all of them
+are this sampler's own. Determinism, state,
 memory: none (a pure check).
 """
 
@@ -14,12 +15,12 @@ from typing import Any
 from shardfeed.errors import StateError
 
 
-def check_source_state(
-    state: Mapping[str, Any], expected: Mapping[str, Any], *, source: str
+def check_sampler_state(
+    state: Mapping[str, Any], expected: Mapping[str, Any], *, sampler: str
 ) -> None:
-    """StateError unless a source's saved ``state`` equals its own ``expected`` state.
+    """StateError unless a sampler's saved ``state`` equals its own ``expected`` state.
 
-    ``source`` names this loader's source in the message (``"Windows"``). The error names
+    ``sampler`` names this loader's sampler in the message (``"Windows"``). The error names
     the first key that differs, both values and what to do: the keys ``kind``, ``records``,
     ``windows``, ``index`` and ``dataset`` describe the data, every other key an option.
     """
@@ -46,9 +47,9 @@ def check_source_state(
             fix = ("the dataset's group ids or order keys (its groups.npy / order.npy) are not "
                    "those the state was saved with; restore it on a Loader over that dataset")
         else:
-            fix = f"construct {source} with {key}={_as_argument(got)}"
+            fix = f"construct {sampler} with {key}={_as_argument(got)}"
         raise StateError(
-            f"state['source'][{key!r}] is {got!r}, but this loader's {source} has "
+            f"state['source'][{key!r}] is {got!r}, but this loader's {sampler} has "
             f"{key}={want!r}: restoring it would not continue the saved stream; {fix}"
         )
     missing = [k for k in expected if k not in state]
@@ -61,13 +62,13 @@ def check_source_state(
         )
     if missing or foreign:
         raise StateError(
-            f"state['source'] is not a state of {source}: missing keys {missing}, foreign "
+            f"state['source'] is not a state of {sampler}: missing keys {missing}, foreign "
             f"keys {foreign}; pass the dict Loader.state() returned"
         )
 
 
 def _same(got: Any, want: Any) -> bool:
-    """Whether a saved value is this source's (True is not 1; 16 and 16.0 are one value)."""
+    """Whether a saved value is this sampler's (True is not 1; 16 and 16.0 are one value)."""
     if isinstance(got, bool) != isinstance(want, bool):
         return False
     try:

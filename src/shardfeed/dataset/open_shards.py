@@ -46,7 +46,7 @@ def check_source_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(options)
 
 
-class ShardSources:
+class OpenShards:
     """One :class:`ByteSource` a shard, opened on first use; a pool for parallel reads.
 
     Thread-safe. Memory: one open source a shard in use (local shards: at most

@@ -1,27 +1,30 @@
-"""The source protocol the Loader drives, and the record source (one sample per record).
+"""Samplers: how the Loader turns epoch positions into samples (records, windows, patches).
 
-A *source* turns global epoch positions into sample dicts. The Loader owns everything that is
-the same for every kind of sample: the shuffled order, the rank share, the thread pool,
-batching, prefetch, errors and state. A source owns only what differs between records,
-windows of frames and patches of images::
+A *sampler* turns global epoch positions into sample dicts, reading records from a
+:class:`~shardfeed.dataset.data_source.DataSource` (the data; a ``shardfeed.Dataset`` or a
+user's own). The Loader owns everything that is the same for every kind of sample: the
+shuffled order, the rank share, the thread pool, batching, prefetch, errors and state. A
+sampler owns only what differs between records (:class:`RecordSampler`, here), windows of
+frames (``Windows``, ``pipeline/windows.py``) and patches of images (``Patches``,
+``pipeline/patches.py``)::
 
-    Loader                                   Source
-    ------                                   ------
-    n = source.num_units                     how many things to shuffle
-    total = source.samples_per_epoch(n)      how many outputs an epoch has
+    Loader                                   Sampler
+    ------                                   -------
+    n = sampler.num_units                    how many things to shuffle
+    total = sampler.samples_per_epoch(n)     how many outputs an epoch has
     ctx = EpochContext(seed, epoch,
                        EpochOrder(n, ...))
     for a slice of a batch (positions):
-      ids = source.plan(ctx, positions)      record ids each output needs
-      recs = source.read(unique ids)         one coalesced read for the slice
+      ids = sampler.plan(ctx, positions)     record ids each output needs
+      recs = sampler.read(unique ids)        one coalesced read for the slice
       for p, its ids:
         key = SampleKey(seed, epoch, p)
-        sample = source.make_sample(key, ids, recs, transform)
+        sample = sampler.make_sample(key, ids, recs, transform)
 
-How each source answers:
+How each sampler answers:
 
 =========  ============  ====================  ===============================  ==========================
-source     unit          samples_per_epoch(n)  plan(ctx, p)                     make_sample
+sampler    unit          samples_per_epoch(n)  plan(ctx, p)                     make_sample
 =========  ============  ====================  ===============================  ==========================
 records    a record      n                     ``[order[p]]``                   transform(record, rng)
 windows    a window      n                     ``frames(order[p])`` (k ids)     transform every frame with
@@ -34,7 +37,7 @@ patches    an image      ``len(schedule)``     ``[order[q]]``, q = pick of the  
                                                PICK)`` in ``window(p)``
 =========  ============  ====================  ===============================  ==========================
 
-Rules every source keeps (they are what make the Loader's output independent of thread count,
+Rules every sampler keeps (they are what make the Loader's output independent of thread count,
 rank count, prefetch depth and timing):
 
 * ``plan`` and ``make_sample`` are pure functions of their arguments (and of the dataset's
@@ -45,17 +48,17 @@ rank count, prefetch depth and timing):
 * ``make_sample`` returns a dict whose arrays have the same shapes and dtypes for every
   position (the Loader stacks them into preallocated batch arrays); values that are not
   arrays or numbers (bytes, strings, lists) are collected into lists.
-* For process workers (``workers="processes"``) a source must pickle; the pickled copy is only
-  asked for ``make_sample``, so it may leave out the dataset handle.
-* Optional: a source with ``accepts_out = True`` takes a keyword ``out`` in ``make_sample``:
+* For process workers (``workers="processes"``) a sampler must pickle; the pickled copy is only
+  asked for ``make_sample``, so it may leave out the data source.
+* Optional: a sampler with ``accepts_out = True`` takes a keyword ``out`` in ``make_sample``:
   ``{"image": row view of the batch array}``; it passes it on as the transform's ``out=``
   (:func:`shardfeed.transforms.base.call_into`), so the image lands in the batch without a
   per-sample array. The Loader only passes it when the transform's ``output_spec`` matches
-  the batch column; sources without the attribute are called without it.
-* ``state()`` returns the source's own JSON-serialisable keys: what decides which records
-  (and crops) each position gets — the dataset's fingerprint and the options such as the
-  window length — and nothing that does not (caches, threads); ``restore(state)`` raises
-  StateError naming the first key that differs (:func:`check_source_state`).
+  the batch column; samplers without the attribute are called without it.
+* ``state()`` returns the sampler's own JSON-serialisable keys (saved as the Loader state's
+  ``"source"``): what decides which records (and crops) each position gets — the data
+  source's fingerprint and the options such as the window length — and nothing that does not (caches, threads); ``restore(state)`` raises
+  StateError naming the first key that differs (:func:`check_sampler_state`).
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from shardfeed.pipeline.source_state import check_source_state
+from shardfeed.dataset.data_source import DataSource, check_data_source
+from shardfeed.format.schema import Schema
+from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.sampling.keys import sample_rng
 from shardfeed.sampling.permutation import EpochOrder
 from shardfeed.transforms.base import NO_RANDOMNESS, call_into
@@ -90,7 +95,7 @@ class SampleKey:
 
 @dataclass(frozen=True, slots=True)
 class EpochContext:
-    """What a source needs to plan the outputs of one epoch: the key and the shuffled units."""
+    """What a sampler needs to plan the outputs of one epoch: the key and the shuffled units."""
 
     seed: int
     epoch: int
@@ -106,10 +111,10 @@ class EpochContext:
 
 
 @runtime_checkable
-class Source(Protocol):
-    """What the Loader needs from a dataset view (records, windows or patches).
+class Sampler(Protocol):
+    """What the Loader needs from a sampler (records, windows or patches).
 
-    See the module docstring for the contract and how each kind of source answers.
+    See the module docstring for the contract and how each kind of sampler answers.
     """
 
     @property
@@ -122,7 +127,7 @@ class Source(Protocol):
         ...
 
     def bind(self, transform: Transform | None) -> Transform | None:
-        """Return the transform bound to this source's schema (``transform.bind``), once."""
+        """Return the transform bound to the data source's schema (``transform.bind``), once."""
         ...
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
@@ -153,36 +158,15 @@ class Source(Protocol):
 
     @property
     def index_bytes(self) -> int:
-        """Bytes of index the source keeps in memory (offsets, windows, ...)."""
+        """Bytes of index the sampler keeps in memory (offsets, windows, ...)."""
         ...
 
     def state(self) -> dict[str, Any]:
-        """The source's own state keys (a configuration fingerprint), JSON-serialisable."""
+        """The sampler's own state keys (a configuration fingerprint), JSON-serialisable."""
         ...
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        """Check a state from :meth:`state`; raise StateError if it is not this source's."""
-        ...
-
-
-class DatasetLike(Protocol):
-    """The part of ``shardfeed.Dataset`` the record source uses."""
-
-    def __len__(self) -> int: ...
-
-    def read_many(self, indices: Sequence[int]) -> list[dict[str, Any]]: ...
-
-    def locate(self, i: int) -> tuple[str, int, int]: ...
-
-    @property
-    def schema(self) -> Any: ...
-
-    @property
-    def root(self) -> Any: ...
-
-    @property
-    def fingerprint(self) -> str:
-        """A short text that changes when the records do (see ``Dataset.fingerprint``)."""
+        """Check a state from :meth:`state`; raise StateError if it is not this sampler's."""
         ...
 
 
@@ -233,38 +217,29 @@ class _OneArgument:
         return self.fn(sample)
 
 
-class DatasetSource:
-    """The part every source over one Dataset shares: the dataset, its size and lookups.
+class SamplerBase:
+    """The part every sampler over one DataSource shares: the data, its size and lookups.
 
     Subclasses call :meth:`_attach` in ``__init__`` and set ``_no_dataset``, the message of
     the RuntimeError that :meth:`_ds` raises in a copy without the dataset (process workers).
     State: none of its own. Memory: the dataset's index (8 bytes a record).
     """
 
-    dataset: DatasetLike | None
+    dataset: DataSource | None
     _len: int
     _lengths: dict[str, int | None]
     _fingerprint: str
-    _no_dataset = "this copy of the source has no dataset"
+    _no_dataset = "this copy of the sampler has no data source"
 
-    def _attach(self, dataset: DatasetLike, *, needs: str) -> None:
-        """Keep ``dataset`` after checking it is one; ``needs`` starts the TypeError."""
-        for name in ("read_many", "locate", "__len__"):
-            if not hasattr(dataset, name):
-                raise TypeError(f"{needs}; {type(dataset).__name__} has no {name}()")
-        fingerprint = getattr(dataset, "fingerprint", None)
-        if not isinstance(fingerprint, str):
-            raise TypeError(
-                f"{needs}; {type(dataset).__name__} has no fingerprint (a str that changes "
-                "when its records do, which a loader state is checked against), got "
-                f"{fingerprint!r}"
-            )
-        self.dataset = dataset
-        self._len = len(dataset)
-        self._lengths = _schema_lengths(getattr(dataset, "schema", None))
-        self._fingerprint = fingerprint
+    def _attach(self, dataset: object, *, needs: str) -> None:
+        """Keep ``dataset`` after checking it is a DataSource; ``needs`` starts the TypeError."""
+        data = check_data_source(dataset, needs=needs)
+        self.dataset = data
+        self._len = len(data)
+        self._lengths = _schema_lengths(data.schema)
+        self._fingerprint = data.fingerprint
 
-    def _ds(self) -> DatasetLike:
+    def _ds(self) -> DataSource:
         if self.dataset is None:
             raise RuntimeError(self._no_dataset)
         return self.dataset
@@ -284,7 +259,11 @@ class DatasetSource:
         return 8 * (self._len + 1)
 
 
-class RecordSource(DatasetSource):
+_LOADER_NEEDS = ("a Loader source must be a shardfeed.Dataset or another shardfeed.DataSource "
+                 "(or Windows/Patches over one)")
+
+
+class RecordSampler(SamplerBase):
     """One output per record of a Dataset: the record at order position p, transformed.
 
     Determinism: output p is ``transform(ds[order[p]], sample_rng(seed, epoch, p))`` (a
@@ -296,12 +275,10 @@ class RecordSource(DatasetSource):
 
     kind = "records"
     accepts_out = True
-    _no_dataset = "this copy of the record source has no dataset (process copy)"
+    _no_dataset = "this copy of the record sampler has no data source (process copy)"
 
-    def __init__(self, dataset: DatasetLike, /) -> None:
-        self._attach(
-            dataset, needs="a Loader source must be a shardfeed.Dataset (or Windows/Patches)"
-        )
+    def __init__(self, dataset: DataSource, /) -> None:
+        self._attach(dataset, needs=_LOADER_NEEDS)
 
     def __getstate__(self) -> dict[str, Any]:
         # Process workers only call make_sample: leave the dataset (open files) behind.
@@ -319,7 +296,7 @@ class RecordSource(DatasetSource):
 
     def bind(self, transform: Transform | None) -> Transform | None:
         ds = self._ds()
-        return bind_transform(transform, getattr(ds, "schema", None), getattr(ds, "root", None))
+        return bind_transform(transform, ds.schema, ds.root)
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
         units = np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
@@ -352,23 +329,19 @@ class RecordSource(DatasetSource):
         return {"kind": self.kind, "records": self._len, "dataset": self._fingerprint}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        check_source_state(state, self.state(), source="record source")
+        check_sampler_state(state, self.state(), sampler="record source")
 
 
-def _schema_lengths(schema: Any) -> dict[str, int | None]:
-    features = getattr(schema, "features", None)
-    if not isinstance(features, Mapping):
+def _schema_lengths(schema: Schema | None) -> dict[str, int | None]:
+    if schema is None:
         return {}
-    lengths: dict[str, int | None] = {}
-    for name, info in features.items():
-        lengths[name] = getattr(info, "length", None)
-    return lengths
+    return {name: info.length for name, info in schema.features.items()}
 
 
-def as_source(source: Any) -> Source:
-    """A Source for ``source``: itself if it is one, else a :class:`RecordSource` over it."""
-    if isinstance(source, RecordSource):
+def as_sampler(source: object) -> Sampler:
+    """A Sampler for ``source``: itself if it is one (Windows, Patches, a record sampler), else
+    a :class:`RecordSampler` over it, which checks it is a DataSource (TypeError naming the
+    missing member)."""
+    if isinstance(source, Sampler):
         return source
-    if hasattr(source, "make_sample") and hasattr(source, "plan"):
-        return source  # type: ignore[no-any-return]
-    return RecordSource(source)
+    return RecordSampler(check_data_source(source, needs=_LOADER_NEEDS))

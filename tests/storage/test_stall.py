@@ -96,13 +96,15 @@ def refusing_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def test_refused_connections_are_retried_with_backoff_until_the_deadline(
     refusing_url: str,
 ) -> None:
-    remote = RemoteSource(refusing_url, deadline_seconds=1.5, backoff_seconds=0.05,
+    remote = RemoteSource(refusing_url, deadline_seconds=3.0, backoff_seconds=0.05,
                           max_backoff_seconds=0.2)
     elapsed, message = _timed_error(lambda: remote.read(0, 10))
-    assert elapsed < 1.5 + SLACK_SECONDS
-    assert remote.stats()["retries"] >= 3  # many attempts fit in 1.5 s
+    assert 1.5 < elapsed < 3.0 + SLACK_SECONDS  # it kept trying, and stopped at the deadline
+    # several attempts fit in 3 s (a refused connection fails fast; on a loaded machine each
+    # attempt's client set-up can take a good part of a second, so no exact count)
+    assert remote.stats()["retries"] >= 2
     attempts = remote.stats()["retries"] + 1
-    assert f"{attempts} attempts in" in message and "deadline_seconds=1.5" in message
+    assert f"{attempts} attempts in" in message and "deadline_seconds=3 " in message
     assert "last error: EndpointConnectionError" in message  # what went wrong, last
     assert refusing_url in message and "read bytes 0..10" in message
 

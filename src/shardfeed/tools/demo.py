@@ -65,8 +65,8 @@ def _json_dump(path: str, data: Any) -> None:
 
 
 def _pack_all(build: str, sizes: DemoSizes, workers: int, step: Report) -> dict[str, Any]:
-    from shardfeed.tools.csvinput import CsvColumns
     from shardfeed.tools.pack import pack
+    from shardfeed.tools.pack.csvinput import CsvColumns
 
     src = os.path.join(build, "sources")
     step("writing source images from scikit-image photographs")

@@ -147,8 +147,8 @@ def _write_large(root: str) -> None:
 
 
 def _pack(root: str) -> None:
-    from shardfeed.tools.csvinput import CsvColumns
     from shardfeed.tools.pack import pack
+    from shardfeed.tools.pack.csvinput import CsvColumns
 
     pack(os.path.join(root, "photos"), os.path.join(root, "out"), records_per_shard=12)
     pack(os.path.join(root, "frames.csv"), os.path.join(root, "days"), records_per_shard=16,

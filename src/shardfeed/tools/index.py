@@ -41,7 +41,8 @@ from shardfeed.format import spec
 from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
 from shardfeed.storage.base import ByteSource
-from shardfeed.tools import packfiles, packtime
+from shardfeed.tools import packfiles
+from shardfeed.tools.pack import time as packtime
 
 IndexTimeUnit = Literal["auto", "s", "ms", "us", "ns"]
 
@@ -249,7 +250,7 @@ def index_files(
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 results = list(pool.map(one, pairs))
-    from shardfeed.tools.packoutput import sample_schema, write_manifest
+    from shardfeed.tools.pack.output import sample_schema, write_manifest
 
     shards = [r.info for r in results]
     group_ids = order_keys = None

@@ -15,7 +15,7 @@ Stored features:
 - ``--csv-group day``: int64 ``day`` (or bytes when not all values are integers);
   ``--csv-order timestamp``: int64 ``timestamp`` in nanoseconds, read from numbers in the
   declared or detected ``--time-unit`` or from ISO 8601 timestamps (naive ones taken as UTC);
-  see :mod:`shardfeed.tools.packtime`.
+  see :mod:`shardfeed.tools.pack.time`.
 
 Files named in the CSV are not opened here: ``tools.packcheck`` checks every one of them
 (and reports all the missing or bad ones together) before ``pack`` writes anything.
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
-from shardfeed.tools import packtime
-from shardfeed.tools.packitems import PackInput, PackItem
-from shardfeed.tools.packtime import TimeUnit
+from shardfeed.tools.pack import time as packtime
+from shardfeed.tools.pack.items import PackInput, PackItem
+from shardfeed.tools.pack.time import TimeUnit
 
 FLOAT_LABELS_KEY = "labels"
 ONEHOT_PREFIX = "image/label/"
@@ -189,7 +189,7 @@ def read_csv(
     Relative image paths are resolved against ``root`` (default: the CSV's folder) and stored
     relative to it. Checks: the file is UTF-8 CSV text, every named column exists, every
     label and time parses; the first problem found is reported with its line. The image
-    files are checked later, all together (:mod:`shardfeed.tools.packcheck`).
+    files are checked later, all together (:mod:`shardfeed.tools.pack.check`).
     """
     where = os.fspath(csv_path)
     if not os.path.isfile(where):

@@ -31,8 +31,8 @@ from functools import partial
 from typing import Literal
 
 from shardfeed.errors import DecodeError, PackError
-from shardfeed.tools.packitems import PackItem
-from shardfeed.tools.packrecord import image_format
+from shardfeed.tools.pack.items import PackItem
+from shardfeed.tools.pack.record import image_format
 from shardfeed.transforms.image_size import (
     DEFAULT_MAX_PIXELS,
     ClaimedSize,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from shardfeed.errors import CorruptRecordError, FormatError
-from shardfeed.tools import verify_report as V
 from shardfeed.tools.index import index_files
 from shardfeed.tools.inspect import inspect
 from shardfeed.tools.pack import pack
+from shardfeed.tools.verify import report as V
 from shardfeed.tools.verify import verify
 
 

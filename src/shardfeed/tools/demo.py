@@ -113,7 +113,7 @@ def _verify_all(build: str, datasets: dict[str, Any], workers: int, step: Report
 def _train_epoch(path: str, sizes: DemoSizes, workers: int) -> tuple[dict[str, Any], float]:
     from shardfeed.dataset import Dataset
     from shardfeed.pipeline import Loader
-    from shardfeed.tools.shuffle_stats import expected_labels_per_batch
+    from shardfeed.tools.shuffle_report.stats import expected_labels_per_batch
     from shardfeed.transforms import presets
 
     size = max(16, sizes.crop_pixels - sizes.crop_pixels // 4)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardfeed.tools.bench import BenchOptions, bench
-from shardfeed.tools.bench_probe import RssSampler, current_rss_bytes, decode_limit
+from shardfeed.tools.bench.probe import RssSampler, current_rss_bytes, decode_limit
 from shardfeed.tools.demo_data import (
     TIMELAPSE_FLOATS,
     DemoSizes,

@@ -11,7 +11,7 @@ import pytest
 
 from shardfeed.tools.bench import BenchOptions, bench
 from shardfeed.tools.bench.probe import RssSampler, current_rss_bytes, decode_limit
-from shardfeed.tools.demo_data import (
+from shardfeed.tools.demo.data import (
     TIMELAPSE_FLOATS,
     DemoSizes,
     write_highres,

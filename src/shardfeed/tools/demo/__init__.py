@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.tools.demo_data import (
+from shardfeed.tools.demo.data import (
     TIMELAPSE_FLOATS,
     DemoSizes,
     write_highres,
     write_labelled,
     write_timelapse,
 )
-from shardfeed.tools.demo_output import finish, format_summary, start
+from shardfeed.tools.demo.output import finish, format_summary, start
 
 __all__ = ["WINDOW_LENGTH", "WINDOW_STRIDE_SECONDS", "demo", "format_summary"]
 

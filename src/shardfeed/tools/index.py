@@ -41,7 +41,7 @@ from shardfeed.format import spec
 from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
 from shardfeed.storage.base import ByteSource
-from shardfeed.tools import packfiles
+from shardfeed.tools import discovery
 from shardfeed.tools.pack import time as packtime
 
 IndexTimeUnit = Literal["auto", "s", "ms", "us", "ns"]
@@ -224,7 +224,7 @@ def index_files(
             f"time_unit={time_unit!r} was given without an order key; name it with order_key= "
             "(--order-key)"
         )
-    files = packfiles.expand_inputs(inputs)
+    files = discovery.expand_inputs(inputs)
     # A manifest over the shards of a pack that did not finish would make them look whole.
     unfinished.check_folders_of(files)
     manifest_path = _manifest_path(files[0], manifest)

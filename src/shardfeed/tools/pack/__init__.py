@@ -157,8 +157,8 @@ def _warn_far_root(root: str, out: str) -> None:
 
 def _refuse_non_csv(source: str) -> None:
     """A file that is plainly not a CSV (an image, a TFRecord) gets its own message."""
+    from shardfeed.tools.discovery import is_shard_name
     from shardfeed.tools.pack.record import image_format
-    from shardfeed.tools.packfiles import is_shard_name
 
     if source.lower().endswith((".csv", ".tsv", ".txt")):
         return  # Spark names its CSV output part-00000-<id>.csv, like a shard

@@ -292,7 +292,7 @@ def check_inputs(
 ) -> list[list[BadInput]]:
     """The problems of each of ``items`` (one list per item, empty when it is fine).
 
-    ``run(fn, items)`` maps in parallel, in order (``packworkers.ordered_map``);
+    ``run(fn, items)`` maps in parallel, in order (``workers.ordered_map``);
     ``csv_lines`` says that ``PackItem.row`` is a CSV line to name in the problems;
     ``max_pixels``: the most pixels an image may claim."""
     if level not in ("header", "decode"):

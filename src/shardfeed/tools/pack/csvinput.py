@@ -17,7 +17,7 @@ Stored features:
   declared or detected ``--time-unit`` or from ISO 8601 timestamps (naive ones taken as UTC);
   see :mod:`shardfeed.tools.pack.time`.
 
-Files named in the CSV are not opened here: ``tools.packcheck`` checks every one of them
+Files named in the CSV are not opened here: ``tools.pack.check`` checks every one of them
 (and reports all the missing or bad ones together) before ``pack`` writes anything.
 """
 

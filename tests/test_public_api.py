@@ -25,7 +25,7 @@ EXPECTED = {
     "shardfeed.Patches": "shardfeed.pipeline.patches.Patches",
     "shardfeed.pipeline.Windows": "shardfeed.pipeline.windows.Windows",
     "shardfeed.pipeline.Patches": "shardfeed.pipeline.patches.Patches",
-    "shardfeed.pack": "shardfeed.tools.packoutput.PackResult",
+    "shardfeed.pack": "shardfeed.tools.pack.output.PackResult",
     "shardfeed.presets.train": "shardfeed.transforms.base.Compose",
     "shardfeed.TooManyErrorsError": "shardfeed.errors.TooManyErrorsError",
 }

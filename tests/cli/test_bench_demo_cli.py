@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from shardfeed.cli.main import main
-from shardfeed.tools.csvinput import CsvColumns
-from shardfeed.tools.demo_data import DemoSizes, write_labelled
+from shardfeed.tools.demo.data import DemoSizes, write_labelled
 from shardfeed.tools.pack import pack
+from shardfeed.tools.pack.csvinput import CsvColumns
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Fixtures of the documentation tests: the example files every example of the docs works on.
 
 They are made exactly as a reader makes them, with ``shardfeed examples DIR`` (see
-``shardfeed.tools.examples`` for what it writes: photos/, masks/, labels.csv, frames/,
+``shardfeed.tools.demo.examples`` for what it writes: photos/, masks/, labels.csv, frames/,
 frames.csv, large/, out/, days/, big/, existing/, old/, damaged/), once a session; each page
 then runs in a private copy of them.
 """

@@ -26,7 +26,7 @@ from shardfeed.format.manifest import Manifest
 from shardfeed.format.schema import FeatureInfo, ImageInfo, Schema
 from shardfeed.format.writer import ShardWriter
 from shardfeed.tools.verify import verify
-from shardfeed.tools.verify_report import REFUSED_PATH
+from shardfeed.tools.verify.report import REFUSED_PATH
 
 __all__ = ["counting_server"]  # the fixture, imported for pytest
 

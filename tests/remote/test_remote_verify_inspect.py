@@ -20,9 +20,9 @@ import simplejpeg
 from shardfeed import Dataset
 from shardfeed.cli.main import main
 from shardfeed.errors import FormatError
-from shardfeed.tools import verify_report as V
 from shardfeed.tools.inspect import inspect
 from shardfeed.tools.pack import pack
+from shardfeed.tools.verify import report as V
 from shardfeed.tools.verify import verify
 
 BAD_SHARD = "shard-00001-of-00004.tfrecord"

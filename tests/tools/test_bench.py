@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from shardfeed.tools.bench import BenchOptions, bench
-from shardfeed.tools.bench_probe import RssSampler, current_rss_bytes, decode_limit
-from shardfeed.tools.csvinput import CsvColumns
-from shardfeed.tools.demo_data import (
+from shardfeed.tools.bench.probe import RssSampler, current_rss_bytes, decode_limit
+from shardfeed.tools.demo.data import (
     TIMELAPSE_FLOATS,
     DemoSizes,
     write_highres,
@@ -20,6 +19,7 @@ from shardfeed.tools.demo_data import (
     write_timelapse,
 )
 from shardfeed.tools.pack import pack
+from shardfeed.tools.pack.csvinput import CsvColumns
 
 SIZES = DemoSizes(days=2, frames_per_day=8, frame_size=(96, 64), dropped=0, highres_images=3,
                   labelled_images=96, crop_pixels=40, classes=3)

@@ -21,7 +21,7 @@ from shardfeed.errors import DecodeError
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.tools.pack import pack
-from shardfeed.tools.packcheck import BadInputsError
+from shardfeed.tools.pack.check import BadInputsError
 from shardfeed.tools.verify import verify
 from shardfeed.transforms import presets
 
@@ -175,7 +175,7 @@ def test_pack_of_bombs_stays_small(tmp_path: Path) -> None:
     source = _photos(tmp_path / "photos", {"big.png": png_real(12000, 12000), **BOMBS})
     peak, result = peak_rss_mb("""
         from shardfeed.tools.pack import pack
-        from shardfeed.tools.packcheck import BadInputsError
+        from shardfeed.tools.pack.check import BadInputsError
         try:
             pack(ARGS["source"], ARGS["out"], check="decode")
         except BadInputsError as exc:

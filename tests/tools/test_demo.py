@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from shardfeed.tools.demo import WINDOW_LENGTH, WINDOW_STRIDE_SECONDS, demo
-from shardfeed.tools.demo_data import DemoSizes, MissingDependencyError, load_photo
-from shardfeed.tools.demo_output import MARKER_NAME
+from shardfeed.tools.demo.data import DemoSizes, MissingDependencyError, load_photo
+from shardfeed.tools.demo.output import MARKER_NAME
 from shardfeed.tools.verify import verify
 
 SIZES = DemoSizes.quick()

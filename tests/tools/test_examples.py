@@ -10,7 +10,7 @@ import pytest
 
 import shardfeed
 from shardfeed.cli.main import main
-from shardfeed.tools.examples import EXAMPLE_FILES, tensorflow_file, write_examples
+from shardfeed.tools.demo.examples import EXAMPLE_FILES, tensorflow_file, write_examples
 from shardfeed.tools.verify import verify
 
 TF_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "tf"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from shardfeed.errors import CorruptRecordError, FormatError
-from shardfeed.tools import verify_report as V
 from shardfeed.tools.index import index_files
 from shardfeed.tools.inspect import inspect
 from shardfeed.tools.pack import pack
+from shardfeed.tools.verify import report as V
 from shardfeed.tools.verify import verify
 
 
@@ -152,7 +152,7 @@ def test_verify_undecodable_image_and_missing_reference(tmp_path: Path, make_ima
 
 
 def test_inspect_packed_dataset(frames_csv: Path, tmp_path: Path) -> None:
-    from shardfeed.tools.csvinput import CsvColumns
+    from shardfeed.tools.pack.csvinput import CsvColumns
 
     out = tmp_path / "out"
     pack(frames_csv, out, csv=CsvColumns(labels=("label",), group="day", order="timestamp"),

@@ -14,9 +14,9 @@ import pytest
 from shardfeed.errors import PackError
 from shardfeed.format.example import decode_example
 from shardfeed.format.framing import scan, unframe
-from shardfeed.tools import packoutput
-from shardfeed.tools.csvinput import CsvColumns
+from shardfeed.tools.pack import output as packoutput
 from shardfeed.tools.pack import pack
+from shardfeed.tools.pack.csvinput import CsvColumns
 from shardfeed.transforms.decode import decode_image
 
 ALL_COLUMNS = CsvColumns(

@@ -9,8 +9,8 @@ import pytest
 
 import shardfeed
 from shardfeed.errors import PackError, UnsafePathError
-from shardfeed.tools.csvinput import CsvColumns
 from shardfeed.tools.pack import pack
+from shardfeed.tools.pack.csvinput import CsvColumns
 from shardfeed.tools.verify import verify
 
 

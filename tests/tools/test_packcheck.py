@@ -15,11 +15,11 @@ import pytest
 import simplejpeg
 
 import shardfeed
-from shardfeed.tools import packoutput
-from shardfeed.tools.csvinput import CsvColumns
+from shardfeed.tools.pack import output as packoutput
 from shardfeed.tools.pack import pack
-from shardfeed.tools.packcheck import BadInputsError, check_item, jpeg_end
-from shardfeed.tools.packitems import PackItem
+from shardfeed.tools.pack.check import BadInputsError, check_item, jpeg_end
+from shardfeed.tools.pack.csvinput import CsvColumns
+from shardfeed.tools.pack.items import PackItem
 
 
 def _jpeg(seed: int, size: tuple[int, int] = (20, 24)) -> bytes:

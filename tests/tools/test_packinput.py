@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfeed.errors import PackError
-from shardfeed.tools.csvinput import CsvColumns, expand_columns, parse_order_key, read_csv
-from shardfeed.tools.packitems import scan_folder
-from shardfeed.tools.packplan import parse_size, plan_shards, sort_key
+from shardfeed.tools.pack.csvinput import CsvColumns, expand_columns, parse_order_key, read_csv
+from shardfeed.tools.pack.items import scan_folder
+from shardfeed.tools.pack.plan import parse_size, plan_shards, sort_key
 
 
 def test_expand_columns_ranges() -> None:
@@ -66,7 +66,7 @@ def test_csv_non_numeric_label_names_line_and_column(tmp_path: Path) -> None:
 
 def test_csv_missing_files_all_named_with_lines(tmp_path: Path) -> None:
     from shardfeed.tools.pack import pack
-    from shardfeed.tools.packcheck import BadInputsError
+    from shardfeed.tools.pack.check import BadInputsError
 
     path = _csv(tmp_path, "path\ni0.jpg\nnope.jpg\ni1.jpg\ngone.jpg\n")
     with pytest.raises(BadInputsError, match=r"2 input files.*line 3: '.*nope\.jpg' does not "

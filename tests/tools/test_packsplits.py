@@ -10,8 +10,8 @@ import pytest
 
 import shardfeed
 from shardfeed.errors import PackError
-from shardfeed.tools.csvinput import CsvColumns
 from shardfeed.tools.pack import pack
+from shardfeed.tools.pack.csvinput import CsvColumns
 
 
 def _labels_by_class(out: Path) -> dict[str, int]:

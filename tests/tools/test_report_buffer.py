@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.tools.shuffle_buffer import (
+from shardfeed.tools.shuffle_report.buffer import (
     buffer_draws,
     buffer_shuffle_order,
     file_shuffle_buffer_order,
     simulate_buffer,
 )
-from shardfeed.tools.shuffle_stats import label_first_positions, spearman_rho
+from shardfeed.tools.shuffle_report.stats import label_first_positions, spearman_rho
 
 
 def reference_buffer(n: int, buffer_size: int, draws: list[int]) -> list[int]:

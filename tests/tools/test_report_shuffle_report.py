@@ -100,7 +100,7 @@ def test_report_on_label_sorted_array_shows_the_buffer_bias(tmp_path: Path) -> N
 
 def test_report_uses_the_exact_epoch_order() -> None:
     from shardfeed.sampling.permutation import EpochOrder
-    from shardfeed.tools.shuffle_stats import spearman_rho
+    from shardfeed.tools.shuffle_report.stats import spearman_rho
 
     labels = np.arange(5_000) % 7
     report = shuffle_report(labels, seed=3, epoch=2, buffer_size=100)

@@ -10,7 +10,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.tools.shuffle_stats import (
+from shardfeed.tools.shuffle_report.stats import (
     chi2_sf,
     decile_chi2,
     expected_labels_per_batch,

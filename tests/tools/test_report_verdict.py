@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.tools.shuffle_buffer import buffer_shuffle_order
-from shardfeed.tools.shuffle_stats import order_stats, spearman_rho
-from shardfeed.tools.shuffle_verdict import (
+from shardfeed.tools.shuffle_report.buffer import buffer_shuffle_order
+from shardfeed.tools.shuffle_report.stats import order_stats, spearman_rho
+from shardfeed.tools.shuffle_report.verdict import (
     ALPHA,
     Design,
     chi2_bins,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardfeed.format.framing import scan
-from shardfeed.tools import verify_report as V
+from shardfeed.tools.verify import report as V
 from shardfeed.tools.verify import verify
 
 

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardfeed.tools.examples import EXAMPLE_FILES, write_examples
+    from shardfeed.tools.demo.examples import EXAMPLE_FILES, write_examples
 
     written = write_examples(args.folder)
     if args.json:

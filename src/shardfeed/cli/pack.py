@@ -127,9 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardfeed.tools.csvinput import CsvColumns, expand_columns
     from shardfeed.tools.pack import pack
-    from shardfeed.tools.packcheck import BadInputsError
+    from shardfeed.tools.pack.check import BadInputsError
+    from shardfeed.tools.pack.csvinput import CsvColumns, expand_columns
 
     sources = args.source
     if not args.from_tfrecord and len(sources) > 1:

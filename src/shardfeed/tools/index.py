@@ -41,7 +41,8 @@ from shardfeed.format import spec
 from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
 from shardfeed.storage.base import ByteSource
-from shardfeed.tools import packfiles, packtime
+from shardfeed.tools import discovery
+from shardfeed.tools.pack import time as packtime
 
 IndexTimeUnit = Literal["auto", "s", "ms", "us", "ns"]
 
@@ -223,7 +224,7 @@ def index_files(
             f"time_unit={time_unit!r} was given without an order key; name it with order_key= "
             "(--order-key)"
         )
-    files = packfiles.expand_inputs(inputs)
+    files = discovery.expand_inputs(inputs)
     # A manifest over the shards of a pack that did not finish would make them look whole.
     unfinished.check_folders_of(files)
     manifest_path = _manifest_path(files[0], manifest)
@@ -249,7 +250,7 @@ def index_files(
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 results = list(pool.map(one, pairs))
-    from shardfeed.tools.packoutput import sample_schema, write_manifest
+    from shardfeed.tools.pack.output import sample_schema, write_manifest
 
     shards = [r.info for r in results]
     group_ids = order_keys = None

@@ -2,7 +2,7 @@
 
 An *order* is a 1-D integer array: ``order[p]`` is the record index emitted at output position
 ``p`` of one epoch. This module produces the orders of a shuffle buffer, which
-:mod:`shardfeed.tools.shuffle_stats` then measures against a uniform random permutation:
+:mod:`shardfeed.tools.shuffle_report.stats` then measures against a uniform random permutation:
 
 - :func:`buffer_shuffle_order` — a shuffle buffer over the stored order, the algorithm of
   tf.data's ``Dataset.shuffle(buffer_size)``.

@@ -33,7 +33,7 @@ from shardfeed.format.schema import ImageInfo
 from shardfeed.format.walk import RecordStatus, WalkData, walk
 from shardfeed.storage import files, is_remote, open_source
 from shardfeed.storage.base import ByteSource
-from shardfeed.tools.verify_report import (
+from shardfeed.tools.verify.report import (
     BAD_DATA_CRC,
     BAD_LENGTH_CRC,
     CHECKSUM_MISMATCH,

@@ -33,7 +33,7 @@ from typing import Any
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.format.manifest import ShardInfo
-from shardfeed.tools.packplan import PackPlan
+from shardfeed.tools.pack.plan import PackPlan
 
 PLAN_NAME = spec.PACK_PLAN_NAME
 SKIPPED_NAME = "skipped.csv"

@@ -5,9 +5,9 @@ An *order* is a 1-D integer array: ``order[p]`` is the record index emitted at o
 displacement, chi-square of position bin x index bin with its p-value (up to deciles, as many
 bins as keep every expected count at 5 or more; none below 20 records), first position of
 each label and the mean number of distinct labels per batch. What they say about the order is
-decided in :mod:`shardfeed.tools.shuffle_verdict`.
+decided in :mod:`shardfeed.tools.shuffle_report.verdict`.
 
-The orders of a shuffle buffer come from :mod:`shardfeed.tools.shuffle_buffer`; its functions
+The orders of a shuffle buffer come from :mod:`shardfeed.tools.shuffle_report.buffer`; its functions
 (:func:`buffer_shuffle_order`, :func:`file_shuffle_buffer_order`, :func:`buffer_draws`,
 :func:`simulate_buffer`) are re-exported here.
 
@@ -26,15 +26,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardfeed.tools.shuffle_buffer import (
+from shardfeed.tools.shuffle_report.buffer import (
     IntArray,
     buffer_draws,
     buffer_shuffle_order,
     file_shuffle_buffer_order,
     simulate_buffer,
 )
-from shardfeed.tools.shuffle_buffer import check_count as _check_count
-from shardfeed.tools.shuffle_verdict import chi2_bins
+from shardfeed.tools.shuffle_report.buffer import check_count as _check_count
+from shardfeed.tools.shuffle_report.verdict import chi2_bins
 
 __all__ = [
     "ChiSquare",
@@ -294,7 +294,7 @@ def order_stats(
 ) -> OrderStats:
     """All statistics of one order; label statistics only when ``labels`` (one per record) given.
 
-    The chi-square uses :func:`shardfeed.tools.shuffle_verdict.chi2_bins` bins a side.
+    The chi-square uses :func:`shardfeed.tools.shuffle_report.verdict.chi2_bins` bins a side.
     """
     if labels is not None:
         count = np.asarray(labels).shape[0] if np.ndim(labels) else 0

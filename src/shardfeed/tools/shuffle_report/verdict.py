@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardfeed.tools.shuffle_buffer import check_count as _check_count
+from shardfeed.tools.shuffle_report.buffer import check_count as _check_count
 
 __all__ = [
     "ALPHA",
@@ -115,7 +115,7 @@ def _first_position_at(class_counts: Sequence[int], p: float) -> int:
 
 def expected_buffer_rho(n: int, buffer_size: int) -> float:
     """Expected Spearman rho of a shuffle buffer of ``buffer_size`` over ``n`` records in stored
-    order (the order of :func:`shardfeed.tools.shuffle_buffer.buffer_shuffle_order`).
+    order (the order of :func:`shardfeed.tools.shuffle_report.buffer.buffer_shuffle_order`).
 
     Exact: record ``i`` enters the buffer at output ``s = max(0, i - B + 1)``; while input
     remains each output takes it with chance ``1/B`` (a geometric wait), and once the input is
@@ -216,7 +216,7 @@ class Design:
     ) -> tuple[Verdict, dict[str, float]]:
         """The verdict on one order and the p-values behind it: one per test run, and
         ``combined`` (Bonferroni). Figures are those of
-        :func:`shardfeed.tools.shuffle_stats.order_stats` for the same n and labels."""
+        :func:`shardfeed.tools.shuffle_report.stats.order_stats` for the same n and labels."""
         p_values = {"rho": rho_p_value(rho, self.records)}
         if "chi2" in self.tests:
             if chi2_p_value is None:

@@ -10,7 +10,7 @@ windows of frames, or cached patches), then:
    against the Loader's stated bound (``loader.memory_bound_bytes``);
 3. closes the Loader and measures the decode limit of the same files in the same run: full
    decodes of the same encoded images on the same number of threads (see
-   :mod:`shardfeed.tools.bench_probe`), and the ratio of the pipeline to it.
+   :mod:`shardfeed.tools.bench.probe`), and the ratio of the pipeline to it.
 
 A ratio above 1 is possible and expected for the train preset: its crop-aware decode decodes
 at a reduced DCT scale whenever the crop allows.
@@ -31,7 +31,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from shardfeed.tools.bench_probe import (
+from shardfeed.tools.bench.probe import (
     RssSampler,
     bytes_read,
     decode_limit,
@@ -251,7 +251,7 @@ def bench(
             dataset.close()
     result["source"] = os.fspath(path_or_dataset) if owned else type(path_or_dataset).__name__
     if plot is not None:
-        from shardfeed.tools.bench_plot import plot_throughput
+        from shardfeed.tools.bench.plot import plot_throughput
 
         result["plot"] = str(plot_throughput(result, plot))
     else:

@@ -21,13 +21,13 @@ from typing import IO, Any
 from shardfeed.errors import CorruptRecordError, PackError, location
 from shardfeed.format import spec
 from shardfeed.format.crc import masked_crc32c
-from shardfeed.tools import packoutput
-from shardfeed.tools.packerrors import output_errors
-from shardfeed.tools.packfiles import expand_inputs
-from shardfeed.tools.packkept import already_complete
-from shardfeed.tools.packledger import planned_files, record_done
-from shardfeed.tools.packoutput import PackResult
-from shardfeed.tools.packplan import PackPlan, plan_shards
+from shardfeed.tools.discovery import expand_inputs
+from shardfeed.tools.pack import output as packoutput
+from shardfeed.tools.pack.errors import output_errors
+from shardfeed.tools.pack.kept import already_complete
+from shardfeed.tools.pack.ledger import planned_files, record_done
+from shardfeed.tools.pack.output import PackResult
+from shardfeed.tools.pack.plan import PackPlan, plan_shards
 
 _HEADER = struct.Struct("<QI")
 _CRC = struct.Struct("<I")

@@ -3,7 +3,7 @@
 ``resume`` keeps the complete shards of an interrupted pack; between the two runs a shard
 may have been damaged (a flipped bit, a copy cut short, a file replaced). A kept shard is
 checked against what its writer recorded in the plan file (size and whole-file CRC32C, see
-:mod:`shardfeed.tools.packledger`), and its two indexes against each other, the plan's
+:mod:`shardfeed.tools.pack.ledger`), and its two indexes against each other, the plan's
 record count and the file size. A shard the ledger has no line for (the pack stopped right
 after renaming it) has every record's own CRCs checked instead. ``resume`` on a finished
 dataset checks its shards against the manifest's sizes and checksums the same way.
@@ -23,7 +23,7 @@ import numpy as np
 from shardfeed.errors import PackError, ShardfeedError
 from shardfeed.format import spec
 from shardfeed.format.manifest import Manifest, ShardInfo
-from shardfeed.tools.packplan import PackPlan, ShardPlan
+from shardfeed.tools.pack.plan import PackPlan, ShardPlan
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def already_complete(out: str, plan: PackPlan, *, mode: str, progress: bool) -> 
     of ``plan`` in ``mode`` writes (a pack's manifest, the same mode, shard names and record
     counts) and that every shard is whole (size, CRC32C and indexes against the manifest);
     return its Manifest, changing nothing. PackError otherwise."""
-    from shardfeed.tools.packledger import manifest_files
+    from shardfeed.tools.pack.ledger import manifest_files
 
     path = os.path.join(out, spec.MANIFEST_NAME)
     with open(path, "rb") as f:

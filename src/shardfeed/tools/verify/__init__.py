@@ -27,11 +27,11 @@ from shardfeed.dataset.opening import Resolved, referenced_root, resolve_sources
 from shardfeed.errors import ShardfeedError
 from shardfeed.format.schema import ImageInfo
 from shardfeed.storage import is_remote
-from shardfeed.tools.verify_report import Problem, ShardCheck, VerifyReport
-from shardfeed.tools.verify_shard import Expected, ShardJob, check_shard
+from shardfeed.tools.verify.report import Problem, ShardCheck, VerifyReport
+from shardfeed.tools.verify.shard import Expected, ShardJob, check_shard
 from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels
 
-# The kinds of problem (BAD_DATA_CRC, TRUNCATED, ...) are in shardfeed.tools.verify_report.
+# The kinds of problem (BAD_DATA_CRC, TRUNCATED, ...) are in shardfeed.tools.verify.report.
 __all__ = ["Problem", "ShardCheck", "VerifyReport", "verify"]
 
 

@@ -37,7 +37,7 @@ class PackItem:
     ``float_labels`` map feature names to their values, already in record form.
     ``group`` is the group id (int64 in the manifest sidecar), ``group_value`` what the
     record stores under the group column, ``order_ns`` the order key in integer nanoseconds
-    (see :mod:`shardfeed.tools.packtime`). ``row`` is the item's position in the input (a
+    (see :mod:`shardfeed.tools.pack.time`). ``row`` is the item's position in the input (a
     CSV line number or a file count), for messages and for a stable sort.
     """
 

@@ -43,7 +43,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from shardfeed.tools.demo_data import _write_csv, _write_jpeg, _write_png
+from shardfeed.tools.demo.data import _write_csv, _write_jpeg, _write_png
 
 __all__ = ["CLASSES", "EXAMPLE_FILES", "ExampleFiles", "tensorflow_file", "write_examples"]
 
@@ -147,8 +147,8 @@ def _write_large(root: str) -> None:
 
 
 def _pack(root: str) -> None:
-    from shardfeed.tools.csvinput import CsvColumns
     from shardfeed.tools.pack import pack
+    from shardfeed.tools.pack.csvinput import CsvColumns
 
     pack(os.path.join(root, "photos"), os.path.join(root, "out"), records_per_shard=12)
     pack(os.path.join(root, "frames.csv"), os.path.join(root, "days"), records_per_shard=16,
@@ -160,7 +160,7 @@ def tensorflow_file(name: str) -> bytes:
     """The bytes of one TensorFlow-written file shipped with shardfeed (``_TF_FILES``)."""
     if name not in _TF_FILES:
         raise ValueError(f"unknown example file {name!r}; choose one of {_TF_FILES}")
-    return (resources.files("shardfeed.tools") / "example_files" / name).read_bytes()
+    return (resources.files("shardfeed.tools.demo") / "example_files" / name).read_bytes()
 
 
 def _flip(data: bytes, at: tuple[int, int]) -> bytes:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from shardfeed.errors import PackError, StorageError
 from shardfeed.format import spec
-from shardfeed.tools.packledger import PLAN_NAME
+from shardfeed.tools.pack.ledger import PLAN_NAME
 
 
 @contextlib.contextmanager

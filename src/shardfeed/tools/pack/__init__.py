@@ -6,7 +6,7 @@
           --build payloads (N threads, in order)--> ShardWriter: shard.tmp -> shard + indexes
     last: skipped.csv (what was not packed), shardfeed.json (+ groups.npy, order.npy)
 
-Safety: every input file is checked (:mod:`shardfeed.tools.packcheck`) before anything is
+Safety: every input file is checked (:mod:`shardfeed.tools.pack.check`) before anything is
 written or deleted, and all bad files are reported together; ``skip_bad`` packs the rest and
 lists what it skipped. Every shard is written under a temporary name and renamed only when
 complete and indexed; the manifest is written last. The plan (with a digest of the inputs
@@ -33,24 +33,25 @@ from typing import Any
 
 from shardfeed.errors import DecodeError, PackError
 from shardfeed.storage import is_remote
-from shardfeed.tools import packoutput, packtime
-from shardfeed.tools.csvinput import CsvColumns, read_csv
-from shardfeed.tools.packcheck import BadInput, BadInputsError, CheckLevel, check_inputs
-from shardfeed.tools.packcommit import commit, commit_names, complete_result
-from shardfeed.tools.packerrors import output_errors
-from shardfeed.tools.packitems import (
+from shardfeed.tools.pack import output as packoutput
+from shardfeed.tools.pack import time as packtime
+from shardfeed.tools.pack.check import BadInput, BadInputsError, CheckLevel, check_inputs
+from shardfeed.tools.pack.commit import commit, commit_names, complete_result
+from shardfeed.tools.pack.csvinput import CsvColumns, read_csv
+from shardfeed.tools.pack.errors import output_errors
+from shardfeed.tools.pack.items import (
     PackInput,
     PackItem,
     classes_from_path,
     scan_folder,
     vocabularies_from_path,
 )
-from shardfeed.tools.packkept import already_complete
-from shardfeed.tools.packledger import planned_files, record_done
-from shardfeed.tools.packoutput import PackResult
-from shardfeed.tools.packplan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
-from shardfeed.tools.packrecord import MODES, Mode, build_payload, estimate_size, fingerprint
-from shardfeed.tools.packworkers import ExecutorKind, ordered_map
+from shardfeed.tools.pack.kept import already_complete
+from shardfeed.tools.pack.ledger import planned_files, record_done
+from shardfeed.tools.pack.output import PackResult
+from shardfeed.tools.pack.plan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
+from shardfeed.tools.pack.record import MODES, Mode, build_payload, estimate_size, fingerprint
+from shardfeed.tools.pack.workers import ExecutorKind, ordered_map
 from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "PackResult", "ordered_map", "pack"]
@@ -156,8 +157,8 @@ def _warn_far_root(root: str, out: str) -> None:
 
 def _refuse_non_csv(source: str) -> None:
     """A file that is plainly not a CSV (an image, a TFRecord) gets its own message."""
-    from shardfeed.tools.packfiles import is_shard_name
-    from shardfeed.tools.packrecord import image_format
+    from shardfeed.tools.discovery import is_shard_name
+    from shardfeed.tools.pack.record import image_format
 
     if source.lower().endswith((".csv", ".tsv", ".txt")):
         return  # Spark names its CSV output part-00000-<id>.csv, like a shard
@@ -223,7 +224,7 @@ def pack(
 
     ``output`` may be an object-storage URL (``s3://bucket/ds``): shards are built in a local
     temporary folder and uploaded as each completes, the manifest last (see
-    :mod:`shardfeed.tools.packremote`). ``on_shard(path)`` is called after each shard written
+    :mod:`shardfeed.tools.pack.remote`). ``on_shard(path)`` is called after each shard written
     by this run is complete and indexed.
     """
     if classes is not None and classes_from is not None:
@@ -231,7 +232,7 @@ def pack(
     if check not in ("header", "decode"):
         raise ValueError(f"check must be 'header' or 'decode', got {check!r}")
     if is_remote(os.fspath(output)):
-        from shardfeed.tools.packremote import pack_to_url
+        from shardfeed.tools.pack.remote import pack_to_url
 
         def run(staging: str, uploaded: Callable[[str], None]) -> PackResult:
             def both(path: str) -> None:
@@ -262,7 +263,7 @@ def pack(
         raise ValueError("resume and overwrite exclude each other; choose one")
     out = os.path.abspath(os.fspath(output))
     if from_tfrecord:
-        from shardfeed.tools.packtfrecord import pack_tfrecords
+        from shardfeed.tools.pack.tfrecord import pack_tfrecords
 
         if classes is not None or classes_from is not None:
             raise ValueError("classes apply to a folder of images, not to --from-tfrecord")

@@ -9,12 +9,12 @@ the orders of one epoch:
   ``shuffle(buffer_size)``, DALI's ``random_shuffle``, WebDataset's ``shuffle``);
 - ``file+buffer`` (with ``file_shuffle=True``): shard order shuffled, then the buffer;
 
-and measures each one (see :mod:`shardfeed.tools.shuffle_stats`): Spearman rho of position vs
+and measures each one (see :mod:`shardfeed.tools.shuffle_report.stats`): Spearman rho of position vs
 index, mean displacement, a chi-square test of position bin x index bin, the first position of
 every label and the mean number of distinct labels per batch; then judges each, from those
 figures, as ``not uniform``, ``looks uniform`` or ``too small to tell`` (see
-:mod:`shardfeed.tools.shuffle_verdict`). With ``out_dir`` it also draws the two plots of
-:mod:`shardfeed.tools.plots`.
+:mod:`shardfeed.tools.shuffle_report.verdict`). With ``out_dir`` it also draws the two plots of
+:mod:`shardfeed.tools.shuffle_report.plots`.
 
 The input can be a dataset (a path :class:`shardfeed.dataset.Dataset` opens, or an open
 Dataset: open one yourself for a list of TFRecord files) or a plain array or list of labels,
@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardfeed.tools.shuffle_buffer import (
+from shardfeed.tools.shuffle_report.buffer import (
     buffer_shuffle_order,
     file_shuffle_buffer_order,
 )
-from shardfeed.tools.shuffle_buffer import check_count as _check_int
-from shardfeed.tools.shuffle_labels import (
+from shardfeed.tools.shuffle_report.buffer import check_count as _check_int
+from shardfeed.tools.shuffle_report.labels import (
     LabelSource,
     Progress,
     check_label_feature,
@@ -50,8 +50,8 @@ from shardfeed.tools.shuffle_labels import (
     label_key_of,
     read_labels,
 )
-from shardfeed.tools.shuffle_stats import expected_labels_per_batch, order_stats
-from shardfeed.tools.shuffle_verdict import Design, class_counts
+from shardfeed.tools.shuffle_report.stats import expected_labels_per_batch, order_stats
+from shardfeed.tools.shuffle_report.verdict import Design, class_counts
 
 __all__ = ["LabelSource", "read_labels", "shuffle_report"]
 
@@ -136,7 +136,7 @@ def shuffle_report(
     they can see: :meth:`Design.to_json`), ``orders`` (name -> statistics with a
     ``description``, see :meth:`OrderStats.to_json`, plus ``rho_p_value``,
     ``last_class_p_value``, the combined ``p_value`` and the ``verdict``: ``not uniform``,
-    ``looks uniform`` or ``too small to tell``, see :mod:`shardfeed.tools.shuffle_verdict`)
+    ``looks uniform`` or ``too small to tell``, see :mod:`shardfeed.tools.shuffle_report.verdict`)
     and ``plots`` (name -> path).
     """
     buffer_size = _check_int("buffer_size", buffer_size, minimum=1)
@@ -249,7 +249,7 @@ def shuffle_report(
         summary["orders"][name] = stats
 
     if out_dir is not None:
-        from shardfeed.tools import plots
+        from shardfeed.tools.shuffle_report import plots
 
         shown = {
             ORDER_DESCRIPTIONS[name].format(buffer_size=buffer_size): order

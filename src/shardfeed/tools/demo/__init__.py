@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.tools.demo_data import (
+from shardfeed.tools.demo.data import (
     TIMELAPSE_FLOATS,
     DemoSizes,
     write_highres,
     write_labelled,
     write_timelapse,
 )
-from shardfeed.tools.demo_output import finish, format_summary, start
+from shardfeed.tools.demo.output import finish, format_summary, start
 
 __all__ = ["WINDOW_LENGTH", "WINDOW_STRIDE_SECONDS", "demo", "format_summary"]
 
@@ -65,8 +65,8 @@ def _json_dump(path: str, data: Any) -> None:
 
 
 def _pack_all(build: str, sizes: DemoSizes, workers: int, step: Report) -> dict[str, Any]:
-    from shardfeed.tools.csvinput import CsvColumns
     from shardfeed.tools.pack import pack
+    from shardfeed.tools.pack.csvinput import CsvColumns
 
     src = os.path.join(build, "sources")
     step("writing source images from scikit-image photographs")
@@ -113,7 +113,7 @@ def _verify_all(build: str, datasets: dict[str, Any], workers: int, step: Report
 def _train_epoch(path: str, sizes: DemoSizes, workers: int) -> tuple[dict[str, Any], float]:
     from shardfeed.dataset import Dataset
     from shardfeed.pipeline import Loader
-    from shardfeed.tools.shuffle_stats import expected_labels_per_batch
+    from shardfeed.tools.shuffle_report.stats import expected_labels_per_batch
     from shardfeed.transforms import presets
 
     size = max(16, sizes.crop_pixels - sizes.crop_pixels // 4)

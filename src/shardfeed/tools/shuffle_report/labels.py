@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardfeed.errors import SchemaError
-from shardfeed.tools.shuffle_buffer import check_count as _check_int
+from shardfeed.tools.shuffle_report.buffer import check_count as _check_int
 
 __all__ = [
     "LabelSource",

@@ -11,7 +11,7 @@
 =============  ==========================================================================
 
 Every mode adds the item's labels and its group and order values (the order key as int64
-nanoseconds: see :mod:`shardfeed.tools.packtime`). Determinism: a payload is
+nanoseconds: see :mod:`shardfeed.tools.pack.time`). Determinism: a payload is
 a pure function of the item and the file bytes, so any number of workers writes the same
 bytes. Memory: one image (decoded, in raw mode) per call.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from shardfeed.errors import DecodeError, PackError
 from shardfeed.format import spec
 from shardfeed.format.example import encode_example
-from shardfeed.tools.packitems import PackItem
+from shardfeed.tools.pack.items import PackItem
 from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
 from shardfeed.transforms.masks import decode_mask
 

@@ -21,7 +21,7 @@ with ``overwrite=True``.
 The plan file goes up before the first shard and is removed after the manifest, so the
 prefix always records what pack wrote there: ``overwrite`` removes exactly that (after
 checking, at the first shard, that no object it did not write is in the way), and leaves
-every other object (see :mod:`shardfeed.tools.packledger`).
+every other object (see :mod:`shardfeed.tools.pack.ledger`).
 
 Determinism: the uploaded bytes are those a local pack writes. Memory: none beyond the pack's.
 Local disk: the first shard (the schema is read from it at the end) and the shard being
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.storage import files
-from shardfeed.tools.packledger import (
+from shardfeed.tools.pack.ledger import (
     PLAN_NAME,
     SKIPPED_NAME,
     Ledger,
@@ -49,7 +49,7 @@ from shardfeed.tools.packledger import (
     parse_ledger,
     refuse_in_the_way,
 )
-from shardfeed.tools.packoutput import PackResult, count
+from shardfeed.tools.pack.output import PackResult, count
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from shardfeed.format import spec
-from shardfeed.tools import packoutput, packtime
-from shardfeed.tools.packcheck import BadInput
-from shardfeed.tools.packitems import PackInput, PackItem
-from shardfeed.tools.packledger import SKIPPED_NAME
-from shardfeed.tools.packoutput import PackResult
-from shardfeed.tools.packplan import PackPlan
-from shardfeed.tools.packrecord import Mode
+from shardfeed.tools.pack import output as packoutput
+from shardfeed.tools.pack import time as packtime
+from shardfeed.tools.pack.check import BadInput
+from shardfeed.tools.pack.items import PackInput, PackItem
+from shardfeed.tools.pack.ledger import SKIPPED_NAME
+from shardfeed.tools.pack.output import PackResult
+from shardfeed.tools.pack.plan import PackPlan
+from shardfeed.tools.pack.record import Mode
 
 log = logging.getLogger("shardfeed.tools.pack")
 

@@ -11,10 +11,10 @@ Files ``pack`` writes in its output folder::
 
 A folder with a manifest and no plan file is a complete dataset; one with a plan file is an
 interrupted pack that ``resume`` can finish. Only files the plan file or a pack's manifest
-name are pack's (:mod:`shardfeed.tools.packledger`): ``overwrite`` removes those and no
+name are pack's (:mod:`shardfeed.tools.pack.ledger`): ``overwrite`` removes those and no
 others, and no pack writes over a file that is not. ``check_output`` refuses what
 ``prepare`` would refuse without touching anything, so ``pack`` can check its inputs before
-it deletes or writes a file; :func:`shardfeed.tools.packerrors.output_errors` turns a full
+it deletes or writes a file; :func:`shardfeed.tools.pack.errors.output_errors` turns a full
 disk or an unwritable folder into one PackError.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.format.manifest import Mode, ShardInfo
-from shardfeed.tools.packledger import (
+from shardfeed.tools.pack.ledger import (
     COMMIT_NAMES,
     PLAN_NAME,
     SKIPPED_NAME,
@@ -43,10 +43,10 @@ from shardfeed.tools.packledger import (
     remove_ledger,
     write_ledger,
 )
-from shardfeed.tools.packplan import PackPlan
+from shardfeed.tools.pack.plan import PackPlan
 
 if TYPE_CHECKING:
-    from shardfeed.tools.packcheck import BadInput
+    from shardfeed.tools.pack.check import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def prepare(
     A missing or empty folder is always fine. Files no earlier pack wrote there stay, and a
     pack that would write over one of them is refused before anything changes.
     ``overwrite`` removes exactly what earlier packs wrote (their manifest and plan file name
-    it: see :mod:`shardfeed.tools.packledger`); ``resume`` needs the plan file of an
+    it: see :mod:`shardfeed.tools.pack.ledger`); ``resume`` needs the plan file of an
     interrupted pack, and removes that pack's manifest, sidecars and temporary files (a
     resumed pack writes them again).
     """
@@ -221,10 +221,10 @@ def reconcile(
     The saved plan must have the same digest (same inputs, options and plan), or the same
     options with shard digests: then the inputs changed (a bad file fixed or removed), and
     only the shards whose own digest is unchanged are candidates. A candidate is kept when
-    it is exactly what was written: see :func:`shardfeed.tools.packkept.check_kept`.
+    it is exactly what was written: see :func:`shardfeed.tools.pack.kept.check_kept`.
     Anything else of either plan on disk is deleted, to be written again.
     """
-    from shardfeed.tools.packkept import check_kept
+    from shardfeed.tools.pack.kept import check_kept
 
     if saved is None:
         return {}
@@ -302,7 +302,7 @@ def write_manifest(
 
     from shardfeed.format.manifest import Manifest, save_sidecars
     from shardfeed.format.schema import ImageInfo
-    from shardfeed.tools.packrecord import MASK_PATH
+    from shardfeed.tools.pack.record import MASK_PATH
 
     if schema is None:
         schema = sample_schema(out, shards)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from shardfeed.tools.shuffle_stats import label_first_positions, spearman_rho
+from shardfeed.tools.shuffle_report.stats import label_first_positions, spearman_rho
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -17,7 +17,7 @@ from shardfeed.format.framing import scan, unframe
 from shardfeed.tools import packoutput
 from shardfeed.tools.csvinput import CsvColumns
 from shardfeed.tools.pack import pack
-from shardfeed.transforms.decode import decode_image
+from shardfeed.transforms.decode.image import decode_image
 
 ALL_COLUMNS = CsvColumns(
     labels=("label",), floats="VF,IRR0..IRR2", onehot=("sky",), mask="mask", group="day",

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.pipeline.samplers import Sample
-from shardfeed.transforms.decode import SCRATCH_KEEP_BYTES
+from shardfeed.transforms.decode.image import SCRATCH_KEEP_BYTES
 
 # The per-record, per-thread and per-loader terms below were measured as the peak RSS growth
 # of loaders over four epochs beyond all their other terms, on datasets of small images
@@ -100,7 +100,7 @@ def fixed_bytes(*, threads: int, processes: int, decode_bytes: int) -> int:
     """What a loader holds whatever its data: :data:`LOADER_FIXED_BYTES`,
     :data:`THREAD_FIXED_BYTES` a thread, :data:`PROCESS_FIXED_BYTES` a worker process (and
     :data:`TRACKER_FIXED_BYTES` once with any), and the JPEG scratch buffer each decoding
-    thread keeps (at most :data:`~shardfeed.transforms.decode.SCRATCH_KEEP_BYTES`, less when
+    thread keeps (at most :data:`~shardfeed.transforms.decode.image.SCRATCH_KEEP_BYTES`, less when
     ``decode_bytes`` bounds the decodes lower), counted also for the calling thread, which
     builds the first sample to learn the batch layout."""
     scratch = min(SCRATCH_KEEP_BYTES, decode_bytes)

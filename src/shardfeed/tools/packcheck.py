@@ -33,7 +33,7 @@ from typing import Literal
 from shardfeed.errors import DecodeError, PackError
 from shardfeed.tools.packitems import PackItem
 from shardfeed.tools.packrecord import image_format
-from shardfeed.transforms.image_size import (
+from shardfeed.transforms.decode.sizes import (
     DEFAULT_MAX_PIXELS,
     ClaimedSize,
     Unsized,
@@ -161,7 +161,7 @@ def png_complete(data: bytes) -> bool:
 
 
 def _jpeg_size(probe: _Probe) -> tuple[int, int]:
-    from shardfeed.transforms.decode import jpeg_header
+    from shardfeed.transforms.decode.image import jpeg_header
 
     try:
         height, width, _space = jpeg_header(probe.head)
@@ -219,7 +219,7 @@ def inspect_file(
 ) -> tuple[int, int]:
     """``(height, width)`` of the image at ``path`` after the checks of the module table;
     raises :class:`_Problem` saying what is wrong."""
-    from shardfeed.transforms.decode import decode_image
+    from shardfeed.transforms.decode.image import decode_image
 
     try:
         probe = _Probe(path)

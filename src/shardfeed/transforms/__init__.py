@@ -27,9 +27,9 @@ from shardfeed.transforms.color import (
     ToCHW,
     ToFloat,
 )
-from shardfeed.transforms.crop_decode import DecodeCenterCrop, DecodeRandomResizedCrop
-from shardfeed.transforms.decode import decode_image, sniff_format
-from shardfeed.transforms.decode_ops import DecodeImage
+from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
+from shardfeed.transforms.decode.image import decode_image, sniff_format
+from shardfeed.transforms.decode.ops import DecodeImage
 from shardfeed.transforms.geometry import (
     CenterCrop,
     CropOrPad,

@@ -40,14 +40,14 @@ from shardfeed.transforms.boxes import (
     scale_denominator,
     scaled_box,
 )
-from shardfeed.transforms.decode import (
+from shardfeed.transforms.decode.image import (
     Where,
     check_pixels,
     decode_jpeg_scratch,
     jpeg_header,
     sniff_format,
 )
-from shardfeed.transforms.decode_ops import DecodeOptions, DecoderBase
+from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.pipeline.samplers import Sample
+from shardfeed.transforms.base import TransformBase
 from shardfeed.transforms.decode.image import SCRATCH_KEEP_BYTES
 
 # The per-record, per-thread and per-loader terms below were measured as the peak RSS growth
@@ -81,16 +82,16 @@ class MemoryBudget:
                 + self.index_bytes + self.cache_bytes + self.fixed_bytes)
 
 
-def declared_decode_bytes(transform: Any, source: Any) -> int | None:
+def declared_decode_bytes(transform: TransformBase | None, source: Any) -> int | None:
     """The most memory one decode holds, as the transform and the source declare it
     (``decode_bytes``; the larger of the two); None when neither declares one."""
-    declared = [value for value in (getattr(transform, "decode_bytes", None),
+    declared = [value for value in (None if transform is None else transform.decode_bytes,
                                     getattr(source, "decode_bytes", None))
                 if isinstance(value, int)]
     return max(declared) if declared else None
 
 
-def decode_bytes_per_thread(transform: Any, source: Any, records: list[Sample]) -> int:
+def decode_bytes_per_thread(transform: TransformBase | None, source: Any, records: list[Sample]) -> int:
     """One thread's decode term: the declared bound, else the first sample's decoded image."""
     declared = declared_decode_bytes(transform, source)
     return decoded_bytes(records) if declared is None else declared

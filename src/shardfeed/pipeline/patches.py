@@ -40,7 +40,7 @@ with the same outputs).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,7 +163,7 @@ class Patches(SamplerBase):
         """Outputs per epoch, ``(M - N + 1)·R``."""
         return len(self.schedule)
 
-    def bind(self, transform: Transform | None) -> Transform | None:
+    def bind(self, transform: Callable[..., Sample] | None) -> Transform | None:
         ds = self._ds()
         if self.cache is not None:
             self.cache.clear()  # a new loader starts its own clock

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import DecodeError
-from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
+from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
 from shardfeed.transforms.decode.fields import Encoding, ImageField
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
@@ -63,7 +63,7 @@ class DecodeOptions(TypedDict, total=False):
     max_pixels: int
 
 
-class DecoderBase:
+class DecoderBase(TransformBase):
     """Shared configuration of every decode op: where the image and mask are, how to read.
 
     Keyword options (all optional):

@@ -151,7 +151,7 @@ class NaivePatch:
     """Decode the whole image, cut one random 32x32 crop: one decode per patch."""
 
     def __call__(self, sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        from shardfeed.transforms.decode import decode_image
+        from shardfeed.transforms.decode.image import decode_image
 
         image = decode_image(sample.pop("image/encoded"))
         y = int(rng.integers(0, image.shape[0] - 31))

@@ -15,7 +15,7 @@ from shardfeed import Dataset
 from shardfeed.errors import DecodeError
 from shardfeed.tools.pack import pack
 from shardfeed.tools.verify import verify
-from shardfeed.transforms.decode_ops import DecodeImage
+from shardfeed.transforms.decode.ops import DecodeImage
 
 
 def _photos(folder: Path) -> dict[str, np.ndarray]:

@@ -78,7 +78,7 @@ class SmallTrain:
     """Decode + random flip + keyed noise: a small train transform with real randomness."""
 
     def __call__(self, sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        from shardfeed.transforms.decode import decode_image
+        from shardfeed.transforms.decode.image import decode_image
 
         image = decode_image(sample.pop("image/encoded"))
         if rng.random() < 0.5:

@@ -17,7 +17,7 @@ from shardfeed.dataset import Dataset
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader, Patches
 from shardfeed.transforms import presets
-from shardfeed.transforms.image_size import decode_peak_bytes
+from shardfeed.transforms.decode.sizes import decode_peak_bytes
 
 SIDE = 3000  # the largest image allowed: max_pixels = SIDE²
 

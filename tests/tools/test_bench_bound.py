@@ -13,7 +13,7 @@ import simplejpeg
 from shardfeed.cli.main import main
 from shardfeed.format.writer import ShardWriter
 from shardfeed.tools.bench import BenchOptions, bench
-from shardfeed.transforms.image_size import decode_peak_bytes
+from shardfeed.transforms.decode.sizes import decode_peak_bytes
 
 
 @pytest.fixture(scope="module")

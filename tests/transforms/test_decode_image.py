@@ -10,7 +10,7 @@ import pytest
 from transforms_helpers import jpeg_bytes, smooth_image
 
 from shardfeed.errors import DecodeError, ShardfeedError
-from shardfeed.transforms.decode import decode_image, sniff_format
+from shardfeed.transforms.decode.image import decode_image, sniff_format
 
 # TensorFlow decodes JPEG with libjpeg's fast integer IDCT; with fast_dct=True we use the
 # same method and match exactly on this build. Other libjpeg-turbo builds and the accurate

@@ -17,9 +17,9 @@ from image_bombs import bmp_bomb, jpeg_bomb, peak_rss_mb, png_bomb
 
 from shardfeed.errors import DecodeError
 from shardfeed.transforms import DecodeCenterCrop, DecodeImage, DecodeRandomResizedCrop, presets
-from shardfeed.transforms.decode import decode_image
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, claimed_size
-from shardfeed.transforms.masks import decode_mask
+from shardfeed.transforms.decode.image import decode_image
+from shardfeed.transforms.decode.masks import decode_mask
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, claimed_size
 
 RNG = np.random.default_rng(0)
 
@@ -226,7 +226,7 @@ def test_max_pixels_must_be_an_int() -> None:
 
 
 def test_decode_ops_declare_their_decode_memory() -> None:
-    from shardfeed.transforms.image_size import decode_peak_bytes
+    from shardfeed.transforms.decode.sizes import decode_peak_bytes
 
     # 11 bytes a pixel, 128 a row and column
     assert decode_peak_bytes(1000) == 1000 * 11 + 1001 * 128

@@ -17,9 +17,9 @@ from shardfeed.transforms import (
     DecodeCenterCrop,
     DecodeImage,
     DecodeRandomResizedCrop,
-    crop_decode,
     decode_image,
 )
+from shardfeed.transforms.decode import crop as crop_decode
 
 
 def _png(image: np.ndarray) -> bytes:

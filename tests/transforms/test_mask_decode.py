@@ -13,7 +13,7 @@ from mask_files import VOC, palette_png
 from PIL import Image
 
 from shardfeed.errors import DecodeError
-from shardfeed.transforms.masks import MaskLabels, decode_mask, read_mask
+from shardfeed.transforms.decode.masks import MaskLabels, decode_mask, read_mask
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

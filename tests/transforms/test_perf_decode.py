@@ -10,7 +10,7 @@ import simplejpeg
 from transforms_helpers import smooth_image
 
 from shardfeed.transforms import DecodeRandomResizedCrop, decode_image, presets
-from shardfeed.transforms.decode import decode_jpeg_scratch
+from shardfeed.transforms.decode.image import decode_jpeg_scratch
 
 
 def _colour_edges(height: int, width: int) -> np.ndarray:

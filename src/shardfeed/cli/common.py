@@ -103,7 +103,7 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
 
 def add_max_pixels(parser: Any, *, what: str) -> None:
     """``--max-pixels N``: the most pixels one image may have (read from its header)."""
-    from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
+    from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
     parser.add_argument(
         "--max-pixels", type=positive_int, default=DEFAULT_MAX_PIXELS, metavar="N",

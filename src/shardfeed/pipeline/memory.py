@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from shardfeed.pipeline.samplers import Sample
-from shardfeed.transforms.decode import SCRATCH_KEEP_BYTES
+from shardfeed.transforms.base import TransformBase
+from shardfeed.transforms.decode.image import SCRATCH_KEEP_BYTES
 
 # The per-record, per-thread and per-loader terms below were measured as the peak RSS growth
 # of loaders over four epochs beyond all their other terms, on datasets of small images
@@ -81,16 +82,16 @@ class MemoryBudget:
                 + self.index_bytes + self.cache_bytes + self.fixed_bytes)
 
 
-def declared_decode_bytes(transform: Any, source: Any) -> int | None:
+def declared_decode_bytes(transform: TransformBase | None, source: Any) -> int | None:
     """The most memory one decode holds, as the transform and the source declare it
     (``decode_bytes``; the larger of the two); None when neither declares one."""
-    declared = [value for value in (getattr(transform, "decode_bytes", None),
+    declared = [value for value in (None if transform is None else transform.decode_bytes,
                                     getattr(source, "decode_bytes", None))
                 if isinstance(value, int)]
     return max(declared) if declared else None
 
 
-def decode_bytes_per_thread(transform: Any, source: Any, records: list[Sample]) -> int:
+def decode_bytes_per_thread(transform: TransformBase | None, source: Any, records: list[Sample]) -> int:
     """One thread's decode term: the declared bound, else the first sample's decoded image."""
     declared = declared_decode_bytes(transform, source)
     return decoded_bytes(records) if declared is None else declared
@@ -100,7 +101,7 @@ def fixed_bytes(*, threads: int, processes: int, decode_bytes: int) -> int:
     """What a loader holds whatever its data: :data:`LOADER_FIXED_BYTES`,
     :data:`THREAD_FIXED_BYTES` a thread, :data:`PROCESS_FIXED_BYTES` a worker process (and
     :data:`TRACKER_FIXED_BYTES` once with any), and the JPEG scratch buffer each decoding
-    thread keeps (at most :data:`~shardfeed.transforms.decode.SCRATCH_KEEP_BYTES`, less when
+    thread keeps (at most :data:`~shardfeed.transforms.decode.image.SCRATCH_KEEP_BYTES`, less when
     ``decode_bytes`` bounds the decodes lower), counted also for the calling thread, which
     builds the first sample to learn the batch layout."""
     scratch = min(SCRATCH_KEEP_BYTES, decode_bytes)

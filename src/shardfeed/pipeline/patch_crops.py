@@ -1,9 +1,10 @@
-"""Patch options and crop geometry: an image decoded once (at reduced scale) and patches cut from it.
+"""Patch options and crop geometry: patches cut from an image decoded once (at reduced scale).
 
 :class:`PatchOptions` holds what :class:`~shardfeed.pipeline.patches.Patches` cuts and caches.
-:func:`decode_for_patches` turns a record into a :class:`DecodedImage` (the pixels at scale
-``1/d``, the full-size mask, the record's other features); :func:`cut_patch` cuts one patch
-from it with a keyed generator.
+:func:`~shardfeed.transforms.decode.patches.decode_for_patches` turns a record into a
+:class:`~shardfeed.transforms.decode.patches.DecodedImage` (the pixels at scale ``1/d``, the
+full-size mask, the record's other features); :func:`cut_patch` cuts one patch from it with a
+keyed generator.
 
 Crops. ``scale=None``: a ``size`` crop at a uniform position (images smaller than ``size``
 are padded with zeros, bottom and right). ``scale=(lo, hi)``: a square-pixel crop of
@@ -25,35 +26,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
-import cv2
 import numpy as np
-import simplejpeg
 
-from shardfeed.errors import DecodeError
 from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size
-from shardfeed.transforms.decode import (
-    check_pixels,
-    decode_error,
-    jpeg_header,
-    out_of_memory,
-    sniff_format,
-)
-from shardfeed.transforms.fields import ImageField
-from shardfeed.transforms.image_size import (
+from shardfeed.transforms.decode.patches import DecodedImage
+from shardfeed.transforms.decode.sizes import (
     DEFAULT_MAX_PIXELS,
     check_max_pixels,
     decode_peak_bytes,
 )
 
-__all__ = ["PICKS", "DecodedImage", "PatchOptions", "Pick", "cut_patch", "decode_for_patches"]
+__all__ = ["PICKS", "PatchOptions", "Pick", "cut_patch"]
 
 Pick = Literal["stratified", "uniform"]
 PICKS: tuple[Pick, ...] = get_args(Pick)
-_CMYK = ("CMYK", "YCCK")
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -125,88 +115,6 @@ class PatchOptions:
         return max(2, self.cache_images // 8)
 
 
-@dataclass(frozen=True, slots=True)
-class DecodedImage:
-    """A cached image: pixels at scale 1/d, full-size mask, the record's other features."""
-
-    image: np.ndarray
-    mask: np.ndarray | None
-    meta: dict[str, Any]
-    full_hw: tuple[int, int]
-
-    @property
-    def nbytes(self) -> int:
-        mask = 0 if self.mask is None else self.mask.nbytes
-        return self.image.nbytes + mask + 64 * (len(self.meta) + 1)
-
-
-def decode_for_patches(
-    record: Sample,
-    *,
-    image_field: ImageField,
-    mask_field: ImageField | None,
-    options: PatchOptions,
-) -> DecodedImage:
-    """Decode the record's image at scale ``1/options.denominator`` and its mask at full size.
-
-    ``image_field`` and ``mask_field`` are bound to the dataset's schema; ``mask_field=None``
-    leaves the mask in the record's other features. The mask decodes to class ids as
-    ``mask_field.mask_labels`` says (grey values, palette indices; a colour or 16-bit mask
-    is a DecodeError by default: see :mod:`shardfeed.transforms.masks`). Raises DecodeError when the mask's size
-    differs from the image's or an image (or mask) claims more than ``options.max_pixels``
-    pixels (the fields' own ``max_pixels`` applies to what they decode), SchemaError when
-    ``options.mask`` is True and there is no mask.
-    """
-    key, encoding = image_field.require(record)
-    where = image_field.where(record, key)
-    d = options.denominator
-    image: np.ndarray | None = None
-    full_hw = (0, 0)
-    if encoding in ("auto", "path") and not isinstance(record[key], list):
-        data = image_field.encoded_bytes(record, key, encoding)
-        if sniff_format(data) == "jpeg":
-            height, width, space = jpeg_header(data, where=where)
-            check_pixels(height, width, max_pixels=options.max_pixels, where=where,
-                         nbytes=len(data))
-            if space not in _CMYK:
-                image = _decode_jpeg(data, d, where)
-                full_hw = (height, width)
-        if image is None:
-            image = image_field.decode_bytes(data, where, True)
-    else:
-        image = image_field.decode(record)
-    if full_hw == (0, 0):
-        full_hw = (int(image.shape[0]), int(image.shape[1]))
-    if image.ndim == 2:
-        image = image[:, :, None]
-    if d > 1 and image.shape[:2] == full_hw:
-        shape = (math.ceil(full_hw[1] / d), math.ceil(full_hw[0] / d))
-        try:
-            image = cv2.resize(image, shape, interpolation=cv2.INTER_AREA).reshape(
-                shape[1], shape[0], image.shape[2])
-        except (cv2.error, MemoryError) as exc:
-            raise DecodeError(f"{where}: cannot shrink the decoded {full_hw[0]}×{full_hw[1]} "
-                              f"image by {d}: {exc}") from None
-    drop = [key] if encoding != "path" else []
-    mask = None
-    if mask_field is not None:
-        found = mask_field.locate(record)
-        if found is None and options.mask:
-            mask_field.require(record)  # raises SchemaError naming the keys
-        if found is not None:
-            mask = mask_field.decode(record)
-            drop.append(found[0])
-            if mask.shape[:2] != full_hw:
-                raise DecodeError(
-                    f"{mask_field.where(record, found[0])}: the mask is "
-                    f"{mask.shape[0]}×{mask.shape[1]} (height×width) but its image is "
-                    f"{full_hw[0]}×{full_hw[1]}; a mask must have its image's size: re-create "
-                    "the mask at the image's size, or skip such records with on_error='skip'"
-                )
-    meta = {k: v for k, v in record.items() if k not in drop}
-    return DecodedImage(np.ascontiguousarray(image), mask, meta, full_hw)
-
-
 def cut_patch(
     decoded: DecodedImage, rid: int, rng: np.random.Generator, options: PatchOptions
 ) -> Sample:
@@ -250,24 +158,6 @@ def cut_patch(
     sample["patch/box"] = np.array([fy, fx, fh, fw], dtype=np.int64)
     sample["patch/record"] = np.int64(rid)
     return sample
-
-
-def _decode_jpeg(data: bytes | memoryview, d: int, where: str) -> np.ndarray:
-    """Decode a JPEG to RGB at scale ``1/d`` (libjpeg-turbo DCT scaling) into a new array."""
-    try:
-        if d == 1:
-            image: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True)
-        else:
-            height, width, _ = jpeg_header(data, where=where)
-            image = simplejpeg.decode_jpeg(
-                data, colorspace="RGB", fastdct=True,
-                min_height=math.ceil(height / d), min_width=math.ceil(width / d),
-            )
-    except ValueError as exc:
-        raise decode_error(data, where, f"damaged JPEG: {exc}") from None
-    except MemoryError:
-        raise out_of_memory(data, where, "the JPEG") from None
-    return image
 
 
 def _pad(region: np.ndarray, size: tuple[int, int]) -> np.ndarray:

@@ -40,7 +40,7 @@ with the same outputs).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,14 +48,7 @@ import numpy as np
 from shardfeed.dataset.data_source import DataSource
 from shardfeed.format.schema import ImageInfo
 from shardfeed.pipeline.image_cache import CacheStats, ImageCache
-from shardfeed.pipeline.patch_crops import (
-    PICKS,
-    DecodedImage,
-    PatchOptions,
-    Pick,
-    cut_patch,
-    decode_for_patches,
-)
+from shardfeed.pipeline.patch_crops import PICKS, PatchOptions, Pick, cut_patch
 from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.pipeline.samplers import (
     EpochContext,
@@ -68,8 +61,9 @@ from shardfeed.pipeline.samplers import (
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.transforms.boxes import parse_size
-from shardfeed.transforms.fields import ImageField
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
+from shardfeed.transforms.decode.fields import ImageField
+from shardfeed.transforms.decode.patches import DecodedImage, decode_for_patches
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
 
@@ -102,7 +96,7 @@ class Patches(SamplerBase):
     ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8)`` images of the first
     image's size); ``mask`` (None: cut the mask too when the dataset has one); ``max_pixels``
     (the most pixels an image may have, read from its header before decoding; default 2^27:
-    see :class:`~shardfeed.transforms.decode_ops.DecoderBase`). The Loader's
+    see :class:`~shardfeed.transforms.decode.ops.DecoderBase`). The Loader's
     ``transform`` applies to each patch after the crop (flip, colour, normalise); it sees
     ``"image"`` (and ``"mask"``) already decoded.
 
@@ -169,7 +163,7 @@ class Patches(SamplerBase):
         """Outputs per epoch, ``(M - N + 1)·R``."""
         return len(self.schedule)
 
-    def bind(self, transform: Transform | None) -> Transform | None:
+    def bind(self, transform: Callable[..., Sample] | None) -> Transform | None:
         ds = self._ds()
         if self.cache is not None:
             self.cache.clear()  # a new loader starts its own clock
@@ -255,8 +249,11 @@ class Patches(SamplerBase):
             source = record
             if _CACHED in source:  # evicted since read: read it now
                 source = self._ds().read_many([rid])[0]
-            decoded = decode_for_patches(source, image_field=self._image_field,
-                                         mask_field=self._mask_field, options=self.options)
+            options = self.options
+            decoded = decode_for_patches(
+                source, image_field=self._image_field, mask_field=self._mask_field,
+                denominator=options.denominator, max_pixels=options.max_pixels,
+                require_mask=options.mask)
             return decoded, decoded.nbytes
 
         if self.cache is None:

@@ -74,10 +74,13 @@ from shardfeed.format.schema import Schema
 from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.sampling.keys import sample_rng
 from shardfeed.sampling.permutation import EpochOrder
-from shardfeed.transforms.base import NO_RANDOMNESS, call_into
+from shardfeed.transforms.base import NO_RANDOMNESS, TransformBase, call_into
+from shardfeed.transforms.base import bind_transform as bind_to
+from shardfeed.transforms.wrap import adapt
 
 Sample = dict[str, Any]
-Transform = Callable[[Sample, np.random.Generator], Sample]
+Transform = TransformBase
+"""A transform as samplers hold it: bound, and wrapped once by ``transforms.base.adapt``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,7 @@ class Sampler(Protocol):
         """How many outputs one epoch over ``num_units`` shuffled units has."""
         ...
 
-    def bind(self, transform: Transform | None) -> Transform | None:
+    def bind(self, transform: Callable[..., Sample] | None) -> Transform | None:
         """Return the transform bound to the data source's schema (``transform.bind``), once."""
         ...
 
@@ -170,51 +173,22 @@ class Sampler(Protocol):
         ...
 
 
-def bind_transform(transform: Any, schema: Any, root: Any) -> Transform | None:
-    """Bind ``transform`` to a schema (``transform.bind(schema, root=root)``) if it can be bound.
-
-    A plain one-argument ``f(sample) -> sample`` is accepted and called without the generator.
-    """
+def bind_transform(
+    transform: Callable[..., Sample] | None, schema: Schema | None, root: str | None
+) -> Transform | None:
+    """``transform`` bound to a schema (``transform.bind(schema, root=root)``) if it can be
+    bound, as a :class:`~shardfeed.transforms.base.TransformBase` (wrapped once by
+    :func:`~shardfeed.transforms.base.adapt`: a plain one-argument ``f(sample) -> sample`` is
+    called without the generator)."""
     if transform is None:
         return None
     if not callable(transform):
         raise TypeError(
             f"transform must be callable as transform(sample, rng) -> sample, got {transform!r}"
         )
-    bind = getattr(transform, "bind", None)
-    if callable(bind) and not isinstance(transform, type):
-        transform = bind(schema, root=root)
-    if _takes_one_argument(transform):
-        return _OneArgument(transform)
-    return transform  # type: ignore[no-any-return]
-
-
-def _takes_one_argument(fn: Callable[..., Any]) -> bool:
-    import inspect
-
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return False
-    positional = [
-        p for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    has_var = any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values())
-    return len(positional) == 1 and not has_var
-
-
-class _OneArgument:
-    """Adapts ``f(sample)`` to the ``f(sample, rng)`` transform signature (picklable)."""
-
-    __slots__ = ("fn",)
-    draws_random = False  # fn gets no generator
-
-    def __init__(self, fn: Callable[[Sample], Sample]) -> None:
-        self.fn = fn
-
-    def __call__(self, sample: Sample, rng: np.random.Generator) -> Sample:
-        return self.fn(sample)
+    if isinstance(transform, type):  # a class, not a transform: nothing to bind
+        return adapt(transform)
+    return adapt(bind_to(transform, schema, root=root))
 
 
 class SamplerBase:
@@ -294,7 +268,7 @@ class RecordSampler(SamplerBase):
     def samples_per_epoch(self, num_units: int) -> int:
         return num_units
 
-    def bind(self, transform: Transform | None) -> Transform | None:
+    def bind(self, transform: Callable[..., Sample] | None) -> Transform | None:
         ds = self._ds()
         return bind_transform(transform, ds.schema, ds.root)
 
@@ -319,7 +293,7 @@ class RecordSampler(SamplerBase):
             return record if type(record) is dict else dict(record)
         sample = dict(record)  # transforms edit their sample; the read record stays as read
         # A transform that declares it never draws (eval presets) gets no keyed generator.
-        rng = key.rng() if getattr(transform, "draws_random", True) else NO_RANDOMNESS
+        rng = key.rng() if transform.draws_random else NO_RANDOMNESS
         image_out = None if out is None else out.get("image")
         if image_out is None:
             return transform(sample, rng)

@@ -31,7 +31,7 @@ bytes a window for a fixed stride, ``4·length`` time-based) plus the dataset's 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -181,7 +181,7 @@ class Windows:
     def samples_per_epoch(self, num_units: int) -> int:
         return num_units
 
-    def bind(self, transform: Transform | None) -> Transform | None:
+    def bind(self, transform: Callable[..., Sample] | None) -> Transform | None:
         return self._frames.bind(transform)
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:

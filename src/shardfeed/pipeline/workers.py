@@ -40,6 +40,7 @@ from shardfeed.errors import ShardfeedError
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, in_place_keys
 from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey
+from shardfeed.transforms.wrap import DeclaredTransform, FunctionTransform
 
 __all__ = ["ProcessWorkers", "WorkerStartError", "check_payload"]
 
@@ -89,7 +90,9 @@ def _parts(transform: Any) -> list[Any]:
     if transform is None:
         return []
     parts: list[Any] = []
-    inner = getattr(transform, "fn", None)  # a one-argument function wrapped by the Loader
+    # a function or an object wrapped once by transforms.base.adapt
+    inner = transform.function if isinstance(transform, FunctionTransform) else (
+        transform.inner if isinstance(transform, DeclaredTransform) else None)
     children = getattr(transform, "transforms", None)  # Compose
     if callable(inner):
         parts += _parts(inner)

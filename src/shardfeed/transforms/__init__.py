@@ -6,6 +6,7 @@
   :class:`Resize`, :class:`CenterCrop`, :class:`CropOrPad`, :class:`RandomHorizontalFlip`;
 - colour and values: :class:`ColorJitter`, :class:`Normalize`, :class:`ToFloat`,
   :class:`ToCHW`;
+- the contract: :class:`TransformBase` (every member declared, with its default);
 - composition: :class:`Compose`, :func:`as_transform`; ``presets.train`` / ``presets.eval``.
 """
 
@@ -15,7 +16,7 @@ from shardfeed.transforms.base import (
     Compose,
     Sample,
     Transform,
-    as_transform,
+    TransformBase,
     bind_transform,
     call_into,
 )
@@ -27,9 +28,9 @@ from shardfeed.transforms.color import (
     ToCHW,
     ToFloat,
 )
-from shardfeed.transforms.crop_decode import DecodeCenterCrop, DecodeRandomResizedCrop
-from shardfeed.transforms.decode import decode_image, sniff_format
-from shardfeed.transforms.decode_ops import DecodeImage
+from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
+from shardfeed.transforms.decode.image import decode_image, sniff_format
+from shardfeed.transforms.decode.ops import DecodeImage
 from shardfeed.transforms.geometry import (
     CenterCrop,
     CropOrPad,
@@ -37,6 +38,7 @@ from shardfeed.transforms.geometry import (
     RandomResizedCrop,
     Resize,
 )
+from shardfeed.transforms.wrap import as_transform
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -57,6 +59,7 @@ __all__ = [
     "ToCHW",
     "ToFloat",
     "Transform",
+    "TransformBase",
     "as_transform",
     "bind_transform",
     "call_into",

@@ -1,29 +1,34 @@
 """The transform contract, composition, and the output spec the loader batches with.
 
-A transform is ``Callable[[Sample, np.random.Generator], Sample]``: it takes one sample (the
-dict the Example codec decoded, later with ``"image"`` and ``"mask"`` arrays) and a generator
-keyed by ``(seed, epoch, position)``, and returns the sample. Every random choice comes from
-that generator, so an output depends only on its key.
+A transform takes one sample (the dict the Example codec decoded, later with ``"image"`` and
+``"mask"`` arrays) and a generator keyed by ``(seed, epoch, position)``, and returns the
+sample. Every random choice comes from that generator, so an output depends only on its key.
 
-Optional extras a transform class may define:
+:class:`TransformBase` declares the whole contract, each member with an explicit default:
 
-- ``bind(schema, *, root) -> Transform``: called once by the Loader before use, so decode
-  ops learn which feature holds the image and how it is stored. Returns a new transform.
-- ``accepts_out = True`` and ``__call__(sample, rng, *, out=None)``: the final ``"image"``
-  is written into ``out`` (a view into a preallocated batch array).
-- ``output_spec(specs) -> specs``: how it changes the shape/dtype of ``"image"``/``"mask"``.
-- ``draws_random = False``: the transform never draws from its generator (decode, center
-  crop, normalisation, ...). A caller may then hand it :data:`NO_RANDOMNESS` instead of
-  building a keyed generator (a few µs a sample); drawing from that raises. Transforms
-  without the attribute are assumed to draw.
-- ``decode_bytes`` (an int): the most memory one call holds while it decodes an image (the
-  decode ops: ``max_pixels`` × the decode's peak bytes a pixel). ``Loader.memory_budget()``
-  counts it once a thread; a transform of yours that decodes declares it to be counted.
+- ``__call__(sample, rng, /) -> sample`` (abstract); with ``accepts_out = True`` it also
+  takes ``out=``, and the final ``"image"`` is written into ``out`` (a slot of the batch).
+- ``bind(schema, *, root) -> transform``: called once by the Loader before use, so decode
+  ops learn which feature holds the image and how it is stored. Default: the transform.
+- ``output_spec(specs) -> specs | None``: how it changes the shape/dtype of
+  ``"image"``/``"mask"``; the default, None, says "no spec" (the batch gets a copy instead
+  of the write-into-batch fast path).
+- ``draws_random``: False when the transform never draws from its generator (decode, center
+  crop, normalisation, ...); it is then handed :data:`NO_RANDOMNESS` instead of a keyed
+  generator (a few µs a sample saved); drawing from that raises. Default: True.
+- ``decode_bytes``: the most memory one call holds while it decodes an image (the decode
+  ops: ``max_pixels`` × the decode's peak bytes a pixel), counted once a thread by
+  ``Loader.memory_budget()``. Default: None (it does not decode).
+
+Anything else callable is wrapped once by :func:`shardfeed.transforms.wrap.adapt` (a
+one-argument ``f(sample)`` becomes a ``FunctionTransform``; another object keeps the members
+it defines, read once when wrapped), so the pipeline reads declared attributes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,6 +97,42 @@ Specs = dict[str, ArraySpec]
 """Output specs by sample key (``"image"``, ``"mask"``)."""
 
 
+class TransformBase(ABC):
+    """The base of every transform: the whole contract declared, with explicit defaults.
+
+    Subclasses implement ``__call__`` and override what they declare (see the module doc).
+    """
+
+    __slots__ = ()
+
+    @property
+    def accepts_out(self) -> bool:
+        """True when ``__call__`` takes ``out=`` (a batch slot for the final image)."""
+        return False
+
+    @property
+    def draws_random(self) -> bool:
+        """False when the transform never draws from its generator."""
+        return True
+
+    @property
+    def decode_bytes(self) -> int | None:
+        """The most memory one call holds while it decodes; None: it does not decode."""
+        return None
+
+    @abstractmethod
+    def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
+        """The transformed ``sample``; every random choice drawn from ``rng``."""
+
+    def bind(self, schema: SchemaLike | None, *, root: str | None) -> Transform:
+        """This transform bound to the dataset's schema and root; by default itself."""
+        return self
+
+    def output_spec(self, specs: Specs) -> Specs | None:
+        """The ``"image"``/``"mask"`` specs after this transform; None: no spec declared."""
+        return None
+
+
 class _NoRandomness:
     """The generator handed to transforms that declare ``draws_random = False``.
 
@@ -120,16 +161,24 @@ NO_RANDOMNESS: np.random.Generator = _NoRandomness()  # type: ignore[assignment]
 
 def draws_random(transform: object) -> bool:
     """False only when ``transform`` declares ``draws_random = False`` (it never draws)."""
-    return bool(getattr(transform, "draws_random", True))
+    return bool(declared_member(transform, "draws_random", True))
 
 
 def bind_transform(transform: Transform, schema: SchemaLike | None, *, root: str | None) -> Transform:
     """``transform.bind(schema, root=root)`` if it has one, else the transform itself."""
-    bind = getattr(transform, "bind", None)
-    if bind is None:
+    if isinstance(transform, TransformBase):
+        return transform.bind(schema, root=root)
+    bind = declared_member(transform, "bind", None)
+    if not callable(bind):
         return transform
     bound: Transform = bind(schema, root=root)
     return bound
+
+
+def declared_member(transform: object, name: str, default: Any) -> Any:
+    """A member of the contract as ``transform`` declares it: the one place one is looked
+    up by name, for objects that do not derive from :class:`TransformBase`."""
+    return getattr(transform, name, default)
 
 
 def call_into(
@@ -142,7 +191,7 @@ def call_into(
     """
     if out is None:
         return transform(sample, rng)
-    if getattr(transform, "accepts_out", False):
+    if declared_member(transform, "accepts_out", False):
         result: Sample = transform(sample, rng, out=out)  # type: ignore[call-arg]
         return result
     result = transform(sample, rng)
@@ -165,14 +214,14 @@ def call_into(
 
 def output_spec_of(transform: Transform, specs: Specs) -> Specs | None:
     """Chain ``transform.output_spec``; None when the transform does not declare one."""
-    method = getattr(transform, "output_spec", None)
+    method = declared_member(transform, "output_spec", None)
     if method is None:
         return None
     result: Specs | None = method(specs)
     return result
 
 
-class Compose:
+class Compose(TransformBase):
     """Apply transforms in order.
 
     Determinism: as deterministic as its children; they share the one generator, in order.
@@ -194,7 +243,7 @@ class Compose:
         # Decided once here, not per sample: which child is last and whether it takes out=.
         self._head = self.transforms[:-1]
         self._last: Transform = self.transforms[-1] if self.transforms else _identity
-        self._last_out = bool(getattr(self._last, "accepts_out", False))
+        self._last_out = bool(declared_member(self._last, "accepts_out", False))
         self._draws = any(draws_random(t) for t in self.transforms)
 
     @property
@@ -206,7 +255,7 @@ class Compose:
     def decode_bytes(self) -> int | None:
         """The largest ``decode_bytes`` a child declares (they decode one after another);
         None when no child declares one."""
-        declared = [d for d in (getattr(t, "decode_bytes", None) for t in self.transforms)
+        declared = [d for d in (declared_member(t, "decode_bytes", None) for t in self.transforms)
                     if isinstance(d, int)]
         return max(declared) if declared else None
 
@@ -253,52 +302,19 @@ def _identity(sample: Sample, rng: np.random.Generator, /) -> Sample:
     return sample
 
 
-class FunctionTransform:
-    """A plain ``f(sample) -> sample`` used as a transform (it gets no generator).
-
-    Determinism: whatever ``f`` does; it must not use global random state to stay
-    reproducible. State: none. Memory: what ``f`` allocates.
-    """
-
-    __slots__ = ("function",)
-    draws_random = False  # f gets no generator
-
-    def __init__(self, function: Callable[[Sample], Sample], /) -> None:
-        if not callable(function):
-            raise TypeError(f"as_transform needs a callable f(sample) -> sample, got {function!r}")
-        self.function = function
-
-    def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
-        result = self.function(sample)
-        if not isinstance(result, Mapping):
-            raise TypeError(
-                f"{self.function!r} returned {type(result).__name__}, not a sample dict; "
-                "return the (modified) sample"
-            )
-        return dict(result) if not isinstance(result, dict) else result
-
-    def __repr__(self) -> str:
-        return f"as_transform({self.function!r})"
-
-
-def as_transform(function: Callable[[Sample], Sample], /) -> Transform:
-    """Wrap ``f(sample) -> sample`` into the ``(sample, rng) -> sample`` contract."""
-    return FunctionTransform(function)
-
-
 __all__ = [
     "NO_RANDOMNESS",
     "ArraySpec",
     "Compose",
-    "FunctionTransform",
     "ImageInfoLike",
     "Sample",
     "SchemaLike",
     "Specs",
     "Transform",
-    "as_transform",
+    "TransformBase",
     "bind_transform",
     "call_into",
+    "declared_member",
     "draws_random",
     "output_spec_of",
 ]

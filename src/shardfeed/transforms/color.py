@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import SchemaError
-from shardfeed.transforms.base import ArraySpec, Sample, Specs
+from shardfeed.transforms.base import ArraySpec, Sample, Specs, TransformBase
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -56,7 +56,7 @@ def _factor_range(value: float | Sequence[float], name: str, *, center: float) -
     return lo, hi
 
 
-class ColorJitter:
+class ColorJitter(TransformBase):
     """Random brightness, contrast, saturation and hue changes of a uint8 RGB image, in a
     random order (as torchvision's ColorJitter).
 
@@ -156,7 +156,7 @@ class ColorJitter:
         )
 
 
-class Normalize:
+class Normalize(TransformBase):
     """``(image / 255 - mean) / std`` per channel, as float32 (``mean``/``std`` on the 0–1
     scale, e.g. ImageNet's). ``Normalize.symmetric()`` maps 0..255 to [-1, 1].
 
@@ -218,7 +218,7 @@ class Normalize:
         return f"Normalize(mean={self.mean}, std={self.std})"
 
 
-class ToFloat:
+class ToFloat(TransformBase):
     """Cast the image to ``dtype`` (float32 by default), multiplied by ``scale`` (1/255:
     values in [0, 1]).
 
@@ -260,7 +260,7 @@ class ToFloat:
         return f"ToFloat(scale={self.scale}, dtype={self.dtype})"
 
 
-class ToCHW:
+class ToCHW(TransformBase):
     """Move channels first: H×W×C → C×H×W (T×H×W×C → T×C×H×W), contiguous.
 
     Determinism: deterministic. State: none. Memory: one copy of the image.

@@ -15,13 +15,13 @@ import numpy as np
 
 from shardfeed.errors import SchemaError
 from shardfeed.transforms import arrays
-from shardfeed.transforms.base import ArraySpec, Sample, Specs
+from shardfeed.transforms.base import ArraySpec, Sample, Specs, TransformBase
 from shardfeed.transforms.boxes import Box, check_range, parse_size, random_resized_box
 
 ArrayOp = Callable[[np.ndarray, bool, "np.ndarray | None"], np.ndarray]
 
 
-class GeometricBase:
+class GeometricBase(TransformBase):
     """Apply one geometry to every image and mask key of a sample."""
 
     __slots__ = ("keys", "mask_keys")

@@ -13,7 +13,7 @@ layout        shape                                  dtype
 With a mask in the dataset, ``"mask"`` is ``size × size`` class ids (same crop and flip,
 nearest neighbour): uint8 grey values or palette indices; ``mask_colors`` maps the colours
 of colour masks to ids, ``mask_dtype="uint16"`` keeps 16-bit masks (see
-:mod:`shardfeed.transforms.masks`). ``pipeline.bind(schema, root=...).output_spec()`` gives these as
+:mod:`shardfeed.transforms.decode.masks`). ``pipeline.bind(schema, root=...).output_spec()`` gives these as
 ``ArraySpec`` objects for preallocating batch arrays.
 """
 
@@ -31,9 +31,9 @@ from shardfeed.transforms.color import (
     ToCHW,
     ToFloat,
 )
-from shardfeed.transforms.crop_decode import DecodeCenterCrop, DecodeRandomResizedCrop
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
-from shardfeed.transforms.masks import Color, MaskDtype
+from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
+from shardfeed.transforms.decode.masks import Color, MaskDtype
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 NormalizeName = Literal["imagenet", "symmetric"]
 DType = Literal["uint8", "float32"]
@@ -101,13 +101,13 @@ def train(
     ``dtype="float32"`` (→ [0, 1]). ``"mask"`` (if any): ``size×size`` class ids.
 
     ``mask_colors`` (``{(r, g, b): id, ...}``), ``mask_unlisted`` and ``mask_dtype``: how
-    mask pixels become ids, as in :class:`~shardfeed.transforms.decode_ops.DecoderBase`.
+    mask pixels become ids, as in :class:`~shardfeed.transforms.decode.ops.DecoderBase`.
     Without them a palette PNG mask gives its indices, a grey mask its values, and a colour
     or 16-bit mask a DecodeError.
 
     ``max_pixels``: the most pixels an image may have (read from its header before decoding;
     a larger one is a DecodeError): see
-    :class:`~shardfeed.transforms.decode_ops.DecoderBase`.
+    :class:`~shardfeed.transforms.decode.ops.DecoderBase`.
 
     Determinism: every random choice comes from the per-sample generator.
     """

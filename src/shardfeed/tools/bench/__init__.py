@@ -38,7 +38,7 @@ from shardfeed.tools.bench.probe import (
     peak_rss_bytes,
     sample_encoded,
 )
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 __all__ = ["BenchOptions", "bench"]
 

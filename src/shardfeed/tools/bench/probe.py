@@ -140,12 +140,12 @@ def decode_limit(
 ) -> DecodeLimit:
     """Decode ``encoded`` round and round on ``num_threads`` threads for about ``seconds``
     (and at least ``min_images`` decodes); the decode is
-    :func:`shardfeed.transforms.decode.decode_image` (full size, RGB; images up to
+    :func:`shardfeed.transforms.decode.image.decode_image` (full size, RGB; images up to
     ``max_pixels``, default the decode's)."""
     from functools import partial
 
-    from shardfeed.transforms.decode import DEFAULT_MAX_PIXELS
-    from shardfeed.transforms.decode import decode_image as decode
+    from shardfeed.transforms.decode.image import DEFAULT_MAX_PIXELS
+    from shardfeed.transforms.decode.image import decode_image as decode
 
     decode_image = partial(decode, max_pixels=max_pixels or DEFAULT_MAX_PIXELS)
 

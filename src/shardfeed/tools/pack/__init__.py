@@ -52,7 +52,7 @@ from shardfeed.tools.pack.output import PackResult
 from shardfeed.tools.pack.plan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.pack.record import MODES, Mode, build_payload, estimate_size, fingerprint
 from shardfeed.tools.pack.workers import ExecutorKind, ordered_map
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "PackResult", "ordered_map", "pack"]
 

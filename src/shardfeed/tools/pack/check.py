@@ -33,7 +33,7 @@ from typing import Literal
 from shardfeed.errors import DecodeError, PackError
 from shardfeed.tools.pack.items import PackItem
 from shardfeed.tools.pack.record import image_format
-from shardfeed.transforms.image_size import (
+from shardfeed.transforms.decode.sizes import (
     DEFAULT_MAX_PIXELS,
     ClaimedSize,
     Unsized,

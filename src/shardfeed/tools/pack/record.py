@@ -28,8 +28,8 @@ from shardfeed.errors import DecodeError, PackError
 from shardfeed.format import spec
 from shardfeed.format.example import encode_example
 from shardfeed.tools.pack.items import PackItem
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
-from shardfeed.transforms.masks import decode_mask
+from shardfeed.transforms.decode.masks import decode_mask
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 Mode = Literal["embedded", "referenced", "raw"]
 MODES: tuple[str, ...] = ("embedded", "referenced", "raw")
@@ -79,7 +79,7 @@ def image_shape(
 ) -> tuple[int, int, int]:
     """``(height, width, channels)`` of an encoded image, from its header when it has one;
     PackError for an image that claims more than ``max_pixels`` pixels."""
-    from shardfeed.transforms.decode import check_size
+    from shardfeed.transforms.decode.image import check_size
 
     try:
         check_size(data, max_pixels=max_pixels, where=where)
@@ -90,7 +90,7 @@ def image_shape(
         width, height = struct.unpack(">II", data[16:24])
         return int(height), int(width), _PNG_CHANNELS.get(data[25], 3)
     if kind == "jpeg":
-        from shardfeed.transforms.decode import jpeg_header
+        from shardfeed.transforms.decode.image import jpeg_header
 
         try:
             height, width, space = jpeg_header(data, where=where)
@@ -104,7 +104,7 @@ def image_shape(
 
 def _decode(data: bytes, *, where: str, mode: Literal["rgb", "gray", "unchanged"],
             max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    from shardfeed.transforms.decode import decode_image
+    from shardfeed.transforms.decode.image import decode_image
 
     try:
         return decode_image(data, mode=mode, where=where, max_pixels=max_pixels)

@@ -29,7 +29,7 @@ from shardfeed.format.schema import ImageInfo
 from shardfeed.storage import is_remote
 from shardfeed.tools.verify.report import Problem, ShardCheck, VerifyReport
 from shardfeed.tools.verify.shard import Expected, ShardJob, check_shard
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels
 
 # The kinds of problem (BAD_DATA_CRC, TRUNCATED, ...) are in shardfeed.tools.verify.report.
 __all__ = ["Problem", "ShardCheck", "VerifyReport", "verify"]

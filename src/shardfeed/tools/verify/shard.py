@@ -5,7 +5,7 @@ the byte sources of :mod:`shardfeed.storage`, as ``Dataset`` reads it): framing,
 data CRCs, truncation, compression, the index and what the manifest says of the shard; with
 ``decode``/``check_paths`` also each record's Example, images, masks and referenced files.
 Images decode exactly as the Loader's decode ops decode them, by the same functions
-(:class:`~shardfeed.transforms.fields.ImageField`): the same ``max_pixels`` limit read from
+(:class:`~shardfeed.transforms.decode.fields.ImageField`): the same ``max_pixels`` limit read from
 the header, the same formats (a float TIFF a loader refuses is a bad record here too), raw
 pixels checked against their stored shape and dtype, 1, 3 or 4 channels. Masks decode as the
 Loader decodes them (grey values, palette indices) and must have their image's size; colour
@@ -53,10 +53,10 @@ from shardfeed.tools.verify.report import (
     Problem,
     ShardCheck,
 )
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
-    from shardfeed.transforms.fields import ImageField
+    from shardfeed.transforms.decode.fields import ImageField
 
 __all__ = ["BLOCK_BYTES", "Expected", "ShardJob", "check_shard"]
 
@@ -314,14 +314,14 @@ def _referenced(root: str | None, value: bytes, where: str) -> str:
     """The file a referenced path names under ``root``, found as the Loader finds it:
     refused (:class:`~shardfeed.errors.UnsafePathError`) when not UTF-8 or leading outside
     the root, unless the root is unconfined (``--allow-outside-paths``)."""
-    from shardfeed.transforms.fields import referenced_file
+    from shardfeed.transforms.decode.fields import referenced_file
 
     return referenced_file(root, value, where)
 
 
 def _field(job: ShardJob, slot: ImageInfo, role: str) -> ImageField:
     """The field a Loader's decode op reads ``slot`` with (its dtype, shape keys, limit)."""
-    from shardfeed.transforms.fields import ImageField
+    from shardfeed.transforms.decode.fields import ImageField
 
     return ImageField(is_mask=role == "mask", max_pixels=job.max_pixels).bound(slot,
                                                                                 root=job.root)
@@ -335,8 +335,8 @@ def _try_decode(
     """Decode an image or mask as the Loader does; its (height, width), or None after
     reporting it undecodable."""
     from shardfeed.errors import DecodeError
-    from shardfeed.transforms.decode_ops import check_channels
-    from shardfeed.transforms.masks import read_mask
+    from shardfeed.transforms.decode.masks import read_mask
+    from shardfeed.transforms.decode.ops import check_channels
 
     try:
         if role == "mask":
@@ -361,7 +361,7 @@ def _try_raw(
 ) -> tuple[int, int] | None:
     """Read raw pixels as the Loader does (stored shape and dtype, ``max_pixels``); their
     (height, width), or None after reporting them."""
-    from shardfeed.transforms.decode_ops import check_channels
+    from shardfeed.transforms.decode.ops import check_channels
 
     try:
         image = _field(job, slot, role).decode(features)

@@ -2,7 +2,7 @@
 
 JPEG goes through simplejpeg (libjpeg-turbo; releases the GIL, decodes at reduced DCT scale,
 writes into a caller's buffer); PNG and the other formats of
-:mod:`shardfeed.transforms.image_size` through ``cv2.imdecode`` (also releases the GIL). The
+:mod:`shardfeed.transforms.decode.sizes` through ``cv2.imdecode`` (also releases the GIL). The
 format is sniffed from the magic bytes, never trusted from a feature.
 
 Size limit: before any pixel is decoded, the size the header claims is read and an image of
@@ -12,7 +12,7 @@ memory all the same raises DecodeError too (never a bare MemoryError).
 
 Determinism: decoding is a pure function of the bytes (for one libjpeg-turbo build). State:
 none, except a per-thread scratch buffer used by :func:`decode_jpeg_scratch`. Memory: the
-decoded image, at most :func:`~shardfeed.transforms.image_size.decode_peak_bytes` while it decodes;
+decoded image, at most :func:`~shardfeed.transforms.decode.sizes.decode_peak_bytes` while it decodes;
 the scratch buffer a thread keeps is at most :data:`SCRATCH_KEEP_BYTES` (a larger decode
 gets a buffer of its own, freed with the image).
 """
@@ -29,7 +29,7 @@ import numpy as np
 import simplejpeg
 
 from shardfeed.errors import DecodeError
-from shardfeed.transforms.image_size import (
+from shardfeed.transforms.decode.sizes import (
     DEFAULT_MAX_PIXELS,
     ClaimedSize,
     Unsized,
@@ -48,7 +48,7 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # libjpeg colour spaces that libjpeg-turbo cannot convert to RGB; OpenCV handles them.
-_CMYK_SPACES = ("CMYK", "YCCK")
+CMYK_SPACES = ("CMYK", "YCCK")
 
 
 def sniff_format(data: bytes | memoryview) -> str:
@@ -98,7 +98,7 @@ def decode_error(data: bytes | memoryview, where: Where, reason: str) -> DecodeE
 
 def too_large_error(where: Where, reason: str, nbytes: int) -> DecodeError:
     """The DecodeError of an image larger than ``max_pixels`` (``reason`` from
-    :func:`~shardfeed.transforms.image_size.too_large`): place, claimed size, the fix."""
+    :func:`~shardfeed.transforms.decode.sizes.too_large`): place, claimed size, the fix."""
     return DecodeError(
         f"refusing to decode image{_describe(where)} [{nbytes} bytes]: {reason}. Otherwise "
         "drop the record: `shardfeed verify --decode` lists every such record, and "
@@ -119,7 +119,7 @@ def check_size(
 
     Raises DecodeError (naming ``where``) for an image of more pixels than ``max_pixels``,
     a damaged header, or a format whose size cannot be read (see
-    :mod:`shardfeed.transforms.image_size`).
+    :mod:`shardfeed.transforms.decode.sizes`).
     """
     try:
         claim = claimed_size(data)
@@ -243,7 +243,7 @@ def decode_image(
         return _decode_cv2(data, mode, where)
     height, width, space = jpeg_header(data, where=where)
     check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
-    if space in _CMYK_SPACES:
+    if space in CMYK_SPACES:
         return _decode_cv2(data, mode, where)
     colorspace = _jpeg_colorspace(mode, space)
     try:
@@ -256,6 +256,31 @@ def decode_image(
         raise out_of_memory(data, where, f"a {height}×{width} JPEG") from None
     if colorspace == "GRAY":
         image = image.reshape(image.shape[0], image.shape[1])
+    return image
+
+
+def decode_jpeg_reduced(
+    data: bytes | memoryview, *, height: int, width: int, denominator: int, where: Where
+) -> np.ndarray:
+    """Decode an RGB JPEG (``height``×``width`` from its header, already checked against
+    ``max_pixels``) at scale ``1/denominator`` (libjpeg-turbo DCT scaling) into a new array.
+
+    The caller handles :data:`CMYK_SPACES` (libjpeg-turbo cannot convert them to RGB).
+    Raises DecodeError for bytes that do not decode or a decode that runs out of memory.
+    """
+    try:
+        if denominator == 1:
+            image: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True)
+        else:
+            image = simplejpeg.decode_jpeg(
+                data, colorspace="RGB", fastdct=True,
+                min_height=math.ceil(height / denominator),
+                min_width=math.ceil(width / denominator),
+            )
+    except ValueError as exc:
+        raise decode_error(data, where, f"damaged JPEG: {exc}") from None
+    except MemoryError:
+        raise out_of_memory(data, where, "the JPEG") from None
     return image
 
 
@@ -334,6 +359,7 @@ def decode_jpeg_scratch(
 
 
 __all__ = [
+    "CMYK_SPACES",
     "DEFAULT_MAX_PIXELS",
     "MODES",
     "SCRATCH_KEEP_BYTES",
@@ -344,6 +370,7 @@ __all__ = [
     "check_size",
     "decode_error",
     "decode_image",
+    "decode_jpeg_reduced",
     "decode_jpeg_scratch",
     "jpeg_header",
     "out_of_memory",

@@ -45,7 +45,7 @@ DEFAULT_MAX_PIXELS = 1 << 27
 #: then copies), WebP 7, GIF 8, a palette TIFF 9, a progressive CMYK JPEG (OpenCV) 11; an
 #: image held (3) while its mask decodes: with an 8-bit colour mask 10, a 16-bit grey one 7.
 #: (16-bit colour masks, 15 and more, are refused before decoding: see
-#: :mod:`shardfeed.transforms.masks`.)
+#: :mod:`shardfeed.transforms.decode.masks`.)
 DECODE_PEAK_BYTES_PER_PIXEL = 11
 
 #: What a decode holds beyond that per row and column of its image: libjpeg works in bands

@@ -27,9 +27,9 @@ as it stands. The rewrite copies the file once (a few µs); the decode skips the
 samples to 0..255 by bit replication (value × 255 / (2^d − 1)); that is undone exactly.
 
 Size limit: a mask is an image like any other: one whose header claims more than
-``max_pixels`` pixels is refused before decoding (see :mod:`shardfeed.transforms.image_size`).
+``max_pixels`` pixels is refused before decoding (see :mod:`shardfeed.transforms.decode.sizes`).
 
-This module reads the pixels (:func:`read_mask`); :mod:`shardfeed.transforms.mask_labels`
+This module reads the pixels (:func:`read_mask`); :mod:`shardfeed.transforms.decode.mask_labels`
 gives them ids (:class:`MaskLabels`); :func:`decode_mask` does both.
 
 Determinism: a pure function of the bytes. State: none. Memory: the decoded mask (and, for a
@@ -45,7 +45,7 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import DecodeError
-from shardfeed.transforms.decode import (
+from shardfeed.transforms.decode.image import (
     Where,
     check_size,
     decode_error,
@@ -53,8 +53,7 @@ from shardfeed.transforms.decode import (
     out_of_memory,
     where_text,
 )
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS
-from shardfeed.transforms.mask_labels import (
+from shardfeed.transforms.decode.mask_labels import (
     LABEL_MAPS,
     MASK_DTYPES,
     Color,
@@ -62,6 +61,7 @@ from shardfeed.transforms.mask_labels import (
     MaskLabels,
     MaskPixels,
 )
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _CHUNK_HEAD = struct.Struct(">I4s")

@@ -24,7 +24,7 @@ before decoding (a progressive JPEG holds full-size coefficients even for a 1/8 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import cv2
 import numpy as np
@@ -40,19 +40,26 @@ from shardfeed.transforms.boxes import (
     scale_denominator,
     scaled_box,
 )
-from shardfeed.transforms.decode import (
+from shardfeed.transforms.decode.image import (
+    CMYK_SPACES,
     Where,
     check_pixels,
     decode_jpeg_scratch,
     jpeg_header,
     sniff_format,
 )
-from shardfeed.transforms.decode_ops import DecodeOptions, DecoderBase
+from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-_CMYK = ("CMYK", "YCCK")
+
+
+class CropDraw(NamedTuple):
+    """The keyed draws of one crop-aware decode: the box (full-image pixels) and the flip."""
+
+    box: Box
+    flip: bool
 
 
 class CropDecoderBase(DecoderBase):
@@ -87,6 +94,12 @@ class CropDecoderBase(DecoderBase):
         """Whether the op draws: a random box (subclasses) or a flip (``hflip > 0``)."""
         return self.hflip > 0.0
 
+    def draw(self, height: int, width: int, rng: np.random.Generator) -> CropDraw:
+        """The crop box and flip for a ``height``×``width`` image, drawn from ``rng`` (the box
+        first, then the flip): the op's only use of its generator. The pixel work that
+        applies them is separate, so another backend can apply the same draws."""
+        return CropDraw(self._box(height, width, rng), self._draw_flip(rng))
+
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
@@ -99,22 +112,25 @@ class CropDecoderBase(DecoderBase):
                 height, width, space = jpeg_header(data, where=where)
                 check_pixels(height, width, max_pixels=field.max_pixels, where=where,
                              nbytes=len(data))
-                if space not in _CMYK:
-                    box = self._box(height, width, rng)
-                    flip = self._draw_flip(rng)
-                    image = self._jpeg_crop(data, box, height, width, where, flip, out)
-                    mask, mask_key = self._mask_crop(sample, box, (height, width), flip)
-                    return self._finish(sample, image, mask, [key, mask_key])
+                if space not in CMYK_SPACES:
+                    drawn = self.draw(height, width, rng)
+                    image = self._jpeg_crop(data, drawn.box, height, width, where, drawn.flip,
+                                            out)
+                    return self._with_mask(sample, image, drawn, (height, width), key)
             decoded = field.decode_bytes(data, where, self.fast_dct, self.fast_upsample)
             full = self._fix_channels(decoded)
         else:
             full, key = self._decode_full(sample)
         height, width = arrays.spatial_shape(full, is_mask=False)
-        box = self._box(height, width, rng)
-        flip = self._draw_flip(rng)
-        region = arrays.crop(full, box, is_mask=False)
-        image = self._resize_flip(region, flip, out)
-        mask, mask_key = self._mask_crop(sample, box, (height, width), flip)
+        drawn = self.draw(height, width, rng)
+        region = arrays.crop(full, drawn.box, is_mask=False)
+        image = self._resize_flip(region, drawn.flip, out)
+        return self._with_mask(sample, image, drawn, (height, width), key)
+
+    def _with_mask(self, sample: Sample, image: np.ndarray, drawn: CropDraw,
+                   image_hw: tuple[int, int], key: str) -> Sample:
+        """The sample with ``image`` and its mask cropped by the same draws."""
+        mask, mask_key = self._mask_crop(sample, drawn.box, image_hw, drawn.flip)
         return self._finish(sample, image, mask, [key, mask_key])
 
     def _draw_flip(self, rng: np.random.Generator) -> bool:
@@ -319,4 +335,4 @@ class DecodeCenterCrop(CropDecoderBase):
         return center_box(height, width, *self.size, crop_fraction=self.crop_fraction)
 
 
-__all__ = ["CropDecoderBase", "DecodeCenterCrop", "DecodeRandomResizedCrop"]
+__all__ = ["CropDecoderBase", "CropDraw", "DecodeCenterCrop", "DecodeRandomResizedCrop"]

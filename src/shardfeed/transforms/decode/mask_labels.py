@@ -1,8 +1,8 @@
 """Mask label maps: how a decoded mask's pixels become class ids.
 
 :class:`MaskPixels` is a decoded mask (grey values, palette indices with their palette, or
-colours: see :func:`shardfeed.transforms.masks.read_mask`); :class:`MaskLabels` gives its
-pixels ids, as the table of :mod:`shardfeed.transforms.masks` says: grey values and palette
+colours: see :func:`shardfeed.transforms.decode.masks.read_mask`); :class:`MaskLabels` gives its
+pixels ids, as the table of :mod:`shardfeed.transforms.decode.masks` says: grey values and palette
 indices as they are, colours through ``colors`` (looked up a chunk of rows at a time, so the
 lookup's temporaries stay a few MB whatever the mask's size).
 
@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import DecodeError
-from shardfeed.transforms.decode import Where, where_text
+from shardfeed.transforms.decode.image import Where, where_text
 
 MaskDtype = Literal["uint8", "uint16"]
 MASK_DTYPES: tuple[str, ...] = ("uint8", "uint16")

@@ -23,7 +23,7 @@ from shardfeed.errors import DecodeError, SchemaError, StorageError, UnsafeRecor
 from shardfeed.format import spec
 from shardfeed.storage.paths import confines, contained
 from shardfeed.transforms.base import ImageInfoLike, Sample
-from shardfeed.transforms.decode import (
+from shardfeed.transforms.decode.image import (
     Where,
     check_size,
     decode_error,
@@ -31,8 +31,8 @@ from shardfeed.transforms.decode import (
     too_large_error,
     where_text,
 )
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, check_max_pixels, pixels_reason
-from shardfeed.transforms.masks import LABEL_MAPS, MaskLabels, decode_mask
+from shardfeed.transforms.decode.masks import LABEL_MAPS, MaskLabels, decode_mask
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels, pixels_reason
 
 Encoding = Literal["auto", "jpeg", "png", "mixed", "raw", "path"]
 ENCODINGS: tuple[str, ...] = ("auto", "jpeg", "png", "mixed", "raw", "path")
@@ -62,7 +62,7 @@ class ImageField:
     folder or URL prefix that referenced (``"path"``) images are relative to, and lie
     inside (unless it is an :class:`~shardfeed.storage.paths.UnconfinedRoot`). For a mask
     (``is_mask``), ``mask_labels`` says how encoded pixels become class ids
-    (:mod:`shardfeed.transforms.masks`); raw masks keep their stored values and ``dtype``.
+    (:mod:`shardfeed.transforms.decode.masks`); raw masks keep their stored values and ``dtype``.
     ``max_pixels``: the most pixels one decoded image (or all images of one list feature
     together) may have; larger ones raise DecodeError before decoding.
     """

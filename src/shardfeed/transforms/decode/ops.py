@@ -3,10 +3,10 @@
 ``DecodeImage`` decodes the whole picture: embedded JPEG/PNG bytes, raw arrays with their
 stored shape, or referenced files read relative to the dataset root. It writes
 ``sample["image"]`` (H×W×C uint8) and ``sample["mask"]`` (H×W class ids: grey values or
-palette indices, see :mod:`shardfeed.transforms.masks`) and drops the encoded features. A
+palette indices, see :mod:`shardfeed.transforms.decode.masks`) and drops the encoded features. A
 mask of another size than its image is a DecodeError, and so is an image or mask whose header
 claims more than ``max_pixels`` pixels (refused before decoding). The crop-aware ops in
-:mod:`shardfeed.transforms.crop_decode` share this base.
+:mod:`shardfeed.transforms.decode.crop` share this base.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import DecodeError
-from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs
-from shardfeed.transforms.fields import Encoding, ImageField
-from shardfeed.transforms.image_size import DEFAULT_MAX_PIXELS, decode_peak_bytes
-from shardfeed.transforms.masks import Color, MaskDtype, MaskLabels
+from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
+from shardfeed.transforms.decode.fields import Encoding, ImageField
+from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
 
 Channels = Literal["rgb", "gray"]
 
@@ -63,7 +63,7 @@ class DecodeOptions(TypedDict, total=False):
     max_pixels: int
 
 
-class DecoderBase:
+class DecoderBase(TransformBase):
     """Shared configuration of every decode op: where the image and mask are, how to read.
 
     Keyword options (all optional):

@@ -1,0 +1,127 @@
+"""Decode a record once for patch cutting: the image at reduced scale, its mask at full size.
+
+:func:`decode_for_patches` turns a record into a :class:`DecodedImage` (the pixels at scale
+``1/d``, the full-size mask, the record's other features), from which
+:class:`~shardfeed.pipeline.patches.Patches` cuts many patches. A JPEG is decoded at reduced
+DCT scale ``1/d`` (:func:`~shardfeed.transforms.decode.image.decode_jpeg_reduced`); other
+encodings, and CMYK JPEGs, are decoded whole and shrunk by ``d`` (area interpolation).
+
+An image (or mask) whose header claims more than ``max_pixels`` pixels is refused before
+decoding, whatever the scale it would be decoded at, with a DecodeError naming it.
+
+Determinism: a pure function of the record's bytes. State: none. Memory: one decoded image
+(and mask) per :class:`DecodedImage`; a decode holds at most
+:func:`~shardfeed.transforms.decode.sizes.decode_peak_bytes` of ``max_pixels`` while it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from shardfeed.errors import DecodeError
+from shardfeed.transforms.base import Sample
+from shardfeed.transforms.decode.fields import ImageField
+from shardfeed.transforms.decode.image import (
+    CMYK_SPACES,
+    check_pixels,
+    decode_jpeg_reduced,
+    jpeg_header,
+    sniff_format,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedImage:
+    """A cached image: pixels at scale 1/d, full-size mask, the record's other features."""
+
+    image: np.ndarray
+    mask: np.ndarray | None
+    meta: dict[str, Any]
+    full_hw: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        mask = 0 if self.mask is None else self.mask.nbytes
+        return self.image.nbytes + mask + 64 * (len(self.meta) + 1)
+
+
+def decode_for_patches(
+    record: Sample,
+    *,
+    image_field: ImageField,
+    mask_field: ImageField | None,
+    denominator: int,
+    max_pixels: int,
+    require_mask: bool | None,
+) -> DecodedImage:
+    """Decode the record's image at scale ``1/denominator`` and its mask at full size.
+
+    ``image_field`` and ``mask_field`` are bound to the dataset's schema; ``mask_field=None``
+    leaves the mask in the record's other features. The mask decodes to class ids as
+    ``mask_field.mask_labels`` says (grey values, palette indices; a colour or 16-bit mask
+    is a DecodeError by default: see :mod:`shardfeed.transforms.decode.masks`). Raises
+    DecodeError when the mask's size differs from the image's or an image (or mask) claims
+    more than ``max_pixels`` pixels (the fields' own ``max_pixels`` applies to what they
+    decode), SchemaError when ``require_mask`` is True and there is no mask.
+    """
+    key, encoding = image_field.require(record)
+    where = image_field.where(record, key)
+    d = denominator
+    image: np.ndarray | None = None
+    full_hw = (0, 0)
+    if encoding in ("auto", "path") and not isinstance(record[key], list):
+        data = image_field.encoded_bytes(record, key, encoding)
+        if sniff_format(data) == "jpeg":
+            height, width, space = jpeg_header(data, where=where)
+            check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
+            if space not in CMYK_SPACES:
+                image = decode_jpeg_reduced(data, height=height, width=width, denominator=d,
+                                            where=where)
+                full_hw = (height, width)
+        if image is None:
+            image = image_field.decode_bytes(data, where, True)
+    else:
+        image = image_field.decode(record)
+    if full_hw == (0, 0):
+        full_hw = (int(image.shape[0]), int(image.shape[1]))
+    if image.ndim == 2:
+        image = image[:, :, None]
+    if d > 1 and image.shape[:2] == full_hw:
+        image = _shrink(image, d, full_hw, where)
+    drop = [key] if encoding != "path" else []
+    mask = None
+    if mask_field is not None:
+        found = mask_field.locate(record)
+        if found is None and require_mask:
+            mask_field.require(record)  # raises SchemaError naming the keys
+        if found is not None:
+            mask = mask_field.decode(record)
+            drop.append(found[0])
+            if mask.shape[:2] != full_hw:
+                raise DecodeError(
+                    f"{mask_field.where(record, found[0])}: the mask is "
+                    f"{mask.shape[0]}×{mask.shape[1]} (height×width) but its image is "
+                    f"{full_hw[0]}×{full_hw[1]}; a mask must have its image's size: re-create "
+                    "the mask at the image's size, or skip such records with on_error='skip'"
+                )
+    meta = {k: v for k, v in record.items() if k not in drop}
+    return DecodedImage(np.ascontiguousarray(image), mask, meta, full_hw)
+
+
+def _shrink(image: np.ndarray, d: int, full_hw: tuple[int, int], where: str) -> np.ndarray:
+    """A full-size decoded image shrunk by ``d`` (area interpolation), as a JPEG at 1/d."""
+    shape = (math.ceil(full_hw[1] / d), math.ceil(full_hw[0] / d))
+    try:
+        return cv2.resize(image, shape, interpolation=cv2.INTER_AREA).reshape(
+            shape[1], shape[0], image.shape[2])
+    except (cv2.error, MemoryError) as exc:
+        raise DecodeError(f"{where}: cannot shrink the decoded {full_hw[0]}×{full_hw[1]} "
+                          f"image by {d}: {exc}") from None
+
+
+__all__ = ["DecodedImage", "decode_for_patches"]

@@ -42,8 +42,9 @@ RECORD_OVERHEAD_BYTES = 24 << 10
 #: per-thread state (measured with slices of 2 records: 50 kB).
 THREAD_FIXED_BYTES = 128 << 10
 #: The loader's own cost: the epoch run, futures and batch dicts of the batches in flight,
-#: Python's object arenas (measured: 0.4 MB with one thread and small batches).
-LOADER_FIXED_BYTES = 1 << 20
+#: Python's object arenas (measured with one thread and small batches: 0.4 MB in a warm
+#: environment, up to 1.1 MB in a freshly installed one; counted with room to spare).
+LOADER_FIXED_BYTES = 2 << 20
 #: One worker process of ``workers="processes"``: a Python interpreter with NumPy, OpenCV and
 #: shardfeed imported (measured resident size: 63 MB, shared library pages included).
 PROCESS_FIXED_BYTES = 64 << 20

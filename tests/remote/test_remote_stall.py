@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stalled_server import StalledServer
+from stalled_server import StalledServer, interrupt
 
 from shardfeed import Dataset, StorageError
 
@@ -143,18 +142,11 @@ def test_ctrl_c_returns_within_a_second_while_reads_are_stalled(
                 time.sleep(0.01)
             assert stall.held > 0, "the reads never reached the server"
             time.sleep(1.0)
-            sent = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pytest.fail("the process did not end within 20 s of Ctrl-C")
-            took = time.monotonic() - sent
+            took, stderr = interrupt(proc)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            _, stderr = proc.communicate()
             proc.stdin.close()
     assert "KeyboardInterrupt" in stderr, stderr[-2000:]
     assert proc.returncode != 0

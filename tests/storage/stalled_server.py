@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import select
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -84,6 +86,23 @@ class StalledServer:
         self._stop.set()
         self._thread.join(timeout=10)
 
+
+
+def interrupt(proc: subprocess.Popen[str], *, wait_seconds: float = 20.0) -> tuple[float, str]:
+    """Send Ctrl-C (SIGINT) to ``proc`` and wait for it to end: the seconds it took, and its
+    stderr. Fails the test if it is still running after ``wait_seconds``; never leaves it
+    running."""
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=wait_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the process did not end within {wait_seconds:g} s of Ctrl-C")
+    took = time.monotonic() - sent
+    _, stderr = proc.communicate()
+    return took, stderr
 
 @pytest.fixture()
 def stalled_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[StalledServer]:

@@ -34,6 +34,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "DataSource": ("shardfeed.dataset", "DataSource"),
     "DataSourceBase": ("shardfeed.dataset", "DataSourceBase"),
     "Loader": ("shardfeed.pipeline", "Loader"),
+    "BatchKeys": ("shardfeed.pipeline", "BatchKeys"),
+    "BatchStage": ("shardfeed.pipeline", "BatchStage"),
+    "BatchStageBase": ("shardfeed.pipeline", "BatchStageBase"),
     "Windows": ("shardfeed.pipeline", "Windows"),
     "Patches": ("shardfeed.pipeline", "Patches"),
     "presets": ("shardfeed.transforms.presets", None),
@@ -50,6 +53,9 @@ if TYPE_CHECKING:  # the same names, seen by type checkers without importing at 
     from shardfeed.dataset import DataSourceBase as DataSourceBase
     from shardfeed.loaders import jax as jax
     from shardfeed.loaders import torch as torch
+    from shardfeed.pipeline import BatchKeys as BatchKeys
+    from shardfeed.pipeline import BatchStage as BatchStage
+    from shardfeed.pipeline import BatchStageBase as BatchStageBase
     from shardfeed.pipeline import Loader as Loader
     from shardfeed.pipeline.patches import Patches as Patches
     from shardfeed.pipeline.windows import Windows as Windows
@@ -73,6 +79,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BatchKeys",
+    "BatchStage",
+    "BatchStageBase",
     "CorruptRecordError",
     "DataSource",
     "DataSourceBase",

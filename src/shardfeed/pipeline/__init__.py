@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardfeed.pipeline.batch_stage import BatchKeys, BatchStage, BatchStageBase
 from shardfeed.pipeline.loader import Loader, LoaderStats, MemoryBudget, TooManyErrorsError
 from shardfeed.pipeline.samplers import EpochContext, RecordSampler, SampleKey, Sampler
 
@@ -32,6 +33,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BatchKeys",
+    "BatchStage",
+    "BatchStageBase",
     "EpochContext",
     "Loader",
     "LoaderStats",

@@ -145,6 +145,8 @@ class BatchBuffer:
         self._names = frozenset(f.name for f in layout.fields)
         self.lists: dict[str, list[Any]] = {}
         self.reset_lists()
+        # per row: the epoch position whose key made it (a replaced row: its stand-in's)
+        self.keys = np.zeros(layout.batch_size, dtype=np.int64)
 
     def _place(self, f: Field) -> None:
         """Give column ``f`` its memory: new process memory, or its place in the block."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.pipeline.batch_stage import BatchKeys
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.pool import BatchRing
 from shardfeed.pipeline.samplers import EpochContext
@@ -72,6 +73,7 @@ class EpochRun:
         self.next_submit = 0
         self.next_yield = 0
         self.closed = False
+        self.last_keys: BatchKeys | None = None  # the keys of the batch handed out last
 
     def __iter__(self) -> EpochRun:
         return self
@@ -81,6 +83,7 @@ class EpochRun:
         positions = self.positions[lo : lo + self.batch_size]
         buffer = self.ring.buffer_for(index, [p.buffer for p in self.pending])
         buffer.reset_lists()
+        buffer.keys[: len(positions)] = positions
         pending = _Pending(index, buffer, len(positions))
         for start in range(0, len(positions), self.slice_size):
             piece = positions[start : start + self.slice_size]
@@ -107,6 +110,9 @@ class EpochRun:
             raise
         self.pending.popleft()
         batch = self.ring.hand_out(head.buffer, head.count)
+        keys = head.buffer.keys[: head.count].copy()
+        keys.flags.writeable = False
+        self.last_keys = BatchKeys(self.ctx.seed, self.ctx.epoch, keys)
         self.next_yield += 1
         last = self.next_yield == self.num_batches
         self.on_batch(head.count, skipped, last)

@@ -26,13 +26,20 @@ import contextlib
 import logging
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from shardfeed.errors import TooManyErrorsError
+from shardfeed.pipeline.batch_stage import (
+    BatchStage,
+    as_stages,
+    check_stage_states,
+    save_stages,
+    stage_memory_bytes,
+)
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
 from shardfeed.pipeline.epoch import EpochRun
 from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
@@ -100,6 +107,11 @@ class Loader:
     :class:`TooManyErrorsError` past ``max_skipped`` (or ``max_skipped_fraction``) an epoch.
     Exceptions from the transform reach the caller unchanged, with a note naming the record.
 
+    Batch stages: ``batch_stages`` (one :class:`~shardfeed.pipeline.batch_stage.BatchStage` or
+    a list) run on each whole batch as it is handed out, in order, with the keys its rows were
+    made with; their state is part of ``state()`` and ``close()`` closes them (see
+    :mod:`shardfeed.pipeline.batch_stage`).
+
     Workers: ``workers="threads"`` (default; decoders release the GIL) or ``"processes"``
     (transforms that hold the GIL; batches are written into shared memory; same bytes).
 
@@ -142,6 +154,7 @@ class Loader:
         workers: Workers = "threads",
         copy: bool = False,
         order_method: OrderMethod = "exact",
+        batch_stages: BatchStage | Sequence[BatchStage] | None = None,
     ) -> None:
         self.ranks: RankInfo = resolve_ranks(rank, world_size)
         if copy is True:
@@ -162,6 +175,7 @@ class Loader:
             on_error=on_error, max_skipped=max_skipped, max_skipped_fraction=max_skipped_fraction
         )
         self.sampler: Sampler = as_sampler(data)
+        self.batch_stages = as_stages(batch_stages)
         self._transform = self.sampler.bind(transform)
         self._builder = SliceBuilder(self.sampler, self._transform, skip=self.policy.on_error == "skip")
         if self.options.workers == "processes":  # what the processes get must pickle: say so now
@@ -236,8 +250,11 @@ class Loader:
             self._skipped = 0
 
     def state(self) -> dict[str, Any]:
-        """Where the stream stands, after the batches handed out so far (JSON-serialisable)."""
-        return {
+        """Where the stream stands, after the batches handed out so far (JSON-serialisable).
+
+        With batch stages, their states too (``"batch_stages"``, one a stage, in order).
+        """
+        state: dict[str, Any] = {
             "seed": self.options.seed,
             "epoch": self._epoch,
             "consumed": self._consumed,
@@ -246,19 +263,35 @@ class Loader:
             "order_method": self.options.order_method,
             "source": self.sampler.state(),
         }
+        if self.batch_stages:
+            state["batch_stages"] = save_stages(self.batch_stages)
+        return state
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continue the stream that ``state`` was saved from (any thread or rank count).
 
         Raises StateError, changing nothing, when the state is not one this loader can
-        continue (another seed, order, dataset or source options; counters out of range).
+        continue (another seed, order, dataset or source options, other batch stages;
+        counters out of range).
         """
         opts = self.options
+        saved_stages = state.get("batch_stages") if isinstance(state, Mapping) else None
+        if isinstance(state, Mapping):
+            state = {k: v for k, v in state.items() if k != "batch_stages"}
         state = check_state(
             state, seed=opts.seed, samples_per_epoch=self.samples_per_epoch,
             shuffle=opts.shuffle, order_method=opts.order_method,
         )
-        self.sampler.restore(state["source"])
+        stage_states = check_stage_states(self.batch_stages, saved_stages)
+        before = save_stages(self.batch_stages)
+        try:
+            for stage, stage_state in zip(self.batch_stages, stage_states):
+                stage.restore(stage_state)
+            self.sampler.restore(state["source"])
+        except BaseException:
+            for stage, stage_state in zip(self.batch_stages, before):
+                stage.restore(stage_state)  # nothing changes when a restore is refused
+            raise
         self._stop_run()
         self._epoch = int(state["epoch"])
         self._consumed = int(state["consumed"])
@@ -331,6 +364,7 @@ class Loader:
             cache_bytes=self._cache_bound(),
             decode_bytes_per_thread=decode,
             fixed_bytes=fixed_bytes(threads=threads, processes=processes, decode_bytes=decode),
+            stage_bytes=stage_memory_bytes(self.batch_stages),
         )
 
     def _cache_bound(self) -> int:
@@ -437,6 +471,8 @@ class Loader:
         self._executor = None
         self._processes = None
         self._shared = None
+        for stage in self.batch_stages:
+            stage.close()
 
     def __enter__(self) -> Loader:  # noqa: PYI034
         return self
@@ -468,8 +504,14 @@ class _Guard:
         if self.loader._closed:
             raise RuntimeError("this Loader is closed; create a new one to read again")
         try:
-            return next(self.run)
+            batch = next(self.run)
         except TooManyBadSamples as exc:
             raise TooManyErrorsError(
                 f"{exc}: check the data with `shardfeed verify`"
             ) from exc
+        if self.loader.batch_stages:
+            keys = self.run.last_keys
+            assert keys is not None
+            for stage in self.loader.batch_stages:
+                batch = stage(batch, keys)
+        return batch

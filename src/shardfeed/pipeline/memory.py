@@ -11,6 +11,7 @@ part                               what it counts
 ``index_bytes``                    the dataset's offsets and the epoch's order
 ``cache_bytes``                    the sampler's cache (the decoded images of Patches)
 ``fixed_bytes``                    what any loader holds beyond these (:func:`fixed_bytes`)
+``stage_bytes``                    what the batch stages say they hold (``memory_bytes()``)
 =================================  ========================================================
 
 Determinism: pure arithmetic on sizes. State: none. Memory: none held.
@@ -75,12 +76,13 @@ class MemoryBudget:
     cache_bytes: int = 0
     decode_bytes_per_thread: int = 0
     fixed_bytes: int = 0
+    stage_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return (self.batch_bytes * self.ring_batches
                 + (self.work_bytes_per_thread + self.decode_bytes_per_thread) * self.threads
-                + self.index_bytes + self.cache_bytes + self.fixed_bytes)
+                + self.index_bytes + self.cache_bytes + self.fixed_bytes + self.stage_bytes)
 
 
 def declared_decode_bytes(transform: TransformBase | None, source: Any) -> int | None:

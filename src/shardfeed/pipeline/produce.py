@@ -131,7 +131,7 @@ class SliceBuilder:
         except DATA_ERRORS:
             if not self.skip:
                 raise
-        sample, bad = self.replacement(ctx, position)
+        sample, bad, _ = self.replacement(ctx, position)
         return sample, bad + 1
 
     def _build_one(self, ctx: EpochContext, position: int) -> Sample:
@@ -146,15 +146,16 @@ class SliceBuilder:
             raise
         return self.make(key, ids, [records[int(i)] for i in ids])
 
-    def replacement(self, ctx: EpochContext, position: int) -> tuple[Sample, int]:
-        """The deterministic stand-in for the bad sample at ``position``; bad draws met."""
+    def replacement(self, ctx: EpochContext, position: int) -> tuple[Sample, int, int]:
+        """The deterministic stand-in for the bad sample at ``position``: the sample, the bad
+        draws met, and the position it is the sample of."""
         rng = ctx.rng(position, PURPOSE_REPLACE)
         bad = 0
         last: BaseException | None = None
         for _ in range(MAX_REPLACEMENT_TRIES):
             other = int(rng.integers(ctx.total))
             try:
-                return self._build_one(ctx, other), bad
+                return self._build_one(ctx, other), bad, other
             except DATA_ERRORS as exc:
                 bad += 1
                 last = exc
@@ -220,7 +221,7 @@ class SliceBuilder:
                     if not self.skip:
                         raise
             if sample is None:
-                sample, bad = self.replacement(ctx, position)
+                sample, bad, buffer.keys[row] = self.replacement(ctx, position)
                 skipped += bad + 1
                 slots = None
             write(row, sample, written=slots, where=_Where(self, position, ids))

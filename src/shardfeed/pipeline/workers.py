@@ -286,7 +286,9 @@ class ProcessWorkers:
                 buffer.lists[name][first_row + row] = value
         skipped = 0
         for row in sorted([*replace, *bad_rows]):
-            sample, bad = builder.replacement(ctx, position_list[row])
+            sample, bad, buffer.keys[first_row + row] = builder.replacement(
+                ctx, position_list[row]
+            )
             skipped += bad + 1
             buffer.write(first_row + row, sample,
                          where=builder.describe(position_list[row], plans[row]))

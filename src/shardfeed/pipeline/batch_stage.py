@@ -30,7 +30,7 @@ it is not in :meth:`Loader.memory_budget` unless the stage says (``memory_bytes`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -191,3 +191,18 @@ def check_stage_states(stages: Sequence[BatchStage], saved: Any) -> list[Mapping
             f"{len(stages)}: build the Loader with the batch_stages it was saved with"
         )
     return list(saved)
+
+
+def restore_stages(stages: Sequence[BatchStage], saved: Any, *, then: Callable[[], None]) -> None:
+    """Restore every stage from ``saved``, then call ``then``; if any of it raises, the stages
+    get their states from before back (a refused restore changes nothing) and it re-raises."""
+    parts = check_stage_states(stages, saved)
+    before = save_stages(stages)
+    try:
+        for stage, part in zip(stages, parts):
+            stage.restore(part)
+        then()
+    except BaseException:
+        for stage, part in zip(stages, before):
+            stage.restore(part)
+        raise

@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from shardfeed.pipeline.batch_stage import BatchKeys
+from shardfeed.errors import TooManyErrorsError
+from shardfeed.pipeline.batch_stage import BatchKeys, BatchStage
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.pool import BatchRing
+from shardfeed.pipeline.produce import TooManyBadSamples
 from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.storage.inflight import interrupt_calls
 
@@ -132,3 +134,33 @@ class EpochRun:
             interrupt_calls()  # Ctrl-C: slices waiting on a dead server end now, not at its deadline
         wait(futures)
         self.pending.clear()
+
+
+class HandOut:
+    """The iterator the Loader hands the caller: the run's batches, each through the batch
+    stages with its keys; an exhausted replacement search becomes TooManyErrorsError."""
+
+    __slots__ = ("closed", "run", "stages")
+
+    def __init__(self, run: EpochRun, stages: Sequence[BatchStage], *,
+                 closed: Callable[[], bool]) -> None:
+        self.run = run
+        self.stages = stages
+        self.closed = closed
+
+    def __iter__(self) -> HandOut:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self.closed():
+            raise RuntimeError("this Loader is closed; create a new one to read again")
+        try:
+            batch = next(self.run)
+        except TooManyBadSamples as exc:
+            raise TooManyErrorsError(f"{exc}: check the data with `shardfeed verify`") from exc
+        if self.stages:
+            keys = self.run.last_keys
+            assert keys is not None
+            for stage in self.stages:
+                batch = stage(batch, keys)
+        return batch

@@ -23,7 +23,6 @@ seed, order or source fingerprint (dataset, window or patch options) is not this
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,42 +35,36 @@ from shardfeed.errors import TooManyErrorsError
 from shardfeed.pipeline.batch_stage import (
     BatchStage,
     as_stages,
-    check_stage_states,
+    restore_stages,
     save_stages,
     stage_memory_bytes,
 )
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
-from shardfeed.pipeline.epoch import EpochRun
+from shardfeed.pipeline.epoch import EpochRun, HandOut
 from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
-from shardfeed.pipeline.memory import (
-    MemoryBudget,
-    decode_bytes_per_thread,
-    fixed_bytes,
-    list_bytes,
-    order_index_bytes,
-    work_bytes,
-)
+from shardfeed.pipeline.memory import MemoryBudget, decode_bytes_per_thread, loader_budget
 from shardfeed.pipeline.options import (
+    COPY_DEPRECATED,
     ErrorPolicy,
     LoaderOptions,
     OnError,
     OrderMethod,
     Remainder,
     Workers,
+    empty_share_message,
 )
 from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
-from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, TooManyBadSamples
+from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder
+from shardfeed.pipeline.progress import Progress
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.samplers import EpochContext, Sample, Sampler, as_sampler
+from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.permutation import EpochOrder
 
 __all__ = [
     "STATE_KEYS", "Loader", "LoaderStats", "MemoryBudget", "TooManyErrorsError", "state_to_json",
 ]
-
-logger = logging.getLogger(__name__)
-
 
 class Loader:
     """Batches of samples from a Dataset or any DataSource (or Windows / Patches over one), in
@@ -158,11 +151,7 @@ class Loader:
     ) -> None:
         self.ranks: RankInfo = resolve_ranks(rank, world_size)
         if copy is True:
-            warnings.warn(
-                "copy=True is no longer needed and has no effect: batches you keep are never "
-                "overwritten; drop the argument",
-                DeprecationWarning, stacklevel=2,
-            )
+            warnings.warn(COPY_DEPRECATED, DeprecationWarning, stacklevel=2)
         if remainder is None:
             remainder = "drop" if drop_last is True else "pad"
         self.options = LoaderOptions(
@@ -179,25 +168,17 @@ class Loader:
         self._transform = self.sampler.bind(transform)
         self._builder = SliceBuilder(self.sampler, self._transform, skip=self.policy.on_error == "skip")
         if self.options.workers == "processes":  # what the processes get must pickle: say so now
-            from shardfeed.pipeline.workers import check_payload
-
             check_payload(self.sampler, self._transform)
         self.num_units = int(self.sampler.num_units)
         self.samples_per_epoch = int(self.sampler.samples_per_epoch(self.num_units))
         per_rank = len(self._share(0))
         announce_share(self.ranks, share=per_rank, total=self.samples_per_epoch)
         if drop_last and per_rank < batch_size:
-            warnings.warn(
-                f"each of {self.options.world_size} rank(s) gets {per_rank} samples an epoch, "
-                f"fewer than batch_size={batch_size}: with drop_last=True it yields no batch; "
-                "lower batch_size or pass drop_last=False",
-                stacklevel=2,
-            )
-        self._epoch = 0
-        self._consumed = 0
-        self._skipped = 0
-        self._skipped_total = 0
-        self._batches_total = 0
+            warnings.warn(empty_share_message(self.options, per_rank), stacklevel=2)
+        self._progress = Progress(
+            self.samples_per_epoch, self.options.world_size,
+            self.policy.budget(self.samples_per_epoch // self.options.world_size),
+        )
         self._layout: BatchLayout | None = None
         self._probe: tuple[Sample, list[Sample]] | None = None
         self._ring: BatchRing | None = None
@@ -233,21 +214,18 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._progress.epoch
 
     @property
     def stats(self) -> LoaderStats:
-        return LoaderStats(self._epoch, self._skipped, self._skipped_total, self._batches_total)
+        return self._progress.stats
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``; keep the position if it is the current epoch."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 1 << 64:
             raise ValueError(f"epoch must be an int in [0, 2**64), got {epoch!r}")
         self._stop_run()
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._consumed = 0
-            self._skipped = 0
+        self._progress.go_to(epoch)
 
     def state(self) -> dict[str, Any]:
         """Where the stream stands, after the batches handed out so far (JSON-serialisable).
@@ -256,9 +234,9 @@ class Loader:
         """
         state: dict[str, Any] = {
             "seed": self.options.seed,
-            "epoch": self._epoch,
-            "consumed": self._consumed,
-            "skipped": self._skipped,
+            "epoch": self._progress.epoch,
+            "consumed": self._progress.consumed,
+            "skipped": self._progress.skipped,
             "shuffle": self.options.shuffle,
             "order_method": self.options.order_method,
             "source": self.sampler.state(),
@@ -282,20 +260,13 @@ class Loader:
             state, seed=opts.seed, samples_per_epoch=self.samples_per_epoch,
             shuffle=opts.shuffle, order_method=opts.order_method,
         )
-        stage_states = check_stage_states(self.batch_stages, saved_stages)
-        before = save_stages(self.batch_stages)
-        try:
-            for stage, stage_state in zip(self.batch_stages, stage_states):
-                stage.restore(stage_state)
-            self.sampler.restore(state["source"])
-        except BaseException:
-            for stage, stage_state in zip(self.batch_stages, before):
-                stage.restore(stage_state)  # nothing changes when a restore is refused
-            raise
+        restore_stages(self.batch_stages, saved_stages,
+                       then=lambda: self.sampler.restore(state["source"]))
         self._stop_run()
-        self._epoch = int(state["epoch"])
-        self._consumed = int(state["consumed"])
-        self._skipped = int(state["skipped"])
+        progress = self._progress
+        progress.epoch = int(state["epoch"])
+        progress.consumed = int(state["consumed"])
+        progress.skipped = int(state["skipped"])
 
     # -- sizes -----------------------------------------------------------------------------------
 
@@ -319,10 +290,10 @@ class Loader:
     def _context(self) -> EpochContext:
         opts = self.options
         order = EpochOrder(
-            self.num_units, seed=opts.seed, epoch=self._epoch, shuffle=opts.shuffle,
+            self.num_units, seed=opts.seed, epoch=self._progress.epoch, shuffle=opts.shuffle,
             method=opts.order_method,
         )
-        return EpochContext(opts.seed, self._epoch, order, self.samples_per_epoch)
+        return EpochContext(opts.seed, self._progress.epoch, order, self.samples_per_epoch)
 
     def _ensure_layout(self, ctx: EpochContext, position: int) -> BatchLayout:
         if self._layout is None:
@@ -345,25 +316,11 @@ class Loader:
             self._ensure_layout(self._context(), 0)
         assert self._layout is not None and self._probe is not None
         sample, records = self._probe
-        row_bytes = self._layout.batch_bytes() // self.options.batch_size
-        lists = [f.name for f in self._layout.fields if not f.is_array]
-        work = work_bytes(records, slice_size=self.options.slice_size(), row_bytes=row_bytes)
-        index = self.sampler.index_bytes
-        if self.options.order_method == "exact":
-            index += order_index_bytes(self.num_units)
-        decode = decode_bytes_per_thread(self._transform, self.source, records)
-        threads = self.options.num_threads
-        processes = threads if self.options.workers == "processes" else 0
-        return MemoryBudget(
-            batch_bytes=self._layout.batch_bytes()
-            + self.options.batch_size * list_bytes(sample, lists),
-            ring_batches=ring_batches(self.options),
-            work_bytes_per_thread=work,
-            threads=threads,
-            index_bytes=index,
-            cache_bytes=self._cache_bound(),
-            decode_bytes_per_thread=decode,
-            fixed_bytes=fixed_bytes(threads=threads, processes=processes, decode_bytes=decode),
+        return loader_budget(
+            self.options, self._layout, sample, records,
+            index_bytes=self.sampler.index_bytes, num_units=self.num_units,
+            decode_bytes=decode_bytes_per_thread(self._transform, self.sampler, records),
+            cache_bytes=self._cache_bound(), ring_batches=ring_batches(self.options),
             stage_bytes=stage_memory_bytes(self.batch_stages),
         )
 
@@ -414,7 +371,7 @@ class Loader:
         self._stop_run()
         opts = self.options
         ctx = self._context()
-        positions = self._positions(self._consumed)
+        positions = self._positions(self._progress.consumed)
         if len(positions):
             layout = self._ensure_layout(ctx, int(positions[0]))
             ring, build = self._resources(layout)
@@ -425,33 +382,9 @@ class Loader:
             ctx=ctx, positions=positions, batch_size=opts.batch_size, drop_last=opts.drop_last,
             slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
             executor=self._executor or ThreadPoolExecutor(max_workers=1),
-            build_slice=build, on_batch=self._commit,
+            build_slice=build, on_batch=self._progress.commit,
         )
-        return _Guard(self, self._run)
-
-    def _commit(self, count: int, skipped: int, last: bool) -> None:
-        opts = self.options
-        self._batches_total += 1 if count else 0
-        self._skipped += skipped
-        self._skipped_total += skipped
-        if skipped:
-            budget = self.policy.budget(self.samples_per_epoch // opts.world_size)
-            logger.warning("replaced %d bad sample(s) in epoch %d (%d this epoch, budget %d)",
-                           skipped, self._epoch, self._skipped, budget)
-            if self._skipped > budget:
-                raise TooManyErrorsError(
-                    f"{self._skipped} bad samples in epoch {self._epoch}, more than the budget of "
-                    f"{budget}: check the data with `shardfeed verify`, or raise max_skipped / "
-                    "max_skipped_fraction"
-                )
-        if last:
-            self._epoch += 1
-            self._consumed = 0
-            self._skipped = 0
-        else:
-            self._consumed = min(
-                self.samples_per_epoch, self._consumed + count * opts.world_size
-            )
+        return HandOut(self._run, self.batch_stages, closed=lambda: self._closed)
 
     def _stop_run(self) -> None:
         if self._run is not None:
@@ -483,35 +416,6 @@ class Loader:
     def __repr__(self) -> str:
         opts = self.options
         return (f"Loader({type(self.sampler).__name__}, batch_size={opts.batch_size}, "
-                f"shuffle={opts.shuffle}, seed={opts.seed}, epoch={self._epoch}, "
-                f"consumed={self._consumed}/{self.samples_per_epoch}, "
+                f"shuffle={opts.shuffle}, seed={opts.seed}, epoch={self.epoch}, "
+                f"consumed={self._progress.consumed}/{self.samples_per_epoch}, "
                 f"rank={opts.rank}/{opts.world_size})")
-
-
-class _Guard:
-    """The iterator handed to the caller; maps an exhausted replacement search to an error."""
-
-    __slots__ = ("loader", "run")
-
-    def __init__(self, loader: Loader, run: EpochRun) -> None:
-        self.loader = loader
-        self.run = run
-
-    def __iter__(self) -> _Guard:
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        if self.loader._closed:
-            raise RuntimeError("this Loader is closed; create a new one to read again")
-        try:
-            batch = next(self.run)
-        except TooManyBadSamples as exc:
-            raise TooManyErrorsError(
-                f"{exc}: check the data with `shardfeed verify`"
-            ) from exc
-        if self.loader.batch_stages:
-            keys = self.run.last_keys
-            assert keys is not None
-            for stage in self.loader.batch_stages:
-                batch = stage(batch, keys)
-        return batch

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.pipeline.batching import BatchLayout
+from shardfeed.pipeline.options import LoaderOptions
 from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms.base import TransformBase
 from shardfeed.transforms.decode.image import SCRATCH_KEEP_BYTES
@@ -179,3 +181,30 @@ def decoded_bytes(records: list[Sample]) -> int:
             c = int(np.asarray(channels).reshape(-1)[0]) if channels is not None else 3
             total += math.prod(dims) * c
     return total
+
+
+def loader_budget(
+    options: LoaderOptions, layout: BatchLayout, sample: Sample, records: list[Sample], *,
+    index_bytes: int, num_units: int, decode_bytes: int, cache_bytes: int, ring_batches: int,
+    stage_bytes: int,
+) -> MemoryBudget:
+    """A loader's budget from its options, batch layout and first sample (and its records)."""
+    row_bytes = layout.batch_bytes() // options.batch_size
+    lists = [f.name for f in layout.fields if not f.is_array]
+    if options.order_method == "exact":
+        index_bytes += order_index_bytes(num_units)
+    threads = options.num_threads
+    processes = threads if options.workers == "processes" else 0
+    return MemoryBudget(
+        batch_bytes=layout.batch_bytes() + options.batch_size * list_bytes(sample, lists),
+        ring_batches=ring_batches,
+        work_bytes_per_thread=work_bytes(
+            records, slice_size=options.slice_size(), row_bytes=row_bytes
+        ),
+        threads=threads,
+        index_bytes=index_bytes,
+        cache_bytes=cache_bytes,
+        decode_bytes_per_thread=decode_bytes,
+        fixed_bytes=fixed_bytes(threads=threads, processes=processes, decode_bytes=decode_bytes),
+        stage_bytes=stage_bytes,
+    )

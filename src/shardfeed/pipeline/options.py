@@ -116,3 +116,18 @@ class LoaderOptions:
     def slice_size(self) -> int:
         """Samples one task works on: about a batch divided among the threads."""
         return max(1, -(-self.batch_size // self.num_threads))
+
+
+COPY_DEPRECATED = (
+    "copy=True is no longer needed and has no effect: batches you keep are never overwritten; "
+    "drop the argument"
+)
+
+
+def empty_share_message(options: LoaderOptions, per_rank: int) -> str:
+    """The warning for a rank whose share of an epoch is less than one batch, with drop_last."""
+    return (
+        f"each of {options.world_size} rank(s) gets {per_rank} samples an epoch, fewer than "
+        f"batch_size={options.batch_size}: with drop_last=True it yields no batch; lower "
+        "batch_size or pass drop_last=False"
+    )

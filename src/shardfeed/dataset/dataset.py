@@ -37,6 +37,7 @@ from shardfeed.dataset.shards import (
 )
 from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec as S
+from shardfeed.format.columns import decode_columns
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar
 from shardfeed.format.schema import Schema, infer_schema
@@ -378,6 +379,15 @@ class Dataset:
         idx = self._indices(indices)
         payloads = self._read(idx)
         return [self._decode(p, i) for p, i in zip(payloads, idx.tolist())]
+
+    def read_columns(self, indices: Iterable[int] | np.ndarray) -> dict[str, Any] | None:
+        """Records ``indices`` as columns, the values :meth:`read_many` gives gathered one a
+        feature (see :func:`shardfeed.format.columns.decode_columns`), or None when they are
+        not alike or a feature spec applies: :meth:`read_many` then names what differs."""
+        if self._spec is not None:
+            return None
+        payloads = self._read(self._indices(indices))
+        return decode_columns(payloads, names=self._names)
 
     def __getitem__(self, i: int) -> Record:
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):

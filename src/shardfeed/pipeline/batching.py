@@ -263,6 +263,27 @@ class BatchBuffer:
                 )
             self.arrays[f.name][row] = array[0] if f.squeeze else array
 
+    def write_columns(self, first_row: int, columns: Mapping[str, Any], *,
+                      written: Mapping[str, np.ndarray]) -> None:
+        """Store rows ``first_row...`` from ``columns`` (one value a row per key, numeric
+        columns as arrays of ``(rows, length)``); SchemaError (nothing said about which
+        record) when they do not fit, for the caller to redo the rows one at a time.
+        ``written``: columns already in place (their value *is* that slice of the batch)."""
+        if columns.keys() != self._names:
+            raise SchemaError("the columns do not hold the batch's keys")
+        for f, name, column, shape, dtype, _ in self._plan:
+            value = columns[name]
+            if column is None:
+                self.lists[name][first_row : first_row + len(value)] = value
+                continue
+            if value is written.get(name):
+                continue
+            if (not isinstance(value, np.ndarray) or value.shape[1:] != shape
+                    or not _fits(value.dtype, dtype)):
+                raise SchemaError(f"column {name!r} does not fit the batch")
+            target = column[first_row : first_row + len(value)]
+            target[...] = value.reshape(target.shape)
+
     def take(self, count: int, *, copy: bool) -> dict[str, Any]:
         """The batch of the first ``count`` rows, as a dict in the layout's key order.
 

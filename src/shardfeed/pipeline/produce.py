@@ -37,6 +37,7 @@ from shardfeed.errors import CorruptRecordError, DecodeError, ShardfeedError, lo
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
+from shardfeed.transforms.base import TransformBase
 
 DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
 PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
@@ -60,6 +61,12 @@ class SliceBuilder:
         self.skip = skip
         self._direct: tuple[BatchLayout, tuple[str, ...]] | None = None
         self._direct_lock = threading.Lock()
+        # the batch path (see build_slice): the source reads columns, the transform has a
+        # batch form (or there is no transform)
+        has_form = transform is None or (
+            type(transform).apply_batch is not TransformBase.apply_batch
+        )
+        self._read_columns = getattr(source, "read_columns", None) if has_form else None
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
         """The keys samples write straight into the batch for ``layout`` (see module doc)."""
@@ -202,7 +209,50 @@ class SliceBuilder:
 
     def build_slice(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
                     first_row: int) -> int:
-        """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met."""
+        """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met.
+
+        The batch path first (:meth:`build_columns`); any data error there, or columns it
+        cannot take, and the rows are made sample by sample, which reports or skips exactly.
+        """
+        if self._read_columns is not None:
+            try:
+                if self.build_columns(ctx, positions, buffer, first_row):
+                    return 0
+            except ShardfeedError:
+                pass  # the sample-by-sample path below meets it again and says where
+        return self.build_samples(ctx, positions, buffer, first_row)
+
+    def build_columns(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
+                      first_row: int) -> bool:
+        """The rows of ``positions`` a slice at a time: the records read as columns, the
+        transform's batch form writing images into the rows, the other columns stored at once.
+        False (nothing promised about the rows) when the columns or transform do not allow it.
+        """
+        plans = self.source.plan(ctx, positions)
+        if any(len(ids) != 1 for ids in plans):
+            return False
+        assert self._read_columns is not None
+        columns = self._read_columns([int(ids[0]) for ids in plans])
+        if columns is None:
+            return False
+        rows = len(plans)
+        out = {f.name: buffer.arrays[f.name][first_row : first_row + rows]
+               for f in buffer.layout.fields
+               if f.name == "image" and f.is_array and not f.squeeze}
+        transform = self.transform
+        if transform is not None:
+            rngs = ([ctx.rng(p) for p in positions.tolist()] if transform.draws_random
+                    else None)
+            columns = transform.apply_batch(columns, rngs, out)
+            if columns is None:
+                self._read_columns = None  # no batch form for this data: stop trying
+                return False
+        buffer.write_columns(first_row, columns, written=out)
+        return True
+
+    def build_samples(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
+                      first_row: int) -> int:
+        """:meth:`build_slice` one sample at a time; returns bad samples met."""
         plans, records, bad_records = self.read_slice(ctx, positions)
         direct = self.direct_keys(buffer.layout)
         columns = [(k, buffer.arrays[k]) for k in direct]

@@ -279,6 +279,12 @@ class RecordSampler(SamplerBase):
     def read(self, records: Sequence[int]) -> list[Sample]:
         return self._ds().read_many(list(records))
 
+    def read_columns(self, records: Sequence[int]) -> dict[str, Any] | None:
+        """The records as columns (the data source's ``read_columns``), or None when the
+        source has no column form or these records are not alike."""
+        method = getattr(self._ds(), "read_columns", None)
+        return None if method is None else method(records)
+
     def make_sample(
         self,
         key: SampleKey,

@@ -28,7 +28,7 @@ it defines, read once when wrapped), so the pipeline reads declared attributes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -130,6 +130,22 @@ class TransformBase(ABC):
 
     def output_spec(self, specs: Specs) -> Specs | None:
         """The ``"image"``/``"mask"`` specs after this transform; None: no spec declared."""
+        return None
+
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """The batch form: this transform applied to every row of ``columns`` at once.
+
+        ``columns``: one value a row for every feature (numeric features as one array,
+        bytes features as a list); ``rngs``: row ``i``'s generator (None when the transform
+        does not draw); ``out``: the batch rows to write ``"image"`` into. Returns the
+        transformed columns, with ``out["image"]`` written, or None when it has no batch form
+        for these columns (the loader then goes sample by sample). The rows must be the bytes
+        ``__call__`` would give; any exception makes the loader redo the rows sample by
+        sample, which reports it with the record. Default: None.
+        """
         return None
 
 

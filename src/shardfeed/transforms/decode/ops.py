@@ -11,13 +11,13 @@ claims more than ``max_pixels`` pixels (refused before decoding). The crop-aware
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 import cv2
 import numpy as np
 
-from shardfeed.errors import DecodeError
+from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
 from shardfeed.transforms.decode.fields import Encoding, ImageField
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
@@ -288,6 +288,39 @@ class DecodeImage(DecoderBase):
         if mask is not None:
             self._check_mask_size(sample, mask, mask_key, (image.shape[-3], image.shape[-2]))
         return self._finish(sample, image, mask, [key, mask_key])
+
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row's encoded image decoded straight into its batch row (see
+        :meth:`TransformBase.apply_batch`): the same decode as ``__call__``, without the
+        per-sample dict. Only for one encoded image a row and no mask; else None."""
+        image_out = out.get("image")
+        present = dict.fromkeys(columns)
+        if image_out is None or (self.mask is not False and self.mask_field.locate(present)):
+            return None
+        found = self.image_field.locate(present)
+        if found is None or found[1] == "raw" or not isinstance(columns[found[0]], list):
+            return None
+        key = found[0]
+        values = columns[key]
+        if len(values) != len(image_out) or not all(type(v) is bytes for v in values):
+            return None  # a list of frames, or a value of another kind
+        for row, data in enumerate(values):
+            image, _ = self._decode_full({key: data})
+            target = image_out[row]
+            if image.shape != target.shape or image.dtype != target.dtype:
+                raise SchemaError(  # the sample-by-sample path names the record
+                    f"image {image.dtype} {image.shape} does not fit the batch's "
+                    f"{target.dtype} {target.shape}"
+                )
+            target[...] = image
+        result = dict(columns)
+        if not self.keep_encoded and key not in ("image", "mask"):
+            del result[key]
+        result["image"] = image_out
+        return result
 
     def output_spec(self, specs: Specs) -> Specs:
         """Image H×W×C uint8 with varying H, W; mask H×W (``mask_dtype``) if there is one."""

@@ -1,5 +1,9 @@
 """Dataset: random access to the records of many TFRecord shards.
 
+Opening resolves the source (:mod:`shardfeed.dataset.opening`), then finds, checks or builds
+the shard indexes (:mod:`shardfeed.dataset.tables`); reads go through
+:mod:`shardfeed.dataset.reading` and :mod:`shardfeed.dataset.open_shards`.
+
 Determinism: ``ds[i]`` is a pure function of the files. State: none (open file handles and
 lazily loaded indexes only). Memory: 8 bytes a record of index (memory-mapped ``.idx.npy``
 pages, or arrays when an index was built or parsed from text), 16 bytes a shard, and, per
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,23 +23,15 @@ from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprin
 from shardfeed.dataset.open_shards import OpenShards, check_source_options
 from shardfeed.dataset.opening import (
     Features,
-    Resolved,
     SourceArg,
     parse_features,
     referenced_root,
     resolve_source,
 )
 from shardfeed.dataset.reading import ReadOptions, read_payloads
-from shardfeed.dataset.shards import (
-    MAX_MAPPED_INDEXES,
-    RERUN_HINT,
-    ShardTable,
-    _local_size,
-    build_index,
-    check_offsets,
-    find_index,
-)
-from shardfeed.errors import FormatError, SchemaError, location
+from shardfeed.dataset.shards import MAX_MAPPED_INDEXES
+from shardfeed.dataset.tables import PROGRESS_AFTER_BYTES, table_from_files, table_from_manifest
+from shardfeed.errors import SchemaError, location
 from shardfeed.format import spec as S
 from shardfeed.format.columns import decode_columns
 from shardfeed.format.example import Value, decode_example
@@ -51,8 +47,6 @@ log = logging.getLogger("shardfeed.dataset")
 
 SCHEMA_SAMPLE_RECORDS = 16
 """Records decoded to infer a schema when there is no manifest."""
-PROGRESS_AFTER_BYTES = 64 << 20
-"""Building indexes shows a progress bar when more than this much must be scanned."""
 
 Record = dict[str, Value]
 
@@ -126,7 +120,6 @@ class Dataset:
         self._args = (source, verify_crc, features, root, build_index, read_options,
                       source_options, allow_partial, allow_outside_paths)
         self._outside = allow_outside_paths
-        self._build = build_index
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
         self._spec, self._names = parse_features(features)
@@ -140,10 +133,14 @@ class Dataset:
                                       allow_outside_paths=allow_outside_paths)
             self._resolved = resolved
             self._manifest = resolved.manifest
+            # many shards: read the indexes rather than map them, to bound open descriptors
+            mmap = len(resolved.urls) <= MAX_MAPPED_INDEXES
             if resolved.manifest is not None:
-                self._table = self._open_manifest(resolved, resolved.manifest)
+                self._table = table_from_manifest(resolved.urls, resolved.manifest,
+                                                  build=build_index, mmap=mmap,
+                                                  policy=self._file_policy)
             else:
-                self._table = self._open_files(resolved.urls, build=build_index)
+                self._table = table_from_files(resolved.urls, build=build_index, mmap=mmap)
             self._shards = OpenShards(self._table, source_options=options)
             self._root = referenced_root(resolved, root,
                                          allow_outside_paths=allow_outside_paths)
@@ -153,75 +150,6 @@ class Dataset:
             self._check_names_in_schema(self._schema)
 
     # --- opening -------------------------------------------------------------------------
-
-    def _open_manifest(self, resolved: Resolved, manifest: Manifest) -> ShardTable:
-        shards = manifest.shards
-        urls = list(resolved.urls)
-        for url, shard in zip(urls, shards):
-            size = _local_size(url)
-            if size is not None and size != shard.bytes:
-                raise FormatError(
-                    f"shard '{url}' is {size} bytes but the manifest says {shard.bytes}; the "
-                    f"shard changed after indexing: {RERUN_HINT}"
-                )
-
-        mmap = len(urls) <= MAX_MAPPED_INDEXES
-
-        def load(k: int) -> np.ndarray:
-            url, info = urls[k], shards[k]
-            with retry_policy(self._file_policy):
-                offsets = find_index(url, mmap=mmap)
-            if offsets is None:
-                if not self._build:
-                    raise FormatError(
-                        f"shard '{url}' has no index (.idx.npy or .idx); {RERUN_HINT}"
-                    )
-                offsets = build_index(url, progress=None)
-            check_offsets(url, offsets, size=None, records=info.records,
-                          manifest_bytes=info.bytes)
-            return offsets
-
-        return ShardTable(urls, [s.records for s in shards], [None] * len(urls), load)
-
-    def _open_files(self, urls: Sequence[str], *, build: bool) -> ShardTable:
-        found: list[np.ndarray | None] = []
-        sizes: list[int | None] = []
-        mmap = len(urls) <= MAX_MAPPED_INDEXES
-        for url in urls:
-            size = _local_size(url)
-            offsets = find_index(url, mmap=mmap)
-            if offsets is not None:
-                check_offsets(url, offsets, size=size)
-            elif not build:
-                raise FormatError(f"file '{url}' has no index (.idx.npy or .idx); {RERUN_HINT}")
-            found.append(offsets)
-            sizes.append(size)
-        missing = [k for k, off in enumerate(found) if off is None]
-        if missing:
-            self._build_missing(urls, found, sizes, missing)
-        offsets_all = [off for off in found if off is not None]
-
-        def never(k: int) -> np.ndarray:  # every index is loaded at open
-            raise AssertionError(k)
-
-        counts = [len(off) - 1 for off in offsets_all]
-        return ShardTable(urls, counts, offsets_all, never)
-
-    def _build_missing(self, urls: Sequence[str], found: list[np.ndarray | None],
-                       sizes: list[int | None], missing: list[int]) -> None:
-        total = sum(sizes[k] or 0 for k in missing)
-        bar: Any = None
-        if total > PROGRESS_AFTER_BYTES or any(sizes[k] is None for k in missing):
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total or None, unit="B", unit_scale=True, delay=1.0,
-                       desc=f"indexing {len(missing)} file(s)")
-        try:
-            for k in missing:
-                found[k] = build_index(urls[k], progress=None if bar is None else bar.update)
-        finally:
-            if bar is not None:
-                bar.close()
 
     def _load_sidecars(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         m, base = self._manifest, self._resolved.base
@@ -461,3 +389,6 @@ def _reopen(source: SourceArg, verify_crc: bool, features: Features,
                    build_index=build_index, read_options=read_options,
                    source_options=source_options, allow_partial=allow_partial,
                    allow_outside_paths=allow_outside_paths)
+
+
+__all__ = ["PROGRESS_AFTER_BYTES", "SCHEMA_SAMPLE_RECORDS", "Dataset", "Record"]

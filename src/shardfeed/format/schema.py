@@ -297,6 +297,17 @@ def infer_schema(decoded_records: Iterable[Mapping[str, Value]]) -> Schema:
     label under ``image/class/label`` or ``label``.
     """
     records = list(decoded_records)
+    features = _infer_features(records)
+    return Schema(
+        features=features,
+        image=_find_image(records, features),
+        mask=_find_mask(records, features),
+        label_key=_present(features, S.IMAGE_LABEL, "label"),
+    )
+
+
+def _infer_features(records: list[Mapping[str, Value]]) -> dict[str, FeatureInfo]:
+    """Every feature seen in the sample, with one kind and a length fixed where all agree."""
     kinds: dict[str, Kind | None] = {}
     counts: dict[str, set[int]] = {}
     for rec in records:
@@ -311,7 +322,7 @@ def infer_schema(decoded_records: Iterable[Mapping[str, Value]]) -> Schema:
             if old is None:
                 kinds[name] = kind
             counts.setdefault(name, set()).add(count)
-    features = {
+    return {
         name: FeatureInfo(
             name=name,
             kind=kinds[name] or "bytes",
@@ -319,27 +330,36 @@ def infer_schema(decoded_records: Iterable[Mapping[str, Value]]) -> Schema:
         )
         for name, c in sorted(counts.items())
     }
+
+
+def _find_image(
+    records: list[Mapping[str, Value]], features: Mapping[str, FeatureInfo]
+) -> ImageInfo | None:
+    """The image feature under its standard names: encoded first, then raw, then a path."""
     hkey = _present(features, S.IMAGE_HEIGHT)
     wkey = _present(features, S.IMAGE_WIDTH)
     ckey = _present(features, S.IMAGE_CHANNELS)
-    image: ImageInfo | None = None
     if S.IMAGE_ENCODED in features:
-        image = ImageInfo(S.IMAGE_ENCODED, _encoding_of(records, S.IMAGE_ENCODED, S.IMAGE_FORMAT),
-                          hkey, wkey, ckey)
-    elif S.IMAGE_RAW in features and hkey and wkey:
-        image = ImageInfo(S.IMAGE_RAW, "raw", hkey, wkey, ckey)
-    elif S.IMAGE_PATH in features:
-        image = ImageInfo(S.IMAGE_PATH, "path", hkey, wkey, ckey)
-    mask: ImageInfo | None = None
+        return ImageInfo(S.IMAGE_ENCODED, _encoding_of(records, S.IMAGE_ENCODED, S.IMAGE_FORMAT),
+                         hkey, wkey, ckey)
+    if S.IMAGE_RAW in features and hkey and wkey:
+        return ImageInfo(S.IMAGE_RAW, "raw", hkey, wkey, ckey)
+    if S.IMAGE_PATH in features:
+        return ImageInfo(S.IMAGE_PATH, "path", hkey, wkey, ckey)
+    return None
+
+
+def _find_mask(
+    records: list[Mapping[str, Value]], features: Mapping[str, FeatureInfo]
+) -> ImageInfo | None:
+    """The mask feature: encoded, or raw when its byte count is height × width in every record."""
     mh = _present(features, S.MASK_HEIGHT, S.IMAGE_HEIGHT)
     mw = _present(features, S.MASK_WIDTH, S.IMAGE_WIDTH)
     if S.MASK_ENCODED in features:
-        mask = ImageInfo(S.MASK_ENCODED, _encoding_of(records, S.MASK_ENCODED, S.MASK_FORMAT),
+        return ImageInfo(S.MASK_ENCODED, _encoding_of(records, S.MASK_ENCODED, S.MASK_FORMAT),
                          mh, mw)
-    elif mh and mw:
+    if mh and mw:
         for key in (S.MASK_RAW, "mask_raw"):
             if key in features and _raw_mask_matches(records, key, mh, mw):
-                mask = ImageInfo(key, "raw", mh, mw)
-                break
-    label = _present(features, S.IMAGE_LABEL, "label")
-    return Schema(features=features, image=image, mask=mask, label_key=label)
+                return ImageInfo(key, "raw", mh, mw)
+    return None

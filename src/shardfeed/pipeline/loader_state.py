@@ -48,7 +48,22 @@ def check_state(
     """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict from Loader.state(), got {type(state)}")
-    keys = set(state)
+    _check_keys(set(state))
+    _check_counters(state, samples_per_epoch=samples_per_epoch)
+    if state["seed"] != seed:
+        raise StateError(
+            f"the state was saved with seed={state['seed']}, this loader has "
+            f"seed={seed}: construct the Loader with seed={state['seed']}"
+        )
+    _check_order(state, shuffle=shuffle, order_method=order_method)
+    source_state = state["source"]
+    if not isinstance(source_state, Mapping):
+        raise StateError(f"state['source'] must be a dict, got {source_state!r}")
+    return state
+
+
+def _check_keys(keys: set[Any]) -> None:
+    """StateError unless ``keys`` are exactly a Loader state's (an older state is named so)."""
     if keys == _EARLIER_KEYS:
         raise StateError(
             "this state predates the 'shuffle' and 'order_method' fields (and the dataset "
@@ -66,6 +81,10 @@ def check_state(
             f"not a Loader state: missing keys {missing}, foreign keys {foreign}; pass the "
             "dict Loader.state() returned (nested states pass their 'loader' part)"
         )
+
+
+def _check_counters(state: Mapping[str, Any], *, samples_per_epoch: int) -> None:
+    """StateError unless seed, epoch, consumed and skipped are non-negative ints in range."""
     limits = {
         "seed": (_MAX_WORD, "a 64-bit word"),
         "epoch": (_MAX_WORD, "a 64-bit word"),
@@ -89,16 +108,6 @@ def check_state(
                 f"state[{name!r}]={value} exceeds {what}: {hint}; restore the state this "
                 "loader's own kind saved"
             )
-    if state["seed"] != seed:
-        raise StateError(
-            f"the state was saved with seed={state['seed']}, this loader has "
-            f"seed={seed}: construct the Loader with seed={state['seed']}"
-        )
-    _check_order(state, shuffle=shuffle, order_method=order_method)
-    source_state = state["source"]
-    if not isinstance(source_state, Mapping):
-        raise StateError(f"state['source'] must be a dict, got {source_state!r}")
-    return state
 
 
 def _check_order(state: Mapping[str, Any], *, shuffle: bool, order_method: str) -> None:

@@ -126,6 +126,42 @@ def _segment_search(
     return lo
 
 
+def _nearest_frame(
+    t: npt.NDArray[np.float64],
+    previous: IntArray,
+    hi: IntArray,
+    target: npt.NDArray[np.float64],
+    *,
+    strictly_increasing: bool,
+    globally_sorted: bool,
+) -> tuple[IntArray, npt.NDArray[np.float64]]:
+    """The record after ``previous`` (before ``hi``) whose time is nearest ``target``, and how far.
+
+    A tie between the record before and after the target goes to the one before; among
+    records with equal times the earliest is chosen.
+    """
+    last = max(t.size - 1, 0)
+    if strictly_increasing:
+        after = previous + 1
+    else:
+        after = _segment_search(t, previous + 1, hi, t[previous], strict=True,
+                                globally_sorted=globally_sorted)
+    pos = _segment_search(t, after, hi, target, strict=False,
+                          globally_sorted=globally_sorted)
+    has_before = pos - 1 >= after
+    has_after = pos < hi
+    before_gap = np.where(has_before, target - t[np.maximum(pos - 1, 0)], np.inf)
+    after_gap = np.where(has_after, t[np.minimum(pos, last)] - target, np.inf)
+    take_before = before_gap <= after_gap
+    chosen = np.where(take_before, pos - 1, pos)
+    if not strictly_increasing:
+        # Among records with equal times the earliest wins: step back over duplicates.
+        chosen = _segment_search(t, after, hi, t[np.minimum(chosen, last)], strict=False,
+                                 globally_sorted=globally_sorted)
+    distance = np.where(take_before, before_gap, after_gap)
+    return chosen, distance
+
+
 def timed_windows(
     times: npt.NDArray[np.float64],
     run_of: IntArray,
@@ -137,6 +173,7 @@ def timed_windows(
     tolerance: float,
     max_gap: float | None,
 ) -> tuple[npt.NDArray[np.signedinteger], Counts]:
+    """Windows whose frame times step by ``delta`` (within ``tolerance``), and what was excluded."""
     n = times.size
     # Work on the records that have a time; map back to record indices at the end.
     timed = np.flatnonzero(~np.isnan(times))
@@ -145,7 +182,6 @@ def timed_windows(
     seg_hi = np.searchsorted(timed, run_ends)[runs].astype(np.int64)
     globally_sorted = bool(np.all(t[1:] >= t[:-1]))
     strictly_increasing = not bool(np.any((runs[1:] == runs[:-1]) & (t[1:] <= t[:-1])))
-    last = max(t.size - 1, 0)
 
     # Group end first: the last target lies past the group's last time (beyond tolerance).
     group_last = t[np.maximum(seg_hi - 1, 0)]
@@ -159,25 +195,10 @@ def timed_windows(
         a = anchor[alive]
         previous = frames[alive, j - 1]
         hi = seg_hi[a]
-        if strictly_increasing:
-            after = previous + 1
-        else:
-            after = _segment_search(t, previous + 1, hi, t[previous], strict=True,
-                                    globally_sorted=globally_sorted)
         target = t[a] + j * delta
-        pos = _segment_search(t, after, hi, target, strict=False,
-                              globally_sorted=globally_sorted)
-        has_before = pos - 1 >= after
-        has_after = pos < hi
-        before_gap = np.where(has_before, target - t[np.maximum(pos - 1, 0)], np.inf)
-        after_gap = np.where(has_after, t[np.minimum(pos, last)] - target, np.inf)
-        take_before = before_gap <= after_gap
-        chosen = np.where(take_before, pos - 1, pos)
-        if not strictly_increasing:
-            # Among records with equal times the earliest wins: step back over duplicates.
-            chosen = _segment_search(t, after, hi, t[np.minimum(chosen, last)], strict=False,
-                                     globally_sorted=globally_sorted)
-        distance = np.where(take_before, before_gap, after_gap)
+        chosen, distance = _nearest_frame(t, previous, hi, target,
+                                          strictly_increasing=strictly_increasing,
+                                          globally_sorted=globally_sorted)
         ok = distance < tolerance
         off_grid += int((~ok).sum())
         if max_gap is not None:

@@ -71,6 +71,32 @@ def decode_for_patches(
     """
     key, encoding = image_field.require(record)
     where = image_field.where(record, key)
+    image, full_hw = _decode_image_scaled(record, image_field, key, encoding, where=where,
+                                          denominator=denominator, max_pixels=max_pixels)
+    drop = [key] if encoding != "path" else []
+    mask = None
+    if mask_field is not None:
+        mask, mask_key = _decode_mask(record, mask_field, full_hw, require_mask=require_mask)
+        if mask_key is not None:
+            drop.append(mask_key)
+    meta = {k: v for k, v in record.items() if k not in drop}
+    return DecodedImage(np.ascontiguousarray(image), mask, meta, full_hw)
+
+
+def _decode_image_scaled(
+    record: Sample,
+    image_field: ImageField,
+    key: str,
+    encoding: str,
+    *,
+    where: str,
+    denominator: int,
+    max_pixels: int,
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """The image at scale 1/d (height × width × channels) and its full-size height and width.
+
+    A JPEG (not CMYK) decodes at reduced DCT scale; anything else decodes whole and shrinks.
+    """
     d = denominator
     image: np.ndarray | None = None
     full_hw = (0, 0)
@@ -93,24 +119,31 @@ def decode_for_patches(
         image = image[:, :, None]
     if d > 1 and image.shape[:2] == full_hw:
         image = _shrink(image, d, full_hw, where)
-    drop = [key] if encoding != "path" else []
-    mask = None
-    if mask_field is not None:
-        found = mask_field.locate(record)
-        if found is None and require_mask:
-            mask_field.require(record)  # raises SchemaError naming the keys
-        if found is not None:
-            mask = mask_field.decode(record)
-            drop.append(found[0])
-            if mask.shape[:2] != full_hw:
-                raise DecodeError(
-                    f"{mask_field.where(record, found[0])}: the mask is "
-                    f"{mask.shape[0]}×{mask.shape[1]} (height×width) but its image is "
-                    f"{full_hw[0]}×{full_hw[1]}; a mask must have its image's size: re-create "
-                    "the mask at the image's size, or skip such records with on_error='skip'"
-                )
-    meta = {k: v for k, v in record.items() if k not in drop}
-    return DecodedImage(np.ascontiguousarray(image), mask, meta, full_hw)
+    return image, full_hw
+
+
+def _decode_mask(
+    record: Sample,
+    mask_field: ImageField,
+    full_hw: tuple[int, int],
+    *,
+    require_mask: bool | None,
+) -> tuple[np.ndarray | None, str | None]:
+    """The record's full-size mask and its key (None, None when it has none and none is needed)."""
+    found = mask_field.locate(record)
+    if found is None and require_mask:
+        mask_field.require(record)  # raises SchemaError naming the keys
+    if found is None:
+        return None, None
+    mask = mask_field.decode(record)
+    if mask.shape[:2] != full_hw:
+        raise DecodeError(
+            f"{mask_field.where(record, found[0])}: the mask is "
+            f"{mask.shape[0]}×{mask.shape[1]} (height×width) but its image is "
+            f"{full_hw[0]}×{full_hw[1]}; a mask must have its image's size: re-create "
+            "the mask at the image's size, or skip such records with on_error='skip'"
+        )
+    return mask, found[0]
 
 
 def _shrink(image: np.ndarray, d: int, full_hw: tuple[int, int], where: str) -> np.ndarray:

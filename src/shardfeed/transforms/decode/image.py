@@ -259,6 +259,37 @@ def decode_image(
     return image
 
 
+def decode_png_into(data: bytes, target: np.ndarray, *, max_pixels: int) -> bool:
+    """Decode an 8-bit PNG straight into ``target`` (H×W×1 grey or H×W×3 RGB uint8) when its
+    header says it holds exactly those channels; False (nothing written) for any other image.
+
+    The pixels are those of :func:`decode_image` followed by the channel conversion of the
+    decode ops (a grey PNG's RGB decode is three equal channels, whose grey value is that
+    value again), without the intermediate arrays: the small-image path of the batch decode.
+    Raises DecodeError as :func:`decode_image` does.
+    """
+    if data[:8] != _PNG_MAGIC or len(data) < 33 or target.ndim != 3:
+        return False
+    height, width, channels = target.shape
+    if data[24] != 8 or data[25] != (0 if channels == 1 else 2):  # bit depth, colour type
+        return False
+    rgb_flag = _PNG_RGB_FLAG
+    if channels == 3 and rgb_flag is None:
+        return False
+    claim = check_size(data, max_pixels=max_pixels, where="")
+    if (claim.height, claim.width) != (height, width):
+        return False
+    flags = cv2.IMREAD_GRAYSCALE if channels == 1 or rgb_flag is None else rgb_flag
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    except cv2.error:
+        return False  # decode_image names the damage
+    if image is None or image.shape[:2] != (height, width):
+        return False
+    target[...] = image.reshape(target.shape)
+    return True
+
+
 def decode_jpeg_reduced(
     data: bytes | memoryview, *, height: int, width: int, denominator: int, where: Where
 ) -> np.ndarray:
@@ -372,6 +403,7 @@ __all__ = [
     "decode_image",
     "decode_jpeg_reduced",
     "decode_jpeg_scratch",
+    "decode_png_into",
     "jpeg_header",
     "out_of_memory",
     "scratch_buffer",

@@ -20,6 +20,7 @@ import numpy as np
 from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
 from shardfeed.transforms.decode.fields import Encoding, ImageField
+from shardfeed.transforms.decode.image import decode_png_into
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
 
@@ -307,9 +308,14 @@ class DecodeImage(DecoderBase):
         values = columns[key]
         if len(values) != len(image_out) or not all(type(v) is bytes for v in values):
             return None  # a list of frames, or a value of another kind
+        direct = (self.image_field.encoding == "auto" and image_out.dtype == np.uint8
+                  and image_out.shape[-1] == self._channel_count())
+        max_pixels = self.max_pixels
         for row, data in enumerate(values):
-            image, _ = self._decode_full({key: data})
             target = image_out[row]
+            if direct and decode_png_into(data, target, max_pixels=max_pixels):
+                continue
+            image, _ = self._decode_full({key: data})
             if image.shape != target.shape or image.dtype != target.dtype:
                 raise SchemaError(  # the sample-by-sample path names the record
                     f"image {image.dtype} {image.shape} does not fit the batch's "

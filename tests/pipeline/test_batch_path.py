@@ -1,0 +1,178 @@
+"""The batch path (records read as columns, images decoded straight into the batch rows) gives
+the very batches of the sample-by-sample path, for every kind of image a user stores, on
+1, 2 and 4 threads; bad records are still named or skipped exactly as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import simplejpeg
+from pipeline_helpers import open_dataset, record_ids
+
+from shardfeed.dataset import Dataset
+from shardfeed.errors import CorruptRecordError, DecodeError, SchemaError
+from shardfeed.format.writer import ShardWriter
+from shardfeed.pipeline import Loader
+from shardfeed.transforms import Compose, DecodeImage
+
+FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "tf"
+
+
+def _png(image: np.ndarray) -> bytes:
+    ok, buf = cv2.imencode(".png", image)
+    assert ok
+    return buf.tobytes()
+
+
+def _image(i: int, kind: str) -> bytes:
+    rng = np.random.default_rng(i)
+    if kind == "gray-png":
+        return _png(rng.integers(0, 256, (28, 28), dtype=np.uint8))
+    if kind == "gray-png-trns":  # a grey PNG with a transparent grey level (tRNS chunk)
+        data = _png(rng.integers(0, 256, (28, 28), dtype=np.uint8))
+        chunk = b"tRNS" + (7).to_bytes(2, "big")
+        import zlib
+
+        trns = len(chunk[4:]).to_bytes(4, "big") + chunk + zlib.crc32(chunk).to_bytes(4, "big")
+        return data[:33] + trns + data[33:]
+    if kind == "rgb-png":
+        return _png(rng.integers(0, 256, (28, 28, 3), dtype=np.uint8))
+    if kind == "rgba-png":
+        return _png(rng.integers(0, 256, (28, 28, 4), dtype=np.uint8))
+    if kind == "gray16-png":
+        return _png(rng.integers(0, 65536, (28, 28), dtype=np.uint16))
+    if kind == "jpeg":
+        return bytes(simplejpeg.encode_jpeg(rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)))
+    raise AssertionError(kind)
+
+
+def _write(folder: Path, kind: str, n: int = 70, *, bad: int | None = None,
+           other_size: int | None = None) -> Dataset:
+    folder.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for i in range(n):
+            encoded = _image(i, kind)
+            if i == bad:
+                encoded = encoded[: len(encoded) // 2]
+            if i == other_size:
+                encoded = _png(np.zeros((27, 28), np.uint8))
+            writer.write_example({"image/encoded": encoded, "label": [i % 10], "index": [i],
+                                  "name": f"{i}.png".encode()})
+    return Dataset(str(folder))
+
+
+def _batches(loader: Loader) -> list[dict[str, Any]]:
+    with loader:
+        return [{k: np.array(v) if isinstance(v, np.ndarray) else list(v)
+                 for k, v in batch.items()} for batch in loader]
+
+
+def _assert_same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], np.ndarray):
+                assert x[key].dtype == y[key].dtype, key
+                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+            else:
+                assert x[key] == y[key], key
+
+
+def _pair(ds: Dataset, channels: str, **options: Any) -> tuple[list[Any], list[Any]]:
+    """Batches of the batch path and of the sample path (Compose has no batch form)."""
+    options.setdefault("batch_size", 16)
+    fast = _batches(Loader(ds, transform=DecodeImage(channels=channels), **options))
+    slow = _batches(Loader(ds, transform=Compose([DecodeImage(channels=channels)]), **options))
+    return fast, slow
+
+
+@pytest.mark.parametrize("kind", ["gray-png", "gray-png-trns", "rgb-png", "rgba-png",
+                                  "gray16-png", "jpeg"])
+@pytest.mark.parametrize("channels", ["gray", "rgb"])
+def test_batch_path_gives_the_sample_paths_batches(tmp_path: Path, kind: str,
+                                                   channels: str) -> None:
+    ds = _write(tmp_path / kind, kind)
+    fast, slow = _pair(ds, channels, num_threads=2)
+    _assert_same(fast, slow)
+    assert sorted(record_ids(fast)) == list(range(70))
+    assert fast[0]["image"].shape == (16, 28, 28, 1 if channels == "gray" else 3)
+
+
+def test_same_bytes_on_1_2_4_threads(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "g", "gray-png")
+    runs = [_batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray"),
+                            num_threads=t)) for t in (1, 2, 4)]
+    _assert_same(runs[0], runs[1])
+    _assert_same(runs[0], runs[2])
+
+
+def test_transform_none_reads_columns_as_the_records_hold(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "g", "gray-png")
+    a = _batches(Loader(ds, batch_size=16, seed=1))
+    b = [{k: v for k, v in r.items()} for r in ds.read_many(range(70))]
+    by_index = {int(r["index"][0]): r for r in b}
+    for batch in a:
+        for row, index in enumerate(batch["index"]):
+            assert batch["image/encoded"][row] == by_index[int(index)]["image/encoded"]
+            assert batch["name"][row] == by_index[int(index)]["name"]
+
+
+def test_tensorflow_written_records_through_the_batch_path() -> None:
+    ds = Dataset(str(FIXTURES / "mixed.tfrecord"))
+    a = _batches(Loader(ds, batch_size=7, seed=2, num_threads=2))
+    b = _batches(Loader(ds, batch_size=7, seed=2, num_threads=2, on_error="raise",
+                        transform=Compose([lambda sample, rng: sample])))
+    _assert_same(a, b)
+
+
+def test_a_damaged_image_is_still_named(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "bad", "gray-png", bad=33)
+    with pytest.raises(DecodeError, match=r"record 33 at byte \d+"):
+        _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
+    fast, slow = _pair(ds, "gray", on_error="skip")
+    _assert_same(fast, slow)
+    assert 33 not in record_ids(fast)
+
+
+def test_a_damaged_record_is_still_named(bad_crc_folder: Path) -> None:
+    with pytest.raises(CorruptRecordError, match="record"):
+        _batches(Loader(open_dataset(bad_crc_folder), batch_size=8,
+                        transform=DecodeImage(channels="gray")))
+    fast, slow = _pair(open_dataset(bad_crc_folder), "gray", batch_size=8, on_error="skip")
+    _assert_same(fast, slow)
+
+
+def test_an_image_of_another_size_is_named(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "size", "gray-png", other_size=40)
+    with pytest.raises(SchemaError, match=r"record 40 at byte \d+|epoch position"):
+        _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
+
+
+def _no_sample_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardfeed.pipeline.produce import SliceBuilder
+
+    def refuse(*args: Any, **kwargs: Any) -> int:
+        raise AssertionError("a slice went sample by sample")
+
+    monkeypatch.setattr(SliceBuilder, "build_samples", refuse)
+
+
+@pytest.mark.parametrize("kind", ["gray-png", "rgb-png", "jpeg"])
+def test_decoding_alike_records_takes_the_batch_path(tmp_path: Path, kind: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = _write(tmp_path / kind, kind)
+    _no_sample_path(monkeypatch)
+    batches = _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray"),
+                              num_threads=2))
+    assert sorted(record_ids(batches)) == list(range(70))
+
+
+def test_tensorflow_written_records_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = Dataset(str(FIXTURES / "mixed.tfrecord"))
+    _no_sample_path(monkeypatch)
+    assert len(_batches(Loader(ds, batch_size=7, seed=2))) == 3

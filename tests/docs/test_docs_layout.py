@@ -184,12 +184,12 @@ def test_a_missing_or_stale_line_is_named_with_its_fix(tmp_path: Path) -> None:
     assert problems == [
         "map.md:8: remove the line for `src/shardfeed/pipeline/gone.py` (no such file)",
         "map.md:10: say what `src/shardfeed/storage/base.py` is for, after two spaces",
-        "map.md, '## Module map': add a line for `src/shardfeed/pipeline/batch_stage.py` "
-        "inside `pipeline/`: `    batch_stage.py  <what it is for>`",
-        "map.md, '## Module map': add a line for `src/shardfeed/tools/pack/` "
-        "inside `tools/`: `    pack/  <what it is for>`",
-        "map.md, '## Module map': add a line for `src/shardfeed/tools/pack/plan.py` "
-        "inside `tools/pack/`: `      plan.py  <what it is for>`",
-        f"map.md, '## Module map': list the layers lowest first, {LAYERS} "
-        "(found ['pipeline', 'storage', 'tools'])",
+        ("map.md, '## Module map': add a line for `src/shardfeed/pipeline/batch_stage.py` "
+         "inside `pipeline/`: `    batch_stage.py  <what it is for>`"),
+        ("map.md, '## Module map': add a line for `src/shardfeed/tools/pack/` "
+         "inside `tools/`: `    pack/  <what it is for>`"),
+        ("map.md, '## Module map': add a line for `src/shardfeed/tools/pack/plan.py` "
+         "inside `tools/pack/`: `      plan.py  <what it is for>`"),
+        (f"map.md, '## Module map': list the layers lowest first, {LAYERS} "
+         "(found ['pipeline', 'storage', 'tools'])"),
     ]

@@ -37,7 +37,7 @@ from shardfeed.errors import CorruptRecordError, DecodeError, ShardfeedError, lo
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
-from shardfeed.transforms.base import TransformBase
+from shardfeed.transforms.base import has_batch_form
 
 DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
 PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
@@ -63,9 +63,7 @@ class SliceBuilder:
         self._direct_lock = threading.Lock()
         # the batch path (see build_slice): the source reads columns, the transform has a
         # batch form (or there is no transform)
-        has_form = transform is None or (
-            type(transform).apply_batch is not TransformBase.apply_batch
-        )
+        has_form = transform is None or has_batch_form(transform)
         self._read_columns = getattr(source, "read_columns", None) if has_form else None
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:

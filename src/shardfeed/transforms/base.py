@@ -149,6 +149,18 @@ class TransformBase(ABC):
         return None
 
 
+def has_batch_form(transform: object) -> bool:
+    """Whether ``transform`` has a batch form that is the batch form of its own ``__call__``:
+    ``apply_batch`` overridden by the very class that defines ``__call__`` (a subclass that
+    changes ``__call__`` but inherits ``apply_batch`` would have its change skipped)."""
+
+    def owner(name: str) -> type | None:
+        return next((c for c in type(transform).__mro__ if name in vars(c)), None)
+
+    batch_owner = owner("apply_batch")
+    return batch_owner not in (None, TransformBase) and batch_owner is owner("__call__")
+
+
 class _NoRandomness:
     """The generator handed to transforms that declare ``draws_random = False``.
 

@@ -165,6 +165,8 @@ class DecoderBase(TransformBase):
             for name in getattr(cls, "__slots__", ()):
                 if hasattr(self, name):
                     setattr(clone, name, getattr(self, name))
+        if hasattr(self, "__dict__"):  # a subclass's options set without __slots__
+            clone.__dict__.update(self.__dict__)
         return clone
 
     def bind(self, schema: SchemaLike | None, *, root: str | None) -> Any:

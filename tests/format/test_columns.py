@@ -11,11 +11,9 @@ from shardfeed.dataset import Dataset
 from shardfeed.format.columns import decode_columns
 from shardfeed.format.example import decode_example, encode_example
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "tf"
 
-
-def test_columns_of_tensorflow_written_records_equal_the_records() -> None:
-    with Dataset(str(FIXTURES / "mixed.tfrecord")) as ds:
+def test_columns_of_tensorflow_written_records_equal_the_records(tf_fixtures: Path) -> None:
+    with Dataset(str(tf_fixtures / "mixed.tfrecord")) as ds:
         payloads = ds.read_payloads(range(len(ds)))
     columns = decode_columns(payloads)
     assert columns is not None

@@ -19,8 +19,6 @@ from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import Compose, DecodeImage
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "tf"
-
 
 def _png(image: np.ndarray) -> bytes:
     ok, buf = cv2.imencode(".png", image)
@@ -122,8 +120,8 @@ def test_transform_none_reads_columns_as_the_records_hold(tmp_path: Path) -> Non
             assert batch["name"][row] == by_index[int(index)]["name"]
 
 
-def test_tensorflow_written_records_through_the_batch_path() -> None:
-    ds = Dataset(str(FIXTURES / "mixed.tfrecord"))
+def test_tensorflow_written_records_through_the_batch_path(tf_fixtures: Path) -> None:
+    ds = Dataset(str(tf_fixtures / "mixed.tfrecord"))
     a = _batches(Loader(ds, batch_size=7, seed=2, num_threads=2))
     b = _batches(Loader(ds, batch_size=7, seed=2, num_threads=2, on_error="raise",
                         transform=Compose([lambda sample, rng: sample])))
@@ -172,7 +170,8 @@ def test_decoding_alike_records_takes_the_batch_path(tmp_path: Path, kind: str,
     assert sorted(record_ids(batches)) == list(range(70))
 
 
-def test_tensorflow_written_records_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    ds = Dataset(str(FIXTURES / "mixed.tfrecord"))
+def test_tensorflow_written_records_take_the_batch_path(tf_fixtures: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = Dataset(str(tf_fixtures / "mixed.tfrecord"))
     _no_sample_path(monkeypatch)
     assert len(_batches(Loader(ds, batch_size=7, seed=2))) == 3

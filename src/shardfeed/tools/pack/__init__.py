@@ -37,15 +37,10 @@ from shardfeed.tools.pack import output as packoutput
 from shardfeed.tools.pack import time as packtime
 from shardfeed.tools.pack.check import BadInput, BadInputsError, CheckLevel, check_inputs
 from shardfeed.tools.pack.commit import commit, commit_names, complete_result
-from shardfeed.tools.pack.csvinput import CsvColumns, read_csv
+from shardfeed.tools.pack.csvinput import CsvColumns
 from shardfeed.tools.pack.errors import output_errors
-from shardfeed.tools.pack.items import (
-    PackInput,
-    PackItem,
-    classes_from_path,
-    scan_folder,
-    vocabularies_from_path,
-)
+from shardfeed.tools.pack.inputs import check_referenced_names, read_input, warn_far_root
+from shardfeed.tools.pack.items import PackInput, PackItem
 from shardfeed.tools.pack.kept import already_complete
 from shardfeed.tools.pack.ledger import planned_files, record_done
 from shardfeed.tools.pack.output import PackResult
@@ -91,89 +86,6 @@ class PackOptions:
         if not self.prefix or "/" in self.prefix or os.sep in self.prefix:
             raise ValueError(f"prefix must be a plain file name part, got {self.prefix!r}")
         check_max_pixels(self.max_pixels)
-
-
-def _read_input(
-    source: str,
-    *,
-    csv: CsvColumns | None,
-    root: str | None,
-    classes: Sequence[str] | None,
-    classes_from: str | None = None,
-) -> PackInput:
-    if os.path.isdir(source):
-        if csv is not None:
-            raise ValueError(
-                f"CSV columns were given but '{source}' is a folder; pass the CSV file instead"
-            )
-        if classes is None and classes_from is not None:
-            classes = classes_from_path(classes_from)
-        return scan_folder(source, classes=classes)
-    if not os.path.exists(source):
-        raise PackError(f"input '{source}' does not exist; name a folder of images or a CSV")
-    if classes is not None:
-        raise ValueError(
-            f"a class list was given but '{source}' is not a folder; classes name the class "
-            "sub-folders of a folder input (a CSV's labels are its label columns)"
-        )
-    _refuse_non_csv(source)
-    vocabularies = vocabularies_from_path(classes_from) if classes_from is not None else None
-    return read_csv(source, columns=csv or CsvColumns(), root=root, vocabularies=vocabularies)
-
-
-def _check_referenced_names(data: PackInput) -> None:
-    """Referenced records store paths relative to the root; a path the root does not hold
-    would be stored absolute or with ``..``, which readers refuse as leaving the dataset.
-    Refuse it now, naming the root that holds every image."""
-    outside = [
-        item for item in data.items
-        for name in (item.name, item.mask_name) if name is not None
-        and (name == ".." or name.startswith(("/", "../")))
-    ]
-    if not outside:
-        return
-    sources = [p for item in data.items for p in (item.source, item.mask_source) if p]
-    common = os.path.commonpath([os.path.abspath(p) for p in sources])
-    raise PackError(
-        f"{len(outside)} image paths of '{data.where}' lie outside the root '{data.root}' "
-        f"(the first: '{outside[0].source}'); referenced records store paths under the root, "
-        f"so pass --root (root=) with a folder that holds every image, e.g. '{common}', and "
-        "write the CSV's paths relative to it"
-    )
-
-
-def _warn_far_root(root: str, out: str) -> None:
-    """A root outside the folder that holds the dataset is stored absolute, and readers refuse
-    it unless told to trust it (a downloaded dataset must not reach elsewhere): say so now."""
-    near = os.path.dirname(os.path.abspath(out))
-    if os.path.commonpath([os.path.abspath(root), near]) != near:
-        log.warning(
-            "the image root '%s' is not beside the dataset '%s': it is stored as an absolute "
-            "path, and readers refuse it unless the dataset is opened with root='%s' or "
-            "allow_outside_paths=True (--allow-outside-paths); pack into a folder beside the "
-            "images to avoid this", root, out, root,
-        )
-
-
-def _refuse_non_csv(source: str) -> None:
-    """A file that is plainly not a CSV (an image, a TFRecord) gets its own message."""
-    from shardfeed.tools.discovery import is_shard_name
-    from shardfeed.tools.pack.record import image_format
-
-    if source.lower().endswith((".csv", ".tsv", ".txt")):
-        return  # Spark names its CSV output part-00000-<id>.csv, like a shard
-    with open(source, "rb") as f:
-        head = f.read(16)
-    if image_format(head) != "other":
-        raise PackError(
-            f"'{source}' is an image file; pack takes a folder of images (class sub-folders "
-            "become labels) or a CSV of image paths: put the image in a folder and pack that"
-        )
-    if is_shard_name(source):
-        raise PackError(
-            f"'{source}' looks like a TFRecord file; pass --from-tfrecord (from_tfrecord=True) "
-            "to re-pack TFRecord files, or `shardfeed index` to index them where they are"
-        )
 
 
 def pack(
@@ -274,13 +186,13 @@ def pack(
         )
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError("source must be one folder or CSV path (lists only with from_tfrecord)")
-    data = _read_input(
+    data = read_input(
         os.fspath(source), csv=csv, root=os.fspath(root) if root is not None else None,
         classes=classes, classes_from=os.fspath(classes_from) if classes_from else None,
     )
     if options.mode == "referenced":
-        _check_referenced_names(data)
-        _warn_far_root(data.root, out)
+        check_referenced_names(data)
+        warn_far_root(data.root, out)
     packoutput.check_output(out, resume=resume, overwrite=overwrite)
     items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)
     plan = _plan(data, items, options)

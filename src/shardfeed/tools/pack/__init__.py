@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -90,26 +90,14 @@ class PackOptions:
 
 def pack(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    output: str | os.PathLike[str],
-    *,
-    mode: Mode = "embedded",
-    csv: CsvColumns | None = None,
-    root: str | os.PathLike[str] | None = None,
-    shard_size: int | str | None = None,
-    records_per_shard: int | None = None,
-    workers: int = 1,
-    executor: ExecutorKind = "thread",
-    prefix: str = "shard",
-    resume: bool = False,
-    overwrite: bool = False,
-    from_tfrecord: bool = False,
-    progress: bool = False,
-    on_shard: Callable[[str], object] | None = None,
-    classes: Sequence[str] | None = None,
-    classes_from: str | os.PathLike[str] | None = None,
-    check: CheckLevel = "header",
-    skip_bad: bool = False,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
+    output: str | os.PathLike[str], *, mode: Mode = "embedded", csv: CsvColumns | None = None,
+    root: str | os.PathLike[str] | None = None, shard_size: int | str | None = None,
+    records_per_shard: int | None = None, workers: int = 1, executor: ExecutorKind = "thread",
+    prefix: str = "shard", resume: bool = False, overwrite: bool = False,
+    from_tfrecord: bool = False, progress: bool = False,
+    on_shard: Callable[[str], object] | None = None, classes: Sequence[str] | None = None,
+    classes_from: str | os.PathLike[str] | None = None, check: CheckLevel = "header",
+    skip_bad: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> PackResult:
     """Pack images into indexed shards in ``output``; see the module docstring.
 
@@ -139,74 +127,132 @@ def pack(
     :mod:`shardfeed.tools.pack.remote`). ``on_shard(path)`` is called after each shard written
     by this run is complete and indexed.
     """
-    if classes is not None and classes_from is not None:
+    return _run(_PackCall(
+        source=source, output=output, mode=mode, csv=csv, root=root, shard_size=shard_size,
+        records_per_shard=records_per_shard, workers=workers, executor=executor, prefix=prefix,
+        resume=resume, overwrite=overwrite, from_tfrecord=from_tfrecord, progress=progress,
+        on_shard=on_shard, classes=classes, classes_from=classes_from, check=check,
+        skip_bad=skip_bad, max_pixels=max_pixels,
+    ))
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class _PackCall:
+    """The arguments of one :func:`pack` call, as given, carried between its phases."""
+
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+    output: str | os.PathLike[str]
+    mode: Mode
+    csv: CsvColumns | None
+    root: str | os.PathLike[str] | None
+    shard_size: int | str | None
+    records_per_shard: int | None
+    workers: int
+    executor: ExecutorKind
+    prefix: str
+    resume: bool
+    overwrite: bool
+    from_tfrecord: bool
+    progress: bool
+    on_shard: Callable[[str], object] | None
+    classes: Sequence[str] | None
+    classes_from: str | os.PathLike[str] | None
+    check: CheckLevel
+    skip_bad: bool
+    max_pixels: int
+
+
+def _run(call: _PackCall) -> PackResult:
+    """Check the arguments, then pack to a URL, re-pack TFRecords, or pack images."""
+    if call.classes is not None and call.classes_from is not None:
         raise ValueError("give classes or classes_from, not both")
-    if check not in ("header", "decode"):
-        raise ValueError(f"check must be 'header' or 'decode', got {check!r}")
-    if is_remote(os.fspath(output)):
-        from shardfeed.tools.pack.remote import pack_to_url
-
-        def run(staging: str, uploaded: Callable[[str], None]) -> PackResult:
-            def both(path: str) -> None:
-                uploaded(path)
-                if on_shard is not None:
-                    on_shard(path)
-
-            return pack(source, staging, mode=mode, csv=csv, root=root, shard_size=shard_size,
-                        records_per_shard=records_per_shard, workers=workers,
-                        executor=executor, prefix=prefix, from_tfrecord=from_tfrecord,
-                        progress=progress, on_shard=both, classes=classes,
-                        classes_from=classes_from, check=check, skip_bad=skip_bad,
-                        max_pixels=max_pixels)
-
-        return pack_to_url(run, os.fspath(output), resume=resume, overwrite=overwrite)
-    if records_per_shard is None and shard_size is None:
-        shard_size = DEFAULT_SHARD_SIZE
-    options = PackOptions(
-        mode=mode,
-        shard_bytes=parse_size(shard_size) if shard_size is not None else None,
-        records_per_shard=records_per_shard,
-        workers=workers,
-        executor=executor,
-        prefix=prefix,
-        max_pixels=max_pixels,
-    )
-    if resume and overwrite:
+    if call.check not in ("header", "decode"):
+        raise ValueError(f"check must be 'header' or 'decode', got {call.check!r}")
+    if is_remote(os.fspath(call.output)):
+        return _pack_to_url(call)
+    options = _options(call)
+    if call.resume and call.overwrite:
         raise ValueError("resume and overwrite exclude each other; choose one")
-    out = os.path.abspath(os.fspath(output))
-    if from_tfrecord:
-        from shardfeed.tools.pack.tfrecord import pack_tfrecords
-
-        if classes is not None or classes_from is not None:
-            raise ValueError("classes apply to a folder of images, not to --from-tfrecord")
-        inputs = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-        return pack_tfrecords(
-            [os.fspath(s) for s in inputs], out, options=options, resume=resume,
-            overwrite=overwrite, progress=progress, on_shard=on_shard,
-        )
+    out = os.path.abspath(os.fspath(call.output))
+    if call.from_tfrecord:
+        return _repack_tfrecords(call, out, options)
+    source = call.source
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError("source must be one folder or CSV path (lists only with from_tfrecord)")
+    root, classes_from = call.root, call.classes_from
     data = read_input(
-        os.fspath(source), csv=csv, root=os.fspath(root) if root is not None else None,
-        classes=classes, classes_from=os.fspath(classes_from) if classes_from else None,
+        os.fspath(source), csv=call.csv, root=os.fspath(root) if root is not None else None,
+        classes=call.classes, classes_from=os.fspath(classes_from) if classes_from else None,
     )
+    return _pack_images(call, out, data, options)
+
+
+def _pack_to_url(call: _PackCall) -> PackResult:
+    """Pack into a local staging folder, each shard uploaded as it completes."""
+    from shardfeed.tools.pack.remote import pack_to_url
+
+    def run(staging: str, uploaded: Callable[[str], None]) -> PackResult:
+        def both(path: str) -> None:
+            uploaded(path)
+            if call.on_shard is not None:
+                call.on_shard(path)
+
+        return _run(replace(call, output=staging, on_shard=both, resume=False,
+                            overwrite=False))
+
+    return pack_to_url(run, os.fspath(call.output), resume=call.resume, overwrite=call.overwrite)
+
+
+def _options(call: _PackCall) -> PackOptions:
+    """The checked options; the default shard size when neither size was given."""
+    shard_size = call.shard_size
+    if call.records_per_shard is None and shard_size is None:
+        shard_size = DEFAULT_SHARD_SIZE
+    return PackOptions(
+        mode=call.mode,
+        shard_bytes=parse_size(shard_size) if shard_size is not None else None,
+        records_per_shard=call.records_per_shard,
+        workers=call.workers,
+        executor=call.executor,
+        prefix=call.prefix,
+        max_pixels=call.max_pixels,
+    )
+
+
+def _repack_tfrecords(call: _PackCall, out: str, options: PackOptions) -> PackResult:
+    """Re-pack TFRecord files as they are (``from_tfrecord``)."""
+    from shardfeed.tools.pack.tfrecord import pack_tfrecords
+
+    if call.classes is not None or call.classes_from is not None:
+        raise ValueError("classes apply to a folder of images, not to --from-tfrecord")
+    source = call.source
+    inputs = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    return pack_tfrecords(
+        [os.fspath(s) for s in inputs], out, options=options, resume=call.resume,
+        overwrite=call.overwrite, progress=call.progress, on_shard=call.on_shard,
+    )
+
+
+def _pack_images(call: _PackCall, out: str, data: PackInput, options: PackOptions) -> PackResult:
+    """Check the inputs and the output folder, plan, write the shards not kept, commit."""
     if options.mode == "referenced":
         check_referenced_names(data)
         warn_far_root(data.root, out)
-    packoutput.check_output(out, resume=resume, overwrite=overwrite)
-    items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)
+    packoutput.check_output(out, resume=call.resume, overwrite=call.overwrite)
+    items, bad = _checked_items(data, options, check=call.check, skip_bad=call.skip_bad,
+                                progress=call.progress)
     plan = _plan(data, items, options)
     planned = planned_files(plan, commit_names(data, bad))
     with output_errors(out):
-        if resume and packoutput.is_complete(out):
-            manifest = already_complete(out, plan, mode=options.mode, progress=progress)
+        if call.resume and packoutput.is_complete(out):
+            manifest = already_complete(out, plan, mode=options.mode, progress=call.progress)
             return complete_result(out, manifest, data, bad)
-        saved = packoutput.prepare(out, plan, planned=planned, resume=resume,
-                                   overwrite=overwrite)
-        kept = packoutput.reconcile(out, plan, saved, progress=progress)
+        saved = packoutput.prepare(out, plan, planned=planned, resume=call.resume,
+                                   overwrite=call.overwrite)
+        kept = packoutput.reconcile(out, plan, saved, progress=call.progress)
         packoutput.save_plan(out, plan, planned=planned, kept=kept)
-        infos = _write(out, items, plan, kept, data, options, progress=progress,
-                       on_shard=on_shard)
+        infos = _write(out, items, plan, kept, data, options, progress=call.progress,
+                       on_shard=call.on_shard)
         return commit(out, items, plan, infos, data, mode=options.mode, bad=bad,
                       kept=len(kept), planned=planned)
 

@@ -32,14 +32,28 @@ examples:
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from shardfeed.cli import common
+
+if TYPE_CHECKING:
+    from shardfeed.tools.pack.csvinput import CsvColumns
+    from shardfeed.tools.pack.output import PackResult
 
 NAME = "pack"
 HELP = "pack a folder of images or a CSV into indexed TFRecord shards"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardfeed pack``: what to pack and where, the input checks and
+    workers, the CSV columns."""
+    _add_input_arguments(parser)
+    _add_run_arguments(parser)
+    _add_csv_arguments(parser)
+
+
+def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """Sources and output, mode, shard size, resume or overwrite, classes."""
     parser.add_argument(
         "source", nargs="+",
         help="a folder of class sub-folders, a CSV file, or (--from-tfrecord) TFRecord files",
@@ -84,6 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "or a folder of class sub-folders; for a CSV, the dataset's --csv-onehot "
              "vocabularies",
     )
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Input checks, workers, progress and --json."""
     check = parser.add_argument_group("input checks")
     check.add_argument(
         "--check-decode", action="store_true",
@@ -103,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_progress(parser)
     parser.add_argument("--json", action="store_true",
                         help="print a machine-readable summary (or the bad inputs) as JSON")
+
+
+def _add_csv_arguments(parser: argparse.ArgumentParser) -> None:
+    """The CSV columns (and the order column's time unit)."""
     csv = parser.add_argument_group("CSV columns")
     csv.add_argument("--csv-path", default="path", metavar="COL",
                      help="column of image paths (default: path)")
@@ -127,9 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Pack as the arguments say; print a summary, or every bad input (exit status 1)."""
     from shardfeed.tools.pack import pack
     from shardfeed.tools.pack.check import BadInputsError
-    from shardfeed.tools.pack.csvinput import CsvColumns, expand_columns
 
     sources = args.source
     if not args.from_tfrecord and len(sources) > 1:
@@ -137,26 +159,7 @@ def run(args: argparse.Namespace) -> int:
             f"pack takes one folder or CSV, got {len(sources)} sources; pass --from-tfrecord "
             "to re-pack several TFRecord files"
         )
-    csv = None
-    if not args.from_tfrecord:
-        csv = CsvColumns(
-            path=args.csv_path,
-            labels=expand_columns(args.csv_labels),
-            floats=expand_columns(args.csv_floats),
-            onehot=expand_columns(args.csv_onehot),
-            mask=args.csv_mask,
-            group=args.csv_group,
-            order=args.csv_order,
-            time_unit=args.time_unit,
-        )
-        import os
-
-        if os.path.isdir(sources[0]):
-            if csv != CsvColumns():
-                raise ValueError(
-                    f"--csv-* options were given but '{sources[0]}' is a folder; pass a CSV"
-                )
-            csv = None
+    csv = _csv_columns(args, sources)
     classes = None
     if args.classes is not None:
         classes = [c.strip() for c in args.classes.split(",") if c.strip()]
@@ -187,13 +190,47 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         common.print_json(result.to_json())
         return 0
+    _print_summary(result)
+    return 0
+
+
+def _csv_columns(args: argparse.Namespace, sources: list[str]) -> CsvColumns | None:
+    """The CSV columns the --csv-* options name; None for TFRecords or a folder (where
+    --csv-* options are refused)."""
+    import os
+
+    from shardfeed.tools.pack.csvinput import CsvColumns, expand_columns
+
+    csv = None
+    if not args.from_tfrecord:
+        csv = CsvColumns(
+            path=args.csv_path,
+            labels=expand_columns(args.csv_labels),
+            floats=expand_columns(args.csv_floats),
+            onehot=expand_columns(args.csv_onehot),
+            mask=args.csv_mask,
+            group=args.csv_group,
+            order=args.csv_order,
+            time_unit=args.time_unit,
+        )
+        if os.path.isdir(sources[0]):
+            if csv != CsvColumns():
+                raise ValueError(
+                    f"--csv-* options were given but '{sources[0]}' is a folder; pass a CSV"
+                )
+            csv = None
+    return csv
+
+
+def _print_summary(result: PackResult) -> None:
+    """What was packed (or found already complete), what was skipped, the order-key unit."""
     if result.already_complete:
         print(
             f"already complete: {common.count(result.records, 'record')} in "
             f"{common.count(result.shards, 'shard')}, every shard checked against "
             f"{result.manifest}; nothing was written"
         )
-        return 0
+        return
     kept = f" ({result.kept_shards} kept from the interrupted run)" if result.kept_shards else ""
     print(
         f"packed {common.count(result.records, 'record')} into "
@@ -210,7 +247,6 @@ def run(args: argparse.Namespace) -> int:
     if result.order_unit is not None:
         print(f"order key read as {_UNIT_NAMES.get(result.order_unit, result.order_unit)}, "
               "stored as int64 nanoseconds (order.npy: float64 seconds)")
-    return 0
 
 
 _UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds",

@@ -216,6 +216,26 @@ def index_files(
     ``order.npy`` (string group values get ids by sorted rank; the names go into the
     manifest's ``extra``). ``time_unit``: the order key's unit (see the module docstring).
     """
+    _check_arguments(workers=workers, order_key=order_key, time_unit=time_unit)
+    files = discovery.expand_inputs(inputs)
+    # A manifest over the shards of a pack that did not finish would make them look whole.
+    unfinished.check_folders_of(files)
+    manifest_path = _manifest_path(files[0], manifest)
+    remote = is_remote(manifest_path)
+    base = posixpath.dirname(manifest_path) if remote else os.path.dirname(manifest_path)
+    results = _index_all(files, [_relative(f, base) for f in files], group_key=group_key,
+                         order_key=order_key, workers=workers, progress=progress)
+    written = _write_index_manifest(base, manifest_path, results, group_key=group_key,
+                                    order_key=order_key, time_unit=time_unit)
+    shards = written.shards
+    return IndexResult(
+        manifest=written.path, files=len(shards), records=sum(s.records for s in shards),
+        bytes=sum(s.bytes for s in shards), paths=tuple(files), order_unit=written.order_unit,
+    )
+
+
+def _check_arguments(*, workers: int, order_key: str | None, time_unit: IndexTimeUnit) -> None:
+    """Refuse a bad ``workers`` or ``time_unit``, and a time unit without an order key."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     packtime.check_time_unit(time_unit, allowed=("auto", "s", "ms", "us", "ns"))
@@ -224,13 +244,13 @@ def index_files(
             f"time_unit={time_unit!r} was given without an order key; name it with order_key= "
             "(--order-key)"
         )
-    files = discovery.expand_inputs(inputs)
-    # A manifest over the shards of a pack that did not finish would make them look whole.
-    unfinished.check_folders_of(files)
-    manifest_path = _manifest_path(files[0], manifest)
-    remote = is_remote(manifest_path)
-    base = posixpath.dirname(manifest_path) if remote else os.path.dirname(manifest_path)
-    names = [_relative(f, base) for f in files]
+
+
+def _index_all(
+    files: Sequence[str], names: Sequence[str], *, group_key: str | None,
+    order_key: str | None, workers: int, progress: bool,
+) -> list[IndexedFile]:
+    """Index every file (``workers`` threads, one progress bar in bytes), in input order."""
     total = sum(_size(f) for f in files)
     from tqdm import tqdm
 
@@ -246,10 +266,26 @@ def index_files(
 
         pairs = list(zip(files, names))
         if workers == 1:
-            results = [one(p) for p in pairs]
-        else:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                results = list(pool.map(one, pairs))
+            return [one(p) for p in pairs]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, pairs))
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """The manifest written, the shards it names and the unit order keys were read in."""
+
+    path: str
+    shards: list[Any]
+    order_unit: str | None
+
+
+def _write_index_manifest(
+    base: str, manifest_path: str, results: Sequence[IndexedFile], *, group_key: str | None,
+    order_key: str | None, time_unit: IndexTimeUnit,
+) -> _Written:
+    """Gather the group ids and order keys of every file and write the manifest (and its
+    sidecars) in ``base``, renamed to ``manifest_path`` when that name was asked for."""
     from shardfeed.tools.pack.output import sample_schema, write_manifest
 
     shards = [r.info for r in results]
@@ -271,10 +307,7 @@ def index_files(
     if posixpath.basename(manifest_path) != spec.MANIFEST_NAME:
         storage_files.rename(path, manifest_path)
         path = manifest_path
-    return IndexResult(
-        manifest=path, files=len(shards), records=sum(s.records for s in shards),
-        bytes=sum(s.bytes for s in shards), paths=tuple(files), order_unit=order_unit,
-    )
+    return _Written(path=path, shards=shards, order_unit=order_unit)
 
 
 def _order_seconds(

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardfeed.dataset.opening import referenced_root, resolve_sources
+from shardfeed.dataset.opening import Resolved, referenced_root, resolve_sources
 from shardfeed.format import spec
+
+if TYPE_CHECKING:
+    from shardfeed.format.manifest import Manifest
 
 SCHEMA_SAMPLE = 32
 
@@ -181,71 +185,108 @@ def inspect(
     A manifest naming shards, sidecars or an image root outside the dataset raises
     :class:`~shardfeed.errors.UnsafePathError` unless ``allow_outside_paths`` (as ``Dataset``).
     """
+    _check_arguments(records=records, windows=windows)
+    resolved = resolve_sources(source, allow_outside_paths=allow_outside_paths)
+    result: dict[str, Any] = {"source": os.fspath(source) if isinstance(source, (str, os.PathLike))
+                              else [os.fspath(s) for s in source]}
+    shard_paths = list(resolved.urls)
+    manifest, base = resolved.manifest, resolved.base
+    if manifest is not None and base is not None:
+        contents = _from_manifest(resolved, manifest, base,
+                                  allow_outside_paths=allow_outside_paths)
+    else:
+        contents = _from_tfrecords(shard_paths)
+    result.update(contents.header)
+    result["shards"] = contents.shards
+    result["records"] = sum(s["records"] for s in contents.shards)
+    result["bytes"] = sum(s["bytes"] for s in contents.shards)
+    result["schema"] = _schema_rows(contents.schema)
+    result["groups"] = contents.group_stats
+    result["extra"] = contents.extra
+    if windows is not None:
+        result["windows"] = _window_stats(
+            contents.groups, contents.order, length=windows, stride=stride,
+            stride_seconds=stride_seconds, max_gap_seconds=max_gap_seconds,
+        )
+    if records:
+        result["first_records"] = _first_records(shard_paths, records)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Contents:
+    """What the manifest (or the shards themselves) say a dataset holds."""
+
+    header: dict[str, Any]  # manifest, mode, root, group_key, order_key, in that order
+    shards: list[dict[str, Any]]
+    schema: Any
+    extra: dict[str, Any]
+    groups: np.ndarray | None
+    order: np.ndarray | None
+    group_stats: dict[str, Any] | None
+
+
+def _check_arguments(*, records: int, windows: int | None) -> None:
+    """Refuse a negative ``records`` and a ``windows`` that is not a number of frames."""
     if records < 0:
         raise ValueError(f"records must be >= 0, got {records}")
     if windows is not None and (isinstance(windows, bool) or not isinstance(windows, int)
                                 or windows < 1):
         raise ValueError(f"windows must be a number of frames >= 1, got {windows!r}")
+
+
+def _from_manifest(resolved: Resolved, manifest: Manifest, base: str, *,
+                   allow_outside_paths: bool) -> _Contents:
+    """A packed or indexed dataset: everything from its manifest and sidecars."""
+    from shardfeed.format.manifest import load_sidecar
+
     groups: np.ndarray | None = None
     order: np.ndarray | None = None
-    resolved = resolve_sources(source, allow_outside_paths=allow_outside_paths)
-    manifest = resolved.manifest
-    result: dict[str, Any] = {"source": os.fspath(source) if isinstance(source, (str, os.PathLike))
-                              else [os.fspath(s) for s in source]}
-    shard_paths = list(resolved.urls)
-    if manifest is not None and resolved.base is not None:
-        from shardfeed.format.manifest import load_sidecar
+    shards = [{"path": s.path, "records": s.records, "bytes": s.bytes}
+              for s in manifest.shards]
+    if manifest.group_key:
+        groups = load_sidecar(base, spec.GROUPS_NAME, records=manifest.num_records,
+                              allow_outside=allow_outside_paths)
+    if manifest.order_key:
+        order = load_sidecar(base, spec.ORDER_NAME, records=manifest.num_records,
+                             allow_outside=allow_outside_paths)
+    header = {
+        "manifest": resolved.manifest_url, "mode": manifest.mode,
+        "root": None if manifest.root is None else str(referenced_root(
+            resolved, None, allow_outside_paths=allow_outside_paths)),
+        "group_key": manifest.group_key, "order_key": manifest.order_key,
+    }
+    return _Contents(header=header, shards=shards, schema=manifest.schema,
+                     extra=dict(manifest.extra), groups=groups, order=order,
+                     group_stats=_group_stats(groups, order))
 
-        base = resolved.base
-        shards = [{"path": s.path, "records": s.records, "bytes": s.bytes}
-                  for s in manifest.shards]
-        if manifest.group_key:
-            groups = load_sidecar(base, spec.GROUPS_NAME, records=manifest.num_records,
-                                  allow_outside=allow_outside_paths)
-        if manifest.order_key:
-            order = load_sidecar(base, spec.ORDER_NAME, records=manifest.num_records,
-                                 allow_outside=allow_outside_paths)
-        result.update(
-            manifest=resolved.manifest_url, mode=manifest.mode,
-            root=None if manifest.root is None else str(referenced_root(
-                resolved, None, allow_outside_paths=allow_outside_paths)),
-            group_key=manifest.group_key, order_key=manifest.order_key,
-        )
-        schema = manifest.schema
-        extra = dict(manifest.extra)
-        group_stats = _group_stats(groups, order)
-    else:
-        from shardfeed.format.schema import infer_schema
 
-        offsets = [_offsets(p) for p in shard_paths]
-        shards = [{"path": p, "records": int(o.size - 1), "bytes": int(o[-1])}
-                  for p, o in zip(shard_paths, offsets)]
-        sample: list[dict[str, Any]] = []
-        for p, o in zip(shard_paths, offsets):
-            if len(sample) >= SCHEMA_SAMPLE:
-                break
-            sample += _read_records(p, o, SCHEMA_SAMPLE - len(sample))
-        schema = infer_schema(sample) if sample else None
-        extra = {}
-        group_stats = None
-        result.update(manifest=None, mode="tfrecord", root=None, group_key=None, order_key=None)
-    result["shards"] = shards
-    result["records"] = sum(s["records"] for s in shards)
-    result["bytes"] = sum(s["bytes"] for s in shards)
-    result["schema"] = _schema_rows(schema)
-    result["groups"] = group_stats
-    result["extra"] = extra
-    if windows is not None:
-        result["windows"] = _window_stats(
-            groups, order, length=windows, stride=stride, stride_seconds=stride_seconds,
-            max_gap_seconds=max_gap_seconds,
-        )
-    if records:
-        first: list[dict[str, Any]] = []
-        for p in shard_paths:
-            if len(first) >= records:
-                break
-            for rec in _read_records(p, _offsets(p), records - len(first)):
-                first.append({k: _brief(v) for k, v in sorted(rec.items())})
-        result["first_records"] = first
-    return result
+def _from_tfrecords(shard_paths: Sequence[str]) -> _Contents:
+    """Bare TFRecord files: offsets from their indexes (or a scan), the schema inferred from
+    the first records."""
+    from shardfeed.format.schema import infer_schema
+
+    offsets = [_offsets(p) for p in shard_paths]
+    shards = [{"path": p, "records": int(o.size - 1), "bytes": int(o[-1])}
+              for p, o in zip(shard_paths, offsets)]
+    sample: list[dict[str, Any]] = []
+    for p, o in zip(shard_paths, offsets):
+        if len(sample) >= SCHEMA_SAMPLE:
+            break
+        sample += _read_records(p, o, SCHEMA_SAMPLE - len(sample))
+    header: dict[str, Any] = {"manifest": None, "mode": "tfrecord", "root": None,
+                              "group_key": None, "order_key": None}
+    return _Contents(header=header, shards=shards,
+                     schema=infer_schema(sample) if sample else None, extra={},
+                     groups=None, order=None, group_stats=None)
+
+
+def _first_records(shard_paths: Sequence[str], records: int) -> list[dict[str, Any]]:
+    """The first ``records`` records of the shards, in order, each feature briefly."""
+    first: list[dict[str, Any]] = []
+    for p in shard_paths:
+        if len(first) >= records:
+            break
+        for rec in _read_records(p, _offsets(p), records - len(first)):
+            first.append({k: _brief(v) for k, v in sorted(rec.items())})
+    return first

@@ -25,19 +25,16 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-import numpy as np
-
-from shardfeed.tools.bench.probe import (
-    RssSampler,
-    bytes_read,
-    decode_limit,
-    peak_rss_bytes,
-    sample_encoded,
+from shardfeed.tools.bench.measure import (
+    measure,
+    memory_figures,
+    rate_figures,
+    setup_figures,
 )
+from shardfeed.tools.bench.probe import RssSampler, decode_limit, sample_encoded
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 __all__ = ["BenchOptions", "bench"]
@@ -145,72 +142,6 @@ def _source(dataset: Any, options: BenchOptions) -> tuple[Any, Any]:
     return dataset, _transform(options)
 
 
-def _count(batch: dict[str, Any]) -> tuple[int, int]:
-    """(samples, output pixels) of one batch; the pixels of its ``image`` array."""
-    image = batch.get("image")
-    if isinstance(image, np.ndarray) and image.ndim >= 3:
-        samples = int(image.shape[0])
-        per_sample = int(np.prod(image.shape[1:]))
-        channels = image.shape[-1] if image.shape[-1] in (1, 3, 4) else (
-            image.shape[-3] if image.ndim >= 4 and image.shape[-3] in (1, 3, 4) else 1
-        )
-        return samples, per_sample // int(channels)
-    for value in batch.values():
-        if isinstance(value, np.ndarray) and value.ndim >= 1:
-            return int(value.shape[0]), 0
-        if isinstance(value, list):
-            return len(value), 0
-    return 0, 0
-
-
-def _batches(loader: Any) -> Iterator[dict[str, Any]]:
-    """Batches epoch after epoch, for as long as the caller asks."""
-    while True:
-        got = False
-        for batch in loader:
-            got = True
-            yield batch
-        if not got:
-            raise ValueError(
-                "the loader yields no batch in an epoch: the dataset is smaller than one batch "
-                "(lower the batch size)"
-            )
-
-
-def _mean_source_pixels(dataset: Any, *, seed: int) -> float | None:
-    """Mean stored image size in pixels, from the height/width of up to 256 records."""
-    schema = dataset.schema
-    image = schema.image
-    if image is None or not image.height_key or not image.width_key:
-        return None
-    n = len(dataset)
-    rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, 0x5A])))
-    picks = np.sort(rng.permutation(n)[: min(n, 256)]).tolist()
-    sizes = []
-    for record in dataset.read_many(picks):
-        h, w = record.get(image.height_key), record.get(image.width_key)
-        if h is not None and w is not None:
-            sizes.append(float(np.asarray(h).reshape(-1)[0]) * float(np.asarray(w).reshape(-1)[0]))
-    return float(np.mean(sizes)) if sizes else None
-
-
-def _timeline(stamps: list[tuple[float, int]], *, max_bins: int = 60) -> list[list[float]]:
-    """``[[t_end_seconds, samples_per_s], ...]`` over even bins from the first batch on (about
-    four batches a bin, at most ``max_bins``)."""
-    if len(stamps) < 2:
-        return []
-    bins = max(1, min(max_bins, (len(stamps) - 1) // 4))
-    t0, t1 = stamps[0][0], stamps[-1][0]
-    span = t1 - t0
-    if span <= 0:
-        return []
-    width = span / bins
-    counts = np.zeros(bins)
-    for t, n in stamps[1:]:
-        counts[min(bins - 1, int((t - t0) / width))] += n
-    return [[round((i + 1) * width, 4), float(c / width)] for i, c in enumerate(counts)]
-
-
 def bench(
     path_or_dataset: Any,
     *,
@@ -260,11 +191,10 @@ def bench(
 
 
 def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, Any]:
-    from tqdm import tqdm
-
+    """Build the Loader, measure it while sampling memory, then report the figures and the
+    decode limit."""
     from shardfeed.pipeline import Loader
 
-    kind = options.kind
     train = options.preset == "train"
     start = time.perf_counter()
     source, transform = _source(dataset, options)
@@ -280,85 +210,15 @@ def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, An
         raise
     with RssSampler() as rss:
         try:
-            stamps: list[tuple[float, int]] = []
-            measured = {"samples": 0, "batches": 0, "pixels": 0}
-            unit = {"records": "img", "windows": "win", "patches": "patch"}[kind]
-            bar = tqdm(unit=f" {unit}", unit_scale=True, disable=not progress, leave=False,
-                       desc="first batch")
-            batches = _batches(loader)
-            first_batch_s = 0.0
-            measure_from = read_from = None
-            t_measure = 0.0
-            for i, batch in enumerate(batches):
-                now = time.perf_counter()
-                samples, pixels = _count(batch)
-                stamps.append((now, samples))
-                bar.update(samples)
-                if i == 0:
-                    first_batch_s = now - start
-                    warm_until = now + options.warmup
-                    bar.set_description("warm-up")
-                if measure_from is None:
-                    if now >= warm_until:
-                        measure_from, read_from = now, bytes_read()
-                        bar.set_description("measuring")
-                    continue
-                measured["samples"] += samples
-                measured["batches"] += 1
-                measured["pixels"] += samples * pixels
-                t_measure = now - measure_from
-                if t_measure >= options.seconds:
-                    break
-            read_to = bytes_read()
-            bar.close()
+            measured = measure(loader, options, start=start, progress=progress)
         finally:
             loader.close()
-    if measured["batches"] == 0 or t_measure <= 0:
+    if measured.batches == 0 or measured.seconds <= 0:
         raise ValueError("no batch was measured: raise seconds")
-    rate = measured["samples"] / t_measure
-    frames = rate * (options.windows or 1)
-    mean_pixels = _mean_source_pixels(dataset, seed=options.seed)
     result: dict[str, Any] = {
-        "kind": kind,
-        "records": len(dataset),
-        "preset": options.preset,
-        "size": options.patches if kind == "patches" else options.size,
-        "batch_size": options.batch_size,
-        "threads": options.num_threads,
-        "windows": options.windows,
-        "stride": options.stride if kind == "windows" else None,
-        "patches": options.patches,
-        "cache_images": source.options.cache_images if kind == "patches" else None,
-        "refresh_every": options.refresh_every if kind == "patches" else None,
-        "warmup_seconds": options.warmup,
-        "seconds": t_measure,
-        "samples": measured["samples"],
-        "batches": measured["batches"],
-        "samples_per_s": rate,
-        "images_per_s": frames if kind != "patches" else rate,
-        "frames_per_s": frames if kind == "windows" else None,
-        "patches_per_s": rate if kind == "patches" else None,
-        "output_mpix_per_s": measured["pixels"] / t_measure / 1e6,
-        "source_mpix_per_s": (
-            frames * mean_pixels / 1e6 if mean_pixels is not None and kind != "patches" else None
-        ),
-        "read_mb_per_s": (
-            (read_to - read_from) / t_measure / 1e6
-            if read_from is not None and read_to is not None else None
-        ),
-        "time_to_first_batch_s": first_batch_s,
-        "memory_bound_bytes": budget.total_bytes,
-        "memory_budget": {
-            "batch_bytes": budget.batch_bytes, "ring_batches": budget.ring_batches,
-            "work_bytes_per_thread": budget.work_bytes_per_thread, "threads": budget.threads,
-            "decode_bytes_per_thread": budget.decode_bytes_per_thread,
-            "index_bytes": budget.index_bytes, "cache_bytes": budget.cache_bytes,
-            "fixed_bytes": budget.fixed_bytes,
-        },
-        "max_pixels": options.max_pixels,
-        "start_rss_bytes": rss.start_bytes,
-        "peak_rss_bytes": rss.peak_bytes if rss.peak_bytes is not None else peak_rss_bytes(),
-        "timeline": _timeline(stamps),
+        **setup_figures(dataset, options, source),
+        **rate_figures(dataset, options, measured),
+        **memory_figures(options, budget, rss, measured),
     }
     growth = None
     if rss.peak_bytes is not None and rss.start_bytes is not None:

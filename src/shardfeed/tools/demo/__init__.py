@@ -33,6 +33,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -281,20 +282,58 @@ def demo(
     if bench_seconds is None:
         bench_seconds = 0.5 if quick else 4.0
     out_path = os.path.abspath(os.fspath(out))
-    counter = [0]
-    began = time.perf_counter()
-    step_times: dict[str, float] = {}
-
-    def step(text: str) -> None:
-        counter[0] += 1
-        step_times[text] = time.perf_counter() - began
-        if report is not None:
-            report(f"[{counter[0]}/{_STEPS}] {text}")
-
+    step = _Steps(report=report)
     build = start(out_path)
     os.makedirs(os.path.join(build, "timings"))
     datasets = _pack_all(build, sizes, workers, step)
     _verify_all(build, datasets, workers, step)
+    jobs = _run_jobs(build, sizes, workers, bench_seconds, step)
+    step("writing the summary")
+    summary = _summary(os.fspath(out), sizes, datasets, jobs)
+    timings = {
+        "total_seconds": time.perf_counter() - step.began, "steps_started_at_s": step.times,
+        "train": {"images_per_s": jobs.train_rate}, "windows": {"windows_per_s": jobs.windows_rate},
+        "patches": jobs.patches_timing, "bench": jobs.bench,
+    }
+    text = format_summary(summary, timings)
+    _write_results(build, summary, timings, text)
+    finish(build, out_path)
+    return {"summary": summary, "timings": timings, "text": text}
+
+
+@dataclass(slots=True)
+class _Steps:
+    """Numbers the steps, notes when each started, and tells ``report`` of each."""
+
+    report: Report | None
+    began: float = field(default_factory=time.perf_counter)
+    count: int = 0
+    times: dict[str, float] = field(default_factory=dict)
+
+    def __call__(self, text: str) -> None:
+        self.count += 1
+        self.times[text] = time.perf_counter() - self.began
+        if self.report is not None:
+            self.report(f"[{self.count}/{_STEPS}] {text}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Jobs:
+    """What the jobs over the packed datasets gave: figures and their speeds."""
+
+    train: dict[str, Any]
+    train_rate: float
+    windows: dict[str, Any]
+    windows_rate: float
+    patches: dict[str, Any]
+    patches_timing: dict[str, Any]
+    shuffle: dict[str, Any]
+    bench: dict[str, Any]
+
+
+def _run_jobs(build: str, sizes: DemoSizes, workers: int, bench_seconds: float,
+              step: Report) -> _Jobs:
+    """A train epoch, windows, patches, a shuffle report and a short bench, in that order."""
     step("one shuffled train epoch over labelled")
     train, train_rate = _train_epoch(os.path.join(build, "datasets", "labelled"), sizes, workers)
     step("windows of 3 frames over timelapse")
@@ -306,26 +345,28 @@ def demo(
     step("a short bench over timelapse")
     bench = _bench(build, os.path.join(build, "datasets", "timelapse"), sizes, workers,
                    bench_seconds)
-    step("writing the summary")
-    summary = {
-        "out": os.fspath(out), "sizes": {
+    return _Jobs(train=train, train_rate=train_rate, windows=windows, windows_rate=windows_rate,
+                 patches=patches, patches_timing=patches_timing, shuffle=shuffle, bench=bench)
+
+
+def _summary(out: str, sizes: DemoSizes, datasets: dict[str, Any], jobs: _Jobs) -> dict[str, Any]:
+    """The figures of ``summary.json``: identical every run."""
+    return {
+        "out": out, "sizes": {
             "days": sizes.days, "frames_per_day": sizes.frames_per_day,
             "frame_size": list(sizes.frame_size), "dropped": sizes.dropped,
             "highres_images": sizes.highres_images, "labelled_images": sizes.labelled_images,
             "crop_pixels": sizes.crop_pixels, "classes": sizes.classes,
         },
-        "datasets": datasets, "train": train, "windows": windows, "patches": patches,
-        "shuffle": shuffle,
+        "datasets": datasets, "train": jobs.train, "windows": jobs.windows,
+        "patches": jobs.patches, "shuffle": jobs.shuffle,
     }
-    timings = {
-        "total_seconds": time.perf_counter() - began, "steps_started_at_s": step_times,
-        "train": {"images_per_s": train_rate}, "windows": {"windows_per_s": windows_rate},
-        "patches": patches_timing, "bench": bench,
-    }
-    text = format_summary(summary, timings)
+
+
+def _write_results(build: str, summary: dict[str, Any], timings: dict[str, Any],
+                   text: str) -> None:
+    """Write ``summary.json``, ``timings/timings.json`` and ``timings/summary.txt``."""
     _json_dump(os.path.join(build, "summary.json"), summary)
     _json_dump(os.path.join(build, "timings", "timings.json"), timings)
     with open(os.path.join(build, "timings", "summary.txt"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
-    finish(build, out_path)
-    return {"summary": summary, "timings": timings, "text": text}

@@ -79,6 +79,18 @@ def _mb(n: float) -> str:
 def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> str:
     """The text the demo prints at the end (and writes to ``timings/summary.txt``)."""
     lines = [f"shardfeed demo: {summary['out']}", "", "datasets (packed, then verified):"]
+    lines += _dataset_lines(summary)
+    lines += _train_lines(summary, timings)
+    lines += _window_lines(summary, timings)
+    lines += _patch_lines(summary, timings)
+    lines += _shuffle_lines(summary)
+    lines += _bench_lines(summary, timings)
+    return "\n".join(lines)
+
+
+def _dataset_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One line a dataset: records, shards, bytes and what verify found."""
+    lines: list[str] = []
     for name, info in summary["datasets"].items():
         verify = info["verify"]
         status = "ok" if verify["ok"] else count(verify["problems"], "PROBLEM")
@@ -87,8 +99,13 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
             f"{count(info['shards'], 'shard'):>9}  {_mb(info['bytes']):>9}  verify {status} "
             f"({count(verify['decoded'], 'image')} decoded)  {info['what']}"
         )
+    return lines
+
+
+def _train_lines(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> list[str]:
+    """The training epoch: images, batch shapes, labels a batch, speed."""
     train = summary["train"]
-    lines += [
+    return [
         "",
         (f"train epoch over labelled (presets.train({train['size']}), batch {train['batch_size']},"
         f" shuffled, {count(train['threads'], 'thread')}):"),
@@ -98,8 +115,12 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
         f"(a uniform shuffle: {train['expected_labels_per_batch']:.1f})"),
         f"  {timings['train']['images_per_s']:,.0f} images/s",
     ]
+
+
+def _window_lines(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> list[str]:
+    """The windows: how many, the anchors excluded and why, speed."""
     win = summary["windows"]
-    lines += [
+    return [
         "",
         (f"windows over timelapse ({count(win['length'], 'frame')} {win['stride_seconds']:g} s "
         f"apart, no gap over {win['max_gap_seconds']:g} s):"),
@@ -110,8 +131,12 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
         f"gap); batch image {win['image_shape']}, labels {win['label_shape']}"),
         f"  {timings['windows']['windows_per_s']:,.0f} windows/s",
     ]
+
+
+def _patch_lines(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> list[str]:
+    """The patches: how many, from how many images, speed and decodes."""
     pat = summary["patches"]
-    lines += [
+    return [
         "",
         (f"patches over highres ({pat['size']} px, cache {count(pat['cache_images'], 'image')}, "
         f"refresh every {pat['refresh_every']}):"),
@@ -121,8 +146,12 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
         (f"  {timings['patches']['patches_per_s']:,.0f} patches/s, "
         f"{_decodes(timings['patches']['decodes'])}"),
     ]
+
+
+def _shuffle_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The shuffle table: the exact shuffle beside a shuffle buffer."""
     shuf = summary["shuffle"]
-    lines += [
+    lines = [
         "",
         (f"shuffle over labelled ({count(shuf['records'], 'record')} sorted by label, "
         f"{count(shuf['classes'], 'class')}):"),
@@ -135,8 +164,13 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
             f" {row['labels_per_batch']:>13.2f}"
         )
     lines += [f"  plots: {', '.join(shuf['plots'])}"]
+    return lines
+
+
+def _bench_lines(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> list[str]:
+    """The bench figures, then what is identical every run."""
     bench = timings["bench"]
-    lines += [
+    return [
         "",
         (f"bench over timelapse ({bench['seconds']:.1f} s, {count(bench['threads'], 'thread')}): "
         f"{bench['images_per_s']:,.0f} images/s, decode limit "
@@ -147,4 +181,3 @@ def format_summary(summary: Mapping[str, Any], timings: Mapping[str, Any]) -> st
         (f"identical every run: everything in {summary['out']} except timings/ "
         f"(total {timings['total_seconds']:.1f} s)"),
     ]
-    return "\n".join(lines)

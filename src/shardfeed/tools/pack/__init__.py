@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -37,15 +37,10 @@ from shardfeed.tools.pack import output as packoutput
 from shardfeed.tools.pack import time as packtime
 from shardfeed.tools.pack.check import BadInput, BadInputsError, CheckLevel, check_inputs
 from shardfeed.tools.pack.commit import commit, commit_names, complete_result
-from shardfeed.tools.pack.csvinput import CsvColumns, read_csv
+from shardfeed.tools.pack.csvinput import CsvColumns
 from shardfeed.tools.pack.errors import output_errors
-from shardfeed.tools.pack.items import (
-    PackInput,
-    PackItem,
-    classes_from_path,
-    scan_folder,
-    vocabularies_from_path,
-)
+from shardfeed.tools.pack.inputs import check_referenced_names, read_input, warn_far_root
+from shardfeed.tools.pack.items import PackInput, PackItem
 from shardfeed.tools.pack.kept import already_complete
 from shardfeed.tools.pack.ledger import planned_files, record_done
 from shardfeed.tools.pack.output import PackResult
@@ -93,111 +88,16 @@ class PackOptions:
         check_max_pixels(self.max_pixels)
 
 
-def _read_input(
-    source: str,
-    *,
-    csv: CsvColumns | None,
-    root: str | None,
-    classes: Sequence[str] | None,
-    classes_from: str | None = None,
-) -> PackInput:
-    if os.path.isdir(source):
-        if csv is not None:
-            raise ValueError(
-                f"CSV columns were given but '{source}' is a folder; pass the CSV file instead"
-            )
-        if classes is None and classes_from is not None:
-            classes = classes_from_path(classes_from)
-        return scan_folder(source, classes=classes)
-    if not os.path.exists(source):
-        raise PackError(f"input '{source}' does not exist; name a folder of images or a CSV")
-    if classes is not None:
-        raise ValueError(
-            f"a class list was given but '{source}' is not a folder; classes name the class "
-            "sub-folders of a folder input (a CSV's labels are its label columns)"
-        )
-    _refuse_non_csv(source)
-    vocabularies = vocabularies_from_path(classes_from) if classes_from is not None else None
-    return read_csv(source, columns=csv or CsvColumns(), root=root, vocabularies=vocabularies)
-
-
-def _check_referenced_names(data: PackInput) -> None:
-    """Referenced records store paths relative to the root; a path the root does not hold
-    would be stored absolute or with ``..``, which readers refuse as leaving the dataset.
-    Refuse it now, naming the root that holds every image."""
-    outside = [
-        item for item in data.items
-        for name in (item.name, item.mask_name) if name is not None
-        and (name == ".." or name.startswith(("/", "../")))
-    ]
-    if not outside:
-        return
-    sources = [p for item in data.items for p in (item.source, item.mask_source) if p]
-    common = os.path.commonpath([os.path.abspath(p) for p in sources])
-    raise PackError(
-        f"{len(outside)} image paths of '{data.where}' lie outside the root '{data.root}' "
-        f"(the first: '{outside[0].source}'); referenced records store paths under the root, "
-        f"so pass --root (root=) with a folder that holds every image, e.g. '{common}', and "
-        "write the CSV's paths relative to it"
-    )
-
-
-def _warn_far_root(root: str, out: str) -> None:
-    """A root outside the folder that holds the dataset is stored absolute, and readers refuse
-    it unless told to trust it (a downloaded dataset must not reach elsewhere): say so now."""
-    near = os.path.dirname(os.path.abspath(out))
-    if os.path.commonpath([os.path.abspath(root), near]) != near:
-        log.warning(
-            "the image root '%s' is not beside the dataset '%s': it is stored as an absolute "
-            "path, and readers refuse it unless the dataset is opened with root='%s' or "
-            "allow_outside_paths=True (--allow-outside-paths); pack into a folder beside the "
-            "images to avoid this", root, out, root,
-        )
-
-
-def _refuse_non_csv(source: str) -> None:
-    """A file that is plainly not a CSV (an image, a TFRecord) gets its own message."""
-    from shardfeed.tools.discovery import is_shard_name
-    from shardfeed.tools.pack.record import image_format
-
-    if source.lower().endswith((".csv", ".tsv", ".txt")):
-        return  # Spark names its CSV output part-00000-<id>.csv, like a shard
-    with open(source, "rb") as f:
-        head = f.read(16)
-    if image_format(head) != "other":
-        raise PackError(
-            f"'{source}' is an image file; pack takes a folder of images (class sub-folders "
-            "become labels) or a CSV of image paths: put the image in a folder and pack that"
-        )
-    if is_shard_name(source):
-        raise PackError(
-            f"'{source}' looks like a TFRecord file; pass --from-tfrecord (from_tfrecord=True) "
-            "to re-pack TFRecord files, or `shardfeed index` to index them where they are"
-        )
-
-
 def pack(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    output: str | os.PathLike[str],
-    *,
-    mode: Mode = "embedded",
-    csv: CsvColumns | None = None,
-    root: str | os.PathLike[str] | None = None,
-    shard_size: int | str | None = None,
-    records_per_shard: int | None = None,
-    workers: int = 1,
-    executor: ExecutorKind = "thread",
-    prefix: str = "shard",
-    resume: bool = False,
-    overwrite: bool = False,
-    from_tfrecord: bool = False,
-    progress: bool = False,
-    on_shard: Callable[[str], object] | None = None,
-    classes: Sequence[str] | None = None,
-    classes_from: str | os.PathLike[str] | None = None,
-    check: CheckLevel = "header",
-    skip_bad: bool = False,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
+    output: str | os.PathLike[str], *, mode: Mode = "embedded", csv: CsvColumns | None = None,
+    root: str | os.PathLike[str] | None = None, shard_size: int | str | None = None,
+    records_per_shard: int | None = None, workers: int = 1, executor: ExecutorKind = "thread",
+    prefix: str = "shard", resume: bool = False, overwrite: bool = False,
+    from_tfrecord: bool = False, progress: bool = False,
+    on_shard: Callable[[str], object] | None = None, classes: Sequence[str] | None = None,
+    classes_from: str | os.PathLike[str] | None = None, check: CheckLevel = "header",
+    skip_bad: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> PackResult:
     """Pack images into indexed shards in ``output``; see the module docstring.
 
@@ -227,74 +127,132 @@ def pack(
     :mod:`shardfeed.tools.pack.remote`). ``on_shard(path)`` is called after each shard written
     by this run is complete and indexed.
     """
-    if classes is not None and classes_from is not None:
+    return _run(_PackCall(
+        source=source, output=output, mode=mode, csv=csv, root=root, shard_size=shard_size,
+        records_per_shard=records_per_shard, workers=workers, executor=executor, prefix=prefix,
+        resume=resume, overwrite=overwrite, from_tfrecord=from_tfrecord, progress=progress,
+        on_shard=on_shard, classes=classes, classes_from=classes_from, check=check,
+        skip_bad=skip_bad, max_pixels=max_pixels,
+    ))
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class _PackCall:
+    """The arguments of one :func:`pack` call, as given, carried between its phases."""
+
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+    output: str | os.PathLike[str]
+    mode: Mode
+    csv: CsvColumns | None
+    root: str | os.PathLike[str] | None
+    shard_size: int | str | None
+    records_per_shard: int | None
+    workers: int
+    executor: ExecutorKind
+    prefix: str
+    resume: bool
+    overwrite: bool
+    from_tfrecord: bool
+    progress: bool
+    on_shard: Callable[[str], object] | None
+    classes: Sequence[str] | None
+    classes_from: str | os.PathLike[str] | None
+    check: CheckLevel
+    skip_bad: bool
+    max_pixels: int
+
+
+def _run(call: _PackCall) -> PackResult:
+    """Check the arguments, then pack to a URL, re-pack TFRecords, or pack images."""
+    if call.classes is not None and call.classes_from is not None:
         raise ValueError("give classes or classes_from, not both")
-    if check not in ("header", "decode"):
-        raise ValueError(f"check must be 'header' or 'decode', got {check!r}")
-    if is_remote(os.fspath(output)):
-        from shardfeed.tools.pack.remote import pack_to_url
-
-        def run(staging: str, uploaded: Callable[[str], None]) -> PackResult:
-            def both(path: str) -> None:
-                uploaded(path)
-                if on_shard is not None:
-                    on_shard(path)
-
-            return pack(source, staging, mode=mode, csv=csv, root=root, shard_size=shard_size,
-                        records_per_shard=records_per_shard, workers=workers,
-                        executor=executor, prefix=prefix, from_tfrecord=from_tfrecord,
-                        progress=progress, on_shard=both, classes=classes,
-                        classes_from=classes_from, check=check, skip_bad=skip_bad,
-                        max_pixels=max_pixels)
-
-        return pack_to_url(run, os.fspath(output), resume=resume, overwrite=overwrite)
-    if records_per_shard is None and shard_size is None:
-        shard_size = DEFAULT_SHARD_SIZE
-    options = PackOptions(
-        mode=mode,
-        shard_bytes=parse_size(shard_size) if shard_size is not None else None,
-        records_per_shard=records_per_shard,
-        workers=workers,
-        executor=executor,
-        prefix=prefix,
-        max_pixels=max_pixels,
-    )
-    if resume and overwrite:
+    if call.check not in ("header", "decode"):
+        raise ValueError(f"check must be 'header' or 'decode', got {call.check!r}")
+    if is_remote(os.fspath(call.output)):
+        return _pack_to_url(call)
+    options = _options(call)
+    if call.resume and call.overwrite:
         raise ValueError("resume and overwrite exclude each other; choose one")
-    out = os.path.abspath(os.fspath(output))
-    if from_tfrecord:
-        from shardfeed.tools.pack.tfrecord import pack_tfrecords
-
-        if classes is not None or classes_from is not None:
-            raise ValueError("classes apply to a folder of images, not to --from-tfrecord")
-        inputs = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-        return pack_tfrecords(
-            [os.fspath(s) for s in inputs], out, options=options, resume=resume,
-            overwrite=overwrite, progress=progress, on_shard=on_shard,
-        )
+    out = os.path.abspath(os.fspath(call.output))
+    if call.from_tfrecord:
+        return _repack_tfrecords(call, out, options)
+    source = call.source
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError("source must be one folder or CSV path (lists only with from_tfrecord)")
-    data = _read_input(
-        os.fspath(source), csv=csv, root=os.fspath(root) if root is not None else None,
-        classes=classes, classes_from=os.fspath(classes_from) if classes_from else None,
+    root, classes_from = call.root, call.classes_from
+    data = read_input(
+        os.fspath(source), csv=call.csv, root=os.fspath(root) if root is not None else None,
+        classes=call.classes, classes_from=os.fspath(classes_from) if classes_from else None,
     )
+    return _pack_images(call, out, data, options)
+
+
+def _pack_to_url(call: _PackCall) -> PackResult:
+    """Pack into a local staging folder, each shard uploaded as it completes."""
+    from shardfeed.tools.pack.remote import pack_to_url
+
+    def run(staging: str, uploaded: Callable[[str], None]) -> PackResult:
+        def both(path: str) -> None:
+            uploaded(path)
+            if call.on_shard is not None:
+                call.on_shard(path)
+
+        return _run(replace(call, output=staging, on_shard=both, resume=False,
+                            overwrite=False))
+
+    return pack_to_url(run, os.fspath(call.output), resume=call.resume, overwrite=call.overwrite)
+
+
+def _options(call: _PackCall) -> PackOptions:
+    """The checked options; the default shard size when neither size was given."""
+    shard_size = call.shard_size
+    if call.records_per_shard is None and shard_size is None:
+        shard_size = DEFAULT_SHARD_SIZE
+    return PackOptions(
+        mode=call.mode,
+        shard_bytes=parse_size(shard_size) if shard_size is not None else None,
+        records_per_shard=call.records_per_shard,
+        workers=call.workers,
+        executor=call.executor,
+        prefix=call.prefix,
+        max_pixels=call.max_pixels,
+    )
+
+
+def _repack_tfrecords(call: _PackCall, out: str, options: PackOptions) -> PackResult:
+    """Re-pack TFRecord files as they are (``from_tfrecord``)."""
+    from shardfeed.tools.pack.tfrecord import pack_tfrecords
+
+    if call.classes is not None or call.classes_from is not None:
+        raise ValueError("classes apply to a folder of images, not to --from-tfrecord")
+    source = call.source
+    inputs = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    return pack_tfrecords(
+        [os.fspath(s) for s in inputs], out, options=options, resume=call.resume,
+        overwrite=call.overwrite, progress=call.progress, on_shard=call.on_shard,
+    )
+
+
+def _pack_images(call: _PackCall, out: str, data: PackInput, options: PackOptions) -> PackResult:
+    """Check the inputs and the output folder, plan, write the shards not kept, commit."""
     if options.mode == "referenced":
-        _check_referenced_names(data)
-        _warn_far_root(data.root, out)
-    packoutput.check_output(out, resume=resume, overwrite=overwrite)
-    items, bad = _checked_items(data, options, check=check, skip_bad=skip_bad, progress=progress)
+        check_referenced_names(data)
+        warn_far_root(data.root, out)
+    packoutput.check_output(out, resume=call.resume, overwrite=call.overwrite)
+    items, bad = _checked_items(data, options, check=call.check, skip_bad=call.skip_bad,
+                                progress=call.progress)
     plan = _plan(data, items, options)
     planned = planned_files(plan, commit_names(data, bad))
     with output_errors(out):
-        if resume and packoutput.is_complete(out):
-            manifest = already_complete(out, plan, mode=options.mode, progress=progress)
+        if call.resume and packoutput.is_complete(out):
+            manifest = already_complete(out, plan, mode=options.mode, progress=call.progress)
             return complete_result(out, manifest, data, bad)
-        saved = packoutput.prepare(out, plan, planned=planned, resume=resume,
-                                   overwrite=overwrite)
-        kept = packoutput.reconcile(out, plan, saved, progress=progress)
+        saved = packoutput.prepare(out, plan, planned=planned, resume=call.resume,
+                                   overwrite=call.overwrite)
+        kept = packoutput.reconcile(out, plan, saved, progress=call.progress)
         packoutput.save_plan(out, plan, planned=planned, kept=kept)
-        infos = _write(out, items, plan, kept, data, options, progress=progress,
-                       on_shard=on_shard)
+        infos = _write(out, items, plan, kept, data, options, progress=call.progress,
+                       on_shard=call.on_shard)
         return commit(out, items, plan, infos, data, mode=options.mode, bad=bad,
                       kept=len(kept), planned=planned)
 

@@ -24,21 +24,16 @@ Files named in the CSV are not opened here: ``tools.pack.check`` checks every on
 from __future__ import annotations
 
 import csv
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardfeed.errors import PackError
-from shardfeed.format import spec
 from shardfeed.tools.pack import time as packtime
-from shardfeed.tools.pack.items import PackInput, PackItem
+from shardfeed.tools.pack.csvrows import rows_to_input
+from shardfeed.tools.pack.items import PackInput
 from shardfeed.tools.pack.time import TimeUnit
-
-FLOAT_LABELS_KEY = "labels"
-ONEHOT_PREFIX = "image/label/"
-INT_LABEL_PREFIX = "image/class/"
 
 _RANGE = re.compile(r"^(?P<p1>.*?)(?P<a>\d+)\.\.(?P<p2>.*?)(?P<b>\d+)$")
 
@@ -137,42 +132,6 @@ def parse_order_key(text: str, *, unit: str = "s") -> int:
     return packtime.to_nanos(packtime.parse_cell(text), unit)
 
 
-def _parse_int(text: str) -> int:
-    value = text.strip()
-    try:
-        return int(value)
-    except ValueError:
-        number = float(value)  # raises ValueError for non-numbers
-        if not number.is_integer():
-            raise ValueError(f"{text!r} is not an integer") from None
-        return int(number)
-
-
-def _parse_float(text: str) -> float:
-    value = float(text.strip())
-    if not math.isfinite(value):
-        raise ValueError(f"{text!r} is not finite")
-    return value
-
-
-def _sorted_vocabulary(values: set[str]) -> tuple[str, ...]:
-    try:
-        return tuple(sorted(values, key=float))
-    except ValueError:
-        return tuple(sorted(values))
-
-
-def _resolve(path: str, base: str) -> str:
-    return os.path.normpath(path if os.path.isabs(path) else os.path.join(base, path))
-
-
-def _stored_name(path: str, root: str) -> str:
-    rel = os.path.relpath(path, root)
-    if rel.startswith(os.pardir):
-        return path.replace(os.sep, "/")
-    return rel.replace(os.sep, "/")
-
-
 def read_csv(
     csv_path: str | os.PathLike[str],
     *,
@@ -206,7 +165,7 @@ def read_csv(
         raise PackError(
             f"'{where}' is not a readable CSV file ({exc}); fix or re-export it"
         ) from None
-    return _items(where, base, header, rows, columns, vocabularies or {})
+    return rows_to_input(where, base, header, rows, columns, vocabularies or {})
 
 
 def _read_rows(where: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
@@ -227,147 +186,3 @@ def _read_rows(where: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
                 )
             rows.append((reader.line_num, cells))
     return header, rows
-
-
-def _items(
-    where: str, base: str, header: list[str], rows: list[tuple[int, list[str]]],
-    columns: CsvColumns,
-    given: Mapping[str, Sequence[str]],
-) -> PackInput:
-    missing = [c for c in columns.required() if c not in header]
-    if missing:
-        raise PackError(
-            f"CSV file '{where}' has no column {', '.join(repr(c) for c in missing)}; its "
-            f"columns are {', '.join(header)}. Name the right columns with the --csv-* "
-            "options"
-        )
-    at = {name: header.index(name) for name in columns.required()}
-    if not rows:
-        raise PackError(f"CSV file '{where}' has a header but no rows")
-
-    def cell(line: int, cells: list[str], col: str) -> str:
-        value = cells[at[col]].strip()
-        if not value:
-            raise PackError(f"CSV file '{where}', line {line}, column '{col}' is empty; fill it in")
-        return value
-
-    def bad(line: int, col: str, value: str, what: str) -> PackError:
-        return PackError(
-            f"CSV file '{where}', line {line}, column '{col}': {value!r} is not {what}; fix the "
-            "value or choose another column"
-        )
-
-    # Vocabularies first: one-hot columns and string group columns need every value.
-    vocab: dict[str, tuple[str, ...]] = {}
-    for col in columns.onehot:
-        seen = {cell(ln, cells, col): ln for ln, cells in rows}
-        fixed = given.get(ONEHOT_PREFIX + col)
-        if fixed is None:
-            vocab[col] = _sorted_vocabulary(set(seen))
-            continue
-        vocab[col] = tuple(fixed)
-        for value, line in sorted(seen.items(), key=lambda kv: kv[1]):
-            if value not in vocab[col]:
-                raise PackError(
-                    f"CSV file '{where}', line {line}, column '{col}': {value!r} is not in the "
-                    f"vocabulary given for it ({', '.join(vocab[col])}); its one-hot position "
-                    "would differ from the other split's: fix the value, or pack without "
-                    "--classes-from to make a new vocabulary"
-                )
-    group_ids: dict[str, int] | None = None
-    group_names: tuple[str, ...] | None = None
-    numeric_groups = False
-    if columns.group:
-        values = {cell(ln, cells, columns.group) for ln, cells in rows}
-        try:
-            parsed = {v: int(v) for v in values}
-            numeric_groups = True
-            group_ids = parsed
-        except ValueError:
-            group_names = tuple(sorted(values))
-            group_ids = {v: i for i, v in enumerate(group_names)}
-    onehot_index = {col: {v: i for i, v in enumerate(vocab[col])} for col in columns.onehot}
-
-    int_keys: dict[str, str]
-    if len(columns.labels) == 1:
-        int_keys = {columns.labels[0]: spec.IMAGE_LABEL}
-    else:
-        int_keys = {c: INT_LABEL_PREFIX + c for c in columns.labels}
-
-    order_nanos: dict[int, int] = {}
-    order_unit: str | None = None
-    if columns.order:
-        order_nanos, order_unit = packtime.column_nanos(
-            where, columns.order, columns.time_unit,
-            [(ln, cell(ln, cells, columns.order)) for ln, cells in rows],
-        )
-
-    items: list[PackItem] = []
-    for line, cells in rows:
-        path = _resolve(cell(line, cells, columns.path), base)
-        ints: dict[str, tuple[int, ...]] = {}
-        for col in columns.labels:
-            value = cell(line, cells, col)
-            try:
-                ints[int_keys[col]] = (_parse_int(value),)
-            except ValueError:
-                raise bad(line, col, value, "an integer label") from None
-        for col in columns.onehot:
-            hot = [0] * len(vocab[col])
-            hot[onehot_index[col][cell(line, cells, col)]] = 1
-            ints[ONEHOT_PREFIX + col] = tuple(hot)
-        floats: dict[str, tuple[float, ...]] = {}
-        if columns.floats:
-            vals: list[float] = []
-            for col in columns.floats:
-                value = cell(line, cells, col)
-                try:
-                    vals.append(_parse_float(value))
-                except ValueError:
-                    raise bad(line, col, value, "a number") from None
-            floats[FLOAT_LABELS_KEY] = tuple(vals)
-        mask_source = mask_name = None
-        if columns.mask:
-            mask_source = _resolve(cell(line, cells, columns.mask), base)
-            mask_name = _stored_name(mask_source, base)
-        group = group_value = None
-        if columns.group and group_ids is not None:
-            raw = cell(line, cells, columns.group)
-            group = group_ids[raw]
-            group_value = group if numeric_groups else raw
-        items.append(
-            PackItem(
-                source=path,
-                name=_stored_name(path, base),
-                row=line,
-                int_labels=ints,
-                float_labels=floats,
-                mask_source=mask_source,
-                mask_name=mask_name,
-                group=group,
-                group_value=group_value,
-                order_ns=order_nanos.get(line),
-            )
-        )
-    label_key: str | None = None
-    if columns.labels:
-        label_key = int_keys[columns.labels[0]]
-    elif columns.floats:
-        label_key = FLOAT_LABELS_KEY
-    elif columns.onehot:
-        label_key = ONEHOT_PREFIX + columns.onehot[-1]
-    vocabularies = {ONEHOT_PREFIX + c: v for c, v in vocab.items()}
-    if columns.floats:
-        vocabularies[FLOAT_LABELS_KEY] = columns.floats
-    return PackInput(
-        items=tuple(items),
-        root=base,
-        where=where,
-        label_key=label_key,
-        vocabularies=vocabularies,
-        group_key=columns.group,
-        order_key=columns.order,
-        group_names=group_names,
-        order_unit=order_unit,
-        kind="csv",
-    )

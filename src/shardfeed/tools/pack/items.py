@@ -163,13 +163,41 @@ def scan_folder(
                 "in one folder per class, or pack without --classes"
             )
         return _flat(root, ignored)
+    ignored += _loose_files(root, entries)
+    names = _class_list(root, folders, given)
+    items = _class_items(root, names, given=given, ignored=ignored)
+    if not items:
+        raise PackError(
+            f"no images found in the class folders of '{root}'; expected files ending in "
+            f"{', '.join(sorted(IMAGE_EXTENSIONS))}"
+        )
+    return PackInput(
+        items=tuple(items),
+        root=root,
+        where=root,
+        label_key=spec.IMAGE_LABEL,
+        vocabularies={spec.IMAGE_LABEL: names},
+        ignored=tuple(ignored),
+    )
+
+
+def _loose_files(root: str, entries: list[str]) -> list[Ignored]:
+    """The files directly in a folder that has class sub-folders: none of them is packed."""
+    ignored: list[Ignored] = []
     for e in entries:
         path = os.path.join(root, e)
         if os.path.isfile(path) and not e.startswith("."):
             reason = ("directly in the input folder, not in a class folder; not packed"
                       if _is_image(e) else _not_image_reason(e))
             ignored.append(Ignored(path, reason))
-    names = _class_list(root, folders, given)
+    return ignored
+
+
+def _class_items(root: str, names: tuple[str, ...], *, given: tuple[str, ...] | None,
+                 ignored: list[Ignored]) -> list[PackItem]:
+    """The images of each class folder, labelled by the class's index in ``names``; files
+    that are not images go to ``ignored``. An empty class folder is refused without
+    ``given``."""
     items: list[PackItem] = []
     for label, name in enumerate(names):
         path = os.path.join(root, name)
@@ -190,19 +218,7 @@ def scan_folder(
                     int_labels={spec.IMAGE_LABEL: (label,)},
                 )
             )
-    if not items:
-        raise PackError(
-            f"no images found in the class folders of '{root}'; expected files ending in "
-            f"{', '.join(sorted(IMAGE_EXTENSIONS))}"
-        )
-    return PackInput(
-        items=tuple(items),
-        root=root,
-        where=root,
-        label_key=spec.IMAGE_LABEL,
-        vocabularies={spec.IMAGE_LABEL: names},
-        ignored=tuple(ignored),
-    )
+    return items
 
 
 def _class_list(root: str, folders: list[str], given: tuple[str, ...] | None) -> tuple[str, ...]:

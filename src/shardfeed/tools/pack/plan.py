@@ -94,34 +94,11 @@ def plan_shards(
     ``item_lines[i]``, when given, fingerprints item i's record; each shard's digest covers
     ``fingerprint``, its name and its items' lines, in write order.
     """
-    if len(keys) != len(sizes):
-        raise ValueError(f"plan_shards got {len(keys)} keys but {len(sizes)} sizes")
-    if (records_per_shard is None) == (shard_bytes is None):
-        raise ValueError("give exactly one of records_per_shard or shard_bytes")
-    if records_per_shard is not None and records_per_shard < 1:
-        raise ValueError(f"records_per_shard must be >= 1, got {records_per_shard}")
-    if shard_bytes is not None and shard_bytes < 1:
-        raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
-    if not prefix or "/" in prefix:
-        raise ValueError(f"shard prefix must be a plain file name part, got {prefix!r}")
+    _check_arguments(keys, sizes, records_per_shard=records_per_shard,
+                     shard_bytes=shard_bytes, prefix=prefix)
     order = tuple(sorted(range(len(keys)), key=keys.__getitem__))
-    bounds: list[tuple[int, int]] = []
-    if records_per_shard is not None:
-        bounds = [
-            (a, min(a + records_per_shard, len(order)))
-            for a in range(0, len(order), records_per_shard)
-        ]
-    else:
-        limit = int(shard_bytes or 0)
-        start, used = 0, 0
-        for pos, item in enumerate(order):
-            size = int(sizes[item])
-            if pos > start and used + size > limit:
-                bounds.append((start, pos))
-                start, used = pos, 0
-            used += size
-        if start < len(order):
-            bounds.append((start, len(order)))
+    bounds = _shard_bounds(order, sizes, records_per_shard=records_per_shard,
+                           shard_bytes=shard_bytes)
     if item_lines is not None and len(item_lines) != len(keys):
         raise ValueError(f"plan_shards got {len(keys)} keys but {len(item_lines)} item lines")
     options = _digest(fingerprint)
@@ -142,6 +119,48 @@ def plan_shards(
         **({"items": _digest(list(item_lines))} if item_lines is not None else {}),
     })
     return PackPlan(order=order, shards=shards, digest=digest, options_digest=options)
+
+
+def _check_arguments(
+    keys: Sequence[tuple[int, float, int]], sizes: Sequence[int], *,
+    records_per_shard: int | None, shard_bytes: int | None, prefix: str,
+) -> None:
+    """One key and one size an item, exactly one shard size, a plain prefix."""
+    if len(keys) != len(sizes):
+        raise ValueError(f"plan_shards got {len(keys)} keys but {len(sizes)} sizes")
+    if (records_per_shard is None) == (shard_bytes is None):
+        raise ValueError("give exactly one of records_per_shard or shard_bytes")
+    if records_per_shard is not None and records_per_shard < 1:
+        raise ValueError(f"records_per_shard must be >= 1, got {records_per_shard}")
+    if shard_bytes is not None and shard_bytes < 1:
+        raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
+    if not prefix or "/" in prefix:
+        raise ValueError(f"shard prefix must be a plain file name part, got {prefix!r}")
+
+
+def _shard_bounds(
+    order: Sequence[int], sizes: Sequence[int], *, records_per_shard: int | None,
+    shard_bytes: int | None,
+) -> list[tuple[int, int]]:
+    """Each shard's ``(start, stop)`` positions in ``order``: ``records_per_shard`` records,
+    or as many as fit in ``shard_bytes`` (at least one)."""
+    if records_per_shard is not None:
+        return [
+            (a, min(a + records_per_shard, len(order)))
+            for a in range(0, len(order), records_per_shard)
+        ]
+    bounds: list[tuple[int, int]] = []
+    limit = int(shard_bytes or 0)
+    start, used = 0, 0
+    for pos, item in enumerate(order):
+        size = int(sizes[item])
+        if pos > start and used + size > limit:
+            bounds.append((start, pos))
+            start, used = pos, 0
+        used += size
+    if start < len(order):
+        bounds.append((start, len(order)))
+    return bounds
 
 
 def _digest(value: Any) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,17 +104,10 @@ def _exact_order(n: int, *, seed: int, epoch: int) -> npt.NDArray[np.int64]:
 
 
 def shuffle_report(
-    path_or_dataset: str | os.PathLike[str] | LabelSource | npt.ArrayLike,
-    *,
-    label_key: str | None = None,
-    buffer_size: int = 10_000,
-    seed: int = 0,
-    epoch: int = 0,
-    file_shuffle: bool = False,
-    batch_size: int = 256,
-    out_dir: str | os.PathLike[str] | None = None,
-    shard_sizes: Sequence[int] | None = None,
-    progress: Progress | None = None,
+    path_or_dataset: str | os.PathLike[str] | LabelSource | npt.ArrayLike, *,
+    label_key: str | None = None, buffer_size: int = 10_000, seed: int = 0, epoch: int = 0,
+    file_shuffle: bool = False, batch_size: int = 256, out_dir: str | os.PathLike[str] | None = None,
+    shard_sizes: Sequence[int] | None = None, progress: Progress | None = None,
     allow_outside_paths: bool = False,
 ) -> dict[str, Any]:
     """Compare shardfeed's exact shuffle with a shuffle buffer on one dataset; a JSON-able dict.
@@ -139,60 +133,133 @@ def shuffle_report(
     ``looks uniform`` or ``too small to tell``, see :mod:`shardfeed.tools.shuffle_report.verdict`)
     and ``plots`` (name -> path).
     """
+    options = _check_options(buffer_size=buffer_size, batch_size=batch_size, seed=seed,
+                             epoch=epoch, file_shuffle=file_shuffle)
+    if isinstance(path_or_dataset, (str, os.PathLike)) or hasattr(path_or_dataset, "read_many"):
+        labels = _labels_of_dataset(
+            path_or_dataset, label_key=label_key, file_shuffle=file_shuffle,
+            shard_sizes=shard_sizes, progress=progress, allow_outside_paths=allow_outside_paths,
+        )
+    else:
+        labels = _labels_of_array(path_or_dataset, label_key=label_key, shard_sizes=shard_sizes)
+    orders = _orders(labels, options)
+    summary = _summary(labels, options)
+    design = Design(
+        records=labels.n,
+        class_counts=() if labels.codes is None else class_counts(labels.codes, len(labels.names)),
+        buffer_size=options.buffer_size,
+    )
+    summary["tests"] = design.to_json()
+    for name, order in orders.items():
+        summary["orders"][name] = _order_report(name, order, labels, options, design)
+    if out_dir is not None:
+        summary["plots"] = _draw_plots(orders, labels, options, Path(out_dir))
+    return summary
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """The checked report options."""
+
+    buffer_size: int
+    batch_size: int
+    seed: int
+    epoch: int
+    file_shuffle: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Labels:
+    """What was read: where from, how many records, and each record's label code (None
+    without labels) with the class names; the shard sizes ``file_shuffle`` needs."""
+
+    source: str
+    n: int
+    key: str | None
+    codes: npt.NDArray[np.int64] | None
+    names: list[str]
+    shard_sizes: Sequence[int] | None
+
+
+def _check_options(*, buffer_size: int, batch_size: int, seed: int, epoch: int,
+                   file_shuffle: bool) -> _Options:
+    """Check every option (a count, a seed, a flag) before anything is read."""
     buffer_size = _check_int("buffer_size", buffer_size, minimum=1)
     batch_size = _check_int("batch_size", batch_size, minimum=1)
     seed = _check_int("seed", seed, minimum=0)
     epoch = _check_int("epoch", epoch, minimum=0)
     if not isinstance(file_shuffle, bool):
         raise TypeError(f"file_shuffle must be True or False, got {file_shuffle!r}")
+    return _Options(buffer_size=buffer_size, batch_size=batch_size, seed=seed, epoch=epoch,
+                    file_shuffle=file_shuffle)
 
-    codes: npt.NDArray[np.int64] | None
+
+def _labels_of_dataset(
+    path_or_dataset: Any, *, label_key: str | None,
+    file_shuffle: bool, shard_sizes: Sequence[int] | None, progress: Progress | None,
+    allow_outside_paths: bool,
+) -> _Labels:
+    """Read the label of every record of a dataset: a path (opened here, and closed) or an
+    open one (anything with ``read_many``)."""
     names: list[str] = []
-    key: str | None = None
-    if isinstance(path_or_dataset, (str, os.PathLike)) or hasattr(path_or_dataset, "read_many"):
-        if isinstance(path_or_dataset, (str, os.PathLike)):
-            from shardfeed.dataset import Dataset
+    codes: npt.NDArray[np.int64] | None
+    if isinstance(path_or_dataset, (str, os.PathLike)):
+        from shardfeed.dataset import Dataset
 
-            dataset: Any = Dataset(os.fspath(path_or_dataset),
-                                   allow_outside_paths=allow_outside_paths)
-            source = os.fspath(path_or_dataset)
-            owned = True
-        else:
-            dataset, source, owned = path_or_dataset, type(path_or_dataset).__name__, False
-        try:
-            n = _check_records(len(dataset))
-            key = label_key_of(dataset, label_key)
-            if key is None:
-                log.warning("no label feature found; pass label_key to get label statistics")
-                codes = None
-            else:
-                check_label_feature(dataset, key)
-                codes, names = encode_labels(
-                    read_labels(dataset, key, progress=progress),
-                    key=key, candidates=class_features(dataset),
-                )
-                names = _named_classes(dataset, key, names)
-            if file_shuffle and shard_sizes is None:
-                shard_sizes = _shard_sizes(dataset)
-        finally:
-            if owned:
-                dataset.close()
+        dataset: Any = Dataset(os.fspath(path_or_dataset),
+                               allow_outside_paths=allow_outside_paths)
+        source = os.fspath(path_or_dataset)
+        owned = True
     else:
-        labels = np.asarray(path_or_dataset)
-        if labels.ndim not in (1, 2):
-            raise TypeError(
-                f"labels must be one label (or one label vector) per record, got shape "
-                f"{labels.shape}; or pass a dataset path"
+        dataset, source, owned = path_or_dataset, type(path_or_dataset).__name__, False
+    try:
+        n = _check_records(len(dataset))
+        key = label_key_of(dataset, label_key)
+        if key is None:
+            log.warning("no label feature found; pass label_key to get label statistics")
+            codes = None
+        else:
+            check_label_feature(dataset, key)
+            codes, names = encode_labels(
+                read_labels(dataset, key, progress=progress),
+                key=key, candidates=class_features(dataset),
             )
-        n, source, key = _check_records(int(labels.shape[0])), "labels", label_key
-        codes, names = encode_labels(labels, key=key)
+            names = _named_classes(dataset, key, names)
+        if file_shuffle and shard_sizes is None:
+            shard_sizes = _shard_sizes(dataset)
+    finally:
+        if owned:
+            dataset.close()
+    return _Labels(source=source, n=n, key=key, codes=codes, names=names,
+                   shard_sizes=shard_sizes)
 
+
+def _labels_of_array(
+    given: npt.ArrayLike, *, label_key: str | None, shard_sizes: Sequence[int] | None
+) -> _Labels:
+    """Labels given as an array, one per record in stored order."""
+    labels = np.asarray(given)
+    if labels.ndim not in (1, 2):
+        raise TypeError(
+            f"labels must be one label (or one label vector) per record, got shape "
+            f"{labels.shape}; or pass a dataset path"
+        )
+    n, source, key = _check_records(int(labels.shape[0])), "labels", label_key
+    codes, names = encode_labels(labels, key=key)
+    return _Labels(source=source, n=n, key=key, codes=codes, names=names,
+                   shard_sizes=shard_sizes)
+
+
+def _orders(labels: _Labels, options: _Options) -> dict[str, npt.NDArray[np.int64]]:
+    """The orders of one epoch: stored, the exact shuffle, the buffer (and file+buffer)."""
+    n, shard_sizes = labels.n, labels.shard_sizes
+    buffer_size, seed, epoch = options.buffer_size, options.seed, options.epoch
     orders: dict[str, npt.NDArray[np.int64]] = {
         "stored": np.arange(n, dtype=np.int64),
         "shardfeed": _exact_order(n, seed=seed, epoch=epoch),
         "buffer": buffer_shuffle_order(n, buffer_size, seed, epoch=epoch),
     }
-    if file_shuffle:
+    if options.file_shuffle:
         if shard_sizes is None:
             raise ValueError(
                 "file_shuffle=True needs the record count of each shard: pass shard_sizes= "
@@ -206,64 +273,71 @@ def shuffle_report(
         orders["file+buffer"] = file_shuffle_buffer_order(
             shard_sizes, buffer_size, seed, epoch=epoch
         )
+    return orders
 
-    summary: dict[str, Any] = {
-        "source": source,
-        "records": n,
-        "label_key": key,
+
+def _summary(labels: _Labels, options: _Options) -> dict[str, Any]:
+    """The report's header, with ``tests``, ``orders`` and ``plots`` still empty."""
+    codes, names = labels.codes, labels.names
+    return {
+        "source": labels.source,
+        "records": labels.n,
+        "label_key": labels.key,
         "classes": None if codes is None else len(names),
         "class_names": names if codes is not None and len(names) <= _MAX_LISTED_CLASSES else None,
-        "seed": seed,
-        "epoch": epoch,
-        "buffer_size": buffer_size,
-        "batch_size": batch_size,
-        "file_shuffle": file_shuffle,
+        "seed": options.seed,
+        "epoch": options.epoch,
+        "buffer_size": options.buffer_size,
+        "batch_size": options.batch_size,
+        "file_shuffle": options.file_shuffle,
         "expected_labels_per_batch": (
-            None if codes is None else expected_labels_per_batch(codes, batch_size)
+            None if codes is None else expected_labels_per_batch(codes, options.batch_size)
         ),
         "tests": {},
         "orders": {},
         "plots": {},
     }
-    design = Design(
-        records=n,
-        class_counts=() if codes is None else class_counts(codes, len(names)),
-        buffer_size=buffer_size,
+
+
+def _order_report(name: str, order: npt.NDArray[np.int64], labels: _Labels,
+                  options: _Options, design: Design) -> dict[str, Any]:
+    """One order's statistics, p-values and verdict, labels shown by class name."""
+    names = labels.names
+    stats = order_stats(order, labels=labels.codes, batch_size=options.batch_size,
+                        num_records=labels.n).to_json()
+    verdict, p_values = design.judge(
+        rho=stats["spearman_rho"], chi2_p_value=stats["chi2_p_value"],
+        latest_first_position=stats["latest_first_position"],
     )
-    summary["tests"] = design.to_json()
-    for name, order in orders.items():
-        stats = order_stats(order, labels=codes, batch_size=batch_size, num_records=n).to_json()
-        verdict, p_values = design.judge(
-            rho=stats["spearman_rho"], chi2_p_value=stats["chi2_p_value"],
-            latest_first_position=stats["latest_first_position"],
-        )
-        if stats["label_first_positions"] is not None:
-            firsts = {names[int(c)]: p for c, p in stats["label_first_positions"].items()}
-            stats["label_first_positions"] = firsts if len(firsts) <= _MAX_LISTED_CLASSES else None
-            stats["latest_label"] = names[int(stats["latest_label"])]
-        stats["description"] = ORDER_DESCRIPTIONS[name].format(buffer_size=buffer_size)
-        stats["rho_p_value"] = p_values["rho"]
-        stats["last_class_p_value"] = p_values.get("last_class")
-        stats["p_value"] = p_values["combined"]
-        stats["verdict"] = verdict
-        summary["orders"][name] = stats
+    if stats["label_first_positions"] is not None:
+        firsts = {names[int(c)]: p for c, p in stats["label_first_positions"].items()}
+        stats["label_first_positions"] = firsts if len(firsts) <= _MAX_LISTED_CLASSES else None
+        stats["latest_label"] = names[int(stats["latest_label"])]
+    stats["description"] = ORDER_DESCRIPTIONS[name].format(buffer_size=options.buffer_size)
+    stats["rho_p_value"] = p_values["rho"]
+    stats["last_class_p_value"] = p_values.get("last_class")
+    stats["p_value"] = p_values["combined"]
+    stats["verdict"] = verdict
+    return stats
 
-    if out_dir is not None:
-        from shardfeed.tools.shuffle_report import plots
 
-        shown = {
-            ORDER_DESCRIPTIONS[name].format(buffer_size=buffer_size): order
-            for name, order in orders.items()
-            if name != "stored"
-        }
-        folder = Path(out_dir)
-        summary["plots"]["position_vs_index"] = str(
-            plots.plot_position_vs_index(shown, folder / "position_vs_index.png")
-        )
-        if codes is not None:
-            summary["plots"]["label_vs_position"] = str(
-                plots.plot_label_vs_position(
-                    shown, codes, folder / "label_vs_position.png", class_names=names
-                )
+def _draw_plots(orders: dict[str, npt.NDArray[np.int64]], labels: _Labels, options: _Options,
+                folder: Path) -> dict[str, str]:
+    """Draw the position plot (and with labels the label plot) into ``folder``."""
+    from shardfeed.tools.shuffle_report import plots
+
+    shown = {
+        ORDER_DESCRIPTIONS[name].format(buffer_size=options.buffer_size): order
+        for name, order in orders.items()
+        if name != "stored"
+    }
+    drawn = {"position_vs_index": str(
+        plots.plot_position_vs_index(shown, folder / "position_vs_index.png")
+    )}
+    if labels.codes is not None:
+        drawn["label_vs_position"] = str(
+            plots.plot_label_vs_position(
+                shown, labels.codes, folder / "label_vs_position.png", class_names=labels.names
             )
-    return summary
+        )
+    return drawn

@@ -179,6 +179,10 @@ class Loader:
             self.samples_per_epoch, self.options.world_size,
             self.policy.budget(self.samples_per_epoch // self.options.world_size),
         )
+        self._open_nothing()
+
+    def _open_nothing(self) -> None:
+        """The parts made on first use: batch layout, ring, workers, the epoch run."""
         self._layout: BatchLayout | None = None
         self._probe: tuple[Sample, list[Sample]] | None = None
         self._ring: BatchRing | None = None

@@ -33,13 +33,21 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.errors import CorruptRecordError, DecodeError, ShardfeedError, location
+from shardfeed.errors import (
+    CorruptRecordError,
+    DecodeError,
+    SchemaError,
+    ShardfeedError,
+    location,
+)
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
 from shardfeed.transforms.base import has_batch_form
 
 DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
+BATCH_PATH_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, SchemaError)
+"""What makes the batch path hand its rows to the sample-by-sample path (see build_slice)."""
 PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
 MAX_REPLACEMENT_TRIES = 16
 
@@ -209,14 +217,16 @@ class SliceBuilder:
                     first_row: int) -> int:
         """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met.
 
-        The batch path first (:meth:`build_columns`); any data error there, or columns it
-        cannot take, and the rows are made sample by sample, which reports or skips exactly.
+        The batch path first (:meth:`build_columns`); a data error there (a damaged record
+        or image, a value that does not fit), or columns it cannot take, and the rows are made
+        sample by sample, which reports or skips exactly. Storage errors and interrupts are
+        not retried: they propagate as they are.
         """
         if self._read_columns is not None:
             try:
                 if self.build_columns(ctx, positions, buffer, first_row):
                     return 0
-            except ShardfeedError:
+            except BATCH_PATH_RETRIED:
                 pass  # the sample-by-sample path below meets it again and says where
         return self.build_samples(ctx, positions, buffer, first_row)
 

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,12 +32,14 @@ import numpy as np
 from shardfeed.errors import TooManyErrorsError
 from shardfeed.pipeline.batch_stage import BatchKeys, BatchStage
 from shardfeed.pipeline.batching import BatchBuffer
+from shardfeed.pipeline.concurrency import SliceGate
 from shardfeed.pipeline.pool import BatchRing
 from shardfeed.pipeline.produce import TooManyBadSamples
 from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.storage.inflight import interrupt_calls
 
 SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]
+"""``build_slice(ctx, positions, buffer, first_row) -> bad samples met``."""
 
 
 @dataclass(slots=True)
@@ -44,7 +47,7 @@ class _Pending:
     index: int
     buffer: BatchBuffer
     count: int
-    futures: list[Future[int]] = field(default_factory=list)
+    futures: list[Future[int | None]] = field(default_factory=list)
 
 
 class EpochRun:
@@ -58,7 +61,7 @@ class EpochRun:
         self, *, ctx: EpochContext, positions: np.ndarray, batch_size: int, drop_last: bool,
         slice_size: int, prefetch_batches: int, ring: BatchRing,
         executor: ThreadPoolExecutor, build_slice: SliceFn,
-        on_batch: Callable[[int, int, bool], None],
+        on_batch: Callable[[int, int, bool], None], gate: SliceGate | None = None,
     ) -> None:
         self.ctx = ctx
         self.positions = positions
@@ -70,6 +73,7 @@ class EpochRun:
         self.ring = ring
         self.executor = executor
         self.build_slice = build_slice
+        self.gate = gate
         self.on_batch = on_batch
         self.pending: deque[_Pending] = deque()
         self.next_submit = 0
@@ -89,9 +93,16 @@ class EpochRun:
         pending = _Pending(index, buffer, len(positions))
         for start in range(0, len(positions), self.slice_size):
             piece = positions[start : start + self.slice_size]
-            pending.futures.append(
-                self.executor.submit(self.build_slice, self.ctx, piece, buffer, start)
-            )
+            future: Future[int | None]
+            if self.gate is None:
+                future = self.executor.submit(self.build_slice, self.ctx, piece, buffer, start)
+            else:
+                future = self.executor.submit(
+                    self.gate.run, self.gate.ticket(), len(piece),
+                    partial(self.build_slice, self.ctx, piece, buffer, start),
+                    self._is_closed,
+                )
+            pending.futures.append(future)
         self.pending.append(pending)
 
     def __next__(self) -> dict[str, Any]:
@@ -106,7 +117,7 @@ class EpochRun:
             raise StopIteration
         head = self.pending[0]
         try:
-            skipped = sum(future.result() for future in head.futures)
+            skipped = sum(future.result() or 0 for future in head.futures)
         except BaseException:
             self.close()
             raise
@@ -121,6 +132,9 @@ class EpochRun:
         if last:
             self.close()
         return batch
+
+    def _is_closed(self) -> bool:
+        return self.closed
 
     def close(self) -> None:
         """Cancel batches not started and wait for running slices (they write into the ring)."""

@@ -40,6 +40,7 @@ from shardfeed.pipeline.batch_stage import (
     stage_memory_bytes,
 )
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
+from shardfeed.pipeline.concurrency import SliceGate
 from shardfeed.pipeline.epoch import EpochRun, HandOut
 from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
 from shardfeed.pipeline.memory import MemoryBudget, decode_bytes_per_thread, loader_budget
@@ -105,7 +106,9 @@ class Loader:
     made with; their state is part of ``state()`` and ``close()`` closes them (see
     :mod:`shardfeed.pipeline.batch_stage`).
 
-    Workers: ``workers="threads"`` (default; decoders release the GIL) or ``"processes"``
+    Workers: ``workers="threads"`` (default; decoders release the GIL; when one thread
+    measures faster than all, as on small GIL-bound images, slices are built one at a time:
+    :mod:`shardfeed.pipeline.concurrency`) or ``"processes"``
     (transforms that hold the GIL; batches are written into shared memory; same bytes).
 
     Ranks: ``rank``/``world_size`` None detect them (torch.distributed process group, then
@@ -178,6 +181,10 @@ class Loader:
         self._progress = Progress(
             self.samples_per_epoch, self.options.world_size,
             self.policy.budget(self.samples_per_epoch // self.options.world_size),
+        )
+        self._gate = SliceGate(
+            self.options.num_threads, adaptive=self.options.workers == "threads",
+            window_samples=max(4 * batch_size, 512),
         )
         self._open_nothing()
 
@@ -386,7 +393,7 @@ class Loader:
             ctx=ctx, positions=positions, batch_size=opts.batch_size, drop_last=opts.drop_last,
             slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
             executor=self._executor or ThreadPoolExecutor(max_workers=1),
-            build_slice=build, on_batch=self._progress.commit,
+            build_slice=build, on_batch=self._progress.commit, gate=self._gate,
         )
         return HandOut(self._run, self.batch_stages, closed=lambda: self._closed)
 

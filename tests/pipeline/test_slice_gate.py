@@ -1,0 +1,105 @@
+"""Threads that never hurt: the loader measures whether its threads build slices faster than
+one thread does (small images, GIL-bound work) and keeps the faster; the bytes never change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from pipeline_helpers import keyed_transform
+
+from shardfeed.pipeline import Loader
+from shardfeed.pipeline.concurrency import MARGIN, RECHECK_WINDOWS, SliceGate
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _feed(gate: SliceGate, clock: Clock, windows: int, cost: dict[int, float]) -> list[int]:
+    """Build ``windows`` windows of one-sample slices, each costing ``cost[limit]`` seconds;
+    returns the limit each window ran at."""
+    seen = []
+    for _ in range(windows):
+        seen.append(gate.limit)
+        for _ in range(gate.window_samples):
+            limit = gate.limit
+
+            def build(limit: int = limit) -> int:
+                clock.now += cost[limit]
+                return 0
+
+            gate.run(gate.ticket(), 1, build, lambda: False)
+    return seen
+
+
+def test_one_thread_is_kept_only_when_clearly_faster() -> None:
+    clock = Clock()
+    gate = SliceGate(4, window_samples=10, clock=clock)
+    # GIL-bound: one thread builds a sample in 10 µs, four fighting threads in 20 µs
+    seen = _feed(gate, clock, 6, {4: 20e-6, 1: 10e-6})
+    assert seen[:3] == [4, 1, 1]  # measure all threads, settle, measure one
+    assert gate.limit == 1
+    clock2 = Clock()
+    gate2 = SliceGate(4, window_samples=10, clock=clock2)
+    # decoding large images: four threads twice as fast; and a gain under the margin
+    _feed(gate2, clock2, 4, {4: 10e-6, 1: 20e-6})
+    assert gate2.limit == 4
+    gate3 = SliceGate(2, window_samples=10, clock=(clock3 := Clock()))
+    _feed(gate3, clock3, 4, {2: 10e-6, 1: 10e-6 / (MARGIN * 0.99)})
+    assert gate3.limit == 2
+
+
+def test_the_choice_is_measured_again() -> None:
+    clock = Clock()
+    gate = SliceGate(2, window_samples=5, clock=clock)
+    cost = {2: 20e-6, 1: 10e-6}
+    seen = _feed(gate, clock, 3 + RECHECK_WINDOWS + 3, cost)
+    assert seen[3 : 3 + RECHECK_WINDOWS] == [1] * RECHECK_WINDOWS
+    assert 2 in seen[3 + RECHECK_WINDOWS :]  # back to all threads for a new trial
+    # the work changed (now the threads help): the new trial keeps them
+    seen = _feed(gate, clock, RECHECK_WINDOWS + 6, {2: 5e-6, 1: 10e-6})
+    assert gate.limit == 2
+
+
+def test_process_workers_keep_every_process() -> None:
+    clock = Clock()
+    gate = SliceGate(4, window_samples=5, adaptive=False, clock=clock)
+    _feed(gate, clock, 6, {4: 20e-6, 1: 1e-6})
+    assert gate.limit == 4
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: int) -> None:
+    def run(loader: Loader) -> list[np.ndarray]:
+        with loader:
+            return [np.concatenate([b["image"].reshape(len(b["index"]), -1),
+                                    b["noise"].view(np.uint8)], axis=1).copy()
+                    for b in loader]
+
+    reference = run(Loader(clean_ds, batch_size=8, seed=5, transform=keyed_transform(),
+                           num_threads=1))
+    loader = Loader(clean_ds, batch_size=8, seed=5, transform=keyed_transform(),
+                    num_threads=threads)
+    # tiny windows and a clock that flips the verdict often: the limit changes many times
+    ticks = iter(range(10**9))
+    gate = SliceGate(threads, window_samples=3, clock=lambda: float(next(ticks)))
+    limits: list[int] = []
+    set_limit = gate._set_limit
+
+    def record(limit: int) -> None:
+        limits.append(limit)
+        set_limit(limit)
+
+    gate._set_limit = record  # type: ignore[method-assign]
+    loader._gate = gate
+    got = run(loader)
+    assert 1 in limits  # the slices really ran one at a time for a while
+    assert len(got) == len(reference)
+    for a, b in zip(got, reference):
+        np.testing.assert_array_equal(a, b)

@@ -175,3 +175,10 @@ def test_tensorflow_written_records_take_the_batch_path(tf_fixtures: Path,
     ds = Dataset(str(tf_fixtures / "mixed.tfrecord"))
     _no_sample_path(monkeypatch)
     assert len(_batches(Loader(ds, batch_size=7, seed=2))) == 3
+
+
+def test_max_pixels_still_refuses_on_the_batch_path(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "g", "gray-png")
+    loader = Loader(ds, batch_size=16, transform=DecodeImage(channels="gray", max_pixels=700))
+    with pytest.raises(DecodeError, match=r"refusing to decode image.*record \d+ at byte \d+"):
+        _batches(loader)

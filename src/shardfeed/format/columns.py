@@ -87,9 +87,10 @@ def _as_columns(names: list[str], kinds: list[Any], gathered: list[list[Any]]) -
         if dtype is None:
             out[name] = values
             continue
-        length = len(values[0])
-        if any(len(v) != length for v in values):
+        lengths = set(map(len, values))
+        if len(lengths) != 1:
             return None
+        length = lengths.pop()
         array = np.array(values, dtype=dtype)
         out[name] = array.reshape(len(values), length)
     return out

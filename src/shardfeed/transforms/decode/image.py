@@ -20,6 +20,7 @@ gets a buffer of its own, freed with the image).
 from __future__ import annotations
 
 import math
+import struct
 import threading
 from collections.abc import Callable
 from typing import Literal, TypeAlias
@@ -46,6 +47,7 @@ when an error is raised: building the text costs more than decoding a small imag
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_PNG_SIZE = struct.Struct(">II")  # IHDR: width, height
 
 # libjpeg colour spaces that libjpeg-turbo cannot convert to RGB; OpenCV handles them.
 CMYK_SPACES = ("CMYK", "YCCK")
@@ -276,9 +278,10 @@ def decode_png_into(data: bytes, target: np.ndarray, *, max_pixels: int) -> bool
     rgb_flag = _PNG_RGB_FLAG
     if channels == 3 and rgb_flag is None:
         return False
-    claim = check_size(data, max_pixels=max_pixels, where="")
-    if (claim.height, claim.width) != (height, width):
+    if data[12:16] != b"IHDR" or _PNG_SIZE.unpack_from(data, 16) != (width, height):
         return False
+    if height * width > max_pixels:
+        return False  # decode_image refuses it, naming the record
     flags = cv2.IMREAD_GRAYSCALE if channels == 1 or rgb_flag is None else rgb_flag
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)

@@ -22,6 +22,7 @@ from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, Tran
 from shardfeed.transforms.decode.fields import Encoding, ImageField
 from shardfeed.transforms.decode.image import decode_png_into
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
+from shardfeed.transforms.decode.raw_rows import raw_rows_into
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
 
 Channels = Literal["rgb", "gray"]
@@ -296,20 +297,34 @@ class DecodeImage(DecoderBase):
         self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
         out: Mapping[str, np.ndarray],
     ) -> dict[str, Any] | None:
-        """Each row's encoded image decoded straight into its batch row (see
-        :meth:`TransformBase.apply_batch`): the same decode as ``__call__``, without the
-        per-sample dict. Only for one encoded image a row and no mask; else None."""
+        """Each row's image decoded (or, raw, copied) straight into its batch row (see
+        :meth:`TransformBase.apply_batch`): the same pixels as ``__call__``, without the
+        per-sample dict. Only for one image a row and no mask; else None. Raw images: see
+        :mod:`shardfeed.transforms.decode.raw_rows`."""
         image_out = out.get("image")
         present = dict.fromkeys(columns)
         if image_out is None or (self.mask is not False and self.mask_field.locate(present)):
             return None
         found = self.image_field.locate(present)
-        if found is None or found[1] == "raw" or not isinstance(columns[found[0]], list):
+        if found is None or not isinstance(columns[found[0]], list):
             return None
         key = found[0]
-        values = columns[key]
+        if found[1] == "raw":
+            if not raw_rows_into(self, key, columns, image_out):
+                return None
+        elif not self._encoded_rows_into(key, columns[key], image_out):
+            return None
+        result = dict(columns)
+        if not self.keep_encoded and key not in ("image", "mask"):
+            del result[key]
+        result["image"] = image_out
+        return result
+
+    def _encoded_rows_into(self, key: str, values: list[Any], image_out: np.ndarray) -> bool:
+        """Decode each row's encoded image into its row of ``image_out``; False (nothing
+        written) for a list of frames or a value of another kind."""
         if len(values) != len(image_out) or not all(type(v) is bytes for v in values):
-            return None  # a list of frames, or a value of another kind
+            return False
         direct = (self.image_field.encoding == "auto" and image_out.dtype == np.uint8
                   and image_out.shape[-1] == self._channel_count())
         max_pixels = self.max_pixels
@@ -324,11 +339,7 @@ class DecodeImage(DecoderBase):
                     f"{target.dtype} {target.shape}"
                 )
             target[...] = image
-        result = dict(columns)
-        if not self.keep_encoded and key not in ("image", "mask"):
-            del result[key]
-        result["image"] = image_out
-        return result
+        return True
 
     def output_spec(self, specs: Specs) -> Specs:
         """Image H×W×C uint8 with varying H, W; mask H×W (``mask_dtype``) if there is one."""

@@ -1,0 +1,132 @@
+"""The batch form of decoding raw images: a slice's stored pixels copied into its batch rows.
+
+A raw image (``image/raw`` bytes with its height, width and channels beside it) needs no
+decode, only a copy. :func:`raw_rows_into` checks the slice's shape columns and byte lengths at
+once against the batch rows' shape, then copies every row in one go (the rows' bytes joined
+and viewed as one array). The channel conversion the sample path applies is applied here only
+where it is a plain copy (stored channels equal to the output's; grey stored, RGB wanted: each
+grey value repeated; RGBA stored, RGB wanted: alpha dropped); any other row (RGB stored, grey
+wanted) goes through the op's own per-sample decode, so every row holds the bytes
+``DecodeImage.__call__`` gives.
+
+Errors: a row that does not fit (another height or width than the batch's, bytes of another
+length than its shape, a shape value that is not one positive int) raises SchemaError or
+DecodeError without writing anything wrong: the loader then makes the slice sample by sample,
+which names the record (or skips it).
+
+Determinism: pure. State: none. Memory: the slice's pixels once more while they are joined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardfeed.errors import DecodeError, SchemaError
+from shardfeed.format import spec
+from shardfeed.transforms.decode.sizes import pixels_reason
+
+if TYPE_CHECKING:
+    from shardfeed.transforms.decode.ops import DecoderBase
+
+
+def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
+                  out: np.ndarray) -> bool:
+    """Write each row's raw image of feature ``key`` into its row of ``out`` (N×H×W×C),
+    channels converted as ``decoder`` converts them; see the module doc.
+
+    False (nothing written) when these columns cannot take this path at all: ``out`` is not
+    of the decoder's channel count or the field's dtype, a shape feature is missing, or a value
+    is not one bytes value a row. Raises SchemaError/DecodeError for rows that do not fit.
+    """
+    field = decoder.image_field
+    values: Sequence[Any] = columns[key]
+    dtype = np.dtype(field.dtype)
+    rows = len(out)
+    if (out.ndim != 4 or len(values) != rows or out.dtype != dtype
+            or out.shape[-1] != (3 if decoder.channels == "rgb" else 1)):
+        return False
+    if not rows:
+        return True
+    height_key = field.height_key or spec.IMAGE_HEIGHT
+    width_key = field.width_key or spec.IMAGE_WIDTH
+    channels_key = field.channels_key
+    if channels_key is None and spec.IMAGE_CHANNELS in columns:
+        channels_key = spec.IMAGE_CHANNELS
+    if height_key not in columns or width_key not in columns or (
+            channels_key is not None and channels_key not in columns):
+        return False  # the sample path raises the SchemaError naming the missing feature
+    if not all(type(v) is bytes for v in values):
+        raise DecodeError("a raw image value is not one bytes value")
+    _, height, width, channels = (int(n) for n in out.shape)
+    reason = pixels_reason(height, width, decoder.max_pixels, what="raw image")
+    if reason is not None:
+        raise DecodeError(reason)
+    if not (_shape_column(columns, height_key, rows) == height).all() or not (
+            _shape_column(columns, width_key, rows) == width).all():
+        raise SchemaError(f"a raw image is not {height}×{width}, the batch's height×width")
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=rows)
+    area = height * width
+    if channels_key is not None:
+        stored = _shape_column(columns, channels_key, rows)
+    else:  # as the sample path does: as many channels as the bytes hold whole pixels
+        stored = lengths // dtype.itemsize // area
+    if (stored < 1).any() or (lengths != stored * area * dtype.itemsize).any():
+        raise DecodeError("a raw image's bytes do not match its height×width×channels")
+    first = int(stored[0])
+    if (stored == first).all() and _copies(first, channels):
+        pixels = np.frombuffer(b"".join(values), dtype=dtype)
+        _copy_into(out, pixels.reshape(rows, height, width, first))
+        return True
+    for row, data in enumerate(values):
+        count = int(stored[row])
+        if _copies(count, channels):
+            _copy_into(out[row], np.frombuffer(data, dtype=dtype).reshape(height, width, count))
+        else:
+            _decode_row(decoder, key, columns, row, out[row],
+                        (height_key, width_key, channels_key))
+    return True
+
+
+def _shape_column(columns: Mapping[str, Any], name: str, rows: int) -> np.ndarray:
+    """The one int a row of shape feature ``name``; DecodeError when it holds anything else
+    (the sample path's message names the record and what it holds)."""
+    column = columns[name]
+    if (not isinstance(column, np.ndarray) or column.shape != (rows, 1)
+            or column.dtype.kind not in "iu"):
+        raise DecodeError(f"the raw image's shape feature '{name}' is not one int a row")
+    return column[:, 0]
+
+
+def _copies(stored: int, channels: int) -> bool:
+    """Whether stored channels become the output's by a plain copy, exactly as
+    ``DecoderBase._convert_channels`` converts them (repeat grey; drop alpha)."""
+    return stored == channels or (channels == 3 and stored in (1, 4))
+
+
+def _copy_into(target: np.ndarray, pixels: np.ndarray) -> None:
+    if pixels.shape[-1] == 4 and target.shape[-1] == 3:
+        target[...] = pixels[..., :3]
+    else:  # equal channels, or one grey channel broadcast to all three (np.repeat's values)
+        target[...] = pixels
+
+
+def _decode_row(decoder: DecoderBase, key: str, columns: Mapping[str, Any], row: int,
+                target: np.ndarray, shape_keys: tuple[str, str, str | None]) -> None:
+    """Row ``row`` through the decoder's per-sample decode (a conversion that is no copy)."""
+    sample: dict[str, Any] = {key: columns[key][row]}
+    for name in shape_keys:
+        if name is not None:
+            sample[name] = columns[name][row]
+    image = decoder._decode_full(sample)[0]
+    if image.shape != target.shape or image.dtype != target.dtype:
+        raise SchemaError(
+            f"image {image.dtype} {image.shape} does not fit the batch's "
+            f"{target.dtype} {target.shape}"
+        )
+    target[...] = image
+
+
+__all__ = ["raw_rows_into"]

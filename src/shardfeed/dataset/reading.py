@@ -170,6 +170,16 @@ def read_payloads(
     if run_all is None or len(groups) < 2:
         urls = table.urls
         for item in groups:  # fetch() inlined: the local path is call-bound
+            if len(item[2]) == 1:  # one record of this shard: one range, nothing to plan
+                k, r = item[0], int(item[2][0])
+                at = table.offsets_view(k).item
+                start, end = at(r), at(r + 1)
+                blob = read(k, [(start, end - start)])[0]
+                if end - start > len(blob):
+                    raise _truncated(urls[k], r, start, end - start)
+                out[int(item[1][0])] = unframe_bytes_at(blob, 0, end - start, path=urls[k],
+                                                        record=r, offset=start, verify=verify)
+                continue
             plan = _plan(table, item, options)
             blobs = read(item[0], [(r[0], r[1]) for r in plan.ranges])
             _unframe(urls[item[0]], plan, blobs, out, verify)
@@ -229,11 +239,15 @@ def _unframe(url: str, plan: _ShardRead, blobs: list[bytes], out: list[bytes | N
         for m in members:
             a, b = starts[m] - offset, ends[m] - offset
             if b > size:
-                raise CorruptRecordError(
-                    f"{location(url, recs[m], starts[m])}: truncated, the file ends "
-                    f"before the record's {b - a} bytes; the shard changed after "
-                    f"indexing: {RERUN_HINT}",
-                    path=url, record=recs[m], offset=starts[m],
-                )
+                raise _truncated(url, recs[m], starts[m], b - a)
             out[group[m]] = unframe_bytes_at(blob, a, b, path=url, record=recs[m],
                                              offset=starts[m], verify=verify)
+
+
+def _truncated(url: str, record: int, offset: int, size: int) -> CorruptRecordError:
+    """The error for a record of ``size`` bytes at ``offset`` that the file ends within."""
+    return CorruptRecordError(
+        f"{location(url, record, offset)}: truncated, the file ends before the record's "
+        f"{size} bytes; the shard changed after indexing: {RERUN_HINT}",
+        path=url, record=record, offset=offset,
+    )

@@ -9,6 +9,10 @@ from shardfeed.format.spec import CRC_MASK_DELTA
 _MASK32 = 0xFFFFFFFF
 _value = google_crc32c.value
 
+crc32c_of_bytes = google_crc32c.value
+"""CRC32C of a ``bytes`` object (no other buffer type), unmasked: :func:`crc32c` without
+its checks, for loops over many small records."""
+
 Buffer = bytes | bytearray | memoryview
 
 

@@ -170,19 +170,20 @@ def read_payloads(
     if run_all is None or len(groups) < 2:
         urls = table.urls
         for item in groups:  # fetch() inlined: the local path is call-bound
-            if len(item[2]) == 1:  # one record of this shard: one range, nothing to plan
-                k, r = item[0], int(item[2][0])
+            k, group, recs = item
+            if len(recs) == 1:  # one record of this shard: one range, nothing to plan
+                r = int(recs[0])
                 at = table.offsets_view(k).item
                 start, end = at(r), at(r + 1)
                 blob = read(k, [(start, end - start)])[0]
                 if end - start > len(blob):
                     raise _truncated(urls[k], r, start, end - start)
-                out[int(item[1][0])] = unframe_bytes_at(blob, 0, end - start, path=urls[k],
-                                                        record=r, offset=start, verify=verify)
+                out[int(group[0])] = unframe_bytes_at(blob, 0, end - start, path=urls[k],
+                                                      record=r, offset=start, verify=verify)
                 continue
             plan = _plan(table, item, options)
-            blobs = read(item[0], [(r[0], r[1]) for r in plan.ranges])
-            _unframe(urls[item[0]], plan, blobs, out, verify)
+            blobs = read(k, [(r[0], r[1]) for r in plan.ranges])
+            _unframe(urls[k], plan, blobs, out, verify)
     else:  # index loads, size checks and reads of all shards at once
         for plan, blobs in run_all(fetch, groups):
             _unframe(table.urls[plan.shard], plan, blobs, out, verify)
@@ -210,10 +211,11 @@ def _group(table: ShardTable, idx: np.ndarray) -> list[_Group]:
 
 
 def _plan(table: ShardTable, item: _Group, options: ReadOptions) -> _ShardRead:
+    """The byte ranges of one shard's records (its index loaded, and checked, on first use)."""
     k, group, recs = item
     offsets = table.offsets_view(k)
+    group_l = group.tolist() if isinstance(group, np.ndarray) else group
     if len(recs) <= SMALL_GROUP:  # Python ints: see SMALL_GROUP
-        group_l = group.tolist() if isinstance(group, np.ndarray) else group
         recs_l = recs.tolist() if isinstance(recs, np.ndarray) else recs
         at = offsets.item
         if len(recs_l) == 1:  # the commonest group of a shuffled slice over many shards
@@ -226,8 +228,8 @@ def _plan(table: ShardTable, item: _Group, options: ReadOptions) -> _ShardRead:
     recs_arr = np.asarray(recs, dtype=np.int64)
     starts_arr = offsets[recs_arr].astype(np.int64)
     ends_arr = offsets[recs_arr + 1].astype(np.int64)
-    return _ShardRead(k, np.asarray(group).tolist(), recs_arr.tolist(), starts_arr.tolist(),
-                      ends_arr.tolist(), _coalesce(starts_arr, ends_arr, options))
+    return _ShardRead(k, group_l, recs_arr.tolist(), starts_arr.tolist(), ends_arr.tolist(),
+                      _coalesce(starts_arr, ends_arr, options))
 
 
 def _unframe(url: str, plan: _ShardRead, blobs: list[bytes], out: list[bytes | None],

@@ -7,7 +7,6 @@ import google_crc32c
 from shardfeed.format.spec import CRC_MASK_DELTA
 
 _MASK32 = 0xFFFFFFFF
-_value = google_crc32c.value
 
 crc32c_of_bytes = google_crc32c.value
 """CRC32C of a ``bytes`` object (no other buffer type), unmasked: :func:`crc32c` without
@@ -41,5 +40,5 @@ def unmask(masked: int) -> int:
 def masked_crc32c(data: Buffer) -> int:
     """Masked CRC32C of ``data``, as stored in TFRecord framing."""
     # crc32c and mask inlined: two CRCs a record, where each Python call shows on small ones
-    crc = int(_value(data if type(data) is bytes else bytes(data)))
+    crc = int(crc32c_of_bytes(data if type(data) is bytes else bytes(data)))
     return ((((crc >> 15) | (crc << 17)) & _MASK32) + CRC_MASK_DELTA) & _MASK32

@@ -273,10 +273,11 @@ class Dataset:
             )
         arr = arr.astype(np.int64, copy=False)
         n = len(self)
-        if int(arr.min()) < -n or int(arr.max()) >= n:
+        lowest = int(arr.min())
+        if lowest < -n or int(arr.max()) >= n:
             bad = int(arr[(arr < -n) | (arr >= n)][0])
             raise IndexError(f"record index {bad} is out of range for a dataset of {n} records")
-        return np.where(arr < 0, arr + n, arr)
+        return arr if lowest >= 0 else np.where(arr < 0, arr + n, arr)
 
     def locate(self, i: int) -> tuple[str, int, int]:
         """(shard path, record within the shard, byte offset) of record ``i``."""

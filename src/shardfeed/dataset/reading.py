@@ -14,7 +14,7 @@ payloads in the order they were asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from shardfeed.dataset.shards import RERUN_HINT, ShardTable
 from shardfeed.errors import CorruptRecordError, location
-from shardfeed.format.framing import unframe_bytes
+from shardfeed.format.framing import unframe_bytes_at
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -60,36 +60,60 @@ class ReadRange:
     members: tuple[int, ...]
 
 
-def plan_reads(starts: np.ndarray, ends: np.ndarray, options: ReadOptions) -> list[ReadRange]:
+SMALL_GROUP = 32
+"""Records of one shard up to which a read is planned with Python ints rather than NumPy:
+on a few records NumPy's fixed cost a call (fancy indexing, argsort, ``tolist``) is most of
+the work; the plan is the same either way."""
+
+_Range = tuple[int, int, tuple[int, ...]]
+"""(offset, length, members): a :class:`ReadRange` as a plain tuple, cheaper to build."""
+
+
+def plan_reads(starts: np.ndarray | Sequence[int], ends: np.ndarray | Sequence[int],
+               options: ReadOptions) -> list[ReadRange]:
     """Group records ``[starts[k], ends[k])`` of one shard into coalesced ranges.
 
     Every k appears in exactly one range's ``members``; duplicates share one read.
     Deterministic: depends on the offsets and options only.
     """
+    return [ReadRange(o, n, m) for o, n, m in _coalesce(starts, ends, options)]
+
+
+def _coalesce(starts: np.ndarray | Sequence[int], ends: np.ndarray | Sequence[int],
+              options: ReadOptions) -> list[_Range]:
+    """:func:`plan_reads` as tuples: records in (offset, position) order, joined greedily."""
     n = len(starts)
     if n == 0:
         return []
-    order = np.argsort(starts, kind="stable")
-    s = starts[order].tolist()
-    e = ends[order].tolist()
-    ids = order.tolist()
+    records: Iterator[tuple[int, int, int]]  # (start, position, end)
+    if n > SMALL_GROUP and isinstance(starts, np.ndarray):
+        order = np.argsort(starts, kind="stable")
+        records = zip(starts[order].tolist(), order.tolist(), np.asarray(ends)[order].tolist())
+    else:
+        if isinstance(starts, np.ndarray):
+            starts = starts.tolist()
+        if isinstance(ends, np.ndarray):
+            ends = ends.tolist()
+        # positions are unique, so ends are never compared and equal starts keep their
+        # order: the same order as the stable argsort above
+        records = iter(sorted(zip(starts, range(n), ends)))
     gap = options.coalesce_gap_bytes
     cap = options.max_read_bytes
-    out: list[ReadRange] = []
-    lo, hi = s[0], e[0]
-    members = [ids[0]]
-    for k in range(1, n):
-        sk, ek = s[k], e[k]
-        new_hi = max(hi, ek)
+    out: list[_Range] = []
+    lo, first, hi = next(records)
+    members = [first]
+    for sk, m, ek in records:
         # a record inside the range so far (a duplicate) always joins: it costs nothing
-        if ek <= hi or (sk - hi <= gap and new_hi - lo <= cap):
-            hi = new_hi
-            members.append(ids[k])
+        if ek <= hi:
+            members.append(m)
+        elif sk - hi <= gap and ek - lo <= cap:
+            hi = ek
+            members.append(m)
         else:
-            out.append(ReadRange(lo, hi - lo, tuple(members)))
+            out.append((lo, hi - lo, tuple(members)))
             lo, hi = sk, ek
-            members = [ids[k]]
-    out.append(ReadRange(lo, hi - lo, tuple(members)))
+            members = [m]
+    out.append((lo, hi - lo, tuple(members)))
     return out
 
 
@@ -112,7 +136,15 @@ class _ShardRead(NamedTuple):
     recs: list[int]
     starts: list[int]
     ends: list[int]
-    ranges: list[ReadRange]
+    ranges: list[_Range]
+
+
+_Group = tuple[int, list[int] | np.ndarray, list[int] | np.ndarray]
+"""(shard, positions in the output, records in the shard) of the records asked of a shard."""
+
+GROUP_IN_PYTHON = 1024
+"""Records asked up to which they are grouped by shard with Python ints, not NumPy's
+argsort and split (whose fixed costs a group dominate when the groups are small)."""
 
 
 def read_payloads(
@@ -122,28 +154,35 @@ def read_payloads(
     """The payloads of global records ``idx`` (bounds-checked), in that order: grouped by
     shard, each shard's records read as coalesced ranges by ``read(shard, ranges)``.
 
-    Without ``run_all`` the shards are read one after another, each checked right after
-    its read (while its bytes are in the CPU cache); with it, all shards' reads go to
-    ``run_all`` at once and are checked when all have returned.
+    Without ``run_all`` the shards are read one after another (in shard order), each checked
+    right after its read (while its bytes are in the CPU cache); with it, all shards' reads
+    go to ``run_all`` at once and are checked when all have returned.
     """
     out: list[bytes | None] = [None] * len(idx)
     if len(idx) == 0:
         return []
-    shard, local = table.shard_of(idx)
-    order = np.argsort(shard, kind="stable")
-    cuts = np.flatnonzero(np.diff(shard[order])) + 1
-    groups = [(int(shard[g[0]]), g) for g in np.split(order, cuts)]
+    groups = _group(table, idx)
 
-    def fetch(item: tuple[int, np.ndarray]) -> tuple[_ShardRead, list[bytes]]:
-        k, group_arr = item
-        plan = _plan(table, k, group_arr, local[group_arr], options)
-        return plan, read(k, [(r.offset, r.length) for r in plan.ranges])
+    def fetch(item: _Group) -> tuple[_ShardRead, list[bytes]]:
+        plan = _plan(table, item, options)
+        return plan, read(item[0], [(r[0], r[1]) for r in plan.ranges])
 
     if run_all is None or len(groups) < 2:
         urls = table.urls
-        for k, group_arr in groups:  # fetch() inlined: the local path is call-bound
-            plan = _plan(table, k, group_arr, local[group_arr], options)
-            blobs = read(k, [(r.offset, r.length) for r in plan.ranges])
+        for item in groups:  # fetch() inlined: the local path is call-bound
+            k, group, recs = item
+            if len(recs) == 1:  # one record of this shard: one range, nothing to plan
+                r = int(recs[0])
+                at = table.offsets_view(k).item
+                start, end = at(r), at(r + 1)
+                blob = read(k, [(start, end - start)])[0]
+                if end - start > len(blob):
+                    raise _truncated(urls[k], r, start, end - start)
+                out[int(group[0])] = unframe_bytes_at(blob, 0, end - start, path=urls[k],
+                                                      record=r, offset=start, verify=verify)
+                continue
+            plan = _plan(table, item, options)
+            blobs = read(k, [(r[0], r[1]) for r in plan.ranges])
             _unframe(urls[k], plan, blobs, out, verify)
     else:  # index loads, size checks and reads of all shards at once
         for plan, blobs in run_all(fetch, groups):
@@ -151,30 +190,66 @@ def read_payloads(
     return [v for v in out if v is not None]
 
 
-def _plan(table: ShardTable, k: int, group_arr: np.ndarray, recs_arr: np.ndarray,
-          options: ReadOptions) -> _ShardRead:
-    offsets = table.offsets(k)
-    starts_arr = np.asarray(offsets[recs_arr], dtype=np.int64)
-    ends_arr = np.asarray(offsets[recs_arr + 1], dtype=np.int64)
-    return _ShardRead(k, group_arr.tolist(), recs_arr.tolist(), starts_arr.tolist(),
-                      ends_arr.tolist(), plan_reads(starts_arr, ends_arr, options))
+def _group(table: ShardTable, idx: np.ndarray) -> list[_Group]:
+    """The records ``idx`` by shard, shards in increasing order, each shard's records in the
+    order asked."""
+    shard, local = table.shard_of(idx)
+    if len(idx) <= GROUP_IN_PYTHON:
+        positions: dict[int, list[int]] = {}
+        records: dict[int, list[int]] = {}
+        for p, (k, r) in enumerate(zip(shard.tolist(), local.tolist())):
+            if k in positions:
+                positions[k].append(p)
+                records[k].append(r)
+            else:
+                positions[k] = [p]
+                records[k] = [r]
+        return [(k, positions[k], records[k]) for k in sorted(positions)]
+    order = np.argsort(shard, kind="stable")
+    cuts = np.flatnonzero(np.diff(shard[order])) + 1
+    return [(int(shard[g[0]]), g, local[g]) for g in np.split(order, cuts)]
+
+
+def _plan(table: ShardTable, item: _Group, options: ReadOptions) -> _ShardRead:
+    """The byte ranges of one shard's records (its index loaded, and checked, on first use)."""
+    k, group, recs = item
+    offsets = table.offsets_view(k)
+    group_l = group.tolist() if isinstance(group, np.ndarray) else group
+    if len(recs) <= SMALL_GROUP:  # Python ints: see SMALL_GROUP
+        recs_l = recs.tolist() if isinstance(recs, np.ndarray) else recs
+        at = offsets.item
+        if len(recs_l) == 1:  # the commonest group of a shuffled slice over many shards
+            r = recs_l[0]
+            start, end = at(r), at(r + 1)
+            return _ShardRead(k, group_l, recs_l, [start], [end], [(start, end - start, (0,))])
+        starts = [at(r) for r in recs_l]
+        ends = [at(r + 1) for r in recs_l]
+        return _ShardRead(k, group_l, recs_l, starts, ends, _coalesce(starts, ends, options))
+    recs_arr = np.asarray(recs, dtype=np.int64)
+    starts_arr = offsets[recs_arr].astype(np.int64)
+    ends_arr = offsets[recs_arr + 1].astype(np.int64)
+    return _ShardRead(k, group_l, recs_arr.tolist(), starts_arr.tolist(), ends_arr.tolist(),
+                      _coalesce(starts_arr, ends_arr, options))
 
 
 def _unframe(url: str, plan: _ShardRead, blobs: list[bytes], out: list[bytes | None],
              verify: bool) -> None:
     """Slice each record of ``plan`` out of its range, check it, store it at its position."""
     _, group, recs, starts, ends, ranges = plan
-    for rng, blob in zip(ranges, blobs):
-        view = memoryview(blob)
-        for m in rng.members:
-            a, b = starts[m] - rng.offset, ends[m] - rng.offset
-            if b > len(view):
-                raise CorruptRecordError(
-                    f"{location(url, recs[m], starts[m])}: truncated, the file ends "
-                    f"before the record's {b - a} bytes; the shard changed after "
-                    f"indexing: {RERUN_HINT}",
-                    path=url, record=recs[m], offset=starts[m],
-                )
-            out[group[m]] = unframe_bytes(
-                blob if (a == 0 and b == len(blob)) else view[a:b],
-                path=url, record=recs[m], offset=starts[m], verify=verify)
+    for (offset, _, members), blob in zip(ranges, blobs):
+        size = len(blob)
+        for m in members:
+            a, b = starts[m] - offset, ends[m] - offset
+            if b > size:
+                raise _truncated(url, recs[m], starts[m], b - a)
+            out[group[m]] = unframe_bytes_at(blob, a, b, path=url, record=recs[m],
+                                             offset=starts[m], verify=verify)
+
+
+def _truncated(url: str, record: int, offset: int, size: int) -> CorruptRecordError:
+    """The error for a record of ``size`` bytes at ``offset`` that the file ends within."""
+    return CorruptRecordError(
+        f"{location(url, record, offset)}: truncated, the file ends before the record's "
+        f"{size} bytes; the shard changed after indexing: {RERUN_HINT}",
+        path=url, record=record, offset=offset,
+    )

@@ -176,6 +176,7 @@ class ShardTable:
         self.starts = np.zeros(len(self.urls) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
         self._offsets: list[np.ndarray | None] = list(offsets)
+        self._views: list[np.ndarray | None] = [None] * len(self._offsets)
         self._loader = loader
         # striped locks: shards whose numbers differ mod 64 load their indexes at once
         self._locks = [threading.Lock() for _ in range(min(64, max(1, len(self.urls))))]
@@ -197,6 +198,16 @@ class ShardTable:
                     arr = self._loader(shard)
                     self._offsets[shard] = arr
         return arr
+
+    def offsets_view(self, shard: int) -> np.ndarray:
+        """:meth:`offsets` as a plain ndarray over the same memory (no copy): indexing a
+        ``np.memmap`` runs Python code (``__getitem__``, ``__array_finalize__``) on every
+        call, which costs more than the lookup itself when a read asks for a few records."""
+        view = self._views[shard]
+        if view is None:  # two threads may both make one: equal views, either is kept
+            view = self.offsets(shard).view(np.ndarray)
+            self._views[shard] = view
+        return view
 
     def shard_of(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(shard, record within shard) for already bounds-checked global indices."""

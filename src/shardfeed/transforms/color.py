@@ -6,7 +6,7 @@ uint8 with OpenCV look-up tables (GIL released); the rest are NumPy ufuncs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import cv2
@@ -14,6 +14,7 @@ import numpy as np
 
 from shardfeed.errors import SchemaError
 from shardfeed.transforms.base import ArraySpec, Sample, Specs, TransformBase
+from shardfeed.transforms.rows import apply_rows
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -123,6 +124,14 @@ class ColorJitter(TransformBase):
         sample[self.key] = work.reshape(shape)
         return sample
 
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row
+        (:func:`~shardfeed.transforms.rows.apply_rows`); None where it does not apply."""
+        return apply_rows(self, self.key, columns, rngs, out)
+
     @staticmethod
     def _lut(image: np.ndarray, values: np.ndarray) -> np.ndarray:
         lut = _lut(values)
@@ -208,6 +217,14 @@ class Normalize(TransformBase):
         sample[self.key] = target if direct else _write(target, out)
         return sample
 
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row
+        (:func:`~shardfeed.transforms.rows.apply_rows`); None where it does not apply."""
+        return apply_rows(self, self.key, columns, rngs, out)
+
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
         if self.key in specs:
@@ -250,6 +267,14 @@ class ToFloat(TransformBase):
         sample[self.key] = _write(result, out)
         return sample
 
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row
+        (:func:`~shardfeed.transforms.rows.apply_rows`); None where it does not apply."""
+        return apply_rows(self, self.key, columns, rngs, out)
+
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
         if self.key in specs:
@@ -282,6 +307,14 @@ class ToCHW(TransformBase):
         moved = np.moveaxis(image, -1, -3)
         sample[self.key] = _write(moved, out) if out is not None else np.ascontiguousarray(moved)
         return sample
+
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row
+        (:func:`~shardfeed.transforms.rows.apply_rows`); None where it does not apply."""
+        return apply_rows(self, self.key, columns, rngs, out)
 
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)

@@ -23,7 +23,7 @@ from shardfeed.pipeline import Loader
 from shardfeed.pipeline.produce import SliceBuilder
 from shardfeed.transforms import Compose, DecodeImage, presets
 from shardfeed.transforms.base import Sample, Specs, TransformBase
-from shardfeed.transforms.decode.crop import DecodeCenterCrop
+from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
 
 N = 40
 SIZES = [(96, 128), (48, 64), (30, 20), (200, 150)]  # (height, width); the last > 2× crops
@@ -92,12 +92,16 @@ def _identity(sample: Sample, rng: np.random.Generator) -> Sample:
     return sample
 
 
-PRESETS: dict[str, Callable[[], Compose]] = {
+PRESETS: dict[str, Callable[[], Any]] = {
     "train": lambda: presets.train(size=32),
     "eval": lambda: presets.eval(size=32),
     "train-jitter-chw": lambda: presets.train(size=24, color=1.0, normalize="imagenet",
                                               dtype="float32", layout="CHW"),
     "eval-float": lambda: presets.eval(size=24, dtype="float32"),
+    # the decode ops on their own, with the options the presets leave out
+    "gray-crop": lambda: Compose([DecodeRandomResizedCrop(20, hflip=0.5, channels="gray",
+                                                          fast_upsample=False)]),
+    "center-flip-full-decode": lambda: DecodeCenterCrop(20, hflip=0.5, reduced_decode=False),
 }
 
 
@@ -134,6 +138,8 @@ def test_presets_give_the_sample_paths_batches(tmp_path: Path, kind: str, preset
     _assert_same(fast, also_slow)
     assert sorted(record_ids(fast)) == list(range(N))
     assert fast[0]["image"].shape[0] == 8
+    if preset.startswith("gray"):
+        assert fast[0]["image"].shape == (8, 20, 20, 1)
 
 
 @pytest.mark.parametrize("hw", SIZES)

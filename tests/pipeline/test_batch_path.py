@@ -82,10 +82,12 @@ def _assert_same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
 
 
 def _pair(ds: Dataset, channels: str, **options: Any) -> tuple[list[Any], list[Any]]:
-    """Batches of the batch path and of the sample path (Compose has no batch form)."""
+    """Batches of the batch path and of the sample path (a plain function in the pipeline
+    has no batch form)."""
     options.setdefault("batch_size", 16)
     fast = _batches(Loader(ds, transform=DecodeImage(channels=channels), **options))
-    slow = _batches(Loader(ds, transform=Compose([DecodeImage(channels=channels)]), **options))
+    slow = _batches(Loader(ds, transform=Compose([DecodeImage(channels=channels),
+                                                  lambda sample, rng: sample]), **options))
     return fast, slow
 
 

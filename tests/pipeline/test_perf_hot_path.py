@@ -76,13 +76,27 @@ def test_train_preset_writes_images_in_place(clean_ds: Any) -> None:
         write(row, sample, **kwargs)
 
     buffer.write = spy  # type: ignore[method-assign,assignment]
-    builder.build_slice(ctx, np.arange(8, dtype=np.int64), buffer, 0)
+    builder.build_samples(ctx, np.arange(8, dtype=np.int64), buffer, 0)  # sample by sample
     assert len(seen) == 8
     for row, image, written in seen:
         assert written is not None and image is written["image"]  # the transform wrote the row
         assert image.__array_interface__["data"][0] == buffer.slot("image", row).__array_interface__[
             "data"][0]
     assert buffer.slot("image", 3).__array_interface__["data"][0] == slot_before
+    # The batch path (a slice at a time) writes the images into the batch rows as well.
+    stored: list[Any] = []
+    write_columns = buffer.write_columns
+
+    def column_spy(first_row: int, columns: dict[str, Any], **kwargs: Any) -> None:
+        stored.append((columns["image"], kwargs.get("written")))
+        write_columns(first_row, columns, **kwargs)
+
+    buffer.write_columns = column_spy  # type: ignore[method-assign]
+    builder.build_slice(ctx, np.arange(8, dtype=np.int64), buffer, 0)
+    ((image, written),) = stored
+    assert written is not None and image is written["image"]
+    assert image.__array_interface__["data"][0] == buffer.slot("image", 0).__array_interface__[
+        "data"][0]
 
 
 def test_no_in_place_writes_without_a_matching_spec(clean_ds: Any) -> None:

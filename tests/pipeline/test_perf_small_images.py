@@ -111,6 +111,13 @@ def test_no_generator_is_built_when_the_pipeline_never_draws(
         return real(self, purpose)
 
     monkeypatch.setattr(source_module.SampleKey, "rng", counting)
+    real_ctx = source_module.EpochContext.rng
+
+    def counting_ctx(self: Any, position: int, purpose: int = 0) -> np.random.Generator:
+        built.append(position)  # the batch path's generators, one a row
+        return real_ctx(self, position, purpose)
+
+    monkeypatch.setattr(source_module.EpochContext, "rng", counting_ctx)
     _epochs(png_ds, presets.eval(size=8), threads=2, epochs=(0,))
     assert built == []
     _epochs(png_ds, presets.train(size=8), threads=2, epochs=(0,))

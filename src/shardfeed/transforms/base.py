@@ -253,7 +253,8 @@ class Compose(TransformBase):
     """Apply transforms in order.
 
     Determinism: as deterministic as its children; they share the one generator, in order.
-    State: none. Memory: the intermediate arrays of one sample.
+    State: none. Memory: the intermediate arrays of one sample (of a slice in the batch
+    form, :meth:`apply_batch`).
     """
 
     __slots__ = ("_draws", "_head", "_last", "_last_out", "transforms")
@@ -298,6 +299,41 @@ class Compose(TransformBase):
             result: Sample = self._last(sample, rng, out=out)  # type: ignore[call-arg]
             return result
         return call_into(self._last, sample, rng, out)
+
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """The children's batch forms in turn (see :meth:`TransformBase.apply_batch`); None
+        unless every child has one (:func:`has_batch_form`: a plain function has none, so a
+        pipeline with one goes sample by sample) and each child before the last declares a
+        fixed-shape ``"image"`` (``output_spec``), which it writes into a slice-sized buffer.
+
+        Determinism: child by child over the rows, each row's generator drawn by the
+        children in order, as ``__call__`` draws. Memory: one buffer a child but the last.
+        """
+        children = self.transforms
+        if not children or not all(has_batch_form(t) for t in children):
+            return None
+        image_out = out.get("image")
+        if image_out is None:
+            return None
+        outs: list[Mapping[str, np.ndarray]] = []
+        specs: Specs | None = {}
+        for t in children[:-1]:
+            specs = output_spec_of(t, specs or {})
+            spec = specs.get("image") if specs else None
+            if spec is None or not spec.fixed:
+                return None
+            shape = tuple(int(d) for d in spec.shape if d is not None)
+            outs.append({"image": np.empty((len(image_out), *shape), spec.dtype)})
+        outs.append(out)
+        result: dict[str, Any] | None = columns
+        for t, stage_out in zip(children, outs):
+            result = t.apply_batch(result, rngs, stage_out)  # type: ignore[attr-defined]
+            if result is None:
+                return None
+        return result
 
     def bind(self, schema: SchemaLike | None, *, root: str | None) -> Compose:
         """A copy with every child bound."""

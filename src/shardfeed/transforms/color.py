@@ -2,18 +2,28 @@
 
 These touch ``sample["image"]`` only (masks keep their label values). ColorJitter works on
 uint8 with OpenCV look-up tables (GIL released); the rest are NumPy ufuncs.
+Each has a batch form that runs its ``__call__`` on every row of a decoded image column
+(see ``_apply_rows``), so a pipeline ending in them keeps the Loader's batch path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import cv2
 import numpy as np
 
 from shardfeed.errors import SchemaError
-from shardfeed.transforms.base import ArraySpec, Sample, Specs, TransformBase
+from shardfeed.transforms.base import (
+    NO_RANDOMNESS,
+    ArraySpec,
+    Sample,
+    Specs,
+    TransformBase,
+    call_into,
+    output_spec_of,
+)
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -123,6 +133,14 @@ class ColorJitter(TransformBase):
         sample[self.key] = work.reshape(shape)
         return sample
 
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row (see
+        :func:`_apply_rows`); None where that does not apply."""
+        return _apply_rows(self, self.key, columns, rngs, out)
+
     @staticmethod
     def _lut(image: np.ndarray, values: np.ndarray) -> np.ndarray:
         lut = _lut(values)
@@ -208,6 +226,14 @@ class Normalize(TransformBase):
         sample[self.key] = target if direct else _write(target, out)
         return sample
 
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row (see
+        :func:`_apply_rows`); None where that does not apply."""
+        return _apply_rows(self, self.key, columns, rngs, out)
+
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
         if self.key in specs:
@@ -250,6 +276,14 @@ class ToFloat(TransformBase):
         sample[self.key] = _write(result, out)
         return sample
 
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row (see
+        :func:`_apply_rows`); None where that does not apply."""
+        return _apply_rows(self, self.key, columns, rngs, out)
+
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
         if self.key in specs:
@@ -283,6 +317,14 @@ class ToCHW(TransformBase):
         sample[self.key] = _write(moved, out) if out is not None else np.ascontiguousarray(moved)
         return sample
 
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row of the image column through ``__call__`` into its batch row (see
+        :func:`_apply_rows`); None where that does not apply."""
+        return _apply_rows(self, self.key, columns, rngs, out)
+
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
         spec = specs.get(self.key)
@@ -295,6 +337,38 @@ class ToCHW(TransformBase):
 
     def __repr__(self) -> str:
         return "ToCHW()"
+
+
+
+def _apply_rows(
+    transform: TransformBase, key: str, columns: dict[str, Any],
+    rngs: Sequence[np.random.Generator] | None, out: Mapping[str, np.ndarray],
+) -> dict[str, Any] | None:
+    """The batch form of an op that reads and writes only ``columns[key]``: its own
+    ``__call__`` on each row (a one-entry sample, with the row's generator), written into
+    ``out[key]`` as the sample path writes into a batch slot (see
+    :meth:`~shardfeed.transforms.base.TransformBase.apply_batch`). A crop-aware decode's batch
+    form fills the image column first (``Compose.apply_batch``), so the presets run as batches.
+
+    None unless ``key`` is ``"image"``, the column is a decoded N×H×W×C (or deeper) array,
+    and the op declares an output of the batch rows' shape and dtype.
+    """
+    images = columns.get(key)
+    target = out.get(key)
+    if (key != "image" or target is None or type(images) is not np.ndarray
+            or images.ndim < 4 or len(images) != len(target)
+            or (rngs is not None and len(rngs) != len(images))):
+        return None
+    specs = output_spec_of(transform, {key: ArraySpec(images.shape[1:], images.dtype)})
+    spec = specs.get(key) if specs else None
+    if spec is None or spec.shape != target.shape[1:] or spec.dtype != target.dtype:
+        return None
+    for row in range(len(images)):
+        rng = NO_RANDOMNESS if rngs is None else rngs[row]
+        call_into(transform, {key: images[row]}, rng, target[row])
+    result = dict(columns)
+    result[key] = target
+    return result
 
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ColorJitter", "Normalize", "ToCHW", "ToFloat"]

@@ -11,6 +11,10 @@ is drawn from the same generator calls, so the geometry does not depend on the e
 Whatever the scale, an image whose header claims more than ``max_pixels`` pixels is refused
 before decoding (a progressive JPEG holds full-size coefficients even for a 1/8 decode).
 
+The batch form (:meth:`CropDecoderBase.apply_batch`, used by the Loader's batch path) runs
+the same draws and pixel work for each row of a slice, writing each image into its batch row:
+the same bytes as sample by sample, without a sample dict per image.
+
 ::
 
     full image (H×W)          decoded at 1/d             output
@@ -23,14 +27,15 @@ before decoding (a progressive JPEG holds full-size coefficients even for a 1/8 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cv2
 import numpy as np
 
+from shardfeed.errors import SchemaError
 from shardfeed.transforms import arrays
-from shardfeed.transforms.base import ArraySpec, Sample, Specs
+from shardfeed.transforms.base import NO_RANDOMNESS, ArraySpec, Sample, Specs
 from shardfeed.transforms.boxes import (
     Box,
     center_box,
@@ -52,7 +57,6 @@ from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
 
 
 class CropDraw(NamedTuple):
@@ -107,25 +111,81 @@ class CropDecoderBase(DecoderBase):
         key, encoding = field.require(sample)
         if encoding in ("auto", "path") and not isinstance(sample[key], list):
             data = field.encoded_bytes(sample, key, encoding)
-            where = field.where_lazy(sample, key)
-            if sniff_format(data) == "jpeg":
-                height, width, space = jpeg_header(data, where=where)
-                check_pixels(height, width, max_pixels=field.max_pixels, where=where,
-                             nbytes=len(data))
-                if space not in CMYK_SPACES:
-                    drawn = self.draw(height, width, rng)
-                    image = self._jpeg_crop(data, drawn.box, height, width, where, drawn.flip,
-                                            out)
-                    return self._with_mask(sample, image, drawn, (height, width), key)
-            decoded = field.decode_bytes(data, where, self.fast_dct, self.fast_upsample)
-            full = self._fix_channels(decoded)
+            image, drawn, image_hw = self._crop_encoded(data, rng, field.where_lazy(sample, key),
+                                                        out)
         else:
             full, key = self._decode_full(sample)
+            image, drawn, image_hw = self._crop_decoded(full, rng, out)
+        return self._with_mask(sample, image, drawn, image_hw, key)
+
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """Each row's encoded image drawn, decoded, cropped, resized and flipped straight into
+        its batch row (see :meth:`TransformBase.apply_batch`): the draws and pixel work of
+        ``__call__``, in the same order, from each row's generator. Only for one embedded
+        image a row (``encoding="auto"``), no mask, and batch rows of the output's shape and
+        dtype; else None."""
+        image_out = out.get("image")
+        present = dict.fromkeys(columns)
+        found = self.image_field.locate(present)
+        if (image_out is None or found is None or found[1] != "auto"
+                or (self.mask is not False and (self.mask or self.mask_field.locate(present)))
+                or image_out.shape[1:] != (*self.size, self._channel_count())
+                or image_out.dtype != np.uint8):
+            return None
+        key = found[0]
+        values = columns[key]
+        rows = len(image_out)
+        if (not isinstance(values, list) or len(values) != rows
+                or (rngs is not None and len(rngs) != rows)
+                or not all(type(v) is bytes for v in values)):
+            return None  # a list of frames, or a value of another kind
+        where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
+        for row, data in enumerate(values):
+            target = image_out[row]
+            rng = NO_RANDOMNESS if rngs is None else rngs[row]
+            image = self._crop_encoded(data, rng, where, target)[0]
+            if image is not target:
+                if image.shape != target.shape or image.dtype != target.dtype:
+                    raise SchemaError(
+                        f"image {image.dtype} {image.shape} does not fit the batch's "
+                        f"{target.dtype} {target.shape}"
+                    )
+                target[...] = image
+        result = dict(columns)
+        if not self.keep_encoded and key not in ("image", "mask"):
+            del result[key]
+        result["image"] = image_out
+        return result
+
+    def _crop_encoded(
+        self, data: bytes | memoryview, rng: np.random.Generator, where: Where,
+        out: np.ndarray | None,
+    ) -> tuple[np.ndarray, CropDraw, tuple[int, int]]:
+        """The output image of encoded ``data``, the draws, and the full image's (H, W): a
+        JPEG decoded at reduced scale where it can be, any other image decoded whole."""
+        field = self.image_field
+        if sniff_format(data) == "jpeg":
+            height, width, space = jpeg_header(data, where=where)
+            check_pixels(height, width, max_pixels=field.max_pixels, where=where,
+                         nbytes=len(data))
+            if space not in CMYK_SPACES:
+                drawn = self.draw(height, width, rng)
+                image = self._jpeg_crop(data, drawn.box, height, width, where, drawn.flip, out)
+                return image, drawn, (height, width)
+        decoded = field.decode_bytes(data, where, self.fast_dct, self.fast_upsample)
+        return self._crop_decoded(self._fix_channels(decoded), rng, out)
+
+    def _crop_decoded(
+        self, full: np.ndarray, rng: np.random.Generator, out: np.ndarray | None
+    ) -> tuple[np.ndarray, CropDraw, tuple[int, int]]:
+        """The output image of a decoded image, the draws, and its (H, W)."""
         height, width = arrays.spatial_shape(full, is_mask=False)
         drawn = self.draw(height, width, rng)
         region = arrays.crop(full, drawn.box, is_mask=False)
-        image = self._resize_flip(region, drawn.flip, out)
-        return self._with_mask(sample, image, drawn, (height, width), key)
+        return self._resize_flip(region, drawn.flip, out), drawn, (height, width)
 
     def _with_mask(self, sample: Sample, image: np.ndarray, drawn: CropDraw,
                    image_hw: tuple[int, int], key: str) -> Sample:

@@ -1,0 +1,243 @@
+"""The ready-made pipelines (``presets.train`` / ``presets.eval``) take the batch path: each
+image drawn, decoded, cropped and flipped straight into its batch row. A user sees the very
+batches the sample-by-sample path gives for the same seed, on any thread count, and bad
+records are named or skipped exactly as before; a pipeline with a plain function in it keeps
+going sample by sample."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import simplejpeg
+from pipeline_helpers import BAD_JPEG, record_ids
+
+from shardfeed.dataset import Dataset
+from shardfeed.errors import DecodeError
+from shardfeed.format.writer import ShardWriter
+from shardfeed.pipeline import Loader
+from shardfeed.pipeline.produce import SliceBuilder
+from shardfeed.transforms import Compose, DecodeImage, presets
+from shardfeed.transforms.base import Sample, Specs, TransformBase
+from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
+
+N = 40
+SIZES = [(96, 128), (48, 64), (30, 20), (200, 150)]  # (height, width); the last > 2× crops
+
+
+def _pixels(i: int, hw: tuple[int, int], channels: int) -> np.ndarray:
+    rng = np.random.default_rng(i)
+    noise = rng.integers(0, 256, (*hw, channels), dtype=np.uint8)
+    # smooth enough that a JPEG keeps detail at every decode scale
+    return cv2.GaussianBlur(noise, (5, 5), 1.5).reshape(*hw, channels)
+
+
+def _encode(i: int, kind: str, hw: tuple[int, int]) -> bytes:
+    if kind == "jpeg":
+        return bytes(simplejpeg.encode_jpeg(_pixels(i, hw, 3), quality=90))
+    if kind == "gray-jpeg":
+        return bytes(simplejpeg.encode_jpeg(_pixels(i, hw, 1), quality=90, colorspace="GRAY"))
+    if kind == "png":
+        ok, buf = cv2.imencode(".png", _pixels(i, hw, 3))
+    else:  # "rgba-png"
+        ok, buf = cv2.imencode(".png", _pixels(i, hw, 4))
+    assert ok
+    return buf.tobytes()
+
+
+def _write(folder: Path, kind: str, sizes: Sequence[tuple[int, int]], *,
+           bad: Mapping[int, bytes] | None = None) -> Dataset:
+    """``N`` records of ``kind`` images, record ``i`` of size ``sizes[i % len(sizes)]``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for i in range(N):
+            encoded = _encode(i, kind, sizes[i % len(sizes)])
+            if bad and i in bad:
+                encoded = bad[i]
+            writer.write_example({"image/encoded": encoded, "label": [i % 7], "index": [i],
+                                  "image/filename": f"{i}.jpg".encode()})
+    return Dataset(str(folder))
+
+
+def _batches(ds: Dataset, transform: Any, *, threads: int = 2, **options: Any) -> list[Any]:
+    options.setdefault("batch_size", 8)
+    with Loader(ds, shuffle=True, seed=5, transform=transform, num_threads=threads,
+                **options) as loader:
+        return [{k: np.array(v) if isinstance(v, np.ndarray) else list(v)
+                 for k, v in batch.items()} for batch in loader]
+
+
+def _assert_same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], np.ndarray):
+                assert x[key].dtype == y[key].dtype, key
+                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+            else:
+                assert x[key] == y[key], key
+
+
+def _sample_by_sample(transform: Any) -> Callable[[Sample, np.random.Generator], Sample]:
+    """``transform`` behind a plain function: the Loader makes the batch sample by sample."""
+    return lambda sample, rng: transform(sample, rng)
+
+
+def _identity(sample: Sample, rng: np.random.Generator) -> Sample:
+    return sample
+
+
+PRESETS: dict[str, Callable[[], Any]] = {
+    "train": lambda: presets.train(size=32),
+    "eval": lambda: presets.eval(size=32),
+    "train-jitter-chw": lambda: presets.train(size=24, color=1.0, normalize="imagenet",
+                                              dtype="float32", layout="CHW"),
+    "eval-float": lambda: presets.eval(size=24, dtype="float32"),
+    # the decode ops on their own, with the options the presets leave out
+    "gray-crop": lambda: Compose([DecodeRandomResizedCrop(20, hflip=0.5, channels="gray",
+                                                          fast_upsample=False)]),
+    "center-flip-full-decode": lambda: DecodeCenterCrop(20, hflip=0.5, reduced_decode=False),
+}
+
+
+@pytest.fixture()
+def batch_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any slice made sample by sample fails the test."""
+
+    def refuse(*args: Any, **kwargs: Any) -> int:
+        raise AssertionError("a slice went sample by sample")
+
+    monkeypatch.setattr(SliceBuilder, "build_samples", refuse)
+
+
+def _count_sample_path(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    original = SliceBuilder.build_samples
+
+    def counting(self: SliceBuilder, *args: Any, **kwargs: Any) -> int:
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SliceBuilder, "build_samples", counting)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "gray-jpeg", "png", "rgba-png"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_give_the_sample_paths_batches(tmp_path: Path, kind: str, preset: str) -> None:
+    ds = _write(tmp_path / kind, kind, SIZES)
+    fast = _batches(ds, PRESETS[preset]())
+    slow = _batches(ds, _sample_by_sample(PRESETS[preset]()))
+    _assert_same(fast, slow)
+    also_slow = _batches(ds, Compose([PRESETS[preset](), _identity]))
+    _assert_same(fast, also_slow)
+    assert sorted(record_ids(fast)) == list(range(N))
+    assert fast[0]["image"].shape[0] == 8
+    if preset.startswith("gray"):
+        assert fast[0]["image"].shape == (8, 20, 20, 1)
+
+
+@pytest.mark.parametrize("hw", SIZES)
+def test_train_preset_on_images_of_one_size(tmp_path: Path, hw: tuple[int, int]) -> None:
+    ds = _write(tmp_path / "one", "jpeg", [hw])
+    fast = _batches(ds, presets.train(size=64), batch_size=16)
+    slow = _batches(ds, _sample_by_sample(presets.train(size=64)), batch_size=16)
+    _assert_same(fast, slow)
+    assert fast[0]["image"].shape == (16, 64, 64, 3)
+
+
+@pytest.mark.parametrize("preset", ["train", "train-jitter-chw"])
+def test_same_bytes_on_1_2_4_threads(tmp_path: Path, preset: str) -> None:
+    ds = _write(tmp_path / "t", "jpeg", SIZES)
+    runs = [_batches(ds, PRESETS[preset](), threads=t) for t in (1, 2, 4)]
+    _assert_same(runs[0], runs[1])
+    _assert_same(runs[0], runs[2])
+    _assert_same(runs[0], _batches(ds, _sample_by_sample(PRESETS[preset]()), threads=1))
+
+
+def test_the_next_epoch_draws_new_crops_as_the_sample_path_does(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "e", "jpeg", SIZES)
+
+    def two_epochs(transform: Any) -> list[Any]:
+        with Loader(ds, batch_size=8, shuffle=True, seed=9, transform=transform,
+                    num_threads=2) as loader:
+            return [{k: np.array(v) for k, v in b.items()} for _ in range(2) for b in loader]
+
+    fast = two_epochs(presets.train(size=32))
+    _assert_same(fast, two_epochs(_sample_by_sample(presets.train(size=32))))
+    first = {int(i): img for b in fast[:5] for i, img in zip(b["index"], b["image"])}
+    second = {int(i): img for b in fast[5:] for i, img in zip(b["index"], b["image"])}
+    assert any(not np.array_equal(first[i], second[i]) for i in first)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_take_the_batch_path(tmp_path: Path, preset: str,
+                                     batch_path_only: None) -> None:
+    ds = _write(tmp_path / "p", "jpeg", SIZES)
+    batches = _batches(ds, PRESETS[preset]())
+    assert sorted(record_ids(batches)) == list(range(N))
+
+
+def test_a_plain_function_in_the_pipeline_goes_sample_by_sample(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = _write(tmp_path / "f", "png", SIZES[:1])
+    calls = _count_sample_path(monkeypatch)
+    seen: list[int] = []
+
+    def count(sample: Sample, rng: np.random.Generator) -> Sample:
+        seen.append(int(sample["index"][0]))
+        return sample
+
+    batches = _batches(ds, Compose([DecodeImage(), count]))
+    assert calls  # slices went sample by sample, the function seeing every record
+    assert set(seen) == set(range(N)) and sorted(record_ids(batches)) == list(range(N))
+    calls.clear()
+    _batches(ds, Compose([DecodeCenterCrop(16), count]))
+    assert calls
+
+
+class _Invert(TransformBase):
+    """A user op that declares its batch form."""
+
+    draws_random = False
+
+    def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
+        sample["image"] = 255 - sample["image"]
+        return sample
+
+    def output_spec(self, specs: Specs) -> Specs:
+        return dict(specs)
+
+    def apply_batch(self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+                    out: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
+        np.subtract(255, columns["image"], out=out["image"])
+        return {**columns, "image": out["image"]}
+
+
+def test_a_declared_user_op_keeps_the_batch_path(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = _write(tmp_path / "d", "jpeg", SIZES)
+    slow = _batches(ds, _sample_by_sample(Compose([presets.train(size=32), _Invert()])))
+    calls = _count_sample_path(monkeypatch)
+    fast = _batches(ds, Compose([presets.train(size=32), _Invert()]))
+    assert not calls
+    _assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("preset", ["train", "eval"])
+def test_a_damaged_jpeg_is_named_or_skipped_exactly(tmp_path: Path, preset: str) -> None:
+    good = _encode(0, "jpeg", (96, 128))
+    bad = {13: BAD_JPEG, 27: good[: len(good) // 3]}  # no readable header; cut short
+    ds = _write(tmp_path / "bad", "jpeg", SIZES, bad=bad)
+    with pytest.raises(DecodeError, match=r"record (13|27) at byte \d+"):
+        _batches(ds, PRESETS[preset]())
+    fast = _batches(ds, PRESETS[preset](), on_error="skip", max_skipped=4)
+    slow = _batches(ds, _sample_by_sample(PRESETS[preset]()), on_error="skip", max_skipped=4)
+    _assert_same(fast, slow)
+    assert 13 not in record_ids(fast) and 27 not in record_ids(fast)
+    assert len(record_ids(fast)) == N

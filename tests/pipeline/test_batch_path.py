@@ -184,3 +184,25 @@ def test_max_pixels_still_refuses_on_the_batch_path(tmp_path: Path) -> None:
     loader = Loader(ds, batch_size=16, transform=DecodeImage(channels="gray", max_pixels=700))
     with pytest.raises(DecodeError, match=r"refusing to decode image.*record \d+ at byte \d+"):
         _batches(loader)
+
+
+class _Fussy(DecodeImage):
+    """A user's decode op with a batch form that has a bug: ValueError on record 5."""
+
+    def __call__(self, sample: dict[str, Any], rng: Any, /) -> dict[str, Any]:
+        if int(sample["index"][0]) == 5:
+            raise ValueError("bad option for this image")
+        return super().__call__(sample, rng)
+
+    def apply_batch(self, columns: dict[str, Any], rngs: Any, out: Any) -> dict[str, Any] | None:
+        if 5 in columns["index"]:
+            raise ValueError("bad option for this image")
+        return super().apply_batch(columns, rngs, out)
+
+
+def test_a_bug_in_a_batch_form_still_names_the_record(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "g", "gray-png")
+    with pytest.raises(ValueError, match="bad option") as caught:
+        _batches(Loader(ds, batch_size=16, shuffle=False, transform=_Fussy(channels="gray")))
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "epoch position 5" in notes and "record 5" in notes, notes

@@ -52,6 +52,13 @@ PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
 MAX_REPLACEMENT_TRIES = 16
 
 
+class _TransformFailed(Exception):
+    """A transform's batch form raised something other than a data error (chained)."""
+
+
+_RETRY_SAMPLE_BY_SAMPLE: tuple[type[Exception], ...] = (*BATCH_PATH_RETRIED, _TransformFailed)
+
+
 class TooManyBadSamples(ShardfeedError):
     """Every replacement draw for one position was bad as well (the Loader raises it as its
     ``TooManyErrorsError`` while iterating); chained from the last bad record's error."""
@@ -218,15 +225,16 @@ class SliceBuilder:
         """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met.
 
         The batch path first (:meth:`build_columns`); a data error there (a damaged record
-        or image, a value that does not fit), or columns it cannot take, and the rows are made
-        sample by sample, which reports or skips exactly. Storage errors and interrupts are
-        not retried: they propagate as they are.
+        or image, a value that does not fit), an exception from the transform's batch form,
+        or columns it cannot take, and the rows are made sample by sample, which reports or
+        skips exactly, naming the record. Storage errors and interrupts are not retried: they
+        propagate as they are.
         """
         if self._read_columns is not None:
             try:
                 if self.build_columns(ctx, positions, buffer, first_row):
                     return 0
-            except BATCH_PATH_RETRIED:
+            except _RETRY_SAMPLE_BY_SAMPLE:
                 pass  # the sample-by-sample path below meets it again and says where
         return self.build_samples(ctx, positions, buffer, first_row)
 
@@ -251,7 +259,12 @@ class SliceBuilder:
         if transform is not None:
             rngs = ([ctx.rng(p) for p in positions.tolist()] if transform.draws_random
                     else None)
-            columns = transform.apply_batch(columns, rngs, out)
+            try:
+                columns = transform.apply_batch(columns, rngs, out)
+            except BATCH_PATH_RETRIED:
+                raise
+            except Exception as exc:  # a bug in a transform: the sample path names the record
+                raise _TransformFailed from exc
             if columns is None:
                 self._read_columns = None  # no batch form for this data: stop trying
                 return False

@@ -88,7 +88,7 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
                     num_threads=threads)
     # tiny windows and a clock that flips the verdict often: the limit changes many times
     ticks = iter(range(10**9))
-    gate = SliceGate(threads, window_samples=3, clock=lambda: float(next(ticks)))
+    gate = SliceGate(threads, window_samples=3, clock=lambda: next(ticks) * 1e-6)
     limits: list[int] = []
     set_limit = gate._set_limit
 
@@ -103,3 +103,11 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
     assert len(got) == len(reference)
     for a, b in zip(got, reference):
         np.testing.assert_array_equal(a, b)
+
+
+def test_heavy_samples_never_try_one_thread() -> None:
+    clock = Clock()
+    gate = SliceGate(2, window_samples=4, clock=clock)
+    # a large JPEG: 1.2 ms of a thread a sample, 0.6 ms of wall time with two threads
+    seen = _feed(gate, clock, 2 * RECHECK_WINDOWS, {2: 0.6e-3, 1: 0.4e-3})
+    assert seen == [2] * len(seen)

@@ -7,7 +7,8 @@ measures instead of guessing::
 
     trial   slices at once   measured
     1       all threads      samples built / seconds with at least one slice running
-    2       1                the same
+    2       1                the same (skipped when a sample takes a thread at least
+                             ``HEAVY_SAMPLE_SECONDS``: large images gain from threads)
     then    the faster one (fewer threads only when at least ``MARGIN`` faster),
             measured again every ``RECHECK_WINDOWS`` windows, as the work may change
 
@@ -32,6 +33,9 @@ MARGIN = 1.15
 """Fewer threads are kept only when they build at least this much faster (noise guard)."""
 RECHECK_WINDOWS = 32
 """Windows run at the chosen limit before both limits are measured again."""
+HEAVY_SAMPLE_SECONDS = 500e-6
+"""Work of at least this much thread time a sample (a large JPEG: about 1 ms) gains from
+every thread, the decode releasing the GIL: one thread is not tried (a trial costs time)."""
 
 
 class SliceGate:
@@ -112,6 +116,9 @@ class SliceGate:
             return
         self._trial.append((self.limit, rate))
         if len(self._trial) == 1:
+            if self.threads / rate >= HEAVY_SAMPLE_SECONDS:
+                self._windows_left = RECHECK_WINDOWS  # threads help: no trial of one
+                return
             self._set_limit(1)
             return
         full = next(r for limit, r in self._trial if limit == self.threads)

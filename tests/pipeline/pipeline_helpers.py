@@ -102,3 +102,23 @@ def keyed_transform() -> Any:
 
 def record_ids(batches: list[dict[str, Any]]) -> list[int]:
     return [int(i) for b in batches for i in np.asarray(b["index"]).reshape(-1)]
+
+
+def collect(loader: Any) -> list[dict[str, Any]]:
+    """Every batch of ``loader``, copied (arrays as arrays, lists as lists); closes it."""
+    with loader:
+        return [{k: np.array(v) if isinstance(v, np.ndarray) else list(v)
+                 for k, v in batch.items()} for batch in loader]
+
+
+def assert_same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    """The two runs gave the same batches: keys, dtypes, values."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], np.ndarray):
+                assert x[key].dtype == y[key].dtype, key
+                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+            else:
+                assert x[key] == y[key], key

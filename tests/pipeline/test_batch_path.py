@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 import simplejpeg
-from pipeline_helpers import open_dataset, record_ids
+from pipeline_helpers import assert_same_batches, collect, open_dataset, record_ids
 
 from shardfeed.dataset import Dataset
 from shardfeed.errors import CorruptRecordError, DecodeError, SchemaError
@@ -63,30 +63,14 @@ def _write(folder: Path, kind: str, n: int = 70, *, bad: int | None = None,
     return Dataset(str(folder))
 
 
-def _batches(loader: Loader) -> list[dict[str, Any]]:
-    with loader:
-        return [{k: np.array(v) if isinstance(v, np.ndarray) else list(v)
-                 for k, v in batch.items()} for batch in loader]
-
-
-def _assert_same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            if isinstance(x[key], np.ndarray):
-                assert x[key].dtype == y[key].dtype, key
-                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
-            else:
-                assert x[key] == y[key], key
 
 
 def _pair(ds: Dataset, channels: str, **options: Any) -> tuple[list[Any], list[Any]]:
     """Batches of the batch path and of the sample path (a plain function in the pipeline
     has no batch form)."""
     options.setdefault("batch_size", 16)
-    fast = _batches(Loader(ds, transform=DecodeImage(channels=channels), **options))
-    slow = _batches(Loader(ds, transform=Compose([DecodeImage(channels=channels),
+    fast = collect(Loader(ds, transform=DecodeImage(channels=channels), **options))
+    slow = collect(Loader(ds, transform=Compose([DecodeImage(channels=channels),
                                                   lambda sample, rng: sample]), **options))
     return fast, slow
 
@@ -98,22 +82,22 @@ def test_batch_path_gives_the_sample_paths_batches(tmp_path: Path, kind: str,
                                                    channels: str) -> None:
     ds = _write(tmp_path / kind, kind)
     fast, slow = _pair(ds, channels, num_threads=2)
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     assert sorted(record_ids(fast)) == list(range(70))
     assert fast[0]["image"].shape == (16, 28, 28, 1 if channels == "gray" else 3)
 
 
 def test_same_bytes_on_1_2_4_threads(tmp_path: Path) -> None:
     ds = _write(tmp_path / "g", "gray-png")
-    runs = [_batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray"),
+    runs = [collect(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray"),
                             num_threads=t)) for t in (1, 2, 4)]
-    _assert_same(runs[0], runs[1])
-    _assert_same(runs[0], runs[2])
+    assert_same_batches(runs[0], runs[1])
+    assert_same_batches(runs[0], runs[2])
 
 
 def test_transform_none_reads_columns_as_the_records_hold(tmp_path: Path) -> None:
     ds = _write(tmp_path / "g", "gray-png")
-    a = _batches(Loader(ds, batch_size=16, seed=1))
+    a = collect(Loader(ds, batch_size=16, seed=1))
     b = [{k: v for k, v in r.items()} for r in ds.read_many(range(70))]
     by_index = {int(r["index"][0]): r for r in b}
     for batch in a:
@@ -124,33 +108,33 @@ def test_transform_none_reads_columns_as_the_records_hold(tmp_path: Path) -> Non
 
 def test_tensorflow_written_records_through_the_batch_path(tf_fixtures: Path) -> None:
     ds = Dataset(str(tf_fixtures / "mixed.tfrecord"))
-    a = _batches(Loader(ds, batch_size=7, seed=2, num_threads=2))
-    b = _batches(Loader(ds, batch_size=7, seed=2, num_threads=2, on_error="raise",
+    a = collect(Loader(ds, batch_size=7, seed=2, num_threads=2))
+    b = collect(Loader(ds, batch_size=7, seed=2, num_threads=2, on_error="raise",
                         transform=Compose([lambda sample, rng: sample])))
-    _assert_same(a, b)
+    assert_same_batches(a, b)
 
 
 def test_a_damaged_image_is_still_named(tmp_path: Path) -> None:
     ds = _write(tmp_path / "bad", "gray-png", bad=33)
     with pytest.raises(DecodeError, match=r"record 33 at byte \d+"):
-        _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
+        collect(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
     fast, slow = _pair(ds, "gray", on_error="skip")
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     assert 33 not in record_ids(fast)
 
 
 def test_a_damaged_record_is_still_named(bad_crc_folder: Path) -> None:
     with pytest.raises(CorruptRecordError, match="record"):
-        _batches(Loader(open_dataset(bad_crc_folder), batch_size=8,
+        collect(Loader(open_dataset(bad_crc_folder), batch_size=8,
                         transform=DecodeImage(channels="gray")))
     fast, slow = _pair(open_dataset(bad_crc_folder), "gray", batch_size=8, on_error="skip")
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
 
 
 def test_an_image_of_another_size_is_named(tmp_path: Path) -> None:
     ds = _write(tmp_path / "size", "gray-png", other_size=40)
     with pytest.raises(SchemaError, match=r"record 40 at byte \d+|epoch position"):
-        _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
+        collect(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
 
 
 def _no_sample_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,7 +151,7 @@ def test_decoding_alike_records_takes_the_batch_path(tmp_path: Path, kind: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     ds = _write(tmp_path / kind, kind)
     _no_sample_path(monkeypatch)
-    batches = _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray"),
+    batches = collect(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray"),
                               num_threads=2))
     assert sorted(record_ids(batches)) == list(range(70))
 
@@ -176,14 +160,14 @@ def test_tensorflow_written_records_take_the_batch_path(tf_fixtures: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     ds = Dataset(str(tf_fixtures / "mixed.tfrecord"))
     _no_sample_path(monkeypatch)
-    assert len(_batches(Loader(ds, batch_size=7, seed=2))) == 3
+    assert len(collect(Loader(ds, batch_size=7, seed=2))) == 3
 
 
 def test_max_pixels_still_refuses_on_the_batch_path(tmp_path: Path) -> None:
     ds = _write(tmp_path / "g", "gray-png")
     loader = Loader(ds, batch_size=16, transform=DecodeImage(channels="gray", max_pixels=700))
     with pytest.raises(DecodeError, match=r"refusing to decode image.*record \d+ at byte \d+"):
-        _batches(loader)
+        collect(loader)
 
 
 class _Fussy(DecodeImage):
@@ -203,6 +187,6 @@ class _Fussy(DecodeImage):
 def test_a_bug_in_a_batch_form_still_names_the_record(tmp_path: Path) -> None:
     ds = _write(tmp_path / "g", "gray-png")
     with pytest.raises(ValueError, match="bad option") as caught:
-        _batches(Loader(ds, batch_size=16, shuffle=False, transform=_Fussy(channels="gray")))
+        collect(Loader(ds, batch_size=16, shuffle=False, transform=_Fussy(channels="gray")))
     notes = " ".join(getattr(caught.value, "__notes__", []))
     assert "epoch position 5" in notes and "record 5" in notes, notes

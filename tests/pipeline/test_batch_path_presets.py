@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 import simplejpeg
-from pipeline_helpers import BAD_JPEG, record_ids
+from pipeline_helpers import BAD_JPEG, assert_same_batches, record_ids
 
 from shardfeed.dataset import Dataset
 from shardfeed.errors import DecodeError
@@ -71,17 +71,6 @@ def _batches(ds: Dataset, transform: Any, *, threads: int = 2, **options: Any) -
                  for k, v in batch.items()} for batch in loader]
 
 
-def _assert_same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            if isinstance(x[key], np.ndarray):
-                assert x[key].dtype == y[key].dtype, key
-                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
-            else:
-                assert x[key] == y[key], key
-
 
 def _sample_by_sample(transform: Any) -> Callable[[Sample, np.random.Generator], Sample]:
     """``transform`` behind a plain function: the Loader makes the batch sample by sample."""
@@ -133,9 +122,9 @@ def test_presets_give_the_sample_paths_batches(tmp_path: Path, kind: str, preset
     ds = _write(tmp_path / kind, kind, SIZES)
     fast = _batches(ds, PRESETS[preset]())
     slow = _batches(ds, _sample_by_sample(PRESETS[preset]()))
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     also_slow = _batches(ds, Compose([PRESETS[preset](), _identity]))
-    _assert_same(fast, also_slow)
+    assert_same_batches(fast, also_slow)
     assert sorted(record_ids(fast)) == list(range(N))
     assert fast[0]["image"].shape[0] == 8
     if preset.startswith("gray"):
@@ -147,7 +136,7 @@ def test_train_preset_on_images_of_one_size(tmp_path: Path, hw: tuple[int, int])
     ds = _write(tmp_path / "one", "jpeg", [hw])
     fast = _batches(ds, presets.train(size=64), batch_size=16)
     slow = _batches(ds, _sample_by_sample(presets.train(size=64)), batch_size=16)
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     assert fast[0]["image"].shape == (16, 64, 64, 3)
 
 
@@ -155,9 +144,9 @@ def test_train_preset_on_images_of_one_size(tmp_path: Path, hw: tuple[int, int])
 def test_same_bytes_on_1_2_4_threads(tmp_path: Path, preset: str) -> None:
     ds = _write(tmp_path / "t", "jpeg", SIZES)
     runs = [_batches(ds, PRESETS[preset](), threads=t) for t in (1, 2, 4)]
-    _assert_same(runs[0], runs[1])
-    _assert_same(runs[0], runs[2])
-    _assert_same(runs[0], _batches(ds, _sample_by_sample(PRESETS[preset]()), threads=1))
+    assert_same_batches(runs[0], runs[1])
+    assert_same_batches(runs[0], runs[2])
+    assert_same_batches(runs[0], _batches(ds, _sample_by_sample(PRESETS[preset]()), threads=1))
 
 
 def test_the_next_epoch_draws_new_crops_as_the_sample_path_does(tmp_path: Path) -> None:
@@ -169,7 +158,7 @@ def test_the_next_epoch_draws_new_crops_as_the_sample_path_does(tmp_path: Path) 
             return [{k: np.array(v) for k, v in b.items()} for _ in range(2) for b in loader]
 
     fast = two_epochs(presets.train(size=32))
-    _assert_same(fast, two_epochs(_sample_by_sample(presets.train(size=32))))
+    assert_same_batches(fast, two_epochs(_sample_by_sample(presets.train(size=32))))
     first = {int(i): img for b in fast[:5] for i, img in zip(b["index"], b["image"])}
     second = {int(i): img for b in fast[5:] for i, img in zip(b["index"], b["image"])}
     assert any(not np.array_equal(first[i], second[i]) for i in first)
@@ -226,7 +215,7 @@ def test_a_declared_user_op_keeps_the_batch_path(tmp_path: Path,
     calls = _count_sample_path(monkeypatch)
     fast = _batches(ds, Compose([presets.train(size=32), _Invert()]))
     assert not calls
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
 
 
 @pytest.mark.parametrize("preset", ["train", "eval"])
@@ -238,6 +227,6 @@ def test_a_damaged_jpeg_is_named_or_skipped_exactly(tmp_path: Path, preset: str)
         _batches(ds, PRESETS[preset]())
     fast = _batches(ds, PRESETS[preset](), on_error="skip", max_skipped=4)
     slow = _batches(ds, _sample_by_sample(PRESETS[preset]()), on_error="skip", max_skipped=4)
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     assert 13 not in record_ids(fast) and 27 not in record_ids(fast)
     assert len(record_ids(fast)) == N

@@ -11,7 +11,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from pipeline_helpers import record_ids
+from pipeline_helpers import assert_same_batches, collect, record_ids
 
 from shardfeed.dataset import Dataset
 from shardfeed.errors import DecodeError, SchemaError
@@ -56,22 +56,6 @@ def _write(folder: Path, kind: str | list[str], n: int = 70, *, defect: dict[int
     return Dataset(str(folder))
 
 
-def _batches(loader: Loader) -> list[dict[str, Any]]:
-    with loader:
-        return [{k: np.array(v) if isinstance(v, np.ndarray) else list(v)
-                 for k, v in batch.items()} for batch in loader]
-
-
-def _assert_same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            if isinstance(x[key], np.ndarray):
-                assert x[key].dtype == y[key].dtype, key
-                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
-            else:
-                assert x[key] == y[key], key
 
 
 def _pair(ds: Dataset, channels: str, *, keep_encoded: bool = False,
@@ -79,8 +63,8 @@ def _pair(ds: Dataset, channels: str, *, keep_encoded: bool = False,
     """Batches of the batch path and of the sample path (Compose has no batch form)."""
     options.setdefault("batch_size", 16)
     op = DecodeImage(channels=channels, keep_encoded=keep_encoded)  # type: ignore[arg-type]
-    fast = _batches(Loader(ds, transform=op, **options))
-    slow = _batches(Loader(ds, transform=Compose([op]), **options))
+    fast = collect(Loader(ds, transform=op, **options))
+    slow = collect(Loader(ds, transform=Compose([op]), **options))
     return fast, slow
 
 
@@ -100,7 +84,7 @@ def test_raw_batches_are_the_sample_paths_batches(tmp_path: Path, kind: str,
     stored: str | list[str] = ["gray", "rgb", "rgba"] if kind == "mixed" else kind
     ds = _write(tmp_path / kind, stored)
     fast, slow = _pair(ds, channels, num_threads=2)
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     assert sorted(record_ids(fast)) == list(range(70))
     assert fast[0]["image"].shape == (16, 28, 28, 1 if channels == "gray" else 3)
     assert "image/raw" not in fast[0] and "image/height" in fast[0]
@@ -120,24 +104,24 @@ def test_raw_batches_are_the_sample_paths_batches(tmp_path: Path, kind: str,
 def test_raw_records_without_a_channels_feature(tmp_path: Path) -> None:
     ds = _write(tmp_path / "g", "gray", channels_column=False)
     fast, slow = _pair(ds, "gray")
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     assert sorted(record_ids(fast)) == list(range(70))
 
 
 def test_keep_encoded_keeps_the_raw_bytes(tmp_path: Path) -> None:
     ds = _write(tmp_path / "g", "gray")
     fast, slow = _pair(ds, "gray", keep_encoded=True)
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     assert "image/raw" in fast[0]
 
 
 @pytest.mark.parametrize("kind", ["gray", "rgb"])
 def test_same_bytes_on_1_2_4_threads(tmp_path: Path, kind: str) -> None:
     ds = _write(tmp_path / kind, kind)
-    runs = [_batches(Loader(ds, batch_size=16, seed=3, transform=DecodeImage(channels="rgb"),
+    runs = [collect(Loader(ds, batch_size=16, seed=3, transform=DecodeImage(channels="rgb"),
                             num_threads=t)) for t in (1, 2, 4)]
-    _assert_same(runs[0], runs[1])
-    _assert_same(runs[0], runs[2])
+    assert_same_batches(runs[0], runs[1])
+    assert_same_batches(runs[0], runs[2])
 
 
 @pytest.mark.parametrize("defect", ["height", "short"])
@@ -145,9 +129,9 @@ def test_a_raw_record_that_does_not_fit_is_named_and_skipped(tmp_path: Path,
                                                              defect: str) -> None:
     ds = _write(tmp_path / defect, "gray", defect={33: defect})
     with pytest.raises(DecodeError, match=r"record 33 at byte \d+"):
-        _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
+        collect(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
     fast, slow = _pair(ds, "gray", on_error="skip", num_threads=2)
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     ids = record_ids(fast)
     assert 33 not in ids and len(ids) == 70
 
@@ -155,7 +139,7 @@ def test_a_raw_record_that_does_not_fit_is_named_and_skipped(tmp_path: Path,
 def test_a_raw_image_of_another_size_is_named(tmp_path: Path) -> None:
     ds = _write(tmp_path / "size", "gray", defect={40: "other-size"})
     with pytest.raises(SchemaError, match=r"record 40 at byte \d+|epoch position"):
-        _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
+        collect(Loader(ds, batch_size=16, transform=DecodeImage(channels="gray")))
 
 
 @pytest.mark.parametrize("kind", ["gray", "rgb", "rgba", "mixed"])
@@ -164,7 +148,7 @@ def test_raw_records_take_the_batch_path(tmp_path: Path, kind: str, channels: st
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     ds = _write(tmp_path / kind, ["gray", "rgb"] if kind == "mixed" else kind)
     _no_sample_path(monkeypatch)
-    batches = _batches(Loader(ds, batch_size=16, transform=DecodeImage(channels=channels),  # type: ignore[arg-type]
+    batches = collect(Loader(ds, batch_size=16, transform=DecodeImage(channels=channels),  # type: ignore[arg-type]
                               num_threads=2))
     assert sorted(record_ids(batches)) == list(range(70))
 
@@ -179,9 +163,9 @@ def test_a_folder_packed_raw_goes_through_the_batch_path(tmp_path: Path,
     pack(str(tmp_path / "digits"), str(tmp_path / "packed"), mode="raw")
     ds = Dataset(str(tmp_path / "packed"))
     fast, slow = _pair(ds, "gray", batch_size=8, seed=5)
-    _assert_same(fast, slow)
+    assert_same_batches(fast, slow)
     images = sorted(bytes(image) for batch in fast for image in batch["image"])
     assert images == sorted(_pixels(i, "gray").tobytes() for i in range(40))
     _no_sample_path(monkeypatch)
-    again = _batches(Loader(ds, batch_size=8, seed=5, transform=DecodeImage(channels="gray")))
-    _assert_same(again, fast)
+    again = collect(Loader(ds, batch_size=8, seed=5, transform=DecodeImage(channels="gray")))
+    assert_same_batches(again, fast)

@@ -66,6 +66,17 @@ def _factor_range(value: float | Sequence[float], name: str, *, center: float) -
     return lo, hi
 
 
+
+def _rows_batch_form(
+    self: Any, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+    out: Mapping[str, np.ndarray],
+) -> dict[str, Any] | None:
+    """``apply_batch`` of an op that reads and writes only ``self.key``: each row of that
+    column through the op's own ``__call__`` into its batch row (:func:`_apply_rows`); None
+    where that does not apply. Assigned in each op's class body, so that the batch form is
+    declared by the class that defines ``__call__``."""
+    return _apply_rows(self, self.key, columns, rngs, out)
+
 class ColorJitter(TransformBase):
     """Random brightness, contrast, saturation and hue changes of a uint8 RGB image, in a
     random order (as torchvision's ColorJitter).
@@ -133,13 +144,8 @@ class ColorJitter(TransformBase):
         sample[self.key] = work.reshape(shape)
         return sample
 
-    def apply_batch(
-        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-        out: Mapping[str, np.ndarray],
-    ) -> dict[str, Any] | None:
-        """Each row of the image column through ``__call__`` into its batch row (see
-        :func:`_apply_rows`); None where that does not apply."""
-        return _apply_rows(self, self.key, columns, rngs, out)
+    # the batch form: this op's own __call__ on each row (see _rows_batch_form)
+    apply_batch = _rows_batch_form
 
     @staticmethod
     def _lut(image: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -226,13 +232,8 @@ class Normalize(TransformBase):
         sample[self.key] = target if direct else _write(target, out)
         return sample
 
-    def apply_batch(
-        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-        out: Mapping[str, np.ndarray],
-    ) -> dict[str, Any] | None:
-        """Each row of the image column through ``__call__`` into its batch row (see
-        :func:`_apply_rows`); None where that does not apply."""
-        return _apply_rows(self, self.key, columns, rngs, out)
+    # the batch form: this op's own __call__ on each row (see _rows_batch_form)
+    apply_batch = _rows_batch_form
 
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
@@ -276,13 +277,8 @@ class ToFloat(TransformBase):
         sample[self.key] = _write(result, out)
         return sample
 
-    def apply_batch(
-        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-        out: Mapping[str, np.ndarray],
-    ) -> dict[str, Any] | None:
-        """Each row of the image column through ``__call__`` into its batch row (see
-        :func:`_apply_rows`); None where that does not apply."""
-        return _apply_rows(self, self.key, columns, rngs, out)
+    # the batch form: this op's own __call__ on each row (see _rows_batch_form)
+    apply_batch = _rows_batch_form
 
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
@@ -317,13 +313,8 @@ class ToCHW(TransformBase):
         sample[self.key] = _write(moved, out) if out is not None else np.ascontiguousarray(moved)
         return sample
 
-    def apply_batch(
-        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-        out: Mapping[str, np.ndarray],
-    ) -> dict[str, Any] | None:
-        """Each row of the image column through ``__call__`` into its batch row (see
-        :func:`_apply_rows`); None where that does not apply."""
-        return _apply_rows(self, self.key, columns, rngs, out)
+    # the batch form: this op's own __call__ on each row (see _rows_batch_form)
+    apply_batch = _rows_batch_form
 
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)

@@ -20,7 +20,6 @@ gets a buffer of its own, freed with the image).
 from __future__ import annotations
 
 import math
-import struct
 import threading
 from collections.abc import Callable
 from typing import Literal, TypeAlias
@@ -46,8 +45,8 @@ Where: TypeAlias = "str | Callable[[], str]"
 when an error is raised: building the text costs more than decoding a small image)."""
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-_PNG_SIZE = struct.Struct(">II")  # IHDR: width, height
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+"""The first 8 bytes of every PNG."""
 
 # libjpeg colour spaces that libjpeg-turbo cannot convert to RGB; OpenCV handles them.
 CMYK_SPACES = ("CMYK", "YCCK")
@@ -58,7 +57,7 @@ def sniff_format(data: bytes | memoryview) -> str:
     head = bytes(data[:8])
     if head.startswith(_JPEG_MAGIC):
         return "jpeg"
-    if head == _PNG_MAGIC:
+    if head == PNG_MAGIC:
         return "png"
     return "other"
 
@@ -144,7 +143,7 @@ _CV2_FLAGS = {
 }
 # OpenCV >= 4.10 decodes PNG straight to RGB: the same pixels as BGR + a channel swap, one
 # array and one call less (on small images the call costs as much as the decode).
-_PNG_RGB_FLAG: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+PNG_RGB_FLAG: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
 
 
 def _decode_cv2(data: bytes | memoryview, mode: str, where: Where) -> np.ndarray:
@@ -152,9 +151,9 @@ def _decode_cv2(data: bytes | memoryview, mode: str, where: Where) -> np.ndarray
     if buf.size == 0:
         raise decode_error(data, where, "the image is empty (0 bytes)")
     flags = _CV2_FLAGS[mode]
-    rgb_direct = mode == "rgb" and _PNG_RGB_FLAG is not None and bytes(data[:8]) == _PNG_MAGIC
-    if rgb_direct and _PNG_RGB_FLAG is not None:
-        flags = _PNG_RGB_FLAG
+    rgb_direct = mode == "rgb" and PNG_RGB_FLAG is not None and bytes(data[:8]) == PNG_MAGIC
+    if rgb_direct and PNG_RGB_FLAG is not None:
+        flags = PNG_RGB_FLAG
     try:
         image = cv2.imdecode(buf, flags)
     except cv2.error as exc:  # OpenCV raises for some malformed inputs instead of returning None
@@ -259,38 +258,6 @@ def decode_image(
     if colorspace == "GRAY":
         image = image.reshape(image.shape[0], image.shape[1])
     return image
-
-
-def decode_png_into(data: bytes, target: np.ndarray, *, max_pixels: int) -> bool:
-    """Decode an 8-bit PNG straight into ``target`` (H×W×1 grey or H×W×3 RGB uint8) when its
-    header says it holds exactly those channels; False (nothing written) for any other image.
-
-    The pixels are those of :func:`decode_image` followed by the channel conversion of the
-    decode ops (a grey PNG's RGB decode is three equal channels, whose grey value is that
-    value again), without the intermediate arrays: the small-image path of the batch decode.
-    Raises DecodeError as :func:`decode_image` does.
-    """
-    if data[:8] != _PNG_MAGIC or len(data) < 33 or target.ndim != 3:
-        return False
-    height, width, channels = target.shape
-    if data[24] != 8 or data[25] != (0 if channels == 1 else 2):  # bit depth, colour type
-        return False
-    rgb_flag = _PNG_RGB_FLAG
-    if channels == 3 and rgb_flag is None:
-        return False
-    if data[12:16] != b"IHDR" or _PNG_SIZE.unpack_from(data, 16) != (width, height):
-        return False
-    if height * width > max_pixels:
-        return False  # decode_image refuses it, naming the record
-    flags = cv2.IMREAD_GRAYSCALE if channels == 1 or rgb_flag is None else rgb_flag
-    try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
-    except cv2.error:
-        return False  # decode_image names the damage
-    if image is None or image.shape[:2] != (height, width):
-        return False
-    target[...] = image.reshape(target.shape)
-    return True
 
 
 def decode_jpeg_reduced(
@@ -406,7 +373,6 @@ __all__ = [
     "decode_image",
     "decode_jpeg_reduced",
     "decode_jpeg_scratch",
-    "decode_png_into",
     "jpeg_header",
     "out_of_memory",
     "scratch_buffer",

@@ -20,8 +20,8 @@ import numpy as np
 from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
 from shardfeed.transforms.decode.fields import Encoding, ImageField
-from shardfeed.transforms.decode.image import decode_png_into
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
+from shardfeed.transforms.decode.png_rows import decode_png_into
 from shardfeed.transforms.decode.raw_rows import raw_rows_into
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
 

@@ -28,6 +28,7 @@ from shardfeed.errors import DecodeError, PackError
 from shardfeed.format import spec
 from shardfeed.format.example import encode_example
 from shardfeed.tools.pack.items import PackItem
+from shardfeed.transforms.decode.image import PNG_MAGIC
 from shardfeed.transforms.decode.masks import decode_mask
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
@@ -35,7 +36,6 @@ Mode = Literal["embedded", "referenced", "raw"]
 MODES: tuple[str, ...] = ("embedded", "referenced", "raw")
 MASK_PATH = spec.MASK_PATH
 
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 
 
@@ -44,7 +44,7 @@ def image_format(data: bytes) -> str:
     ``other``."""
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
-    if data[:8] == _PNG_MAGIC:
+    if data[:8] == PNG_MAGIC:
         return "png"
     if data[:2] == b"BM":
         return "bmp"

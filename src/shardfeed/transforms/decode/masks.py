@@ -46,6 +46,7 @@ import numpy as np
 
 from shardfeed.errors import DecodeError
 from shardfeed.transforms.decode.image import (
+    PNG_MAGIC,
     Where,
     check_size,
     decode_error,
@@ -63,7 +64,6 @@ from shardfeed.transforms.decode.mask_labels import (
 )
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _CHUNK_HEAD = struct.Struct(">I4s")
 _GREY, _PALETTE = 0, 3
 
@@ -112,7 +112,7 @@ def _read_one_sample_png(
     header[9] = _GREY
     # Only IHDR and the image data: ancillary chunks (tRNS, sBIT, iCCP, bKGD) are laid out
     # per colour type and would not fit a grey header; none of them changes a sample.
-    grey = _PNG_MAGIC + _png_chunk(b"IHDR", bytes(header)) + bytes(data[idat:])
+    grey = PNG_MAGIC + _png_chunk(b"IHDR", bytes(header)) + bytes(data[idat:])
     try:
         plane = cv2.imdecode(np.frombuffer(grey, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as exc:
@@ -155,7 +155,7 @@ def read_mask(
             "(and decode with mask_dtype='uint16'), colour masks with 8 bits a channel"
         )
     head = bytes(data[:29])
-    if head[:8] == _PNG_MAGIC and head[12:16] == b"IHDR" and len(head) == 29:
+    if head[:8] == PNG_MAGIC and head[12:16] == b"IHDR" and len(head) == 29:
         depth, colour_type = head[24], head[25]
         if colour_type == _PALETTE or (colour_type == _GREY and depth < 8):
             try:
@@ -164,7 +164,7 @@ def read_mask(
                 raise out_of_memory(data, where, "the mask") from None
     image = decode_image(data, mode="unchanged", where=where, fast_dct=fast_dct,
                          max_pixels=max_pixels)
-    source = "png" if head[:8] == _PNG_MAGIC else "jpeg" if head[:3] == b"\xff\xd8\xff" else "other"
+    source = "png" if head[:8] == PNG_MAGIC else "jpeg" if head[:3] == b"\xff\xd8\xff" else "other"
     if image.ndim == 2:
         return MaskPixels(image, "grey", source=source)
     if image.shape[2] == 1:

@@ -128,22 +128,11 @@ class CropDecoderBase(DecoderBase):
         image a row (``encoding="auto"``), no mask, and batch rows of the output's shape and
         dtype; else None."""
         image_out = out.get("image")
-        present = dict.fromkeys(columns)
-        found = self.image_field.locate(present)
-        if (image_out is None or found is None or found[1] != "auto"
-                or (self.mask is not False and (self.mask or self.mask_field.locate(present)))
-                or image_out.shape[1:] != (*self.size, self._channel_count())
-                or image_out.dtype != np.uint8):
+        key = self._batch_key(columns, rngs, image_out)
+        if key is None or image_out is None:
             return None
-        key = found[0]
-        values = columns[key]
-        rows = len(image_out)
-        if (not isinstance(values, list) or len(values) != rows
-                or (rngs is not None and len(rngs) != rows)
-                or not all(type(v) is bytes for v in values)):
-            return None  # a list of frames, or a value of another kind
         where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
-        for row, data in enumerate(values):
+        for row, data in enumerate(columns[key]):
             target = image_out[row]
             rng = NO_RANDOMNESS if rngs is None else rngs[row]
             image = self._crop_encoded(data, rng, where, target)[0]
@@ -159,6 +148,27 @@ class CropDecoderBase(DecoderBase):
             del result[key]
         result["image"] = image_out
         return result
+
+    def _batch_key(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        image_out: np.ndarray | None,
+    ) -> str | None:
+        """The feature of the rows' embedded images when the batch form applies (see
+        :meth:`apply_batch`), else None."""
+        present = dict.fromkeys(columns)
+        found = self.image_field.locate(present)
+        if (image_out is None or found is None or found[1] != "auto"
+                or (self.mask is not False and (self.mask or self.mask_field.locate(present)))
+                or image_out.shape[1:] != (*self.size, self._channel_count())
+                or image_out.dtype != np.uint8):
+            return None
+        values = columns[found[0]]
+        rows = len(image_out)
+        if (not isinstance(values, list) or len(values) != rows
+                or (rngs is not None and len(rngs) != rows)
+                or not all(type(v) is bytes for v in values)):
+            return None  # a list of frames, or a value of another kind
+        return found[0]
 
     def _crop_encoded(
         self, data: bytes | memoryview, rng: np.random.Generator, where: Where,

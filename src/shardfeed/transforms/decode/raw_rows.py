@@ -41,15 +41,37 @@ def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
     of the decoder's channel count or the field's dtype, a shape feature is missing, or a value
     is not one bytes value a row. Raises SchemaError/DecodeError for rows that do not fit.
     """
-    field = decoder.image_field
     values: Sequence[Any] = columns[key]
-    dtype = np.dtype(field.dtype)
-    rows = len(out)
-    if (out.ndim != 4 or len(values) != rows or out.dtype != dtype
+    dtype = np.dtype(decoder.image_field.dtype)
+    if (out.ndim != 4 or len(values) != len(out) or out.dtype != dtype
             or out.shape[-1] != (3 if decoder.channels == "rgb" else 1)):
         return False
-    if not rows:
+    if not len(out):
         return True
+    shape_keys = _shape_keys(decoder, columns)
+    if shape_keys is None:
+        return False  # the sample path raises the SchemaError naming the missing feature
+    stored = _stored_channels(decoder, columns, values, out, shape_keys)
+    _, height, width, channels = (int(n) for n in out.shape)
+    first = int(stored[0])
+    if (stored == first).all() and _copies(first, channels):
+        pixels = np.frombuffer(b"".join(values), dtype=dtype)
+        _copy_into(out, pixels.reshape(len(out), height, width, first))
+        return True
+    for row, data in enumerate(values):
+        count = int(stored[row])
+        if _copies(count, channels):
+            _copy_into(out[row], np.frombuffer(data, dtype=dtype).reshape(height, width, count))
+        else:
+            _decode_row(decoder, key, columns, row, out[row], shape_keys)
+    return True
+
+
+def _shape_keys(decoder: DecoderBase, columns: Mapping[str, Any]
+                ) -> tuple[str, str, str | None] | None:
+    """The height, width and (if any) channels features of the raw image; None when one the
+    field names is not among the columns."""
+    field = decoder.image_field
     height_key = field.height_key or spec.IMAGE_HEIGHT
     width_key = field.width_key or spec.IMAGE_WIDTH
     channels_key = field.channels_key
@@ -57,37 +79,34 @@ def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
         channels_key = spec.IMAGE_CHANNELS
     if height_key not in columns or width_key not in columns or (
             channels_key is not None and channels_key not in columns):
-        return False  # the sample path raises the SchemaError naming the missing feature
+        return None
+    return height_key, width_key, channels_key
+
+
+def _stored_channels(decoder: DecoderBase, columns: Mapping[str, Any], values: Sequence[Any],
+                     out: np.ndarray, shape_keys: tuple[str, str, str | None]) -> np.ndarray:
+    """Each row's stored channel count, after checking every row against the batch rows:
+    one bytes value, within ``max_pixels``, the batch's height×width, whole pixels."""
+    height_key, width_key, channels_key = shape_keys
+    rows, height, width, _ = (int(n) for n in out.shape)
     if not all(type(v) is bytes for v in values):
         raise DecodeError("a raw image value is not one bytes value")
-    _, height, width, channels = (int(n) for n in out.shape)
     reason = pixels_reason(height, width, decoder.max_pixels, what="raw image")
     if reason is not None:
         raise DecodeError(reason)
     if not (_shape_column(columns, height_key, rows) == height).all() or not (
             _shape_column(columns, width_key, rows) == width).all():
         raise SchemaError(f"a raw image is not {height}×{width}, the batch's height×width")
+    itemsize = np.dtype(decoder.image_field.dtype).itemsize
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=rows)
     area = height * width
     if channels_key is not None:
         stored = _shape_column(columns, channels_key, rows)
     else:  # as the sample path does: as many channels as the bytes hold whole pixels
-        stored = lengths // dtype.itemsize // area
-    if (stored < 1).any() or (lengths != stored * area * dtype.itemsize).any():
+        stored = lengths // itemsize // area
+    if (stored < 1).any() or (lengths != stored * area * itemsize).any():
         raise DecodeError("a raw image's bytes do not match its height×width×channels")
-    first = int(stored[0])
-    if (stored == first).all() and _copies(first, channels):
-        pixels = np.frombuffer(b"".join(values), dtype=dtype)
-        _copy_into(out, pixels.reshape(rows, height, width, first))
-        return True
-    for row, data in enumerate(values):
-        count = int(stored[row])
-        if _copies(count, channels):
-            _copy_into(out[row], np.frombuffer(data, dtype=dtype).reshape(height, width, count))
-        else:
-            _decode_row(decoder, key, columns, row, out[row],
-                        (height_key, width_key, channels_key))
-    return True
+    return stored
 
 
 def _shape_column(columns: Mapping[str, Any], name: str, rows: int) -> np.ndarray:

@@ -28,7 +28,7 @@ slice's records while it is built.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -230,16 +230,17 @@ class SliceBuilder:
         skips exactly, naming the record. Storage errors and interrupts are not retried: they
         propagate as they are.
         """
-        if self._read_columns is not None:
+        read_columns = self._read_columns  # once: another thread may turn the path off
+        if read_columns is not None:
             try:
-                if self.build_columns(ctx, positions, buffer, first_row):
+                if self.build_columns(ctx, positions, buffer, first_row, read_columns):
                     return 0
             except _RETRY_SAMPLE_BY_SAMPLE:
                 pass  # the sample-by-sample path below meets it again and says where
         return self.build_samples(ctx, positions, buffer, first_row)
 
     def build_columns(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
-                      first_row: int) -> bool:
+                      first_row: int, read_columns: Callable[[list[int]], Any]) -> bool:
         """The rows of ``positions`` a slice at a time: the records read as columns, the
         transform's batch form writing images into the rows, the other columns stored at once.
         False (nothing promised about the rows) when the columns or transform do not allow it.
@@ -247,8 +248,7 @@ class SliceBuilder:
         plans = self.source.plan(ctx, positions)
         if any(len(ids) != 1 for ids in plans):
             return False
-        assert self._read_columns is not None
-        columns = self._read_columns([int(ids[0]) for ids in plans])
+        columns = read_columns([int(ids[0]) for ids in plans])
         if columns is None:
             return False
         rows = len(plans)

@@ -190,3 +190,28 @@ def test_a_bug_in_a_batch_form_still_names_the_record(tmp_path: Path) -> None:
         collect(Loader(ds, batch_size=16, shuffle=False, transform=_Fussy(channels="gray")))
     notes = " ".join(getattr(caught.value, "__notes__", []))
     assert "epoch position 5" in notes and "record 5" in notes, notes
+
+
+def test_the_batch_path_turned_off_by_another_thread_mid_slice(tmp_path: Path) -> None:
+    # One thread finds columns with no batch form and turns the path off while another is
+    # between deciding to take it and reading: that slice still completes, with its rows.
+    from shardfeed.pipeline.batching import BatchBuffer
+
+    ds = _write(tmp_path / "g", "gray-png")
+    loader = Loader(ds, batch_size=16, shuffle=False, transform=DecodeImage(channels="gray"))
+    first = collect(Loader(ds, batch_size=16, shuffle=False,
+                           transform=DecodeImage(channels="gray")))[0]
+    next(iter(loader))
+    builder = loader._builder
+    plan = builder.source.plan
+
+    def plan_then_turn_off(*args: Any) -> Any:
+        builder._read_columns = None  # what the other thread does
+        return plan(*args)
+
+    builder.source.plan = plan_then_turn_off  # type: ignore[method-assign]
+    assert loader._layout is not None
+    buffer = BatchBuffer(loader._layout)
+    builder.build_slice(loader._context(), np.arange(16, dtype=np.int64), buffer, 0)
+    np.testing.assert_array_equal(buffer.arrays["image"], first["image"])
+    loader.close()

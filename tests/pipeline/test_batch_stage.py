@@ -170,3 +170,33 @@ def test_memory_budget_counts_what_a_stage_holds(clean_ds: Any) -> None:
     staged = _loader(clean_ds, batch_stages=Holds()).memory_budget()
     assert staged.stage_bytes == 5 << 20
     assert staged.total_bytes == plain.total_bytes + (5 << 20)
+
+
+class FailsOnce(shardfeed.BatchStageBase):
+    """Raises on the third batch it is given, the first time (a GPU out of memory, say)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, batch: dict[str, Any], keys: shardfeed.BatchKeys, /) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 3:
+            raise MemoryError("device out of memory")
+        return batch
+
+
+def test_a_batch_whose_stage_raised_is_not_lost(clean_ds: Any) -> None:
+    whole = [b["index"].copy() for b in _loader(clean_ds)]
+    loader = _loader(clean_ds, batch_stages=FailsOnce())
+    got = []
+    with pytest.raises(MemoryError):
+        for batch in loader:
+            got.append(batch["index"].copy())
+    assert loader.state()["consumed"] == 16  # two batches of 8 handed out, not three
+    saved = json.loads(json.dumps(loader.state()))
+    got += [b["index"].copy() for b in loader]  # iterating again: the third batch comes
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate(whole))
+    resumed = _loader(clean_ds)
+    resumed.restore({k: v for k, v in saved.items() if k != "batch_stages"})
+    np.testing.assert_array_equal(np.concatenate([b["index"] for b in resumed]),
+                                  np.concatenate(whole[2:]))

@@ -17,7 +17,9 @@ Contract (:class:`BatchStage`; :class:`BatchStageBase` gives the defaults):
   draws what a per-sample path would, so moving work between a transform and a stage keeps
   the same random choices.
 - Called once per handed-out batch, in order, after the workers built it; never ahead of the
-  caller. So ``state()`` describes exactly the batches handed out; it is saved in the
+  caller. A stage that raises ends the pass without the batch counted as handed out: the
+  Loader's state still has it to come, and iterating again builds it again. So ``state()``
+  describes exactly the batches handed out; it is saved in the
   Loader's state (``"batch_stages"``) and given back to ``restore()``, which raises
   :class:`~shardfeed.errors.StateError` for a state this stage cannot continue.
 - ``close()`` frees what the stage holds (device memory, threads); the Loader calls it once

@@ -54,7 +54,9 @@ class EpochRun:
     """Iterator over the batches of ``positions`` (this rank's remaining epoch positions).
 
     ``on_batch(count, skipped)`` is called as each batch is handed out, before it is returned,
-    so that the Loader's state always describes what the caller has received.
+    so that the Loader's state always describes what the caller has received. ``stages`` (the
+    batch stages) run on each batch before that: a stage that raises ends the run without
+    counting the batch, so the state still says it is to come.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class EpochRun:
         slice_size: int, prefetch_batches: int, ring: BatchRing,
         executor: ThreadPoolExecutor, build_slice: SliceFn,
         on_batch: Callable[[int, int, bool], None], gate: SliceGate | None = None,
+        stages: Sequence[BatchStage] = (),
     ) -> None:
         self.ctx = ctx
         self.positions = positions
@@ -75,6 +78,7 @@ class EpochRun:
         self.build_slice = build_slice
         self.gate = gate
         self.on_batch = on_batch
+        self.stages = stages
         self.pending: deque[_Pending] = deque()
         self.next_submit = 0
         self.next_yield = 0
@@ -126,6 +130,13 @@ class EpochRun:
         keys = head.buffer.keys[: head.count].copy()
         keys.flags.writeable = False
         self.last_keys = BatchKeys(self.ctx.seed, self.ctx.epoch, keys)
+        if self.stages:
+            try:
+                for stage in self.stages:
+                    batch = stage(batch, self.last_keys)
+            except BaseException:
+                self.close()  # the batch is not handed out: a new pass builds it again
+                raise
         self.next_yield += 1
         last = self.next_yield == self.num_batches
         self.on_batch(head.count, skipped, last)
@@ -151,15 +162,13 @@ class EpochRun:
 
 
 class HandOut:
-    """The iterator the Loader hands the caller: the run's batches, each through the batch
-    stages with its keys; an exhausted replacement search becomes TooManyErrorsError."""
+    """The iterator the Loader hands the caller: the run's batches; an exhausted replacement
+    search becomes TooManyErrorsError."""
 
-    __slots__ = ("closed", "run", "stages")
+    __slots__ = ("closed", "run")
 
-    def __init__(self, run: EpochRun, stages: Sequence[BatchStage], *,
-                 closed: Callable[[], bool]) -> None:
+    def __init__(self, run: EpochRun, *, closed: Callable[[], bool]) -> None:
         self.run = run
-        self.stages = stages
         self.closed = closed
 
     def __iter__(self) -> HandOut:
@@ -172,9 +181,4 @@ class HandOut:
             batch = next(self.run)
         except TooManyBadSamples as exc:
             raise TooManyErrorsError(f"{exc}: check the data with `shardfeed verify`") from exc
-        if self.stages:
-            keys = self.run.last_keys
-            assert keys is not None
-            for stage in self.stages:
-                batch = stage(batch, keys)
         return batch

@@ -394,8 +394,9 @@ class Loader:
             slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
             executor=self._executor or ThreadPoolExecutor(max_workers=1),
             build_slice=build, on_batch=self._progress.commit, gate=self._gate,
+            stages=self.batch_stages,
         )
-        return HandOut(self._run, self.batch_stages, closed=lambda: self._closed)
+        return HandOut(self._run, closed=lambda: self._closed)
 
     def _stop_run(self) -> None:
         if self._run is not None:

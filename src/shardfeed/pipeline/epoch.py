@@ -83,7 +83,6 @@ class EpochRun:
         self.next_submit = 0
         self.next_yield = 0
         self.closed = False
-        self.last_keys: BatchKeys | None = None  # the keys of the batch handed out last
 
     def __iter__(self) -> EpochRun:
         return self
@@ -127,13 +126,9 @@ class EpochRun:
             raise
         self.pending.popleft()
         batch = self.ring.hand_out(head.buffer, head.count)
-        keys = head.buffer.keys[: head.count].copy()
-        keys.flags.writeable = False
-        self.last_keys = BatchKeys(self.ctx.seed, self.ctx.epoch, keys)
         if self.stages:
             try:
-                for stage in self.stages:
-                    batch = stage(batch, self.last_keys)
+                batch = self._through_stages(batch, head.buffer, head.count)
             except BaseException:
                 self.close()  # the batch is not handed out: a new pass builds it again
                 raise
@@ -142,6 +137,16 @@ class EpochRun:
         self.on_batch(head.count, skipped, last)
         if last:
             self.close()
+        return batch
+
+    def _through_stages(self, batch: dict[str, Any], buffer: BatchBuffer,
+                        count: int) -> dict[str, Any]:
+        """``batch`` through the batch stages, with the keys its rows were made with."""
+        positions = buffer.keys[:count].copy()
+        positions.flags.writeable = False
+        keys = BatchKeys(self.ctx.seed, self.ctx.epoch, positions)
+        for stage in self.stages:
+            batch = stage(batch, keys)
         return batch
 
     def _is_closed(self) -> bool:

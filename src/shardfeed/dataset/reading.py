@@ -22,6 +22,7 @@ import numpy as np
 
 from shardfeed.dataset.shards import RERUN_HINT, ShardTable
 from shardfeed.errors import CorruptRecordError, location
+from shardfeed.format import native
 from shardfeed.format.framing import unframe_bytes_at
 
 T = TypeVar("T")
@@ -36,10 +37,12 @@ class ReadOptions:
     (the bytes between are read and dropped). ``max_read_bytes``: a coalesced range stops
     growing past this size (one record larger than it is still read whole). 1 MiB keeps
     a range in the CPU cache while its records are checked and parsed (measured faster than
-    16 MiB ranges); remote sources merge ranges again into their own requests.
+    16 MiB ranges); remote sources merge ranges again into their own requests. 16 KiB of
+    gap: on local files a second read costs less than copying more of the gap (measured on
+    shuffled batches of 1 KB to 4 KB records: 64 KiB read 2.4× slower on 4 KB records).
     """
 
-    coalesce_gap_bytes: int = 64 << 10
+    coalesce_gap_bytes: int = 16 << 10
     max_read_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
@@ -234,8 +237,19 @@ def _plan(table: ShardTable, item: _Group, options: ReadOptions) -> _ShardRead:
 
 def _unframe(url: str, plan: _ShardRead, blobs: list[bytes], out: list[bytes | None],
              verify: bool) -> None:
-    """Slice each record of ``plan`` out of its range, check it, store it at its position."""
+    """Slice each record of ``plan`` out of its range, check it, store it at its position.
+
+    The compiled part (where built) checks the whole plan in one call; a record it finds
+    unsound, and every plan without it, goes through the checks below, which name the fault.
+    """
     _, group, recs, starts, ends, ranges = plan
+    wire = native.wire
+    if wire is not None:
+        payloads = wire.unframe(blobs, ranges, starts, ends, verify)
+        if isinstance(payloads, list):
+            for m, payload in enumerate(payloads):
+                out[group[m]] = payload
+            return
     for (offset, _, members), blob in zip(ranges, blobs):
         size = len(blob)
         for m in members:

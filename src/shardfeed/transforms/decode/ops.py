@@ -11,7 +11,7 @@ claims more than ``max_pixels`` pixels (refused before decoding). The crop-aware
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 import cv2
@@ -21,7 +21,7 @@ from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
 from shardfeed.transforms.decode.fields import Encoding, ImageField
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
-from shardfeed.transforms.decode.png_rows import decode_png_into
+from shardfeed.transforms.decode.png_rows import decode_png_into, decode_pngs_into
 from shardfeed.transforms.decode.raw_rows import raw_rows_into
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
 
@@ -328,7 +328,11 @@ class DecodeImage(DecoderBase):
         direct = (self.image_field.encoding == "auto" and image_out.dtype == np.uint8
                   and image_out.shape[-1] == self._channel_count())
         max_pixels = self.max_pixels
-        for row, data in enumerate(values):
+        rows: Iterable[int] = range(len(values))
+        if direct:
+            rows = decode_pngs_into(values, image_out, max_pixels=max_pixels)
+        for row in rows:
+            data = values[row]
             target = image_out[row]
             if direct and decode_png_into(data, target, max_pixels=max_pixels):
                 continue

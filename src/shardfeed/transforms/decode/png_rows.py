@@ -1,7 +1,14 @@
 """8-bit PNGs decoded straight into their batch rows: the small-image path of the batch decode.
 
-Determinism: a pure function of the bytes (the pixels of :func:`~shardfeed.transforms.decode.image.decode_image`). State: none.
-Memory: OpenCV's decoded image, copied into the row.
+:func:`decode_pngs_into` decodes a whole slice's PNGs in one call of the compiled part
+(``_png.c``, where the package was built with it: zlib and the PNG filters, no GIL held),
+which takes the plainest PNGs (8-bit grey or RGB, exactly the row's size, sound CRCs, one
+zlib stream) and leaves every other row; :func:`decode_png_into` decodes one row with
+OpenCV. Both give the pixels of :func:`~shardfeed.transforms.decode.image.decode_image`
+(for such PNGs, the stored samples); tests compare them.
+
+Determinism: a pure function of the bytes. State: none.
+Memory: one image's scanlines (compiled), or OpenCV's decoded image, copied into the row.
 """
 
 from __future__ import annotations
@@ -11,11 +18,26 @@ import struct
 import cv2
 import numpy as np
 
+from shardfeed.format.native import compiled_module
 from shardfeed.transforms.decode.image import PNG_MAGIC, PNG_RGB_FLAG
 
 _PNG_SIZE = struct.Struct(">II")  # IHDR: width, height
 
-__all__ = ["decode_png_into"]
+compiled = compiled_module("shardfeed.transforms.decode._png")
+"""The compiled PNG rows (``_png.c``); None where built without a C compiler or zlib."""
+
+__all__ = ["decode_png_into", "decode_pngs_into"]
+
+
+def decode_pngs_into(values: list[bytes], out: np.ndarray, *, max_pixels: int) -> list[int]:
+    """Decode the plainest PNGs of ``values`` into their rows of ``out`` (N×H×W×1 or ×3
+    uint8); returns the rows left (all of them without the compiled part), for
+    :func:`decode_png_into` or ``decode_image``."""
+    if (compiled is None or out.ndim != 4 or out.dtype != np.uint8 or out.shape[-1] not in (1, 3)
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        return list(range(len(values)))
+    done = compiled.decode_rows(values, out, max_pixels)
+    return [row for row, flag in enumerate(done) if not flag]
 
 
 def decode_png_into(data: bytes, target: np.ndarray, *, max_pixels: int) -> bool:

@@ -1,0 +1,664 @@
+/* shardfeed.format._wire: the per-record work of a batch of TFRecord records, in C.
+ *
+ * Two functions, each doing for many records what the Python format layer does for one:
+ *
+ *   unframe(blobs, ranges, starts, ends, verify) -> list[bytes] | int | None
+ *       The payloads of records held in coalesced reads, their framing (and data CRC)
+ *       checked; or the member number of the first record that fails a check, so that the
+ *       Python path can name its fault; None for reads that are not bytes.
+ *
+ *   example_columns(payloads, names, count) -> list | None
+ *       The named features of many serialized tf.train.Example messages, gathered one
+ *       column a feature; or None for anything outside the plain encoding every writer
+ *       produces (the Python path then decodes them, or names what differs).
+ *
+ * Both only accept what they are sure of: a record they do not accept is handed back to the
+ * Python path, which gives the same values or raises the same error as before. Nothing
+ * here decides an error message. The checking loops run without the GIL.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define WIRE_LITTLE_ENDIAN 1
+#else
+#define WIRE_LITTLE_ENDIAN 0
+#endif
+
+/* ---- CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) ------------------------- */
+
+static uint32_t crc_tables[8][256];
+
+static void crc_build_tables(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int bit = 0; bit < 8; bit++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        crc_tables[0][i] = c;
+    }
+    for (int t = 1; t < 8; t++)
+        for (int i = 0; i < 256; i++)
+            crc_tables[t][i] = (crc_tables[t - 1][i] >> 8)
+                               ^ crc_tables[0][crc_tables[t - 1][i] & 0xFFu];
+}
+
+static uint32_t crc_bytewise(uint32_t c, const uint8_t *p, size_t n)
+{
+    while (n--)
+        c = (c >> 8) ^ crc_tables[0][(c ^ *p++) & 0xFFu];
+    return c;
+}
+
+static uint32_t crc_software(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+#if WIRE_LITTLE_ENDIAN
+    while (n >= 8) {  /* eight bytes a step, one table each */
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= c;
+        c = crc_tables[7][w & 0xFF] ^ crc_tables[6][(w >> 8) & 0xFF]
+            ^ crc_tables[5][(w >> 16) & 0xFF] ^ crc_tables[4][(w >> 24) & 0xFF]
+            ^ crc_tables[3][(w >> 32) & 0xFF] ^ crc_tables[2][(w >> 40) & 0xFF]
+            ^ crc_tables[1][(w >> 48) & 0xFF] ^ crc_tables[0][w >> 56];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    return crc_bytewise(c, p, n) ^ 0xFFFFFFFFu;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define WIRE_HAVE_CRC_INSTRUCTION 1
+
+__attribute__((target("sse4.2")))
+static uint32_t crc_instruction(const uint8_t *p, size_t n)
+{
+    uint64_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = _mm_crc32_u64(c, w);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n--)
+        c32 = _mm_crc32_u8(c32, *p++);
+    return c32 ^ 0xFFFFFFFFu;
+}
+#else
+#define WIRE_HAVE_CRC_INSTRUCTION 0
+#endif
+
+static int use_crc_instruction = 0;
+
+static uint32_t crc32c(const uint8_t *p, size_t n)
+{
+#if WIRE_HAVE_CRC_INSTRUCTION
+    if (use_crc_instruction)
+        return crc_instruction(p, n);
+#endif
+    return crc_software(p, n);
+}
+
+static uint32_t masked(uint32_t crc)
+{
+    return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
+static uint64_t load_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- framing ----------------------------------------------------------------------- */
+
+#define HEADER_BYTES 12
+#define FRAMING_BYTES 16
+
+/* Whether the record in p[0:size) is sound: its length field equals its size, the length's
+ * CRC matches, and (verify) the payload's CRC matches. */
+static int record_sound(const uint8_t *p, Py_ssize_t size, int verify)
+{
+    if (size < FRAMING_BYTES)
+        return 0;
+    uint64_t length = load_le(p, 8);
+    if (length != (uint64_t)(size - FRAMING_BYTES))
+        return 0;
+    if ((uint32_t)load_le(p + 8, 4) != masked(crc32c(p, 8)))
+        return 0;
+    if (!verify)
+        return 1;
+    return (uint32_t)load_le(p + HEADER_BYTES + length, 4)
+           == masked(crc32c(p + HEADER_BYTES, (size_t)length));
+}
+
+typedef struct {
+    const uint8_t *at;  /* the record's first byte */
+    Py_ssize_t size;    /* framing included */
+} Span;
+
+/* The records of a plan as spans into their reads; -2 when a record does not lie within
+ * its read (the Python path names it), -3 for a read that is not bytes, -1 with an
+ * exception set for arguments of the wrong kind, else 0. */
+static int plan_spans(PyObject *blobs, PyObject *ranges, PyObject *starts, PyObject *ends,
+                      Span *spans, Py_ssize_t count, Py_ssize_t *bad)
+{
+    Py_ssize_t nranges = PyList_GET_SIZE(ranges);
+    if (PyList_GET_SIZE(blobs) != nranges) {
+        PyErr_SetString(PyExc_ValueError, "one read a range is needed");
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < nranges; r++) {
+        PyObject *blob = PyList_GET_ITEM(blobs, r);
+        PyObject *range = PyList_GET_ITEM(ranges, r);
+        if (!PyBytes_Check(blob))
+            return -3;  /* another buffer type: the Python path reads it */
+        if (!PyTuple_Check(range) || PyTuple_GET_SIZE(range) != 3
+                || !PyTuple_Check(PyTuple_GET_ITEM(range, 2))) {
+            PyErr_SetString(PyExc_TypeError, "ranges are (offset, length, members)");
+            return -1;
+        }
+        Py_ssize_t offset = PyLong_AsSsize_t(PyTuple_GET_ITEM(range, 0));
+        if (offset == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *members = PyTuple_GET_ITEM(range, 2);
+        const uint8_t *base = (const uint8_t *)PyBytes_AS_STRING(blob);
+        Py_ssize_t blob_size = PyBytes_GET_SIZE(blob);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(members); i++) {
+            Py_ssize_t m = PyLong_AsSsize_t(PyTuple_GET_ITEM(members, i));
+            if (m == -1 && PyErr_Occurred())
+                return -1;
+            if (m < 0 || m >= count) {
+                PyErr_SetString(PyExc_IndexError, "a range member is out of range");
+                return -1;
+            }
+            Py_ssize_t a = PyLong_AsSsize_t(PyList_GET_ITEM(starts, m));
+            Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(ends, m));
+            if ((a == -1 || b == -1) && PyErr_Occurred())
+                return -1;
+            a -= offset;
+            b -= offset;
+            if (a < 0 || b < a || b > blob_size) {
+                *bad = m;
+                return -2;
+            }
+            spans[m].at = base + a;
+            spans[m].size = b - a;
+        }
+    }
+    return 0;
+}
+
+/* Work below these sizes keeps the GIL: giving it up costs more than it frees when the
+ * other threads need it back at once. */
+#define RELEASE_GIL_BYTES (1 << 20)
+#define RELEASE_GIL_FIELDS (1 << 16)
+
+static PyThreadState *release_if(int cond)
+{
+    return cond ? PyEval_SaveThread() : NULL;
+}
+
+static void restore(PyThreadState *state)
+{
+    if (state != NULL)
+        PyEval_RestoreThread(state);
+}
+
+static PyObject *wire_unframe(PyObject *self, PyObject *args)
+{
+    PyObject *blobs, *ranges, *starts, *ends;
+    int verify;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!p", &PyList_Type, &blobs, &PyList_Type, &ranges,
+                          &PyList_Type, &starts, &PyList_Type, &ends, &verify))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(starts);
+    if (PyList_GET_SIZE(ends) != count) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends differ in length");
+        return NULL;
+    }
+    Span *spans = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Span));
+    if (spans == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t bad = -1;
+    int planned = plan_spans(blobs, ranges, starts, ends, spans, count, &bad);
+    if (planned == -1 || planned == -3) {
+        PyMem_Free(spans);
+        if (planned == -1)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t m = 0; planned == 0 && m < count; m++) {
+        if (spans[m].at == NULL) {  /* a record no range holds */
+            PyErr_SetString(PyExc_ValueError, "a record is in no range");
+            PyMem_Free(spans);
+            return NULL;
+        }
+        total += spans[m].size;
+    }
+    if (planned == 0) {
+        PyThreadState *state = release_if(total >= RELEASE_GIL_BYTES);
+        for (Py_ssize_t m = 0; m < count; m++) {
+            if (!record_sound(spans[m].at, spans[m].size, verify)) {
+                bad = m;
+                break;
+            }
+        }
+        restore(state);
+    }
+    if (bad >= 0) {
+        PyMem_Free(spans);
+        return PyLong_FromSsize_t(bad);
+    }
+    PyObject *out = PyList_New(count);
+    for (Py_ssize_t m = 0; out != NULL && m < count; m++) {
+        PyObject *payload = PyBytes_FromStringAndSize(
+            (const char *)spans[m].at + HEADER_BYTES, spans[m].size - FRAMING_BYTES);
+        if (payload == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, m, payload);
+    }
+    PyMem_Free(spans);
+    return out;
+}
+
+/* ---- tf.train.Example ---------------------------------------------------------------- */
+
+/* Wire tags (field number << 3 | wire type 2, length-delimited) of the messages accepted:
+ *   Example  { Features features = 1; }
+ *   Features { map<string, Feature> feature = 1; }   entry { string key = 1; Feature value = 2; }
+ *   Feature  { oneof kind { BytesList = 1; FloatList = 2; Int64List = 3; } }
+ *   BytesList { repeated bytes value = 1; }  FloatList / Int64List { packed value = 1; } */
+#define TAG_1 0x0A
+#define TAG_2 0x12
+#define TAG_3 0x1A
+#define KIND_BYTES 0
+#define KIND_FLOAT 1
+#define KIND_INT64 2
+#define MAX_ENTRIES 512
+
+typedef struct {
+    const uint8_t *p;
+    const uint8_t *end;
+} Cursor;
+
+/* One varint; 0 when it runs past the end or over ten bytes. */
+static int read_varint(Cursor *c, uint64_t *value)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (c->p >= c->end)
+            return 0;
+        uint8_t byte = *c->p++;
+        if (shift == 63 && byte > 1)
+            return 0;  /* more than 64 bits: left to the Python path */
+        v |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *value = v;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A field of ``tag`` with a length: its contents as a cursor; 0 for anything else. */
+static int read_field(Cursor *c, uint64_t tag, Cursor *inner)
+{
+    uint64_t got, length;
+    if (!read_varint(c, &got) || got != tag || !read_varint(c, &length))
+        return 0;
+    if (length > (uint64_t)(c->end - c->p))
+        return 0;
+    inner->p = c->p;
+    inner->end = c->p + length;
+    c->p += length;
+    return 1;
+}
+
+static int valid_utf8(const uint8_t *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        uint8_t b = s[i];
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        int more;
+        uint32_t cp;
+        if ((b & 0xE0) == 0xC0) { more = 1; cp = b & 0x1F; }
+        else if ((b & 0xF0) == 0xE0) { more = 2; cp = b & 0x0F; }
+        else if ((b & 0xF8) == 0xF0) { more = 3; cp = b & 0x07; }
+        else return 0;
+        if (n - i <= more)
+            return 0;
+        for (int k = 1; k <= more; k++) {
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if ((more == 1 && cp < 0x80) || (more == 2 && cp < 0x800) || (more == 3 && cp < 0x10000)
+                || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+typedef struct {
+    int kind;            /* KIND_*, or -1 when the record lacks the feature */
+    const uint8_t *list; /* the list message's contents */
+    const uint8_t *list_end;
+    Py_ssize_t values;   /* how many values */
+} Found;
+
+/* The values of a list message: how many, after checking its encoding. */
+static int count_values(int kind, Cursor list, Found *found)
+{
+    found->list = list.p;
+    found->list_end = list.end;
+    found->values = 0;
+    if (kind == KIND_BYTES) {
+        while (list.p < list.end) {
+            Cursor value;
+            if (!read_field(&list, TAG_1, &value))
+                return 0;
+            found->values++;
+        }
+        return 1;
+    }
+    if (list.p == list.end)
+        return 1;  /* an empty list */
+    Cursor packed;
+    if (!read_field(&list, TAG_1, &packed) || list.p != list.end)
+        return 0;  /* unpacked or split encodings: left to the Python path */
+    found->list = packed.p;
+    found->list_end = packed.end;
+    if (kind == KIND_FLOAT) {
+        Py_ssize_t n = packed.end - packed.p;
+        if (n % 4)
+            return 0;
+        found->values = n / 4;
+        return 1;
+    }
+    while (packed.p < packed.end) {
+        uint64_t v;
+        if (!read_varint(&packed, &v))
+            return 0;
+        found->values++;
+    }
+    return 1;
+}
+
+/* A Feature message: exactly one list, of a known kind. */
+static int read_feature(Cursor feature, Found *found)
+{
+    uint64_t tag;
+    Cursor probe = feature;
+    if (!read_varint(&probe, &tag))
+        return 0;
+    int kind = tag == TAG_1 ? KIND_BYTES : tag == TAG_2 ? KIND_FLOAT : tag == TAG_3 ? KIND_INT64 : -1;
+    Cursor list;
+    if (kind < 0 || !read_field(&feature, tag, &list) || feature.p != feature.end)
+        return 0;
+    found->kind = kind;
+    return count_values(kind, list, found);
+}
+
+typedef struct {
+    const uint8_t *key;
+    Py_ssize_t key_size;
+} Key;
+
+/* One Example: every wanted feature found, in ``found[0:nnames)``; 0 when the record is
+ * not plainly encoded, lacks a wanted feature, holds a key twice, or (count >= 0) holds
+ * another number of features. */
+static int read_example(const uint8_t *p, Py_ssize_t size, const Key *names, Py_ssize_t nnames,
+                        Py_ssize_t count, Found *found, Key *seen)
+{
+    Cursor message = {p, p + size};
+    Cursor features;
+    if (!read_field(&message, TAG_1, &features) || message.p != message.end)
+        return 0;
+    for (Py_ssize_t j = 0; j < nnames; j++)
+        found[j].kind = -1;
+    Py_ssize_t entries = 0;
+    while (features.p < features.end) {
+        Cursor entry, key, value;
+        if (!read_field(&features, TAG_1, &entry) || !read_field(&entry, TAG_1, &key)
+                || !read_field(&entry, TAG_2, &value) || entry.p != entry.end)
+            return 0;
+        Py_ssize_t key_size = key.end - key.p;
+        if (entries == MAX_ENTRIES || !valid_utf8(key.p, key_size))
+            return 0;
+        for (Py_ssize_t e = 0; e < entries; e++)
+            if (seen[e].key_size == key_size && memcmp(seen[e].key, key.p, (size_t)key_size) == 0)
+                return 0;
+        seen[entries].key = key.p;
+        seen[entries].key_size = key_size;
+        entries++;
+        Found unwanted;  /* every feature is checked, as the parser checks the whole message */
+        Found *into = &unwanted;
+        for (Py_ssize_t j = 0; j < nnames; j++) {
+            if (names[j].key_size == key_size
+                    && memcmp(names[j].key, key.p, (size_t)key_size) == 0) {
+                into = &found[j];
+                break;
+            }
+        }
+        if (!read_feature(value, into))
+            return 0;
+    }
+    if (count >= 0 && entries != count)
+        return 0;
+    for (Py_ssize_t j = 0; j < nnames; j++)
+        if (found[j].kind < 0)
+            return 0;
+    return 1;
+}
+
+/* Column j for every record: a list of bytes (one value) or lists of bytes. */
+static PyObject *bytes_column(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
+                              Py_ssize_t j)
+{
+    PyObject *column = PyList_New(nrecords);
+    for (Py_ssize_t i = 0; column != NULL && i < nrecords; i++) {
+        const Found *f = &found[i * nnames + j];
+        Cursor list = {f->list, f->list_end};
+        PyObject *cell = f->values == 1 ? NULL : PyList_New(f->values);
+        if (f->values != 1 && cell == NULL) {
+            Py_CLEAR(column);
+            break;
+        }
+        for (Py_ssize_t k = 0; k < f->values; k++) {
+            Cursor value;
+            read_field(&list, TAG_1, &value);  /* checked while counting */
+            PyObject *b = PyBytes_FromStringAndSize((const char *)value.p, value.end - value.p);
+            if (b == NULL) {
+                Py_XDECREF(cell);
+                Py_CLEAR(column);
+                return NULL;
+            }
+            if (cell == NULL)
+                cell = b;
+            else
+                PyList_SET_ITEM(cell, k, b);
+        }
+        PyList_SET_ITEM(column, i, cell);
+    }
+    return column;
+}
+
+/* Column j for every record, numbers packed in native order into a bytearray (the arrays
+ * viewing it are writable, as the parser's are): float32 as stored (a NaN
+ * quietened, as a round trip through a Python float does), int64 from their varints. */
+static PyObject *numeric_column(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
+                                Py_ssize_t j, int kind, Py_ssize_t length)
+{
+    Py_ssize_t item = kind == KIND_FLOAT ? 4 : 8;
+    PyObject *data = PyByteArray_FromStringAndSize(NULL, nrecords * length * item);
+    if (data == NULL)
+        return NULL;
+    uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(data);
+    for (Py_ssize_t i = 0; i < nrecords; i++) {
+        const Found *f = &found[i * nnames + j];
+        if (kind == KIND_FLOAT) {
+            for (Py_ssize_t k = 0; k < length; k++) {
+                uint32_t bits = (uint32_t)load_le(f->list + 4 * k, 4);
+                if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu))
+                    bits |= 0x00400000u;
+                memcpy(out, &bits, 4);
+                out += 4;
+            }
+        } else {
+            Cursor packed = {f->list, f->list_end};
+            for (Py_ssize_t k = 0; k < length; k++) {
+                uint64_t v = 0;
+                read_varint(&packed, &v);  /* checked while counting */
+                int64_t s = (int64_t)v;
+                memcpy(out, &s, 8);
+                out += 8;
+            }
+        }
+    }
+    return Py_BuildValue("(inN)", kind, length, data);
+}
+
+/* The columns, once every record was read: None when a feature's kind or a numeric
+ * feature's length differs between records. */
+static PyObject *gather_columns(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames)
+{
+    PyObject *out = PyList_New(nnames);
+    for (Py_ssize_t j = 0; out != NULL && j < nnames; j++) {
+        int kind = found[j].kind;
+        Py_ssize_t length = found[j].values;
+        for (Py_ssize_t i = 1; i < nrecords; i++) {
+            const Found *f = &found[i * nnames + j];
+            if (f->kind != kind || (kind != KIND_BYTES && f->values != length)) {
+                Py_DECREF(out);
+                Py_RETURN_NONE;
+            }
+        }
+        PyObject *column = kind == KIND_BYTES
+            ? Py_BuildValue("(iN)", kind, bytes_column(found, nrecords, nnames, j))
+            : numeric_column(found, nrecords, nnames, j, kind, length);
+        if (column == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, j, column);
+    }
+    return out;
+}
+
+static PyObject *wire_example_columns(PyObject *self, PyObject *args)
+{
+    PyObject *payloads, *names;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyList_Type, &payloads, &PyTuple_Type, &names, &count))
+        return NULL;
+    Py_ssize_t nrecords = PyList_GET_SIZE(payloads);
+    Py_ssize_t nnames = PyTuple_GET_SIZE(names);
+    if (!WIRE_LITTLE_ENDIAN || nrecords == 0 || nnames == 0)
+        Py_RETURN_NONE;
+    /* a tuple holds the payloads while the GIL is released, whatever the list does */
+    PyObject *held = PyList_AsTuple(payloads);
+    Key *keys = PyMem_Calloc((size_t)nnames + MAX_ENTRIES, sizeof(Key));
+    Found *found = PyMem_Calloc((size_t)(nrecords * nnames), sizeof(Found));
+    const uint8_t **data = PyMem_Calloc((size_t)nrecords, sizeof(uint8_t *));
+    Py_ssize_t *sizes = PyMem_Calloc((size_t)nrecords, sizeof(Py_ssize_t));
+    PyObject *result = NULL;
+    if (held == NULL || keys == NULL || found == NULL || data == NULL || sizes == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < nnames; j++) {
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "feature names are bytes");
+            goto done;
+        }
+        keys[j].key = (const uint8_t *)PyBytes_AS_STRING(name);
+        keys[j].key_size = PyBytes_GET_SIZE(name);
+    }
+    for (Py_ssize_t i = 0; i < nrecords; i++) {
+        PyObject *payload = PyTuple_GET_ITEM(held, i);
+        if (!PyBytes_Check(payload)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        data[i] = (const uint8_t *)PyBytes_AS_STRING(payload);
+        sizes[i] = PyBytes_GET_SIZE(payload);
+    }
+    int plain = 1;
+    PyThreadState *state = release_if(nrecords * nnames >= RELEASE_GIL_FIELDS);
+    for (Py_ssize_t i = 0; plain && i < nrecords; i++)
+        plain = read_example(data[i], sizes[i], keys, nnames, count, &found[i * nnames],
+                             keys + nnames);
+    restore(state);
+    result = plain ? gather_columns(found, nrecords, nnames) : Py_NewRef(Py_None);
+done:
+    Py_XDECREF(held);
+    PyMem_Free(keys);
+    PyMem_Free(found);
+    PyMem_Free(data);
+    PyMem_Free(sizes);
+    return result;
+}
+
+static PyObject *wire_crc32c(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc;
+    Py_BEGIN_ALLOW_THREADS
+    crc = crc32c((const uint8_t *)view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef wire_methods[] = {
+    {"unframe", wire_unframe, METH_VARARGS,
+     "unframe(reads, ranges, starts, ends, verify) -> list[bytes] | int | None"},
+    {"example_columns", wire_example_columns, METH_VARARGS,
+     "example_columns(payloads, names, count) -> list | None"},
+    {"crc32c", wire_crc32c, METH_O, "crc32c(data) -> int"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef wire_module = {
+    PyModuleDef_HEAD_INIT, "_wire",
+    "The per-record work of a batch of TFRecord records, in C (see shardfeed.format.native).",
+    -1, wire_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__wire(void)
+{
+    crc_build_tables();
+#if WIRE_HAVE_CRC_INSTRUCTION
+    __builtin_cpu_init();
+    use_crc_instruction = __builtin_cpu_supports("sse4.2") != 0;
+#endif
+    PyObject *module = PyModule_Create(&wire_module);
+    if (module != NULL && PyModule_AddIntConstant(module, "crc_instruction", use_crc_instruction)) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -241,3 +241,20 @@ def test_a_damaged_record_is_named_alike_by_both(tmp_path: Path, where: str,
     assert outcomes[0] == outcomes[1]
     if where in ("length", "length_crc") or verify:
         assert outcomes[0][0] == "error" and f"record {record}" in outcomes[0][1]
+
+
+def test_large_reads_checked_without_the_gil_equal_the_python_ones(tmp_path: Path) -> None:
+    """Past 1 MiB a read's CRCs are checked with the GIL released: same payloads, same error."""
+    payloads = [encode_example({"x": os.urandom(150_000), "i": [i]}) for i in range(12)]
+    path = dataset_bytes(tmp_path, payloads)
+    with Dataset(str(path)) as ds:
+        assert ds.read_payloads(range(12)) == payloads
+        raw = bytearray(path.read_bytes())
+        raw[sum(len(p) + 16 for p in payloads[:5]) + 5000] ^= 1
+        path.write_bytes(bytes(raw))
+        messages = []
+        for read in (ds.read_payloads, lambda idx: without_compiled(ds.read_payloads, idx)):
+            with pytest.raises(CorruptRecordError) as caught:
+                read(range(12))
+            messages.append(str(caught.value))
+    assert messages[0] == messages[1] and "record 5" in messages[0]

@@ -250,6 +250,13 @@ static PyObject *wire_unframe(PyObject *self, PyObject *args)
         total += spans[m].size;
     }
     if (planned == 0) {
+        /* the reads stay alive while the GIL is released: a tuple holds them, whatever
+         * happens to the list */
+        PyObject *held = PyList_AsTuple(blobs);
+        if (held == NULL) {
+            PyMem_Free(spans);
+            return NULL;
+        }
         PyThreadState *state = release_if(total >= RELEASE_GIL_BYTES);
         for (Py_ssize_t m = 0; m < count; m++) {
             if (!record_sound(spans[m].at, spans[m].size, verify)) {
@@ -258,6 +265,7 @@ static PyObject *wire_unframe(PyObject *self, PyObject *args)
             }
         }
         restore(state);
+        Py_DECREF(held);
     }
     if (bad >= 0) {
         PyMem_Free(spans);

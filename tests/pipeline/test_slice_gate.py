@@ -10,7 +10,19 @@ import pytest
 from pipeline_helpers import keyed_transform
 
 from shardfeed.pipeline import Loader
-from shardfeed.pipeline.concurrency import MARGIN, RECHECK_WINDOWS, SliceGate
+from shardfeed.pipeline.concurrency import (
+    MARGIN,
+    RECHECK_WINDOWS,
+    TRIAL_PAIRS,
+    WARMUP_WINDOWS,
+    SliceGate,
+)
+
+TRIAL = 1 + 2 * (2 * TRIAL_PAIRS - 1)
+"""Windows of a trial: the first measured, then a settling and a measured window for each
+change of limit."""
+FIRST_CHOICE = WARMUP_WINDOWS + TRIAL
+"""Windows before a new gate has chosen."""
 
 
 class Clock:
@@ -21,17 +33,18 @@ class Clock:
         return self.now
 
 
-def _feed(gate: SliceGate, clock: Clock, windows: int, cost: dict[int, float]) -> list[int]:
-    """Build ``windows`` windows of one-sample slices, each costing ``cost[limit]`` seconds;
-    returns the limit each window ran at."""
+def _feed(gate: SliceGate, clock: Clock, windows: int, cost: dict[int, float],
+          speed: Any = lambda window: 1.0) -> list[int]:
+    """Build ``windows`` windows of one-sample slices, each costing ``cost[limit]`` seconds
+    times ``speed(window)``; returns the limit each window ran at."""
     seen = []
-    for _ in range(windows):
+    for window in range(windows):
         seen.append(gate.limit)
         for _ in range(gate.window_samples):
             limit = gate.limit
 
-            def build(limit: int = limit) -> int:
-                clock.now += cost[limit]
+            def build(limit: int = limit, factor: float = speed(window)) -> int:
+                clock.now += cost[limit] * factor
                 return 0
 
             gate.run(gate.ticket(), 1, build, lambda: False)
@@ -42,28 +55,41 @@ def test_one_thread_is_kept_only_when_clearly_faster() -> None:
     clock = Clock()
     gate = SliceGate(4, window_samples=10, clock=clock)
     # GIL-bound: one thread builds a sample in 10 µs, four fighting threads in 20 µs
-    seen = _feed(gate, clock, 6, {4: 20e-6, 1: 10e-6})
-    assert seen[:3] == [4, 1, 1]  # measure all threads, settle, measure one
+    seen = _feed(gate, clock, FIRST_CHOICE + 2, {4: 20e-6, 1: 10e-6})
+    # warm up, then measure all threads and one thread in turn, a settling window between
+    assert seen[:FIRST_CHOICE] == [4] * WARMUP_WINDOWS + [4] + [1, 1, 4, 4] * (TRIAL_PAIRS - 1) + [1, 1]
+    assert seen[FIRST_CHOICE:] == [1, 1]
     assert gate.limit == 1
     clock2 = Clock()
     gate2 = SliceGate(4, window_samples=10, clock=clock2)
     # decoding large images: four threads twice as fast; and a gain under the margin
-    _feed(gate2, clock2, 4, {4: 10e-6, 1: 20e-6})
+    _feed(gate2, clock2, FIRST_CHOICE, {4: 10e-6, 1: 20e-6})
     assert gate2.limit == 4
     gate3 = SliceGate(2, window_samples=10, clock=(clock3 := Clock()))
-    _feed(gate3, clock3, 4, {2: 10e-6, 1: 10e-6 / (MARGIN * 0.99)})
+    _feed(gate3, clock3, FIRST_CHOICE, {2: 10e-6, 1: 10e-6 / (MARGIN * 0.99)})
     assert gate3.limit == 2
+
+
+@pytest.mark.parametrize("faster", [1, 2])
+def test_a_loader_speeding_up_as_it_warms_does_not_fool_the_trial(faster: int) -> None:
+    """The first windows of a loader run several times slower (files opening, caches
+    filling): measured then, whichever limit came second would look faster."""
+    clock = Clock()
+    gate = SliceGate(2, window_samples=10, clock=clock)
+    cost = {faster: 10e-6, 3 - faster: 10e-6 * 1.4}
+    _feed(gate, clock, FIRST_CHOICE, cost, speed=lambda window: 1 + 3 * 0.5**window)
+    assert gate.limit == faster
 
 
 def test_the_choice_is_measured_again() -> None:
     clock = Clock()
     gate = SliceGate(2, window_samples=5, clock=clock)
     cost = {2: 20e-6, 1: 10e-6}
-    seen = _feed(gate, clock, 3 + RECHECK_WINDOWS + 3, cost)
-    assert seen[3 : 3 + RECHECK_WINDOWS] == [1] * RECHECK_WINDOWS
-    assert 2 in seen[3 + RECHECK_WINDOWS :]  # back to all threads for a new trial
+    seen = _feed(gate, clock, FIRST_CHOICE + RECHECK_WINDOWS + 3, cost)
+    assert seen[FIRST_CHOICE : FIRST_CHOICE + RECHECK_WINDOWS] == [1] * RECHECK_WINDOWS
+    assert 2 in seen[FIRST_CHOICE + RECHECK_WINDOWS :]  # back to all threads for a new trial
     # the work changed (now the threads help): the new trial keeps them
-    seen = _feed(gate, clock, RECHECK_WINDOWS + 6, {2: 5e-6, 1: 10e-6})
+    seen = _feed(gate, clock, RECHECK_WINDOWS + TRIAL + 2, {2: 5e-6, 1: 10e-6})
     assert gate.limit == 2
 
 

@@ -5,12 +5,14 @@ is Python that holds the GIL (small images: reading, parsing and writing a recor
 much as decoding it), two threads fight over the GIL and build slower than one. The gate
 measures instead of guessing::
 
-    trial   slices at once   measured
-    1       all threads      samples built / seconds with at least one slice running
-    2       1                the same (skipped when a sample takes a thread at least
-                             ``HEAVY_SAMPLE_SECONDS``: large images gain from threads)
-    then    the faster one (fewer threads only when at least ``MARGIN`` faster),
-            measured again every ``RECHECK_WINDOWS`` windows, as the work may change
+    warm-up     all threads      nothing (``WARMUP_WINDOWS``: first reads, caches filling)
+    trial       all threads, 1, all threads, 1 (``TRIAL_PAIRS`` pairs, one window each)
+                                 samples built / wall seconds (``IDLE_GAP_SECONDS``),
+                                 summed a limit (alternating cancels a drift in speed);
+                                 one thread is not tried when a sample takes a thread at
+                                 least ``HEAVY_SAMPLE_SECONDS`` (large images gain from threads)
+    then        the faster one (fewer threads only when at least ``MARGIN`` faster),
+                measured again every ``RECHECK_WINDOWS`` windows, as the work may change
 
 A window is ``window_samples`` samples. Slices wait at the gate in the order they were
 submitted (a ticket each), so batches still complete in order.
@@ -33,6 +35,16 @@ MARGIN = 1.15
 """Fewer threads are kept only when they build at least this much faster (noise guard)."""
 RECHECK_WINDOWS = 32
 """Windows run at the chosen limit before both limits are measured again."""
+WARMUP_WINDOWS = 4
+"""Windows a new gate runs at every thread before measuring (the first reads of a loader open
+files and fill caches, and run several times slower than the rest)."""
+IDLE_GAP_SECONDS = 0.02
+"""A window's time is wall time: while slices build, and while none does, up to this much a
+gap. Gaps count because threads that starve the consumer of the GIL slow it down, and it then
+asks for slices later (measuring only building time would favour them); longer gaps are the
+consumer pausing (an evaluation, a checkpoint), which no limit causes."""
+TRIAL_PAIRS = 2
+"""Windows measured a limit in a trial, alternating between the two limits."""
 HEAVY_SAMPLE_SECONDS = 500e-6
 """Work of at least this much thread time a sample (a large JPEG: about 1 ms) gains from
 every thread, the decode releasing the GIL: one thread is not tried (a trial costs time)."""
@@ -56,9 +68,11 @@ class SliceGate:
         self._next_ticket = 0
         self._waiting: set[int] = set()
         self._busy_since = 0.0
-        self._busy = 0.0
+        self._busy = 0.0  # the window's seconds: see IDLE_GAP_SECONDS
+        self._idle_since: float | None = None  # when the last slice finished, none running
         self._samples = 0
-        self._trial: list[tuple[int, float]] = []  # (limit, samples a second) measured
+        self._trial: list[tuple[int, int, float]] = []  # (limit, samples, busy seconds)
+        self._warmup = WARMUP_WINDOWS
         self._windows_left = 0  # windows at the chosen limit before measuring again
         self._settle = False  # the next window follows a change of limit: not recorded
 
@@ -80,16 +94,21 @@ class SliceGate:
             self._waiting.discard(ticket)
             self._active += 1
             if self._active == 1:
-                self._busy_since = self._clock()
+                now = self._clock()
+                if self._idle_since is not None:  # see IDLE_GAP_SECONDS
+                    self._busy += min(now - self._idle_since, IDLE_GAP_SECONDS)
+                self._busy_since = now
             self._cond.notify_all()
         try:
             return None if skip() else build()
         finally:
             with self._cond:
                 now = self._clock()
-                self._busy += now - self._busy_since  # busy: at least one slice building
+                self._busy += now - self._busy_since  # at least one slice building
                 self._busy_since = now
                 self._active -= 1
+                if self._active == 0:
+                    self._idle_since = now
                 self._samples += samples
                 if self._samples >= self.window_samples:
                     self._end_window()
@@ -98,15 +117,18 @@ class SliceGate:
     def _end_window(self) -> None:
         """A window's rate is in: record it in the trial, or count down to the next trial.
 
-        The window after a change of limit only settles (slices let in under the old limit
-        may still be building) and is not recorded.
+        Windows of the warm-up, and the window after a change of limit (slices let in under
+        the old limit may still be building), are not recorded.
         """
-        rate = self._samples / self._busy if self._busy > 0 else float("inf")
+        samples, busy = self._samples, self._busy
         self._samples, self._busy = 0, 0.0
         if self.threads == 1:
             return
         if self._settle:
             self._settle = False
+            return
+        if self._warmup > 0:
+            self._warmup -= 1
             return
         if self._windows_left > 0:
             self._windows_left -= 1
@@ -114,17 +136,23 @@ class SliceGate:
                 self._trial = []
                 self._set_limit(self.threads)
             return
-        self._trial.append((self.limit, rate))
-        if len(self._trial) == 1:
-            if self.threads / rate >= HEAVY_SAMPLE_SECONDS:
-                self._windows_left = RECHECK_WINDOWS  # threads help: no trial of one
-                return
-            self._set_limit(1)
+        self._trial.append((self.limit, samples, busy))
+        if len(self._trial) == 1 and busy * self.threads >= HEAVY_SAMPLE_SECONDS * samples:
+            self._windows_left = RECHECK_WINDOWS  # threads help: no trial of one
             return
-        full = next(r for limit, r in self._trial if limit == self.threads)
-        single = next(r for limit, r in self._trial if limit == 1)
+        if len(self._trial) < 2 * TRIAL_PAIRS:
+            self._set_limit(1 if self.limit == self.threads else self.threads)
+            return
+        full = self._trial_rate(self.threads)
+        single = self._trial_rate(1)
         self._set_limit(1 if single >= MARGIN * full else self.threads)
         self._windows_left = RECHECK_WINDOWS
+
+    def _trial_rate(self, limit: int) -> float:
+        """Samples a second at ``limit`` over the trial's windows at that limit."""
+        samples = sum(n for at, n, _ in self._trial if at == limit)
+        busy = sum(t for at, _, t in self._trial if at == limit)
+        return samples / busy if busy > 0 else float("inf")
 
     def _set_limit(self, limit: int) -> None:
         self._settle = limit != self.limit

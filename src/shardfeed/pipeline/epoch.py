@@ -94,8 +94,12 @@ class EpochRun:
         buffer.reset_lists()
         buffer.keys[: len(positions)] = positions
         pending = _Pending(index, buffer, len(positions))
-        for start in range(0, len(positions), self.slice_size):
-            piece = positions[start : start + self.slice_size]
+        size = self.slice_size
+        if self.gate is not None and self.gate.limit < self.gate.threads:
+            # fewer slices at once: larger slices (a slice's fixed costs, paid less often)
+            size = max(size, -(-self.batch_size // self.gate.limit))
+        for start in range(0, len(positions), size):
+            piece = positions[start : start + size]
             future: Future[int | None]
             if self.gate is None:
                 future = self.executor.submit(self.build_slice, self.ctx, piece, buffer, start)

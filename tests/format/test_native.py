@@ -228,7 +228,9 @@ def test_a_damaged_record_is_named_alike_by_both(tmp_path: Path, where: str,
     raw = bytearray(path.read_bytes())
     record = 17
     at = sum(len(p) + 16 for p in payloads[:record])
-    raw[at + {"length": 0, "length_crc": 9, "data": 20, "data_crc": 16 + len(payloads[record]) - 2}[where]] ^= 0x40
+    within = {"length": 0, "length_crc": 9, "data": 20,
+              "data_crc": 16 + len(payloads[record]) - 2}[where]
+    raw[at + within] ^= 0x40
     with Dataset(str(path)) as ds:  # indexed while sound, then damaged in place
         path.write_bytes(bytes(raw))
         ds.verify_crc = verify

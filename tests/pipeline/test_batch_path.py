@@ -215,3 +215,25 @@ def test_the_batch_path_turned_off_by_another_thread_mid_slice(tmp_path: Path) -
     builder.build_slice(loader._context(), np.arange(16, dtype=np.int64), buffer, 0)
     np.testing.assert_array_equal(buffer.arrays["image"], first["image"])
     loader.close()
+
+
+@pytest.mark.parametrize("kind", ["gray-png", "rgb-png", "gray-png-trns"])
+def test_a_package_built_without_a_c_compiler_gives_the_same_batches(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user whose install could not compile the C parts gets the batches everyone else
+    gets, a damaged image skipped in the same place, batches kept in a list."""
+    from shardfeed.format import native
+    from shardfeed.transforms.decode import png_rows
+
+    ds = _write(tmp_path / kind, kind, bad=9)
+    channels = "rgb" if kind == "rgb-png" else "gray"
+
+    def run() -> list[Any]:
+        return collect(Loader(ds, batch_size=16, transform=DecodeImage(channels=channels),
+                              num_threads=2, on_error="skip", seed=3))
+
+    compiled = run()
+    monkeypatch.setattr(native, "wire", None)
+    monkeypatch.setattr(png_rows, "compiled", None)
+    assert_same_batches(compiled, run())
+    assert 9 not in record_ids(compiled)

@@ -359,7 +359,8 @@ class Dataset:
         shards = self._shards
         return read_payloads(self._table, idx, read=shards.read_ranges, options=self.read_options,
                              verify=self.verify_crc,
-                             run_all=shards.run_all if shards.remote else None)
+                             run_all=shards.run_all if shards.remote else None,
+                             gather=shards.gather if shards.can_gather else None)
 
     # --- lifetime ------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 
     read_many([...]) -> records of shards 3, 9, 14
         local shards :  caller: pread 3 -> pread 9 -> pread 14      (page cache: no waiting)
+                        or, compiled part built: one gather from the mapped files
         remote shards:  caller: GET 3  |  pool: GET 9  |  pool: GET 14   (latency overlaps)
 
 A remote shard is opened with ``open_source(url, **source_options)`` on first use and its size
@@ -13,6 +14,7 @@ was opened.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -20,9 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import numpy as np
+
 from shardfeed.dataset.shards import ShardTable, check_offsets
+from shardfeed.format import native
 from shardfeed.storage import is_remote, open_source
 from shardfeed.storage.base import ByteSource
+from shardfeed.storage.local import LocalSource
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -33,6 +39,10 @@ MAX_OPEN_LOCAL = 256
 """Local shards kept open at once (a file descriptor each); the least recently used idle
 one is closed past this, so datasets of thousands of shards stay within the usual limit
 of 1,024 descriptors a process."""
+MAPPED_RESIDENT_BYTES = 64 << 20
+"""Bytes gathered from mapped shards after which their pages are dropped from this process
+(``madvise(MADV_DONTNEED)``; the page cache keeps them): read pages of a map count in the
+process's resident memory, which would otherwise grow to the dataset's size."""
 
 
 def check_source_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -50,9 +60,10 @@ class OpenShards:
     """One :class:`ByteSource` a shard, opened on first use; a pool for parallel reads.
 
     Thread-safe. Memory: one open source a shard in use (local shards: at most
-    ``MAX_OPEN_LOCAL`` descriptors, idle ones closed least recently used first; remote
-    shards: a source each, whose threads run only during a read) and, for datasets with
-    remote shards, up to ``max_concurrency`` reader threads.
+    ``MAX_OPEN_LOCAL`` descriptors, idle ones closed least recently used first, and where
+    :meth:`gather` runs, a map each with at most ``MAPPED_RESIDENT_BYTES`` read since its
+    pages were last dropped; remote shards: a source each, whose threads run only during a
+    read) and, for datasets with remote shards, up to ``max_concurrency`` reader threads.
     """
 
     def __init__(self, table: ShardTable, *, source_options: Mapping[str, Any]) -> None:
@@ -71,6 +82,40 @@ class OpenShards:
         self.max_workers = int(self._options.get("max_concurrency", 16))
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
+        self._mapped_bytes = 0  # gathered since the maps' pages were last dropped
+        # a gather needs every shard kept open while it reads: no early closing, none remote
+        self.can_gather = native.wire is not None and not self.remote and not self._bounded
+
+    def gather(self, shards: list[int], offsets: tuple[np.ndarray, ...], which: np.ndarray,
+               records: np.ndarray, verify: bool) -> list[bytes] | None:
+        """The payloads of records ``records`` of shards ``shards[which]``, read from the
+        mapped files in one compiled call; None where a shard cannot be mapped or a record
+        fails a check (the ``read_ranges`` path then reads them, or names the fault).
+        ``offsets[j]`` is shard ``shards[j]``'s record offsets."""
+        wire = native.wire
+        if not self.can_gather or wire is None:
+            return None
+        maps: list[mmap.mmap] = []
+        for k in shards:
+            src = self._sources.get(k) or self._acquire(k)
+            m = src.mapping() if isinstance(src, LocalSource) else None
+            if m is None:
+                return None
+            maps.append(m)
+        got = wire.gather(tuple(maps), offsets, which, records, verify)
+        if not isinstance(got, list):
+            return None
+        self._mapped_bytes += sum(map(len, got))  # a race loses a count at worst
+        if self._mapped_bytes > MAPPED_RESIDENT_BYTES:
+            self._mapped_bytes = 0
+            self._drop_mapped_pages()
+        return got
+
+    def _drop_mapped_pages(self) -> None:
+        for src in self.open_sources():
+            m = src.mapping(create=False) if isinstance(src, LocalSource) else None
+            if m is not None:
+                m.madvise(mmap.MADV_DONTNEED)
 
     def read_ranges(self, k: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """``read_ranges`` of shard ``k``'s source (ValueError once closed)."""

@@ -145,25 +145,48 @@ class _ShardRead(NamedTuple):
 _Group = tuple[int, list[int] | np.ndarray, list[int] | np.ndarray]
 """(shard, positions in the output, records in the shard) of the records asked of a shard."""
 
+GATHER_FROM = 2
+"""Records asked from which ``gather`` is tried (a single record: one read costs less)."""
+
 GROUP_IN_PYTHON = 1024
 """Records asked up to which they are grouped by shard with Python ints, not NumPy's
 argsort and split (whose fixed costs a group dominate when the groups are small)."""
 
 
+class Gather(Protocol):
+    """``gather(shards, offsets, which, records, verify) -> payloads | None``: records
+    ``records[i]`` of shards ``shards[which[i]]`` (``offsets[j]``: shard ``shards[j]``'s
+    offsets) in one call, or None to have them read by ranges (see ``OpenShards.gather``)."""
+
+    def __call__(self, shards: list[int], offsets: tuple[np.ndarray, ...], which: np.ndarray,
+                 records: np.ndarray, verify: bool, /) -> list[bytes] | None: ...
+
+
 def read_payloads(
     table: ShardTable, idx: np.ndarray, *, read: ReadRanges, options: ReadOptions,
-    verify: bool, run_all: RunAll | None = None,
+    verify: bool, run_all: RunAll | None = None, gather: Gather | None = None,
 ) -> list[bytes]:
     """The payloads of global records ``idx`` (bounds-checked), in that order: grouped by
-    shard, each shard's records read as coalesced ranges by ``read(shard, ranges)``.
+    shard, each shard's records read as coalesced ranges by ``read(shard, ranges)``; or, with
+    ``gather``, all in one call where it can (a record it refuses: the ranges path names
+    the fault).
 
     Without ``run_all`` the shards are read one after another (in shard order), each checked
     right after its read (while its bytes are in the CPU cache); with it, all shards' reads
     go to ``run_all`` at once and are checked when all have returned.
     """
-    out: list[bytes | None] = [None] * len(idx)
     if len(idx) == 0:
         return []
+    if gather is not None and len(idx) >= GATHER_FROM:
+        shard, local = table.shard_of(idx)
+        shards, which = np.unique(shard, return_inverse=True)
+        listed = shards.tolist()
+        offsets = tuple(table.offsets_view(k) for k in listed)  # loaded (and checked) now
+        got = gather(listed, offsets, which.astype(np.int64, copy=False),
+                     local.astype(np.int64, copy=False), verify)
+        if got is not None:
+            return got
+    out: list[bytes | None] = [None] * len(idx)
     groups = _group(table, idx)
 
     def fetch(item: _Group) -> tuple[_ShardRead, list[bytes]]:

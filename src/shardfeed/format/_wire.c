@@ -12,7 +12,14 @@
  *       column a feature; or None for anything outside the plain encoding every writer
  *       produces (the Python path then decodes them, or names what differs).
  *
- * Both only accept what they are sure of: a record they do not accept is handed back to the
+ *   gather(maps, offsets, which, records, verify) -> list[bytes] | int
+ *       The payloads of records read straight from memory-mapped shards (record r of map
+ *       which[i] lies between offsets[which[i]][r] and [r + 1]), their framing checked as
+ *       unframe checks it; or the position of the first record that does not lie within
+ *       its map, fails a check, or sits on a page the file no longer has (a shard cut
+ *       short while mapped raises SIGBUS on that page: caught here, never a crash).
+ *
+ * All three only accept what they are sure of: a record they do not accept is handed back to the
  * Python path, which gives the same values or raises the same error as before. Nothing
  * here decides an error message. The checking loops run without the GIL.
  */
@@ -20,6 +27,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,6 +291,212 @@ static PyObject *wire_unframe(PyObject *self, PyObject *args)
     }
     PyMem_Free(spans);
     return out;
+}
+
+/* ---- gather from memory-mapped shards -------------------------------------------------- */
+
+/* A read of a mapped page past the end of a file that was cut short raises SIGBUS. A
+ * thread copying from a map sets its guard; the handler jumps back to it. A SIGBUS
+ * anywhere else is given back to the handler there was before (the instruction faults
+ * again, into it). */
+static _Thread_local sigjmp_buf *bus_guard = NULL;
+static struct sigaction bus_before;
+static int bus_installed = 0;  /* set under the GIL */
+
+static void on_bus(int signum, siginfo_t *info, void *context)
+{
+    (void)signum; (void)info; (void)context;
+    sigjmp_buf *guard = bus_guard;
+    if (guard != NULL) {
+        bus_guard = NULL;
+        siglongjmp(*guard, 1);
+    }
+    sigaction(SIGBUS, &bus_before, NULL);
+}
+
+static int install_bus_handler(void)
+{
+    if (bus_installed)
+        return 0;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_bus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGBUS, &action, &bus_before) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    bus_installed = 1;
+    return 0;
+}
+
+/* A 64-bit integer array's buffer (NumPy int64/uint64, little-endian); -1 with an
+ * exception set for anything else. */
+static int int64_buffer(PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0)
+        return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    if (view->itemsize != 8 || view->ndim != 1 || f[1] != '\0' || strchr("qQlL", f[0]) == NULL) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_TypeError, "a 1-D array of 64-bit integers is needed");
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    Py_ssize_t nmaps;
+    Py_buffer *maps;     /* nmaps bytes-like maps */
+    Py_buffer *offsets;  /* nmaps int64 arrays */
+    Py_buffer which, records;
+    Py_ssize_t held;     /* buffers of maps and offsets taken so far */
+    int have_which, have_records;
+} GatherArgs;
+
+static void gather_release(GatherArgs *g)
+{
+    for (Py_ssize_t k = 0; k < g->held; k++) {
+        PyBuffer_Release(&g->maps[k]);
+        PyBuffer_Release(&g->offsets[k]);
+    }
+    if (g->have_which)
+        PyBuffer_Release(&g->which);
+    if (g->have_records)
+        PyBuffer_Release(&g->records);
+    PyMem_Free(g->maps);
+    PyMem_Free(g->offsets);
+}
+
+static int gather_take(GatherArgs *g, PyObject *maps, PyObject *offsets, PyObject *which,
+                       PyObject *records)
+{
+    memset(g, 0, sizeof *g);
+    g->nmaps = PyTuple_GET_SIZE(maps);
+    if (PyTuple_GET_SIZE(offsets) != g->nmaps) {
+        PyErr_SetString(PyExc_ValueError, "one offsets array a map is needed");
+        return -1;
+    }
+    g->maps = PyMem_Calloc((size_t)(g->nmaps ? g->nmaps : 1), sizeof(Py_buffer));
+    g->offsets = PyMem_Calloc((size_t)(g->nmaps ? g->nmaps : 1), sizeof(Py_buffer));
+    if (g->maps == NULL || g->offsets == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < g->nmaps; k++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, k), &g->maps[k], PyBUF_SIMPLE) != 0)
+            return -1;
+        if (int64_buffer(PyTuple_GET_ITEM(offsets, k), &g->offsets[k]) != 0) {
+            PyBuffer_Release(&g->maps[k]);
+            return -1;
+        }
+        g->held = k + 1;
+    }
+    if (int64_buffer(which, &g->which) != 0)
+        return -1;
+    g->have_which = 1;
+    if (int64_buffer(records, &g->records) != 0)
+        return -1;
+    g->have_records = 1;
+    if (g->which.len != g->records.len) {
+        PyErr_SetString(PyExc_ValueError, "which and records differ in length");
+        return -1;
+    }
+    return 0;
+}
+
+/* Each record's span in its map; the position of the first that does not lie within its
+ * map (or whose offsets are out of order), -1 with an exception for a map number out of
+ * range, else -2. */
+static Py_ssize_t gather_spans(const GatherArgs *g, Span *spans, Py_ssize_t count)
+{
+    const int64_t *which = (const int64_t *)g->which.buf;
+    const int64_t *records = (const int64_t *)g->records.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t k = which[i], r = records[i];
+        if (k < 0 || k >= g->nmaps) {
+            PyErr_SetString(PyExc_IndexError, "a map number is out of range");
+            return -1;
+        }
+        const Py_buffer *offsets = &g->offsets[k];
+        if (r < 0 || r + 1 >= offsets->len / 8)
+            return i;
+        const uint64_t *at = (const uint64_t *)offsets->buf;
+        uint64_t start = at[r], end = at[r + 1];
+        if (start > end || end - start < FRAMING_BYTES || end > (uint64_t)g->maps[k].len)
+            return i;
+        spans[i].at = (const uint8_t *)g->maps[k].buf + start;
+        spans[i].size = (Py_ssize_t)(end - start);
+    }
+    return -2;
+}
+
+/* Check and copy each record's payload into its bytes object, SIGBUS caught; the position
+ * of the first record that fails, else -1. Runs without the GIL. */
+static Py_ssize_t gather_copy(const Span *spans, PyObject *out, Py_ssize_t count, int verify)
+{
+    volatile Py_ssize_t reached = 0;
+    sigjmp_buf guard;
+    if (sigsetjmp(guard, 1) != 0)
+        return reached;  /* a page of the map is gone: the file was cut short */
+    bus_guard = &guard;
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        reached = i;
+        if (!record_sound(spans[i].at, spans[i].size, verify)) {
+            bad = i;
+            break;
+        }
+        memcpy(PyBytes_AS_STRING(PyList_GET_ITEM(out, i)), spans[i].at + HEADER_BYTES,
+               (size_t)(spans[i].size - FRAMING_BYTES));
+    }
+    bus_guard = NULL;
+    return bad;
+}
+
+#define RELEASE_GIL_GATHER (1 << 16)
+
+static PyObject *wire_gather(PyObject *self, PyObject *args)
+{
+    PyObject *maps, *offsets, *which, *records;
+    int verify;
+    if (!PyArg_ParseTuple(args, "O!O!OOp", &PyTuple_Type, &maps, &PyTuple_Type, &offsets,
+                          &which, &records, &verify))
+        return NULL;
+    if (install_bus_handler() != 0)
+        return NULL;
+    GatherArgs g;
+    if (gather_take(&g, maps, offsets, which, records) != 0) {
+        gather_release(&g);
+        return NULL;
+    }
+    Py_ssize_t count = g.records.len / 8;
+    Span *spans = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Span));
+    PyObject *out = spans != NULL ? PyList_New(count) : PyErr_NoMemory();
+    Py_ssize_t bad = out != NULL ? gather_spans(&g, spans, count) : -1;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; bad == -2 && i < count; i++) {
+        PyObject *payload = PyBytes_FromStringAndSize(NULL, spans[i].size - FRAMING_BYTES);
+        if (payload == NULL)
+            bad = -1;
+        else
+            PyList_SET_ITEM(out, i, payload);
+        total += spans[i].size;
+    }
+    if (bad == -2) {
+        PyThreadState *state = release_if(total >= RELEASE_GIL_GATHER);
+        bad = gather_copy(spans, out, count, verify);
+        restore(state);
+    }
+    gather_release(&g);
+    PyMem_Free(spans);
+    if (bad == -1 && !PyErr_Occurred())
+        return out;
+    Py_XDECREF(out);
+    return bad >= 0 ? PyLong_FromSsize_t(bad) : NULL;
 }
 
 /* ---- tf.train.Example ---------------------------------------------------------------- */
@@ -646,6 +861,8 @@ static PyMethodDef wire_methods[] = {
      "unframe(reads, ranges, starts, ends, verify) -> list[bytes] | int | None"},
     {"example_columns", wire_example_columns, METH_VARARGS,
      "example_columns(payloads, names, count) -> list | None"},
+    {"gather", wire_gather, METH_VARARGS,
+     "gather(maps, offsets, which, records, verify) -> list[bytes] | int"},
     {"crc32c", wire_crc32c, METH_O, "crc32c(data) -> int"},
     {NULL, NULL, 0, NULL},
 };

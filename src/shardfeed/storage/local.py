@@ -1,7 +1,8 @@
-"""Local files read with ``os.pread`` on one cached descriptor per file."""
+"""Local files read with ``os.pread`` on one cached descriptor per file, or mapped."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Sequence
@@ -12,13 +13,17 @@ from shardfeed.errors import StorageError
 class LocalSource:
     """Random access to a local file. Thread-safe: ``pread`` has no shared file position.
 
-    Memory: one open descriptor, opened on first use and kept until ``close``.
+    Memory: one open descriptor, opened on first use and kept until ``close``; once
+    :meth:`mapping` is asked for, the file mapped read-only (and a second descriptor, the
+    map's own), whose resident pages the caller drops with ``madvise``.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.url = os.fspath(path)
         self._fd: int | None = None
         self._lock = threading.Lock()
+        self._map: mmap.mmap | None = None
+        self._unmappable = False
 
     def _descriptor(self) -> int:
         fd = self._fd
@@ -69,8 +74,28 @@ class LocalSource:
                        else self._read_rest(fd, data, offset, length))
         return out
 
+    def mapping(self, *, create: bool = True) -> mmap.mmap | None:
+        """The whole file mapped read-only, as it was when first asked for (later growth is
+        not in it); None where it cannot be mapped (an empty file, a file system or file
+        kind without maps). A page the file has lost since (cut short) raises SIGBUS when
+        read: only code that catches it (``shardfeed.format.native``) reads the map.
+        ``create=False``: the map only if one was made already."""
+        m = self._map
+        if m is None and create and not self._unmappable:
+            fd = self._descriptor()
+            with self._lock:
+                if self._map is None and not self._unmappable:
+                    try:
+                        self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                    except (OSError, ValueError):
+                        self._unmappable = True
+                m = self._map
+        return m
+
     def close(self) -> None:
         with self._lock:
+            # a map still read by a gather stays alive (its buffer holds it) until that ends
+            self._map = None
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

@@ -53,7 +53,7 @@ def _feed(gate: SliceGate, clock: Clock, windows: int, cost: dict[int, float],
 
 def test_one_thread_is_kept_only_when_clearly_faster() -> None:
     clock = Clock()
-    gate = SliceGate(4, window_samples=10, clock=clock)
+    gate = SliceGate(4, window_samples=10, clock=clock, min_window_seconds=0)
     # GIL-bound: one thread builds a sample in 10 µs, four fighting threads in 20 µs
     seen = _feed(gate, clock, FIRST_CHOICE + 2, {4: 20e-6, 1: 10e-6})
     # warm up, then measure all threads and one thread in turn, a settling window between
@@ -61,11 +61,12 @@ def test_one_thread_is_kept_only_when_clearly_faster() -> None:
     assert seen[FIRST_CHOICE:] == [1, 1]
     assert gate.limit == 1
     clock2 = Clock()
-    gate2 = SliceGate(4, window_samples=10, clock=clock2)
+    gate2 = SliceGate(4, window_samples=10, clock=clock2, min_window_seconds=0)
     # decoding large images: four threads twice as fast; and a gain under the margin
     _feed(gate2, clock2, FIRST_CHOICE, {4: 10e-6, 1: 20e-6})
     assert gate2.limit == 4
-    gate3 = SliceGate(2, window_samples=10, clock=(clock3 := Clock()))
+    gate3 = SliceGate(2, window_samples=10, clock=(clock3 := Clock()),
+                       min_window_seconds=0)
     _feed(gate3, clock3, FIRST_CHOICE, {2: 10e-6, 1: 10e-6 / (MARGIN * 0.99)})
     assert gate3.limit == 2
 
@@ -75,7 +76,7 @@ def test_a_loader_speeding_up_as_it_warms_does_not_fool_the_trial(faster: int) -
     """The first windows of a loader run several times slower (files opening, caches
     filling): measured then, whichever limit came second would look faster."""
     clock = Clock()
-    gate = SliceGate(2, window_samples=10, clock=clock)
+    gate = SliceGate(2, window_samples=10, clock=clock, min_window_seconds=0)
     cost = {faster: 10e-6, 3 - faster: 10e-6 * 1.4}
     _feed(gate, clock, FIRST_CHOICE, cost, speed=lambda window: 1 + 3 * 0.5**window)
     assert gate.limit == faster
@@ -83,7 +84,7 @@ def test_a_loader_speeding_up_as_it_warms_does_not_fool_the_trial(faster: int) -
 
 def test_the_choice_is_measured_again() -> None:
     clock = Clock()
-    gate = SliceGate(2, window_samples=5, clock=clock)
+    gate = SliceGate(2, window_samples=5, clock=clock, min_window_seconds=0)
     cost = {2: 20e-6, 1: 10e-6}
     seen = _feed(gate, clock, FIRST_CHOICE + RECHECK_WINDOWS + 3, cost)
     assert seen[FIRST_CHOICE : FIRST_CHOICE + RECHECK_WINDOWS] == [1] * RECHECK_WINDOWS
@@ -114,7 +115,8 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
                     num_threads=threads)
     # tiny windows and a clock that flips the verdict often: the limit changes many times
     ticks = iter(range(10**9))
-    gate = SliceGate(threads, window_samples=3, clock=lambda: next(ticks) * 1e-6)
+    gate = SliceGate(threads, window_samples=3, clock=lambda: next(ticks) * 1e-6,
+                      min_window_seconds=0)
     limits: list[int] = []
     set_limit = gate._set_limit
 
@@ -133,7 +135,25 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
 
 def test_heavy_samples_never_try_one_thread() -> None:
     clock = Clock()
-    gate = SliceGate(2, window_samples=4, clock=clock)
+    gate = SliceGate(2, window_samples=4, clock=clock, min_window_seconds=0)
     # a large JPEG: 1.2 ms of a thread a sample, 0.6 ms of wall time with two threads
     seen = _feed(gate, clock, 2 * RECHECK_WINDOWS, {2: 0.6e-3, 1: 0.4e-3})
     assert seen == [2] * len(seen)
+
+
+def test_a_window_of_fast_samples_lasts_long_enough_to_measure() -> None:
+    """Samples of 10 µs: ten make a window of 100 µs, too short to measure (a scheduler tick
+    decides it); a window then takes the samples of ``min_window_seconds``."""
+    clock = Clock()
+    gate = SliceGate(2, window_samples=10, clock=clock, min_window_seconds=0.01)
+    windows = []
+    end_window = gate._end_window
+
+    def record() -> None:
+        windows.append(clock.now)
+        end_window()
+
+    gate._end_window = record  # type: ignore[method-assign]
+    _feed(gate, clock, 250, {2: 10e-6, 1: 10e-6})  # 2,500 samples, 25 ms
+    assert len(windows) == 2
+    assert windows[0] == pytest.approx(0.01, rel=0.01)

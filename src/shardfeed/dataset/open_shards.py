@@ -112,9 +112,12 @@ class OpenShards:
         return got
 
     def _drop_mapped_pages(self) -> None:
-        for src in self.open_sources():
-            m = src.mapping(create=False) if isinstance(src, LocalSource) else None
-            if m is not None:
+        """Drop the maps' pages from this process, unless all maps together are within the
+        bound (then all their pages fit it: dropping them would only cost page faults)."""
+        maps = [m for m in (src.mapping(create=False) for src in self.open_sources()
+                            if isinstance(src, LocalSource)) if m is not None]
+        if sum(len(m) for m in maps) > MAPPED_RESIDENT_BYTES:
+            for m in maps:
                 m.madvise(mmap.MADV_DONTNEED)
 
     def read_ranges(self, k: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:

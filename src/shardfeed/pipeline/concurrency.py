@@ -14,7 +14,8 @@ measures instead of guessing::
     then        the faster one (fewer threads only when at least ``MARGIN`` faster),
                 measured again every ``RECHECK_WINDOWS`` windows, as the work may change
 
-A window is ``window_samples`` samples. Slices wait at the gate in the order they were
+A window is at least ``window_samples`` samples and ``MIN_WINDOW_SECONDS`` long (a window of
+fast samples over in a few milliseconds is mostly noise). Slices wait at the gate in the order they were
 submitted (a ticket each), so batches still complete in order.
 
 Determinism: none of this changes which rows are built or their bytes (a slice writes fixed
@@ -31,8 +32,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-MARGIN = 1.15
+MARGIN = 1.05
 """Fewer threads are kept only when they build at least this much faster (noise guard)."""
+MIN_WINDOW_SECONDS = 0.025
+"""The shortest window measured: fast work takes more samples a window."""
 RECHECK_WINDOWS = 32
 """Windows run at the chosen limit before both limits are measured again."""
 WARMUP_WINDOWS = 4
@@ -54,14 +57,17 @@ class SliceGate:
     """Lets at most :attr:`limit` slices build at once, and picks the limit by measuring.
 
     ``threads``: the most at once (the Loader's ``num_threads``); ``adaptive=False`` keeps
-    that limit (process workers, whose slices barely hold the GIL). ``clock``: seconds.
+    that limit (process workers, whose slices barely hold the GIL). ``clock``: seconds;
+    ``min_window_seconds``: see ``MIN_WINDOW_SECONDS``.
     """
 
     def __init__(self, threads: int, *, window_samples: int, adaptive: bool = True,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 min_window_seconds: float = MIN_WINDOW_SECONDS) -> None:
         self.threads = threads if adaptive else 1  # one "thread" level: nothing to choose
         self.limit = threads
         self.window_samples = max(1, window_samples)
+        self.min_window_seconds = min_window_seconds
         self._clock = clock
         self._cond = threading.Condition()
         self._active = 0
@@ -110,7 +116,8 @@ class SliceGate:
                 if self._active == 0:
                     self._idle_since = now
                 self._samples += samples
-                if self._samples >= self.window_samples:
+                if (self._samples >= self.window_samples
+                        and self._busy >= self.min_window_seconds):
                     self._end_window()
                 self._cond.notify_all()
 

@@ -80,6 +80,9 @@ class SliceBuilder:
         # batch form (or there is no transform)
         has_form = transform is None or has_batch_form(transform)
         self._read_columns = getattr(source, "read_columns", None) if has_form else None
+        # a source whose samples are one record each gives them as one array
+        self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
+            getattr(source, "single_records", None))
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
         """The keys samples write straight into the batch for ``layout`` (see module doc)."""
@@ -240,18 +243,23 @@ class SliceBuilder:
         return self.build_samples(ctx, positions, buffer, first_row)
 
     def build_columns(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
-                      first_row: int, read_columns: Callable[[list[int]], Any]) -> bool:
+                      first_row: int, read_columns: Callable[[np.ndarray], Any]) -> bool:
         """The rows of ``positions`` a slice at a time: the records read as columns, the
         transform's batch form writing images into the rows, the other columns stored at once.
         False (nothing promised about the rows) when the columns or transform do not allow it.
         """
-        plans = self.source.plan(ctx, positions)
-        if any(len(ids) != 1 for ids in plans):
-            return False
-        columns = read_columns([int(ids[0]) for ids in plans])
+        single = self._single_records
+        if single is not None:
+            records = single(ctx, positions)
+        else:
+            plans = self.source.plan(ctx, positions)
+            if any(len(ids) != 1 for ids in plans):
+                return False
+            records = np.array([int(ids[0]) for ids in plans], dtype=np.int64)
+        columns = read_columns(records)
         if columns is None:
             return False
-        rows = len(plans)
+        rows = len(records)
         out = {f.name: buffer.arrays[f.name][first_row : first_row + rows]
                for f in buffer.layout.fields
                if f.name == "image" and f.is_array and not f.squeeze}

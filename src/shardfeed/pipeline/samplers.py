@@ -273,13 +273,17 @@ class RecordSampler(SamplerBase):
         return bind_transform(transform, ds.schema, ds.root)
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
-        units = np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
-        return [(u,) for u in units.tolist()]
+        return [(u,) for u in self.single_records(ctx, positions).tolist()]
+
+    def single_records(self, ctx: EpochContext, positions: np.ndarray) -> np.ndarray:
+        """:meth:`plan` as one int64 array: a sample here is one record (the batch path
+        reads a slice's records with it, no tuple a sample)."""
+        return np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
 
     def read(self, records: Sequence[int]) -> list[Sample]:
         return self._ds().read_many(list(records))
 
-    def read_columns(self, records: Sequence[int]) -> dict[str, Any] | None:
+    def read_columns(self, records: Sequence[int] | np.ndarray) -> dict[str, Any] | None:
         """The records as columns (the data source's ``read_columns``), or None when the
         source has no column form or these records are not alike."""
         method = getattr(self._ds(), "read_columns", None)

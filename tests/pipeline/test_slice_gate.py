@@ -157,3 +157,40 @@ def test_a_window_of_fast_samples_lasts_long_enough_to_measure() -> None:
     _feed(gate, clock, 250, {2: 10e-6, 1: 10e-6})  # 2,500 samples, 25 ms
     assert len(windows) == 2
     assert windows[0] == pytest.approx(0.01, rel=0.01)
+
+
+def test_one_slice_at_a_time_runs_on_one_thread(clean_ds: Any) -> None:
+    """While the gate lets one slice build at a time, every slice goes to one thread (slices
+    handed between threads that wait on the GIL cost more than they gain): the builds run on
+    the lane thread, each batch as one slice, and the batches are the one-thread loader's."""
+    import threading
+
+    built_on: list[tuple[str, int]] = []
+
+    def watch(loader: Loader) -> None:
+        build = loader._builder.build_slice
+
+        def record(ctx: Any, positions: np.ndarray, *args: Any) -> Any:
+            built_on.append((threading.current_thread().name, len(positions)))
+            return build(ctx, positions, *args)
+
+        loader._builder.build_slice = record  # type: ignore[method-assign]
+
+    def images(loader: Loader) -> list[np.ndarray]:
+        with loader:
+            return [b["image"].copy() for b in loader]
+
+    from shardfeed.transforms import DecodeImage
+
+    reference = images(Loader(clean_ds, batch_size=8, seed=5, num_threads=1,
+                              transform=DecodeImage()))
+    loader = Loader(clean_ds, batch_size=8, seed=5, num_threads=2, transform=DecodeImage())
+    loader._gate._warmup = 10**9  # never trials: stays at the limit set here
+    loader._gate.limit = 1
+    watch(loader)
+    got = images(loader)
+    assert {name.rsplit("_", 1)[0] for name, _ in built_on} == {"shardfeed-loader-lane"}
+    assert [n for _, n in built_on] == [len(b) for b in got]
+    assert len(got) == len(reference)
+    for a, b in zip(got, reference):
+        np.testing.assert_array_equal(a, b)

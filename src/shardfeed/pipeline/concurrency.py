@@ -38,7 +38,7 @@ MIN_WINDOW_SECONDS = 0.025
 """The shortest window measured: fast work takes more samples a window."""
 RECHECK_WINDOWS = 32
 """Windows run at the chosen limit before both limits are measured again."""
-WARMUP_WINDOWS = 4
+WARMUP_WINDOWS = 2
 """Windows a new gate runs at every thread before measuring (the first reads of a loader open
 files and fill caches, and run several times slower than the rest)."""
 IDLE_GAP_SECONDS = 0.02

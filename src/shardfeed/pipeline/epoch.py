@@ -33,7 +33,7 @@ from shardfeed.errors import TooManyErrorsError
 from shardfeed.pipeline.batch_stage import BatchKeys, BatchStage
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.concurrency import SliceGate
-from shardfeed.pipeline.pool import BatchRing
+from shardfeed.pipeline.pool import BatchRing, LoaderPool
 from shardfeed.pipeline.produce import TooManyBadSamples
 from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.storage.inflight import interrupt_calls
@@ -95,16 +95,20 @@ class EpochRun:
         buffer.keys[: len(positions)] = positions
         pending = _Pending(index, buffer, len(positions))
         size = self.slice_size
+        executor = self.executor
         if self.gate is not None and self.gate.limit < self.gate.threads:
-            # fewer slices at once: larger slices (a slice's fixed costs, paid less often)
+            # fewer slices at once: larger slices (a slice's fixed costs, paid less often);
+            # one at a time: all on one thread (see LoaderPool)
             size = max(size, -(-self.batch_size // self.gate.limit))
+            if self.gate.limit == 1 and isinstance(executor, LoaderPool):
+                executor = executor.lane()
         for start in range(0, len(positions), size):
             piece = positions[start : start + size]
             future: Future[int | None]
             if self.gate is None:
-                future = self.executor.submit(self.build_slice, self.ctx, piece, buffer, start)
+                future = executor.submit(self.build_slice, self.ctx, piece, buffer, start)
             else:
-                future = self.executor.submit(
+                future = executor.submit(
                     self.gate.run, self.gate.ticket(), len(piece),
                     partial(self.build_slice, self.ctx, piece, buffer, start),
                     self._is_closed,

@@ -11,6 +11,7 @@ from pipeline_helpers import keyed_transform
 
 from shardfeed.pipeline import Loader
 from shardfeed.pipeline.concurrency import (
+    LIGHT_SAMPLE_SECONDS,
     MARGIN,
     RECHECK_WINDOWS,
     TRIAL_PAIRS,
@@ -194,3 +195,16 @@ def test_one_slice_at_a_time_runs_on_one_thread(clean_ds: Any) -> None:
     assert len(got) == len(reference)
     for a, b in zip(got, reference):
         np.testing.assert_array_equal(a, b)
+
+
+def test_tiny_work_goes_to_one_thread_without_a_trial() -> None:
+    """Samples of 2 µs at every thread: one thread at once after the first measured window
+    (a trial's windows at every thread would cost much of a short epoch); measured again
+    later all the same."""
+    clock = Clock()
+    gate = SliceGate(2, window_samples=10, clock=clock, min_window_seconds=0)
+    cost = {2: LIGHT_SAMPLE_SECONDS * 0.5, 1: LIGHT_SAMPLE_SECONDS * 0.4}
+    seen = _feed(gate, clock, WARMUP_WINDOWS + 3, cost)
+    assert seen == [2] * (WARMUP_WINDOWS + 1) + [1, 1]
+    seen = _feed(gate, clock, RECHECK_WINDOWS + 2, cost)
+    assert 2 in seen  # the choice is measured again

@@ -10,7 +10,9 @@ measures instead of guessing::
                                  samples built / wall seconds (``IDLE_GAP_SECONDS``),
                                  summed a limit (alternating cancels a drift in speed);
                                  one thread is not tried when a sample takes a thread at
-                                 least ``HEAVY_SAMPLE_SECONDS`` (large images gain from threads)
+                                 least ``HEAVY_SAMPLE_SECONDS`` (large images gain from threads);
+                                 one thread is kept without a trial when a sample takes at
+                                 most ``LIGHT_SAMPLE_SECONDS`` of wall time (tiny work)
     then        the faster one (fewer threads only when at least ``MARGIN`` faster),
                 measured again every ``RECHECK_WINDOWS`` windows, as the work may change
 
@@ -48,6 +50,11 @@ asks for slices later (measuring only building time would favour them); longer g
 consumer pausing (an evaluation, a checkpoint), which no limit causes."""
 TRIAL_PAIRS = 2
 """Windows measured a limit in a trial, alternating between the two limits."""
+LIGHT_SAMPLE_SECONDS = 5e-6
+"""Work of at most this much wall time a sample with every thread (28×28 raw records: 2–3 µs)
+is held to one slice at a time without a trial for the gate's first choice: a trial's windows
+at every thread would cost a large part of a short epoch, and such work rarely gains from
+threads; the rechecks every ``RECHECK_WINDOWS`` windows are full trials, which correct it."""
 HEAVY_SAMPLE_SECONDS = 500e-6
 """Work of at least this much thread time a sample (a large JPEG: about 1 ms) gains from
 every thread, the decode releasing the GIL: one thread is not tried (a trial costs time)."""
@@ -81,6 +88,7 @@ class SliceGate:
         self._warmup = WARMUP_WINDOWS
         self._windows_left = 0  # windows at the chosen limit before measuring again
         self._settle = False  # the next window follows a change of limit: not recorded
+        self._chosen = False  # a first choice was made (later ones are always full trials)
 
     def ticket(self) -> int:
         """A place in line, taken when a slice is submitted (slices enter in ticket order)."""
@@ -147,6 +155,12 @@ class SliceGate:
         if len(self._trial) == 1 and busy * self.threads >= HEAVY_SAMPLE_SECONDS * samples:
             self._windows_left = RECHECK_WINDOWS  # threads help: no trial of one
             return
+        if (len(self._trial) == 1 and not self._chosen
+                and busy <= LIGHT_SAMPLE_SECONDS * samples):
+            self._chosen = True  # too little work a sample for threads to pay their hand-overs
+            self._set_limit(1)
+            self._windows_left = RECHECK_WINDOWS
+            return
         if len(self._trial) < 2 * TRIAL_PAIRS:
             self._set_limit(1 if self.limit == self.threads else self.threads)
             return
@@ -154,6 +168,7 @@ class SliceGate:
         single = self._trial_rate(1)
         self._set_limit(1 if single >= MARGIN * full else self.threads)
         self._windows_left = RECHECK_WINDOWS
+        self._chosen = True
 
     def _trial_rate(self, limit: int) -> float:
         """Samples a second at ``limit`` over the trial's windows at that limit."""

@@ -434,19 +434,6 @@ static Py_ssize_t gather_spans(const GatherArgs *g, Span *spans, Py_ssize_t coun
     return -2;
 }
 
-/* Records of a gather lie on pages far apart, mostly not in the CPU's caches: the lines of
- * the record this many ahead are asked for while the current one is checked, so that the
- * memory's latency overlaps the work instead of adding to it. */
-#define PREFETCH_AHEAD 4
-#define PREFETCH_MAX_BYTES 4096
-
-static void prefetch_span(const Span *span)
-{
-    Py_ssize_t n = span->size < PREFETCH_MAX_BYTES ? span->size : PREFETCH_MAX_BYTES;
-    for (Py_ssize_t b = 0; b < n; b += 64)
-        __builtin_prefetch(span->at + b, 0, 0);
-}
-
 /* Check and copy each record's payload into its bytes object, SIGBUS caught; the position
  * of the first record that fails, else -1. Runs without the GIL. */
 static Py_ssize_t gather_copy(const Span *spans, PyObject *out, Py_ssize_t count, int verify)
@@ -459,8 +446,6 @@ static Py_ssize_t gather_copy(const Span *spans, PyObject *out, Py_ssize_t count
     Py_ssize_t bad = -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         reached = i;
-        if (i + PREFETCH_AHEAD < count)
-            prefetch_span(&spans[i + PREFETCH_AHEAD]);
         if (!record_sound(spans[i].at, spans[i].size, verify)) {
             bad = i;
             break;

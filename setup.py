@@ -1,6 +1,6 @@
-"""The compiled parts of shardfeed (see src/shardfeed/format/native.py and
-src/shardfeed/transforms/decode/png_rows.py); the rest of the build is declared in
-pyproject.toml. ``optional``: where one cannot be compiled (no C compiler, no zlib headers),
+"""The compiled parts of shardfeed (see src/shardfeed/format/native.py,
+src/shardfeed/transforms/decode/png_rows.py and src/shardfeed/sampling/crop_draws.py); the
+rest of the build is declared in pyproject.toml. ``optional``: where one cannot be compiled (no C compiler, no zlib headers),
 the package installs without it and runs the Python code it stands in for, with the same
 results."""
 
@@ -12,6 +12,14 @@ setup(
             "shardfeed.format._wire",
             ["src/shardfeed/format/_wire.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "shardfeed.sampling._draws",
+            ["src/shardfeed/sampling/_draws.c"],
+            # no fused multiply-add: every product and sum rounds as NumPy's and Python's do
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                "-ffp-contract=off"],
             optional=True,
         ),
         Extension(

@@ -21,7 +21,8 @@ from shardfeed.errors import DecodeError
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.pipeline.produce import SliceBuilder
-from shardfeed.transforms import Compose, DecodeImage, presets
+from shardfeed.sampling import crop_draws
+from shardfeed.transforms import Compose, DecodeImage, boxes, presets
 from shardfeed.transforms.base import Sample, Specs, TransformBase
 from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
 
@@ -230,3 +231,29 @@ def test_a_damaged_jpeg_is_named_or_skipped_exactly(tmp_path: Path, preset: str)
     assert_same_batches(fast, slow)
     assert 13 not in record_ids(fast) and 27 not in record_ids(fast)
     assert len(record_ids(fast)) == N
+
+
+@pytest.mark.skipif(not crop_draws.compiled(), reason="the compiled draws are not built here")
+@pytest.mark.parametrize(("preset", "generators"), [("train", 0), ("train-jitter-chw", N)])
+def test_the_train_crops_of_a_slice_are_drawn_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preset: str, generators: int) -> None:
+    # No generator a row for the crop; one only where a later op (jitter) draws on from it.
+    ds = _write(tmp_path / "d", "jpeg", SIZES)
+    assert boxes.compiled_draws_agree()  # its once-a-process check is not counted below
+    made: list[int] = []
+    real = crop_draws.sample_rng
+
+    def counting(*args: Any) -> np.random.Generator:
+        made.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(crop_draws, "sample_rng", counting)
+    fast = _batches(ds, PRESETS[preset]())
+    assert len(made) == generators
+    monkeypatch.setattr(crop_draws, "_draws", None)  # a build without the compiled draws
+    boxes.compiled_draws_agree.cache_clear()
+    try:
+        assert_same_batches(fast, _batches(ds, PRESETS[preset]()))
+        assert len(made) == generators + N
+    finally:
+        boxes.compiled_draws_agree.cache_clear()

@@ -19,6 +19,7 @@ from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.pipeline import samplers as source_module
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
+from shardfeed.sampling import crop_draws
 from shardfeed.sampling.keys import sample_rng
 from shardfeed.sampling.permutation import EpochOrder
 from shardfeed.transforms import presets
@@ -111,13 +112,14 @@ def test_no_generator_is_built_when_the_pipeline_never_draws(
         return real(self, purpose)
 
     monkeypatch.setattr(source_module.SampleKey, "rng", counting)
-    real_ctx = source_module.EpochContext.rng
+    real_rows = crop_draws.sample_rng
 
-    def counting_ctx(self: Any, position: int, purpose: int = 0) -> np.random.Generator:
-        built.append(position)  # the batch path's generators, one a row
-        return real_ctx(self, position, purpose)
+    def counting_rows(seed: int, epoch: int, position: int,
+                      purpose: int = 0) -> np.random.Generator:
+        built.append(position)  # the batch path's generators, one a row asked for
+        return real_rows(seed, epoch, position, purpose)
 
-    monkeypatch.setattr(source_module.EpochContext, "rng", counting_ctx)
+    monkeypatch.setattr(crop_draws, "sample_rng", counting_rows)
     _epochs(png_ds, presets.eval(size=8), threads=2, epochs=(0,))
     assert built == []
     _epochs(png_ds, presets.train(size=8), threads=2, epochs=(0,))

@@ -42,6 +42,7 @@ from shardfeed.errors import (
 )
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
+from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
 from shardfeed.transforms.base import has_batch_form
 
@@ -265,8 +266,7 @@ class SliceBuilder:
                if f.name == "image" and f.is_array and not f.squeeze}
         transform = self.transform
         if transform is not None:
-            rngs = ([ctx.rng(p) for p in positions.tolist()] if transform.draws_random
-                    else None)
+            rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None
             try:
                 columns = transform.apply_batch(columns, rngs, out)
             except BATCH_PATH_RETRIED:

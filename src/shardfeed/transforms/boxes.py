@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
+
+from shardfeed.sampling.crop_draws import CropParams, RowKeys, compiled, compiled_resized_crops
+from shardfeed.sampling.keys import sample_rng
 
 
 class Box(NamedTuple):
@@ -130,6 +134,67 @@ def random_resized_box(
     return Box((height - h) // 2, (width - w) // 2, h, w)
 
 
+def crop_params(
+    scale: tuple[float, float], ratio: tuple[float, float], hflip: float, attempts: int = 10
+) -> CropParams:
+    """The terms :func:`random_resized_box` computes from its ranges (the same float
+    arithmetic), for the compiled draws of :func:`resized_boxes`."""
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    return CropParams(scale[0], scale[1] - scale[0], log_lo, log_hi - log_lo, ratio[0],
+                      ratio[1], float(hflip), attempts)
+
+
+def resized_boxes(
+    keys: RowKeys, rows: npt.NDArray[np.intp], heights: npt.NDArray[np.int64],
+    widths: npt.NDArray[np.int64], *, scale: tuple[float, float], ratio: tuple[float, float],
+    hflip: float,
+) -> npt.NDArray[np.int64] | None:
+    """For each of ``rows`` (an image ``heights[i]``×``widths[i]``), the box of
+    :func:`random_resized_box` and the flip drawn after it (``random() < hflip`` when
+    ``hflip > 0``) from the row's generator in ``keys``: an ``n×5`` int64 array
+    ``(y, x, h, w, flip)``, the same numbers, drawn in one compiled call. The rows' generators
+    go on from after these draws.
+
+    None (nothing drawn) where the compiled draws are absent or not known to match NumPy on
+    this build (checked once a process, see :func:`compiled_draws_agree`), or a row was drawn
+    from already: the caller then draws row by row.
+    """
+    if not compiled_draws_agree():
+        return None
+    return compiled_resized_crops(keys, rows, heights, widths, crop_params(scale, ratio, hflip))
+
+
+@functools.cache
+def compiled_draws_agree() -> bool:
+    """Whether the compiled crop draws give what :func:`random_resized_box` and a flip draw
+    give from NumPy generators, boxes and the streams after them, on this build: checked
+    once on 512 rows of assorted sizes and ranges (including images of one pixel's side and
+    ratios far from the image's, which take the fallback box)."""
+    if not compiled() or not uniform_is_affine():
+        return False
+    sizes = np.random.Generator(np.random.Philox(7)).integers(1, 5000, (512, 2))
+    sizes[:16, 0] = 1
+    sizes[16:32, 1] = 1
+    cases = (((0.08, 1.0), (3 / 4, 4 / 3), 0.5), ((0.9, 1.0), (0.1, 0.2), 0.3),
+             ((0.25, 0.5), (5.0, 9.0), 0.0))
+    for scale, ratio, hflip in cases:
+        keys = RowKeys(2**63 + 11, 3, np.arange(2**40, 2**40 + 512, dtype=np.int64))
+        rows = np.arange(512)
+        boxes = compiled_resized_crops(keys, rows, sizes[:, 0], sizes[:, 1],
+                                       crop_params(scale, ratio, hflip))
+        if boxes is None:
+            return False
+        for row, (height, width) in enumerate(sizes.tolist()):
+            rng = sample_rng(keys.seed, keys.epoch, int(keys.positions[row]))
+            box = random_resized_box(height, width, rng, scale=scale, ratio=ratio)
+            flip = hflip > 0 and bool(rng.random() < hflip)
+            after = keys[row]
+            if ((*box, int(flip)) != tuple(boxes[row].tolist())
+                    or after.random() != rng.random() or after.integers(1000) != rng.integers(1000)):
+                return False
+    return True
+
+
 def center_box(height: int, width: int, out_h: int, out_w: int, *, crop_fraction: float) -> Box:
     """The box that "resize the shorter side to ``max(out)/crop_fraction``, then center-crop
     ``out_h``×``out_w``" keeps, in full-image pixels (one resize instead of two)."""
@@ -167,8 +232,11 @@ __all__ = [
     "Box",
     "center_box",
     "check_range",
+    "compiled_draws_agree",
+    "crop_params",
     "parse_size",
     "random_resized_box",
+    "resized_boxes",
     "scale_denominator",
     "scaled_box",
     "uniform_is_affine",

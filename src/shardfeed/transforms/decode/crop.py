@@ -34,14 +34,17 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import SchemaError
+from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms import arrays
 from shardfeed.transforms.base import NO_RANDOMNESS, ArraySpec, Sample, Specs
 from shardfeed.transforms.boxes import (
     Box,
     center_box,
     check_range,
+    compiled_draws_agree,
     parse_size,
     random_resized_box,
+    resized_boxes,
     scale_denominator,
     scaled_box,
 )
@@ -132,10 +135,18 @@ class CropDecoderBase(DecoderBase):
         if key is None or image_out is None:
             return None
         where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
-        for row, data in enumerate(columns[key]):
+        values = columns[key]
+        drawn = self._draw_rows(values, rngs, where)
+        for row, data in enumerate(values):
             target = image_out[row]
-            rng = NO_RANDOMNESS if rngs is None else rngs[row]
-            image = self._crop_encoded(data, rng, where, target)[0]
+            known = drawn[row] if drawn is not None else None
+            if known is not None:
+                height, width, y, x, h, w, flip = known
+                image = self._jpeg_crop(data, Box(y, x, h, w), height, width, where, flip != 0,
+                                        target)
+            else:
+                rng = NO_RANDOMNESS if rngs is None else rngs[row]
+                image = self._crop_encoded(data, rng, where, target)[0]
             if image is not target:
                 if image.shape != target.shape or image.dtype != target.dtype:
                     raise SchemaError(
@@ -148,6 +159,42 @@ class CropDecoderBase(DecoderBase):
             del result[key]
         result["image"] = image_out
         return result
+
+    def _draw_rows(
+        self, values: list[bytes], rngs: Sequence[np.random.Generator] | None, where: Where
+    ) -> list[tuple[int, ...] | None] | None:
+        """The draws of every JPEG row (not CMYK) made at once where the op has a batch form of
+        them (:meth:`_boxes`): for each row ``(height, width, y, x, h, w, flip)``, or None for
+        a row left to :meth:`_crop_encoded`; None when no batch form applies. The same headers
+        are read and the same limits enforced as row by row."""
+        if not isinstance(rngs, RowKeys) or not self._boxes_in_batch():
+            return None
+        sizes = np.zeros((len(values), 2), dtype=np.int64)
+        max_pixels = self.image_field.max_pixels
+        for row, data in enumerate(values):
+            if sniff_format(data) == "jpeg":
+                height, width, space = jpeg_header(data, where=where)
+                check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
+                if space not in CMYK_SPACES:
+                    sizes[row] = height, width
+        rows = np.flatnonzero(sizes[:, 0])
+        boxes = self._boxes(rngs, rows, sizes[rows, 0], sizes[rows, 1])
+        if boxes is None:
+            return None
+        drawn: list[tuple[int, ...] | None] = [None] * len(values)
+        for row, size, box in zip(rows.tolist(), sizes[rows].tolist(), boxes.tolist()):
+            drawn[row] = (*size, *box)
+        return drawn
+
+    def _boxes_in_batch(self) -> bool:
+        """Whether :meth:`_boxes` draws (subclass hook; here never)."""
+        return False
+
+    def _boxes(self, keys: RowKeys, rows: np.ndarray, heights: np.ndarray,
+               widths: np.ndarray) -> np.ndarray | None:
+        """The ``(y, x, h, w, flip)`` draws of ``rows`` from ``keys``, all at once, as
+        :meth:`draw` makes them one by one; None to leave the rows to :meth:`draw`."""
+        return None
 
     def _batch_key(
         self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
@@ -371,6 +418,14 @@ class DecodeRandomResizedCrop(CropDecoderBase):
 
     def _box(self, height: int, width: int, rng: np.random.Generator) -> Box:
         return random_resized_box(height, width, rng, scale=self.scale, ratio=self.ratio)
+
+    def _boxes_in_batch(self) -> bool:
+        return compiled_draws_agree()
+
+    def _boxes(self, keys: RowKeys, rows: np.ndarray, heights: np.ndarray,
+               widths: np.ndarray) -> np.ndarray | None:
+        return resized_boxes(keys, rows, heights, widths, scale=self.scale, ratio=self.ratio,
+                             hflip=self.hflip)
 
 
 class DecodeCenterCrop(CropDecoderBase):

@@ -1,0 +1,264 @@
+/* Keyed draws for whole batch slices, the same numbers a NumPy Generator gives.
+ *
+ * A row's generator is NumPy's Philox-4x64 (10 rounds) keyed (seed, purpose) with its
+ * counter starting at (0, 0, position, epoch), exactly as shardfeed.sampling.keys.sample_rng
+ * builds it. This file reproduces that stream (the 4-word buffer, the 32-bit half kept for
+ * the next 32-bit draw) and the two draws the random-resized crop makes from it,
+ * Generator.random() and Generator.integers(n), so a slice's crop boxes and flips come from
+ * one call instead of a generator a row. The stream state after a row's draws is handed
+ * back, so a later transform can go on drawing from the same generator.
+ *
+ * Python checks the results against NumPy before using this module (see
+ * shardfeed/sampling/crop_draws.py): a build that differs is never used.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define M0 0xD2E7470EE14C6C93ULL
+#define M1 0xCA5A826395121157ULL
+#define W0 0x9E3779B97F4A7C15ULL
+#define W1 0xBB67AE8584CAA73BULL
+
+typedef struct {
+    uint64_t ctr[4];
+    uint64_t key[2];
+    uint64_t buffer[4];
+    int buffer_pos;
+    int has_uint32;
+    uint32_t uinteger;
+} stream;
+
+static inline void mulhilo(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo)
+{
+    __uint128_t p = (__uint128_t)a * b;
+    *hi = (uint64_t)(p >> 64);
+    *lo = (uint64_t)p;
+}
+
+static void philox_block(const uint64_t in[4], const uint64_t key_in[2], uint64_t out[4])
+{
+    uint64_t c0 = in[0], c1 = in[1], c2 = in[2], c3 = in[3];
+    uint64_t k0 = key_in[0], k1 = key_in[1];
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) {
+            k0 += W0;
+            k1 += W1;
+        }
+        uint64_t hi0, lo0, hi1, lo1;
+        mulhilo(M0, c0, &hi0, &lo0);
+        mulhilo(M1, c2, &hi1, &lo1);
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+static uint64_t next_u64(stream *s)
+{
+    if (s->buffer_pos < 4)
+        return s->buffer[s->buffer_pos++];
+    if (++s->ctr[0] == 0 && ++s->ctr[1] == 0 && ++s->ctr[2] == 0)
+        ++s->ctr[3];
+    philox_block(s->ctr, s->key, s->buffer);
+    s->buffer_pos = 1;
+    return s->buffer[0];
+}
+
+static uint32_t next_u32(stream *s)
+{
+    if (s->has_uint32) {
+        s->has_uint32 = 0;
+        return s->uinteger;
+    }
+    uint64_t next = next_u64(s);
+    s->has_uint32 = 1;
+    s->uinteger = (uint32_t)(next >> 32);
+    return (uint32_t)next;
+}
+
+static double next_double(stream *s)
+{
+    return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Generator.integers(n) for 1 <= n <= 2^32 - 1: Lemire's method on 32-bit draws. */
+static int64_t below(stream *s, int64_t n)
+{
+    uint32_t rng = (uint32_t)(n - 1);
+    if (rng == 0)
+        return 0;
+    uint32_t excl = rng + 1;
+    uint64_t m = (uint64_t)next_u32(s) * excl;
+    uint32_t leftover = (uint32_t)m;
+    if (leftover < excl) {
+        uint32_t threshold = (UINT32_MAX - rng) % excl;
+        while (leftover < threshold) {
+            m = (uint64_t)next_u32(s) * excl;
+            leftover = (uint32_t)m;
+        }
+    }
+    return (int64_t)(m >> 32);
+}
+
+/* Python's round() of a float: half to even. */
+static double py_round(double x)
+{
+    double r = round(x);
+    if (fabs(x - r) == 0.5)
+        r = 2.0 * round(x / 2.0);
+    return r;
+}
+
+typedef struct {
+    double scale_lo, scale_range, log_lo, log_range, ratio_lo, ratio_hi, hflip;
+    long attempts;
+} crop_params;
+
+/* boxes[0..4] = y, x, h, w, flip; the same draws as transforms.boxes.random_resized_box (its
+ * random() form) followed by the flip of CropDecoderBase._draw_flip. */
+static void draw_row(stream *s, int64_t height, int64_t width, const crop_params *p,
+                     int64_t *box)
+{
+    double area = (double)(height * width);
+    for (long k = 0; k < p->attempts; k++) {
+        double target = area * (p->scale_lo + p->scale_range * next_double(s));
+        double aspect = exp(p->log_lo + p->log_range * next_double(s));
+        double w = py_round(sqrt(target * aspect));
+        double h = py_round(sqrt(target / aspect));
+        if (0 < w && w <= (double)width && 0 < h && h <= (double)height) {
+            int64_t hi = (int64_t)h, wi = (int64_t)w;
+            box[0] = below(s, height - hi + 1);
+            box[1] = below(s, width - wi + 1);
+            box[2] = hi;
+            box[3] = wi;
+            goto flip;
+        }
+    }
+    {
+        double in_ratio = (double)width / (double)height;
+        int64_t h = height, w = width;
+        if (in_ratio < p->ratio_lo) {
+            double v = py_round((double)width / p->ratio_lo);
+            h = v < 1 ? 1 : (int64_t)v;
+            if (h > height)
+                h = height;
+        } else if (in_ratio > p->ratio_hi) {
+            double v = py_round((double)height * p->ratio_hi);
+            w = v < 1 ? 1 : (int64_t)v;
+            if (w > width)
+                w = width;
+        }
+        box[0] = (height - h) / 2;
+        box[1] = (width - w) / 2;
+        box[2] = h;
+        box[3] = w;
+    }
+flip:
+    box[4] = p->hflip > 0.0 && next_double(s) < p->hflip;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t items, int writable,
+                      const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0)
+        return -1;
+    if (view->len != items * 8) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must hold %zd 64-bit items", name, items);
+        return -1;
+    }
+    return 0;
+}
+
+/* resized_crops(key0, key1, epoch, positions, heights, widths, params, boxes, states)
+ *
+ * positions, heights, widths: n int64 each (heights and widths >= 1, < 2^31);
+ * params: (scale_lo, scale_range, log_lo, log_range, ratio_lo, ratio_hi, hflip, attempts);
+ * boxes: n x 5 int64 out (y, x, h, w, flip); states: n x 11 uint64 out (counter[4],
+ * buffer[4], buffer_pos, has_uint32, uinteger) after the row's draws. */
+static PyObject *resized_crops(PyObject *self, PyObject *args)
+{
+    unsigned long long key0, key1, epoch;
+    PyObject *pos_obj, *h_obj, *w_obj, *box_obj, *state_obj;
+    crop_params p;
+    if (!PyArg_ParseTuple(args, "KKKOOO(dddddddl)OO", &key0, &key1, &epoch, &pos_obj, &h_obj,
+                          &w_obj, &p.scale_lo, &p.scale_range, &p.log_lo, &p.log_range,
+                          &p.ratio_lo, &p.ratio_hi, &p.hflip, &p.attempts, &box_obj,
+                          &state_obj))
+        return NULL;
+    /* views: positions, heights, widths, boxes, states; got: how many are held */
+    Py_buffer v[5];
+    int got = 0;
+    Py_ssize_t n = 0;
+    int ok = PyObject_GetBuffer(pos_obj, &v[0], PyBUF_C_CONTIGUOUS) == 0;
+    if (ok) {
+        got = 1;
+        n = v[0].len / 8;
+        if (v[0].len % 8 != 0) {
+            PyErr_SetString(PyExc_ValueError, "positions must hold 64-bit items");
+            ok = 0;
+        }
+    }
+    PyObject *objs[4] = {h_obj, w_obj, box_obj, state_obj};
+    const Py_ssize_t items[4] = {n, n, 5 * n, 11 * n};
+    const char *names[4] = {"heights", "widths", "boxes", "states"};
+    for (int k = 0; k < 4 && ok; k++) {
+        ok = get_buffer(objs[k], &v[k + 1], items[k], k >= 2, names[k]) == 0;
+        got += ok;
+    }
+    const int64_t *hv = v[1].buf, *wv = v[2].buf;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        if (hv[i] < 1 || wv[i] < 1 || hv[i] >= ((int64_t)1 << 31) || wv[i] >= ((int64_t)1 << 31)) {
+            PyErr_SetString(PyExc_ValueError, "heights and widths must be in [1, 2**31)");
+            ok = 0;
+        }
+    }
+    if (ok) {
+        const uint64_t *pv = v[0].buf;
+        int64_t *bv = v[3].buf;
+        uint64_t *sv = v[4].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            stream s = {{0, 0, pv[i], epoch}, {key0, key1}, {0, 0, 0, 0}, 4, 0, 0};
+            draw_row(&s, hv[i], wv[i], &p, bv + 5 * i);
+            uint64_t *out = sv + 11 * i;
+            memcpy(out, s.ctr, sizeof s.ctr);
+            memcpy(out + 4, s.buffer, sizeof s.buffer);
+            out[8] = (uint64_t)s.buffer_pos;
+            out[9] = (uint64_t)s.has_uint32;
+            out[10] = s.uinteger;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (int k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef draws_methods[] = {
+    {"resized_crops", resized_crops, METH_VARARGS,
+     "Random-resized-crop boxes and flips of a slice's rows from their keyed Philox streams."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef draws_module = {
+    PyModuleDef_HEAD_INIT, "_draws",
+    "Keyed draws for whole batch slices (see shardfeed/sampling/crop_draws.py).", -1,
+    draws_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__draws(void)
+{
+    return PyModule_Create(&draws_module);
+}

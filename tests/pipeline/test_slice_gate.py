@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pipeline_helpers import keyed_transform
 
-from shardfeed.pipeline import Loader
+from shardfeed.pipeline import Loader, concurrency
 from shardfeed.pipeline.concurrency import (
     LIGHT_SAMPLE_SECONDS,
     MARGIN,
@@ -35,9 +35,11 @@ class Clock:
 
 
 def _feed(gate: SliceGate, clock: Clock, windows: int, cost: dict[int, float],
-          speed: Any = lambda window: 1.0) -> list[int]:
+          speed: Any = lambda window: 1.0, cpu: dict[int, float] | None = None,
+          cpu_clock: Clock | None = None) -> list[int]:
     """Build ``windows`` windows of one-sample slices, each costing ``cost[limit]`` seconds
-    times ``speed(window)``; returns the limit each window ran at."""
+    times ``speed(window)`` (and ``cpu[limit]`` seconds of ``cpu_clock``, the threads' CPU
+    time); returns the limit each window ran at."""
     seen = []
     for window in range(windows):
         seen.append(gate.limit)
@@ -46,6 +48,8 @@ def _feed(gate: SliceGate, clock: Clock, windows: int, cost: dict[int, float],
 
             def build(limit: int = limit, factor: float = speed(window)) -> int:
                 clock.now += cost[limit] * factor
+                if cpu is not None and cpu_clock is not None:
+                    cpu_clock.now += cpu[limit] * factor
                 return 0
 
             gate.run(gate.ticket(), 1, build, lambda: False)
@@ -117,7 +121,7 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
     # tiny windows and a clock that flips the verdict often: the limit changes many times
     ticks = iter(range(10**9))
     gate = SliceGate(threads, window_samples=3, clock=lambda: next(ticks) * 1e-6,
-                      min_window_seconds=0)
+                     cpu_clock=lambda: 0.0, min_window_seconds=0)
     limits: list[int] = []
     set_limit = gate._set_limit
 
@@ -134,12 +138,31 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
         np.testing.assert_array_equal(a, b)
 
 
-def test_heavy_samples_never_try_one_thread() -> None:
-    clock = Clock()
-    gate = SliceGate(2, window_samples=4, clock=clock, min_window_seconds=0)
-    # a large JPEG: 1.2 ms of a thread a sample, 0.6 ms of wall time with two threads
-    seen = _feed(gate, clock, 2 * RECHECK_WINDOWS, {2: 0.6e-3, 1: 0.4e-3})
+def _gate_on_two_cores(monkeypatch: pytest.MonkeyPatch, clock: Clock,
+                       cpu_clock: Clock) -> SliceGate:
+    monkeypatch.setattr(concurrency.os, "cpu_count", lambda: 2)
+    return SliceGate(2, window_samples=4, clock=clock, cpu_clock=cpu_clock,
+                     min_window_seconds=0)
+
+
+def test_heavy_samples_never_try_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, cpu_clock = Clock(), Clock()
+    gate = _gate_on_two_cores(monkeypatch, clock, cpu_clock)
+    # a large JPEG: 0.6 ms of wall time a sample with two threads decoding side by side
+    # (1.2 ms of their CPU time); one thread alone would take 1 ms a sample
+    seen = _feed(gate, clock, 2 * RECHECK_WINDOWS, {2: 0.6e-3, 1: 1e-3},
+                 cpu={2: 1.2e-3, 1: 1e-3}, cpu_clock=cpu_clock)
     assert seen == [2] * len(seen)
+
+
+def test_heavy_work_that_holds_the_gil_is_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python that holds the GIL for 130 µs a sample: two threads take turns (their CPU time
+    is one core's) and each hand-over costs, 160 µs a sample; the trial finds one faster."""
+    clock, cpu_clock = Clock(), Clock()
+    gate = _gate_on_two_cores(monkeypatch, clock, cpu_clock)
+    seen = _feed(gate, clock, FIRST_CHOICE + 2, {2: 160e-6, 1: 130e-6},
+                 cpu={2: 176e-6, 1: 130e-6}, cpu_clock=cpu_clock)
+    assert seen[FIRST_CHOICE:] == [1, 1]
 
 
 def test_a_window_of_fast_samples_lasts_long_enough_to_measure() -> None:

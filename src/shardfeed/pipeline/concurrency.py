@@ -9,8 +9,9 @@ measures instead of guessing::
     trial       all threads, 1, all threads, 1 (``TRIAL_PAIRS`` pairs, one window each)
                                  samples built / wall seconds (``IDLE_GAP_SECONDS``),
                                  summed a limit (alternating cancels a drift in speed);
-                                 one thread is not tried when a sample takes a thread at
-                                 least ``HEAVY_SAMPLE_SECONDS`` (large images gain from threads);
+                                 one thread is not tried when a sample takes at least
+                                 ``HEAVY_SAMPLE_SECONDS`` of thread CPU and the threads ran
+                                 side by side (decodes that release the GIL);
                                  one thread is kept without a trial when a sample takes at
                                  most ``LIGHT_SAMPLE_SECONDS`` of wall time (tiny work)
     then        the faster one (fewer threads only when at least ``MARGIN`` faster),
@@ -27,6 +28,7 @@ Loader. Memory: a few counters.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -55,9 +57,14 @@ LIGHT_SAMPLE_SECONDS = 5e-6
 is held to one slice at a time without a trial for the gate's first choice: a trial's windows
 at every thread would cost a large part of a short epoch, and such work rarely gains from
 threads; the rechecks every ``RECHECK_WINDOWS`` windows are full trials, which correct it."""
-HEAVY_SAMPLE_SECONDS = 500e-6
-"""Work of at least this much thread time a sample (a large JPEG: about 1 ms) gains from
-every thread, the decode releasing the GIL: one thread is not tried (a trial costs time)."""
+HEAVY_SAMPLE_SECONDS = 50e-6
+"""Work of at least this much thread CPU time a sample (a 128×96 JPEG crop: about 70 µs; a
+large JPEG: about 1 ms) whose threads ran side by side in the first measured window (their
+CPU time at least ``PARALLEL_SHARE`` of the cores they could use, the decode releasing the
+GIL) gains from every thread: one thread is not tried (a trial costs time). Heavy work that
+holds the GIL keeps its threads' CPU time near one core's, and is tried."""
+PARALLEL_SHARE = 0.75
+"""See ``HEAVY_SAMPLE_SECONDS``: the share of ``min(threads, cores)`` cores."""
 
 
 class SliceGate:
@@ -70,12 +77,15 @@ class SliceGate:
 
     def __init__(self, threads: int, *, window_samples: int, adaptive: bool = True,
                  clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.thread_time,
                  min_window_seconds: float = MIN_WINDOW_SECONDS) -> None:
         self.threads = threads if adaptive else 1  # one "thread" level: nothing to choose
         self.limit = threads
         self.window_samples = max(1, window_samples)
         self.min_window_seconds = min_window_seconds
         self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._cores = min(self.threads, os.cpu_count() or 1)
         self._cond = threading.Condition()
         self._active = 0
         self._next_ticket = 0
@@ -84,6 +94,7 @@ class SliceGate:
         self._busy = 0.0  # the window's seconds: see IDLE_GAP_SECONDS
         self._idle_since: float | None = None  # when the last slice finished, none running
         self._samples = 0
+        self._cpu = 0.0  # the window's thread CPU seconds, building
         self._trial: list[tuple[int, int, float]] = []  # (limit, samples, busy seconds)
         self._warmup = WARMUP_WINDOWS
         self._windows_left = 0  # windows at the chosen limit before measuring again
@@ -113,10 +124,13 @@ class SliceGate:
                     self._busy += min(now - self._idle_since, IDLE_GAP_SECONDS)
                 self._busy_since = now
             self._cond.notify_all()
+        cpu = self._cpu_clock()
         try:
             return None if skip() else build()
         finally:
+            cpu = self._cpu_clock() - cpu
             with self._cond:
+                self._cpu += cpu
                 now = self._clock()
                 self._busy += now - self._busy_since  # at least one slice building
                 self._busy_since = now
@@ -135,8 +149,8 @@ class SliceGate:
         Windows of the warm-up, and the window after a change of limit (slices let in under
         the old limit may still be building), are not recorded.
         """
-        samples, busy = self._samples, self._busy
-        self._samples, self._busy = 0, 0.0
+        samples, busy, cpu = self._samples, self._busy, self._cpu
+        self._samples, self._busy, self._cpu = 0, 0.0, 0.0
         if self.threads == 1:
             return
         if self._settle:
@@ -152,7 +166,8 @@ class SliceGate:
                 self._set_limit(self.threads)
             return
         self._trial.append((self.limit, samples, busy))
-        if len(self._trial) == 1 and busy * self.threads >= HEAVY_SAMPLE_SECONDS * samples:
+        if (len(self._trial) == 1 and cpu >= HEAVY_SAMPLE_SECONDS * samples
+                and cpu >= PARALLEL_SHARE * self._cores * busy):
             self._windows_left = RECHECK_WINDOWS  # threads help: no trial of one
             return
         if (len(self._trial) == 1 and not self._chosen

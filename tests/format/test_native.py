@@ -88,6 +88,14 @@ def test_crc32c_equals_google_crc32c(data: bytes) -> None:
     assert WIRE.crc32c(data) == google_crc32c.value(data)
 
 
+@pytest.mark.parametrize("size", [767, 768, 769, 775, 776, 1536, 2304 + 13, 100_003])
+def test_crc32c_of_records_long_enough_for_three_lanes(size: int) -> None:
+    # 768 bytes and more go through three interleaved lanes, joined by a shift
+    assert WIRE is not None
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    assert WIRE.crc32c(data) == google_crc32c.value(data)
+
+
 # -- Example columns -------------------------------------------------------------------------
 
 values = st.one_of(

@@ -179,8 +179,15 @@ def test_a_window_of_fast_samples_lasts_long_enough_to_measure() -> None:
 
     gate._end_window = record  # type: ignore[method-assign]
     _feed(gate, clock, 250, {2: 10e-6, 1: 10e-6})  # 2,500 samples, 25 ms
-    assert len(windows) == 2
-    assert windows[0] == pytest.approx(0.01, rel=0.01)
+    # the warm-up's windows are not measured: they end at ten samples each
+    assert windows[:WARMUP_WINDOWS] == pytest.approx([1e-4 * (k + 1)
+                                                      for k in range(WARMUP_WINDOWS)])
+    warm = windows[WARMUP_WINDOWS - 1]
+    assert windows[WARMUP_WINDOWS] - warm == pytest.approx(0.01, rel=0.01)  # measured
+    # then a change of limit: a settling window of ten samples, and a measured one
+    settle, measured = windows[WARMUP_WINDOWS + 1: WARMUP_WINDOWS + 3]
+    assert settle - windows[WARMUP_WINDOWS] == pytest.approx(1e-4)
+    assert measured - settle == pytest.approx(0.01, rel=0.01)
 
 
 def test_one_slice_at_a_time_runs_on_one_thread(clean_ds: Any) -> None:
@@ -231,3 +238,21 @@ def test_tiny_work_goes_to_one_thread_without_a_trial() -> None:
     assert seen == [2] * (WARMUP_WINDOWS + 1) + [1, 1]
     seen = _feed(gate, clock, RECHECK_WINDOWS + 2, cost)
     assert 2 in seen  # the choice is measured again
+
+
+def test_tiny_work_is_held_to_one_thread_after_a_few_windows_of_samples() -> None:
+    """28×28 raw records at 2 µs a sample: the warm-up and the first window are counted in
+    samples, not in ``min_window_seconds`` (a 25 ms window at two threads would be a large
+    part of a short epoch spent at the slower limit)."""
+    clock = Clock()
+    gate = SliceGate(2, window_samples=10, clock=clock, cpu_clock=lambda: 0.0,
+                     min_window_seconds=0.025)
+    seen = _feed(gate, clock, WARMUP_WINDOWS + 3, {2: 2e-6, 1: 1.5e-6})
+    assert seen == [2] * (WARMUP_WINDOWS + 1) + [1, 1]
+    assert clock.now < 0.001
+    # a window that is neither tiny work nor unmeasured still lasts min_window_seconds
+    slow = SliceGate(2, window_samples=10, clock=clock, cpu_clock=lambda: 0.0,
+                     min_window_seconds=0.025)
+    start = clock.now
+    _feed(slow, clock, WARMUP_WINDOWS + 1, {2: 20e-6, 1: 20e-6})
+    assert slow._trial == [] and clock.now - start < 0.025

@@ -17,8 +17,9 @@ measures instead of guessing::
     then        the faster one (fewer threads only when at least ``MARGIN`` faster),
                 measured again every ``RECHECK_WINDOWS`` windows, as the work may change
 
-A window is at least ``window_samples`` samples and ``MIN_WINDOW_SECONDS`` long (a window of
-fast samples over in a few milliseconds is mostly noise). Slices wait at the gate in the order they were
+A measured window is at least ``window_samples`` samples and ``MIN_WINDOW_SECONDS`` long (a
+window of fast samples over in a few milliseconds is mostly noise); windows that are not
+measured (warm-up, settling) and a first window of tiny work end at ``window_samples``. Slices wait at the gate in the order they were
 submitted (a ticket each), so batches still complete in order.
 
 Determinism: none of this changes which rows are built or their bytes (a slice writes fixed
@@ -138,10 +139,20 @@ class SliceGate:
                 if self._active == 0:
                     self._idle_since = now
                 self._samples += samples
-                if (self._samples >= self.window_samples
-                        and self._busy >= self.min_window_seconds):
+                if self._samples >= self.window_samples and self._window_long_enough():
                     self._end_window()
                 self._cond.notify_all()
+
+    def _window_long_enough(self) -> bool:
+        """Whether a window of ``window_samples`` or more ends now: once it lasted
+        ``min_window_seconds``; sooner when it is not measured (warm-up, settling after a
+        change of limit), or when it is the first choice's and its samples already took at
+        most ``LIGHT_SAMPLE_SECONDS`` each (a pause would only make them look slower)."""
+        if self._busy >= self.min_window_seconds or self._warmup > 0 or self._settle:
+            return True
+        return (not self._chosen and self.threads > 1 and not self._trial
+                and self._windows_left == 0
+                and self._busy <= LIGHT_SAMPLE_SECONDS * self._samples)
 
     def _end_window(self) -> None:
         """A window's rate is in: record it in the trial, or count down to the next trial.

@@ -11,9 +11,10 @@ is drawn from the same generator calls, so the geometry does not depend on the e
 Whatever the scale, an image whose header claims more than ``max_pixels`` pixels is refused
 before decoding (a progressive JPEG holds full-size coefficients even for a 1/8 decode).
 
-The batch form (:meth:`CropDecoderBase.apply_batch`, used by the Loader's batch path) runs
-the same draws and pixel work for each row of a slice, writing each image into its batch row:
-the same bytes as sample by sample, without a sample dict per image.
+The batch form (:meth:`CropDecoderBase.apply_batch`, used by the Loader's batch path; see
+:mod:`~shardfeed.transforms.decode.crop_rows`) runs the same draws and pixel work for each row
+of a slice, writing each image into its batch row: the same bytes as sample by sample, without
+a sample dict per image.
 
 ::
 
@@ -33,10 +34,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import cv2
 import numpy as np
 
-from shardfeed.errors import SchemaError
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms import arrays
-from shardfeed.transforms.base import NO_RANDOMNESS, ArraySpec, Sample, Specs
+from shardfeed.transforms.base import ArraySpec, Sample, Specs
 from shardfeed.transforms.boxes import (
     Box,
     center_box,
@@ -48,6 +48,7 @@ from shardfeed.transforms.boxes import (
     scale_denominator,
     scaled_box,
 )
+from shardfeed.transforms.decode.crop_rows import crop_rows_into
 from shardfeed.transforms.decode.image import (
     CMYK_SPACES,
     Where,
@@ -126,65 +127,10 @@ class CropDecoderBase(DecoderBase):
         out: Mapping[str, np.ndarray],
     ) -> dict[str, Any] | None:
         """Each row's encoded image drawn, decoded, cropped, resized and flipped straight into
-        its batch row (see :meth:`TransformBase.apply_batch`): the draws and pixel work of
-        ``__call__``, in the same order, from each row's generator. Only for one embedded
-        image a row (``encoding="auto"``), no mask, and batch rows of the output's shape and
-        dtype; else None."""
-        image_out = out.get("image")
-        key = self._batch_key(columns, rngs, image_out)
-        if key is None or image_out is None:
-            return None
-        where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
-        values = columns[key]
-        drawn = self._draw_rows(values, rngs, where)
-        for row, data in enumerate(values):
-            target = image_out[row]
-            known = drawn[row] if drawn is not None else None
-            if known is not None:
-                height, width, y, x, h, w, flip = known
-                image = self._jpeg_crop(data, Box(y, x, h, w), height, width, where, flip != 0,
-                                        target)
-            else:
-                rng = NO_RANDOMNESS if rngs is None else rngs[row]
-                image = self._crop_encoded(data, rng, where, target)[0]
-            if image is not target:
-                if image.shape != target.shape or image.dtype != target.dtype:
-                    raise SchemaError(
-                        f"image {image.dtype} {image.shape} does not fit the batch's "
-                        f"{target.dtype} {target.shape}"
-                    )
-                target[...] = image
-        result = dict(columns)
-        if not self.keep_encoded and key not in ("image", "mask"):
-            del result[key]
-        result["image"] = image_out
-        return result
-
-    def _draw_rows(
-        self, values: list[bytes], rngs: Sequence[np.random.Generator] | None, where: Where
-    ) -> list[tuple[int, ...] | None] | None:
-        """The draws of every JPEG row (not CMYK) made at once where the op has a batch form of
-        them (:meth:`_boxes`): for each row ``(height, width, y, x, h, w, flip)``, or None for
-        a row left to :meth:`_crop_encoded`; None when no batch form applies. The same headers
-        are read and the same limits enforced as row by row."""
-        if not isinstance(rngs, RowKeys) or not self._boxes_in_batch():
-            return None
-        sizes = np.zeros((len(values), 2), dtype=np.int64)
-        max_pixels = self.image_field.max_pixels
-        for row, data in enumerate(values):
-            if sniff_format(data) == "jpeg":
-                height, width, space = jpeg_header(data, where=where)
-                check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
-                if space not in CMYK_SPACES:
-                    sizes[row] = height, width
-        rows = np.flatnonzero(sizes[:, 0])
-        boxes = self._boxes(rngs, rows, sizes[rows, 0], sizes[rows, 1])
-        if boxes is None:
-            return None
-        drawn: list[tuple[int, ...] | None] = [None] * len(values)
-        for row, size, box in zip(rows.tolist(), sizes[rows].tolist(), boxes.tolist()):
-            drawn[row] = (*size, *box)
-        return drawn
+        its batch row (see :meth:`TransformBase.apply_batch` and
+        :func:`~shardfeed.transforms.decode.crop_rows.crop_rows_into`): the draws and pixel
+        work of ``__call__``, in the same order, from each row's generator."""
+        return crop_rows_into(self, columns, rngs, out)
 
     def _boxes_in_batch(self) -> bool:
         """Whether :meth:`_boxes` draws (subclass hook; here never)."""
@@ -195,27 +141,6 @@ class CropDecoderBase(DecoderBase):
         """The ``(y, x, h, w, flip)`` draws of ``rows`` from ``keys``, all at once, as
         :meth:`draw` makes them one by one; None to leave the rows to :meth:`draw`."""
         return None
-
-    def _batch_key(
-        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-        image_out: np.ndarray | None,
-    ) -> str | None:
-        """The feature of the rows' embedded images when the batch form applies (see
-        :meth:`apply_batch`), else None."""
-        present = dict.fromkeys(columns)
-        found = self.image_field.locate(present)
-        if (image_out is None or found is None or found[1] != "auto"
-                or (self.mask is not False and (self.mask or self.mask_field.locate(present)))
-                or image_out.shape[1:] != (*self.size, self._channel_count())
-                or image_out.dtype != np.uint8):
-            return None
-        values = columns[found[0]]
-        rows = len(image_out)
-        if (not isinstance(values, list) or len(values) != rows
-                or (rngs is not None and len(rngs) != rows)
-                or not all(type(v) is bytes for v in values)):
-            return None  # a list of frames, or a value of another kind
-        return found[0]
 
     def _crop_encoded(
         self, data: bytes | memoryview, rng: np.random.Generator, where: Where,

@@ -140,7 +140,7 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
 
 def _gate_on_two_cores(monkeypatch: pytest.MonkeyPatch, clock: Clock,
                        cpu_clock: Clock) -> SliceGate:
-    monkeypatch.setattr(concurrency.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(concurrency, "usable_cores", lambda: 2)
     return SliceGate(2, window_samples=4, clock=clock, cpu_clock=cpu_clock,
                      min_window_seconds=0)
 

@@ -68,6 +68,14 @@ PARALLEL_SHARE = 0.75
 """See ``HEAVY_SAMPLE_SECONDS``: the share of ``min(threads, cores)`` cores."""
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system tells it, which a
+    container or ``taskset`` may set below the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 class SliceGate:
     """Lets at most :attr:`limit` slices build at once, and picks the limit by measuring.
 
@@ -86,7 +94,7 @@ class SliceGate:
         self.min_window_seconds = min_window_seconds
         self._clock = clock
         self._cpu_clock = cpu_clock
-        self._cores = min(self.threads, os.cpu_count() or 1)
+        self._cores = min(self.threads, usable_cores())
         self._cond = threading.Condition()
         self._active = 0
         self._next_ticket = 0

@@ -89,6 +89,12 @@ class RowKeys(Sequence[np.random.Generator]):
         """Whether row ``row`` has been drawn from (a generator handed out or state recorded)."""
         return row in self._made or row in self._states
 
+    def any_drawn(self, rows: npt.NDArray[np.intp]) -> bool:
+        """Whether any of ``rows`` has been drawn from (nothing to look up while none has)."""
+        if not self._made and not self._states:
+            return False
+        return any(self.drawn(r) for r in rows.tolist())
+
     def _build(self, row: int) -> np.random.Generator:
         position = int(self.positions[row])
         rng = sample_rng(self.seed, self.epoch, position, self.purpose)
@@ -122,7 +128,7 @@ def compiled_resized_crops(
     each in ``[1, 2^31)``), drawn by the compiled module from each row's fresh stream:
     an ``n×5`` array of ``(y, x, h, w, flip)``. The rows' streams are recorded in ``keys``.
     None where the module was not compiled, or a row was drawn from already."""
-    if _draws is None or any(keys.drawn(r) for r in rows.tolist()):
+    if _draws is None or keys.any_drawn(rows):
         return None
     n = len(rows)
     boxes = np.empty((n, 5), dtype=np.int64)

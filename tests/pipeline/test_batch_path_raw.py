@@ -169,3 +169,25 @@ def test_a_folder_packed_raw_goes_through_the_batch_path(tmp_path: Path,
     _no_sample_path(monkeypatch)
     again = collect(Loader(ds, batch_size=8, seed=5, transform=DecodeImage(channels="gray")))
     assert_same_batches(again, fast)
+
+
+@pytest.mark.parametrize("kind", ["gray", "rgb"])
+def test_stored_pixels_are_read_straight_into_the_batch(tmp_path: Path, kind: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stored bytes that are the rows' bytes are copied once, as the records are read (no
+    bytes object a record, no second copy), and are the stored pixels."""
+    from shardfeed.transforms.decode import raw_rows
+
+    def copied_again(*args: Any) -> None:
+        raise AssertionError("the pixels were copied a second time")
+
+    ds = _write(tmp_path / kind, kind)
+    monkeypatch.setattr(raw_rows, "_copy_into", copied_again)
+    _no_sample_path(monkeypatch)
+    for threads in (1, 2):
+        batches = collect(Loader(ds, batch_size=16, seed=2, num_threads=threads,
+                                 transform=DecodeImage(channels=kind)))  # type: ignore[arg-type]
+        assert sorted(record_ids(batches)) == list(range(70))
+        for batch in batches:
+            for image, index in zip(batch["image"], batch["index"]):
+                np.testing.assert_array_equal(image, _pixels(int(index), kind))

@@ -28,12 +28,12 @@ from shardfeed.dataset.opening import (
     referenced_root,
     resolve_source,
 )
-from shardfeed.dataset.reading import ReadOptions, read_payloads
+from shardfeed.dataset.reading import GATHER_FROM, Into, ReadOptions, read_gathered, read_payloads
 from shardfeed.dataset.shards import MAX_MAPPED_INDEXES
 from shardfeed.dataset.tables import PROGRESS_AFTER_BYTES, table_from_files, table_from_manifest
 from shardfeed.errors import SchemaError, location
 from shardfeed.format import spec as S
-from shardfeed.format.columns import decode_columns
+from shardfeed.format.columns import decode_columns, feature_names
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar
 from shardfeed.format.schema import Schema, infer_schema
@@ -123,6 +123,7 @@ class Dataset:
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
         self._spec, self._names = parse_features(features)
+        self._column_names: list[str] | None = None  # see _feature_names
         self._schema: Schema | None = None
         self._fingerprint: str | None = None
         # manifest, indexes and sidecars on object storage: the deadline of source_options
@@ -309,14 +310,39 @@ class Dataset:
         payloads = self._read(idx)
         return [self._decode(p, i) for p, i in zip(payloads, idx.tolist())]
 
-    def read_columns(self, indices: Iterable[int] | np.ndarray) -> dict[str, Any] | None:
+    def read_columns(self, indices: Iterable[int] | np.ndarray, *,
+                     into: Into | None = None) -> dict[str, Any] | None:
         """Records ``indices`` as columns, the values :meth:`read_many` gives gathered one a
         feature (see :func:`shardfeed.format.columns.decode_columns`), or None when they are
-        not alike or a feature spec applies: :meth:`read_many` then names what differs."""
+        not alike or a feature spec applies: :meth:`read_many` then names what differs.
+
+        ``into(names)``, given the features' names, may map some of them to a writable 2-D
+        uint8 array of one row a record: where every record holds exactly one value of the
+        row's size there (read from mapped local shards), the values are copied straight into
+        the rows and the column is a :class:`~shardfeed.format.columns.FilledColumn` of them;
+        otherwise the column is the usual list of bytes.
+        """
         if self._spec is not None:
             return None
-        payloads = self._read(self._indices(indices))
-        return decode_columns(payloads, names=self._names)
+        idx = self._indices(indices)
+        shards = self._shards
+        if shards.can_gather and len(idx) >= GATHER_FROM:
+            names = self._names or self._feature_names(idx)
+            if names is not None:
+                columns = read_gathered(self._table, idx, shards.gather_columns,
+                                        verify=self.verify_crc, names=names,
+                                        exact=self._names is None, into=into)
+                if columns is not None:
+                    return columns
+        return decode_columns(self._read(idx), names=self._names)
+
+    def _feature_names(self, idx: np.ndarray) -> list[str] | None:
+        """The features of the first record read as columns (kept: records read as columns
+        are expected alike, which the compiled pass checks)."""
+        names = self._column_names
+        if names is None:
+            names = self._column_names = feature_names(self._read(idx[:1])[0])
+        return names
 
     def __getitem__(self, i: int) -> Record:
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):

@@ -85,31 +85,97 @@ class OpenShards:
         self._mapped_bytes = 0  # gathered since the maps' pages were last dropped
         # a gather needs every shard kept open while it reads: no early closing, none remote
         self.can_gather = native.wire is not None and not self.remote and not self._bounded
+        self._every: tuple[tuple[mmap.mmap | bytes, ...], np.ndarray] | None = None
+        self._every_offsets: tuple[np.ndarray, ...] = ()
 
-    def gather(self, shards: list[int], offsets: tuple[np.ndarray, ...], which: np.ndarray,
-               records: np.ndarray, verify: bool) -> list[bytes] | None:
-        """The payloads of records ``records`` of shards ``shards[which]``, read from the
-        mapped files in one compiled call; None where a shard cannot be mapped or a record
-        fails a check (the ``read_ranges`` path then reads them, or names the fault).
-        ``offsets[j]`` is shard ``shards[j]``'s record offsets."""
+    def gather(self, shard: np.ndarray, local: np.ndarray, verify: bool) -> list[bytes] | None:
+        """The payloads of records ``local[i]`` of shards ``shard[i]`` (both int64), read from
+        the mapped files in one compiled call; None where a shard cannot be mapped or a
+        record fails a check (the ``read_ranges`` path then reads them, or names the fault)."""
         wire = native.wire
-        if not self.can_gather or wire is None:
+        args = self._gather_args(shard, local)
+        if args is None or wire is None:
             return None
-        maps: list[mmap.mmap] = []
-        for k in shards:
-            src = self._sources.get(k) or self._acquire(k)
-            m = src.mapping() if isinstance(src, LocalSource) else None
-            if m is None:
-                return None
-            maps.append(m)
-        got = wire.gather(tuple(maps), offsets, which, records, verify)
+        got = wire.gather(*args, verify)
         if not isinstance(got, list):
             return None
-        self._mapped_bytes += sum(map(len, got))  # a race loses a count at worst
+        self._count_mapped(sum(map(len, got)))
+        return got
+
+    def gather_columns(self, shard: np.ndarray, local: np.ndarray, verify: bool,
+                       keys: tuple[bytes, ...], count: int,
+                       fills: tuple[np.ndarray | None, ...]) -> list[Any] | None:
+        """:meth:`gather` and the Example columns of features ``keys`` in one compiled pass
+        (see ``_wire.gather_columns``; ``count``: the features every record holds, or -1 for
+        any that include ``keys``): the gathered columns, a None one for a feature copied
+        into its fill's rows; None where a record is not accepted (the caller reads them by
+        the other path, which gives the same values or names the fault)."""
+        wire = native.wire
+        args = self._gather_args(shard, local)
+        if args is None or wire is None:
+            return None
+        got = wire.gather_columns(*args, verify, keys, count, fills)
+        if not isinstance(got, tuple):
+            return None
+        columns, read = got
+        self._count_mapped(read)
+        return list(columns)
+
+    def _gather_args(self, shard: np.ndarray, local: np.ndarray) -> tuple[
+        tuple[mmap.mmap | bytes, ...], tuple[np.ndarray, ...], np.ndarray, np.ndarray
+    ] | None:
+        """``(maps, offsets, which, records)`` of a compiled gather: every shard's map (made
+        once, see :meth:`_every_map`) and the offsets of every shard read so far (those of
+        ``shard`` loaded, and checked, now), with ``shard`` and ``local`` as they are; None
+        where a shard cannot be mapped."""
+        every = self._every or self._every_map()
+        if every is None or self._closed:
+            return None
+        maps, loaded = every
+        if not loaded[shard].all():
+            table = self._table
+            with self._lock:  # the offsets first, then marked loaded: see the reads below
+                listed = list(self._every_offsets)
+                fresh = set(shard[~loaded[shard]].tolist())
+                for k in fresh:
+                    listed[k] = table.offsets_view(k)
+                self._every_offsets = tuple(listed)
+                loaded[list(fresh)] = True
+        offsets = self._every_offsets  # read after the check: holds every shard checked
+        return (maps, offsets, shard.astype(np.int64, copy=False),
+                local.astype(np.int64, copy=False))
+
+    def _every_map(self) -> tuple[tuple[mmap.mmap | bytes, ...], np.ndarray] | None:
+        """Every shard's map and which shards' offsets are loaded (``_every_offsets``: an
+        empty array for a shard not yet read, whose records a gather refuses); kept for
+        every later gather, which then passes the shard numbers as they are instead of
+        finding which shards a slice touches. None where a shard cannot be mapped."""
+        if not self.can_gather:
+            return None
+        maps: list[mmap.mmap | bytes] = []
+        counts = self._table.counts
+        for k in range(self._table.num_shards):
+            if not counts[k]:  # no record to read (an empty file cannot be mapped)
+                maps.append(b"")
+                continue
+            src = self._sources.get(k) or self._acquire(k)
+            m = src.mapping() if isinstance(src, LocalSource) else None
+            if m is None:  # a file system without maps: read by ranges from now on
+                self.can_gather = False
+                return None
+            maps.append(m)
+        count = self._table.num_shards
+        with self._lock:
+            self._every_offsets = (np.zeros(0, np.int64),) * count
+            self._every = (tuple(maps), np.zeros(count, bool))
+        return self._every
+
+    def _count_mapped(self, size: int) -> None:
+        """Count bytes read from the maps; past the bound, drop their pages."""
+        self._mapped_bytes += size  # a race loses a count at worst
         if self._mapped_bytes > MAPPED_RESIDENT_BYTES:
             self._mapped_bytes = 0
             self._drop_mapped_pages()
-        return got
 
     def _drop_mapped_pages(self) -> None:
         """Drop the maps' pages from this process, unless all maps together are within the
@@ -256,6 +322,7 @@ class OpenShards:
         """Close every source and join the pool's threads. Idempotent."""
         with self._lock:
             self._closed = True
+            self._every = None
             sources, self._sources = self._sources, {}
             self._local_lru.clear()
             pool, self._pool = self._pool, None

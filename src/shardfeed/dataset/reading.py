@@ -14,15 +14,16 @@ payloads in the order they were asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from shardfeed.dataset.shards import RERUN_HINT, ShardTable
 from shardfeed.errors import CorruptRecordError, location
 from shardfeed.format import native
+from shardfeed.format.columns import compiled_columns
 from shardfeed.format.framing import unframe_bytes_at
 
 T = TypeVar("T")
@@ -154,12 +155,53 @@ argsort and split (whose fixed costs a group dominate when the groups are small)
 
 
 class Gather(Protocol):
-    """``gather(shards, offsets, which, records, verify) -> payloads | None``: records
-    ``records[i]`` of shards ``shards[which[i]]`` (``offsets[j]``: shard ``shards[j]``'s
-    offsets) in one call, or None to have them read by ranges (see ``OpenShards.gather``)."""
+    """``gather(shard, local, verify) -> payloads | None``: records ``local[i]`` of shards
+    ``shard[i]`` in one call, or None to have them read by ranges (see
+    ``OpenShards.gather``)."""
 
-    def __call__(self, shards: list[int], offsets: tuple[np.ndarray, ...], which: np.ndarray,
-                 records: np.ndarray, verify: bool, /) -> list[bytes] | None: ...
+    def __call__(self, shard: np.ndarray, local: np.ndarray, verify: bool, /
+                 ) -> list[bytes] | None: ...
+
+
+Into = Callable[[Sequence[str]], Mapping[str, np.ndarray]]
+"""``into(names)`` of :func:`read_gathered`: the features (of ``names``) whose one bytes value
+a record is to be copied into a row of the array given, one row a record."""
+
+
+class GatherColumns(Protocol):
+    """``OpenShards.gather_columns``: :class:`Gather`'s arguments, then the feature names
+    (bytes), how many features every record holds (-1: any that include them) and one fill
+    (or None) a name; the gathered columns, or None."""
+
+    def __call__(self, shard: np.ndarray, local: np.ndarray, verify: bool,
+                 keys: tuple[bytes, ...], count: int, fills: tuple[np.ndarray | None, ...], /
+                 ) -> list[Any] | None: ...
+
+
+def read_gathered(table: ShardTable, idx: np.ndarray, gather_columns: GatherColumns, *,
+                  verify: bool, names: Sequence[str], exact: bool, into: Into | None,
+                  ) -> dict[str, Any] | None:
+    """The records ``idx`` as columns of features ``names`` (``exact``: the records hold
+    these and no other) in one compiled pass over the mapped shards, features ``into`` asks
+    for copied into its rows; None where a record is not accepted (read them by
+    :func:`read_payloads`, which names a fault)."""
+    try:
+        keys = tuple(name.encode() for name in names)
+    except UnicodeEncodeError:
+        return None
+    asked = into(names) if into is not None else {}
+    fills = {name: rows for name, rows in asked.items() if _fill_fits(rows, len(idx))}
+    got = gather_columns(*table.shard_of(idx), verify, keys,
+                         len(names) if exact else -1, tuple(fills.get(n) for n in names))
+    return None if got is None else compiled_columns(names, got, len(idx), fills)
+
+
+def _fill_fits(rows: object, count: int) -> bool:
+    """Whether ``rows`` can take one value a record: a writable C-ordered 2-D uint8 array
+    of ``count`` rows of at least one byte."""
+    return (isinstance(rows, np.ndarray) and rows.ndim == 2 and rows.dtype == np.uint8
+            and rows.flags.c_contiguous and rows.flags.writeable and len(rows) == count
+            and rows.shape[1] > 0)
 
 
 def read_payloads(
@@ -178,12 +220,7 @@ def read_payloads(
     if len(idx) == 0:
         return []
     if gather is not None and len(idx) >= GATHER_FROM:
-        shard, local = table.shard_of(idx)
-        shards, which = np.unique(shard, return_inverse=True)
-        listed = shards.tolist()
-        offsets = tuple(table.offsets_view(k) for k in listed)  # loaded (and checked) now
-        got = gather(listed, offsets, which.astype(np.int64, copy=False),
-                     local.astype(np.int64, copy=False), verify)
+        got = gather(*table.shard_of(idx), verify)
         if got is not None:
             return got
     out: list[bytes | None] = [None] * len(idx)

@@ -1,6 +1,6 @@
 /* shardfeed.format._wire: the per-record work of a batch of TFRecord records, in C.
  *
- * Two functions, each doing for many records what the Python format layer does for one:
+ * Functions, each doing for many records what the Python format layer does for one:
  *
  *   unframe(blobs, ranges, starts, ends, verify) -> list[bytes] | int | None
  *       The payloads of records held in coalesced reads, their framing (and data CRC)
@@ -19,7 +19,16 @@
  *       its map, fails a check, or sits on a page the file no longer has (a shard cut
  *       short while mapped raises SIGBUS on that page: caught here, never a crash).
  *
- * All three only accept what they are sure of: a record they do not accept is handed back to the
+ *   gather_columns(maps, offsets, which, records, verify, names, count, fills)
+ *           -> (list, int) | int | None
+ *       gather and example_columns in one pass, without a bytes object a record: each
+ *       record copied from its map into a scratch buffer, checked there and parsed there;
+ *       the columns and the bytes read, or what gather and example_columns give back for
+ *       records they do not accept. A feature given a fill buffer has its one bytes value of
+ *       each record copied into that record's row of the buffer (its column is None);
+ *       a value of another size is not accepted.
+ *
+ * All of them only accept what they are sure of: a record they do not accept is handed back to the
  * Python path, which gives the same values or raises the same error as before. Nothing
  * here decides an error message. The checking loops run without the GIL.
  */
@@ -480,6 +489,19 @@ static Py_ssize_t gather_spans(const GatherArgs *g, Span *spans, Py_ssize_t coun
     return -2;
 }
 
+/* Records ahead of the one being read whose first bytes are asked of memory: records of
+ * a shuffled slice lie apart, and each one's first line would otherwise wait on memory
+ * with nothing else to do. */
+#define PREFETCH_AHEAD 4
+#define PREFETCH_BYTES 2048
+
+static inline void prefetch_span(const Span *span)
+{
+    Py_ssize_t size = span->size < PREFETCH_BYTES ? span->size : PREFETCH_BYTES;
+    for (Py_ssize_t b = 0; b < size; b += 64)
+        __builtin_prefetch(span->at + b, 0, 0);
+}
+
 /* Check and copy each record's payload into its bytes object, SIGBUS caught; the position
  * of the first record that fails, else -1. Runs without the GIL. */
 static Py_ssize_t gather_copy(const Span *spans, PyObject *out, Py_ssize_t count, int verify)
@@ -492,6 +514,8 @@ static Py_ssize_t gather_copy(const Span *spans, PyObject *out, Py_ssize_t count
     Py_ssize_t bad = -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         reached = i;
+        if (i + PREFETCH_AHEAD < count)
+            prefetch_span(&spans[i + PREFETCH_AHEAD]);
         /* copied first, then checked in the copy: the copy's wide loads bring the record in
          * from memory faster than the CRC's, and the CRC then reads it from the cache; the
          * bytes handed back are the bytes checked */
@@ -570,8 +594,12 @@ typedef struct {
 } Cursor;
 
 /* One varint; 0 when it runs past the end or over ten bytes. */
-static int read_varint(Cursor *c, uint64_t *value)
+static inline int read_varint(Cursor *c, uint64_t *value)
 {
+    if (c->p < c->end && *c->p < 0x80) {  /* one byte: every tag, most lengths */
+        *value = *c->p++;
+        return 1;
+    }
     uint64_t v = 0;
     for (int shift = 0; shift < 70; shift += 7) {
         if (c->p >= c->end)
@@ -589,7 +617,7 @@ static int read_varint(Cursor *c, uint64_t *value)
 }
 
 /* A field of ``tag`` with a length: its contents as a cursor; 0 for anything else. */
-static int read_field(Cursor *c, uint64_t tag, Cursor *inner)
+static inline int read_field(Cursor *c, uint64_t tag, Cursor *inner)
 {
     uint64_t got, length;
     if (!read_varint(c, &got) || got != tag || !read_varint(c, &length))
@@ -758,7 +786,7 @@ static PyObject *bytes_column(const Found *found, Py_ssize_t nrecords, Py_ssize_
             break;
         }
         for (Py_ssize_t k = 0; k < f->values; k++) {
-            Cursor value;
+            Cursor value = {NULL, NULL};
             read_field(&list, TAG_1, &value);  /* checked while counting */
             PyObject *b = PyBytes_FromStringAndSize((const char *)value.p, value.end - value.p);
             if (b == NULL) {
@@ -812,11 +840,17 @@ static PyObject *numeric_column(const Found *found, Py_ssize_t nrecords, Py_ssiz
 }
 
 /* The columns, once every record was read: None when a feature's kind or a numeric
- * feature's length differs between records. */
-static PyObject *gather_columns(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames)
+ * feature's length differs between records. A feature with a fill buffer (``fills`` non-NULL
+ * and ``fills[j].buf`` set) was copied there already: its column is None. */
+static PyObject *build_columns(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
+                               const Py_buffer *fills)
 {
     PyObject *out = PyList_New(nnames);
     for (Py_ssize_t j = 0; out != NULL && j < nnames; j++) {
+        if (fills != NULL && fills[j].buf != NULL) {
+            PyList_SET_ITEM(out, j, Py_NewRef(Py_None));
+            continue;
+        }
         int kind = found[j].kind;
         Py_ssize_t length = found[j].values;
         for (Py_ssize_t i = 1; i < nrecords; i++) {
@@ -835,6 +869,21 @@ static PyObject *gather_columns(const Found *found, Py_ssize_t nrecords, Py_ssiz
             PyList_SET_ITEM(out, j, column);
     }
     return out;
+}
+
+/* Keys from a tuple of bytes names; -1 with an exception set. */
+static int take_keys(PyObject *names, Key *keys)
+{
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(names); j++) {
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "feature names are bytes");
+            return -1;
+        }
+        keys[j].key = (const uint8_t *)PyBytes_AS_STRING(name);
+        keys[j].key_size = PyBytes_GET_SIZE(name);
+    }
+    return 0;
 }
 
 static PyObject *wire_example_columns(PyObject *self, PyObject *args)
@@ -859,15 +908,8 @@ static PyObject *wire_example_columns(PyObject *self, PyObject *args)
             PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t j = 0; j < nnames; j++) {
-        PyObject *name = PyTuple_GET_ITEM(names, j);
-        if (!PyBytes_Check(name)) {
-            PyErr_SetString(PyExc_TypeError, "feature names are bytes");
-            goto done;
-        }
-        keys[j].key = (const uint8_t *)PyBytes_AS_STRING(name);
-        keys[j].key_size = PyBytes_GET_SIZE(name);
-    }
+    if (take_keys(names, keys) != 0)
+        goto done;
     for (Py_ssize_t i = 0; i < nrecords; i++) {
         PyObject *payload = PyTuple_GET_ITEM(held, i);
         if (!PyBytes_Check(payload)) {
@@ -883,13 +925,190 @@ static PyObject *wire_example_columns(PyObject *self, PyObject *args)
         plain = read_example(data[i], sizes[i], keys, nnames, count, &found[i * nnames],
                              keys + nnames);
     restore(state);
-    result = plain ? gather_columns(found, nrecords, nnames) : Py_NewRef(Py_None);
+    result = plain ? build_columns(found, nrecords, nnames, NULL) : Py_NewRef(Py_None);
 done:
     Py_XDECREF(held);
     PyMem_Free(keys);
     PyMem_Free(found);
     PyMem_Free(data);
     PyMem_Free(sizes);
+    return result;
+}
+
+/* ---- gather, check, parse and fill in one pass -------------------------------------------- */
+
+/* The fill buffers: fills[j] is None (the column is built) or a writable contiguous buffer
+ * of nrecords equal rows, feature j's one bytes value of each record copied into its row.
+ * -1 with an exception set for a buffer of another kind or size. */
+static int take_fills(PyObject *fills, Py_buffer *views, Py_ssize_t nnames, Py_ssize_t nrecords)
+{
+    if (PyTuple_GET_SIZE(fills) != nnames) {
+        PyErr_SetString(PyExc_ValueError, "one fill (or None) a name is needed");
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < nnames; j++) {
+        PyObject *fill = PyTuple_GET_ITEM(fills, j);
+        if (fill == Py_None)
+            continue;
+        if (PyObject_GetBuffer(fill, &views[j], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0)
+            return -1;
+        if (nrecords == 0 || views[j].len % nrecords != 0) {
+            PyBuffer_Release(&views[j]);
+            views[j].buf = NULL;
+            PyErr_SetString(PyExc_ValueError, "a fill buffer is not one equal row a record");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Copy record i's one bytes value of every filled feature into its row; 0 (nothing more
+ * copied) when a value is not exactly one bytes value of the row's size. */
+static int fill_rows(const Found *found, const Py_buffer *fills, Py_ssize_t nnames,
+                     Py_ssize_t nrecords, Py_ssize_t i)
+{
+    for (Py_ssize_t j = 0; j < nnames; j++) {
+        if (fills[j].buf == NULL)
+            continue;
+        Py_ssize_t row = fills[j].len / nrecords;
+        Cursor list = {found[j].list, found[j].list_end};
+        Cursor value;
+        if (found[j].kind != KIND_BYTES || found[j].values != 1
+                || !read_field(&list, TAG_1, &value) || value.end - value.p != row)
+            return 0;
+        memcpy((uint8_t *)fills[j].buf + i * row, value.p, (size_t)row);
+    }
+    return 1;
+}
+
+typedef struct {
+    const Key *keys;
+    Py_ssize_t nnames, count;
+    Found *found;         /* nrecords * nnames */
+    Key *seen;            /* MAX_ENTRIES */
+    const Py_buffer *fills;
+    Py_ssize_t nrecords;
+    int plain;            /* cleared at the first record outside the plain encoding */
+} Parse;
+
+/* Each record's payload copied into ``scratch`` (one after another), its framing and (verify)
+ * data CRC checked in the copy, parsed there and its filled features copied out; SIGBUS
+ * caught. The position of the first record that fails a check, else -1 (``parse->plain``
+ * says whether every record was parsed). Runs without the GIL. */
+static Py_ssize_t parse_spans(const Span *spans, Py_ssize_t count, uint8_t *scratch, int verify,
+                              Parse *parse)
+{
+    volatile Py_ssize_t reached = 0;
+    sigjmp_buf guard;
+    if (sigsetjmp(guard, 1) != 0)
+        return reached;  /* a page of the map is gone: the file was cut short */
+    bus_guard = &guard;
+    Py_ssize_t bad = -1;
+    uint8_t *at = scratch;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        reached = i;
+        if (i + PREFETCH_AHEAD < count)
+            prefetch_span(&spans[i + PREFETCH_AHEAD]);
+        Py_ssize_t length = spans[i].size - FRAMING_BYTES;
+        memcpy(at, spans[i].at + HEADER_BYTES, (size_t)length);
+        if (!record_sound(spans[i].at, spans[i].size, 0)
+            || (verify && !payload_sound(at, spans[i].at, spans[i].size))) {
+            bad = i;
+            break;
+        }
+        Found *found = &parse->found[i * parse->nnames];
+        if (!read_example(at, length, parse->keys, parse->nnames, parse->count, found, parse->seen)
+                || !fill_rows(found, parse->fills, parse->nnames, parse->nrecords, i)) {
+            parse->plain = 0;
+            break;
+        }
+        at += length;
+    }
+    bus_guard = NULL;
+    return bad;
+}
+
+/* After the spans are known: check, parse and fill every record, then build the columns.
+ * ``(columns, bytes)``, the position of a record that fails a check, None, or NULL. */
+static PyObject *gathered_columns(const Span *spans, Py_ssize_t count, int verify, Parse *parse)
+{
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        total += spans[i].size;
+    uint8_t *scratch = PyMem_Malloc((size_t)(total ? total : 1));
+    if (scratch == NULL)
+        return PyErr_NoMemory();
+    PyThreadState *state = release_if(total >= RELEASE_GIL_GATHER);
+    Py_ssize_t bad = parse_spans(spans, count, scratch, verify, parse);
+    restore(state);
+    PyObject *result;
+    if (bad >= 0)
+        result = PyLong_FromSsize_t(bad);
+    else if (!parse->plain)
+        result = Py_NewRef(Py_None);
+    else {
+        PyObject *columns = build_columns(parse->found, count, parse->nnames, parse->fills);
+        result = columns == NULL ? NULL
+            : columns == Py_None ? columns : Py_BuildValue("(Nn)", columns, total);
+    }
+    PyMem_Free(scratch);
+    return result;
+}
+
+static PyObject *wire_gather_columns(PyObject *self, PyObject *args)
+{
+    PyObject *maps, *offsets, *which, *records, *names, *fills;
+    int verify;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "O!O!OOpO!nO!", &PyTuple_Type, &maps, &PyTuple_Type, &offsets,
+                          &which, &records, &verify, &PyTuple_Type, &names, &count,
+                          &PyTuple_Type, &fills))
+        return NULL;
+    Py_ssize_t nnames = PyTuple_GET_SIZE(names);
+    if (!WIRE_LITTLE_ENDIAN || nnames == 0)
+        Py_RETURN_NONE;
+    if (install_bus_handler() != 0)
+        return NULL;
+    GatherArgs g;
+    if (gather_take(&g, maps, offsets, which, records) != 0) {
+        gather_release(&g);
+        return NULL;
+    }
+    Py_ssize_t nrecords = g.records.len / 8;
+    Parse parse = {NULL, nnames, count, NULL, NULL, NULL, nrecords, 1};
+    Key *keys = PyMem_Calloc((size_t)nnames + MAX_ENTRIES, sizeof(Key));
+    Py_buffer *views = PyMem_Calloc((size_t)nnames, sizeof(Py_buffer));
+    Found *found = PyMem_Calloc((size_t)(nrecords ? nrecords * nnames : 1), sizeof(Found));
+    Span *spans = PyMem_Calloc((size_t)(nrecords ? nrecords : 1), sizeof(Span));
+    PyObject *result = NULL;
+    if (keys == NULL || views == NULL || found == NULL || spans == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (nrecords == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (take_keys(names, keys) != 0 || take_fills(fills, views, nnames, nrecords) != 0)
+        goto done;
+    parse.keys = keys;
+    parse.seen = keys + nnames;
+    parse.found = found;
+    parse.fills = views;
+    Py_ssize_t bad = gather_spans(&g, spans, nrecords);
+    if (bad >= 0)
+        result = PyLong_FromSsize_t(bad);
+    else if (bad == -2)
+        result = gathered_columns(spans, nrecords, verify, &parse);
+done:
+    for (Py_ssize_t j = 0; views != NULL && j < nnames; j++)
+        if (views[j].buf != NULL)
+            PyBuffer_Release(&views[j]);
+    gather_release(&g);
+    PyMem_Free(keys);
+    PyMem_Free(views);
+    PyMem_Free(found);
+    PyMem_Free(spans);
     return result;
 }
 
@@ -913,6 +1132,9 @@ static PyMethodDef wire_methods[] = {
      "example_columns(payloads, names, count) -> list | None"},
     {"gather", wire_gather, METH_VARARGS,
      "gather(maps, offsets, which, records, verify) -> list[bytes] | int"},
+    {"gather_columns", wire_gather_columns, METH_VARARGS,
+     "gather_columns(maps, offsets, which, records, verify, names, count, fills)"
+     " -> (list, int) | int | None"},
     {"crc32c", wire_crc32c, METH_O, "crc32c(data) -> int"},
     {NULL, NULL, 0, NULL},
 };

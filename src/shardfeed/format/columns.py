@@ -14,13 +14,16 @@ The compiled part (:mod:`~shardfeed.format.native`), where built, gathers the co
 plainly encoded records (what every writer produces) in one call; anything else, and every
 batch without it, goes through the message parser record by record, with the same result.
 
+A bytes feature can also be read straight into the rows of a caller's array (see
+:class:`FilledColumn`): no bytes object a record.
+
 Determinism: pure. Memory: the columns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 from google.protobuf.message import DecodeError as _ProtoDecodeError
@@ -61,12 +64,9 @@ def _compiled_columns(
     assert wire is not None
     count = -1
     if names is None:  # the first record's features, in the order the parser lists them
-        message = Example()
-        try:
-            message.ParseFromString(payloads[0])
-        except _ProtoDecodeError:
+        names = feature_names(payloads[0])
+        if names is None:
             return None
-        names = list(message.features.feature)
         count = len(names)
     try:
         keys = tuple(name.encode() for name in names)
@@ -75,15 +75,79 @@ def _compiled_columns(
     gathered = wire.example_columns(list(payloads), keys, count)
     if gathered is None:
         return None
+    return compiled_columns(names, gathered, len(payloads))
+
+
+def feature_names(payload: bytes | bytearray | memoryview) -> list[str] | None:
+    """The features of one serialized Example, in the order the parser lists them; None when
+    it does not parse."""
+    message = Example()
+    try:
+        message.ParseFromString(payload)
+    except _ProtoDecodeError:
+        return None
+    return list(message.features.feature)
+
+
+def compiled_columns(names: Sequence[str], gathered: Sequence[Any], rows: int,
+                     filled: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """``{name: column}`` from the compiled part's gathered columns (one a name, in order):
+    numeric ones viewed as ``(rows, length)`` arrays; a None column is a feature copied into
+    the rows of ``filled[name]`` (a :class:`FilledColumn`)."""
     out: dict[str, Any] = {}
-    rows = len(payloads)
     for name, column in zip(names, gathered):
-        if column[0] == _BYTES:
+        if column is None:
+            assert filled is not None
+            out[name] = FilledColumn(filled[name])
+        elif column[0] == _BYTES:
             out[name] = column[1]
         else:
             kind, length, data = column
             out[name] = np.frombuffer(data, _COMPILED_DTYPES[kind]).reshape(rows, length)
     return out
+
+
+class FilledColumn(Sequence[bytes]):
+    """A bytes column of one value a record, held as the rows of a 2-D uint8 array (row
+    ``i``: record ``i``'s value, every value of the row's size) instead of bytes objects.
+
+    What a reader gives for a feature it was asked to copy straight into a caller's buffer
+    (``Dataset.read_columns(into=...)``). Indexing gives bytes, as the list column does;
+    :meth:`is_in` tells a consumer whose buffer it is that the values are there already.
+    """
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [row.tobytes() for row in self.rows[index]]
+        value: bytes = self.rows[index].tobytes()
+        return value
+
+    @property
+    def value_size(self) -> int:
+        """The bytes of every value."""
+        return int(self.rows.shape[1])
+
+    def is_in(self, array: np.ndarray) -> bool:
+        """Whether the values are exactly the bytes of ``array`` (same memory, same size):
+        row ``i`` of the column is ``array[i]``'s bytes."""
+        if not array.flags.c_contiguous or array.nbytes != self.rows.nbytes:
+            return False
+        here = self.rows.__array_interface__["data"][0]
+        return bool(here == array.__array_interface__["data"][0] and len(array) == len(self))
 
 
 _BYTES = 0

@@ -44,7 +44,7 @@ from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
-from shardfeed.transforms.base import has_batch_form
+from shardfeed.transforms.base import bytes_into_of, has_batch_form
 
 DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
 BATCH_PATH_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, SchemaError)
@@ -81,6 +81,8 @@ class SliceBuilder:
         # batch form (or there is no transform)
         has_form = transform is None or has_batch_form(transform)
         self._read_columns = getattr(source, "read_columns", None) if has_form else None
+        # features the transform's batch form copies as they are: the reader puts them there
+        self._bytes_into = bytes_into_of(transform) if transform is not None else None
         # a source whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
             getattr(source, "single_records", None))
@@ -244,7 +246,7 @@ class SliceBuilder:
         return self.build_samples(ctx, positions, buffer, first_row)
 
     def build_columns(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
-                      first_row: int, read_columns: Callable[[np.ndarray], Any]) -> bool:
+                      first_row: int, read_columns: Callable[..., Any]) -> bool:
         """The rows of ``positions`` a slice at a time: the records read as columns, the
         transform's batch form writing images into the rows, the other columns stored at once.
         False (nothing promised about the rows) when the columns or transform do not allow it.
@@ -257,13 +259,17 @@ class SliceBuilder:
             if any(len(ids) != 1 for ids in plans):
                 return False
             records = np.array([int(ids[0]) for ids in plans], dtype=np.int64)
-        columns = read_columns(records)
-        if columns is None:
-            return False
         rows = len(records)
         out = {f.name: buffer.arrays[f.name][first_row : first_row + rows]
                for f in buffer.layout.fields
                if f.name == "image" and f.is_array and not f.squeeze}
+        bytes_into = self._bytes_into
+        if bytes_into is not None and out:
+            columns = read_columns(records, into=lambda names: bytes_into(names, out))
+        else:
+            columns = read_columns(records)
+        if columns is None:
+            return False
         transform = self.transform
         if transform is not None:
             rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None

@@ -283,11 +283,18 @@ class RecordSampler(SamplerBase):
     def read(self, records: Sequence[int]) -> list[Sample]:
         return self._ds().read_many(list(records))
 
-    def read_columns(self, records: Sequence[int] | np.ndarray) -> dict[str, Any] | None:
-        """The records as columns (the data source's ``read_columns``), or None when the
-        source has no column form or these records are not alike."""
+    def read_columns(self, records: Sequence[int] | np.ndarray, *,
+                     into: Callable[[Sequence[str]], Mapping[str, np.ndarray]] | None = None,
+                     ) -> dict[str, Any] | None:
+        """The records as columns (the data source's ``read_columns``, ``into`` passed on
+        where given), or None when the source has no column form or these records are not
+        alike."""
         method = getattr(self._ds(), "read_columns", None)
-        return None if method is None else method(records)
+        if method is None:
+            return None
+        columns: dict[str, Any] | None = (
+            method(records) if into is None else method(records, into=into))
+        return columns
 
     def make_sample(
         self,

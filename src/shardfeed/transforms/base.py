@@ -28,7 +28,7 @@ it defines, read once when wrapped), so the pipeline reads declared attributes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -147,6 +147,36 @@ class TransformBase(ABC):
         sample, which reports it with the record. Default: None.
         """
         return None
+
+    def bytes_into(self, names: Sequence[str], out: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+        """The features (of ``names``, those the records hold) whose one bytes value a row
+        :meth:`apply_batch` copies unchanged into that row of ``out``, each mapped to the
+        ``out`` array it lands in viewed as one row of bytes a row (2-D uint8). The reader
+        may copy such a value there as it reads; ``apply_batch`` then gets the column as a
+        :class:`~shardfeed.format.columns.FilledColumn` whose ``is_in`` that array, and must
+        still check every row (and may overwrite it). Default: none.
+        """
+        return {}
+
+
+def bytes_into_of(transform: object) -> BytesInto | None:
+    """``transform.bytes_into`` when it belongs to its batch form (defined by the class
+    that defines ``apply_batch``, or one it derives from, other than TransformBase's
+    default); else None."""
+    if not has_batch_form(transform):
+        return None
+    mro = type(transform).__mro__
+    owner = next((c for c in mro if "bytes_into" in vars(c)), None)
+    batch_owner = next((c for c in mro if "apply_batch" in vars(c)), None)
+    if owner is None or owner is TransformBase or batch_owner is None:
+        return None
+    method: BytesInto = transform.bytes_into  # type: ignore[attr-defined]
+    return method if issubclass(batch_owner, owner) else None
+
+
+BytesInto = Callable[[Sequence[str], Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+"""``transform.bytes_into(names, out)``; see :meth:`TransformBase.bytes_into`."""
 
 
 def has_batch_form(transform: object) -> bool:
@@ -334,6 +364,13 @@ class Compose(TransformBase):
             if result is None:
                 return None
         return result
+
+    def bytes_into(self, names: Sequence[str], out: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+        """A lone child's (see :meth:`TransformBase.bytes_into`); none with more children:
+        each but the last writes into a buffer of its own."""
+        inner = bytes_into_of(self.transforms[0]) if len(self.transforms) == 1 else None
+        return inner(names, out) if inner is not None else {}
 
     def bind(self, schema: SchemaLike | None, *, root: str | None) -> Compose:
         """A copy with every child bound."""

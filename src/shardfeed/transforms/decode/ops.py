@@ -18,11 +18,12 @@ import cv2
 import numpy as np
 
 from shardfeed.errors import DecodeError, SchemaError
+from shardfeed.format.columns import FilledColumn
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
 from shardfeed.transforms.decode.fields import Encoding, ImageField
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
 from shardfeed.transforms.decode.png_rows import decode_png_into, decode_pngs_into
-from shardfeed.transforms.decode.raw_rows import raw_rows_into
+from shardfeed.transforms.decode.raw_rows import raw_rows_into, raw_rows_target
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
 
 Channels = Literal["rgb", "gray"]
@@ -306,7 +307,7 @@ class DecodeImage(DecoderBase):
         if image_out is None or (self.mask is not False and self.mask_field.locate(present)):
             return None
         found = self.image_field.locate(present)
-        if found is None or not isinstance(columns[found[0]], list):
+        if found is None or not isinstance(columns[found[0]], (list, FilledColumn)):
             return None
         key = found[0]
         if found[1] == "raw":
@@ -319,6 +320,22 @@ class DecodeImage(DecoderBase):
             del result[key]
         result["image"] = image_out
         return result
+
+    def bytes_into(self, names: Sequence[str], out: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+        """A raw image copied as it is into the batch rows (see
+        :meth:`TransformBase.bytes_into` and :func:`~.raw_rows.raw_rows_target`); none for
+        an encoded image, with a mask, or keeping the stored bytes."""
+        image_out = out.get("image")
+        present = dict.fromkeys(names)
+        if image_out is None or self.keep_encoded or (
+                self.mask is not False and self.mask_field.locate(present)):
+            return {}
+        found = self.image_field.locate(present)
+        if found is None or found[1] != "raw":
+            return {}
+        rows = raw_rows_target(self, image_out)
+        return {} if rows is None else {found[0]: rows}
 
     def _encoded_rows_into(self, key: str, values: list[Any], image_out: np.ndarray) -> bool:
         """Decode each row's encoded image into its row of ``image_out``; False (nothing

@@ -9,6 +9,11 @@ grey value repeated; RGBA stored, RGB wanted: alpha dropped); any other row (RGB
 wanted) goes through the op's own per-sample decode, so every row holds the bytes
 ``DecodeImage.__call__`` gives.
 
+The reader may have copied the stored bytes into the batch rows already (see
+:func:`raw_rows_target` and ``DecodeImage.bytes_into``: the column is a ``FilledColumn`` in
+``out``): then only the checks run, and a row that fails them makes the loader rewrite every
+row sample by sample.
+
 Errors: a row that does not fit (another height or width than the batch's, bytes of another
 length than its shape, a shape value that is not one positive int) raises SchemaError or
 DecodeError without writing anything wrong: the loader then makes the slice sample by sample,
@@ -26,6 +31,7 @@ import numpy as np
 
 from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.format import spec
+from shardfeed.format.columns import FilledColumn
 from shardfeed.transforms.decode.sizes import pixels_reason
 
 if TYPE_CHECKING:
@@ -51,7 +57,16 @@ def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
     shape_keys = _shape_keys(decoder, columns)
     if shape_keys is None:
         return False  # the sample path raises the SchemaError naming the missing feature
-    stored = _stored_channels(decoder, columns, values, out, shape_keys)
+    if isinstance(values, FilledColumn):
+        if values.is_in(out):  # copied there as read: whole pixels of out's channels
+            _stored_channels(decoder, columns, np.full(len(out), values.value_size), out,
+                             shape_keys)
+            return True
+        values = values[:]
+    if not all(type(v) is bytes for v in values):
+        raise DecodeError("a raw image value is not one bytes value")
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    stored = _stored_channels(decoder, columns, lengths, out, shape_keys)
     _, height, width, channels = (int(n) for n in out.shape)
     first = int(stored[0])
     if (stored == first).all() and _copies(first, channels):
@@ -83,14 +98,24 @@ def _shape_keys(decoder: DecoderBase, columns: Mapping[str, Any]
     return height_key, width_key, channels_key
 
 
-def _stored_channels(decoder: DecoderBase, columns: Mapping[str, Any], values: Sequence[Any],
+def raw_rows_target(decoder: DecoderBase, out: np.ndarray) -> np.ndarray | None:
+    """``out`` viewed as one row of bytes a batch row, where a stored raw image of exactly
+    a row's bytes is the row (out of the field's dtype and the decoder's channels, C-ordered:
+    the copy :func:`raw_rows_into` makes); None otherwise."""
+    if (out.ndim != 4 or not len(out) or out.dtype != np.dtype(decoder.image_field.dtype)
+            or out.shape[-1] != (3 if decoder.channels == "rgb" else 1)
+            or not out.flags.c_contiguous or not out.flags.writeable or not out.size):
+        return None
+    return out.reshape(len(out), -1).view(np.uint8)
+
+
+def _stored_channels(decoder: DecoderBase, columns: Mapping[str, Any], lengths: np.ndarray,
                      out: np.ndarray, shape_keys: tuple[str, str, str | None]) -> np.ndarray:
-    """Each row's stored channel count, after checking every row against the batch rows:
-    one bytes value, within ``max_pixels``, the batch's height×width, whole pixels."""
+    """Each row's stored channel count, after checking every row (its value ``lengths``
+    bytes long) against the batch rows: within ``max_pixels``, the batch's height×width,
+    whole pixels."""
     height_key, width_key, channels_key = shape_keys
     rows, height, width, _ = (int(n) for n in out.shape)
-    if not all(type(v) is bytes for v in values):
-        raise DecodeError("a raw image value is not one bytes value")
     reason = pixels_reason(height, width, decoder.max_pixels, what="raw image")
     if reason is not None:
         raise DecodeError(reason)
@@ -98,7 +123,6 @@ def _stored_channels(decoder: DecoderBase, columns: Mapping[str, Any], values: S
             _shape_column(columns, width_key, rows) == width).all():
         raise SchemaError(f"a raw image is not {height}×{width}, the batch's height×width")
     itemsize = np.dtype(decoder.image_field.dtype).itemsize
-    lengths = np.fromiter(map(len, values), dtype=np.int64, count=rows)
     area = height * width
     if channels_key is not None:
         stored = _shape_column(columns, channels_key, rows)

@@ -20,6 +20,7 @@ from shardfeed.transforms import (
     decode_image,
 )
 from shardfeed.transforms.decode import crop as crop_decode
+from shardfeed.transforms.decode import region as region_decode
 
 
 def _png(image: np.ndarray) -> bytes:
@@ -128,6 +129,7 @@ def test_reduced_scale_decode_matches_full_decode(monkeypatch: pytest.MonkeyPatc
         return real(*args, **kwargs)
 
     monkeypatch.setattr(crop_decode, "decode_jpeg_scratch", spy)
+    monkeypatch.setattr(region_decode, "_loaded", [None])  # whole decodes, not regions
     for op_cls in (DecodeRandomResizedCrop, DecodeCenterCrop):
         fast = op_cls(128)
         slow = op_cls(128, reduced_decode=False)

@@ -6,6 +6,10 @@ output's pixels, so a crop that will be shrunk 2× or more costs a fraction of a
 The decode goes into a per-thread scratch buffer (no allocation per image) and the final
 resize writes into the caller's array (``out=``, a slot of the batch) when given.
 
+Where the optional region decoder is installed and it costs less (see
+:mod:`~shardfeed.transforms.decode.region`), only the crop's rows and columns are decoded, to
+the very pixels the whole decode gives there.
+
 Other encodings (PNG, raw, CMYK JPEG) are decoded whole, then cropped the same way: the box
 is drawn from the same generator calls, so the geometry does not depend on the encoding.
 Whatever the scale, an image whose header claims more than ``max_pixels`` pixels is refused
@@ -58,6 +62,7 @@ from shardfeed.transforms.decode.image import (
     sniff_format,
 )
 from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
+from shardfeed.transforms.decode.region import decode_region, region_pays
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -191,6 +196,11 @@ class CropDecoderBase(DecoderBase):
     ) -> np.ndarray:
         out_h, out_w = self.size
         d = scale_denominator(box.h, box.w, out_h, out_w, max_denominator=self.max_denominator)
+        if self.channels == "rgb" and region_pays(height, width, box, d):
+            region = decode_region(data, box, fast_dct=self.fast_dct,
+                                   fast_upsample=self.fast_upsample)
+            if region is not None:  # the very pixels of the whole decode, sliced
+                return self._resize_flip(region, flip, out)
         decoded = decode_jpeg_scratch(
             data,
             height=height,

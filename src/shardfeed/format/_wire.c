@@ -463,6 +463,20 @@ static int gather_take(GatherArgs *g, PyObject *maps, PyObject *offsets, PyObjec
     return 0;
 }
 
+/* The SIGBUS handler installed and the arguments' buffers taken; -1 (nothing held) with an
+ * exception set when either fails. */
+static int gather_open(GatherArgs *g, PyObject *maps, PyObject *offsets, PyObject *which,
+                       PyObject *records)
+{
+    if (install_bus_handler() != 0)
+        return -1;
+    if (gather_take(g, maps, offsets, which, records) != 0) {
+        gather_release(g);
+        return -1;
+    }
+    return 0;
+}
+
 /* Each record's span in its map; the position of the first that does not lie within its
  * map (or whose offsets are out of order), -1 with an exception for a map number out of
  * range, else -2. */
@@ -502,6 +516,16 @@ static inline void prefetch_span(const Span *span)
         __builtin_prefetch(span->at + b, 0, 0);
 }
 
+/* Copy a record's payload to ``copy``, then check its framing and (verify) the copy's data
+ * CRC: the copy's wide loads bring the record in from memory faster than the CRC's, the CRC
+ * then reads it from the cache, and the bytes handed on are the bytes checked. */
+static inline int copy_record(const Span *span, uint8_t *copy, int verify)
+{
+    memcpy(copy, span->at + HEADER_BYTES, (size_t)(span->size - FRAMING_BYTES));
+    return record_sound(span->at, span->size, 0)
+           && (!verify || payload_sound(copy, span->at, span->size));
+}
+
 /* Check and copy each record's payload into its bytes object, SIGBUS caught; the position
  * of the first record that fails, else -1. Runs without the GIL. */
 static Py_ssize_t gather_copy(const Span *spans, PyObject *out, Py_ssize_t count, int verify)
@@ -516,13 +540,8 @@ static Py_ssize_t gather_copy(const Span *spans, PyObject *out, Py_ssize_t count
         reached = i;
         if (i + PREFETCH_AHEAD < count)
             prefetch_span(&spans[i + PREFETCH_AHEAD]);
-        /* copied first, then checked in the copy: the copy's wide loads bring the record in
-         * from memory faster than the CRC's, and the CRC then reads it from the cache; the
-         * bytes handed back are the bytes checked */
-        char *copy = PyBytes_AS_STRING(PyList_GET_ITEM(out, i));
-        memcpy(copy, spans[i].at + HEADER_BYTES, (size_t)(spans[i].size - FRAMING_BYTES));
-        if (!record_sound(spans[i].at, spans[i].size, 0)
-            || (verify && !payload_sound((const uint8_t *)copy, spans[i].at, spans[i].size))) {
+        if (!copy_record(&spans[i], (uint8_t *)PyBytes_AS_STRING(PyList_GET_ITEM(out, i)),
+                         verify)) {
             bad = i;
             break;
         }
@@ -540,13 +559,9 @@ static PyObject *wire_gather(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!OOp", &PyTuple_Type, &maps, &PyTuple_Type, &offsets,
                           &which, &records, &verify))
         return NULL;
-    if (install_bus_handler() != 0)
-        return NULL;
     GatherArgs g;
-    if (gather_take(&g, maps, offsets, which, records) != 0) {
-        gather_release(&g);
+    if (gather_open(&g, maps, offsets, which, records) != 0)
         return NULL;
-    }
     Py_ssize_t count = g.records.len / 8;
     Span *spans = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Span));
     PyObject *out = spans != NULL ? PyList_New(count) : PyErr_NoMemory();
@@ -1010,9 +1025,7 @@ static Py_ssize_t parse_spans(const Span *spans, Py_ssize_t count, uint8_t *scra
         if (i + PREFETCH_AHEAD < count)
             prefetch_span(&spans[i + PREFETCH_AHEAD]);
         Py_ssize_t length = spans[i].size - FRAMING_BYTES;
-        memcpy(at, spans[i].at + HEADER_BYTES, (size_t)length);
-        if (!record_sound(spans[i].at, spans[i].size, 0)
-            || (verify && !payload_sound(at, spans[i].at, spans[i].size))) {
+        if (!copy_record(&spans[i], at, verify)) {
             bad = i;
             break;
         }
@@ -1067,13 +1080,9 @@ static PyObject *wire_gather_columns(PyObject *self, PyObject *args)
     Py_ssize_t nnames = PyTuple_GET_SIZE(names);
     if (!WIRE_LITTLE_ENDIAN || nnames == 0)
         Py_RETURN_NONE;
-    if (install_bus_handler() != 0)
-        return NULL;
     GatherArgs g;
-    if (gather_take(&g, maps, offsets, which, records) != 0) {
-        gather_release(&g);
+    if (gather_open(&g, maps, offsets, which, records) != 0)
         return NULL;
-    }
     Py_ssize_t nrecords = g.records.len / 8;
     Parse parse = {NULL, nnames, count, NULL, NULL, NULL, nrecords, 1};
     Key *keys = PyMem_Calloc((size_t)nnames + MAX_ENTRIES, sizeof(Key));

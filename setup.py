@@ -1,8 +1,8 @@
 """The compiled parts of shardfeed (see src/shardfeed/format/native.py,
-src/shardfeed/transforms/decode/png_rows.py and src/shardfeed/sampling/crop_draws.py); the
-rest of the build is declared in pyproject.toml. ``optional``: where one cannot be compiled (no C compiler, no zlib headers),
-the package installs without it and runs the Python code it stands in for, with the same
-results."""
+src/shardfeed/transforms/decode/png_rows.py, .../decode/crop_rows.py and
+src/shardfeed/sampling/crop_draws.py); the rest of the build is declared in pyproject.toml.
+``optional``: where one cannot be compiled (no C compiler, no zlib headers), the package
+installs without it and runs the Python code it stands in for, with the same results."""
 
 from setuptools import Extension, setup
 
@@ -26,6 +26,12 @@ setup(
             "shardfeed.transforms.decode._png",
             ["src/shardfeed/transforms/decode/_png.c"],
             libraries=["z"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "shardfeed.transforms.decode._jpeg_frames",
+            ["src/shardfeed/transforms/decode/_jpeg_frames.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

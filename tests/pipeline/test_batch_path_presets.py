@@ -6,6 +6,7 @@ going sample by sample."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 import simplejpeg
+from PIL import Image
 from pipeline_helpers import BAD_JPEG, assert_same_batches, record_ids
 
 from shardfeed.dataset import Dataset
@@ -24,6 +26,7 @@ from shardfeed.pipeline.produce import SliceBuilder
 from shardfeed.sampling import crop_draws
 from shardfeed.transforms import Compose, DecodeImage, boxes, presets
 from shardfeed.transforms.base import Sample, Specs, TransformBase
+from shardfeed.transforms.decode import crop_rows
 from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
 
 N = 40
@@ -257,3 +260,37 @@ def test_the_train_crops_of_a_slice_are_drawn_at_once(
         assert len(made) == generators + N
     finally:
         boxes.compiled_draws_agree.cache_clear()
+
+
+def _cmyk_jpeg() -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(_pixels(3, (40, 50), 3)).convert("CMYK").save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_mixed_rows_of_a_slice_give_the_sample_paths_batches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    # JPEGs of every size (read by the compiled frame reader, or without it), a CMYK JPEG, a
+    # PNG and a grey JPEG among them: each row as the sample path makes it.
+    others = {5: _cmyk_jpeg(), 9: _encode(9, "png", (30, 40)), 14: _encode(14, "gray-jpeg",
+                                                                          (60, 40))}
+    ds = _write(tmp_path / "mixed", "jpeg", SIZES, bad=others)
+    if not compiled:
+        monkeypatch.setattr(crop_rows, "_frames", None)
+    for preset in ("train", "train-jitter-chw", "gray-crop"):
+        fast = _batches(ds, PRESETS[preset]())
+        slow = _batches(ds, _sample_by_sample(PRESETS[preset]()))
+        assert_same_batches(fast, slow)
+
+
+def test_small_images_do_not_load_the_region_decoder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+    monkeypatch.setattr(crop_rows, "backend", lambda: asked.append(1))
+    ds = _write(tmp_path / "small", "jpeg", SIZES)  # all under REGION_MIN_PIXELS
+    _batches(ds, PRESETS["train"]())
+    assert not asked
+    large = _write(tmp_path / "large", "jpeg", [(300, 260)])
+    _batches(large, presets.train(size=160))  # no DCT scale: the region decode may pay
+    assert asked

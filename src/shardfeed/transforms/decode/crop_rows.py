@@ -8,7 +8,10 @@ Where the op has a batch form of its draws (the random-resized crop's, see
 :func:`~shardfeed.transforms.boxes.resized_boxes`) and the rows' generators are a
 :class:`~shardfeed.sampling.crop_draws.RowKeys`, every JPEG row's header is read first and
 the boxes and flips of all of them are drawn in one call; the rows' generators then go on
-from after those draws for the ops that follow.
+from after those draws for the ops that follow. The headers are read by one compiled call
+for the slice (:func:`frame_sizes`); the rows of the common case (an RGB JPEG decoded whole
+at full scale) are then decoded, cut, resized and flipped in one tight loop, the other rows
+one by one through the op's own methods.
 
 Only for one embedded image a row (``encoding="auto"``), no mask, and batch rows of the
 output's shape and dtype; else None (the loader goes sample by sample). An error (a damaged
@@ -23,9 +26,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import cv2
 import numpy as np
+import simplejpeg
 
 from shardfeed.errors import SchemaError
+from shardfeed.format.native import compiled_module
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms.base import NO_RANDOMNESS
 from shardfeed.transforms.boxes import Box
@@ -34,11 +40,17 @@ from shardfeed.transforms.decode.image import (
     Where,
     check_pixels,
     jpeg_header,
+    scratch_buffer,
     sniff_format,
 )
+from shardfeed.transforms.decode.region import REGION_MIN_PIXELS, backend
 
 if TYPE_CHECKING:
     from shardfeed.transforms.decode.crop import CropDecoderBase
+
+_frames = compiled_module("shardfeed.transforms.decode._jpeg_frames")
+"""The compiled frame-size reader (``_jpeg_frames.c``); None where built without a C
+compiler."""
 
 
 def crop_rows_into(
@@ -54,7 +66,10 @@ def crop_rows_into(
     where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
     values = columns[key]
     drawn = _draw_rows(op, values, rngs, where)
+    done = _whole_rows_into(op, values, drawn, image_out) if drawn is not None else 0
     for row, data in enumerate(values):
+        if done >> row & 1:
+            continue
         target = image_out[row]
         known = drawn[row] if drawn is not None else None
         if known is not None:
@@ -78,6 +93,59 @@ def crop_rows_into(
     return result
 
 
+def _whole_rows_into(
+    op: CropDecoderBase, values: list[bytes], drawn: list[tuple[int, ...] | None],
+    image_out: np.ndarray,
+) -> int:
+    """The rows of the common case written in one tight loop: an RGB JPEG decoded whole at
+    full scale (no DCT scale, no region decode), its box cut, resized linearly into its row
+    and flipped there, as :meth:`CropDecoderBase._jpeg_crop` does for it, without its
+    per-call checks (made once for the slice here). Returns a bit mask of the rows done; the
+    others, and every row from the first that does not decode, are left to the caller."""
+    if op.channels != "rgb" or not image_out.flags.c_contiguous:
+        return 0
+    out_h, out_w = op.size
+    size = (out_w, out_h)
+    # A box ≥ 2× the output both ways decodes at a DCT scale or resizes by area averaging;
+    # an image of REGION_MIN_PIXELS or more may be decoded as a region where that is installed
+    # (asked only then: loading the region decoder costs memory small images need not pay).
+    large_h, large_w = 2 * out_h, 2 * out_w
+    decode, resize, flip, linear = simplejpeg.decode_jpeg, cv2.resize, cv2.flip, cv2.INTER_LINEAR
+    fast_dct, fast_upsample = op.fast_dct, op.fast_upsample
+    buf: np.ndarray | None = None
+    done = 0
+    for row, known in enumerate(drawn):
+        if known is None:
+            continue
+        height, width, y, x, h, w, flipped = known
+        if (h >= large_h and w >= large_w) or (height * width >= REGION_MIN_PIXELS
+                                                and backend() is not None):
+            continue
+        if buf is None or buf.size < height * width * 3:
+            buf = scratch_buffer(height * width * 3)  # this thread's, as the general path's
+        try:
+            image = decode(values[row], colorspace="RGB", fastdct=fast_dct,
+                           fastupsample=fast_upsample, buffer=buf)
+        except (ValueError, MemoryError):
+            break  # the general path decodes it again and raises the error that names it
+        target = image_out[row]
+        resize(image[y:y + h, x:x + w], size, dst=target, interpolation=linear)
+        if flipped:
+            flip(target, 1, dst=target)
+        done |= 1 << row
+    return done
+
+
+def frame_sizes(values: list[bytes]) -> np.ndarray:
+    """The (height, width) of each plain JPEG of ``values`` (rows×2 int64), read by the
+    compiled part (``_jpeg_frames.c``) where the package was built with it; (0, 0) for every
+    other row, and for every row without it (the rows the caller reads with
+    :func:`~shardfeed.transforms.decode.image.jpeg_header`)."""
+    if _frames is None:
+        return np.zeros((len(values), 2), dtype=np.int64)
+    return np.frombuffer(_frames.sizes(values), dtype=np.int32).reshape(-1, 2).astype(np.int64)
+
+
 def _draw_rows(
     op: CropDecoderBase, values: list[bytes], rngs: Sequence[np.random.Generator] | None,
     where: Where,
@@ -88,9 +156,11 @@ def _draw_rows(
     read and the same limits enforced as row by row."""
     if not isinstance(rngs, RowKeys) or not op._boxes_in_batch():
         return None
-    sizes = np.zeros((len(values), 2), dtype=np.int64)
+    sizes = frame_sizes(values)
     max_pixels = op.image_field.max_pixels
-    for row, data in enumerate(values):
+    over = np.flatnonzero(sizes[:, 0] * sizes[:, 1] > max_pixels)
+    for row in np.flatnonzero(sizes[:, 0] == 0).tolist() + over[:1].tolist():
+        data = values[row]
         if sniff_format(data) == "jpeg":
             height, width, space = jpeg_header(data, where=where)
             check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
@@ -127,4 +197,4 @@ def _batch_key(
     return found[0]
 
 
-__all__ = ["crop_rows_into"]
+__all__ = ["crop_rows_into", "frame_sizes"]

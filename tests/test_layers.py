@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "shardfeed"
 # bottom to top; errors.py may be imported by every layer
 LAYERS = ["storage", "format", "dataset", "sampling", "transforms", "pipeline", "loaders",
           "tools", "cli"]
-ADAPTERS = {"loaders/torch.py": "torch", "loaders/jax.py": "jax"}
+ADAPTERS = {"loaders/torch.py": "torch", "loaders/torch_decode.py": "torch",
+            "loaders/jax.py": "jax"}
 
 
 def _modules() -> list[Path]:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from shardfeed.loaders.numpy import AdaptedLoader, Batch
+from shardfeed.loaders.torch_decode import DeviceAdapted, DeviceDecode, plan_of
 
 IMAGE_KEYS = ("image", "mask")
 
@@ -100,6 +101,11 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
     ``device`` may be any torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``); a CUDA device
     this machine does not have is a ValueError here, not an error at the first batch.
     ``pin_memory=True`` without CUDA does nothing and warns (as torch's own DataLoader does).
+
+    A loader whose pipeline decodes on the GPU (``presets.train(..., decode_on="cuda")``)
+    needs ``device``: its batches are decoded, resized, flipped and normalised there (see
+    :mod:`shardfeed.loaders.torch_decode`), and ``memory_budget()`` counts the device's
+    bytes (``device_bytes``).
     """
     if not isinstance(pin_memory, bool) or not isinstance(channels_first, bool):
         raise TypeError(
@@ -114,6 +120,14 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
             stacklevel=2,
         )
         pin_memory = False
+    plan = plan_of(getattr(loader, "transform", None))
+    if plan is not None:
+        if target is None:
+            raise ValueError(
+                "this loader's pipeline decodes on the GPU (decode_on='cuda'): pass "
+                "device='cuda' (or 'cuda:N'), or build the pipeline with decode_on='cpu'"
+            )
+        return DeviceAdapted(loader, DeviceDecode(plan, target, channels_first=channels_first))
     return AdaptedLoader(
         loader, _ToTorch(pin_memory=pin_memory, channels_first=channels_first, device=target)
     )

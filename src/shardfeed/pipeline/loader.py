@@ -320,6 +320,11 @@ class Loader:
             )
         return self._layout
 
+    @property
+    def transform(self) -> Any:
+        """The transform the loader applies (bound to the dataset's schema), or None."""
+        return self._transform
+
     def memory_budget(self) -> MemoryBudget:
         """The most memory the loader holds, by part; builds one sample to learn its size."""
         self._check_open()

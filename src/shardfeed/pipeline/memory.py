@@ -12,6 +12,8 @@ part                               what it counts
 ``cache_bytes``                    the sampler's cache (the decoded images of Patches)
 ``fixed_bytes``                    what any loader holds beyond these (:func:`fixed_bytes`)
 ``stage_bytes``                    what the batch stages say they hold (``memory_bytes()``)
+``device_bytes``                   GPU memory, apart from the total (host memory): set by an
+                                   adapter that decodes on the device (``shardfeed.torch``)
 =================================  ========================================================
 
 Determinism: pure arithmetic on sizes. State: none. Memory: none held.
@@ -79,6 +81,7 @@ class MemoryBudget:
     decode_bytes_per_thread: int = 0
     fixed_bytes: int = 0
     stage_bytes: int = 0
+    device_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:

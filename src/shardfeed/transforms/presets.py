@@ -32,15 +32,30 @@ from shardfeed.transforms.color import (
     ToFloat,
 )
 from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
+from shardfeed.transforms.decode.device_plan import DevicePlan, PlanTail
 from shardfeed.transforms.decode.masks import Color, MaskDtype
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 NormalizeName = Literal["imagenet", "symmetric"]
 DType = Literal["uint8", "float32"]
 Layout = Literal["HWC", "CHW"]
+DecodeOn = Literal["cpu", "cuda"]
 
 #: ColorJitter at strength 1: brightness, contrast, saturation, hue.
 COLOR_AT_STRENGTH_1 = (0.4, 0.4, 0.4, 0.1)
+
+
+def _on_device(decode_on: str, *, color: float | None) -> bool:
+    """Whether the pipeline decodes on the GPU (``decode_on="cuda"``): then only its CPU half
+    is built here (:class:`~shardfeed.transforms.decode.device_plan.DevicePlan`)."""
+    if decode_on not in ("cpu", "cuda"):
+        raise ValueError(f"decode_on must be 'cpu' or 'cuda', got {decode_on!r}")
+    if decode_on == "cuda" and color:
+        raise ValueError(
+            "colour jitter is not applied on the GPU: pass color=None with decode_on='cuda', "
+            "or decode on the CPU (decode_on='cpu')"
+        )
+    return decode_on == "cuda"
 
 
 def _tail(normalize: NormalizeName | None, dtype: DType, layout: Layout) -> list[Transform]:
@@ -85,6 +100,7 @@ def train(
     mask_unlisted: int | None = None,
     mask_dtype: MaskDtype = "uint8",
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    decode_on: DecodeOn = "cpu",
 ) -> Compose:
     """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
     left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
@@ -109,22 +125,30 @@ def train(
     a larger one is a DecodeError): see
     :class:`~shardfeed.transforms.decode.ops.DecoderBase`.
 
+    ``decode_on="cuda"``: the JPEGs are decoded on the GPU. The pipeline returned is then the
+    CPU half (:class:`~shardfeed.transforms.decode.device_plan.DevicePlan`: the same crops
+    and flips drawn, the JPEG handed on), and ``shardfeed.torch.adapt(loader,
+    device="cuda")`` does the rest (decode, resize, flip, normalise, layout on the GPU;
+    images the GPU decoder refuses made on the CPU). Colour jitter stays on the CPU path.
+
     Determinism: every random choice comes from the per-sample generator.
     """
     if color is not None and (isinstance(color, bool) or not color >= 0):
         raise ValueError(f"color is a strength >= 0 (1.0 = standard jitter) or None, got {color!r}")
-    ops: list[Transform] = [
-        DecodeRandomResizedCrop(
-            size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
-            reduced_decode=reduced_decode, fast_upsample=fast_upsample,
-            mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
-            max_pixels=max_pixels,
-        )
-    ]
+    tail = _tail(normalize, dtype, layout)
+    crop = DecodeRandomResizedCrop(
+        size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
+        reduced_decode=reduced_decode, fast_upsample=fast_upsample,
+        mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
+        max_pixels=max_pixels,
+    )
+    if _on_device(decode_on, color=color):
+        return Compose([DevicePlan(crop, tail=PlanTail(normalize, dtype, layout))])
+    ops: list[Transform] = [crop]
     if color:
         b, c, s, h = (v * color for v in COLOR_AT_STRENGTH_1)
         ops.append(ColorJitter(b, c, s, min(0.5, h)))
-    ops.extend(_tail(normalize, dtype, layout))
+    ops.extend(tail)
     return Compose(ops)
 
 
@@ -140,22 +164,23 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     mask_unlisted: int | None = None,
     mask_dtype: MaskDtype = "uint8",
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    decode_on: DecodeOn = "cpu",
 ) -> Compose:
     """Evaluation pipeline: resize the shorter side to ``size / crop_fraction`` and take the
     center ``size×size`` (one fused, reduced-scale decode), then optional normalisation and
-    layout. Same output shapes and dtypes as :func:`train`; the mask options and
-    ``max_pixels`` as in :func:`train`.
+    layout. Same output shapes and dtypes as :func:`train`; the mask options,
+    ``max_pixels`` and ``decode_on`` as in :func:`train`.
 
     Determinism: fully deterministic; the generator is not used.
     """
-    ops: list[Transform] = [
-        DecodeCenterCrop(
-            size, crop_fraction=crop_fraction, reduced_decode=reduced_decode,
-            mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
-            max_pixels=max_pixels,
-        )
-    ]
-    ops.extend(_tail(normalize, dtype, layout))
-    return Compose(ops)
+    tail = _tail(normalize, dtype, layout)
+    crop = DecodeCenterCrop(
+        size, crop_fraction=crop_fraction, reduced_decode=reduced_decode,
+        mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
+        max_pixels=max_pixels,
+    )
+    if _on_device(decode_on, color=None):
+        return Compose([DevicePlan(crop, tail=PlanTail(normalize, dtype, layout))])
+    return Compose([crop, *tail])
 
 __all__ = ["COLOR_AT_STRENGTH_1", "eval", "train"]

@@ -157,6 +157,16 @@ def test_a_jpeg_damaged_past_its_header_is_named(tmp_path: Path) -> None:
     assert "img003.jpg" in str(caught.value) or "record 3" in str(caught.value)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_jpeg_cut_short_is_named_by_its_record(tmp_path: Path, threads: int) -> None:
+    good = bytes(simplejpeg.encode_jpeg(_pixels(7, (96, 128)), quality=92))
+    ds = _write(tmp_path / "d", {7: good[: len(good) * 2 // 3]})
+    with _device_loader(ds, "cpu", threads=threads, size=40) as loader, \
+            pytest.raises(DecodeError, match=r"record 7 at byte \d+"):
+        for _ in loader:
+            pass
+
+
 def test_normalised_channels_first_floats(tmp_path: Path) -> None:
     ds = _write(tmp_path / "d")
     options = {"size": 32, "normalize": "imagenet", "dtype": "float32", "layout": "CHW"}

@@ -22,6 +22,10 @@ pixels. Output of a sample:
   ``(height, width)``; ``"plan/flip"``: uint8, 1 = flipped left-right;
 - ``"plan/on_cpu"``: uint8, 1 = ``"image"`` is the row's pixels (made here).
 
+A JPEG that does not end with its end-of-image marker is made here too: the CPU path raises
+the DecodeError that names its record (or skips it), where a device decoder might fill the
+missing rows with grey.
+
 :func:`decode_planned` makes one planned row on the CPU with the op's own pixel work (the
 device side's fallback for an image its decoder refuses): exactly the CPU path's pixels.
 
@@ -48,6 +52,7 @@ from shardfeed.transforms.decode.image import (
     sniff_format,
 )
 
+_EOI = b"\xff\xd9"  # a device decoder may fill a JPEG cut short with grey without a word
 PLAN_KEYS = ("plan/encoded", "plan/box", "plan/image_hw", "plan/flip", "plan/on_cpu")
 
 __all__ = ["PLAN_KEYS", "DevicePlan", "PlanTail", "decode_planned"]
@@ -144,7 +149,7 @@ class DevicePlan(TransformBase):
         flip, on_cpu = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
         encoded: list[bytes] = [b""] * n
         for row, known in enumerate(drawn):
-            if known is None:
+            if known is None or values[row][-2:] != _EOI:
                 op._crop_encoded(values[row], rngs[row] if rngs else NO_RANDOMNESS, where,
                                  image_out[row])
                 on_cpu[row] = 1
@@ -164,8 +169,8 @@ class DevicePlan(TransformBase):
 def _plain_jpeg_size(data: bytes, op: CropDecoderBase, where: Where) -> tuple[int, int] | None:
     """(height, width) of a JPEG the device decodes (not CMYK), checked against the op's
     ``max_pixels``; None for any other image (made on the CPU)."""
-    if sniff_format(data) != "jpeg":
-        return None
+    if sniff_format(data) != "jpeg" or data[-2:] != _EOI:
+        return None  # a JPEG cut short is the CPU path's, which names it
     height, width, space = jpeg_header(data, where=where)
     check_pixels(height, width, max_pixels=op.image_field.max_pixels, where=where,
                  nbytes=len(data))

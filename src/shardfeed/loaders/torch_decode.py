@@ -82,6 +82,8 @@ class DeviceDecode:
                 device_id=module.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
                 backends=[module.Backend(module.BackendKind.CPU_ONLY)], options=options)
             self.stream = None
+        self.mean = torch.tensor(IMAGENET_MEAN, device=device)
+        self.std = torch.tensor(IMAGENET_STD, device=device)
         self.peak_region_bytes = 0
         self.fallbacks = 0  # rows planned for the device that the CPU made instead
 
@@ -205,9 +207,7 @@ class DeviceDecode:
         if tail.normalize is not None or tail.dtype == "float32":
             result = images.float().div_(255.0)
             if tail.normalize == "imagenet":
-                mean = torch.tensor(IMAGENET_MEAN, device=self.device)
-                std = torch.tensor(IMAGENET_STD, device=self.device)
-                result = result.sub_(mean).div_(std)
+                result = result.sub_(self.mean).div_(self.std)
             elif tail.normalize == "symmetric":
                 result = result.mul_(2.0).sub_(1.0)
         if self.channels_first:

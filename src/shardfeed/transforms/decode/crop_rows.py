@@ -60,12 +60,12 @@ def crop_rows_into(
     """``columns`` with ``"image"`` the batch rows ``out["image"]``, each written by ``op``
     (see the module doc); None when the batch form does not apply."""
     image_out = out.get("image")
-    key = _batch_key(op, columns, rngs, image_out)
+    key = batch_key(op, columns, rngs, image_out)
     if key is None or image_out is None:
         return None
     where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
     values = columns[key]
-    drawn = _draw_rows(op, values, rngs, where)
+    drawn = draw_rows(op, values, rngs, where)
     done = _whole_rows_into(op, values, drawn, image_out) if drawn is not None else 0
     for row, data in enumerate(values):
         if done >> row & 1:
@@ -146,7 +146,7 @@ def frame_sizes(values: list[bytes]) -> np.ndarray:
     return np.frombuffer(_frames.sizes(values), dtype=np.int32).reshape(-1, 2).astype(np.int64)
 
 
-def _draw_rows(
+def draw_rows(
     op: CropDecoderBase, values: list[bytes], rngs: Sequence[np.random.Generator] | None,
     where: Where,
 ) -> list[tuple[int, ...] | None] | None:
@@ -176,7 +176,7 @@ def _draw_rows(
     return drawn
 
 
-def _batch_key(
+def batch_key(
     op: CropDecoderBase, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
     image_out: np.ndarray | None,
 ) -> str | None:
@@ -197,4 +197,4 @@ def _batch_key(
     return found[0]
 
 
-__all__ = ["crop_rows_into", "frame_sizes"]
+__all__ = ["batch_key", "crop_rows_into", "draw_rows", "frame_sizes"]

@@ -43,7 +43,7 @@ from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms.base import NO_RANDOMNESS, ArraySpec, Sample, Specs, TransformBase
 from shardfeed.transforms.boxes import Box
 from shardfeed.transforms.decode.crop import CropDecoderBase
-from shardfeed.transforms.decode.crop_rows import _batch_key, _draw_rows
+from shardfeed.transforms.decode.crop_rows import batch_key, draw_rows
 from shardfeed.transforms.decode.image import (
     CMYK_SPACES,
     Where,
@@ -137,11 +137,11 @@ class DevicePlan(TransformBase):
         """Every row's draws at once where the op has a batch form of them; the rows that are
         not plain JPEGs made by the op into their batch rows (see the module doc)."""
         op, image_out = self.op, out.get("image")
-        key = _batch_key(op, columns, rngs, image_out)
+        key = batch_key(op, columns, rngs, image_out)
         if key is None or image_out is None or not isinstance(rngs, RowKeys):
             return None
         values, where = columns[key], f"feature '{key}'"
-        drawn = _draw_rows(op, values, rngs, where)
+        drawn = draw_rows(op, values, rngs, where)
         if drawn is None:
             return None
         n = len(values)

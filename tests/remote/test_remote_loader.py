@@ -28,11 +28,14 @@ def stream(loader: Loader, *, cut: Callable[[], None] | None = None,
 def test_loader_over_s3_survives_a_server_cut(
     s3_server: Any, records_dataset: Callable[[int, int], Path]
 ) -> None:
-    """The server goes down mid-epoch and comes back: the stream equals the local one."""
+    """The server goes down mid-epoch and comes back: the stream equals the local one.
+    (Reads as batches need them: the whole of this small dataset would be read ahead before
+    the cut; tests/remote/test_read_ahead.py cuts the server under the look-ahead.)"""
     folder = records_dataset(240, 4)
     url = s3_server.upload_folder(folder)
     options = {"batch_size": 8, "shuffle": True, "seed": 11, "transform": None,
-               "num_threads": 2, "prefetch_batches": 1, "rank": 0, "world_size": 1}
+               "num_threads": 2, "prefetch_batches": 1, "rank": 0, "world_size": 1,
+               "read_ahead": 0}
     with Dataset(str(folder)) as local_ds, Loader(local_ds, **options) as local:
         expected = stream(local)
     restarted = []

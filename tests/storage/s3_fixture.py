@@ -125,6 +125,7 @@ class S3Server:
         self._gate: Gate | None = None
         self._stall: Stall | None = None
         self._buckets = 0
+        self.latency_seconds = 0.0  # added to every request: a cloud region's time to first byte
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -154,6 +155,8 @@ class S3Server:
                 owner._log.append(request)
                 gate = owner._gate
                 stall = owner._stall
+            if owner.latency_seconds:
+                time.sleep(owner.latency_seconds)
             if gate is not None and request.range is not None:
                 gate.arrive()
             if stall is not None:
@@ -396,7 +399,9 @@ def s3_server(s3_server_session: S3Server) -> Iterator[S3Server]:
         server.start()
     clear_s3fs_instances()
     server.clear_log()
+    server.latency_seconds = 0.0
     yield server
+    server.latency_seconds = 0.0
     if not server.running:
         server.start()
     clear_s3fs_instances()

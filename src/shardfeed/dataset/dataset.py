@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardfeed.dataset.fetch_ahead import AheadSession, open_fetcher
 from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprint
 from shardfeed.dataset.open_shards import OpenShards, check_source_options
 from shardfeed.dataset.opening import (
@@ -65,7 +66,10 @@ class Dataset:
     checked). ``features``: decode only these names, or shape/check them with a mapping of
     :class:`FeatureSpec`. ``root``: folder that referenced image paths are relative to
     (default: the manifest's root, else the dataset folder); pass it when the images moved
-    away from the dataset. ``read_options``: coalescing.
+    away from the dataset. ``read_options``: coalescing. ``cache_dir``: a local folder that
+    keeps the records read from object storage for the next epochs and runs, at most
+    ``cache_bytes`` (default: the remote shards' size, at most half the disk's free space);
+    shared safely by processes, see :mod:`shardfeed.storage.disk_cache`.
     ``source_options``: options for remote shards, passed to ``open_source(url, **options)``
     (``deadline_seconds``, ``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``,
     ``retries``, ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``; see
@@ -102,6 +106,8 @@ class Dataset:
         source_options: Mapping[str, Any] | None = None,
         allow_partial: bool = False,
         allow_outside_paths: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         if not isinstance(verify_crc, bool):
             raise TypeError(f"verify_crc must be True or False, got {verify_crc!r}")
@@ -118,7 +124,8 @@ class Dataset:
             )
         options = check_source_options(source_options)
         self._args = (source, verify_crc, features, root, build_index, read_options,
-                      source_options, allow_partial, allow_outside_paths)
+                      source_options, allow_partial, allow_outside_paths, cache_dir,
+                      cache_bytes)
         self._outside = allow_outside_paths
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
@@ -143,6 +150,9 @@ class Dataset:
             else:
                 self._table = table_from_files(resolved.urls, build=build_index, mmap=mmap)
             self._shards = OpenShards(self._table, source_options=options)
+            self._fetcher = open_fetcher(
+                self._table, self._read_shards, cache_dir=cache_dir, cache_bytes=cache_bytes,
+                **self._shard_identities())
             self._root = referenced_root(resolved, root,
                                          allow_outside_paths=allow_outside_paths)
             self._group_ids, self._order_keys = self._load_sidecars()
@@ -295,8 +305,13 @@ class Dataset:
 
     def storage_stats(self) -> dict[str, int]:
         """Requests to object storage since opening, summed over the remote shards read so
-        far: ``requests`` (GETs of shard bytes), ``bytes_fetched``, ``retries``."""
-        return self._shards.stats()
+        far: ``requests`` (GETs of shard bytes), ``bytes_fetched``, ``retries``; with remote
+        shards, ``staged_hits`` (records read ahead) and with a disk cache its counters
+        (``cache_hits``, ``cache_misses``, ``cache_corrupt``, ...)."""
+        stats: dict[str, int] = self._shards.stats()
+        if self._fetcher is not None:
+            stats.update(self._fetcher.stats())
+        return stats
 
     def read_payloads(self, indices: Iterable[int] | np.ndarray) -> list[bytes]:
         """The serialized Examples of records ``indices``, in that order (CRC-checked when
@@ -381,7 +396,27 @@ class Dataset:
             )
         return {n: record[n] for n in self._names}
 
+    def _shard_identities(self) -> dict[str, list[Any]]:
+        """Each shard's size and checksum (the disk cache's keys): the manifest's, else the
+        end of its last record and none."""
+        table = self._table
+        if self._manifest is not None:
+            shards = self._manifest.shards
+            return {"sizes": [s.bytes for s in shards], "checksums": [s.crc32c for s in shards]}
+        return {"sizes": [int(table.offsets_view(k)[-1]) for k in range(table.num_shards)],
+                "checksums": [None] * table.num_shards}
+
+    def read_ahead(self) -> AheadSession | None:
+        """A session that fetches records before they are read (the Loader's look-ahead;
+        see :mod:`shardfeed.dataset.fetch_ahead`), or None when every shard is local."""
+        return None if self._fetcher is None else self._fetcher.session()
+
     def _read(self, idx: np.ndarray) -> list[bytes]:
+        if self._fetcher is not None:
+            return self._fetcher.read(idx)
+        return self._read_shards(idx)
+
+    def _read_shards(self, idx: np.ndarray) -> list[bytes]:
         shards = self._shards
         return read_payloads(self._table, idx, read=shards.read_ranges, options=self.read_options,
                              verify=self.verify_crc,
@@ -392,6 +427,8 @@ class Dataset:
 
     def close(self) -> None:
         """Close every open shard and stop the reader threads. Idempotent."""
+        if self._fetcher is not None:
+            self._fetcher.close()
         self._shards.close()
 
     def __enter__(self) -> Self:
@@ -412,11 +449,14 @@ def _reopen(source: SourceArg, verify_crc: bool, features: Features,
             root: str | os.PathLike[str] | None, build_index: bool,
             read_options: ReadOptions | None,
             source_options: Mapping[str, Any] | None = None,
-            allow_partial: bool = False, allow_outside_paths: bool = False) -> Dataset:
+            allow_partial: bool = False, allow_outside_paths: bool = False,
+            cache_dir: str | os.PathLike[str] | None = None,
+            cache_bytes: int | None = None) -> Dataset:
     return Dataset(source, verify_crc=verify_crc, features=features, root=root,
                    build_index=build_index, read_options=read_options,
                    source_options=source_options, allow_partial=allow_partial,
-                   allow_outside_paths=allow_outside_paths)
+                   allow_outside_paths=allow_outside_paths, cache_dir=cache_dir,
+                   cache_bytes=cache_bytes)
 
 
 __all__ = ["PROGRESS_AFTER_BYTES", "SCHEMA_SAMPLE_RECORDS", "Dataset", "Record"]

@@ -35,6 +35,7 @@ from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.concurrency import SliceGate
 from shardfeed.pipeline.pool import BatchRing, LoaderPool
 from shardfeed.pipeline.produce import TooManyBadSamples
+from shardfeed.pipeline.read_ahead import ReadAhead
 from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.storage.inflight import interrupt_calls
 
@@ -64,7 +65,7 @@ class EpochRun:
         slice_size: int, prefetch_batches: int, ring: BatchRing,
         executor: ThreadPoolExecutor, build_slice: SliceFn,
         on_batch: Callable[[int, int, bool], None], gate: SliceGate | None = None,
-        stages: Sequence[BatchStage] = (),
+        stages: Sequence[BatchStage] = (), read_ahead: ReadAhead | None = None,
     ) -> None:
         self.ctx = ctx
         self.positions = positions
@@ -79,6 +80,7 @@ class EpochRun:
         self.gate = gate
         self.on_batch = on_batch
         self.stages = stages
+        self.read_ahead = read_ahead
         self.pending: deque[_Pending] = deque()
         self.next_submit = 0
         self.next_yield = 0
@@ -88,6 +90,8 @@ class EpochRun:
         return self
 
     def _submit(self, index: int) -> None:
+        if self.read_ahead is not None:
+            self.read_ahead.want(index)
         lo = index * self.batch_size
         positions = self.positions[lo : lo + self.batch_size]
         buffer = self.ring.buffer_for(index, [p.buffer for p in self.pending])
@@ -141,6 +145,8 @@ class EpochRun:
                 self.close()  # the batch is not handed out: a new pass builds it again
                 raise
         self.next_yield += 1
+        if self.read_ahead is not None:
+            self.read_ahead.handed_out(self.next_yield - 1)
         last = self.next_yield == self.num_batches
         self.on_batch(head.count, skipped, last)
         if last:
@@ -172,6 +178,8 @@ class EpochRun:
             interrupt_calls()  # Ctrl-C: slices waiting on a dead server end now, not at its deadline
         wait(futures)
         self.pending.clear()
+        if self.read_ahead is not None:
+            self.read_ahead.close()
 
 
 class HandOut:

@@ -58,6 +58,7 @@ from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches,
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder
 from shardfeed.pipeline.progress import Progress
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
+from shardfeed.pipeline.read_ahead import read_ahead_for
 from shardfeed.pipeline.samplers import EpochContext, Sample, Sampler, as_sampler
 from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
@@ -106,6 +107,12 @@ class Loader:
     made with; their state is part of ``state()`` and ``close()`` closes them (see
     :mod:`shardfeed.pipeline.batch_stage`).
 
+    Read-ahead: on data fetched from object storage, the records of the next batches are
+    fetched before their batch is built, several chunks of batches at once (their order is
+    known); ``read_ahead`` = batches fetched ahead (None: sized to about 64 MiB a chunk; 0:
+    off). With a ``Dataset(..., cache_dir=...)`` smaller than the data, the disk cache keeps
+    the records used soonest (see :mod:`shardfeed.pipeline.read_ahead`).
+
     Workers: ``workers="threads"`` (default; decoders release the GIL; when one thread
     measures faster than all, as on small GIL-bound images, slices are built one at a time:
     :mod:`shardfeed.pipeline.concurrency`) or ``"processes"``
@@ -151,6 +158,7 @@ class Loader:
         copy: bool = False,
         order_method: OrderMethod = "exact",
         batch_stages: BatchStage | Sequence[BatchStage] | None = None,
+        read_ahead: int | None = None,
     ) -> None:
         self.ranks: RankInfo = resolve_ranks(rank, world_size)
         if copy is True:
@@ -161,7 +169,7 @@ class Loader:
             batch_size=batch_size, shuffle=shuffle, seed=seed, num_threads=num_threads,
             prefetch_batches=prefetch_batches, drop_last=drop_last,
             rank=self.ranks.rank, world_size=self.ranks.world_size, remainder=remainder,
-            workers=workers, copy=copy, order_method=order_method,
+            workers=workers, copy=copy, order_method=order_method, read_ahead=read_ahead,
         )
         self.policy = ErrorPolicy(
             on_error=on_error, max_skipped=max_skipped, max_skipped_fraction=max_skipped_fraction
@@ -298,13 +306,14 @@ class Loader:
         bs = self.options.batch_size
         return count // bs if self.options.drop_last else -(-count // bs)
 
-    def _context(self) -> EpochContext:
+    def _context(self, epoch: int | None = None) -> EpochContext:
         opts = self.options
+        epoch = self._progress.epoch if epoch is None else epoch
         order = EpochOrder(
-            self.num_units, seed=opts.seed, epoch=self._progress.epoch, shuffle=opts.shuffle,
+            self.num_units, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
             method=opts.order_method,
         )
-        return EpochContext(opts.seed, self._progress.epoch, order, self.samples_per_epoch)
+        return EpochContext(opts.seed, epoch, order, self.samples_per_epoch)
 
     def _ensure_layout(self, ctx: EpochContext, position: int) -> BatchLayout:
         if self._layout is None:
@@ -401,6 +410,10 @@ class Loader:
             build_slice=build, on_batch=self._progress.commit, gate=self._gate,
             stages=self.batch_stages,
         )
+        self._run.read_ahead = read_ahead_for(
+            self.sampler, ctx, positions, option=opts.read_ahead, batch_size=opts.batch_size,
+            num_batches=self._run.num_batches,
+            following=lambda: (self._context(ctx.epoch + 1), self._positions(0)))
         return HandOut(self._run, closed=lambda: self._closed)
 
     def _stop_run(self) -> None:

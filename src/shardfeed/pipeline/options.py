@@ -78,6 +78,7 @@ class LoaderOptions:
     workers: Workers = "threads"
     copy: bool = False
     order_method: OrderMethod = "exact"
+    read_ahead: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("batch_size", self.batch_size, minimum=1, fix="pass e.g. batch_size=256")
@@ -86,6 +87,9 @@ class LoaderOptions:
             "prefetch_batches", self.prefetch_batches, minimum=1,
             fix="pass e.g. prefetch_batches=2 (batches prepared ahead of the training loop)",
         )
+        if self.read_ahead is not None:
+            _check_int("read_ahead", self.read_ahead, minimum=0,
+                       fix="pass batches to fetch ahead (0: off), or None to size it by bytes")
         _check_int("seed", self.seed, minimum=0, fix="pass a non-negative int such as seed=0")
         _check_int("world_size", self.world_size, minimum=1, fix="pass the number of ranks")
         _check_int("rank", self.rank, minimum=0, fix="pass this process's rank")

@@ -1,0 +1,380 @@
+"""Between a Dataset and object storage: records fetched ahead of use, and the disk cache.
+
+::
+
+    Loader (pipeline/read_ahead.py)          RecordFetcher (here)                 storage
+    -------------------------------          --------------------                 -------
+    session.schedule(c, ids, next_use, now)  disk cache: hits read, uses updated  DiskCache
+                                             misses: kept or not (by next use),
+                                             fetched on a fetch thread, coalesced  RemoteSource
+    slice threads: dataset.read_many(ids)    staged (waits for the fetch) >
+                                             disk cache > fetched now
+    session.release(c)                       staged records of chunk c dropped
+
+A *session* is one pass of a Loader over an epoch: it stages the records of the chunks of
+batches it schedules, in memory, until the chunk is released. Every decision of the disk
+cache (what to keep, what to evict) is made by ``schedule``, in chunk order, on one thread:
+the outcome does not depend on when fetches return.
+
+Determinism: the payloads returned are the shard's bytes whatever was staged, cached or
+fetched (the cache checks a CRC32C of each entry; records fetched are checked as every read).
+Memory: the staged chunks (the Loader bounds how many) and the fetches in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardfeed.dataset.shards import ShardTable
+from shardfeed.errors import StorageError
+from shardfeed.storage import is_remote
+from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache, entry_key, object_key
+
+log = logging.getLogger("shardfeed.dataset")
+
+FRAMING_BYTES = 16
+"""A TFRecord's bytes beyond its payload: length (8), its CRC (4), the data's CRC (4)."""
+
+FETCH_THREADS = 4
+"""Chunks fetched at once: with the requests each fetch keeps in flight (see
+``RemoteOptions.max_concurrency``), enough to hide a cloud store's time to first byte."""
+
+NetworkRead = Callable[[np.ndarray], list[bytes]]
+"""``read(global record ids) -> payloads``: the Dataset's coalesced, checked read."""
+
+
+@dataclass(slots=True)
+class _Staged:
+    """A record of a session: its fetch (or its bytes), its place there, its last chunk."""
+
+    future: Future[list[bytes]] | None
+    at: int
+    data: bytes | None
+    last: int
+
+
+class RecordFetcher:
+    """The staged records and the disk cache of one Dataset's remote shards. Thread-safe."""
+
+    def __init__(self, table: ShardTable, network: NetworkRead, *,
+                 cache: DiskCache | None, sizes: Sequence[int],
+                 checksums: Sequence[int | None]) -> None:
+        self._table = table
+        self._network = network
+        self.cache = cache
+        remote = [is_remote(u) for u in table.urls]
+        self._remote = np.asarray(remote, dtype=bool)
+        self._objects = [
+            object_key(url, sizes[k], checksums[k]) if remote[k] else ""
+            for k, url in enumerate(table.urls)
+        ]
+        records = table.counts.astype(np.int64)
+        self.remote_bytes = sum(int(sizes[k]) for k in range(len(remote)) if remote[k])
+        remote_records = int(records[self._remote].sum()) if len(records) else 0
+        self.mean_record_bytes = self.remote_bytes / max(1, remote_records)
+        self._sessions: list[AheadSession] = []
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self.staged_hits = 0
+
+    # -- keys -----------------------------------------------------------------------------
+
+    def keys_of(self, idx: np.ndarray) -> tuple[list[str | None], np.ndarray]:
+        """The cache key of each record (None: a local shard) and each record's payload
+        size."""
+        shard, local = self._table.shard_of(idx)
+        keys: list[str | None] = []
+        sizes = np.empty(len(idx), dtype=np.int64)
+        objects = self._objects
+        for i, (k, r) in enumerate(zip(shard.tolist(), local.tolist())):
+            offsets = self._table.offsets_view(k)
+            sizes[i] = int(offsets[r + 1]) - int(offsets[r]) - FRAMING_BYTES
+            keys.append(entry_key(objects[k], r) if objects[k] else None)
+        return keys, sizes
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, idx: np.ndarray) -> list[bytes]:
+        """Payloads of records ``idx``: staged by a session, else from the disk cache, else
+        fetched now. Without a session these reads are the cache's accesses (what is fetched
+        is offered to it as used at an unknown time); with one, its chunks are, and these
+        reads only take what the cache holds."""
+        out: list[bytes | None] = [None] * len(idx)
+        sessions = list(self._sessions)
+        for session in sessions:
+            session.peek(idx, out)
+        missing = [i for i, v in enumerate(out) if v is None]
+        if len(missing) < len(idx):
+            with self._lock:
+                self.staged_hits += len(idx) - len(missing)
+        if not missing:
+            return out  # type: ignore[return-value]
+        ids = idx[missing]
+        cache = self.cache
+        if cache is not None:
+            keys, _ = self.keys_of(ids)
+            remote = [j for j, key in enumerate(keys) if key is not None]
+            got = cache.get_many([k for k in keys if k is not None],
+                                 count=not sessions) if remote else []
+            for j, data in zip(remote, got):
+                if isinstance(data, bytes):
+                    out[missing[j]] = data
+            missing = [i for i in missing if out[i] is None]
+            ids = idx[missing]
+        if missing:
+            fetched = self._network(ids)
+            for i, data in zip(missing, fetched):
+                out[i] = data
+            if cache is not None and not sessions:
+                keys, _ = self.keys_of(ids)
+                cache.put_many([(key, self._url(int(r)), d, UNKNOWN_USE)
+                                for key, r, d in zip(keys, ids.tolist(), fetched)
+                                if key is not None])
+        return out  # type: ignore[return-value]
+
+    def _url(self, record: int) -> str:
+        shard, _ = self._table.shard_of(np.asarray([record], dtype=np.int64))
+        return self._table.urls[int(shard[0])]
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def session(self) -> AheadSession:
+        """A new session (one pass of a Loader); close it when the pass ends."""
+        session = AheadSession(self)
+        with self._lock:
+            self._sessions.append(session)
+        return session
+
+    def _forget(self, session: AheadSession) -> None:
+        with self._lock:
+            if session in self._sessions:
+                self._sessions.remove(session)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=FETCH_THREADS,
+                                                thread_name_prefix="shardfeed-ahead")
+            return self._pool
+
+    def stats(self) -> dict[str, Any]:
+        """Records served from sessions' staging, and the disk cache's counters."""
+        out: dict[str, Any] = {"staged_hits": self.staged_hits}
+        if self.cache is not None:
+            c = self.cache.counters
+            out.update(cache_hits=c.hits, cache_misses=c.misses, cache_corrupt=c.corrupt,
+                       cache_admitted=c.admitted, cache_bypassed=c.bypassed,
+                       cache_evicted=c.evicted, cache_bytes_written=c.bytes_written)
+        return out
+
+    def close(self) -> None:
+        for session in list(self._sessions):
+            session.close()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if self.cache is not None:
+            self.cache.close()
+
+
+class AheadSession:
+    """The records one pass of a Loader asked for ahead of use (see the module docstring)."""
+
+    def __init__(self, fetcher: RecordFetcher) -> None:
+        self._fetcher = fetcher
+        cache = fetcher.cache
+        self.wants_next_use = cache is not None and cache.max_bytes < fetcher.remote_bytes
+        self.mean_record_bytes = fetcher.mean_record_bytes
+        self._staged: dict[int, _Staged] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def schedule(self, chunk: int, idx: np.ndarray, next_use: np.ndarray | None,
+                 now: int) -> None:
+        """Stage records ``idx`` (read by chunk ``chunk``, whose global position is ``now``;
+        next read at ``next_use``, global positions, None: unknown) and let the disk cache
+        decide what it keeps.
+
+        Call in chunk order from one thread. Every record of the chunk is an access of the
+        cache, staged already or not, so the cache's decisions depend on the chunks only
+        (:mod:`shardfeed.pipeline.cache_policy` replays them). Returns once the cache's part
+        is done and the fetch of the rest is started.
+        """
+        ids, first = np.unique(idx, return_index=True)
+        order = np.argsort(first, kind="stable")
+        ids = ids[order]  # in the order asked
+        uses = (np.full(len(ids), UNKNOWN_USE, dtype=np.int64) if next_use is None
+                else np.asarray(next_use, dtype=np.int64)[first[order]])
+        with self._lock:
+            if self.closed:
+                return
+            staged = {}
+            for r in ids.tolist():
+                entry = self._staged.get(r)
+                if entry is not None:
+                    entry.last = chunk
+                    staged[r] = entry
+        f = self._fetcher
+        got: list[bytes | None] = [None] * len(ids)
+        kept: dict[int, str] = {}  # position in ids -> key reserved in the cache
+        if f.cache is not None:
+            kept = self._cache_part(ids, uses, now, staged, got)
+        fetch = [j for j, r in enumerate(ids.tolist()) if got[j] is None and r not in staged]
+        future = None
+        if fetch:
+            future = f._executor().submit(self._fetch, ids[fetch],
+                                          [kept.get(j) for j in fetch])
+        for j, key in kept.items():  # staged earlier, now kept: written once its bytes are here
+            entry = staged.get(int(ids[j]))
+            if entry is not None:
+                f._executor().submit(self._fill_from, entry, key)
+        with self._lock:
+            if self.closed:
+                return
+            at_of = {j: n for n, j in enumerate(fetch)}
+            for j, r in enumerate(ids.tolist()):
+                if r in staged:
+                    continue
+                data = got[j]
+                self._staged[r] = _Staged(None if data is not None else future,
+                                          at_of.get(j, -1), data, chunk)
+
+    def _cache_part(self, ids: np.ndarray, uses: np.ndarray, now: int,
+                    staged: dict[int, _Staged], got: list[bytes | None]) -> dict[int, str]:
+        """Look the chunk's records up (reading the bytes of those not staged into ``got``),
+        then reserve room for the misses the cache keeps; their keys by position."""
+        f = self._fetcher
+        cache = f.cache
+        assert cache is not None
+        keys, sizes = f.keys_of(ids)
+        remote = [j for j, key in enumerate(keys) if key is not None]
+        found = cache.get_many([keys[j] for j in remote],  # type: ignore[misc]
+                               next_use=[int(uses[j]) for j in remote],
+                               read=[int(ids[j]) not in staged for j in remote])
+        present = set()
+        for j, data in zip(remote, found):
+            if data is not None:
+                present.add(j)
+                if isinstance(data, bytes):
+                    got[j] = data
+        asked = [(j, key) for j in remote if j not in present and (key := keys[j]) is not None]
+        decided = cache.reserve([(key, f._url(int(ids[j])), int(sizes[j]), int(uses[j]))
+                                 for j, key in asked], now=now)
+        return {j: key for (j, key), ok in zip(asked, decided) if ok}
+
+    def _fill_from(self, entry: _Staged, key: str) -> None:
+        """Write a record staged by an earlier chunk into the cache once it has arrived."""
+        cache = self._fetcher.cache
+        assert cache is not None
+        try:
+            data = entry.data if entry.future is None else entry.future.result()[entry.at]
+        except BaseException:
+            cache.abandon([key])
+            raise
+        if data is not None:
+            self._fill(cache, [(key, data)])
+
+    def _fetch(self, ids: np.ndarray, keys: list[str | None]) -> list[bytes]:
+        """Fetch records ``ids``; write those with a reserved key into the cache."""
+        cache = self._fetcher.cache
+        reserved = [k for k in keys if k is not None]
+        try:
+            payloads = self._fetcher._network(ids)
+        except BaseException:
+            if cache is not None and reserved:
+                cache.abandon(reserved)
+            raise
+        if cache is not None and reserved:
+            self._fill(cache, [(k, d) for k, d in zip(keys, payloads) if k is not None])
+        return payloads
+
+    @staticmethod
+    def _fill(cache: DiskCache, items: list[tuple[str, bytes]]) -> None:
+        for n, (key, data) in enumerate(items):
+            try:
+                cache.fill(key, data)
+            except (OSError, StorageError) as exc:  # a full disk: go on without caching
+                log.warning("%s", exc)
+                cache.abandon([k for k, _ in items[n + 1 :]])
+                return
+
+    def peek(self, idx: np.ndarray, out: list[bytes | None]) -> None:
+        """Fill ``out[i]`` (where None) with the staged payload of ``idx[i]``, waiting for its
+        fetch. A fetch that failed on storage raises its StorageError; one that failed
+        otherwise leaves the record to the caller's own read (which names the record)."""
+        with self._lock:
+            entries = [(i, self._staged.get(r)) for i, r in enumerate(idx.tolist())
+                       if out[i] is None]
+        for i, entry in entries:
+            if entry is None:
+                continue
+            if entry.data is not None:
+                out[i] = entry.data
+                continue
+            assert entry.future is not None
+            try:
+                out[i] = entry.future.result()[entry.at]
+            except StorageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the direct read names the fault
+                log.debug("read-ahead fetch failed (%s); reading the record directly", exc)
+
+    def release(self, chunk: int) -> None:
+        """Drop the records no chunk after ``chunk`` asked for."""
+        with self._lock:
+            for r in [r for r, e in self._staged.items() if e.last <= chunk]:
+                del self._staged[r]
+
+    def staged_records(self) -> int:
+        with self._lock:
+            return len(self._staged)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._staged.clear()
+        self._fetcher._forget(self)
+
+
+__all__ = ["FETCH_THREADS", "AheadSession", "RecordFetcher"]
+
+
+def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
+                 cache_bytes: int | None, sizes: Sequence[int],
+                 checksums: Sequence[int | None]) -> RecordFetcher | None:
+    """The fetcher of a Dataset (None: no remote shard, nothing to fetch ahead or cache).
+
+    ``cache_dir`` (None: no disk cache) holds at most ``cache_bytes`` (None: the remote
+    shards' bytes, at most half the free space of the folder's disk).
+    """
+    if cache_bytes is not None and (isinstance(cache_bytes, bool)
+                                    or not isinstance(cache_bytes, int) or cache_bytes < 0):
+        raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
+    if cache_bytes is not None and cache_dir is None:
+        raise ValueError("cache_bytes bounds the disk cache: give cache_dir too")
+    remote = [k for k, u in enumerate(table.urls) if is_remote(u)]
+    if not remote:
+        return None
+    cache = None
+    if cache_dir is not None:
+        if cache_bytes is None:
+            import os
+            import shutil
+
+            folder = os.fspath(cache_dir)
+            os.makedirs(folder, exist_ok=True)
+            cache_bytes = min(sum(int(sizes[k]) for k in remote),
+                              shutil.disk_usage(folder).free // 2)
+        cache = DiskCache(cache_dir, max_bytes=cache_bytes)
+    return RecordFetcher(table, network, cache=cache, sizes=sizes, checksums=checksums)
+
+
+__all__ += ["open_fetcher"]

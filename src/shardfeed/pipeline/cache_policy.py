@@ -1,0 +1,175 @@
+"""What a disk cache of a given size would hold: the Loader's chunk accesses replayed.
+
+A Loader over object storage with a disk cache accesses the cache once a record a chunk of
+batches (see :mod:`shardfeed.pipeline.read_ahead`). :func:`hit_rates` replays those accesses,
+for the epochs asked, under two policies:
+
+``optimal``: the policy the cache runs (Bélády's): keep what is read soonest; when a record
+does not fit, evict the records read last, but only those read later than it, else do not
+keep it. With records of one size it is the best any policy can do on this order; with sizes
+that differ it is the usual furthest-next-use rule.
+
+``lru``: evict the least recently read (what caches without a known future do).
+
+Determinism: a pure function of the loader's options and the dataset's index. Memory: the
+use plan of two epochs and one entry a record held.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardfeed.pipeline.read_ahead import EpochChunks, UsePlan, chunk_batches_for, plan_records
+from shardfeed.storage.disk_cache import UNKNOWN_USE
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One chunk's accesses: records in the order asked, their sizes and next uses; when."""
+
+    ids: np.ndarray
+    sizes: np.ndarray
+    next_use: np.ndarray
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class HitRate:
+    hits: int
+    accesses: int
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+
+def accesses(loader: object, epochs: Sequence[int]) -> Iterator[Access]:
+    """The chunk accesses of ``loader`` (a :class:`~shardfeed.Loader` over a Dataset with
+    remote shards) for whole ``epochs``, as its read-ahead makes them."""
+    from shardfeed.pipeline.loader import Loader
+
+    if not isinstance(loader, Loader):
+        raise TypeError(f"loader must be a shardfeed.Loader, got {type(loader).__name__}")
+    sampler = loader.sampler
+    dataset = getattr(sampler, "dataset", None)
+    fetcher = getattr(dataset, "_fetcher", None)
+    if fetcher is None:
+        raise ValueError("the loader's data has no shard on object storage: nothing is cached")
+    opts = loader.options
+    batch = opts.batch_size
+
+    def chunks(epoch: int) -> EpochChunks:
+        ctx = loader._context(epoch)
+        positions = loader._positions(0)
+        per_sample = max(1, len(plan_records(sampler, ctx, positions[:1])))
+        g = chunk_batches_for(opts.read_ahead, batch_size=batch, records_per_sample=per_sample,
+                              mean_record_bytes=fetcher.mean_record_bytes)
+        batches = len(positions) // batch if opts.drop_last else -(-len(positions) // batch)
+        return EpochChunks(sampler, ctx, positions, batch_size=batch, chunk_batches=g,
+                           num_batches=batches)
+
+    for epoch in epochs:
+        current = chunks(epoch)
+        uses = UsePlan(current, chunks(epoch + 1))
+        for c in range(current.num_chunks):
+            ids, first = np.unique(current.records(c), return_index=True)
+            order = np.argsort(first, kind="stable")
+            ids = ids[order]
+            _, sizes = fetcher.keys_of(ids)
+            yield Access(ids, sizes, uses.next_use(ids, c), current.time(c))
+
+
+def replay_optimal(seq: Sequence[Access], capacity: int) -> HitRate:
+    """Hits of the cache's own policy (see the module docstring) over ``seq``."""
+    held: dict[int, tuple[int, int, int]] = {}  # record -> (next use, seq, size)
+    by_use: list[tuple[int, int, int]] = []  # (-next use, seq, record), stale entries skipped
+    soonest: list[tuple[int, int]] = []  # (next use, record): finds uses that have passed
+    total = counter = hits = looked = 0
+    for access in seq:
+        looked += len(access.ids)
+        for r, use in zip(access.ids.tolist(), access.next_use.tolist()):
+            if r in held:
+                hits += 1
+                _, s, size = held[r]
+                held[r] = (use, s, size)
+                heapq.heappush(by_use, (-use, s, r))
+                heapq.heappush(soonest, (use, r))
+        now = access.now
+        while soonest and soonest[0][0] < now:  # passed: now read last
+            use, r = heapq.heappop(soonest)
+            if r in held and held[r][0] == use:
+                _, s, size = held[r]
+                held[r] = (UNKNOWN_USE, s, size)
+                heapq.heappush(by_use, (-UNKNOWN_USE, s, r))
+        for r, use, size in zip(access.ids.tolist(), access.next_use.tolist(),
+                                access.sizes.tolist()):
+            if r in held:
+                continue
+            use = UNKNOWN_USE if use < now else min(use, UNKNOWN_USE)
+            if size > capacity:
+                continue
+            need = total + size - capacity
+            victims: list[int] = []
+            popped: list[tuple[int, int, int]] = []
+            freed = 0
+            while need > 0 and freed < need and by_use:
+                item = heapq.heappop(by_use)
+                neg, s, v = item
+                if v not in held or held[v][0] != -neg or held[v][1] != s or v in victims:
+                    continue
+                if -neg <= use:
+                    popped.append(item)
+                    break
+                popped.append(item)
+                victims.append(v)
+                freed += held[v][2]
+            if need > 0 and freed < need:
+                for item in popped:
+                    heapq.heappush(by_use, item)
+                continue
+            for v in victims:
+                total -= held.pop(v)[2]
+            for item in popped:
+                if item[2] not in victims:
+                    heapq.heappush(by_use, item)
+            counter += 1
+            held[r] = (use, counter, size)
+            heapq.heappush(by_use, (-use, counter, r))
+            heapq.heappush(soonest, (use, r))
+            total += size
+    return HitRate(hits, looked)
+
+
+def replay_lru(seq: Sequence[Access], capacity: int) -> HitRate:
+    """Hits of a least-recently-used cache of ``capacity`` bytes over ``seq``."""
+    held: OrderedDict[int, int] = OrderedDict()
+    total = hits = looked = 0
+    for access in seq:
+        for r, size in zip(access.ids.tolist(), access.sizes.tolist()):
+            looked += 1
+            if r in held:
+                hits += 1
+                held.move_to_end(r)
+                continue
+            if size > capacity:
+                continue
+            while total + size > capacity:
+                total -= held.popitem(last=False)[1]
+            held[r] = size
+            total += size
+    return HitRate(hits, looked)
+
+
+def hit_rates(loader: object, *, cache_bytes: int, epochs: Sequence[int]) -> dict[str, HitRate]:
+    """``{"optimal": ..., "lru": ...}`` for a cache of ``cache_bytes`` that starts empty and
+    serves ``loader`` for ``epochs`` (e.g. ``range(3)``)."""
+    seq = list(accesses(loader, epochs))
+    return {"optimal": replay_optimal(seq, cache_bytes), "lru": replay_lru(seq, cache_bytes)}
+
+
+__all__ = ["Access", "HitRate", "accesses", "hit_rates", "replay_lru", "replay_optimal"]

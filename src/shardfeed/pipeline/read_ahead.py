@@ -1,0 +1,282 @@
+"""Look-ahead reads: the records of the batches to come, fetched before their batch is built.
+
+The order of every sample is a pure function of ``(seed, epoch)``, so the Loader knows which
+records every future batch reads. On data that supports it (a ``Dataset`` with shards on object
+storage: ``data.read_ahead()``), a pass cuts its batches into *chunks* of ``G`` batches and
+keeps the next ``ahead`` chunks fetched while a chunk's batches are built::
+
+    batches   | 0 1 2 3 | 4 5 6 7 | 8 9 10 11 | ...        G = 4, ahead = 2
+    chunk     |    0    |    1    |     2     |
+    building batch 1:   chunks 0, 1, 2 scheduled (fetched or in flight)
+    batch 3 handed out: chunk 0's records dropped from memory
+
+A chunk's records are fetched together, so neighbours in a shard share requests even when
+the batches are shuffled across the whole dataset; several chunks are in flight at once.
+
+With a disk cache smaller than the data, each record is given its *next use*: the global
+position (``epoch * samples_per_epoch + position``) of the next chunk that reads it, in this
+epoch or the next (:class:`UsePlan`). The cache keeps what is used soonest and evicts what is
+used last: Bélády's policy, possible because the future is known.
+
+Determinism: look-ahead changes when bytes arrive, never which bytes or which samples. The
+cache's decisions are made in chunk order on one thread. Memory: up to ``ahead + 1`` chunks of
+records, and the use plan (16 bytes a record read, for two epochs) when the cache is smaller
+than the data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Protocol
+
+import numpy as np
+
+from shardfeed.pipeline.samplers import EpochContext, Sampler
+from shardfeed.storage.disk_cache import UNKNOWN_USE
+
+log = logging.getLogger("shardfeed.loader")
+
+CHUNK_TARGET_BYTES = 64 << 20
+"""Record bytes a chunk aims at when ``read_ahead`` is automatic."""
+
+MAX_CHUNK_BATCHES = 16
+CHUNKS_AHEAD = 2
+
+
+class Session(Protocol):
+    """What a data source's ``read_ahead()`` returns (see ``dataset/fetch_ahead.py``)."""
+
+    wants_next_use: bool
+    mean_record_bytes: float
+
+    def schedule(self, chunk: int, idx: np.ndarray, next_use: np.ndarray | None,
+                 now: int) -> None: ...
+
+    def release(self, chunk: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_session(sampler: Sampler) -> Session | None:
+    """The look-ahead session of the sampler's data source, or None (local data, or a data
+    source without ``read_ahead``)."""
+    data = getattr(sampler, "dataset", None)
+    opener = getattr(data, "read_ahead", None)
+    return opener() if callable(opener) else None
+
+
+def plan_records(sampler: Sampler, ctx: EpochContext, positions: np.ndarray) -> np.ndarray:
+    """The records the outputs at ``positions`` read, one array, in the order of the plan."""
+    single = getattr(sampler, "single_records", None)
+    if single is not None:
+        return np.asarray(single(ctx, positions), dtype=np.int64)
+    plans = sampler.plan(ctx, positions)
+    return np.fromiter(itertools.chain.from_iterable(plans), dtype=np.int64)
+
+
+class EpochChunks:
+    """One pass's positions cut into chunks of ``chunk_batches`` batches."""
+
+    def __init__(self, sampler: Sampler, ctx: EpochContext, positions: np.ndarray, *,
+                 batch_size: int, chunk_batches: int, num_batches: int) -> None:
+        self.sampler = sampler
+        self.ctx = ctx
+        self.positions = positions
+        self.batch_size = batch_size
+        self.chunk_batches = chunk_batches
+        self.count = min(len(positions), num_batches * batch_size)
+        step = batch_size * chunk_batches
+        self.num_chunks = -(-self.count // step)
+
+    def bounds(self, chunk: int) -> tuple[int, int]:
+        step = self.batch_size * self.chunk_batches
+        return chunk * step, min((chunk + 1) * step, self.count)
+
+    def records(self, chunk: int) -> np.ndarray:
+        lo, hi = self.bounds(chunk)
+        return plan_records(self.sampler, self.ctx, self.positions[lo:hi])
+
+    def time(self, chunk: int) -> int:
+        """The chunk's global position: when its records are first needed."""
+        lo, _ = self.bounds(chunk)
+        return self.ctx.epoch * self.ctx.total + int(self.positions[lo])
+
+
+class UsePlan:
+    """When each record is read next, over this pass and the next epoch's."""
+
+    def __init__(self, current: EpochChunks, following: EpochChunks | None) -> None:
+        self._cur = _uses(current)
+        self._next = _uses(following) if following is not None else None
+
+    def next_use(self, idx: np.ndarray, chunk: int) -> np.ndarray:
+        """For records ``idx`` read by ``chunk``: the time of the next chunk that reads each
+        (:data:`UNKNOWN_USE` when none within the two epochs)."""
+        keys, times, span = self._cur
+        out = np.full(len(idx), UNKNOWN_USE, dtype=np.int64)
+        at = np.searchsorted(keys, idx * span + chunk, side="right")
+        ok = at < len(keys)
+        found = np.zeros(len(idx), dtype=bool)
+        found[ok] = keys[at[ok]] // span == idx[ok]
+        out[found] = times[keys[at[found]] % span]
+        if self._next is not None and not found.all():
+            keys2, times2, span2 = self._next
+            rest = ~found
+            at2 = np.searchsorted(keys2, idx[rest] * span2, side="left")
+            ok2 = at2 < len(keys2)
+            hit = np.zeros(len(at2), dtype=bool)
+            hit[ok2] = keys2[at2[ok2]] // span2 == idx[rest][ok2]
+            where = np.flatnonzero(rest)[hit]
+            out[where] = times2[keys2[at2[hit]] % span2]
+        return out
+
+
+def _uses(chunks: EpochChunks) -> tuple[np.ndarray, np.ndarray, int]:
+    """Sorted keys ``record * span + chunk`` of every read of a pass, and each chunk's time."""
+    span = chunks.num_chunks + 1
+    parts = [np.unique(chunks.records(c)) * span + c for c in range(chunks.num_chunks)]
+    keys = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    times = np.asarray([chunks.time(c) for c in range(chunks.num_chunks)], dtype=np.int64)
+    return keys, times, span
+
+
+def chunk_batches_for(option: int | None, *, batch_size: int, records_per_sample: float,
+                      mean_record_bytes: float) -> int:
+    """Batches a chunk: ``read_ahead`` (batches ahead) halved, or sized to
+    :data:`CHUNK_TARGET_BYTES` when automatic (None)."""
+    if option is not None:
+        return max(1, -(-option // CHUNKS_AHEAD))
+    batch_bytes = max(1.0, batch_size * records_per_sample * mean_record_bytes)
+    return int(min(MAX_CHUNK_BATCHES, max(1, round(CHUNK_TARGET_BYTES / batch_bytes))))
+
+
+class ReadAhead:
+    """Keeps the next :data:`CHUNKS_AHEAD` chunks of a pass scheduled on ``session``.
+
+    ``want(batch)`` (the batch being submitted for building) and ``handed_out(batch)`` are
+    called by the epoch run from the iterating thread; scheduling runs on one thread of its
+    own. A failure there is logged and ends the look-ahead: reads go on directly.
+    """
+
+    def __init__(self, session: Session, chunks: EpochChunks, *,
+                 following: Callable[[], EpochChunks | None]) -> None:
+        self.session = session
+        self.chunks = chunks
+        self._following = following
+        self._target = -1
+        self._done = -1
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.uses: UsePlan | None = None
+
+    def want(self, batch: int) -> None:
+        """Batch ``batch`` is being submitted: have the chunks up to :data:`CHUNKS_AHEAD`
+        after its own scheduled. The first call schedules the first chunk before returning
+        (so the first batches do not read around it)."""
+        target = min(batch // self.chunks.chunk_batches + CHUNKS_AHEAD, self.chunks.num_chunks - 1)
+        with self._cond:
+            if target <= self._target or self._closed:
+                return
+            first = self._thread is None
+            self._target = target
+        if first:
+            try:
+                if self.session.wants_next_use:
+                    self.uses = UsePlan(self.chunks, self._following())
+                self.schedule(0)
+            except Exception as exc:  # noqa: BLE001 - see _run
+                self._stop(exc)
+                return
+        with self._cond:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="shardfeed-read-ahead",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def handed_out(self, batch: int) -> None:
+        g = self.chunks.chunk_batches
+        if (batch + 1) % g == 0:
+            self.session.release(batch // g)
+
+    def _run(self) -> None:
+        try:
+            chunk = 1
+            while True:
+                with self._cond:
+                    self._cond.wait_for(partial(self._ready, chunk))
+                    if self._closed:
+                        return
+                self.schedule(chunk)
+                chunk += 1
+                if chunk >= self.chunks.num_chunks:
+                    return
+        except Exception as exc:  # noqa: BLE001 - look-ahead is an optimisation: read on
+            self._stop(exc)
+
+    def _ready(self, chunk: int) -> bool:
+        return self._closed or chunk <= self._target
+
+    def _stop(self, exc: Exception) -> None:
+        log.warning("read-ahead stopped (%s: %s); records are read as batches need them",
+                    type(exc).__name__, exc)
+        with self._cond:
+            self._closed = True
+
+    def schedule(self, chunk: int) -> None:
+        ids = self.chunks.records(chunk)
+        uses = self.uses.next_use(ids, chunk) if self.uses is not None else None
+        self.session.schedule(chunk, ids, uses, self.chunks.time(chunk))
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self.session.close()
+
+
+def read_ahead_for(sampler: Sampler, ctx: EpochContext, positions: np.ndarray, *,
+                   option: int | None, batch_size: int, num_batches: int,
+                   following: Callable[[], tuple[EpochContext, np.ndarray]]
+                   ) -> ReadAhead | None:
+    """The look-ahead of one pass (None: turned off with ``read_ahead=0``, nothing to read,
+    or data that is not fetched from object storage)."""
+    if option == 0 or num_batches == 0:
+        return None
+    session = open_session(sampler)
+    if session is None:
+        return None
+    per_sample = max(1, len(plan_records(sampler, ctx, positions[:1])))
+    g = chunk_batches_for(option, batch_size=batch_size, records_per_sample=per_sample,
+                          mean_record_bytes=session.mean_record_bytes)
+    chunks = EpochChunks(sampler, ctx, positions, batch_size=batch_size, chunk_batches=g,
+                         num_batches=num_batches)
+
+    def next_epoch() -> EpochChunks:
+        ctx2, positions2 = following()
+        batches = len(positions2) // batch_size + 1
+        return EpochChunks(sampler, ctx2, positions2, batch_size=batch_size, chunk_batches=g,
+                           num_batches=batches)
+
+    return ReadAhead(session, chunks, following=next_epoch)
+
+
+__all__ = [
+    "CHUNKS_AHEAD",
+    "CHUNK_TARGET_BYTES",
+    "EpochChunks",
+    "ReadAhead",
+    "UsePlan",
+    "chunk_batches_for",
+    "open_session",
+    "plan_records",
+    "read_ahead_for",
+]

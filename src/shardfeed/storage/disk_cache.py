@@ -1,0 +1,450 @@
+"""A cache of remote bytes on local disk, bounded in bytes, shared by the processes of a machine.
+
+::
+
+    cache_dir/
+      index.sqlite3          one row an entry: key, object URL, size, next use, ready
+      data/3f/3f9a...-17.rec one file an entry: b"SFC1", CRC32C, length, then the bytes
+
+An entry is an immutable value under a key that names what it holds (see :func:`entry_key`:
+the object's URL, its size and checksum, and the part of it), so a rewritten object never
+hits an old entry; old entries are evicted like any other.
+
+Which entries stay is decided by each entry's *next use*, a number the caller gives (the
+Loader gives the global position of the next batch that reads it: its order is known in
+advance). When an entry does not fit, the entries used last (largest next use) are evicted,
+but only those used later than the newcomer: if none is, the newcomer is not kept at all.
+With the true next uses this is Bélády's optimal policy. An entry whose next use has passed
+(``< now``), or that was put without one (:data:`UNKNOWN_USE`), goes first, oldest first.
+
+Safety: several processes (ranks, workers, runs) may share one folder. The index is SQLite
+in WAL mode: every decision (admit, evict) is one transaction, so the total stays within
+``max_bytes`` whoever writes. A file is written under a temporary name and renamed; an entry
+is *reserved* before its bytes arrive and *ready* after, and only ready entries are read.
+Every read checks the file's length and CRC32C: a damaged file is removed and reported as a
+miss (the caller fetches the bytes again). Reservations of a process that died are dropped
+when the cache is next opened. The folder must be on a local file system (SQLite's locks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import google_crc32c
+
+from shardfeed.errors import StorageError
+
+UNKNOWN_USE = 1 << 62
+"""The next use of an entry put without one: evicted before any entry with a known use."""
+
+MAGIC = b"SFC1"
+_HEADER = struct.Struct("<4sIQ")  # magic, CRC32C of the data, length of the data
+_PARAMS = 400  # keys a query at most (SQLite's limit on parameters is 999 or more)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries(
+    key TEXT PRIMARY KEY, url TEXT NOT NULL, size INTEGER NOT NULL,
+    next_use INTEGER NOT NULL, seq INTEGER NOT NULL, ready INTEGER NOT NULL,
+    pid INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS by_use ON entries(next_use DESC, seq);
+CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('total', 0), ('seq', 0), ('max_bytes', 0);
+"""
+
+
+def object_key(url: str, size: int, checksum: int | None) -> str:
+    """The key of one object's bytes: its URL, size and checksum (None: none known)."""
+    text = f"{url}\0{size}\0{checksum}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def entry_key(obj: str, part: int) -> str:
+    """The key of part ``part`` (a record number) of the object keyed ``obj``."""
+    return f"{obj}-{part}"
+
+
+@dataclass(slots=True)
+class CacheCounters:
+    """What one process's :class:`DiskCache` did since opening."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    admitted: int = 0
+    bypassed: int = 0
+    evicted: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def hit_rate(self) -> float:
+        looked = self.hits + self.misses
+        return self.hits / looked if looked else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSummary:
+    """What a cache folder holds: entries and bytes in all, and a row an object."""
+
+    path: str
+    entries: int
+    bytes: int
+    max_bytes: int
+    reserved: int
+    objects: list[tuple[str, int, int]] = field(default_factory=list)  # url, entries, bytes
+
+
+class DiskCache:
+    """The cache in folder ``path``, holding at most ``max_bytes`` of entries. Thread-safe.
+
+    Memory: one SQLite connection (its page cache, a few MiB). Disk: ``max_bytes`` of entries
+    plus a 16-byte header and the file system's rounding an entry, and the index (about 150
+    bytes an entry).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"cache_bytes must be an int >= 0, got {max_bytes!r}")
+        text = os.fspath(path)
+        if "://" in text:
+            raise ValueError(
+                f"cache_dir must be a local folder (the cache holds what object storage "
+                f"serves), got {text!r}")
+        self.path = Path(text)
+        self.max_bytes = max_bytes
+        self.counters = CacheCounters()
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        try:
+            (self.path / "data").mkdir(parents=True, exist_ok=True)
+            self._db()
+            self._drop_dead_reservations()
+        except (OSError, sqlite3.Error) as exc:
+            raise StorageError(
+                f"cannot open the cache folder '{self.path}': {exc}; give a writable local "
+                "folder as cache_dir, or remove a damaged one (shardfeed cache --clear)"
+            ) from exc
+
+    # -- connection -----------------------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        """This process's connection (a forked child opens its own)."""
+        if self._conn is None or self._pid != os.getpid():
+            conn = sqlite3.connect(self.path / "index.sqlite3", timeout=60.0,
+                                   isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            conn.execute("UPDATE meta SET value=? WHERE name='max_bytes'", (self.max_bytes,))
+            self._conn, self._pid = conn, os.getpid()
+        return self._conn
+
+    def _file(self, key: str) -> Path:
+        return self.path / "data" / key[:2] / f"{key}.rec"
+
+    def _drop_dead_reservations(self) -> None:
+        db = self._db()
+        pids = [p for (p,) in db.execute("SELECT DISTINCT pid FROM entries WHERE ready=0")]
+        dead = [p for p in pids if p != os.getpid() and not _alive(p)]
+        if dead:
+            with self._lock:
+                self._transaction(lambda: self._delete_where_pid(dead))
+
+    def _delete_where_pid(self, pids: list[int]) -> list[str]:
+        db = self._db()
+        marks = ",".join("?" * len(pids))
+        rows = db.execute(f"SELECT key, size FROM entries WHERE ready=0 AND pid IN ({marks})",
+                          pids).fetchall()
+        self._delete(rows)
+        return []
+
+    def _transaction(self, body: Callable[[], list[str]]) -> list[str]:
+        """Run ``body()`` in one write transaction; unlink the files it returns after."""
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            doomed = body()
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        for key in doomed:
+            _unlink(self._file(key))
+        return list(doomed)
+
+    def _delete(self, rows: Sequence[tuple[str, int]]) -> None:
+        if not rows:
+            return
+        db = self._db()
+        db.executemany("DELETE FROM entries WHERE key=?", [(k,) for k, _ in rows])
+        db.execute("UPDATE meta SET value=value-? WHERE name='total'",
+                   (sum(s for _, s in rows),))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get_many(self, keys: Sequence[str], *, next_use: Sequence[int] | None = None,
+                 read: Sequence[bool] | None = None, count: bool = True
+                 ) -> list[bytes | bool | None]:
+        """The bytes of each ready entry of ``keys`` (None: not held, or damaged and now
+        removed). With ``next_use``, the entries held are given these next uses. Where
+        ``read[i]`` is False the entry is only looked up: True if held. ``count``: add to
+        the hit and miss counters."""
+        out: list[bytes | bool | None] = [None] * len(keys)
+        with self._lock:
+            rows = self._rows(keys)
+        bad: list[tuple[str, int]] = []
+        for i, key in enumerate(keys):
+            row = rows.get(key)
+            if row is None:
+                continue
+            size, ready = row
+            if read is not None and not read[i]:
+                out[i] = True  # held, or reserved and on its way (the caller has its bytes)
+                continue
+            if not ready:
+                continue
+            data = self._read_file(key, size)
+            if data is None:
+                bad.append((key, size))
+            else:
+                out[i] = data
+        hits = [i for i, v in enumerate(out) if v is not None]
+        with self._lock:
+            c = self.counters
+            if count:
+                c.hits += len(hits)
+                c.misses += len(keys) - len(hits)
+            c.bytes_read += sum(len(v) for v in out if isinstance(v, bytes))
+            if bad or (next_use is not None and hits):
+                uses = [] if next_use is None else [(int(next_use[i]), keys[i]) for i in hits]
+                self._transaction(lambda: self._after_read(bad, uses))
+        return out
+
+    def _rows(self, keys: Sequence[str]) -> dict[str, tuple[int, bool]]:
+        """``key -> (size, ready)`` of the entries of ``keys`` held or reserved."""
+        db = self._db()
+        found: dict[str, tuple[int, bool]] = {}
+        for lo in range(0, len(keys), _PARAMS):
+            part = list(keys[lo : lo + _PARAMS])
+            marks = ",".join("?" * len(part))
+            for key, size, ready in db.execute(
+                    f"SELECT key, size, ready FROM entries WHERE key IN ({marks})", part):
+                found[key] = (size, bool(ready))
+        return found
+
+    def _read_file(self, key: str, size: int) -> bytes | None:
+        """The entry's bytes, or None when its file is gone (evicted by another process
+        meanwhile: a miss) or damaged (counted)."""
+        try:
+            with open(self._file(key), "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return None
+        header = _HEADER.size
+        if len(blob) >= header:
+            magic, crc, length = _HEADER.unpack_from(blob)
+            data = blob[header:]
+            if magic == MAGIC and length == size == len(data) and google_crc32c.value(data) == crc:
+                return data
+        self.counters.corrupt += 1
+        return None
+
+    def _after_read(self, bad: list[tuple[str, int]], uses: list[tuple[int, str]]) -> list[str]:
+        self._delete(bad)
+        if uses:
+            self._db().executemany("UPDATE entries SET next_use=? WHERE key=?", uses)
+        return [k for k, _ in bad]
+
+    # -- writing --------------------------------------------------------------------------
+
+    def reserve(self, entries: Sequence[tuple[str, str, int, int]], *, now: int) -> list[bool]:
+        """Decide, in order, which of ``(key, url, size, next_use)`` to keep; True: reserved,
+        to be :meth:`fill`-ed (or :meth:`abandon`-ed). False: not kept (later than everything
+        held, larger than the cache, or already held: then its next use is updated).
+
+        Entries whose next use is before ``now`` count as used last.
+        """
+        with self._lock:
+            result: list[bool] = []
+            doomed = self._transaction(lambda: self._admit(entries, now, result))
+            c = self.counters
+            c.evicted += len(doomed)
+            c.admitted += sum(result)
+            c.bypassed += len(result) - sum(result)
+        return result
+
+    def _admit(self, entries: Sequence[tuple[str, str, int, int]], now: int,
+               result: list[bool]) -> list[str]:
+        db = self._db()
+        db.execute("UPDATE entries SET next_use=? WHERE next_use<?", (UNKNOWN_USE, now))
+        total = db.execute("SELECT value FROM meta WHERE name='total'").fetchone()[0]
+        seq = db.execute("SELECT value FROM meta WHERE name='seq'").fetchone()[0]
+        doomed: list[str] = []
+        pid = os.getpid()
+        for key, url, size, use in entries:
+            use = UNKNOWN_USE if use < now else min(int(use), UNKNOWN_USE)
+            if db.execute("UPDATE entries SET next_use=? WHERE key=?", (use, key)).rowcount:
+                result.append(False)
+                continue
+            need = total + size - self.max_bytes
+            victims: list[tuple[str, int]] = []
+            if need > 0 and size <= self.max_bytes:
+                freed = 0
+                for vkey, vsize in db.execute(
+                        "SELECT key, size FROM entries WHERE next_use>? "
+                        "ORDER BY next_use DESC, seq", (use,)):
+                    victims.append((vkey, vsize))
+                    freed += vsize
+                    if freed >= need:
+                        break
+                if freed < need:
+                    victims = []
+            if size > self.max_bytes or (need > 0 and not victims):
+                result.append(False)
+                continue
+            self._delete(victims)
+            doomed += [k for k, _ in victims]
+            total -= sum(s for _, s in victims)
+            seq += 1
+            db.execute("INSERT INTO entries VALUES (?,?,?,?,?,0,?)",
+                       (key, url, size, use, seq, pid))
+            total += size
+            result.append(True)
+        db.execute("UPDATE meta SET value=? WHERE name='total'", (total,))
+        db.execute("UPDATE meta SET value=? WHERE name='seq'", (seq,))
+        return doomed
+
+    def fill(self, key: str, data: bytes) -> None:
+        """Write the bytes of reserved entry ``key`` and make it ready (nothing happens when
+        it was evicted meanwhile)."""
+        path = self._file(key)
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(_HEADER.pack(MAGIC, google_crc32c.value(data), len(data)))
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink(tmp)
+            self.abandon([key])
+            if exc.errno == 28:  # ENOSPC: the cache is only a cache; say so once, go on
+                raise StorageError(f"the cache folder '{self.path}' is on a full disk: {exc}; "
+                                   "give a smaller cache_bytes or another cache_dir") from exc
+            raise
+        with self._lock:
+            db = self._db()
+            if not db.execute("UPDATE entries SET ready=1 WHERE key=? AND ready=0",
+                              (key,)).rowcount and db.execute(
+                    "SELECT 1 FROM entries WHERE key=?", (key,)).fetchone() is None:
+                _unlink(path)  # evicted while its bytes were on their way
+                return
+            self.counters.bytes_written += len(data)
+
+    def abandon(self, keys: Sequence[str]) -> None:
+        """Drop reservations that will not be filled (their fetch failed)."""
+        if not keys:
+            return
+        with self._lock:
+            def body() -> list[str]:
+                db = self._db()
+                rows: list[tuple[str, int]] = []
+                for key in keys:
+                    rows += db.execute("SELECT key, size FROM entries WHERE key=? AND ready=0",
+                                       (key,)).fetchall()
+                self._delete(rows)
+                return []
+            self._transaction(body)
+
+    def put_many(self, items: Sequence[tuple[str, str, bytes, int]], *, now: int = 0) -> int:
+        """Reserve and fill ``(key, url, data, next_use)`` items; the number kept."""
+        kept = self.reserve([(k, u, len(d), n) for k, u, d, n in items], now=now)
+        for (key, _, data, _), ok in zip(items, kept):
+            if ok:
+                self.fill(key, data)
+        return sum(kept)
+
+    # -- the whole folder -----------------------------------------------------------------
+
+    def summary(self, *, objects: int = 20) -> CacheSummary:
+        """What the folder holds now (all processes' entries), the largest objects first."""
+        with self._lock:
+            db = self._db()
+            entries, ready_bytes = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries WHERE ready=1").fetchone()
+            reserved = db.execute("SELECT COUNT(*) FROM entries WHERE ready=0").fetchone()[0]
+            rows = db.execute(
+                "SELECT url, COUNT(*), SUM(size) FROM entries WHERE ready=1 GROUP BY url "
+                "ORDER BY SUM(size) DESC LIMIT ?", (objects,)).fetchall()
+        return CacheSummary(str(self.path), int(entries), int(ready_bytes), self.max_bytes,
+                            int(reserved), [(u, int(n), int(b)) for u, n, b in rows])
+
+    def verify(self) -> list[str]:
+        """Read every ready entry; remove the damaged ones; their keys."""
+        with self._lock:
+            rows = self._db().execute("SELECT key, size FROM entries WHERE ready=1").fetchall()
+        bad = [(k, s) for k, s in rows if self._read_file(k, s) is None]
+        with self._lock:
+            self._transaction(lambda: self._after_read(bad, []))
+        return [k for k, _ in bad]
+
+    def clear(self) -> None:
+        """Remove every entry (of every process) and its file."""
+        with self._lock:
+            def body() -> list[str]:
+                db = self._db()
+                keys = [k for (k,) in db.execute("SELECT key FROM entries")]
+                db.execute("DELETE FROM entries")
+                db.execute("UPDATE meta SET value=0 WHERE name='total'")
+                return keys
+            self._transaction(body)
+
+    def close(self) -> None:
+        """Close this process's connection. Idempotent."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"path": self.path, "max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["path"], max_bytes=state["max_bytes"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"DiskCache({str(self.path)!r}, max_bytes={self.max_bytes})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+__all__ = [
+    "UNKNOWN_USE",
+    "CacheCounters",
+    "CacheSummary",
+    "DiskCache",
+    "entry_key",
+    "object_key",
+]

@@ -1,0 +1,141 @@
+"""The disk cache: its bound, its policy (next use), its checks, several processes at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from shardfeed import StorageError
+from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache, entry_key, object_key
+
+
+def put(cache: DiskCache, key: str, size: int, use: int, *, now: int = 0) -> bool:
+    return cache.put_many([(key, "s3://b/shard", bytes([len(key)]) * size, use)], now=now) == 1
+
+
+def held(cache: DiskCache, keys: list[str]) -> list[str]:
+    got = cache.get_many(keys, count=False)
+    return [k for k, v in zip(keys, got) if v is not None]
+
+
+def test_the_entry_read_last_is_evicted_and_a_later_one_not_kept(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, max_bytes=300)
+    assert put(cache, "a", 100, 50) and put(cache, "b", 100, 30) and put(cache, "c", 100, 90)
+    assert put(cache, "d", 100, 40)  # c (read at 90) goes
+    assert held(cache, ["a", "b", "c", "d"]) == ["a", "b", "d"]
+    assert not put(cache, "e", 100, 95)  # read after everything held: not kept
+    assert held(cache, ["a", "b", "d", "e"]) == ["a", "b", "d"]
+    assert not put(cache, "big", 301, 1)  # larger than the cache
+    assert cache.summary().bytes == 300
+    assert cache.counters.evicted == 1 and cache.counters.bypassed == 2
+
+
+def test_entries_whose_use_has_passed_go_first_oldest_first(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, max_bytes=200)
+    put(cache, "old", 100, 10)
+    put(cache, "unknown", 100, UNKNOWN_USE)
+    assert put(cache, "new", 100, 500, now=20)  # "old" was to be read at 10: it has passed
+    assert held(cache, ["old", "unknown", "new"]) == ["unknown", "new"]
+    assert put(cache, "newer", 100, 600, now=20)  # unknown use counts as read last
+    assert held(cache, ["unknown", "new", "newer"]) == ["new", "newer"]
+
+
+def test_next_uses_given_on_a_hit_decide_the_next_eviction(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, max_bytes=200)
+    put(cache, "a", 100, 10)
+    put(cache, "b", 100, 20)
+    cache.get_many(["a"], next_use=[1000])  # a is read again only much later
+    assert put(cache, "c", 100, 30, now=15)
+    assert held(cache, ["a", "b", "c"]) == ["b", "c"]
+
+
+def test_a_damaged_entry_is_a_miss_and_is_removed(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, max_bytes=1000)
+    put(cache, "aa", 100, 5)
+    put(cache, "ab", 100, 5)
+    path = tmp_path / "data" / "aa" / "aa.rec"
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 1
+    path.write_bytes(bytes(blob))
+    (tmp_path / "data" / "ab" / "ab.rec").write_bytes(b"SFC1")  # cut short
+    assert cache.get_many(["aa", "ab"]) == [None, None]
+    assert cache.counters.corrupt == 2
+    assert cache.summary().entries == 0 and not path.exists()
+    put(cache, "aa", 100, 5)
+    assert cache.get_many(["aa"]) == [bytes([2]) * 100]
+
+
+def test_verify_and_clear(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, max_bytes=1000)
+    for key in ("k1", "k2", "k3"):
+        put(cache, key, 10, 1)
+    (tmp_path / "data" / "k2" / "k2.rec").write_bytes(b"garbage" * 10)
+    assert cache.verify() == ["k2"]
+    summary = cache.summary()
+    assert (summary.entries, summary.bytes, summary.objects) == (2, 20, [("s3://b/shard", 2, 20)])
+    cache.clear()
+    assert cache.summary().entries == 0
+    assert not list((tmp_path / "data").rglob("*.rec"))
+
+
+def test_keys_name_the_object_version() -> None:
+    one = object_key("s3://b/part-0.tfrecord", 1000, 123)
+    assert one != object_key("s3://b/part-0.tfrecord", 1000, 124)  # rewritten: other bytes
+    assert one != object_key("s3://b/part-0.tfrecord", 1001, 123)
+    assert entry_key(one, 7) != entry_key(one, 8)
+
+
+def test_arguments_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cache_bytes must be an int >= 0"):
+        DiskCache(tmp_path, max_bytes=-1)
+    with pytest.raises(ValueError, match="local folder"):
+        DiskCache("s3://bucket/cache", max_bytes=10)
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    with pytest.raises(StorageError, match="cannot open the cache folder"):
+        DiskCache(blocker / "cache", max_bytes=10)
+
+
+def _hammer(folder: str, worker: int, rounds: int) -> None:
+    cache = DiskCache(folder, max_bytes=20_000)
+    for n in range(rounds):
+        key = f"{worker:02d}{n % 37:04d}"
+        data = cache.get_many([key], next_use=[n + 50])[0]
+        if data is None:
+            cache.put_many([(key, f"s3://b/{worker}", key.encode() * 30, n + 40)], now=n)
+        else:
+            assert data == key.encode() * 30, key
+
+
+def test_processes_sharing_a_folder_stay_within_the_bound(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), w, 300)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    cache = DiskCache(tmp_path, max_bytes=20_000)
+    summary = cache.summary()
+    assert 0 < summary.bytes <= 20_000
+    files = sum(1 for _ in (tmp_path / "data").rglob("*.rec"))
+    assert files == summary.entries  # no orphan file, no entry without its file
+    assert cache.verify() == []
+
+
+def _reserve_and_die(folder: str) -> None:
+    DiskCache(folder, max_bytes=1000).reserve([("gone", "s3://b/x", 10, 5)], now=0)
+    os._exit(0)
+
+
+def test_reservations_of_a_process_that_died_are_dropped(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_reserve_and_die, args=(str(tmp_path),))
+    p.start()
+    p.join(60)
+    cache = DiskCache(tmp_path, max_bytes=1000)
+    assert cache.summary().reserved == 0
+    assert put(cache, "gone", 10, 5)

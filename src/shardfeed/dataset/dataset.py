@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardfeed.dataset.fetch_ahead import AheadSession, open_fetcher
+from shardfeed.dataset.fetch_ahead import AHEAD_READ, AheadSession, open_fetcher
 from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprint
 from shardfeed.dataset.open_shards import OpenShards, check_source_options
 from shardfeed.dataset.opening import (
@@ -416,9 +416,10 @@ class Dataset:
             return self._fetcher.read(idx)
         return self._read_shards(idx)
 
-    def _read_shards(self, idx: np.ndarray) -> list[bytes]:
+    def _read_shards(self, idx: np.ndarray, ahead: bool = False) -> list[bytes]:
         shards = self._shards
-        return read_payloads(self._table, idx, read=shards.read_ranges, options=self.read_options,
+        options = AHEAD_READ if ahead else self.read_options
+        return read_payloads(self._table, idx, read=shards.read_ranges, options=options,
                              verify=self.verify_crc,
                              run_all=shards.run_all if shards.remote else None,
                              gather=shards.gather if shards.can_gather else None)

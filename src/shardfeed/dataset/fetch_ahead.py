@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.dataset.reading import ReadOptions
 from shardfeed.dataset.shards import ShardTable
 from shardfeed.errors import StorageError
 from shardfeed.storage import is_remote
@@ -46,8 +47,14 @@ FETCH_THREADS = 4
 """Chunks fetched at once: with the requests each fetch keeps in flight (see
 ``RemoteOptions.max_concurrency``), enough to hide a cloud store's time to first byte."""
 
-NetworkRead = Callable[[np.ndarray], list[bytes]]
-"""``read(global record ids) -> payloads``: the Dataset's coalesced, checked read."""
+NetworkRead = Callable[[np.ndarray, bool], list[bytes]]
+"""``read(global record ids, ahead) -> payloads``: the Dataset's coalesced, checked read
+(``ahead``: a chunk read ahead, coalesced as :data:`AHEAD_READ` says)."""
+
+AHEAD_READ = ReadOptions(coalesce_gap_bytes=1 << 20, max_read_bytes=32 << 20)
+"""How a chunk's records are grouped into requests: holes up to 1 MiB are read and dropped.
+A request to object storage costs about its time to first byte (20-100 ms), in which 1 MiB
+arrives many times over; a chunk holds many records of each shard, so most holes are small."""
 
 
 @dataclass(slots=True)
@@ -129,7 +136,7 @@ class RecordFetcher:
             missing = [i for i in missing if out[i] is None]
             ids = idx[missing]
         if missing:
-            fetched = self._network(ids)
+            fetched = self._network(ids, False)
             for i, data in zip(missing, fetched):
                 out[i] = data
             if cache is not None and not sessions:
@@ -287,7 +294,7 @@ class AheadSession:
         cache = self._fetcher.cache
         reserved = [k for k in keys if k is not None]
         try:
-            payloads = self._fetcher._network(ids)
+            payloads = self._fetcher._network(ids, True)
         except BaseException:
             if cache is not None and reserved:
                 cache.abandon(reserved)
@@ -344,7 +351,7 @@ class AheadSession:
         self._fetcher._forget(self)
 
 
-__all__ = ["FETCH_THREADS", "AheadSession", "RecordFetcher"]
+__all__ = ["AHEAD_READ", "FETCH_THREADS", "AheadSession", "RecordFetcher"]
 
 
 def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,

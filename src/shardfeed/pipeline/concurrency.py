@@ -96,6 +96,7 @@ class SliceGate:
         self._cpu_clock = cpu_clock
         self._cores = min(self.threads, usable_cores())
         self._cond = threading.Condition()
+        self.fixed = False
         self._active = 0
         self._next_ticket = 0
         self._waiting: set[int] = set()
@@ -170,7 +171,7 @@ class SliceGate:
         """
         samples, busy, cpu = self._samples, self._busy, self._cpu
         self._samples, self._busy, self._cpu = 0, 0.0, 0.0
-        if self.threads == 1:
+        if self.threads == 1 or self.fixed:
             return
         if self._settle:
             self._settle = False
@@ -203,6 +204,15 @@ class SliceGate:
         self._set_limit(1 if single >= MARGIN * full else self.threads)
         self._windows_left = RECHECK_WINDOWS
         self._chosen = True
+
+    def keep_all_threads(self) -> None:
+        """Build with every thread from now on, with no trial: slices that may wait for data
+        from object storage gain from threads whatever their work (a trial would time the
+        waits, not the work)."""
+        with self._cond:
+            self.fixed = True
+            self._set_limit(self.threads)
+            self._cond.notify_all()
 
     def _trial_rate(self, limit: int) -> float:
         """Samples a second at ``limit`` over the trial's windows at that limit."""

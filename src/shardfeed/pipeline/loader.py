@@ -109,7 +109,7 @@ class Loader:
 
     Read-ahead: on data fetched from object storage, the records of the next batches are
     fetched before their batch is built, several chunks of batches at once (their order is
-    known); ``read_ahead`` = batches fetched ahead (None: sized to about 64 MiB a chunk; 0:
+    known); ``read_ahead`` = batches fetched ahead (None: sized to about 16 MiB a chunk; 0:
     off). With a ``Dataset(..., cache_dir=...)`` smaller than the data, the disk cache keeps
     the records used soonest (see :mod:`shardfeed.pipeline.read_ahead`).
 
@@ -414,6 +414,8 @@ class Loader:
             self.sampler, ctx, positions, option=opts.read_ahead, batch_size=opts.batch_size,
             num_batches=self._run.num_batches,
             following=lambda: (self._context(ctx.epoch + 1), self._positions(0)))
+        if self._run.read_ahead is not None:
+            self._gate.keep_all_threads()
         return HandOut(self._run, closed=lambda: self._closed)
 
     def _stop_run(self) -> None:

@@ -3,12 +3,13 @@
 The order of every sample is a pure function of ``(seed, epoch)``, so the Loader knows which
 records every future batch reads. On data that supports it (a ``Dataset`` with shards on object
 storage: ``data.read_ahead()``), a pass cuts its batches into *chunks* of ``G`` batches and
-keeps the next ``ahead`` chunks fetched while a chunk's batches are built::
+keeps the next ``ahead`` chunks fetched while a chunk's batches are built (the first chunk
+is one batch, so that the first batch of a pass waits for one small fetch)::
 
-    batches   | 0 1 2 3 | 4 5 6 7 | 8 9 10 11 | ...        G = 4, ahead = 2
-    chunk     |    0    |    1    |     2     |
-    building batch 1:   chunks 0, 1, 2 scheduled (fetched or in flight)
-    batch 3 handed out: chunk 0's records dropped from memory
+    batches   | 0 | 1 2 3 4 | 5 6 7 8 | 9 10 11 12 | ...      G = 4, ahead = 2
+    chunk     | 0 |    1    |    2    |     3      |          (one batch, then G each)
+    building batch 1:   chunks 0..3 scheduled (fetched or in flight)
+    batch 4 handed out: chunk 1's records dropped from memory
 
 A chunk's records are fetched together, so neighbours in a shard share requests even when
 the batches are shuffled across the whole dataset; several chunks are in flight at once.
@@ -79,7 +80,9 @@ def plan_records(sampler: Sampler, ctx: EpochContext, positions: np.ndarray) -> 
 
 
 class EpochChunks:
-    """One pass's positions cut into chunks of ``chunk_batches`` batches."""
+    """One pass's batches cut into chunks: one batch, then ``chunk_batches`` each (a small
+    first chunk: the first batch waits for one small fetch, not a large one; the others large,
+    so that records near each other in a shard share requests)."""
 
     def __init__(self, sampler: Sampler, ctx: EpochContext, positions: np.ndarray, *,
                  batch_size: int, chunk_batches: int, num_batches: int) -> None:
@@ -89,12 +92,23 @@ class EpochChunks:
         self.batch_size = batch_size
         self.chunk_batches = chunk_batches
         self.count = min(len(positions), num_batches * batch_size)
-        step = batch_size * chunk_batches
-        self.num_chunks = -(-self.count // step)
+        batches = -(-self.count // batch_size)
+        starts = [0]
+        while starts[-1] < batches:
+            starts.append(starts[-1] + (1 if len(starts) == 1 else chunk_batches))
+        self._starts = np.asarray(starts, dtype=np.int64)  # first batch of each chunk, + end
+        self.num_chunks = len(starts) - 1
+
+    def chunk_of(self, batch: int) -> int:
+        return int(np.searchsorted(self._starts, batch, side="right")) - 1
+
+    def is_last_batch(self, batch: int) -> bool:
+        """Whether ``batch`` is the last batch of its chunk."""
+        return batch + 1 in self._starts[1:]
 
     def bounds(self, chunk: int) -> tuple[int, int]:
-        step = self.batch_size * self.chunk_batches
-        return chunk * step, min((chunk + 1) * step, self.count)
+        lo, hi = self._starts[chunk], self._starts[chunk + 1]
+        return int(lo) * self.batch_size, min(int(hi) * self.batch_size, self.count)
 
     def records(self, chunk: int) -> np.ndarray:
         lo, hi = self.bounds(chunk)
@@ -178,7 +192,7 @@ class ReadAhead:
         """Batch ``batch`` is being submitted: have the chunks up to :data:`CHUNKS_AHEAD`
         after its own scheduled. The first call schedules the first chunk before returning
         (so the first batches do not read around it)."""
-        target = min(batch // self.chunks.chunk_batches + CHUNKS_AHEAD, self.chunks.num_chunks - 1)
+        target = min(self.chunks.chunk_of(batch) + CHUNKS_AHEAD, self.chunks.num_chunks - 1)
         with self._cond:
             if target <= self._target or self._closed:
                 return
@@ -200,9 +214,8 @@ class ReadAhead:
             self._cond.notify()
 
     def handed_out(self, batch: int) -> None:
-        g = self.chunks.chunk_batches
-        if (batch + 1) % g == 0:
-            self.session.release(batch // g)
+        if self.chunks.is_last_batch(batch):
+            self.session.release(self.chunks.chunk_of(batch))
 
     def _run(self) -> None:
         try:

@@ -103,13 +103,17 @@ class CacheSummary:
 class DiskCache:
     """The cache in folder ``path``, holding at most ``max_bytes`` of entries. Thread-safe.
 
+    ``max_bytes=None`` opens a folder to look at or clear (``shardfeed cache``): the bound is
+    the one its users set last.
+
     Memory: one SQLite connection (its page cache, a few MiB). Disk: ``max_bytes`` of entries
     plus a 16-byte header and the file system's rounding an entry, and the index (about 150
     bytes an entry).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int) -> None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int | None) -> None:
+        if max_bytes is not None and (isinstance(max_bytes, bool)
+                                      or not isinstance(max_bytes, int) or max_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0, got {max_bytes!r}")
         text = os.fspath(path)
         if "://" in text:
@@ -117,7 +121,8 @@ class DiskCache:
                 f"cache_dir must be a local folder (the cache holds what object storage "
                 f"serves), got {text!r}")
         self.path = Path(text)
-        self.max_bytes = max_bytes
+        self._bound = max_bytes
+        self.max_bytes = max_bytes or 0
         self.counters = CacheCounters()
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -142,7 +147,11 @@ class DiskCache:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
-            conn.execute("UPDATE meta SET value=? WHERE name='max_bytes'", (self.max_bytes,))
+            if self._bound is None:  # opened to look at: the bound its users set last
+                self.max_bytes = conn.execute(
+                    "SELECT value FROM meta WHERE name='max_bytes'").fetchone()[0]
+            else:
+                conn.execute("UPDATE meta SET value=? WHERE name='max_bytes'", (self._bound,))
             self._conn, self._pid = conn, os.getpid()
         return self._conn
 

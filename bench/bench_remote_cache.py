@@ -1,0 +1,212 @@
+"""Train-preset images/s from object storage with a stated latency, against local files:
+read-ahead, a disk cache as large as the data, and a cache of a quarter of it.
+
+Writes ``--images`` ImageNet-sized JPEGs (500x375; a multiple of ``--batch``, so that an
+epoch with ``drop_last`` reads every record) into ``--shards`` indexed shards,
+starts moto's S3 server in another process on 127.0.0.1 holding every request
+``--latency-ms`` before answering (a cloud region's time to first byte; the server's
+request counter is printed), uploads the dataset, then runs ``presets.train(size=224)``
+Loaders (``--threads`` threads, ``--batch`` a batch) for ``--epochs`` epochs each, in
+interleaved rounds:
+
+* ``local``: the same files on local disk (the rate to match);
+* ``s3 read-ahead``: no cache, the Loader's default read-ahead;
+* ``s3 no read-ahead``: ``read_ahead=0`` (each slice waits for its own requests);
+* ``s3 cache >= data``: ``Dataset(url, cache_dir=...)``, a new folder each round; its epoch
+  1 fills the cache, the later epochs read it (requests for record data are counted);
+* ``s3 cache 25%``: ``cache_bytes`` a quarter of the record bytes; the hit rate of the
+  cache over all epochs beside the optimal policy's and LRU's for the same order
+  (:mod:`shardfeed.pipeline.cache_policy`).
+
+Rates are images/s of the epochs after the first (the first of a run warms the decoder
+threads; with a cache it is also the epoch that fills it). Medians over rounds.
+
+    .venv/bin/python bench/bench_remote_cache.py [--images 2048] [--latency-ms 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SERVER = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from s3_fixture import KEY, SECRET, S3Server
+os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET,
+                  AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+server = S3Server()
+server.start()
+url = server.upload_folder(sys.argv[2])
+server.latency_seconds = float(sys.argv[3])
+server.clear_log()
+print(json.dumps({"url": url, "options": server.storage_options()}), flush=True)
+for line in sys.stdin:  # "count": GETs of record bytes so far; EOF: stop
+    gets = sum(1 for r in server.requests("GET") if r.path.endswith(".tfrecord"))
+    print(gets, flush=True)
+server.close()
+"""
+
+
+def write_dataset(folder: Path, images: int, shards: int) -> int:
+    """ImageNet-sized JPEGs (smooth colour and noise: about 60-110 KB each); record bytes."""
+    from PIL import Image
+
+    from shardfeed.tools.index import index_files
+    from shardfeed.format.writer import ShardWriter
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:375, 0:500]
+    bounds = np.linspace(0, images, shards + 1).astype(int)
+    total = 0
+    import io
+
+    for k in range(shards):
+        with ShardWriter(str(folder / f"train-{k:05d}-of-{shards:05d}.tfrecord")) as writer:
+            for i in range(bounds[k], bounds[k + 1]):
+                base = np.stack([(xx * (1 + i % 7)) % 256, (yy * (1 + i % 5)) % 256,
+                                 (xx + yy + 13 * i) % 256], axis=-1)
+                noise = rng.integers(0, 48, size=base.shape)
+                out = io.BytesIO()
+                Image.fromarray((base + noise).clip(0, 255).astype(np.uint8)).save(
+                    out, format="JPEG", quality=90)
+                data = out.getvalue()
+                total += len(data)
+                writer.write_example({"image/encoded": data, "image/class/label": [i % 100]})
+    index_files(str(folder))
+    return total
+
+
+def run(source: Any, *, epochs: int, args: argparse.Namespace, **options: Any
+        ) -> tuple[list[float], Any]:
+    """images/s of each epoch of a train-preset Loader over ``source`` (a Dataset)."""
+    from shardfeed import Loader, presets
+
+    rates = []
+    with Loader(source, batch_size=args.batch, shuffle=True, seed=1, drop_last=True,
+                num_threads=args.threads, transform=presets.train(size=224), **options) as loader:
+        for _ in range(epochs):
+            start = time.perf_counter()
+            n = sum(len(b["image"]) for b in loader)
+            rates.append(n / (time.perf_counter() - start))
+    return rates, loader
+
+
+class Server:
+    def __init__(self, folder: Path, latency_ms: float) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(ROOT / "tests" / "storage"), str(folder),
+             str(latency_ms / 1e3)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        ready = json.loads(self.proc.stdout.readline())
+        self.url, self.options = ready["url"], ready["options"]
+        self.options["config_kwargs"] = {"max_pool_connections": 64}
+
+    def gets(self) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("count\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=2048)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from shardfeed import Dataset
+    from shardfeed.pipeline.cache_policy import hit_rates
+    from shardfeed.storage.remote import set_storage_options
+
+    work = Path(tempfile.mkdtemp(prefix="sf-remote-cache-"))
+    try:
+        record_bytes = write_dataset(work / "ds", args.images, args.shards)
+        server = Server(work / "ds", args.latency_ms)
+        set_storage_options("s3://", **server.options)
+        rows: dict[str, list[float]] = {}
+        notes: dict[str, Any] = {}
+        quarter = record_bytes // 4
+        for r in range(args.rounds):
+            with Dataset(str(work / "ds")) as ds:
+                rows.setdefault("local", []).extend(run(ds, epochs=args.epochs, args=args)[0][1:])
+            with Dataset(server.url) as ds:
+                rows.setdefault("s3 read-ahead", []).extend(
+                    run(ds, epochs=args.epochs, args=args)[0][1:])
+            with Dataset(server.url) as ds:
+                rows.setdefault("s3 no read-ahead", []).extend(
+                    run(ds, epochs=2, args=args, read_ahead=0)[0][1:])
+            cache = work / f"cache-{r}"
+            with Dataset(server.url, cache_dir=cache) as ds:
+                before = server.gets()
+                from shardfeed import Loader, presets
+
+                with Loader(ds, batch_size=args.batch, shuffle=True, seed=1, drop_last=True,
+                            num_threads=args.threads, transform=presets.train(size=224)) as lo:
+                    for epoch in range(args.epochs):
+                        start = time.perf_counter()
+                        n = sum(len(b["image"]) for b in lo)
+                        rate = n / (time.perf_counter() - start)
+                        gets = server.gets()
+                        if epoch == 0:
+                            notes.setdefault("fill GETs", []).append(gets - before)
+                        else:
+                            rows.setdefault("s3 cache >= data", []).append(rate)
+                            notes.setdefault("later-epoch GETs", []).append(gets - before)
+                        before = gets
+            with Dataset(server.url, cache_dir=work / f"q-{r}", cache_bytes=quarter) as ds:
+                rates, loader = run(ds, epochs=args.epochs, args=args)
+                rows.setdefault("s3 cache 25%", []).extend(rates[1:])
+                stats = ds.storage_stats()
+                figures = hit_rates(loader, cache_bytes=quarter, epochs=range(args.epochs))
+                notes.setdefault("hit rate 25%", []).append(
+                    (stats["cache_hits"] / max(1, stats["cache_hits"] + stats["cache_misses"]),
+                     figures["optimal"].rate, figures["lru"].rate))
+            print(f"round {r + 1}: " + ", ".join(
+                f"{k} {v[-1]:,.0f}" for k, v in rows.items()), file=sys.stderr, flush=True)
+        server.close()
+        local = statistics.median(rows["local"])
+        print(f"\n{args.images} JPEGs of 500x375 ({record_bytes / 1e6:.0f} MB) in {args.shards} "
+              f"shards; {args.latency_ms:g} ms a request; presets.train(size=224), "
+              f"{args.threads} threads, batch {args.batch}; epochs 2..{args.epochs} of "
+              f"{args.rounds} rounds\n")
+        print(f"| run | images/s (median) | / local |\n|---|---:|---:|")
+        for name, values in rows.items():
+            med = statistics.median(values)
+            print(f"| {name} | {med:,.0f} | {med / local:.2f} |")
+        print(f"\nrecord GETs: epoch 1 filling the cache {notes['fill GETs']}; "
+              f"each later epoch {notes['later-epoch GETs']}")
+        for realised, optimal, lru in notes["hit rate 25%"]:
+            print(f"cache 25%: hit rate {realised:.3f}; optimal policy {optimal:.3f}; "
+                  f"LRU {lru:.3f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    main()

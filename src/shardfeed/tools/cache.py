@@ -1,0 +1,35 @@
+"""cache_report(): what a disk cache folder of remote records holds (the CLI's ``cache``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from shardfeed.storage.disk_cache import DiskCache
+
+
+def cache_report(folder: str | os.PathLike[str], *, verify: bool = False, clear: bool = False,
+                 objects: int = 10) -> dict[str, Any]:
+    """Entries, bytes, the bound and the objects with most bytes cached in ``folder`` (a
+    ``cache_dir``); ``verify`` first reads every entry and removes the damaged ones (listed
+    under ``"damaged"``); ``clear`` then removes everything."""
+    if not os.path.isfile(os.path.join(os.fspath(folder), "index.sqlite3")):
+        raise FileNotFoundError(
+            f"'{os.fspath(folder)}' is not a shardfeed cache folder (no index.sqlite3); give "
+            "the cache_dir a Dataset was opened with")
+    cache = DiskCache(folder, max_bytes=None)
+    try:
+        damaged = cache.verify() if verify else []
+        summary = cache.summary(objects=objects)
+        if clear:
+            cache.clear()
+    finally:
+        cache.close()
+    return {
+        "path": summary.path, "entries": summary.entries, "bytes": summary.bytes,
+        "max_bytes": summary.max_bytes, "reserved": summary.reserved, "damaged": damaged,
+        "objects": [{"url": u, "entries": n, "bytes": b} for u, n, b in summary.objects],
+    }
+
+
+__all__ = ["cache_report"]

@@ -1,0 +1,162 @@
+"""Read-ahead and the disk cache over S3-compatible storage (moto on 127.0.0.1), as a user
+runs them: epochs, a second run, a quarter-size cache, a damaged entry, a server gone."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardfeed import Dataset, Loader, StorageError
+from shardfeed.pipeline.cache_policy import hit_rates
+from shardfeed.storage.disk_cache import DiskCache
+
+OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 3, "transform": None, "num_threads": 2,
+           "rank": 0, "world_size": 1}
+
+
+def stream(loader: Loader) -> list[tuple[list[int], list[bytes]]]:
+    return [(b["index"].tolist(), list(b["name"])) for b in loader]
+
+
+def data_gets(server: Any) -> int:
+    """GETs of shard bytes (not the manifest, indexes or listings)."""
+    return sum(1 for r in server.requests("GET") if r.path.endswith(".tfrecord"))
+
+
+def local_epochs(folder: Path, epochs: int, **options: Any) -> list[list[Any]]:
+    with Dataset(str(folder)) as ds, Loader(ds, **{**OPTIONS, **options}) as loader:
+        return [stream(loader) for _ in range(epochs)]
+
+
+def test_epoch_two_and_the_next_run_send_no_request_for_records(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
+) -> None:
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    expected = local_epochs(folder, 2)
+    cache = tmp_path / "cache"
+    with Dataset(url, cache_dir=cache) as ds, Loader(ds, **OPTIONS) as loader:
+        first = stream(loader)
+        assert data_gets(s3_server) > 0
+        s3_server.clear_log()
+        second = stream(loader)
+        assert data_gets(s3_server) == 0
+        stats = ds.storage_stats()
+    assert [first, second] == expected
+    assert stats["cache_hits"] >= 240 and stats["cache_admitted"] + stats["cache_hits"] >= 480
+    s3_server.clear_log()
+    with Dataset(url, cache_dir=cache) as ds, Loader(ds, **OPTIONS) as loader:  # a new run
+        assert stream(loader) == expected[0]
+    assert data_gets(s3_server) == 0
+
+
+def test_plain_reads_use_the_cache_too(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
+) -> None:
+    url = s3_server.upload_folder(records_dataset(60, 3))
+    with Dataset(url, cache_dir=tmp_path / "c") as ds:
+        first = ds.read_many(range(60))
+        s3_server.clear_log()
+        assert ds.read_many(range(60)) == first
+    assert data_gets(s3_server) == 0
+
+
+def test_a_quarter_size_cache_keeps_what_the_optimal_policy_keeps(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
+) -> None:
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    options = {**OPTIONS, "read_ahead": 4}
+    expected = local_epochs(folder, 3, read_ahead=4)
+    with Dataset(str(folder)) as local:
+        payload = sum(len(p) for p in local.read_payloads(range(240)))
+    quarter = payload // 4
+    with Dataset(url, cache_dir=tmp_path / "c", cache_bytes=quarter) as ds, \
+            Loader(ds, **options) as loader:
+        got = [stream(loader) for _ in range(3)]
+        stats = ds.storage_stats()
+        rates = hit_rates(loader, cache_bytes=quarter, epochs=range(3))
+        held = DiskCache(tmp_path / "c", max_bytes=quarter).summary().bytes
+    assert got == expected
+    assert 0 < held <= quarter
+    optimal, lru = rates["optimal"], rates["lru"]
+    # 720 accesses of the look-ahead, and the record or two the loader reads first to learn
+    # the batch layout (before the look-ahead starts)
+    assert optimal.accesses == 720
+    assert 720 <= stats["cache_hits"] + stats["cache_misses"] <= 722
+    # the cache ran the optimal policy: its hits are the replay's (the probe's records, read
+    # before the look-ahead, are found by the first chunk: one hit each)
+    assert optimal.hits <= stats["cache_hits"] <= optimal.hits + 2, (stats, optimal)
+    assert optimal.rate > 0.15 and optimal.rate > 3 * lru.rate  # about 1/6 vs 1/50 here
+
+
+def test_a_damaged_cache_file_is_detected_and_fetched_again(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
+) -> None:
+    folder = records_dataset(120, 2)
+    url = s3_server.upload_folder(folder)
+    expected = local_epochs(folder, 1)[0]
+    cache = tmp_path / "c"
+    with Dataset(url, cache_dir=cache) as ds, Loader(ds, **OPTIONS) as loader:
+        stream(loader)
+    victim = sorted((cache / "data").rglob("*.rec"))[5]
+    blob = bytearray(victim.read_bytes())
+    blob[-3] ^= 0x40
+    victim.write_bytes(bytes(blob))
+    s3_server.clear_log()
+    with Dataset(url, cache_dir=cache) as ds, Loader(ds, **OPTIONS) as loader:
+        assert stream(loader) == expected
+        stats = ds.storage_stats()
+    assert stats["cache_corrupt"] == 1
+    assert 1 <= data_gets(s3_server) <= 2  # the damaged record (and its neighbours) only
+    assert DiskCache(cache, max_bytes=1 << 30).verify() == []
+
+
+def test_read_ahead_coalesces_batches_into_few_requests(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    counts = {}
+    for ahead in (0, 8):
+        s3_server.clear_log()
+        with Dataset(url) as ds, Loader(ds, **{**OPTIONS, "read_ahead": ahead}) as loader:
+            assert stream(loader) == local_epochs(folder, 1)[0]
+        counts[ahead] = data_gets(s3_server)
+    assert counts[8] * 3 <= counts[0], counts
+
+
+def test_read_ahead_hides_latency(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """50 ms a request: with read-ahead the epoch takes a few round trips, not one a batch
+    (a ratio, loose enough for a loaded machine)."""
+    url = s3_server.upload_folder(records_dataset(240, 4))
+    s3_server.latency_seconds = 0.05
+    seconds = {}
+    for ahead in (0, 8):
+        with Dataset(url) as ds, Loader(ds, **{**OPTIONS, "read_ahead": ahead}) as loader:
+            start = time.perf_counter()
+            stream(loader)
+            seconds[ahead] = time.perf_counter() - start
+    assert seconds[8] * 2 < seconds[0], seconds
+
+
+def test_a_server_gone_for_good_under_read_ahead_is_a_storage_error_naming_the_url(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    url = s3_server.upload_folder(records_dataset(240, 4))
+    with Dataset(url, source_options={"deadline_seconds": 3.0}) as ds, \
+            Loader(ds, **{**OPTIONS, "read_ahead": 2}) as loader:
+        it = iter(loader)
+        next(it)
+        s3_server.stop()
+        start = time.perf_counter()
+        with pytest.raises(StorageError, match=r"s3://.*part-00\d\.tfrecord"):
+            for _ in it:
+                pass
+    assert time.perf_counter() - start < 60

@@ -65,8 +65,8 @@ def write_dataset(folder: Path, images: int, shards: int) -> int:
     """ImageNet-sized JPEGs (smooth colour and noise: about 60-110 KB each); record bytes."""
     from PIL import Image
 
-    from shardfeed.tools.index import index_files
     from shardfeed.format.writer import ShardWriter
+    from shardfeed.tools.index import index_files
 
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -194,7 +194,7 @@ def main() -> None:
               f"shards; {args.latency_ms:g} ms a request; presets.train(size=224), "
               f"{args.threads} threads, batch {args.batch}; epochs 2..{args.epochs} of "
               f"{args.rounds} rounds\n")
-        print(f"| run | images/s (median) | / local |\n|---|---:|---:|")
+        print("| run | images/s (median) | / local |\n|---|---:|---:|")
         for name, values in rows.items():
             med = statistics.median(values)
             print(f"| {name} | {med:,.0f} | {med / local:.2f} |")

@@ -109,15 +109,8 @@ class Dataset:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int | None = None,
     ) -> None:
-        if not isinstance(verify_crc, bool):
-            raise TypeError(f"verify_crc must be True or False, got {verify_crc!r}")
-        if not isinstance(build_index, bool):
-            raise TypeError(f"build_index must be True or False, got {build_index!r}")
-        if not isinstance(allow_partial, bool):
-            raise TypeError(f"allow_partial must be True or False, got {allow_partial!r}")
-        if not isinstance(allow_outside_paths, bool):
-            raise TypeError(
-                f"allow_outside_paths must be True or False, got {allow_outside_paths!r}")
+        _check_flags(verify_crc=verify_crc, build_index=build_index,
+                     allow_partial=allow_partial, allow_outside_paths=allow_outside_paths)
         if read_options is not None and not isinstance(read_options, ReadOptions):
             raise TypeError(
                 f"read_options must be a ReadOptions, got {type(read_options).__name__}"
@@ -444,6 +437,12 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({len(self)} records in {self.num_shards} shards)"
+
+
+def _check_flags(**flags: object) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _reopen(source: SourceArg, verify_crc: bool, features: Features,

@@ -123,18 +123,10 @@ class RecordFetcher:
                 self.staged_hits += len(idx) - len(missing)
         if not missing:
             return out  # type: ignore[return-value]
-        ids = idx[missing]
         cache = self.cache
         if cache is not None:
-            keys, _ = self.keys_of(ids)
-            remote = [j for j, key in enumerate(keys) if key is not None]
-            got = cache.get_many([k for k in keys if k is not None],
-                                 count=not sessions) if remote else []
-            for j, data in zip(remote, got):
-                if isinstance(data, bytes):
-                    out[missing[j]] = data
-            missing = [i for i in missing if out[i] is None]
-            ids = idx[missing]
+            missing = self._from_cache(cache, idx, missing, out, count=not sessions)
+        ids = idx[missing]
         if missing:
             fetched = self._network(ids, False)
             for i, data in zip(missing, fetched):
@@ -145,6 +137,17 @@ class RecordFetcher:
                                 for key, r, d in zip(keys, ids.tolist(), fetched)
                                 if key is not None])
         return out  # type: ignore[return-value]
+
+    def _from_cache(self, cache: DiskCache, idx: np.ndarray, missing: list[int],
+                    out: list[bytes | None], *, count: bool) -> list[int]:
+        """Fill ``out`` at ``missing`` from the cache; the positions still missing."""
+        keys, _ = self.keys_of(idx[missing])
+        remote = [j for j, key in enumerate(keys) if key is not None]
+        got = cache.get_many([k for k in keys if k is not None], count=count) if remote else []
+        for j, data in zip(remote, got):
+            if isinstance(data, bytes):
+                out[missing[j]] = data
+        return [i for i in missing if out[i] is None]
 
     def _url(self, record: int) -> str:
         shard, _ = self._table.shard_of(np.asarray([record], dtype=np.int64))

@@ -84,64 +84,91 @@ def accesses(loader: object, epochs: Sequence[int]) -> Iterator[Access]:
             yield Access(ids, sizes, uses.next_use(ids, c), current.time(c))
 
 
+class _Optimal:
+    """The cache's policy in memory: what :class:`~shardfeed.storage.disk_cache.DiskCache`
+    decides, with heaps instead of SQL."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held: dict[int, tuple[int, int, int]] = {}  # record -> (next use, seq, size)
+        self.by_use: list[tuple[int, int, int]] = []  # (-next use, seq, record); stale skipped
+        self.soonest: list[tuple[int, int]] = []  # (next use, record): finds uses passed
+        self.total = self.counter = 0
+
+    def _push(self, r: int, use: int, seq: int, size: int) -> None:
+        self.held[r] = (use, seq, size)
+        heapq.heappush(self.by_use, (-use, seq, r))
+        heapq.heappush(self.soonest, (use, r))
+
+    def look(self, r: int, use: int) -> bool:
+        """An access: True (a hit: its next use is now ``use``) or False."""
+        if r not in self.held:
+            return False
+        _, seq, size = self.held[r]
+        self._push(r, use, seq, size)
+        return True
+
+    def passed(self, now: int) -> None:
+        """Entries whose next use is before ``now`` count as read last."""
+        while self.soonest and self.soonest[0][0] < now:
+            use, r = heapq.heappop(self.soonest)
+            if r in self.held and self.held[r][0] == use:
+                _, seq, size = self.held[r]
+                self.held[r] = (UNKNOWN_USE, seq, size)
+                heapq.heappush(self.by_use, (-UNKNOWN_USE, seq, r))
+
+    def _victims(self, use: int, need: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Entries read after ``use``, read last first, until ``need`` bytes are freed (all
+        of them when that is not possible), and the heap items taken out."""
+        victims: list[int] = []
+        popped: list[tuple[int, int, int]] = []
+        freed = 0
+        while freed < need and self.by_use:
+            item = heapq.heappop(self.by_use)
+            neg, seq, v = item
+            entry = self.held.get(v)
+            if entry is None or entry[0] != -neg or entry[1] != seq or v in victims:
+                continue
+            popped.append(item)
+            if -neg <= use:
+                break
+            victims.append(v)
+            freed += entry[2]
+        return (victims if freed >= need else []), popped
+
+    def admit(self, r: int, use: int, size: int, now: int) -> None:
+        use = UNKNOWN_USE if use < now else min(use, UNKNOWN_USE)
+        if size > self.capacity:
+            return
+        need = self.total + size - self.capacity
+        victims, popped = self._victims(use, need) if need > 0 else ([], [])
+        for item in popped:
+            if item[2] not in victims:
+                heapq.heappush(self.by_use, item)
+        if need > 0 and not victims:
+            return
+        for v in victims:
+            self.total -= self.held.pop(v)[2]
+        self.counter += 1
+        self._push(r, use, self.counter, size)
+        self.total += size
+
+
 def replay_optimal(seq: Sequence[Access], capacity: int) -> HitRate:
-    """Hits of the cache's own policy (see the module docstring) over ``seq``."""
-    held: dict[int, tuple[int, int, int]] = {}  # record -> (next use, seq, size)
-    by_use: list[tuple[int, int, int]] = []  # (-next use, seq, record), stale entries skipped
-    soonest: list[tuple[int, int]] = []  # (next use, record): finds uses that have passed
-    total = counter = hits = looked = 0
+    """Hits of the cache's own policy (see the module docstring) over ``seq``: each chunk's
+    records looked up (hits take their new next use), uses that have passed marked, then
+    the misses admitted in order."""
+    cache = _Optimal(capacity)
+    hits = looked = 0
     for access in seq:
-        looked += len(access.ids)
-        for r, use in zip(access.ids.tolist(), access.next_use.tolist()):
-            if r in held:
-                hits += 1
-                _, s, size = held[r]
-                held[r] = (use, s, size)
-                heapq.heappush(by_use, (-use, s, r))
-                heapq.heappush(soonest, (use, r))
-        now = access.now
-        while soonest and soonest[0][0] < now:  # passed: now read last
-            use, r = heapq.heappop(soonest)
-            if r in held and held[r][0] == use:
-                _, s, size = held[r]
-                held[r] = (UNKNOWN_USE, s, size)
-                heapq.heappush(by_use, (-UNKNOWN_USE, s, r))
-        for r, use, size in zip(access.ids.tolist(), access.next_use.tolist(),
-                                access.sizes.tolist()):
-            if r in held:
-                continue
-            use = UNKNOWN_USE if use < now else min(use, UNKNOWN_USE)
-            if size > capacity:
-                continue
-            need = total + size - capacity
-            victims: list[int] = []
-            popped: list[tuple[int, int, int]] = []
-            freed = 0
-            while need > 0 and freed < need and by_use:
-                item = heapq.heappop(by_use)
-                neg, s, v = item
-                if v not in held or held[v][0] != -neg or held[v][1] != s or v in victims:
-                    continue
-                if -neg <= use:
-                    popped.append(item)
-                    break
-                popped.append(item)
-                victims.append(v)
-                freed += held[v][2]
-            if need > 0 and freed < need:
-                for item in popped:
-                    heapq.heappush(by_use, item)
-                continue
-            for v in victims:
-                total -= held.pop(v)[2]
-            for item in popped:
-                if item[2] not in victims:
-                    heapq.heappush(by_use, item)
-            counter += 1
-            held[r] = (use, counter, size)
-            heapq.heappush(by_use, (-use, counter, r))
-            heapq.heappush(soonest, (use, r))
-            total += size
+        ids, uses = access.ids.tolist(), access.next_use.tolist()
+        looked += len(ids)
+        found = [cache.look(r, use) for r, use in zip(ids, uses)]
+        hits += sum(found)
+        cache.passed(access.now)
+        for r, use, size, hit in zip(ids, uses, access.sizes.tolist(), found):
+            if not hit:
+                cache.admit(r, use, size, access.now)
     return HitRate(hits, looked)
 
 

@@ -175,17 +175,20 @@ class DiskCache:
         return []
 
     def _transaction(self, body: Callable[[], list[str]]) -> list[str]:
-        """Run ``body()`` in one write transaction; unlink the files it returns after."""
+        """Run ``body()`` in one write transaction and unlink the files of the entries it
+        removed (returned) before committing: while the transaction holds the write lock no
+        process can reserve those keys again, so a file written for a new reservation is
+        never removed by an old eviction."""
         db = self._db()
         db.execute("BEGIN IMMEDIATE")
         try:
             doomed = body()
+            for key in doomed:
+                _unlink(self._file(key))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        for key in doomed:
-            _unlink(self._file(key))
         return list(doomed)
 
     def _delete(self, rows: Sequence[tuple[str, int]]) -> None:

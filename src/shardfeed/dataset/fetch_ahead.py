@@ -93,18 +93,18 @@ class RecordFetcher:
 
     # -- keys -----------------------------------------------------------------------------
 
-    def keys_of(self, idx: np.ndarray) -> tuple[list[str | None], np.ndarray]:
-        """The cache key of each record (None: a local shard) and each record's payload
-        size."""
+    def keys_of(self, idx: np.ndarray) -> tuple[list[str | None], np.ndarray, list[str]]:
+        """The cache key of each record (None: a local shard), its payload size and its
+        shard's URL."""
         shard, local = self._table.shard_of(idx)
         keys: list[str | None] = []
         sizes = np.empty(len(idx), dtype=np.int64)
-        objects = self._objects
+        objects, urls = self._objects, self._table.urls
         for i, (k, r) in enumerate(zip(shard.tolist(), local.tolist())):
             offsets = self._table.offsets_view(k)
             sizes[i] = int(offsets[r + 1]) - int(offsets[r]) - FRAMING_BYTES
             keys.append(entry_key(objects[k], r) if objects[k] else None)
-        return keys, sizes
+        return keys, sizes, [urls[k] for k in shard.tolist()]
 
     # -- reading --------------------------------------------------------------------------
 
@@ -132,26 +132,21 @@ class RecordFetcher:
             for i, data in zip(missing, fetched):
                 out[i] = data
             if cache is not None and not sessions:
-                keys, _ = self.keys_of(ids)
-                cache.put_many([(key, self._url(int(r)), d, UNKNOWN_USE)
-                                for key, r, d in zip(keys, ids.tolist(), fetched)
-                                if key is not None])
+                keys, _, urls = self.keys_of(ids)
+                cache.put_many([(key, url, d, UNKNOWN_USE)
+                                for key, url, d in zip(keys, urls, fetched) if key is not None])
         return out  # type: ignore[return-value]
 
     def _from_cache(self, cache: DiskCache, idx: np.ndarray, missing: list[int],
                     out: list[bytes | None], *, count: bool) -> list[int]:
         """Fill ``out`` at ``missing`` from the cache; the positions still missing."""
-        keys, _ = self.keys_of(idx[missing])
+        keys, _, _ = self.keys_of(idx[missing])
         remote = [j for j, key in enumerate(keys) if key is not None]
         got = cache.get_many([k for k in keys if k is not None], count=count) if remote else []
         for j, data in zip(remote, got):
             if isinstance(data, bytes):
                 out[missing[j]] = data
         return [i for i in missing if out[i] is None]
-
-    def _url(self, record: int) -> str:
-        shard, _ = self._table.shard_of(np.asarray([record], dtype=np.int64))
-        return self._table.urls[int(shard[0])]
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -264,7 +259,7 @@ class AheadSession:
         f = self._fetcher
         cache = f.cache
         assert cache is not None
-        keys, sizes = f.keys_of(ids)
+        keys, sizes, urls = f.keys_of(ids)
         remote = [j for j, key in enumerate(keys) if key is not None]
         found = cache.get_many([keys[j] for j in remote],  # type: ignore[misc]
                                next_use=[int(uses[j]) for j in remote],
@@ -276,7 +271,7 @@ class AheadSession:
                 if isinstance(data, bytes):
                     got[j] = data
         asked = [(j, key) for j in remote if j not in present and (key := keys[j]) is not None]
-        decided = cache.reserve([(key, f._url(int(ids[j])), int(sizes[j]), int(uses[j]))
+        decided = cache.reserve([(key, urls[j], int(sizes[j]), int(uses[j]))
                                  for j, key in asked], now=now)
         return {j: key for (j, key), ok in zip(asked, decided) if ok}
 
@@ -342,10 +337,6 @@ class AheadSession:
         with self._lock:
             for r in [r for r, e in self._staged.items() if e.last <= chunk]:
                 del self._staged[r]
-
-    def staged_records(self) -> int:
-        with self._lock:
-            return len(self._staged)
 
     def close(self) -> None:
         with self._lock:

@@ -80,7 +80,7 @@ def accesses(loader: object, epochs: Sequence[int]) -> Iterator[Access]:
             ids, first = np.unique(current.records(c), return_index=True)
             order = np.argsort(first, kind="stable")
             ids = ids[order]
-            _, sizes = fetcher.keys_of(ids)
+            _, sizes, _ = fetcher.keys_of(ids)
             yield Access(ids, sizes, uses.next_use(ids, c), current.time(c))
 
 

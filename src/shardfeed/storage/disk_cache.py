@@ -172,7 +172,7 @@ class DiskCache:
         rows = db.execute(f"SELECT key, size FROM entries WHERE ready=0 AND pid IN ({marks})",
                           pids).fetchall()
         self._delete(rows)
-        return []
+        return [k for k, _ in rows]  # a file renamed in before the process died
 
     def _transaction(self, body: Callable[[], list[str]]) -> list[str]:
         """Run ``body()`` in one write transaction and unlink the files of the entries it

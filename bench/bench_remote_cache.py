@@ -107,20 +107,38 @@ def run(source: Any, *, epochs: int, args: argparse.Namespace, **options: Any
 
 
 class Server:
-    def __init__(self, folder: Path, latency_ms: float) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(ROOT / "tests" / "storage"), str(folder),
-             str(latency_ms / 1e3)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    """The S3 server in another process: ``light`` (:mod:`s3_light`, bodies by sendfile) or
+    ``moto`` (S3 in full; on two cores its CPU a request competes with the decoder)."""
+
+    def __init__(self, kind: str, root: Path, bucket: str, latency_ms: float) -> None:
+        if kind == "light":
+            command = [sys.executable, str(ROOT / "bench" / "s3_light.py"), str(root),
+                       "--latency-ms", str(latency_ms)]
+        else:
+            command = [sys.executable, "-c", SERVER, str(ROOT / "tests" / "storage"),
+                       str(root / bucket), str(latency_ms / 1e3)]
+        self.kind = kind
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
         assert self.proc.stdout is not None and self.proc.stdin is not None
         ready = json.loads(self.proc.stdout.readline())
-        self.url, self.options = ready["url"], ready["options"]
+        if kind == "light":
+            self.url = f"s3://{bucket}"
+            self.options = {"key": "bench", "secret": "bench",
+                            "client_kwargs": {"endpoint_url": ready["endpoint_url"]}}
+        else:
+            self.url, self.options = ready["url"], ready["options"]
         self.options["config_kwargs"] = {"max_pool_connections": 64}
 
     def gets(self) -> int:
+        """GETs of record bytes so far."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write("count\n")
         self.proc.stdin.flush()
-        return int(self.proc.stdout.readline())
+        answer = self.proc.stdout.readline()
+        if self.kind == "light":
+            return int(json.loads(answer).get("GET .tfrecord", 0))
+        return int(answer)
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -137,6 +155,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--server", choices=("light", "moto"), default="light",
+                        help="light: bench/s3_light.py (sendfile); moto: S3 in full")
     args = parser.parse_args()
 
     from shardfeed import Dataset
@@ -145,14 +165,15 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="sf-remote-cache-"))
     try:
-        record_bytes = write_dataset(work / "ds", args.images, args.shards)
-        server = Server(work / "ds", args.latency_ms)
+        data = work / "buckets" / "ds"
+        record_bytes = write_dataset(data, args.images, args.shards)
+        server = Server(args.server, work / "buckets", "ds", args.latency_ms)
         set_storage_options("s3://", **server.options)
         rows: dict[str, list[float]] = {}
         notes: dict[str, Any] = {}
         quarter = record_bytes // 4
         for r in range(args.rounds):
-            with Dataset(str(work / "ds")) as ds:
+            with Dataset(str(data)) as ds:
                 rows.setdefault("local", []).extend(run(ds, epochs=args.epochs, args=args)[0][1:])
             with Dataset(server.url) as ds:
                 rows.setdefault("s3 read-ahead", []).extend(
@@ -191,7 +212,7 @@ def main() -> None:
         server.close()
         local = statistics.median(rows["local"])
         print(f"\n{args.images} JPEGs of 500x375 ({record_bytes / 1e6:.0f} MB) in {args.shards} "
-              f"shards; {args.latency_ms:g} ms a request; presets.train(size=224), "
+              f"shards; {args.server} S3 server, {args.latency_ms:g} ms a request; presets.train(size=224), "
               f"{args.threads} threads, batch {args.batch}; epochs 2..{args.epochs} of "
               f"{args.rounds} rounds\n")
         print("| run | images/s (median) | / local |\n|---|---:|---:|")

@@ -48,6 +48,7 @@ class LoggedRequest:
     method: str
     path: str
     range: str | None
+    query: str = ""
 
 
 class Stall:
@@ -149,7 +150,7 @@ class S3Server:
         def logging_app(environ: dict[str, Any], start_response: Any) -> Any:
             request = LoggedRequest(
                 environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
-                environ.get("HTTP_RANGE"),
+                environ.get("HTTP_RANGE"), environ.get("QUERY_STRING", ""),
             )
             with owner._log_lock:
                 owner._log.append(request)

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardfeed.pipeline.read_ahead import EpochChunks, UsePlan, chunk_batches_for, plan_records
+from shardfeed.pipeline.read_ahead import (
+    CHUNKS_AHEAD,
+    EpochChunks,
+    UsePlan,
+    chunk_batches_for,
+    plan_records,
+)
 from shardfeed.storage.disk_cache import UNKNOWN_USE
 
 
@@ -48,9 +54,12 @@ class HitRate:
         return self.hits / self.accesses if self.accesses else 0.0
 
 
-def accesses(loader: object, epochs: Sequence[int]) -> Iterator[Access]:
+def accesses(loader: object, epochs: Sequence[int], *,
+             carried: bool = False) -> Iterator[Access]:
     """The chunk accesses of ``loader`` (a :class:`~shardfeed.Loader` over a Dataset with
-    remote shards) for whole ``epochs``, as its read-ahead makes them."""
+    remote shards) for whole ``epochs``, as its read-ahead makes them. ``carried``: and the
+    first chunks of the epoch after the last, which the read-ahead fetches while the last
+    one ends (what a Loader iterated for exactly ``epochs`` has done)."""
     from shardfeed.pipeline.loader import Loader
 
     if not isinstance(loader, Loader):
@@ -73,10 +82,15 @@ def accesses(loader: object, epochs: Sequence[int]) -> Iterator[Access]:
         return EpochChunks(sampler, ctx, positions, batch_size=batch, chunk_batches=g,
                            num_batches=batches)
 
+    if carried and epochs:
+        epochs = [*epochs, epochs[-1] + 1]
     for epoch in epochs:
         current = chunks(epoch)
         uses = UsePlan(current, chunks(epoch + 1))
-        for c in range(current.num_chunks):
+        last = current.num_chunks
+        if carried and epoch == epochs[-1]:
+            last = min(CHUNKS_AHEAD, last)
+        for c in range(last):
             ids, first = np.unique(current.records(c), return_index=True)
             order = np.argsort(first, kind="stable")
             ids = ids[order]
@@ -192,10 +206,11 @@ def replay_lru(seq: Sequence[Access], capacity: int) -> HitRate:
     return HitRate(hits, looked)
 
 
-def hit_rates(loader: object, *, cache_bytes: int, epochs: Sequence[int]) -> dict[str, HitRate]:
+def hit_rates(loader: object, *, cache_bytes: int, epochs: Sequence[int],
+              carried: bool = False) -> dict[str, HitRate]:
     """``{"optimal": ..., "lru": ...}`` for a cache of ``cache_bytes`` that starts empty and
-    serves ``loader`` for ``epochs`` (e.g. ``range(3)``)."""
-    seq = list(accesses(loader, epochs))
+    serves ``loader`` for ``epochs`` (e.g. ``range(3)``); ``carried``: see :func:`accesses`."""
+    seq = list(accesses(loader, epochs, carried=carried))
     return {"optimal": replay_optimal(seq, cache_bytes), "lru": replay_lru(seq, cache_bytes)}
 
 

@@ -35,7 +35,7 @@ from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.concurrency import SliceGate
 from shardfeed.pipeline.pool import BatchRing, LoaderPool
 from shardfeed.pipeline.produce import TooManyBadSamples
-from shardfeed.pipeline.read_ahead import ReadAhead
+from shardfeed.pipeline.read_ahead import Carry, ReadAhead
 from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.storage.inflight import interrupt_calls
 
@@ -81,6 +81,7 @@ class EpochRun:
         self.on_batch = on_batch
         self.stages = stages
         self.read_ahead = read_ahead
+        self.carry: Carry | None = None  # the next epoch's chunks read ahead, once closed
         self.pending: deque[_Pending] = deque()
         self.next_submit = 0
         self.next_yield = 0
@@ -179,7 +180,7 @@ class EpochRun:
         wait(futures)
         self.pending.clear()
         if self.read_ahead is not None:
-            self.read_ahead.close()
+            self.carry = self.read_ahead.close()
 
 
 class HandOut:

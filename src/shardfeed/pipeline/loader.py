@@ -58,7 +58,7 @@ from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches,
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder
 from shardfeed.pipeline.progress import Progress
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
-from shardfeed.pipeline.read_ahead import read_ahead_for
+from shardfeed.pipeline.read_ahead import Carry, read_ahead_for
 from shardfeed.pipeline.samplers import EpochContext, Sample, Sampler, as_sampler
 from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
@@ -205,6 +205,7 @@ class Loader:
         self._executor: ThreadPoolExecutor | None = None
         self._processes: Any = None
         self._run: EpochRun | None = None
+        self._carry: Carry | None = None
         self._closed = False
         self._finalizer = weakref.finalize(self, release, [None, None, None])
 
@@ -410,10 +411,11 @@ class Loader:
             build_slice=build, on_batch=self._progress.commit, gate=self._gate,
             stages=self.batch_stages,
         )
+        carry, self._carry = self._carry, None
         self._run.read_ahead = read_ahead_for(
             self.sampler, ctx, positions, option=opts.read_ahead, batch_size=opts.batch_size,
-            num_batches=self._run.num_batches,
-            following=lambda: (self._context(ctx.epoch + 1), self._positions(0)))
+            num_batches=self._run.num_batches, carry=carry,
+            following=lambda k: (self._context(ctx.epoch + k), self._positions(0), len(self)))
         if self._run.read_ahead is not None:
             self._gate.keep_all_threads()
         return HandOut(self._run, closed=lambda: self._closed)
@@ -421,7 +423,15 @@ class Loader:
     def _stop_run(self) -> None:
         if self._run is not None:
             self._run.close()
+            if self._run.carry is not None:
+                self._drop_carry()
+                self._carry = self._run.carry
             self._run = None
+
+    def _drop_carry(self) -> None:
+        if self._carry is not None:
+            self._carry.session.close()
+            self._carry = None
 
     def close(self) -> None:
         """Stop workers and free buffers; idempotent. Iterating afterwards raises."""
@@ -429,6 +439,7 @@ class Loader:
             return
         self._closed = True
         self._stop_run()
+        self._drop_carry()
         registered = self._finalizer.detach()
         if registered is not None:
             release(*registered[2], wait=True)

@@ -14,6 +14,11 @@ is one batch, so that the first batch of a pass waits for one small fetch)::
 A chunk's records are fetched together, so neighbours in a shard share requests even when
 the batches are shuffled across the whole dataset; several chunks are in flight at once.
 
+Across the end of a pass: once the last chunks are scheduled, the first :data:`CHUNKS_AHEAD`
+chunks of the next epoch are scheduled too, and handed to the next pass as a :class:`Carry`
+(used when that pass is the next epoch from its start, with the same chunking; otherwise its
+records are dropped). The next epoch's first batch then does not wait for a fetch.
+
 With a disk cache smaller than the data, each record is given its *next use*: the global
 position (``epoch * samples_per_epoch + position``) of the next chunk that reads it, in this
 epoch or the next (:class:`UsePlan`). The cache keeps what is used soonest and evicts what is
@@ -46,6 +51,7 @@ CHUNK_TARGET_BYTES = 64 << 20
 
 MAX_CHUNK_BATCHES = 16
 CHUNKS_AHEAD = 2
+_EPOCH_SHIFT = 24  # a session's chunk ids: epoch << _EPOCH_SHIFT | chunk, increasing in time
 
 
 class Session(Protocol):
@@ -168,40 +174,73 @@ def chunk_batches_for(option: int | None, *, batch_size: int, records_per_sample
     return int(min(MAX_CHUNK_BATCHES, max(1, round(CHUNK_TARGET_BYTES / batch_bytes))))
 
 
+class Carry:
+    """The next epoch's first chunks, scheduled on ``session`` before its pass began."""
+
+    def __init__(self, session: Session, chunks: EpochChunks, scheduled: int,
+                 uses: UsePlan | None) -> None:
+        self.session = session
+        self.chunks = chunks
+        self.scheduled = scheduled
+        self.uses = uses
+
+    def fits(self, chunks: EpochChunks) -> bool:
+        """Whether the carried chunks are the first chunks of ``chunks``."""
+        mine = self.chunks
+        if (mine.sampler is not chunks.sampler or mine.ctx.epoch != chunks.ctx.epoch
+                or mine.batch_size != chunks.batch_size or self.scheduled > chunks.num_chunks):
+            return False
+        if any(mine.bounds(c) != chunks.bounds(c) for c in range(self.scheduled)):
+            return False
+        _, hi = chunks.bounds(self.scheduled - 1)
+        return bool(np.array_equal(mine.positions[:hi], chunks.positions[:hi]))
+
+
+Following = Callable[[int], "EpochChunks | None"]
+"""``following(k)``: the chunks of the pass ``k`` epochs after this one, from its start."""
+
+
 class ReadAhead:
-    """Keeps the next :data:`CHUNKS_AHEAD` chunks of a pass scheduled on ``session``.
+    """Keeps the next :data:`CHUNKS_AHEAD` chunks of a pass scheduled on ``session``, the
+    next epoch's first chunks included once the pass nears its end.
 
     ``want(batch)`` (the batch being submitted for building) and ``handed_out(batch)`` are
     called by the epoch run from the iterating thread; scheduling runs on one thread of its
     own. A failure there is logged and ends the look-ahead: reads go on directly.
     """
 
-    def __init__(self, session: Session, chunks: EpochChunks, *,
-                 following: Callable[[], EpochChunks | None]) -> None:
+    def __init__(self, session: Session, chunks: EpochChunks, *, following: Following,
+                 carry: Carry | None = None) -> None:
         self.session = session
         self.chunks = chunks
         self._following = following
+        self._carried = 0  # chunks of the next epoch scheduled
+        self._next: EpochChunks | None = None
+        self._next_uses: UsePlan | None = None
         self._target = -1
-        self._done = -1
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
         self.uses: UsePlan | None = None
+        self._start = 0
+        if carry is not None:
+            self._start, self._target, self.uses = carry.scheduled, carry.scheduled - 1, carry.uses
 
     def want(self, batch: int) -> None:
         """Batch ``batch`` is being submitted: have the chunks up to :data:`CHUNKS_AHEAD`
         after its own scheduled. The first call schedules the first chunk before returning
         (so the first batches do not read around it)."""
-        target = min(self.chunks.chunk_of(batch) + CHUNKS_AHEAD, self.chunks.num_chunks - 1)
+        target = min(self.chunks.chunk_of(batch) + CHUNKS_AHEAD,
+                     self.chunks.num_chunks - 1 + CHUNKS_AHEAD)
         with self._cond:
             if target <= self._target or self._closed:
                 return
             first = self._thread is None
-            self._target = target
-        if first:
+            self._target = max(target, self._target)
+        if first and self._start == 0:
             try:
                 if self.session.wants_next_use:
-                    self.uses = UsePlan(self.chunks, self._following())
+                    self.uses = UsePlan(self.chunks, self._following(1))
                 self.schedule(0)
             except Exception as exc:  # noqa: BLE001 - see _run
                 self._stop(exc)
@@ -215,22 +254,43 @@ class ReadAhead:
 
     def handed_out(self, batch: int) -> None:
         if self.chunks.is_last_batch(batch):
-            self.session.release(self.chunks.chunk_of(batch))
+            self.session.release(self._id(self.chunks.chunk_of(batch)))
+
+    def _id(self, chunk: int, epochs_on: int = 0) -> int:
+        return (self.chunks.ctx.epoch + epochs_on) << _EPOCH_SHIFT | chunk
 
     def _run(self) -> None:
         try:
-            chunk = 1
-            while True:
+            chunk = max(1, self._start)
+            last = self.chunks.num_chunks - 1 + CHUNKS_AHEAD
+            while chunk <= last:
                 with self._cond:
                     self._cond.wait_for(partial(self._ready, chunk))
                     if self._closed:
                         return
-                self.schedule(chunk)
-                chunk += 1
-                if chunk >= self.chunks.num_chunks:
+                if chunk < self.chunks.num_chunks:
+                    self.schedule(chunk)
+                elif not self._schedule_next(chunk - self.chunks.num_chunks):
                     return
+                chunk += 1
         except Exception as exc:  # noqa: BLE001 - look-ahead is an optimisation: read on
             self._stop(exc)
+
+    def _schedule_next(self, chunk: int) -> bool:
+        """Schedule the next epoch's chunk ``chunk``; False when there is none."""
+        if self._next is None:
+            self._next = self._following(1)
+            if self._next is not None and self.session.wants_next_use:
+                self._next_uses = UsePlan(self._next, self._following(2))
+        nxt = self._next
+        if nxt is None or chunk >= nxt.num_chunks:
+            return False
+        ids = nxt.records(chunk)
+        uses = self._next_uses.next_use(ids, chunk) if self._next_uses is not None else None
+        self.session.schedule(self._id(chunk, 1), ids, uses, nxt.time(chunk))
+        with self._cond:
+            self._carried = chunk + 1
+        return True
 
     def _ready(self, chunk: int) -> bool:
         return self._closed or chunk <= self._target
@@ -244,28 +304,36 @@ class ReadAhead:
     def schedule(self, chunk: int) -> None:
         ids = self.chunks.records(chunk)
         uses = self.uses.next_use(ids, chunk) if self.uses is not None else None
-        self.session.schedule(chunk, ids, uses, self.chunks.time(chunk))
+        self.session.schedule(self._id(chunk), ids, uses, self.chunks.time(chunk))
 
-    def close(self) -> None:
+    def close(self) -> Carry | None:
+        """Stop; the next epoch's chunks scheduled so far as a :class:`Carry` (the session
+        stays open for it), else None (the session is closed)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        if self._carried and self._next is not None:
+            self.session.release(self._id(self.chunks.num_chunks))  # this pass's records
+            return Carry(self.session, self._next, self._carried, self._next_uses)
         self.session.close()
+        return None
 
 
 def read_ahead_for(sampler: Sampler, ctx: EpochContext, positions: np.ndarray, *,
                    option: int | None, batch_size: int, num_batches: int,
-                   following: Callable[[], tuple[EpochContext, np.ndarray]]
-                   ) -> ReadAhead | None:
+                   following: Callable[[int], tuple[EpochContext, np.ndarray, int]],
+                   carry: Carry | None = None) -> ReadAhead | None:
     """The look-ahead of one pass (None: turned off with ``read_ahead=0``, nothing to read,
-    or data that is not fetched from object storage)."""
-    if option == 0 or num_batches == 0:
-        return None
-    session = open_session(sampler)
+    or data that is not fetched from object storage). ``following(k)``: the context,
+    positions and batches of the pass ``k`` epochs on. ``carry``: what the previous pass
+    scheduled of this one (used if it fits, else its session is closed)."""
+    session = None if option == 0 or num_batches == 0 else open_session(sampler)
     if session is None:
+        if carry is not None:
+            carry.session.close()
         return None
     per_sample = max(1, len(plan_records(sampler, ctx, positions[:1])))
     g = chunk_batches_for(option, batch_size=batch_size, records_per_sample=per_sample,
@@ -273,18 +341,25 @@ def read_ahead_for(sampler: Sampler, ctx: EpochContext, positions: np.ndarray, *
     chunks = EpochChunks(sampler, ctx, positions, batch_size=batch_size, chunk_batches=g,
                          num_batches=num_batches)
 
-    def next_epoch() -> EpochChunks:
-        ctx2, positions2 = following()
-        batches = len(positions2) // batch_size + 1
+    def later(k: int) -> EpochChunks | None:
+        ctx2, positions2, batches = following(k)
+        if batches == 0:
+            return None
         return EpochChunks(sampler, ctx2, positions2, batch_size=batch_size, chunk_batches=g,
                            num_batches=batches)
 
-    return ReadAhead(session, chunks, following=next_epoch)
+    if carry is not None and carry.fits(chunks):
+        session.close()
+        return ReadAhead(carry.session, chunks, following=later, carry=carry)
+    if carry is not None:
+        carry.session.close()
+    return ReadAhead(session, chunks, following=later)
 
 
 __all__ = [
     "CHUNKS_AHEAD",
     "CHUNK_TARGET_BYTES",
+    "Carry",
     "EpochChunks",
     "ReadAhead",
     "UsePlan",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.cache import ByteCache
+from shardfeed.storage.direct_gets import DirectGets, direct_gets_for
 from shardfeed.storage.inflight import (
     CallGroup,
     is_async,
@@ -98,7 +99,10 @@ class RemoteOptions:
     ``max_backoff_seconds``: see :class:`RetryPolicy`. ``storage_options``: fsspec options
     (endpoint, credentials); the client's own timeouts and retries are fitted inside the
     deadline unless these set them (see :func:`~shardfeed.storage.options.client_options`).
-    ``cache``: whole small objects kept in memory.
+    ``cache``: whole small objects kept in memory. ``direct_gets``: read ``s3://`` ranges
+    by presigned URL on plain HTTP connections where that sends what s3fs would (see
+    :mod:`shardfeed.storage.direct_gets`; a third of the client's CPU a GET); False: every
+    read through s3fs.
 
     The filesystem package may bound requests in flight too: s3fs (botocore) keeps 10
     connections per filesystem unless told otherwise, so for more than about 10 requests at
@@ -114,6 +118,7 @@ class RemoteOptions:
     max_backoff_seconds: float = 10.0
     storage_options: Mapping[str, Any] | None = None
     cache: ByteCache | None = None
+    direct_gets: bool = True
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_concurrency) or self.max_concurrency < 1:
@@ -132,6 +137,8 @@ class RemoteOptions:
                 "storage_options must be a mapping of fsspec options (e.g. {'anon': True}) "
                 f"or None, got {type(self.storage_options).__name__}"
             )
+        if not isinstance(self.direct_gets, bool):
+            raise TypeError(f"direct_gets must be True or False, got {self.direct_gets!r}")
         if self.cache is not None and not isinstance(self.cache, ByteCache):
             raise TypeError(f"cache must be a ByteCache or None, got {type(self.cache).__name__}")
         self.policy()  # checks the deadline, retries and backoff
@@ -202,6 +209,7 @@ class RemoteSource:
         max_backoff_seconds: float = 10.0,
         storage_options: Mapping[str, Any] | None = None,
         cache: ByteCache | None = None,
+        direct_gets: bool = True,
     ) -> None:
         if not isinstance(url, str) or "://" not in url:
             raise ValueError(f"url must be an fsspec URL such as 's3://bucket/key', got {url!r}")
@@ -210,7 +218,7 @@ class RemoteSource:
             max_request_bytes=max_request_bytes, deadline_seconds=deadline_seconds,
             retries=retries, backoff_seconds=backoff_seconds,
             max_backoff_seconds=max_backoff_seconds, storage_options=storage_options,
-            cache=cache,
+            cache=cache, direct_gets=direct_gets,
         )
         self.url = url
         self.options = options
@@ -220,6 +228,7 @@ class RemoteSource:
         self.policy = options.policy()
         self.cache = cache
         self._fs, self._path = self._filesystem()
+        self._direct = direct_gets_for(self._fs, self._path, enabled=direct_gets)
         self._fs_pid = os.getpid()
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
@@ -313,6 +322,8 @@ class RemoteSource:
             with self._lock:
                 if self._fs_pid != os.getpid():
                     self._fs, self._path = self._filesystem()
+                    self._direct = direct_gets_for(self._fs, self._path,
+                                                   enabled=self.options.direct_gets)
                     self._fs_pid = os.getpid()
         return self._fs, self._path
 
@@ -333,11 +344,11 @@ class RemoteSource:
         """Bytes ``[start, end)`` of each span (fewer only at end of object), up to
         ``max_concurrency`` requests in flight, all within one deadline."""
         fs, path = self._client()
-        known_size = self._size
+        known_size, direct = self._size, self._direct
 
         def job(start: int, end: int) -> Job[bytes]:
             return Job(f"read bytes {start}..{end} of",
-                       lambda: _start_range(fs, path, start, end, known_size))
+                       lambda: _start_range(fs, path, start, end, known_size, direct))
 
         jobs = [job(start, end) for start, end in spans]
         blobs = self._retrier.run(jobs, url=self.url, max_in_flight=self.max_concurrency,
@@ -348,13 +359,15 @@ class RemoteSource:
         return blobs
 
 
-def _start_range(fs: Any, path: str, start: int, end: int,
-                 known_size: int | None) -> Future[bytes]:
+def _start_range(fs: Any, path: str, start: int, end: int, known_size: int | None,
+                 direct: DirectGets | None = None) -> Future[bytes]:
     """One attempt at bytes ``[start, end)`` of ``path``, started beside the caller."""
     if known_size is not None and start >= known_size:
         done: Future[bytes] = Future()
         done.set_result(b"")  # past the end: an empty read, no request needed
         return done
+    if direct is not None:
+        return direct.start(start, end)
     if is_async(fs):
         return start_coroutine(fs, _get_range_async(fs, path, start, end))
     return start_in_thread(lambda: _get_range(fs, path, start, end))

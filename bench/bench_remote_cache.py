@@ -203,7 +203,8 @@ def main() -> None:
                 rates, loader = run(ds, epochs=args.epochs, args=args)
                 rows.setdefault("s3 cache 25%", []).extend(rates[1:])
                 stats = ds.storage_stats()
-                figures = hit_rates(loader, cache_bytes=quarter, epochs=range(args.epochs))
+                figures = hit_rates(loader, cache_bytes=quarter, epochs=range(args.epochs),
+                                    carried=True)
                 notes.setdefault("hit rate 25%", []).append(
                     (stats["cache_hits"] / max(1, stats["cache_hits"] + stats["cache_misses"]),
                      figures["optimal"].rate, figures["lru"].rate))

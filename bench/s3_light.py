@@ -58,19 +58,19 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: LightS3
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(body=False)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer(body=True)
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._error(501, "NotImplemented", "read-only server")
 
-    do_POST = do_DELETE = do_PUT  # noqa: N815
+    do_POST = do_DELETE = do_PUT
 
     def _answer(self, *, body: bool) -> None:
         if self.server.latency:

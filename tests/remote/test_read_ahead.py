@@ -161,3 +161,75 @@ def test_a_server_gone_for_good_under_read_ahead_is_a_storage_error_naming_the_u
             for _ in it:
                 pass
     assert time.perf_counter() - start < 60
+
+
+def _carried(loader: Loader, chunks: int) -> None:
+    """Wait until the pass just read has fetched ``chunks`` chunks of the next epoch."""
+    ahead = loader._run.read_ahead if loader._run is not None else None
+    assert ahead is not None
+    deadline = time.monotonic() + 30
+    while ahead._carried < chunks:
+        assert time.monotonic() < deadline, "the next epoch's chunks were never scheduled"
+        time.sleep(0.01)
+    for entry in list(ahead.session._staged.values()):
+        if entry.future is not None:
+            entry.future.result(timeout=30)
+
+
+def test_the_next_epochs_first_batches_are_read_while_this_one_ends(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    options = {**OPTIONS, "read_ahead": 4}  # chunks: 1 batch, then 2
+    expected = local_epochs(folder, 2, read_ahead=0)
+    with Dataset(url) as ds, Loader(ds, **options) as loader:
+        first = stream(loader)
+        _carried(loader, 2)
+        with s3_server.stall_gets(".tfrecord", timeout_seconds=30) as stall:
+            batches = iter(loader)
+            # the server sends no shard byte now: these three come from the carried chunks
+            head = [next(batches) for _ in range(3)]
+            stall.release()
+        rest = [(b["index"].tolist(), list(b["name"])) for b in batches]
+    second = [(b["index"].tolist(), list(b["name"])) for b in head] + rest
+    assert [first, second] == expected
+
+
+def test_a_carried_read_ahead_that_does_not_fit_the_next_pass_is_dropped(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    options = {**OPTIONS, "read_ahead": 4}
+    with Dataset(str(folder)) as local, Loader(local, **options) as loader:
+        loader.set_epoch(5)
+        expected = stream(loader)
+    with Dataset(url) as ds, Loader(ds, **options) as loader:
+        stream(loader)
+        _carried(loader, 2)  # epoch 1's first chunks, staged
+        loader.set_epoch(5)
+        assert stream(loader) == expected
+
+
+def test_the_memory_budget_bounds_what_the_read_ahead_holds(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    options = {**OPTIONS, "read_ahead": 4}
+    with Dataset(str(folder)) as local, Loader(local, **options) as loader:
+        assert loader.memory_budget().read_ahead_bytes == 0  # local data: no look-ahead
+    with Dataset(url) as ds, Loader(ds, **{**options, "read_ahead": 0}) as loader:
+        assert loader.memory_budget().read_ahead_bytes == 0
+    with Dataset(url) as ds, Loader(ds, **options) as loader:
+        budget = loader.memory_budget()
+        largest = max(len(p) for p in ds.read_payloads(range(240)))
+        peak = 0
+        for _ in range(2):
+            for _batch in loader:
+                assert loader._run is not None and loader._run.read_ahead is not None
+                peak = max(peak, len(loader._run.read_ahead.session._staged))
+    assert peak > 8  # records were staged ahead of their batches
+    assert peak * largest <= budget.read_ahead_bytes - 8 * (32 << 20)  # beside the fetches
+    assert budget.total_bytes >= budget.read_ahead_bytes

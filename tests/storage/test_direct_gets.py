@@ -105,7 +105,7 @@ def scripted() -> Iterator[tuple[Script, str]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             _, _, query = self.path.partition("?")
             script.seen.append(query)
             status, headers, body = script.answer(query, self.headers.get("Range", ""))
@@ -164,8 +164,8 @@ def test_a_refused_signature_is_renewed_once(scripted: tuple[Script, str]) -> No
     gets, fs = _gets(url)
     assert gets.get(0, 100) == DATA[:100]
     assert fs.signed == 2 and script.seen == ["sig=1", "sig=2"]
-    script.answer = lambda q, r: (403, {}, b"<Error><Code>AccessDenied</Code>"
-                                  b"<Message>no</Message></Error>")
+    script.answer = lambda q, r: (403, {}, (b"<Error><Code>AccessDenied</Code>"
+                                  b"<Message>no</Message></Error>"))
     with pytest.raises(PermissionError, match="AccessDenied: no") as denied:
         gets.get(0, 100)
     assert not is_transient(denied.value)

@@ -139,3 +139,25 @@ def test_reservations_of_a_process_that_died_are_dropped(tmp_path: Path) -> None
     cache = DiskCache(tmp_path, max_bytes=1000)
     assert cache.summary().reserved == 0
     assert put(cache, "gone", 10, 5)
+
+
+def test_an_entry_evicted_by_another_process_while_read_is_not_freed_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = DiskCache(tmp_path, max_bytes=300)
+    other = DiskCache(tmp_path, max_bytes=300)  # another process on the same folder
+    assert put(reader, "a", 100, 50) and put(reader, "b", 100, 60) and put(reader, "c", 100, 70)
+    read_file = reader._read_file
+
+    def evicted_meanwhile(key: str, size: int) -> bytes | None:
+        if key == "c":  # the reader found c's row; the other process evicts c before the read
+            assert put(other, "d", 100, 10)
+        return read_file(key, size)
+
+    monkeypatch.setattr(reader, "_read_file", evicted_meanwhile)
+    assert held(reader, ["a", "b", "c"]) == ["a", "b"]  # c is a miss
+    monkeypatch.undo()
+    # the bound still holds: c's bytes were freed once, by its eviction
+    for key, use in [("e", 20), ("f", 30), ("g", 40)]:
+        put(reader, key, 100, use)
+    assert reader.summary().bytes <= 300

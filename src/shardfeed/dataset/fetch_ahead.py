@@ -198,6 +198,7 @@ class AheadSession:
         cache = fetcher.cache
         self.wants_next_use = cache is not None and cache.max_bytes < fetcher.remote_bytes
         self.mean_record_bytes = fetcher.mean_record_bytes
+        self.fetch_buffer_bytes = FETCH_THREADS * AHEAD_READ.max_read_bytes * 2  # ranges, records
         self._staged: dict[int, _Staged] = {}
         self._lock = threading.Lock()
         self.closed = False

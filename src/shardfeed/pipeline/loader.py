@@ -58,7 +58,7 @@ from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches,
 from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder
 from shardfeed.pipeline.progress import Progress
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
-from shardfeed.pipeline.read_ahead import Carry, read_ahead_for
+from shardfeed.pipeline.read_ahead import Carry, read_ahead_for, staging_bytes
 from shardfeed.pipeline.samplers import EpochContext, Sample, Sampler, as_sampler
 from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
@@ -348,6 +348,9 @@ class Loader:
             decode_bytes=decode_bytes_per_thread(self._transform, self.sampler, records),
             cache_bytes=self._cache_bound(), ring_batches=ring_batches(self.options),
             stage_bytes=stage_memory_bytes(self.batch_stages),
+            read_ahead_bytes=staging_bytes(self.sampler, self._context(), self._positions(0),
+                                           option=self.options.read_ahead,
+                                           batch_size=self.options.batch_size),
         )
 
     def _cache_bound(self) -> int:

@@ -12,6 +12,8 @@ part                               what it counts
 ``cache_bytes``                    the sampler's cache (the decoded images of Patches)
 ``fixed_bytes``                    what any loader holds beyond these (:func:`fixed_bytes`)
 ``stage_bytes``                    what the batch stages say they hold (``memory_bytes()``)
+``read_ahead_bytes``               records read ahead from object storage and the fetches in
+                                   flight (by the mean record size; 0 on local data)
 ``device_bytes``                   GPU memory, apart from the total (host memory): set by an
                                    adapter that decodes on the device (``shardfeed.torch``)
 =================================  ========================================================
@@ -82,12 +84,14 @@ class MemoryBudget:
     fixed_bytes: int = 0
     stage_bytes: int = 0
     device_bytes: int = 0
+    read_ahead_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return (self.batch_bytes * self.ring_batches
                 + (self.work_bytes_per_thread + self.decode_bytes_per_thread) * self.threads
-                + self.index_bytes + self.cache_bytes + self.fixed_bytes + self.stage_bytes)
+                + self.index_bytes + self.cache_bytes + self.fixed_bytes + self.stage_bytes
+                + self.read_ahead_bytes)
 
 
 def declared_decode_bytes(transform: TransformBase | None, source: Any) -> int | None:
@@ -189,7 +193,7 @@ def decoded_bytes(records: list[Sample]) -> int:
 def loader_budget(
     options: LoaderOptions, layout: BatchLayout, sample: Sample, records: list[Sample], *,
     index_bytes: int, num_units: int, decode_bytes: int, cache_bytes: int, ring_batches: int,
-    stage_bytes: int,
+    stage_bytes: int, read_ahead_bytes: int = 0,
 ) -> MemoryBudget:
     """A loader's budget from its options, batch layout and first sample (and its records)."""
     row_bytes = layout.batch_bytes() // options.batch_size
@@ -209,5 +213,5 @@ def loader_budget(
         cache_bytes=cache_bytes,
         decode_bytes_per_thread=decode_bytes,
         fixed_bytes=fixed_bytes(threads=threads, processes=processes, decode_bytes=decode_bytes),
-        stage_bytes=stage_bytes,
+        stage_bytes=stage_bytes, read_ahead_bytes=read_ahead_bytes,
     )

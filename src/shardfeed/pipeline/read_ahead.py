@@ -59,6 +59,7 @@ class Session(Protocol):
 
     wants_next_use: bool
     mean_record_bytes: float
+    fetch_buffer_bytes: int  # the most the fetches in flight hold
 
     def schedule(self, chunk: int, idx: np.ndarray, next_use: np.ndarray | None,
                  now: int) -> None: ...
@@ -322,6 +323,26 @@ class ReadAhead:
         return None
 
 
+def staging_bytes(sampler: Sampler, ctx: EpochContext, positions: np.ndarray, *,
+                  option: int | None, batch_size: int) -> int:
+    """The most memory the look-ahead of a pass holds (0 where there is none): the chunks
+    staged (the one being built, :data:`CHUNKS_AHEAD` ahead, and as many of the next epoch
+    near the end of a pass) by the mean record size, and the fetches in flight."""
+    if option == 0 or len(positions) == 0:
+        return 0
+    session = open_session(sampler)
+    if session is None:
+        return 0
+    try:
+        per_sample = max(1, len(plan_records(sampler, ctx, positions[:1])))
+        g = chunk_batches_for(option, batch_size=batch_size, records_per_sample=per_sample,
+                              mean_record_bytes=session.mean_record_bytes)
+        chunk = g * batch_size * per_sample * session.mean_record_bytes
+        return int((2 * CHUNKS_AHEAD + 1) * chunk) + session.fetch_buffer_bytes
+    finally:
+        session.close()
+
+
 def read_ahead_for(sampler: Sampler, ctx: EpochContext, positions: np.ndarray, *,
                    option: int | None, batch_size: int, num_batches: int,
                    following: Callable[[int], tuple[EpochContext, np.ndarray, int]],
@@ -367,4 +388,5 @@ __all__ = [
     "open_session",
     "plan_records",
     "read_ahead_for",
+    "staging_bytes",
 ]

@@ -195,9 +195,11 @@ class DiskCache:
         if not rows:
             return
         db = self._db()
-        db.executemany("DELETE FROM entries WHERE key=?", [(k,) for k, _ in rows])
-        db.execute("UPDATE meta SET value=value-? WHERE name='total'",
-                   (sum(s for _, s in rows),))
+        freed = 0
+        for key, _ in rows:  # an entry another process removed meanwhile frees nothing
+            for (size,) in db.execute("DELETE FROM entries WHERE key=? RETURNING size", (key,)):
+                freed += size
+        db.execute("UPDATE meta SET value=value-? WHERE name='total'", (freed,))
 
     # -- reading --------------------------------------------------------------------------
 
@@ -255,14 +257,18 @@ class DiskCache:
         """The entry's bytes, or None when its file is gone (evicted by another process
         meanwhile: a miss) or damaged (counted)."""
         try:
-            with open(self._file(key), "rb") as f:
-                blob = f.read()
+            with open(self._file(key), "rb", buffering=0) as f:
+                head = f.read(_HEADER.size)
+                data = f.read(size + 1)  # the payload read in place (no copy); +1: too long
+                while len(data) <= size:  # a read may return less than asked: read on
+                    more = f.read(size + 1 - len(data))
+                    if not more:
+                        break
+                    data += more
         except FileNotFoundError:
             return None
-        header = _HEADER.size
-        if len(blob) >= header:
-            magic, crc, length = _HEADER.unpack_from(blob)
-            data = blob[header:]
+        if len(head) == _HEADER.size:
+            magic, crc, length = _HEADER.unpack(head)
             if magic == MAGIC and length == size == len(data) and google_crc32c.value(data) == crc:
                 return data
         self.counters.corrupt += 1

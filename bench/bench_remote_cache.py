@@ -3,10 +3,12 @@ read-ahead, a disk cache as large as the data, and a cache of a quarter of it.
 
 Writes ``--images`` ImageNet-sized JPEGs (500x375; a multiple of ``--batch``, so that an
 epoch with ``drop_last`` reads every record) into ``--shards`` indexed shards,
-starts moto's S3 server in another process on 127.0.0.1 holding every request
-``--latency-ms`` before answering (a cloud region's time to first byte; the server's
-request counter is printed), uploads the dataset, then runs ``presets.train(size=224)``
-Loaders (``--threads`` threads, ``--batch`` a batch) for ``--epochs`` epochs each, in
+starts an S3-compatible server in another process on 127.0.0.1 holding every request
+``--latency-ms`` before answering (a cloud region's time to first byte): ``--server light``
+(``bench/s3_light.py``, bodies by sendfile, so that the server does not take the decoder's
+CPU) or ``moto`` (S3 in full, a Python object model a request), then runs
+``presets.train(size=224)`` Loaders (``--threads`` threads, ``--batch`` a batch) for
+``--epochs`` epochs each, each run in a process of its own (as a training run is), in
 interleaved rounds:
 
 * ``local``: the same files on local disk (the rate to match);
@@ -91,8 +93,8 @@ def write_dataset(folder: Path, images: int, shards: int) -> int:
     return total
 
 
-def run(source: Any, *, epochs: int, args: argparse.Namespace, **options: Any
-        ) -> tuple[list[float], Any]:
+def run(source: Any, *, epochs: int, args: argparse.Namespace,
+        after_epoch: Any = None, **options: Any) -> tuple[list[float], Any]:
     """images/s of each epoch of a train-preset Loader over ``source`` (a Dataset)."""
     from shardfeed import Loader, presets
 
@@ -103,6 +105,8 @@ def run(source: Any, *, epochs: int, args: argparse.Namespace, **options: Any
             start = time.perf_counter()
             n = sum(len(b["image"]) for b in loader)
             rates.append(n / (time.perf_counter() - start))
+            if after_epoch is not None:
+                after_epoch()
     return rates, loader
 
 
@@ -157,76 +161,98 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--server", choices=("light", "moto"), default="light",
                         help="light: bench/s3_light.py (sendfile); moto: S3 in full")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # one run, in a process of its own
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    from shardfeed import Dataset
-    from shardfeed.pipeline.cache_policy import hit_rates
-    from shardfeed.storage.remote import set_storage_options
+    if args.case:
+        print(json.dumps(run_case(args.case, json.loads(args.spec), args)), flush=True)
+        return
 
     work = Path(tempfile.mkdtemp(prefix="sf-remote-cache-"))
     try:
         data = work / "buckets" / "ds"
         record_bytes = write_dataset(data, args.images, args.shards)
         server = Server(args.server, work / "buckets", "ds", args.latency_ms)
-        set_storage_options("s3://", **server.options)
         rows: dict[str, list[float]] = {}
-        notes: dict[str, Any] = {}
-        quarter = record_bytes // 4
+        notes: dict[str, list[Any]] = {}
         for r in range(args.rounds):
-            with Dataset(str(data)) as ds:
-                rows.setdefault("local", []).extend(run(ds, epochs=args.epochs, args=args)[0][1:])
-            with Dataset(server.url) as ds:
-                rows.setdefault("s3 read-ahead", []).extend(
-                    run(ds, epochs=args.epochs, args=args)[0][1:])
-            with Dataset(server.url) as ds:
-                rows.setdefault("s3 no read-ahead", []).extend(
-                    run(ds, epochs=2, args=args, read_ahead=0)[0][1:])
-            cache = work / f"cache-{r}"
-            with Dataset(server.url, cache_dir=cache) as ds:
+            for case in CASES:
+                spec = {"data": str(data), "url": server.url, "options": server.options,
+                        "cache": str(work / f"{case}-{r}"), "quarter": record_bytes // 4}
                 before = server.gets()
-                from shardfeed import Loader, presets
-
-                with Loader(ds, batch_size=args.batch, shuffle=True, seed=1, drop_last=True,
-                            num_threads=args.threads, transform=presets.train(size=224)) as lo:
-                    for epoch in range(args.epochs):
-                        start = time.perf_counter()
-                        n = sum(len(b["image"]) for b in lo)
-                        rate = n / (time.perf_counter() - start)
-                        gets = server.gets()
-                        if epoch == 0:
-                            notes.setdefault("fill GETs", []).append(gets - before)
-                        else:
-                            rows.setdefault("s3 cache >= data", []).append(rate)
-                            notes.setdefault("later-epoch GETs", []).append(gets - before)
-                        before = gets
-            with Dataset(server.url, cache_dir=work / f"q-{r}", cache_bytes=quarter) as ds:
-                rates, loader = run(ds, epochs=args.epochs, args=args)
-                rows.setdefault("s3 cache 25%", []).extend(rates[1:])
-                stats = ds.storage_stats()
-                figures = hit_rates(loader, cache_bytes=quarter, epochs=range(args.epochs),
-                                    carried=True)
-                notes.setdefault("hit rate 25%", []).append(
-                    (stats["cache_hits"] / max(1, stats["cache_hits"] + stats["cache_misses"]),
-                     figures["optimal"].rate, figures["lru"].rate))
+                out = json.loads(subprocess.run(
+                    [sys.executable, __file__, *sys.argv[1:], "--case", case, "--spec",
+                     json.dumps(spec)], check=True, capture_output=True, text=True).stdout)
+                rows.setdefault(case, []).extend(out["rates"][1:])
+                if case == "s3 cache >= data":
+                    notes.setdefault("fill GETs", []).append(out["gets"][0])
+                    notes.setdefault("later-epoch GETs", []).extend(out["gets"][1:])
+                    assert sum(out["gets"]) <= server.gets() - before
+                if case == "s3 cache 25%":
+                    notes.setdefault("hit rate 25%", []).append(out["hits"])
             print(f"round {r + 1}: " + ", ".join(
                 f"{k} {v[-1]:,.0f}" for k, v in rows.items()), file=sys.stderr, flush=True)
         server.close()
-        local = statistics.median(rows["local"])
-        print(f"\n{args.images} JPEGs of 500x375 ({record_bytes / 1e6:.0f} MB) in {args.shards} "
-              f"shards; {args.server} S3 server, {args.latency_ms:g} ms a request; presets.train(size=224), "
-              f"{args.threads} threads, batch {args.batch}; epochs 2..{args.epochs} of "
-              f"{args.rounds} rounds\n")
-        print("| run | images/s (median) | / local |\n|---|---:|---:|")
-        for name, values in rows.items():
-            med = statistics.median(values)
-            print(f"| {name} | {med:,.0f} | {med / local:.2f} |")
-        print(f"\nrecord GETs: epoch 1 filling the cache {notes['fill GETs']}; "
-              f"each later epoch {notes['later-epoch GETs']}")
-        for realised, optimal, lru in notes["hit rate 25%"]:
-            print(f"cache 25%: hit rate {realised:.3f}; optimal policy {optimal:.3f}; "
-                  f"LRU {lru:.3f}")
+        report(rows, notes, args, record_bytes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+CASES = ("local", "s3 read-ahead", "s3 no read-ahead", "s3 cache >= data", "s3 cache 25%")
+
+
+def run_case(case: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One run of ``case`` (a new process: a training run), its epochs' rates and figures."""
+    from shardfeed import Dataset
+    from shardfeed.pipeline.cache_policy import hit_rates
+    from shardfeed.storage.remote import set_storage_options
+
+    set_storage_options("s3://", **spec["options"])
+    source, options, loader_options = spec["url"], {}, {}
+    if case == "local":
+        source = spec["data"]
+    elif case == "s3 no read-ahead":
+        loader_options = {"read_ahead": 0}
+    elif case == "s3 cache >= data":
+        options = {"cache_dir": spec["cache"]}
+    elif case == "s3 cache 25%":
+        options = {"cache_dir": spec["cache"], "cache_bytes": spec["quarter"]}
+    out: dict[str, Any] = {}
+    with Dataset(source, **options) as ds:
+        gets: list[int] = []
+
+        def epoch_done() -> None:  # record GETs of each epoch (the client's count)
+            gets.append(ds.storage_stats().get("requests", 0) - sum(gets))
+
+        rates, loader = run(ds, epochs=args.epochs, args=args, after_epoch=epoch_done,
+                            **loader_options)
+        out.update(rates=rates, gets=gets)
+        if case == "s3 cache 25%":
+            stats = ds.storage_stats()
+            figures = hit_rates(loader, cache_bytes=spec["quarter"], epochs=range(args.epochs),
+                                carried=True)
+            out["hits"] = (stats["cache_hits"] / max(1, stats["cache_hits"]
+                                                     + stats["cache_misses"]),
+                           figures["optimal"].rate, figures["lru"].rate)
+    return out
+
+
+def report(rows: dict[str, list[float]], notes: dict[str, list[Any]],
+           args: argparse.Namespace, record_bytes: int) -> None:
+    local = statistics.median(rows["local"])
+    print(f"\n{args.images} JPEGs of 500x375 ({record_bytes / 1e6:.0f} MB) in {args.shards} "
+          f"shards; {args.server} S3 server, {args.latency_ms:g} ms a request; "
+          f"presets.train(size=224), {args.threads} threads, batch {args.batch}; epochs "
+          f"2..{args.epochs} of {args.rounds} rounds, each run a process of its own\n")
+    print("| run | images/s (median) | / local |\n|---|---:|---:|")
+    for name, values in rows.items():
+        med = statistics.median(values)
+        print(f"| {name} | {med:,.0f} | {med / local:.2f} |")
+    print(f"\nrecord GETs: epoch 1 filling the cache {notes['fill GETs']}; "
+          f"each later epoch {notes['later-epoch GETs']}")
+    for realised, optimal, lru in notes["hit rate 25%"]:
+        print(f"cache 25%: hit rate {realised:.3f}; optimal policy {optimal:.3f}; "
+              f"LRU {lru:.3f}")
 
 
 if __name__ == "__main__":

@@ -233,3 +233,53 @@ def test_the_memory_budget_bounds_what_the_read_ahead_holds(
     assert peak > 8  # records were staged ahead of their batches
     assert peak * largest <= budget.read_ahead_bytes - 8 * (32 << 20)  # beside the fetches
     assert budget.total_bytes >= budget.read_ahead_bytes
+
+
+def digest(batch: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """Every feature of a batch as bytes (arrays) or their repr (lists)."""
+    return [(k, v.tobytes() if hasattr(v, "tobytes") else repr(v).encode())
+            for k, v in sorted(batch.items())]
+
+
+def test_windows_and_patches_over_a_cached_bucket_read_what_local_files_give(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    """Frames of windows and images of patches are read ahead and cached like records: the
+    batches equal local ones, and a second epoch sends no request for shard bytes."""
+    import numpy as np
+    import simplejpeg
+
+    from shardfeed import Patches, Windows
+    from shardfeed.format.writer import ShardWriter
+    from shardfeed.tools.index import index_files
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(2):
+        with ShardWriter(str(folder / f"frames-{k:02d}.tfrecord")) as writer:
+            for i in range(k * 30, k * 30 + 30):
+                pixels = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)
+                writer.write_example({"image/encoded": simplejpeg.encode_jpeg(pixels),
+                                      "index": [i], "day": [i // 12], "t": [float(i)]})
+    index_files(str(folder), group_key="day", order_key="t")
+    url = s3_server.upload_folder(folder)
+    samplers: dict[str, Callable[[Dataset], Any]] = {
+        "windows": lambda ds: Windows(ds, length=3, stride=2),
+        "patches": lambda ds: Patches(ds, size=8, cache_images=3, refresh_every=4),
+    }
+    for name, make in samplers.items():
+        options = {"batch_size": 4, "seed": 7, "num_threads": 2, "read_ahead": 4}
+
+        with Dataset(str(folder)) as local, Loader(make(local), **options) as loader:
+            expected = [[digest(b) for b in loader] for _ in range(2)]
+        s3_server.clear_log()
+        with Dataset(url, cache_dir=tmp_path / f"cache-{name}") as ds, \
+                Loader(make(ds), **options) as loader:
+            first = [digest(b) for b in loader]
+            assert data_gets(s3_server) > 0, name
+            s3_server.clear_log()
+            second = [digest(b) for b in loader]
+            assert data_gets(s3_server) == 0, name  # all from the cache
+            assert ds.storage_stats()["staged_hits"] > 0, name  # read ahead, not one by one
+        assert [first, second] == expected, name

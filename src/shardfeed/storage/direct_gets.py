@@ -21,7 +21,6 @@ A range that starts past the end reads as empty (the ByteSource contract).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import http.client
 import os
@@ -30,9 +29,11 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+from shardfeed.storage.inflight import settle
 
 T = TypeVar("T")
 
@@ -261,16 +262,8 @@ class _Workers:
             future, fn = self._queue.get()
             with self._lock:
                 self._idle -= 1
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                with contextlib.suppress(InvalidStateError):
-                    future.set_exception(exc)
-            else:
-                with contextlib.suppress(InvalidStateError):
-                    future.set_result(result)
+            if future.set_running_or_notify_cancel():
+                settle(future, fn)
 
 
 _WORKERS = _Workers(MAX_THREADS)

@@ -51,6 +51,7 @@ __all__ = [
     "interrupt_calls",
     "interrupts",
     "is_async",
+    "settle",
     "start_coroutine",
     "start_fs_call",
     "start_in_thread",
@@ -69,21 +70,22 @@ def start_in_thread(fn: Callable[[], T], *, name: str = "shardfeed-storage") -> 
     thread ends when ``fn`` returns, and its result is dropped.
     """
     future: Future[T] = Future()
-
-    def run() -> None:
-        # The caller may have cancelled the future meanwhile (abandoned the call): then the
-        # outcome has nobody to go to (InvalidStateError).
-        try:
-            result = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-            with contextlib.suppress(InvalidStateError):
-                future.set_exception(exc)
-        else:
-            with contextlib.suppress(InvalidStateError):
-                future.set_result(result)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
+    threading.Thread(target=settle, args=(future, fn), name=name, daemon=True).start()
     return future
+
+
+def settle(future: Future[T], fn: Callable[[], T]) -> None:
+    """Run ``fn()`` and hand its result or exception to ``future``. The caller may have
+    cancelled the future meanwhile (abandoned the call): then the outcome has nobody to go
+    to (InvalidStateError), and is dropped."""
+    try:
+        result = fn()
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+        with contextlib.suppress(InvalidStateError):
+            future.set_exception(exc)
+    else:
+        with contextlib.suppress(InvalidStateError):
+            future.set_result(result)
 
 
 def start_fs_call(fs: Any, method: str, /, *args: Any, **kwargs: Any) -> Future[Any]:

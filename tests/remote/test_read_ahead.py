@@ -3,6 +3,7 @@ runs them: epochs, a second run, a quarter-size cache, a damaged entry, a server
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -283,3 +284,27 @@ def test_windows_and_patches_over_a_cached_bucket_read_what_local_files_give(
             assert data_gets(s3_server) == 0, name  # all from the cache
             assert ds.storage_stats()["staged_hits"] > 0, name  # read ahead, not one by one
         assert [first, second] == expected, name
+
+
+def test_inspect_shows_what_the_cache_holds_of_the_dataset(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shardfeed.cli.main import main
+
+    url = s3_server.upload_folder(records_dataset(60, 3))
+    cache = tmp_path / "c"
+    with Dataset(url, cache_dir=cache) as ds:
+        ds.read_many(list(range(20)) + [25, 41])  # all of shard 0, one of 1, one of 2
+        bytes_read = sum(len(p) for p in ds.read_payloads(list(range(20)) + [25, 41]))
+    bound = DiskCache(cache, max_bytes=None).summary().max_bytes
+    assert main(["inspect", url, "--cache-dir", str(cache), "--json"]) == 0
+    held = json.loads(capsys.readouterr().out)["cache"]
+    assert [(s["records"], s["cached"]) for s in held["shards"]] == [(20, 20), (20, 1), (20, 1)]
+    assert (held["records"], held["bytes"]) == (22, bytes_read)
+    assert main(["inspect", url, "--cache-dir", str(cache)]) == 0
+    assert "cached    22 of 60 records (37%)" in capsys.readouterr().out
+    # looking does not change the folder's bound; another folder is a clear error
+    assert DiskCache(cache, max_bytes=None).summary().max_bytes == bound
+    assert main(["inspect", url, "--cache-dir", str(tmp_path)]) == 1
+    assert "not a shardfeed cache folder" in capsys.readouterr().err

@@ -6,6 +6,7 @@ examples:
   shardfeed inspect out/ --records 3     # also the first 3 records, briefly
   shardfeed inspect out/ --json
   shardfeed inspect s3://bucket/ds/      # any URL Dataset opens (s3://, gs://, memory://)
+  shardfeed inspect s3://bucket/ds/ --cache-dir ~/.cache/ds   # and what a disk cache holds of it
   shardfeed inspect out/ --windows 3 --stride 2            # valid 3-frame windows, every 2nd frame
   shardfeed inspect out/ --windows 3 --stride-seconds 16 --max-gap-seconds 30
 """
@@ -31,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print everything as JSON")
     parser.add_argument("--all-shards", action="store_true",
                         help="list every shard (default: the first 10)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="also show how much of the dataset the disk cache folder DIR "
+                             "holds (a Dataset's cache_dir; `shardfeed cache DIR` shows it all)")
     common.add_dataset_options(parser)
     windows = parser.add_argument_group(
         "windows", "count the valid windows of K frames within groups (needs group/order keys)"
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                          "also pass --windows K (frames a window)")
     info = inspect(source, records=args.records, windows=args.windows, stride=args.stride,
                    stride_seconds=args.stride_seconds, max_gap_seconds=args.max_gap_seconds,
-                   **common.dataset_options(args))
+                   cache_dir=args.cache_dir, **common.dataset_options(args))
     if args.json:
         common.print_json(info)
         return 0
@@ -106,6 +110,8 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
                   f"median {span['median']:g} s / max {span['max']:g} s")
     if "windows" in info:
         _print_windows(info["windows"])
+    if "cache" in info:
+        _print_cache(info["cache"], records=info["records"])
     kinds = {row["name"]: row["kind"] for row in info["schema"]}
     for key, names in (info["extra"].get("vocabularies") or {}).items():
         shown = ", ".join(map(str, names[:12])) + (" ..." if len(names) > 12 else "")
@@ -117,6 +123,14 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
         print(f"record {i}")
         for key, value in rec.items():
             print(f"  {key:<24} {value}")
+
+
+def _print_cache(cache: dict[str, Any], *, records: int) -> None:
+    share = f" ({cache['records'] / records:.0%})" if records else ""
+    shards = sum(1 for s in cache["shards"] if s["cached"] == s["records"] and s["records"])
+    print(f"cached    {cache['records']:,} of {common.count(records, 'record')}{share}, "
+          f"{common.human_bytes(cache['bytes'])} in {cache['path']}; "
+          f"{shards} of {common.count(len(cache['shards']), 'shard')} whole")
 
 
 def _print_windows(w: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardfeed.dataset.fetch_ahead import AHEAD_READ, AheadSession, open_fetcher
+from shardfeed.dataset.fetch_ahead import AHEAD_READ, AheadSession, cached_in, open_fetcher
 from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprint
 from shardfeed.dataset.open_shards import OpenShards, check_source_options
 from shardfeed.dataset.opening import (
@@ -305,6 +305,12 @@ class Dataset:
         if self._fetcher is not None:
             stats.update(self._fetcher.stats())
         return stats
+
+    def cached_in(self, cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
+        """What the disk cache folder ``cache_dir`` holds of this dataset's records (it may be
+        another Dataset's ``cache_dir``; this one need not use it): ``records`` and ``bytes``
+        cached in all, and per shard ``url``, ``records``, ``cached``, ``bytes``."""
+        return cached_in(self._table, cache_dir, **self._shard_identities())
 
     def read_payloads(self, indices: Iterable[int] | np.ndarray) -> list[bytes]:
         """The serialized Examples of records ``indices``, in that order (CRC-checked when

@@ -379,4 +379,32 @@ def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
     return RecordFetcher(table, network, cache=cache, sizes=sizes, checksums=checksums)
 
 
-__all__ += ["open_fetcher"]
+def cached_in(table: ShardTable, cache_dir: Any, *, sizes: Sequence[int],
+              checksums: Sequence[int | None]) -> dict[str, Any]:
+    """What folder ``cache_dir`` holds of these shards: ``records`` and ``bytes`` in all and
+    ``shards`` (url, records, cached, bytes each; local shards are never cached). The folder is
+    only read (its bound is left as its users set it)."""
+    import os
+
+    if not os.path.isfile(os.path.join(os.fspath(cache_dir), "index.sqlite3")):
+        raise FileNotFoundError(
+            f"'{os.fspath(cache_dir)}' is not a shardfeed cache folder (no index.sqlite3); give "
+            "the cache_dir the Dataset was opened with")
+    urls = table.urls
+    objects = [object_key(u, sizes[k], checksums[k]) if is_remote(u) else ""
+               for k, u in enumerate(urls)]
+    cache = DiskCache(cache_dir, max_bytes=None)
+    try:
+        held = cache.held([o for o in objects if o])
+    finally:
+        cache.close()
+    found = iter(held)
+    shards = []
+    for k, url in enumerate(urls):
+        n, size = next(found) if objects[k] else (0, 0)
+        shards.append({"url": url, "records": int(table.counts[k]), "cached": n, "bytes": size})
+    return {"path": os.fspath(cache_dir), "records": sum(s["cached"] for s in shards),
+            "bytes": sum(s["bytes"] for s in shards), "shards": shards}
+
+
+__all__ += ["cached_in", "open_fetcher"]

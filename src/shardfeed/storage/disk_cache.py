@@ -404,6 +404,21 @@ class DiskCache:
         return CacheSummary(str(self.path), int(entries), int(ready_bytes), self.max_bytes,
                             int(reserved), [(u, int(n), int(b)) for u, n, b in rows])
 
+    def held(self, objects: Sequence[str]) -> list[tuple[int, int]]:
+        """The entries and payload bytes ready under each object key of ``objects`` (what a
+        dataset's shards have cached here)."""
+        out: list[tuple[int, int]] = []
+        with self._lock:
+            db = self._db()
+            for obj in objects:
+                # entry keys are "<obj>-<record>": the keys from "<obj>-" up to "<obj>." ('.'
+                # follows '-'), a range of the primary key's index
+                n, size = db.execute(
+                    "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries "
+                    "WHERE key >= ? AND key < ? AND ready=1", (f"{obj}-", f"{obj}.")).fetchone()
+                out.append((int(n), int(size)))
+        return out
+
     def verify(self) -> list[str]:
         """Read every ready entry; remove the damaged ones; their keys."""
         with self._lock:

@@ -164,6 +164,7 @@ def inspect(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, records: int = 0,
     windows: int | None = None, stride: int = 1, stride_seconds: float | None = None,
     max_gap_seconds: float | None = None, allow_outside_paths: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Describe a dataset as a JSON-serialisable dict.
 
@@ -174,7 +175,9 @@ def inspect(
     records, bytes each), ``records``, ``bytes``, ``schema`` (one row a feature: name, kind,
     length, role, image encoding), ``groups`` (count, records per group min/median/max, order
     key span; None without groups), ``extra`` (class names, vocabularies), and with
-    ``records=N`` the first N records, briefly (``first_records``).
+    ``records=N`` the first N records, briefly (``first_records``). With ``cache_dir`` (a
+    Dataset's disk cache folder), ``cache``: what that folder holds of these records
+    (:meth:`Dataset.cached_in`).
 
     ``windows=K`` (with ``stride`` records, or ``stride_seconds`` and ``max_gap_seconds``)
     adds ``windows``: the number of valid windows of K frames (``count``), the anchors that
@@ -210,6 +213,11 @@ def inspect(
         )
     if records:
         result["first_records"] = _first_records(shard_paths, records)
+    if cache_dir is not None:
+        from shardfeed.dataset import Dataset
+
+        with Dataset(source, allow_outside_paths=allow_outside_paths) as ds:
+            result["cache"] = ds.cached_in(cache_dir)
     return result
 
 

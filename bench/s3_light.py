@@ -56,6 +56,7 @@ class LightS3(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as real servers: a short answer is not held 40 ms for an ACK
     server: LightS3
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -85,6 +85,7 @@ class Script:
         self.answer: Callable[[str, str], tuple[int, dict[str, str], bytes]] = _ranged
         self.close_after = False  # drop the connection after answering, without saying so
         self.seen: list[str] = []
+        self.raw: bytes | None = None  # sent as the whole answer, as it is
 
 
 def _ranged(query: str, rng: str) -> tuple[int, dict[str, str], bytes]:
@@ -108,6 +109,10 @@ def scripted() -> Iterator[tuple[Script, str]]:
         def do_GET(self) -> None:
             _, _, query = self.path.partition("?")
             script.seen.append(query)
+            if script.raw is not None:
+                self.wfile.write(script.raw)
+                self.close_connection = script.close_after
+                return
             status, headers, body = script.answer(query, self.headers.get("Range", ""))
             self.send_response(status)
             headers.setdefault("Content-Length", str(len(body)))
@@ -219,3 +224,47 @@ def test_a_refused_connection_names_the_endpoint() -> None:
     with pytest.raises(ConnectionRefusedError, match=f"endpoint http://127.0.0.1:{port}") as e:
         gets.get(0, 10)
     assert is_transient(e.value)
+
+
+def test_chunked_answers_and_http_1_0(scripted: tuple[Script, str]) -> None:
+    script, url = scripted
+    gets, _ = _gets(url)
+    script.raw = (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 10-19/300000\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n4\r\n" + DATA[10:14] + b"\r\n"
+                  b"6;ext=1\r\n" + DATA[14:20] + b"\r\n0\r\nX-Trailer: 1\r\n\r\n")
+    assert gets.get(10, 20) == DATA[10:20]
+    assert gets.get(10, 20) == DATA[10:20]  # the same connection, kept alive after it
+    script.raw = (b"HTTP/1.0 206 Partial Content\r\nContent-Range: bytes 0-4/300000\r\n\r\n"
+                  + DATA[:5])  # no length: the body runs to the end of the connection
+    script.close_after = True
+    assert gets.get(0, 5) == DATA[:5]
+
+
+@pytest.mark.parametrize("raw", [
+    b"SMTP ready\r\n\r\n",  # not HTTP
+    b"HTTP/1.1 206 Partial\r\nno colon here\r\n\r\n",  # a garbled header
+    b"HTTP/1.1 206 Partial\r\nX-Pad: " + b"x" * (70 << 10) + b"\r\n\r\n",  # endless headers
+    b"HTTP/1.1 206 Partial\r\nContent-Length: 5000\r\n\r\n" + DATA[:5000],  # over the range
+    b"HTTP/1.1 206 Partial\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # bad chunk size
+])
+def test_a_garbled_answer_is_a_transient_connection_error(scripted: tuple[Script, str],
+                                                         raw: bytes) -> None:
+    script, url = scripted
+    script.raw, script.close_after = raw, True
+    gets, _ = _gets(url)
+    with pytest.raises(ConnectionError, match="127.0.0.1") as bad:
+        gets.get(0, 100)
+    assert is_transient(bad.value)
+
+
+def test_a_whole_object_answer_is_read_only_up_to_the_range(scripted: tuple[Script, str]) -> None:
+    """A server that ignores Range and sends a huge object: the client reads the bytes it
+    needs and drops the connection, rather than the whole body."""
+    script, url = scripted
+    huge = 1 << 30
+    script.raw = (f"HTTP/1.1 200 OK\r\nContent-Length: {huge}\r\n\r\n".encode()
+                  + DATA[:4096])  # promises 1 GiB, sends 4 KiB and waits
+    gets, _ = _gets(url)
+    assert gets.get(100, 200) == DATA[100:200]
+    script.raw = None
+    assert gets.get(0, 10) == DATA[:10]  # on a new connection: the first one was dropped

@@ -308,3 +308,22 @@ def test_inspect_shows_what_the_cache_holds_of_the_dataset(
     assert DiskCache(cache, max_bytes=None).summary().max_bytes == bound
     assert main(["inspect", url, "--cache-dir", str(tmp_path)]) == 1
     assert "not a shardfeed cache folder" in capsys.readouterr().err
+
+
+def test_records_a_chunk_reads_over_are_kept_for_the_next_chunks(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """A dataset a few chunks large: each chunk's ranges span most of every shard; the
+    records of the next chunks inside them come with them, so bytes are fetched about once
+    an epoch, not once a chunk (and the batches are the local ones)."""
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    shard_bytes = sum(p.stat().st_size for p in folder.glob("*.tfrecord"))
+    with Dataset(url) as ds, Loader(ds, **{**OPTIONS, "read_ahead": 8}) as loader:
+        assert stream(loader) == local_epochs(folder, 1, read_ahead=8)[0]
+        stats = ds.storage_stats()
+        chunks = -(-len(loader) // 4) + 1  # 4 batches a chunk, the first of one batch
+    assert stats["staged_hits"] == 240
+    # each fetch brings its chunk and the records of the CHUNKS_AHEAD (2) after it in its
+    # holes: about every third chunk reads the shards (without this, 6x the bytes here)
+    assert stats["bytes_fetched"] <= (chunks / 3 + 1) * shard_bytes, (stats, shard_bytes)

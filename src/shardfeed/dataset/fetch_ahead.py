@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,7 @@ class _Staged:
     at: int
     data: bytes | None
     last: int
+    filling: bool = False  # being written into the cache: kept staged until it is there
 
 
 class RecordFetcher:
@@ -105,6 +107,36 @@ class RecordFetcher:
             sizes[i] = int(offsets[r + 1]) - int(offsets[r]) - FRAMING_BYTES
             keys.append(entry_key(objects[k], r) if objects[k] else None)
         return keys, sizes, [urls[k] for k in shard.tolist()]
+
+    def riders(self, fetch: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """The positions in ``candidates`` of the records a fetch of ``fetch`` reads over: each
+        lies whole in a gap of at most ``AHEAD_READ.coalesce_gap_bytes`` between two records of
+        ``fetch`` in one shard (the coalesced ranges' holes)."""
+        if len(fetch) < 2 or not len(candidates):
+            return np.empty(0, dtype=np.int64)
+        f_start, f_end = self._spans(fetch)
+        c_start, c_end = self._spans(candidates)
+        order = np.argsort(f_start, kind="stable")
+        f_start, f_end = f_start[order], f_end[order]
+        after = np.clip(np.searchsorted(f_start, c_start), 1, len(f_start) - 1)
+        gap_from, gap_to = f_end[after - 1], f_start[after]
+        inside = ((gap_from <= c_start) & (c_end <= gap_to)
+                  & (gap_to - gap_from <= AHEAD_READ.coalesce_gap_bytes))
+        return np.flatnonzero(inside)
+
+    def _spans(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where records ``idx`` start and end, as one number for every byte of every shard
+        (shard ``k``'s bytes from ``k << 42``: no gap between shards is ever small)."""
+        shard, local = self._table.shard_of(idx)
+        start = np.empty(len(idx), dtype=np.int64)
+        end = np.empty(len(idx), dtype=np.int64)
+        for k in np.unique(shard).tolist():
+            at = np.flatnonzero(shard == k)
+            offsets = self._table.offsets_view(k)
+            r = local[at]
+            start[at] = offsets[r] + (k << 42)
+            end[at] = offsets[r + 1] + (k << 42)
+        return start, end
 
     # -- reading --------------------------------------------------------------------------
 
@@ -200,14 +232,17 @@ class AheadSession:
         self.mean_record_bytes = fetcher.mean_record_bytes
         self.fetch_buffer_bytes = FETCH_THREADS * AHEAD_READ.max_read_bytes * 2  # ranges, records
         self._staged: dict[int, _Staged] = {}
+        self._released = -1  # the last chunk released
         self._lock = threading.Lock()
         self.closed = False
 
     def schedule(self, chunk: int, idx: np.ndarray, next_use: np.ndarray | None,
-                 now: int) -> None:
+                 now: int, later: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         """Stage records ``idx`` (read by chunk ``chunk``, whose global position is ``now``;
         next read at ``next_use``, global positions, None: unknown) and let the disk cache
-        decide what it keeps.
+        decide what it keeps. ``later``: the next chunks, ``(chunk, idx)``: their records
+        that lie in the holes this fetch reads over come with it and stay staged for them
+        (a chunk of a dataset not much larger than it reads most of each shard).
 
         Call in chunk order from one thread. Every record of the chunk is an access of the
         cache, staged already or not, so the cache's decisions depend on the chunks only
@@ -235,13 +270,21 @@ class AheadSession:
             kept = self._cache_part(ids, uses, now, staged, got)
         fetch = [j for j, r in enumerate(ids.tolist()) if got[j] is None and r not in staged]
         future = None
+        riders, rider_chunks = self._riders(ids, fetch, later) if fetch and later else ((), ())
         if fetch:
-            future = f._executor().submit(self._fetch, ids[fetch],
-                                          [kept.get(j) for j in fetch])
+            future = f._executor().submit(
+                self._fetch, np.concatenate([ids[fetch], np.asarray(riders, dtype=np.int64)]),
+                [kept.get(j) for j in fetch] + [None] * len(riders))
+            reserved = [key for j in fetch if (key := kept.get(j)) is not None]
+            if reserved and f.cache is not None:  # cancelled when the Dataset closes
+                future.add_done_callback(partial(_abandon_if_cancelled, f.cache, reserved))
         for j, key in kept.items():  # staged earlier, now kept: written once its bytes are here
             entry = staged.get(int(ids[j]))
             if entry is not None:
-                f._executor().submit(self._fill_from, entry, key)
+                # until it is in the cache (after its batches, maybe), a later chunk would
+                # find it neither there nor staged, and fetch it again
+                entry.filling = True
+                self._fill_when_here(int(ids[j]), entry, key)
         with self._lock:
             if self.closed:
                 return
@@ -252,6 +295,27 @@ class AheadSession:
                 data = got[j]
                 self._staged[r] = _Staged(None if data is not None else future,
                                           at_of.get(j, -1), data, chunk)
+            for n, (r, last) in enumerate(zip(riders, rider_chunks)):
+                if r not in self._staged:
+                    self._staged[r] = _Staged(future, len(fetch) + n, None, last)
+
+    def _riders(self, ids: np.ndarray, fetch: list[int],
+                later: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[int]]:
+        """The records of ``later`` chunks (not staged yet) in the holes of this fetch, and
+        the chunk of each (the first that reads it)."""
+        asked = set(ids.tolist())
+        cands: dict[int, int] = {}
+        with self._lock:
+            for chunk, idx in later:
+                for r in idx.tolist():
+                    if r not in asked and r not in self._staged and r not in cands:
+                        cands[r] = chunk
+        if not cands:
+            return [], []
+        records = np.fromiter(cands, dtype=np.int64, count=len(cands))
+        inside = self._fetcher.riders(ids[fetch], records).tolist()
+        riders = records[inside].tolist()
+        return riders, [cands[r] for r in riders]
 
     def _cache_part(self, ids: np.ndarray, uses: np.ndarray, now: int,
                     staged: dict[int, _Staged], got: list[bytes | None]) -> dict[int, str]:
@@ -276,17 +340,35 @@ class AheadSession:
                                  for j, key in asked], now=now)
         return {j: key for (j, key), ok in zip(asked, decided) if ok}
 
-    def _fill_from(self, entry: _Staged, key: str) -> None:
-        """Write a record staged by an earlier chunk into the cache once it has arrived."""
+    def _fill_when_here(self, record: int, entry: _Staged, key: str) -> None:
+        """Write a record staged by an earlier chunk into the cache once its fetch is done
+        (on the thread that finishes it: no fetch thread waits for it); a fetch that failed or
+        was cancelled gives the reservation up."""
         cache = self._fetcher.cache
         assert cache is not None
-        try:
-            data = entry.data if entry.future is None else entry.future.result()[entry.at]
-        except BaseException:
-            cache.abandon([key])
-            raise
-        if data is not None:
-            self._fill(cache, [(key, data)])
+
+        def fill(future: Future[list[bytes]] | None) -> None:
+            try:
+                if future is None:
+                    data = entry.data
+                elif future.cancelled() or future.exception() is not None:
+                    data = None
+                else:
+                    data = future.result()[entry.at]
+                if data is None:
+                    cache.abandon([key])
+                else:
+                    self._fill(cache, [(key, data)])
+            finally:
+                with self._lock:
+                    entry.filling = False
+                    if entry.last <= self._released and self._staged.get(record) is entry:
+                        del self._staged[record]
+
+        if entry.future is None:
+            fill(None)
+        else:
+            entry.future.add_done_callback(fill)
 
     def _fetch(self, ids: np.ndarray, keys: list[str | None]) -> list[bytes]:
         """Fetch records ``ids``; write those with a reserved key into the cache."""
@@ -336,7 +418,8 @@ class AheadSession:
     def release(self, chunk: int) -> None:
         """Drop the records no chunk after ``chunk`` asked for."""
         with self._lock:
-            for r in [r for r, e in self._staged.items() if e.last <= chunk]:
+            self._released = max(self._released, chunk)
+            for r in [r for r, e in self._staged.items() if e.last <= chunk and not e.filling]:
                 del self._staged[r]
 
     def close(self) -> None:
@@ -344,6 +427,13 @@ class AheadSession:
             self.closed = True
             self._staged.clear()
         self._fetcher._forget(self)
+
+
+def _abandon_if_cancelled(cache: DiskCache, keys: list[str], future: Future[Any]) -> None:
+    """Give up the reservations of a fetch that never ran (they would stay reserved, and so
+    be fetched again, by every later Dataset of this process)."""
+    if future.cancelled():
+        cache.abandon(keys)
 
 
 __all__ = ["AHEAD_READ", "FETCH_THREADS", "AheadSession", "RecordFetcher"]

@@ -13,6 +13,9 @@ is one batch, so that the first batch of a pass waits for one small fetch)::
 
 A chunk's records are fetched together, so neighbours in a shard share requests even when
 the batches are shuffled across the whole dataset; several chunks are in flight at once.
+The records of the next :data:`CHUNKS_AHEAD` chunks that lie in the holes a chunk's ranges
+read over come with it and stay staged until their own chunk: on a dataset a few chunks
+large, a chunk reads most of every shard, and without this each byte came several times.
 
 Across the end of a pass: once the last chunks are scheduled, the first :data:`CHUNKS_AHEAD`
 chunks of the next epoch are scheduled too, and handed to the next pass as a :class:`Carry`
@@ -25,9 +28,10 @@ epoch or the next (:class:`UsePlan`). The cache keeps what is used soonest and e
 used last: Bélády's policy, possible because the future is known.
 
 Determinism: look-ahead changes when bytes arrive, never which bytes or which samples. The
-cache's decisions are made in chunk order on one thread. Memory: up to ``ahead + 1`` chunks of
-records, and the use plan (16 bytes a record read, for two epochs) when the cache is smaller
-than the data.
+cache's decisions are made in chunk order on one thread. Memory: up to ``2 * ahead + 1``
+chunks of records (the chunk being built, ``ahead`` scheduled, and the next ``ahead`` chunks'
+records read over, or the next epoch's first chunks), and the use plan (16 bytes a record
+read, for two epochs) when the cache is smaller than the data.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
 
@@ -62,7 +66,7 @@ class Session(Protocol):
     fetch_buffer_bytes: int  # the most the fetches in flight hold
 
     def schedule(self, chunk: int, idx: np.ndarray, next_use: np.ndarray | None,
-                 now: int) -> None: ...
+                 now: int, later: Sequence[tuple[int, np.ndarray]] = ()) -> None: ...
 
     def release(self, chunk: int) -> None: ...
 
@@ -223,6 +227,7 @@ class ReadAhead:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.uses: UsePlan | None = None
+        self._planned: dict[int, np.ndarray] = {}  # records of the chunks after the last scheduled
         self._start = 0
         if carry is not None:
             self._start, self._target, self.uses = carry.scheduled, carry.scheduled - 1, carry.uses
@@ -303,9 +308,22 @@ class ReadAhead:
             self._closed = True
 
     def schedule(self, chunk: int) -> None:
-        ids = self.chunks.records(chunk)
+        """Schedule chunk ``chunk``, offering the session the records of the
+        :data:`CHUNKS_AHEAD` chunks after it (those its fetch reads over come with it)."""
+        ids = self._records(chunk)
         uses = self.uses.next_use(ids, chunk) if self.uses is not None else None
-        self.session.schedule(self._id(chunk), ids, uses, self.chunks.time(chunk))
+        later = [(self._id(c), self._records(c))
+                 for c in range(chunk + 1, min(chunk + 1 + CHUNKS_AHEAD, self.chunks.num_chunks))]
+        self.session.schedule(self._id(chunk), ids, uses, self.chunks.time(chunk), later)
+        for c in [c for c in self._planned if c <= chunk]:
+            del self._planned[c]
+
+    def _records(self, chunk: int) -> np.ndarray:
+        """The records of chunk ``chunk``, computed once while it is within reach."""
+        ids = self._planned.get(chunk)
+        if ids is None:
+            ids = self._planned[chunk] = self.chunks.records(chunk)
+        return ids
 
     def close(self) -> Carry | None:
         """Stop; the next epoch's chunks scheduled so far as a :class:`Carry` (the session

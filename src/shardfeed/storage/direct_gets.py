@@ -22,6 +22,7 @@ A range that starts past the end reads as empty (the ByteSource contract).
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import queue
@@ -369,6 +370,16 @@ def _idle(scheme: str, host: str) -> _Conn | None:
     with _POOL_LOCK:
         idle = _POOL.get((scheme, host))
         return idle.pop() if idle else None
+
+
+@atexit.register
+def _close_idle() -> None:
+    """Close the kept-alive connections (at exit: said goodbye to, not left to the OS)."""
+    with _POOL_LOCK:
+        idle = [conn for conns in _POOL.values() for conn in conns]
+        _POOL.clear()
+    for conn in idle:
+        conn.close()
 
 
 def _give_back(conn: _Conn) -> None:

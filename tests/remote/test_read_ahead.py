@@ -326,4 +326,4 @@ def test_records_a_chunk_reads_over_are_kept_for_the_next_chunks(
     assert stats["staged_hits"] == 240
     # each fetch brings its chunk and the records of the CHUNKS_AHEAD (2) after it in its
     # holes: about every third chunk reads the shards (without this, 6x the bytes here)
-    assert stats["bytes_fetched"] <= (chunks / 3 + 1) * shard_bytes, (stats, shard_bytes)
+    assert stats["bytes_fetched"] <= (chunks / 3 + 2) * shard_bytes, (stats, shard_bytes)

@@ -108,6 +108,15 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
         if span:
             print(f"order     '{info['order_key']}', span per group min {span['min']:g} s / "
                   f"median {span['median']:g} s / max {span['max']:g} s")
+    _print_extras(info)
+    for i, rec in enumerate(info.get("first_records", [])):
+        print(f"record {i}")
+        for key, value in rec.items():
+            print(f"  {key:<24} {value}")
+
+
+def _print_extras(info: dict[str, Any]) -> None:
+    """Windows, the cache's share, and vocabularies (class names, float label names)."""
     if "windows" in info:
         _print_windows(info["windows"])
     if "cache" in info:
@@ -119,10 +128,6 @@ def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
             print(f"values    {key}: {common.count(len(names), 'float')} ({shown})")
         else:
             print(f"classes   {key}: {len(names)} ({shown})")
-    for i, rec in enumerate(info.get("first_records", [])):
-        print(f"record {i}")
-        for key, value in rec.items():
-            print(f"  {key:<24} {value}")
 
 
 def _print_cache(cache: dict[str, Any], *, records: int) -> None:

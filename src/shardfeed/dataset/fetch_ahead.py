@@ -269,35 +269,34 @@ class AheadSession:
         if f.cache is not None:
             kept = self._cache_part(ids, uses, now, staged, got)
         fetch = [j for j, r in enumerate(ids.tolist()) if got[j] is None and r not in staged]
-        future = None
-        riders, rider_chunks = self._riders(ids, fetch, later) if fetch and later else ((), ())
-        if fetch:
-            future = f._executor().submit(
-                self._fetch, np.concatenate([ids[fetch], np.asarray(riders, dtype=np.int64)]),
-                [kept.get(j) for j in fetch] + [None] * len(riders))
-            reserved = [key for j in fetch if (key := kept.get(j)) is not None]
-            if reserved and f.cache is not None:  # cancelled when the Dataset closes
-                future.add_done_callback(partial(_abandon_if_cancelled, f.cache, reserved))
-        for j, key in kept.items():  # staged earlier, now kept: written once its bytes are here
-            entry = staged.get(int(ids[j]))
-            if entry is not None:
-                # until it is in the cache (after its batches, maybe), a later chunk would
-                # find it neither there nor staged, and fetch it again
-                entry.filling = True
-                self._fill_when_here(int(ids[j]), entry, key)
+        riders, rider_chunks = self._riders(ids, fetch, later) if fetch and later else ([], [])
+        future = self._start_fetch(ids[fetch], [kept.get(j) for j in fetch], riders)
+        self._fill_staged(ids, kept, staged)
+        at_of = {j: n for n, j in enumerate(fetch)}
+        entries = {r: _Staged(None if got[j] is not None else future, at_of.get(j, -1), got[j],
+                              chunk)
+                   for j, r in enumerate(ids.tolist()) if r not in staged}
+        for n, (r, last) in enumerate(zip(riders, rider_chunks)):
+            entries.setdefault(r, _Staged(future, len(fetch) + n, None, last))
         with self._lock:
-            if self.closed:
-                return
-            at_of = {j: n for n, j in enumerate(fetch)}
-            for j, r in enumerate(ids.tolist()):
-                if r in staged:
-                    continue
-                data = got[j]
-                self._staged[r] = _Staged(None if data is not None else future,
-                                          at_of.get(j, -1), data, chunk)
-            for n, (r, last) in enumerate(zip(riders, rider_chunks)):
-                if r not in self._staged:
-                    self._staged[r] = _Staged(future, len(fetch) + n, None, last)
+            if not self.closed:
+                for r, entry in entries.items():
+                    self._staged.setdefault(r, entry)
+
+    def _start_fetch(self, ids: np.ndarray, keys: list[str | None],
+                     riders: list[int]) -> Future[list[bytes]] | None:
+        """Fetch records ``ids`` (writing those with a reserved key into the cache) and
+        ``riders`` after them; None when there is nothing to fetch."""
+        if not len(ids):
+            return None
+        f = self._fetcher
+        future = f._executor().submit(
+            self._fetch, np.concatenate([ids, np.asarray(riders, dtype=np.int64)]),
+            keys + [None] * len(riders))
+        reserved = [key for key in keys if key is not None]
+        if reserved and f.cache is not None:  # cancelled when the Dataset closes
+            future.add_done_callback(partial(_abandon_if_cancelled, f.cache, reserved))
+        return future
 
     def _riders(self, ids: np.ndarray, fetch: list[int],
                 later: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[int]]:
@@ -339,6 +338,17 @@ class AheadSession:
         decided = cache.reserve([(key, urls[j], int(sizes[j]), int(uses[j]))
                                  for j, key in asked], now=now)
         return {j: key for (j, key), ok in zip(asked, decided) if ok}
+
+    def _fill_staged(self, ids: np.ndarray, kept: dict[int, str],
+                     staged: dict[int, _Staged]) -> None:
+        """Records staged earlier that the cache now keeps: written once their bytes are here;
+        until then they stay staged (else a later chunk would find them neither there nor in
+        the cache, and fetch them again)."""
+        for j, key in kept.items():
+            entry = staged.get(int(ids[j]))
+            if entry is not None:
+                entry.filling = True
+                self._fill_when_here(int(ids[j]), entry, key)
 
     def _fill_when_here(self, record: int, entry: _Staged, key: str) -> None:
         """Write a record staged by an earlier chunk into the cache once its fetch is done

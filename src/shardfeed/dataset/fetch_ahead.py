@@ -37,7 +37,7 @@ from shardfeed.dataset.reading import ReadOptions
 from shardfeed.dataset.shards import ShardTable
 from shardfeed.errors import StorageError
 from shardfeed.storage import is_remote
-from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache, entry_key, object_key
+from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache, entry_key, object_keys
 
 log = logging.getLogger("shardfeed.dataset")
 
@@ -80,10 +80,7 @@ class RecordFetcher:
         self.cache = cache
         remote = [is_remote(u) for u in table.urls]
         self._remote = np.asarray(remote, dtype=bool)
-        self._objects = [
-            object_key(url, sizes[k], checksums[k]) if remote[k] else ""
-            for k, url in enumerate(table.urls)
-        ]
+        self._objects = object_keys(table.urls, sizes, checksums, remote)
         records = table.counts.astype(np.int64)
         self.remote_bytes = sum(int(sizes[k]) for k in range(len(remote)) if remote[k])
         remote_records = int(records[self._remote].sum()) if len(records) else 0
@@ -484,16 +481,9 @@ def cached_in(table: ShardTable, cache_dir: Any, *, sizes: Sequence[int],
     """What folder ``cache_dir`` holds of these shards: ``records`` and ``bytes`` in all and
     ``shards`` (url, records, cached, bytes each; local shards are never cached). The folder is
     only read (its bound is left as its users set it)."""
-    import os
-
-    if not os.path.isfile(os.path.join(os.fspath(cache_dir), "index.sqlite3")):
-        raise FileNotFoundError(
-            f"'{os.fspath(cache_dir)}' is not a shardfeed cache folder (no index.sqlite3); give "
-            "the cache_dir the Dataset was opened with")
     urls = table.urls
-    objects = [object_key(u, sizes[k], checksums[k]) if is_remote(u) else ""
-               for k, u in enumerate(urls)]
-    cache = DiskCache(cache_dir, max_bytes=None)
+    objects = object_keys(urls, sizes, checksums, [is_remote(u) for u in urls])
+    cache = DiskCache.existing(cache_dir)
     try:
         held = cache.held([o for o in objects if o])
     finally:
@@ -503,7 +493,7 @@ def cached_in(table: ShardTable, cache_dir: Any, *, sizes: Sequence[int],
     for k, url in enumerate(urls):
         n, size = next(found) if objects[k] else (0, 0)
         shards.append({"url": url, "records": int(table.counts[k]), "cached": n, "bytes": size})
-    return {"path": os.fspath(cache_dir), "records": sum(s["cached"] for s in shards),
+    return {"path": str(cache.path), "records": sum(s["cached"] for s in shards),
             "bytes": sum(s["bytes"] for s in shards), "shards": shards}
 
 

@@ -65,6 +65,13 @@ def object_key(url: str, size: int, checksum: int | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def object_keys(urls: Sequence[str], sizes: Sequence[int],
+                checksums: Sequence[int | None], remote: Sequence[bool]) -> list[str]:
+    """The key of each object of ``urls`` (``""`` where ``remote`` is False: never cached)."""
+    return [object_key(u, sizes[k], checksums[k]) if remote[k] else ""
+            for k, u in enumerate(urls)]
+
+
 def entry_key(obj: str, part: int) -> str:
     """The key of part ``part`` (a record number) of the object keyed ``obj``."""
     return f"{obj}-{part}"
@@ -136,6 +143,16 @@ class DiskCache:
                 f"cannot open the cache folder '{self.path}': {exc}; give a writable local "
                 "folder as cache_dir, or remove a damaged one (shardfeed cache --clear)"
             ) from exc
+
+    @classmethod
+    def existing(cls, path: str | os.PathLike[str]) -> DiskCache:
+        """The cache in folder ``path`` opened to look at or clear (its bound left as its
+        users set it); FileNotFoundError when the folder is not a cache."""
+        if not os.path.isfile(os.path.join(os.fspath(path), "index.sqlite3")):
+            raise FileNotFoundError(
+                f"'{os.fspath(path)}' is not a shardfeed cache folder (no index.sqlite3); give "
+                "the cache_dir a Dataset was opened with")
+        return cls(path, max_bytes=None)
 
     # -- connection -----------------------------------------------------------------------
 
@@ -480,4 +497,5 @@ __all__ = [
     "DiskCache",
     "entry_key",
     "object_key",
+    "object_keys",
 ]

@@ -13,11 +13,7 @@ def cache_report(folder: str | os.PathLike[str], *, verify: bool = False, clear:
     """Entries, bytes, the bound and the objects with most bytes cached in ``folder`` (a
     ``cache_dir``); ``verify`` first reads every entry and removes the damaged ones (listed
     under ``"damaged"``); ``clear`` then removes everything."""
-    if not os.path.isfile(os.path.join(os.fspath(folder), "index.sqlite3")):
-        raise FileNotFoundError(
-            f"'{os.fspath(folder)}' is not a shardfeed cache folder (no index.sqlite3); give "
-            "the cache_dir a Dataset was opened with")
-    cache = DiskCache(folder, max_bytes=None)
+    cache = DiskCache.existing(folder)
     try:
         damaged = cache.verify() if verify else []
         summary = cache.summary(objects=objects)

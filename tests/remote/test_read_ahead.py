@@ -55,6 +55,35 @@ def test_epoch_two_and_the_next_run_send_no_request_for_records(
     assert data_gets(s3_server) == 0
 
 
+def test_a_starved_scheduling_thread_delays_batches_rather_than_reading_around_the_cache(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded machine the thread that schedules chunks can fall behind the batches: a
+    batch read before its chunk is scheduled would fetch its records one by one and leave
+    them out of the cache (the next epoch then sends requests again)."""
+    from shardfeed.dataset.fetch_ahead import AheadSession
+
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    expected = local_epochs(folder, 2, read_ahead=2)
+    schedule = AheadSession.schedule
+
+    def slow(self: AheadSession, chunk: int, *args: Any, **kwargs: Any) -> None:
+        if chunk & 0xFFFFFF:  # every chunk but an epoch's first, as a starved thread
+            time.sleep(0.05)
+        schedule(self, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(AheadSession, "schedule", slow)
+    with Dataset(url, cache_dir=tmp_path / "cache") as ds, \
+            Loader(ds, **{**OPTIONS, "read_ahead": 2}) as loader:
+        first = stream(loader)
+        s3_server.clear_log()
+        second = stream(loader)
+        assert data_gets(s3_server) == 0  # every record of the first epoch went by the cache
+    assert [first, second] == expected
+
+
 def test_plain_reads_use_the_cache_too(
     s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
 ) -> None:

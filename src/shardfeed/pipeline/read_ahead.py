@@ -211,7 +211,10 @@ class ReadAhead:
 
     ``want(batch)`` (the batch being submitted for building) and ``handed_out(batch)`` are
     called by the epoch run from the iterating thread; scheduling runs on one thread of its
-    own. A failure there is logged and ends the look-ahead: reads go on directly.
+    own. ``want`` returns once the batch's own chunk is scheduled: a batch read before that
+    would fetch its records one by one, around the disk cache (a loaded machine can starve the
+    scheduling thread for a whole pass). A failure there is logged and ends the look-ahead:
+    reads go on directly.
     """
 
     def __init__(self, session: Session, chunks: EpochChunks, *, following: Following,
@@ -229,17 +232,22 @@ class ReadAhead:
         self.uses: UsePlan | None = None
         self._planned: dict[int, np.ndarray] = {}  # records of the chunks after the last scheduled
         self._start = 0
+        self._done = -1  # the last chunk of this pass scheduled
         if carry is not None:
             self._start, self._target, self.uses = carry.scheduled, carry.scheduled - 1, carry.uses
+            self._done = carry.scheduled - 1
 
     def want(self, batch: int) -> None:
         """Batch ``batch`` is being submitted: have the chunks up to :data:`CHUNKS_AHEAD`
-        after its own scheduled. The first call schedules the first chunk before returning
-        (so the first batches do not read around it)."""
-        target = min(self.chunks.chunk_of(batch) + CHUNKS_AHEAD,
-                     self.chunks.num_chunks - 1 + CHUNKS_AHEAD)
+        after its own scheduled. Returns once its own chunk is (the first call schedules the
+        first chunk itself)."""
+        own = self.chunks.chunk_of(batch)
+        target = min(own + CHUNKS_AHEAD, self.chunks.num_chunks - 1 + CHUNKS_AHEAD)
         with self._cond:
-            if target <= self._target or self._closed:
+            if self._closed:
+                return
+            if target <= self._target:
+                self._cond.wait_for(lambda: self._closed or self._done >= own)
                 return
             first = self._thread is None
             self._target = max(target, self._target)
@@ -248,6 +256,8 @@ class ReadAhead:
                 if self.session.wants_next_use:
                     self.uses = UsePlan(self.chunks, self._following(1))
                 self.schedule(0)
+                with self._cond:
+                    self._done = 0
             except Exception as exc:  # noqa: BLE001 - see _run
                 self._stop(exc)
                 return
@@ -256,7 +266,8 @@ class ReadAhead:
                 self._thread = threading.Thread(target=self._run, name="shardfeed-read-ahead",
                                                 daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._closed or self._done >= own)
 
     def handed_out(self, batch: int) -> None:
         if self.chunks.is_last_batch(batch):
@@ -276,11 +287,18 @@ class ReadAhead:
                         return
                 if chunk < self.chunks.num_chunks:
                     self.schedule(chunk)
+                    with self._cond:
+                        self._done = chunk
+                        self._cond.notify_all()
                 elif not self._schedule_next(chunk - self.chunks.num_chunks):
                     return
                 chunk += 1
         except Exception as exc:  # noqa: BLE001 - look-ahead is an optimisation: read on
             self._stop(exc)
+        finally:
+            with self._cond:  # no batch waits for a chunk that will never be scheduled
+                self._closed = self._closed or self._done < self.chunks.num_chunks - 1
+                self._cond.notify_all()
 
     def _schedule_next(self, chunk: int) -> bool:
         """Schedule the next epoch's chunk ``chunk``; False when there is none."""
@@ -306,6 +324,7 @@ class ReadAhead:
                     type(exc).__name__, exc)
         with self._cond:
             self._closed = True
+            self._cond.notify_all()
 
     def schedule(self, chunk: int) -> None:
         """Schedule chunk ``chunk``, offering the session the records of the

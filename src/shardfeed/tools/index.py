@@ -28,9 +28,10 @@ import logging
 import os
 import posixpath
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -207,6 +208,7 @@ def index_files(
     workers: int = 1,
     progress: bool = False,
     time_unit: IndexTimeUnit = "auto",
+    run: Runner | None = None,
 ) -> IndexResult:
     """Index TFRecord files and write a manifest; see the module docstring.
 
@@ -215,6 +217,8 @@ def index_files(
     ``group_key``/``order_key``: features read from every record into ``groups.npy`` /
     ``order.npy`` (string group values get ids by sorted rank; the names go into the
     manifest's ``extra``). ``time_unit``: the order key's unit (see the module docstring).
+    ``run(fn, files) -> results``: how the files are spread (default: ``workers`` threads
+    here; :func:`shardfeed.tools.ray.ray_map`: a Ray task a file, no progress bar).
     """
     _check_arguments(workers=workers, order_key=order_key, time_unit=time_unit)
     files = discovery.expand_inputs(inputs)
@@ -223,8 +227,13 @@ def index_files(
     manifest_path = _manifest_path(files[0], manifest)
     remote = is_remote(manifest_path)
     base = posixpath.dirname(manifest_path) if remote else os.path.dirname(manifest_path)
-    results = _index_all(files, [_relative(f, base) for f in files], group_key=group_key,
-                         order_key=order_key, workers=workers, progress=progress)
+    names = [_relative(f, base) for f in files]
+    if run is not None:
+        one = partial(_index_pair, group_key=group_key, order_key=order_key)
+        results = list(run(one, list(zip(files, names))))
+    else:
+        results = _index_all(files, names, group_key=group_key, order_key=order_key,
+                             workers=workers, progress=progress)
     written = _write_index_manifest(base, manifest_path, results, group_key=group_key,
                                     order_key=order_key, time_unit=time_unit)
     shards = written.shards
@@ -232,6 +241,20 @@ def index_files(
         manifest=written.path, files=len(shards), records=sum(s.records for s in shards),
         bytes=sum(s.bytes for s in shards), paths=tuple(files), order_unit=written.order_unit,
     )
+
+
+Runner = Callable[[Callable[[Any], Any], Sequence[Any]], Sequence[Any]]
+"""``run(fn, items) -> [fn(item) for item in items]``, spread as the runner likes."""
+
+
+def _index_pair(pair: tuple[str, str], *, group_key: str | None,
+                order_key: str | None) -> IndexedFile:
+    return _index_one(pair[0], pair[1], group_key=group_key, order_key=order_key,
+                      advance=_nothing)
+
+
+def _nothing(n: int) -> None:
+    pass
 
 
 def _check_arguments(*, workers: int, order_key: str | None, time_unit: IndexTimeUnit) -> None:

@@ -46,10 +46,11 @@ from shardfeed.tools.pack.ledger import planned_files, record_done
 from shardfeed.tools.pack.output import PackResult
 from shardfeed.tools.pack.plan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.pack.record import MODES, Mode, build_payload, estimate_size, fingerprint
+from shardfeed.tools.pack.rows import RowFields
 from shardfeed.tools.pack.workers import ExecutorKind, ordered_map
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels
 
-__all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "PackResult", "ordered_map", "pack"]
+__all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "PackResult", "RowFields", "ordered_map", "pack"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class PackOptions:
 
 
 def pack(
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    source: Any,
     output: str | os.PathLike[str], *, mode: Mode = "embedded", csv: CsvColumns | None = None,
     root: str | os.PathLike[str] | None = None, shard_size: int | str | None = None,
     records_per_shard: int | None = None, workers: int = 1, executor: ExecutorKind = "thread",
@@ -98,8 +99,16 @@ def pack(
     on_shard: Callable[[str], object] | None = None, classes: Sequence[str] | None = None,
     classes_from: str | os.PathLike[str] | None = None, check: CheckLevel = "header",
     skip_bad: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS,
+    fields: RowFields | None = None,
 ) -> PackResult:
     """Pack images into indexed shards in ``output``; see the module docstring.
+
+    ``source`` may also be data: NumPy arrays ``(images, labels)``, an iterable of dicts,
+    an Arrow table, Parquet or WebDataset ``.tar`` files, or a Hugging Face dataset
+    (:mod:`shardfeed.tools.pack.rows`); ``fields`` names their image, label and name
+    columns and how pixel arrays are stored. Such a pack writes through the partition
+    writer (one partition) and needs an empty output folder (``overwrite``: replace what an
+    earlier pack wrote); ``resume`` does not apply (an iterator cannot be read again).
 
     ``source``: a folder of class sub-folders (label = index of the sorted class name, or of
     the name in ``classes``), a CSV file (columns named by ``csv``, paths relative to
@@ -132,7 +141,7 @@ def pack(
         records_per_shard=records_per_shard, workers=workers, executor=executor, prefix=prefix,
         resume=resume, overwrite=overwrite, from_tfrecord=from_tfrecord, progress=progress,
         on_shard=on_shard, classes=classes, classes_from=classes_from, check=check,
-        skip_bad=skip_bad, max_pixels=max_pixels,
+        skip_bad=skip_bad, max_pixels=max_pixels, fields=fields,
     ))
 
 
@@ -160,6 +169,7 @@ class _PackCall:
     check: CheckLevel
     skip_bad: bool
     max_pixels: int
+    fields: RowFields | None = None
 
 
 def _run(call: _PackCall) -> PackResult:
@@ -171,6 +181,12 @@ def _run(call: _PackCall) -> PackResult:
     if is_remote(os.fspath(call.output)):
         return _pack_to_url(call)
     options = _options(call)
+    if _is_rows(call):
+        from shardfeed.tools.pack.rows_pack import pack_rows
+
+        return pack_rows(call.source, os.path.abspath(os.fspath(call.output)),
+                         fields=call.fields, options=options, overwrite=call.overwrite,
+                         resume=call.resume, progress=call.progress)
     if call.resume and call.overwrite:
         raise ValueError("resume and overwrite exclude each other; choose one")
     out = os.path.abspath(os.fspath(call.output))
@@ -185,6 +201,18 @@ def _run(call: _PackCall) -> PackResult:
         classes=call.classes, classes_from=os.fspath(classes_from) if classes_from else None,
     )
     return _pack_images(call, out, data, options)
+
+
+def _is_rows(call: _PackCall) -> bool:
+    """Whether ``call.source`` is data (arrays, rows, tables, tar or Parquet files)."""
+    source = call.source
+    if call.fields is not None:
+        return True
+    paths = ([source] if isinstance(source, (str, os.PathLike)) else source
+             if isinstance(source, list) else None)
+    if paths is not None and all(isinstance(p, (str, os.PathLike)) for p in paths):
+        return bool(paths) and all(os.fspath(p).endswith((".parquet", ".tar")) for p in paths)
+    return not call.from_tfrecord
 
 
 def _pack_to_url(call: _PackCall) -> PackResult:

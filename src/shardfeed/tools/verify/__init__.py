@@ -19,9 +19,10 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 from shardfeed.dataset.opening import Resolved, referenced_root, resolve_sources
 from shardfeed.errors import ShardfeedError
@@ -97,6 +98,19 @@ def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | No
             for u, e in zip(urls, expected)]
 
 
+Runner = Callable[[Callable[[Any], Any], Sequence[Any]], Sequence[Any]]
+"""``run(fn, items) -> [fn(item) for item in items]``, spread as the runner likes."""
+
+
+def check_quietly(job: ShardJob) -> ShardCheck:
+    """``check_shard`` without progress (for a runner that ships it to other processes)."""
+    return check_shard(job, _nothing)
+
+
+def _nothing(n: int) -> None:
+    pass
+
+
 def verify(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
@@ -106,6 +120,7 @@ def verify(
     progress: bool = False,
     allow_outside_paths: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    run: Runner | None = None,
 ) -> VerifyReport:
     """Check every record of a dataset; see the module docstring for what is checked.
 
@@ -121,6 +136,8 @@ def verify(
     leads outside the root. A manifest naming shards or an image root outside the dataset
     raises :class:`~shardfeed.errors.UnsafePathError` unless ``allow_outside_paths`` (as
     ``Dataset`` does; see :mod:`shardfeed.storage.paths`).
+    ``run(fn, shards) -> results``: how the shards' checks are spread (default: ``workers``
+    threads here; :func:`shardfeed.tools.ray.ray_map`: a Ray task a shard, no progress bar).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -137,7 +154,9 @@ def verify(
             with lock:
                 bar.update(n)
 
-        if workers == 1 or len(jobs) == 1:
+        if run is not None:
+            checks = list(run(check_quietly, jobs))
+        elif workers == 1 or len(jobs) == 1:
             checks = [check_shard(j, advance) for j in jobs]
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -1,0 +1,245 @@
+"""Packing in parts: a partition writer for each task, one merge for the whole dataset.
+
+::
+
+    task p (any engine, any attempt a)              driver
+    ----------------------------------              ------
+    rows --payloads--> _parts/p-a/part-K.tfrecord   merge(partials): one partial a partition
+    (+ indexes, each shard complete or absent)        (the first attempt that finished), counts
+    returns Partial(p, a, shards)                     and sizes checked, shards renamed in
+                                                      partition order, manifest written last,
+                                                      _parts/ removed (attempts that did not
+                                                      finish: retries, speculative copies)
+
+A task writes only under its own attempt folder, so a task killed mid-write (and retried)
+leaves files that the merge removes; a partial is what a *finished* attempt returns, so the
+merge never takes a half-written one. The records' global order is partition order, then
+row order within a partition: it does not depend on which task ran where or when, and with
+it neither do the exact shuffle or a saved state. A single-machine pack of the same rows is
+one partition through the same code: the same records in the same order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardfeed.errors import PackError
+from shardfeed.format import spec
+from shardfeed.format.manifest import ShardInfo
+from shardfeed.tools.pack.rows import RowFields, row_payload
+from shardfeed.tools.pack.workers import ordered_map
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
+
+PARTS_FOLDER = "_parts"
+"""The folder of the output that tasks write into; removed by the merge."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartSizes:
+    """Where a partition cuts its shards: after ``records`` records, or once a shard holds
+    ``bytes`` bytes (exactly one is set)."""
+
+    records: int | None = None
+    bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.records is None) == (self.bytes is None):
+            raise ValueError("give exactly one of records_per_shard or shard_size")
+        if (self.records or 1) < 1 or (self.bytes or 1) < 1:
+            raise ValueError(f"shard sizes must be >= 1, got {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """What one finished attempt at partition ``partition`` wrote: its shards (paths relative
+    to the output folder), in row order. JSON-able (:meth:`to_json`) to travel back to a
+    driver."""
+
+    partition: int
+    attempt: str
+    shards: tuple[ShardInfo, ...]
+    label_key: str | None = None
+    features: tuple[str, ...] = field(default=())
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "attempt": self.attempt,
+                "label_key": self.label_key,
+                "shards": [[s.path, s.records, s.bytes, s.crc32c] for s in self.shards]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Partial:
+        return cls(int(data["partition"]), str(data["attempt"]),
+                   tuple(ShardInfo(p, int(r), int(b), c) for p, r, b, c in data["shards"]),
+                   data.get("label_key"))
+
+
+def attempt_folder(output: str, partition: int, attempt: str) -> str:
+    return os.path.join(output, PARTS_FOLDER, f"{partition:06d}-{attempt}")
+
+
+def write_partition(
+    rows: Iterable[Mapping[str, Any]], output: str | os.PathLike[str], *, partition: int,
+    fields: RowFields | None = None, sizes: PartSizes | None = None,
+    attempt: str | None = None, workers: int = 1, max_pixels: int = DEFAULT_MAX_PIXELS,
+    where: str = "row",
+) -> Partial:
+    """Write the records of ``rows`` as shards of partition ``partition`` (an int >= 0: the
+    partitions' order is the records' order) under ``output``; return the :class:`Partial`
+    to hand to :func:`merge_partitions`. ``attempt`` names this try (default: random), so
+    that retries and speculative copies never write over each other. A bad row raises
+    PackError naming its position in the partition."""
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise ValueError(f"partition must be an int >= 0, got {partition!r}")
+    fields = fields or RowFields()
+    sizes = sizes or PartSizes(bytes=64 << 20)
+    attempt = attempt or uuid.uuid4().hex[:12]
+    out = os.fspath(output)
+    folder = attempt_folder(out, partition, attempt)
+    os.makedirs(folder, exist_ok=True)
+    label = fields.label
+
+    def build(item: tuple[int, Mapping[str, Any]]) -> bytes:
+        i, row = item
+        return row_payload(row, fields, where=f"{where} {i} of partition {partition}",
+                           max_pixels=max_pixels)
+
+    def numbered() -> Iterator[tuple[int, Mapping[str, Any]]]:
+        nonlocal label
+        for i, row in enumerate(rows):
+            if label is None:
+                columns = fields.label_columns(row)
+                label = columns[0] if columns else ""
+            yield i, row
+
+    payloads = ordered_map(build, numbered(), workers=workers)
+    shards = []
+    for k, chunk in enumerate(_cut(payloads, sizes)):
+        path = os.path.join(folder, f"part-{k:05d}{spec.SHARD_SUFFIX}")
+        info = _write(path, chunk)
+        shards.append(ShardInfo(os.path.relpath(path, out).replace(os.sep, "/"),
+                                info.records, info.bytes, info.crc32c))
+    return Partial(partition, attempt, tuple(shards), label or None)
+
+
+def _cut(payloads: Iterator[bytes], sizes: PartSizes) -> Iterator[list[bytes]]:
+    """The payloads in shards: ``sizes.records`` each, or cut after the record that takes a
+    shard to ``sizes.bytes`` (a function of the payloads only)."""
+    chunk: list[bytes] = []
+    size = 0
+    for payload in payloads:
+        chunk.append(payload)
+        size += len(payload) + spec.FRAMING_BYTES
+        if (sizes.records is not None and len(chunk) >= sizes.records) or (
+                sizes.bytes is not None and size >= sizes.bytes):
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _write(path: str, payloads: Sequence[bytes]) -> ShardInfo:
+    from shardfeed.tools.pack.output import write_shard
+
+    info: ShardInfo = write_shard(path, payloads)
+    return info
+
+
+def merge_partitions(
+    output: str | os.PathLike[str], partials: Iterable[Partial | Mapping[str, Any]], *,
+    partitions: int | None = None, prefix: str = "shard", verify: bool = False,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """Make one dataset of the partials' shards in ``output``; return the manifest's path.
+
+    One partial a partition is kept (of several, the first by attempt name: a retry or a
+    speculative copy wrote the same rows); ``partitions`` (when given) must all be there.
+    Each kept shard must be on disk with the size its partial says (``verify``: and its
+    CRC32C). Shards are renamed ``prefix-NNNNN-of-NNNNN.tfrecord`` in partition order, the
+    manifest written last, and the parts folder (every attempt not kept) removed.
+    """
+    out = os.fspath(output)
+    chosen = _choose([p if isinstance(p, Partial) else Partial.from_json(p) for p in partials])
+    if partitions is not None:
+        missing = sorted(set(range(partitions)) - set(chosen))
+        if missing:
+            raise PackError(f"partition(s) {missing[:10]} of {partitions} have no finished "
+                            f"part in '{out}'; run their tasks again before the merge")
+    ordered = [chosen[p] for p in sorted(chosen)]
+    shards = [s for part in ordered for s in part.shards]
+    if not shards:
+        raise PackError(f"nothing to merge in '{out}': the partitions hold no record")
+    for info in shards:
+        _check_part(out, info, verify=verify)
+    names = [f"{prefix}-{n:05d}-of-{len(shards):05d}{spec.SHARD_SUFFIX}"
+             for n in range(len(shards))]
+    for name in names:
+        if os.path.exists(os.path.join(out, name)):
+            raise PackError(f"'{os.path.join(out, name)}' is in the way of the merge; "
+                            "merge into an empty folder")
+    final = []
+    for info, name in zip(shards, names):
+        _move_shard(os.path.join(out, info.path), os.path.join(out, name))
+        final.append(ShardInfo(name, info.records, info.bytes, info.crc32c))
+    from shardfeed.tools.pack.output import write_manifest
+
+    labels = {p.label_key for p in ordered if p.label_key}
+    label_key = ordered[0].label_key if len(labels) == 1 else None
+    more = {"pack_files": [n for name in names for n in _shard_files(name)],
+            "partitions": len(ordered), **(extra or {})}
+    path = write_manifest(out, final, mode="embedded", root=None, label_key=label_key,
+                          vocabularies={}, group_key=None, order_key=None, group_ids=None,
+                          order_keys=None, extra=more)
+    shutil.rmtree(os.path.join(out, PARTS_FOLDER), ignore_errors=True)
+    return path
+
+
+def _choose(partials: Sequence[Partial]) -> dict[int, Partial]:
+    chosen: dict[int, Partial] = {}
+    for part in sorted(partials, key=lambda p: (p.partition, p.attempt)):
+        chosen.setdefault(part.partition, part)
+    return chosen
+
+
+def _check_part(out: str, info: ShardInfo, *, verify: bool) -> None:
+    path = os.path.join(out, info.path)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        raise PackError(f"the part '{path}' a partial names is missing; run its task "
+                        "again") from None
+    if size != info.bytes:
+        raise PackError(f"the part '{path}' holds {size} bytes, its partial says {info.bytes}; "
+                        "it changed after its task finished: run that task again")
+    if verify and info.crc32c is not None:
+        from shardfeed.tools.pack.kept import file_crc32c
+
+        if file_crc32c(path) != info.crc32c:
+            raise PackError(f"the part '{path}' fails its CRC32C check; run its task again")
+
+
+def _shard_files(name: str) -> list[str]:
+    return [name, spec.text_index_path(name), spec.binary_index_path(name)]
+
+
+def _move_shard(src: str, dst: str) -> None:
+    """Rename a shard and its indexes (indexes first: a shard never stands without them)."""
+    for a, b in list(zip(_shard_files(src), _shard_files(dst)))[::-1]:
+        if os.path.exists(a):
+            os.replace(a, b)
+
+
+def partial_json(partial: Partial) -> str:
+    return json.dumps(partial.to_json(), sort_keys=True)
+
+
+__all__ = ["PARTS_FOLDER", "PartSizes", "Partial", "merge_partitions", "write_partition"]

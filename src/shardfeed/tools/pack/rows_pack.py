@@ -1,0 +1,99 @@
+"""``pack`` of data (arrays, rows, tables, tar and Parquet files) on one machine: one
+partition through the partition writer, then the merge (:mod:`shardfeed.tools.pack.partition`),
+so that a cluster pack of the same rows in order gives the same records in the same order."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from shardfeed.errors import PackError
+from shardfeed.format import spec
+from shardfeed.tools.pack.output import PackResult
+from shardfeed.tools.pack.partition import (
+    PARTS_FOLDER,
+    PartSizes,
+    merge_partitions,
+    write_partition,
+)
+from shardfeed.tools.pack.rows import RowFields, rows_of
+
+
+def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
+              overwrite: bool, resume: bool, progress: bool) -> PackResult:
+    """Pack the rows of ``source`` into ``out`` (see :func:`shardfeed.pack`)."""
+    from tqdm import tqdm
+
+    if resume:
+        raise ValueError("resume applies to folder, CSV and TFRecord inputs; a pack of data "
+                         "is written again from the start (pass overwrite=True)")
+    if options.mode != "embedded":
+        raise ValueError("mode applies to folder and CSV inputs; for data, choose how pixel "
+                         "arrays are stored with RowFields(encode='png'|'jpeg'|'raw')")
+    _prepare(out, overwrite=overwrite)
+    paths = [source] if isinstance(source, (str, os.PathLike)) else source
+    is_tar = isinstance(paths, list) and bool(paths) and all(
+        isinstance(p, (str, os.PathLike)) and os.fspath(p).endswith(".tar") for p in paths)
+    fields = fields or RowFields(name="__key__" if is_tar else None)
+    rows, where = rows_of(source, fields)
+    sizes = PartSizes(records=options.records_per_shard, bytes=options.shard_bytes)
+    try:
+        with tqdm(unit="img", desc="pack", disable=not progress) as bar:
+            def counted() -> Any:
+                for row in rows:
+                    yield row
+                    bar.update(1)
+
+            partial = write_partition(counted(), out, partition=0, fields=fields, sizes=sizes,
+                                      attempt="local", workers=options.workers,
+                                      max_pixels=options.max_pixels, where=f"{where}: row")
+        if not partial.shards:
+            raise PackError(f"{where} holds no rows; there is nothing to pack")
+        manifest = merge_partitions(out, [partial], prefix=options.prefix)
+    except BaseException:
+        shutil.rmtree(os.path.join(out, PARTS_FOLDER), ignore_errors=True)
+        raise
+    return PackResult(output=out, manifest=manifest, shards=len(partial.shards),
+                      records=partial.records, bytes=sum(s.bytes for s in partial.shards),
+                      kept_shards=0)
+
+
+def check_empty(out: str, *, overwrite: bool = False) -> bool:
+    """Create ``out`` if missing; True when it holds something (a parts folder aside): a
+    PackError unless ``overwrite``."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PackError(f"output '{out}' is a file; name a folder (it is created if missing)")
+    os.makedirs(out, exist_ok=True)
+    entries = [e for e in os.listdir(out) if e != PARTS_FOLDER]
+    if entries and not overwrite:
+        raise PackError(f"output folder '{out}' is not empty ({len(entries)} entries); pass "
+                        "--overwrite (overwrite=True) to replace what an earlier pack wrote "
+                        "there, or choose an empty folder")
+    return bool(entries)
+
+
+def _prepare(out: str, *, overwrite: bool) -> None:
+    """An empty (or new) output folder; ``overwrite``: what an earlier pack wrote there (its
+    manifest names it) is removed first, and nothing else."""
+    if not check_empty(out, overwrite=overwrite):
+        return
+    from shardfeed.format.manifest import Manifest
+
+    manifest = os.path.join(out, spec.MANIFEST_NAME)
+    if not os.path.isfile(manifest):
+        raise PackError(f"output folder '{out}' holds no shardfeed dataset (no "
+                        f"{spec.MANIFEST_NAME}); overwrite removes only what a pack wrote: "
+                        "choose an empty folder")
+    old = Manifest.load(manifest)
+    names = list(old.extra.get("pack_files", []))
+    names += [n for s in old.shards for n in (s.path, spec.text_index_path(s.path),
+                                              spec.binary_index_path(s.path))]
+    for name in {*names, spec.GROUPS_NAME, spec.ORDER_NAME}:
+        path = os.path.join(out, name)
+        if os.path.isfile(path) and os.path.dirname(os.path.abspath(path)) == out:
+            os.remove(path)
+    os.remove(manifest)
+
+
+__all__ = ["check_empty", "pack_rows"]

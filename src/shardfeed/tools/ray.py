@@ -1,0 +1,126 @@
+"""shardfeed on a Ray cluster: pack a Ray Dataset, index and verify TFRecord files as tasks.
+
+::
+
+    ds = ray.data.read_parquet("s3://lake/export/")        # any Ray Dataset of rows
+    pack_ray(ds, "/data/packed", fields=RowFields(image="jpeg", labels=["label"]))
+
+    write task i (any node, any attempt)   --> _parts/i-attempt/part-K.tfrecord (+ indexes)
+    driver, once every task finished        --> merge: one dataset, manifest last
+
+:class:`PackSink` is a ``ray.data.Datasink``: each write task runs the partition writer
+(:mod:`shardfeed.tools.pack.partition`) on its blocks with the task's index as partition id;
+``on_write_complete`` merges what finished tasks returned. With ``preserve_order`` (set by
+:func:`pack_ray`) the records' order is the Dataset's, whatever ran where: the same records,
+in the same order, as ``shardfeed.pack`` of the same rows on one machine. A task killed
+mid-write is retried by Ray; what it left is under its own attempt folder, which the merge
+removes. :func:`ray_map` runs ``index_files`` and ``verify`` one file per Ray task
+(``run=ray_map``).
+
+The output is a local folder every node can reach (a shared file system) for packing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import ray
+from ray.data import Datasink
+from ray.data.block import BlockAccessor
+
+from shardfeed.errors import PackError
+from shardfeed.tools.pack.partition import (
+    PARTS_FOLDER,
+    Partial,
+    PartSizes,
+    merge_partitions,
+    write_partition,
+)
+from shardfeed.tools.pack.plan import parse_size
+from shardfeed.tools.pack.rows import RowFields
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class PackSink(Datasink[dict[str, Any]]):
+    """Packs a Ray Dataset into ``output`` (see the module docstring); after the write,
+    ``manifest`` is the path of the dataset's manifest."""
+
+    def __init__(self, output: str | os.PathLike[str], *, fields: RowFields | None = None,
+                 sizes: PartSizes | None = None, prefix: str = "shard",
+                 verify: bool = True) -> None:
+        self.output = os.path.abspath(os.fspath(output))
+        self.fields = fields or RowFields()
+        self.sizes = sizes or PartSizes(bytes=64 << 20)
+        self.prefix = prefix
+        self.verify = verify
+        self.manifest: str | None = None
+
+    def on_write_start(self, schema: Any = None) -> None:
+        from shardfeed.tools.pack.rows_pack import check_empty
+
+        check_empty(self.output)
+        shutil.rmtree(os.path.join(self.output, PARTS_FOLDER), ignore_errors=True)
+
+    def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
+        rows = _rows_of(blocks)
+        partial = write_partition(rows, self.output, partition=int(ctx.task_idx),
+                                  fields=self.fields, sizes=self.sizes,
+                                  attempt=uuid.uuid4().hex[:12])
+        return partial.to_json()
+
+    def on_write_complete(self, write_result: Any) -> None:
+        partials = [Partial.from_json(p) for p in write_result.write_returns]
+        if not partials:
+            raise PackError(f"the Ray Dataset packed into '{self.output}' has no rows")
+        self.manifest = merge_partitions(self.output, partials, prefix=self.prefix,
+                                         verify=self.verify,
+                                         partitions=1 + max(p.partition for p in partials))
+
+    def on_write_failed(self, error: Exception) -> None:
+        shutil.rmtree(os.path.join(self.output, PARTS_FOLDER), ignore_errors=True)
+
+    def get_name(self) -> str:
+        return "shardfeed"
+
+
+def _rows_of(blocks: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
+    for block in blocks:
+        rows: Iterable[Mapping[str, Any]] = BlockAccessor.for_block(block).iter_rows(
+            public_row_format=True)
+        yield from rows
+
+
+def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
+             fields: RowFields | None = None, shard_size: int | str | None = None,
+             records_per_shard: int | None = None, prefix: str = "shard",
+             verify: bool = True, concurrency: int | None = None) -> str:
+    """Pack ``dataset`` (a ``ray.data.Dataset`` of rows) into the empty folder ``output``
+    with one partition a write task; return the manifest's path. ``shard_size`` (default
+    64 MB) or ``records_per_shard`` cut each partition's shards; ``verify``: the merge reads
+    every part back against its CRC32C."""
+    if shard_size is None and records_per_shard is None:
+        shard_size = "64MB"
+    sizes = PartSizes(records=records_per_shard,
+                      bytes=parse_size(shard_size) if shard_size is not None else None)
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # the records' order is the Dataset's
+    sink = PackSink(output, fields=fields, sizes=sizes, prefix=prefix, verify=verify)
+    dataset.write_datasink(sink, concurrency=concurrency)
+    assert sink.manifest is not None
+    return sink.manifest
+
+
+def ray_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(x) for x in items]``, each call a Ray task, results in input order: the
+    ``run=`` of ``index_files`` and ``verify``."""
+    task = ray.remote(fn)
+    return list(ray.get([task.remote(item) for item in items]))
+
+
+__all__ = ["PackSink", "pack_ray", "ray_map"]

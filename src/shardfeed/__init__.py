@@ -42,6 +42,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "presets": ("shardfeed.transforms.presets", None),
     "transforms": ("shardfeed.transforms", None),
     "pack": ("shardfeed.tools.pack", "pack"),
+    "RowFields": ("shardfeed.tools.pack.rows", "RowFields"),
     "torch": ("shardfeed.loaders.torch", None),
     "jax": ("shardfeed.loaders.jax", None),
 }
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # the same names, seen by type checkers without importing at 
     from shardfeed.pipeline.patches import Patches as Patches
     from shardfeed.pipeline.windows import Windows as Windows
     from shardfeed.tools.pack import pack as pack
+    from shardfeed.tools.pack.rows import RowFields as RowFields
     from shardfeed.transforms import presets as presets
 
 
@@ -91,6 +93,7 @@ __all__ = [
     "Loader",
     "PackError",
     "Patches",
+    "RowFields",
     "SchemaError",
     "ShardfeedError",
     "StateError",

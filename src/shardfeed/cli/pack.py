@@ -1,8 +1,8 @@
 """Pack images into indexed TFRecord shards (readable by tf.data, DALI and shardfeed).
 
 From a folder of class sub-folders (label = index of the sorted class name; the names are
-kept in the manifest; --classes/--classes-from fix them across splits), or from a CSV of
-image paths and label columns. Every input file is checked first (headers and end markers;
+kept in the manifest; --classes/--classes-from fix them across splits), from a CSV of
+image paths and label columns, or from Parquet files or WebDataset tar shards. Every input file is checked first (headers and end markers;
 --check-decode decodes them too): bad files are all listed and nothing is written, unless
 --skip-bad packs the rest and lists what it skipped in OUTPUT/skipped.csv. Records of one
 group stay contiguous and sorted by the order key (stored as int64 nanoseconds; its unit is
@@ -27,6 +27,8 @@ examples:
   shardfeed pack labels.csv out/ --csv-labels label --csv-onehot root,leaf --csv-mask mask
   shardfeed pack frames.csv out/ ... --resume            # finish an interrupted pack
   shardfeed pack old/*.tfrecord.gz out/ --from-tfrecord  # re-pack (GZIP) TFRecord files
+  shardfeed pack export/*.parquet out/ --image-column jpeg --label-columns label
+  shardfeed pack shards/*.tar out/                        # WebDataset: key = name, cls = label
 """
 
 from __future__ import annotations
@@ -50,13 +52,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_input_arguments(parser)
     _add_run_arguments(parser)
     _add_csv_arguments(parser)
+    _add_rows_arguments(parser)
+
+
+def _add_rows_arguments(parser: argparse.ArgumentParser) -> None:
+    """Columns of Parquet files and WebDataset tars."""
+    rows = parser.add_argument_group("Parquet and WebDataset tar columns")
+    rows.add_argument("--image-column", default=None, metavar="COL",
+                      help="the image column (encoded bytes, a path, or a bytes/path struct; "
+                           "default: image)")
+    rows.add_argument("--label-columns", default=None, metavar="COLS",
+                      help="comma-separated label columns (default: every other column)")
+    rows.add_argument("--name-column", default=None, metavar="COL",
+                      help="the column stored as the record's name (a tar's default: the key)")
+
+
+def _row_fields(args: argparse.Namespace) -> object:
+    if args.image_column is None and args.label_columns is None and args.name_column is None:
+        return None
+    from shardfeed.tools.pack.rows import RowFields
+
+    labels = None if args.label_columns is None else [
+        c.strip() for c in args.label_columns.split(",") if c.strip()]
+    return RowFields(image=args.image_column or "image", labels=labels, name=args.name_column)
 
 
 def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """Sources and output, mode, shard size, resume or overwrite, classes."""
     parser.add_argument(
         "source", nargs="+",
-        help="a folder of class sub-folders, a CSV file, or (--from-tfrecord) TFRecord files",
+        help="a folder of class sub-folders, a CSV file, Parquet files or WebDataset .tar "
+             "shards, or (--from-tfrecord) TFRecord files",
     )
     parser.add_argument("output", help="output folder (created if missing; must be empty)")
     parser.add_argument(
@@ -154,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     from shardfeed.tools.pack.check import BadInputsError
 
     sources = args.source
-    if not args.from_tfrecord and len(sources) > 1:
+    data = all(s.endswith((".parquet", ".tar")) for s in sources)
+    if not args.from_tfrecord and len(sources) > 1 and not data:
         raise ValueError(
             f"pack takes one folder or CSV, got {len(sources)} sources; pass --from-tfrecord "
             "to re-pack several TFRecord files"
@@ -165,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         classes = [c.strip() for c in args.classes.split(",") if c.strip()]
     try:
         result = pack(
-            sources if args.from_tfrecord else sources[0],
+            sources if args.from_tfrecord or data else sources[0],
             args.output,
             mode=args.mode,
             csv=csv,
@@ -184,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
             check="decode" if args.check_decode else "header",
             skip_bad=args.skip_bad,
             max_pixels=args.max_pixels,
+            fields=_row_fields(args),  # type: ignore[arg-type]
         )
     except BadInputsError as exc:
         return _report_bad(exc, as_json=args.json)

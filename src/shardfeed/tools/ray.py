@@ -119,7 +119,7 @@ def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
 def ray_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(x) for x in items]``, each call a Ray task, results in input order: the
     ``run=`` of ``index_files`` and ``verify``."""
-    task = ray.remote(_call)
+    task: Any = ray.remote(_call)
     return list(ray.get([task.remote(fn, item) for item in items]))
 
 

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
 from shardfeed import Dataset, pack
-from shardfeed.tools.pack.partition import PARTS_FOLDER
+from shardfeed.tools.pack.partition import PARTS_FOLDER, PartSizes
 from shardfeed.tools.pack.rows import RowFields
 
 
@@ -102,10 +102,7 @@ def test_a_task_killed_mid_write_is_retried_without_a_trace(
     rows = small_rows(2_000)
     pack(rows, tmp_path / "one", fields=FIELDS, records_per_shard=150)
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    sink = DiesOnce(tmp_path / "ray", fields=FIELDS, sizes=None, verify=True)
-    from shardfeed.tools.pack.partition import PartSizes
-
-    sink.sizes = PartSizes(records=150)
+    sink = DiesOnce(tmp_path / "ray", fields=FIELDS, sizes=PartSizes(records=150), verify=True)
     ray.data.from_items(rows, override_num_blocks=4).write_datasink(sink)
     assert marker.exists()  # the first attempt did die
     assert payloads(tmp_path / "ray")[1] == payloads(tmp_path / "one")[1]

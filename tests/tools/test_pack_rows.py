@@ -214,3 +214,18 @@ def test_the_command_packs_parquet_columns_it_is_told(tmp_path: Path) -> None:
     assert [r["image/encoded"] for r in records] == encoded
     assert [int(r["y"][0]) for r in records] == list(range(6))
     assert "extra" not in records[0]  # only the label columns named
+
+
+def test_a_row_whose_image_claims_30000_by_30000_pixels_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)
+    bomb = (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr
+            + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr)))
+    rows = [{"image": png(images(1)[0]), "label": 0}, {"image": bomb, "label": 1}]
+    with pytest.raises(PackError, match=r"row 1 of partition 0.*30000"):
+        pack(rows, tmp_path / "out")
+    assert os.listdir(tmp_path / "out") == []

@@ -180,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
     from shardfeed.tools.pack.check import BadInputsError
 
     sources = args.source
-    data = all(s.endswith((".parquet", ".tar")) for s in sources)
+    from shardfeed.tools.pack.rows import DATA_SUFFIXES
+
+    data = all(s.endswith(DATA_SUFFIXES) for s in sources)
     if not args.from_tfrecord and len(sources) > 1 and not data:
         raise ValueError(
             f"pack takes one folder or CSV, got {len(sources)} sources; pass --from-tfrecord "

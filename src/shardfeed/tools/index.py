@@ -28,7 +28,7 @@ import logging
 import os
 import posixpath
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -44,6 +44,7 @@ from shardfeed.storage import is_remote
 from shardfeed.storage.base import ByteSource
 from shardfeed.tools import discovery
 from shardfeed.tools.pack import time as packtime
+from shardfeed.tools.pack.workers import Runner, no_progress
 
 IndexTimeUnit = Literal["auto", "s", "ms", "us", "ns"]
 
@@ -243,18 +244,10 @@ def index_files(
     )
 
 
-Runner = Callable[[Callable[[Any], Any], Sequence[Any]], Sequence[Any]]
-"""``run(fn, items) -> [fn(item) for item in items]``, spread as the runner likes."""
-
-
 def _index_pair(pair: tuple[str, str], *, group_key: str | None,
                 order_key: str | None) -> IndexedFile:
     return _index_one(pair[0], pair[1], group_key=group_key, order_key=order_key,
-                      advance=_nothing)
-
-
-def _nothing(n: int) -> None:
-    pass
+                      advance=no_progress)
 
 
 def _check_arguments(*, workers: int, order_key: str | None, time_unit: IndexTimeUnit) -> None:

@@ -46,7 +46,7 @@ from shardfeed.tools.pack.ledger import planned_files, record_done
 from shardfeed.tools.pack.output import PackResult
 from shardfeed.tools.pack.plan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.pack.record import MODES, Mode, build_payload, estimate_size, fingerprint
-from shardfeed.tools.pack.rows import RowFields
+from shardfeed.tools.pack.rows import DATA_SUFFIXES, RowFields, paths_of
 from shardfeed.tools.pack.workers import ExecutorKind, ordered_map
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels
 
@@ -205,13 +205,11 @@ def _run(call: _PackCall) -> PackResult:
 
 def _is_rows(call: _PackCall) -> bool:
     """Whether ``call.source`` is data (arrays, rows, tables, tar or Parquet files)."""
-    source = call.source
     if call.fields is not None:
         return True
-    paths = ([source] if isinstance(source, (str, os.PathLike)) else source
-             if isinstance(source, list) else None)
-    if paths is not None and all(isinstance(p, (str, os.PathLike)) for p in paths):
-        return bool(paths) and all(os.fspath(p).endswith((".parquet", ".tar")) for p in paths)
+    paths = paths_of(call.source)
+    if paths is not None:
+        return all(p.endswith(DATA_SUFFIXES) for p in paths)
     return not call.from_tfrecord
 
 

@@ -21,17 +21,17 @@ one partition through the same code: the same records in the same order.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.format.manifest import ShardInfo
+from shardfeed.tools.pack.output import write_shard
 from shardfeed.tools.pack.rows import RowFields, row_payload
 from shardfeed.tools.pack.workers import ordered_map
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
@@ -65,7 +65,6 @@ class Partial:
     attempt: str
     shards: tuple[ShardInfo, ...]
     label_key: str | None = None
-    features: tuple[str, ...] = field(default=())
 
     @property
     def records(self) -> int:
@@ -125,7 +124,7 @@ def write_partition(
     shards = []
     for k, chunk in enumerate(_cut(payloads, sizes)):
         path = os.path.join(folder, f"part-{k:05d}{spec.SHARD_SUFFIX}")
-        info = _write(path, chunk)
+        info = write_shard(path, chunk)
         shards.append(ShardInfo(os.path.relpath(path, out).replace(os.sep, "/"),
                                 info.records, info.bytes, info.crc32c))
     return Partial(partition, attempt, tuple(shards), label or None)
@@ -145,13 +144,6 @@ def _cut(payloads: Iterator[bytes], sizes: PartSizes) -> Iterator[list[bytes]]:
             chunk, size = [], 0
     if chunk:
         yield chunk
-
-
-def _write(path: str, payloads: Sequence[bytes]) -> ShardInfo:
-    from shardfeed.tools.pack.output import write_shard
-
-    info: ShardInfo = write_shard(path, payloads)
-    return info
 
 
 def merge_partitions(
@@ -236,10 +228,6 @@ def _move_shard(src: str, dst: str) -> None:
     for a, b in list(zip(_shard_files(src), _shard_files(dst)))[::-1]:
         if os.path.exists(a):
             os.replace(a, b)
-
-
-def partial_json(partial: Partial) -> str:
-    return json.dumps(partial.to_json(), sort_keys=True)
 
 
 __all__ = ["PARTS_FOLDER", "PartSizes", "Partial", "merge_partitions", "write_partition"]

@@ -39,6 +39,9 @@ from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 Encode = Literal["png", "jpeg", "raw"]
 
+DATA_SUFFIXES = (".parquet", ".tar")
+"""Files ``pack`` reads as rows (Parquet tables, WebDataset tar shards)."""
+
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
 """A WebDataset member with one of these extensions is the sample's image (the first found)."""
 
@@ -201,7 +204,7 @@ def rows_of(source: Any, fields: RowFields) -> tuple[Iterator[dict[str, Any]], s
         return _hf_rows(source, fields), "the Hugging Face dataset"
     if kind == "pyarrow":
         return _arrow_rows([source]), "the Arrow table"
-    paths = _paths(source)
+    paths = paths_of(source)
     if paths is not None:
         if all(p.endswith(".parquet") for p in paths):
             return _parquet_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} files"
@@ -215,7 +218,8 @@ def rows_of(source: Any, fields: RowFields) -> tuple[Iterator[dict[str, Any]], s
                     "Hugging Face dataset")
 
 
-def _paths(source: Any) -> list[str] | None:
+def paths_of(source: Any) -> list[str] | None:
+    """``source`` as a list of paths, or None when it is not one path or a list of them."""
     if isinstance(source, (str, os.PathLike)):
         return [os.fspath(source)]
     if isinstance(source, (list, tuple)) and source and all(
@@ -322,4 +326,4 @@ def _tar_row(sample: dict[str, Any], path: str) -> dict[str, Any]:
                     f"(extensions {', '.join(IMAGE_SUFFIXES)})")
 
 
-__all__ = ["RowFields", "row_payload", "rows_of"]
+__all__ = ["DATA_SUFFIXES", "RowFields", "paths_of", "row_payload", "rows_of"]

@@ -17,7 +17,7 @@ from shardfeed.tools.pack.partition import (
     merge_partitions,
     write_partition,
 )
-from shardfeed.tools.pack.rows import RowFields, rows_of
+from shardfeed.tools.pack.rows import RowFields, paths_of, rows_of
 
 
 def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
@@ -32,9 +32,8 @@ def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
         raise ValueError("mode applies to folder and CSV inputs; for data, choose how pixel "
                          "arrays are stored with RowFields(encode='png'|'jpeg'|'raw')")
     _prepare(out, overwrite=overwrite)
-    paths = [source] if isinstance(source, (str, os.PathLike)) else source
-    is_tar = isinstance(paths, list) and bool(paths) and all(
-        isinstance(p, (str, os.PathLike)) and os.fspath(p).endswith(".tar") for p in paths)
+    paths = paths_of(source)
+    is_tar = paths is not None and all(p.endswith(".tar") for p in paths)
     fields = fields or RowFields(name="__key__" if is_tar else None)
     rows, where = rows_of(source, fields)
     sizes = PartSizes(records=options.records_per_shard, bytes=options.shard_bytes)

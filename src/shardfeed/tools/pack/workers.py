@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 #: Threads or processes.
 ExecutorKind = Literal["thread", "process"]
+
+Runner = Callable[[Callable[[Any], Any], Sequence[Any]], Sequence[Any]]
+"""``run(fn, items) -> [fn(item) for item in items]``, spread as the runner likes (the
+``run=`` of ``index_files`` and ``verify``; ``shardfeed.tools.ray.ray_map`` is one)."""
+
+
+def no_progress(n: int) -> None:
+    """A progress callback that reports nowhere (work shipped to other processes)."""
 
 
 def ordered_map(

@@ -19,15 +19,15 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
 
 from shardfeed.dataset.opening import Resolved, referenced_root, resolve_sources
 from shardfeed.errors import ShardfeedError
 from shardfeed.format.schema import ImageInfo
 from shardfeed.storage import is_remote
+from shardfeed.tools.pack.workers import Runner, no_progress
 from shardfeed.tools.verify.report import Problem, ShardCheck, VerifyReport
 from shardfeed.tools.verify.shard import Expected, ShardJob, check_shard
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels
@@ -98,17 +98,9 @@ def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | No
             for u, e in zip(urls, expected)]
 
 
-Runner = Callable[[Callable[[Any], Any], Sequence[Any]], Sequence[Any]]
-"""``run(fn, items) -> [fn(item) for item in items]``, spread as the runner likes."""
-
-
 def check_quietly(job: ShardJob) -> ShardCheck:
     """``check_shard`` without progress (for a runner that ships it to other processes)."""
-    return check_shard(job, _nothing)
-
-
-def _nothing(n: int) -> None:
-    pass
+    return check_shard(job, no_progress)
 
 
 def verify(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from shardfeed.errors import StorageError
+from shardfeed.storage import http1
 from shardfeed.storage.direct_gets import DirectGets, HttpStatusError, direct_gets_for
 from shardfeed.storage.failures import is_transient
 from shardfeed.storage.options import filesystem
@@ -86,6 +88,7 @@ class Script:
         self.close_after = False  # drop the connection after answering, without saying so
         self.seen: list[str] = []
         self.raw: bytes | None = None  # sent as the whole answer, as it is
+        self.hold_seconds = 0.0  # wait this long after a raw answer, the connection open
 
 
 def _ranged(query: str, rng: str) -> tuple[int, dict[str, str], bytes]:
@@ -96,8 +99,15 @@ def _ranged(query: str, rng: str) -> tuple[int, dict[str, str], bytes]:
     return 206, {"Content-Range": f"bytes {start}-{end}/{len(DATA)}"}, DATA[start : end + 1]
 
 
-@pytest.fixture
-def scripted() -> Iterator[tuple[Script, str]]:
+@pytest.fixture(params=["compiled", "python"])
+def scripted(request: pytest.FixtureRequest,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Script, str]]:
+    """A server answering as its Script says; each test runs with bodies received by the
+    compiled ``_recv`` and by the Python path."""
+    if request.param == "python":
+        monkeypatch.setattr(http1, "_recv", None)
+    else:
+        assert http1._recv is not None, "shardfeed.storage._recv was not built"
     script = Script()
 
     class Handler(BaseHTTPRequestHandler):
@@ -111,6 +121,8 @@ def scripted() -> Iterator[tuple[Script, str]]:
             script.seen.append(query)
             if script.raw is not None:
                 self.wfile.write(script.raw)
+                self.wfile.flush()
+                time.sleep(script.hold_seconds)
                 self.close_connection = script.close_after
                 return
             status, headers, body = script.answer(query, self.headers.get("Range", ""))
@@ -201,6 +213,31 @@ def test_a_cut_body_is_a_transient_connection_error(scripted: tuple[Script, str]
     with pytest.raises(ConnectionError) as cut:
         gets.get(0, 1000)
     assert is_transient(cut.value)
+
+
+def test_a_body_that_stops_coming_is_a_transient_error_after_the_timeout(
+    scripted: tuple[Script, str]
+) -> None:
+    script, url = scripted
+    script.raw = (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-99999/300000\r\n"
+                  b"Content-Length: 100000\r\n\r\n" + DATA[:40_000])
+    script.hold_seconds = 3.0
+    gets = DirectGets(SigningFs(url), "bucket/obj.bin", timeout_seconds=0.5)
+    began = time.monotonic()
+    with pytest.raises(OSError) as stalled:
+        gets.get(0, 100_000)
+    assert time.monotonic() - began < 2.5  # the timeout, not the server's hold
+    assert is_transient(stalled.value)
+
+
+def test_a_long_body_arrives_whole(scripted: tuple[Script, str]) -> None:
+    script, url = scripted
+    gets, _ = _gets(url)
+    assert gets.get(0, 300_000) == DATA  # many receives, one bytes object
+    script.raw = (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 7-10/300000\r\n"
+                  b"Content-Length: 4\r\n\r\n" + DATA[7:11] + b"HTTP/1.1 206")
+    script.close_after = True
+    assert gets.get(7, 11) == DATA[7:11]  # bytes past the body are not part of it
 
 
 def test_a_kept_alive_connection_the_server_dropped_is_replaced(

@@ -4,7 +4,8 @@ A GET of a range is a few lines of HTTP/1.1 each way; http.client parses every a
 headers with the email package and builds objects around its socket (about 150 us of CPU a
 request here, three times what the exchange itself takes). A connection here sends one
 prebuilt request and reads the answer's status line and headers with str methods, its body
-into one buffer by recv_into. Answers that are not HTTP/1.x as expected (cut,
+into the bytes object it is handed back as (the compiled ``_recv``, where built, for
+plain-HTTP connections; else ``recv_into`` a buffer and one copy). Answers that are not HTTP/1.x as expected (cut,
 garbled, headers or a body longer than allowed) raise :class:`BadAnswer`, a transient
 ConnectionError naming the host. Idle connections are pooled by ``(scheme, host)``, closed
 at exit, and never shared with a forked child.
@@ -13,6 +14,7 @@ at exit, and never shared with a forked child.
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import socket
 import threading
@@ -26,6 +28,18 @@ MAX_HEADER_BYTES = 64 << 10
 """An answer whose headers run longer than this is refused as garbled."""
 MAX_ERROR_BODY = 64 << 10
 """Bytes of an error answer's body read (for its code); the connection is closed after more."""
+
+
+def _compiled_recv() -> Any:
+    """``shardfeed.storage._recv`` (source: ``_recv.c`` beside this file), or None where
+    the package was built without it: ``_Conn._exactly`` then reads by ``recv_into``."""
+    try:
+        return importlib.import_module("shardfeed.storage._recv")
+    except ImportError:
+        return None
+
+
+_recv = _compiled_recv()
 
 
 class BadAnswer(ConnectionError):
@@ -184,12 +198,22 @@ class _Conn:
     def _exactly(self, n: int, *, until_close: bool = False) -> bytes:
         """The next ``n`` bytes (``until_close``: at most ``n``, up to the end of the
         connection)."""
+        assert self.sock is not None
+        if _recv is not None and self.scheme == "http":
+            have = min(n, len(self.buffer))
+            prefix = bytes(self.buffer[:have])
+            del self.buffer[:have]
+            timeout = self.sock.gettimeout()
+            body: bytes = _recv.exact(self.sock.fileno(), n, prefix,
+                                      -1.0 if timeout is None else timeout)
+            if len(body) < n and not until_close:
+                raise BadAnswer(f"answer from {self.host} cut at {len(body)} of {n} bytes")
+            return body
         out = bytearray(n)
         have = min(n, len(self.buffer))
         out[:have] = self.buffer[:have]
         del self.buffer[:have]
         view = memoryview(out)
-        assert self.sock is not None
         while have < n:
             got = self.sock.recv_into(view[have:])
             if not got:

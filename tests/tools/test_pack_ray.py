@@ -68,6 +68,31 @@ def test_a_ray_pack_holds_the_records_of_a_single_machine_pack(
     assert not (tmp_path / "ray" / PARTS_FOLDER).exists()
 
 
+def test_a_ray_pack_into_object_storage_holds_the_same_records(
+    local_ray: None, s3_server: Any, tmp_path: Path,
+) -> None:
+    from shardfeed.tools.ray import PackSink
+
+    rows = small_rows(2_000)
+    pack(rows, tmp_path / "one", fields=FIELDS, records_per_shard=150)
+    bucket = s3_server.new_bucket("ray")
+    url = f"s3://{bucket}/ds"
+    # the tasks' environment points elsewhere: they reach the server by the sink's options
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    sink = PackSink(url, fields=FIELDS, sizes=PartSizes(records=150),
+                    storage_options=s3_server.storage_options())
+    elsewhere = {"runtime_env": {"env_vars": {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}}}
+    ray.data.from_items(rows, override_num_blocks=4).write_datasink(
+        sink, ray_remote_args=elsewhere)
+    assert sink.manifest == f"{url}/shardfeed.json"
+    with Dataset(url) as ds:
+        got = ds.read_payloads(range(len(ds)))
+    assert got == payloads(tmp_path / "one")[1]
+    fs = s3_server.filesystem()
+    fs.invalidate_cache()
+    assert not [p for p in fs.find(bucket) if PARTS_FOLDER in p]
+
+
 def test_a_task_killed_mid_write_is_retried_without_a_trace(
     local_ray: None, tmp_path: Path,
 ) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "read_bytes",
     "read_if_exists",
     "remove",
+    "remove_tree",
     "rename",
     "retry_policy",
     "size",
@@ -341,6 +342,27 @@ def remove(
                 return
             raise FileNotFoundError(path)
         fs.rm_file(path)
+
+    remote_call(text, storage_options, "remove", in_thread(run))
+
+
+def remove_tree(url: PathLike, *, storage_options: Options = None) -> None:
+    """Delete a folder and everything in it (object stores: every object under the prefix);
+    nothing there is not an error."""
+    text = os.fspath(url)
+    local = _local(text)
+    if local is not None:
+        if os.path.isdir(local):
+            with _local_errors(local, "remove"):
+                shutil.rmtree(local)
+        return
+
+    def run(fs: Any, path: str) -> None:
+        fs.invalidate_cache(path)
+        found = fs.find(path)
+        if found:
+            fs.rm(found)
+        fs.invalidate_cache()
 
     remote_call(text, storage_options, "remove", in_thread(run))
 

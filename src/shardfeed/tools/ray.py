@@ -17,13 +17,14 @@ mid-write is retried by Ray; what it left is under its own attempt folder, which
 removes. :func:`ray_map` runs ``index_files`` and ``verify`` one file per Ray task
 (``run=ray_map``).
 
-The output is a local folder every node can reach (a shared file system) for packing.
+The output is a folder every node can reach: an object-storage URL (``s3://bucket/ds``; give
+the sink its ``storage_options`` when the nodes do not have them from their environment) or
+a shared file system.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -33,11 +34,13 @@ from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
 from shardfeed.errors import PackError
+from shardfeed.storage import is_remote
+from shardfeed.storage.options import set_storage_options
 from shardfeed.tools.pack.partition import (
-    PARTS_FOLDER,
     Partial,
     PartSizes,
     merge_partitions,
+    remove_parts,
     write_partition,
 )
 from shardfeed.tools.pack.plan import parse_size
@@ -49,25 +52,34 @@ R = TypeVar("R")
 
 class PackSink(Datasink[dict[str, Any]]):
     """Packs a Ray Dataset into ``output`` (see the module docstring); after the write,
-    ``manifest`` is the path of the dataset's manifest."""
+    ``manifest`` is the path of the dataset's manifest. ``storage_options`` (fsspec options
+    of an object-storage ``output``) are set in every task before it writes."""
 
     def __init__(self, output: str | os.PathLike[str], *, fields: RowFields | None = None,
                  sizes: PartSizes | None = None, prefix: str = "shard",
-                 verify: bool = True) -> None:
-        self.output = os.path.abspath(os.fspath(output))
+                 verify: bool = True, storage_options: Mapping[str, Any] | None = None) -> None:
+        text = os.fspath(output)
+        self.output = text.rstrip("/") if is_remote(text) else os.path.abspath(text)
         self.fields = fields or RowFields()
         self.sizes = sizes or PartSizes(bytes=64 << 20)
         self.prefix = prefix
         self.verify = verify
+        self.storage_options = dict(storage_options or {})
         self.manifest: str | None = None
+
+    def _options(self) -> None:
+        if self.storage_options:
+            set_storage_options(self.output + "/", **self.storage_options)
 
     def on_write_start(self, schema: Any = None) -> None:
         from shardfeed.tools.pack.rows_pack import check_empty
 
+        self._options()
         check_empty(self.output)
-        shutil.rmtree(os.path.join(self.output, PARTS_FOLDER), ignore_errors=True)
+        remove_parts(self.output)
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
+        self._options()
         rows = _rows_of(blocks)
         partial = write_partition(rows, self.output, partition=int(ctx.task_idx),
                                   fields=self.fields, sizes=self.sizes,
@@ -83,7 +95,7 @@ class PackSink(Datasink[dict[str, Any]]):
                                          partitions=1 + max(p.partition for p in partials))
 
     def on_write_failed(self, error: Exception) -> None:
-        shutil.rmtree(os.path.join(self.output, PARTS_FOLDER), ignore_errors=True)
+        remove_parts(self.output)
 
     def get_name(self) -> str:
         return "shardfeed"
@@ -99,18 +111,20 @@ def _rows_of(blocks: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
 def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
              fields: RowFields | None = None, shard_size: int | str | None = None,
              records_per_shard: int | None = None, prefix: str = "shard",
-             verify: bool = True, concurrency: int | None = None) -> str:
+             verify: bool = True, concurrency: int | None = None,
+             storage_options: Mapping[str, Any] | None = None) -> str:
     """Pack ``dataset`` (a ``ray.data.Dataset`` of rows) into the empty folder ``output``
     with one partition a write task; return the manifest's path. ``shard_size`` (default
     64 MB) or ``records_per_shard`` cut each partition's shards; ``verify``: the merge reads
-    every part back against its CRC32C."""
+    every part back against its CRC32C; ``storage_options``: see :class:`PackSink`."""
     if shard_size is None and records_per_shard is None:
         shard_size = "64MB"
     sizes = PartSizes(records=records_per_shard,
                       bytes=parse_size(shard_size) if shard_size is not None else None)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # the records' order is the Dataset's
-    sink = PackSink(output, fields=fields, sizes=sizes, prefix=prefix, verify=verify)
+    sink = PackSink(output, fields=fields, sizes=sizes, prefix=prefix, verify=verify,
+                    storage_options=storage_options)
     dataset.write_datasink(sink, concurrency=concurrency)
     assert sink.manifest is not None
     return sink.manifest

@@ -178,15 +178,16 @@ def _run(call: _PackCall) -> PackResult:
         raise ValueError("give classes or classes_from, not both")
     if call.check not in ("header", "decode"):
         raise ValueError(f"check must be 'header' or 'decode', got {call.check!r}")
-    if is_remote(os.fspath(call.output)):
-        return _pack_to_url(call)
-    options = _options(call)
-    if _is_rows(call):
+    output = os.fspath(call.output)
+    if _is_rows(call):  # local or remote: parts are uploaded as they are written
         from shardfeed.tools.pack.rows_pack import pack_rows
 
-        return pack_rows(call.source, os.path.abspath(os.fspath(call.output)),
-                         fields=call.fields, options=options, overwrite=call.overwrite,
+        return pack_rows(call.source, output if is_remote(output) else os.path.abspath(output),
+                         fields=call.fields, options=_options(call), overwrite=call.overwrite,
                          resume=call.resume, progress=call.progress)
+    if is_remote(output):
+        return _pack_to_url(call)
+    options = _options(call)
     if call.resume and call.overwrite:
         raise ValueError("resume and overwrite exclude each other; choose one")
     out = os.path.abspath(os.fspath(call.output))

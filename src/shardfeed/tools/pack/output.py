@@ -325,7 +325,9 @@ def write_manifest(
         order_key=order_key,
         extra=more,
     )
-    path = os.path.join(out, spec.MANIFEST_NAME)
+    from shardfeed.storage.files import join
+
+    path = join(out, spec.MANIFEST_NAME)
     manifest.save(path)
     return path
 
@@ -337,12 +339,13 @@ def sample_schema(out: str, shards: Sequence[Any], *, sample: int = 32) -> Any:
     from shardfeed.format.index import load_binary_index
     from shardfeed.format.schema import infer_schema
     from shardfeed.storage import open_source
+    from shardfeed.storage.files import join
 
     records: list[dict[str, Any]] = []
     for info in shards:
         if info.records == 0:
             continue
-        path = info.path if os.path.isabs(info.path) else os.path.join(out, info.path)
+        path = info.path if os.path.isabs(info.path) else join(out, info.path)
         offsets = load_binary_index(spec.binary_index_path(path), mmap=False)
         n = min(sample, int(offsets.size) - 1)
         src = open_source(path)

@@ -17,12 +17,18 @@ merge never takes a half-written one. The records' global order is partition ord
 row order within a partition: it does not depend on which task ran where or when, and with
 it neither do the exact shuffle or a saved state. A single-machine pack of the same rows is
 one partition through the same code: the same records in the same order.
+
+``output`` may be an object-storage URL (``s3://bucket/ds``): a task builds each part in a
+local temporary folder and uploads it (indexes first, each object atomic), then deletes it
+locally; the merge checks sizes (and CRC32Cs) by request, renames by copy-then-delete and
+writes the manifest last, so a reader never sees a dataset before it is whole.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +37,7 @@ from typing import Any
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.format.manifest import ShardInfo
+from shardfeed.storage import files
 from shardfeed.tools.pack.output import write_shard
 from shardfeed.tools.pack.rows import RowFields, row_payload
 from shardfeed.tools.pack.workers import ordered_map
@@ -83,7 +90,12 @@ class Partial:
 
 
 def attempt_folder(output: str, partition: int, attempt: str) -> str:
-    return os.path.join(output, PARTS_FOLDER, f"{partition:06d}-{attempt}")
+    return files.join(output, PARTS_FOLDER, f"{partition:06d}-{attempt}")
+
+
+def remove_parts(output: str) -> None:
+    """Remove the parts folder of ``output`` (every attempt's files), if there is one."""
+    files.remove_tree(files.join(output, PARTS_FOLDER))
 
 
 def write_partition(
@@ -104,7 +116,9 @@ def write_partition(
     attempt = attempt or uuid.uuid4().hex[:12]
     out = os.fspath(output)
     folder = attempt_folder(out, partition, attempt)
-    os.makedirs(folder, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix="shardfeed-part-") if files.is_remote(out) else None
+    if staging is None:
+        os.makedirs(folder, exist_ok=True)
     label = fields.label
 
     def build(item: tuple[int, Mapping[str, Any]]) -> bytes:
@@ -122,12 +136,29 @@ def write_partition(
 
     payloads = ordered_map(build, numbered(), workers=workers)
     shards = []
-    for k, chunk in enumerate(_cut(payloads, sizes)):
-        path = os.path.join(folder, f"part-{k:05d}{spec.SHARD_SUFFIX}")
-        info = write_shard(path, chunk)
-        shards.append(ShardInfo(os.path.relpath(path, out).replace(os.sep, "/"),
-                                info.records, info.bytes, info.crc32c))
+    relative = f"{PARTS_FOLDER}/{partition:06d}-{attempt}"
+    try:
+        for k, chunk in enumerate(_cut(payloads, sizes)):
+            name = f"part-{k:05d}{spec.SHARD_SUFFIX}"
+            info = write_shard(os.path.join(staging or folder, name), chunk)
+            if staging is not None:
+                _upload(staging, name, folder)
+            shards.append(ShardInfo(f"{relative}/{name}", info.records, info.bytes,
+                                    info.crc32c))
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return Partial(partition, attempt, tuple(shards), label or None)
+
+
+def _upload(staging: str, name: str, folder: str) -> None:
+    """Upload a part built in ``staging`` and its indexes to ``folder`` (the indexes first:
+    a part never stands without them), deleting each local file once uploaded."""
+    for local_name in _shard_files(name)[::-1]:
+        path = os.path.join(staging, local_name)
+        if os.path.exists(path):
+            files.upload_file_atomic(path, files.join(folder, local_name))
+            os.remove(path)
 
 
 def _cut(payloads: Iterator[bytes], sizes: PartSizes) -> Iterator[list[bytes]]:
@@ -174,13 +205,14 @@ def merge_partitions(
         _check_part(out, info, verify=verify)
     names = [f"{prefix}-{n:05d}-of-{len(shards):05d}{spec.SHARD_SUFFIX}"
              for n in range(len(shards))]
+    present = set(files.listdir(out))
     for name in names:
-        if os.path.exists(os.path.join(out, name)):
-            raise PackError(f"'{os.path.join(out, name)}' is in the way of the merge; "
+        if name in present:
+            raise PackError(f"'{files.join(out, name)}' is in the way of the merge; "
                             "merge into an empty folder")
     final = []
     for info, name in zip(shards, names):
-        _move_shard(os.path.join(out, info.path), os.path.join(out, name))
+        _move_shard(files.join(out, info.path), files.join(out, name))
         final.append(ShardInfo(name, info.records, info.bytes, info.crc32c))
     from shardfeed.tools.pack.output import write_manifest
 
@@ -191,7 +223,7 @@ def merge_partitions(
     path = write_manifest(out, final, mode="embedded", root=None, label_key=label_key,
                           vocabularies={}, group_key=None, order_key=None, group_ids=None,
                           order_keys=None, extra=more)
-    shutil.rmtree(os.path.join(out, PARTS_FOLDER), ignore_errors=True)
+    remove_parts(out)
     return path
 
 
@@ -203,20 +235,42 @@ def _choose(partials: Sequence[Partial]) -> dict[int, Partial]:
 
 
 def _check_part(out: str, info: ShardInfo, *, verify: bool) -> None:
-    path = os.path.join(out, info.path)
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        raise PackError(f"the part '{path}' a partial names is missing; run its task "
-                        "again") from None
+    path = files.join(out, info.path)
+    if not files.exists(path):
+        raise PackError(f"the part '{path}' a partial names is missing; run its task again")
+    size = files.size(path)
     if size != info.bytes:
         raise PackError(f"the part '{path}' holds {size} bytes, its partial says {info.bytes}; "
                         "it changed after its task finished: run that task again")
-    if verify and info.crc32c is not None:
+    if verify and info.crc32c is not None and _crc32c(path) != info.crc32c:
+        raise PackError(f"the part '{path}' fails its CRC32C check; run its task again")
+
+
+def _crc32c(path: str) -> int:
+    """CRC32C of the whole file or object at ``path``, read in blocks."""
+    if not files.is_remote(path):
         from shardfeed.tools.pack.kept import file_crc32c
 
-        if file_crc32c(path) != info.crc32c:
-            raise PackError(f"the part '{path}' fails its CRC32C check; run its task again")
+        return file_crc32c(path)
+    import google_crc32c
+
+    from shardfeed.storage import open_source
+
+    source = open_source(path)
+    try:
+        crc, at, total = 0, 0, source.size()
+        while at < total:
+            block = source.read(at, min(_CRC_BLOCK, total - at))
+            if not block:
+                break
+            crc = int(google_crc32c.extend(crc, block))
+            at += len(block)
+    finally:
+        source.close()
+    return crc
+
+
+_CRC_BLOCK = 8 << 20
 
 
 def _shard_files(name: str) -> list[str]:
@@ -226,8 +280,9 @@ def _shard_files(name: str) -> list[str]:
 def _move_shard(src: str, dst: str) -> None:
     """Rename a shard and its indexes (indexes first: a shard never stands without them)."""
     for a, b in list(zip(_shard_files(src), _shard_files(dst)))[::-1]:
-        if os.path.exists(a):
-            os.replace(a, b)
+        if files.exists(a):
+            files.rename(a, b)
 
 
-__all__ = ["PARTS_FOLDER", "PartSizes", "Partial", "merge_partitions", "write_partition"]
+__all__ = ["PARTS_FOLDER", "PartSizes", "Partial", "merge_partitions", "remove_parts",
+           "write_partition"]

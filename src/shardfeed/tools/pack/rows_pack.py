@@ -5,16 +5,17 @@ so that a cluster pack of the same rows in order gives the same records in the s
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
+from shardfeed.storage import files
 from shardfeed.tools.pack.output import PackResult
 from shardfeed.tools.pack.partition import (
     PARTS_FOLDER,
     PartSizes,
     merge_partitions,
+    remove_parts,
     write_partition,
 )
 from shardfeed.tools.pack.rows import RowFields, paths_of, rows_of
@@ -51,7 +52,7 @@ def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
             raise PackError(f"{where} holds no rows; there is nothing to pack")
         manifest = merge_partitions(out, [partial], prefix=options.prefix)
     except BaseException:
-        shutil.rmtree(os.path.join(out, PARTS_FOLDER), ignore_errors=True)
+        remove_parts(out)
         raise
     return PackResult(output=out, manifest=manifest, shards=len(partial.shards),
                       records=partial.records, bytes=sum(s.bytes for s in partial.shards),
@@ -59,12 +60,15 @@ def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
 
 
 def check_empty(out: str, *, overwrite: bool = False) -> bool:
-    """Create ``out`` if missing; True when it holds something (a parts folder aside): a
-    PackError unless ``overwrite``."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise PackError(f"output '{out}' is a file; name a folder (it is created if missing)")
-    os.makedirs(out, exist_ok=True)
-    entries = [e for e in os.listdir(out) if e != PARTS_FOLDER]
+    """Create ``out`` if missing (a local folder, or an object-storage prefix); True when it
+    holds something (a parts folder aside): a PackError unless ``overwrite``."""
+    if not files.is_remote(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise PackError(f"output '{out}' is a file; name a folder (it is created if "
+                            "missing)")
+        os.makedirs(out, exist_ok=True)
+    entries = files.listdir(out) if files.exists(out) else []
+    entries = [e for e in entries if e != PARTS_FOLDER]
     if entries and not overwrite:
         raise PackError(f"output folder '{out}' is not empty ({len(entries)} entries); pass "
                         "--overwrite (overwrite=True) to replace what an earlier pack wrote "
@@ -79,8 +83,8 @@ def _prepare(out: str, *, overwrite: bool) -> None:
         return
     from shardfeed.format.manifest import Manifest
 
-    manifest = os.path.join(out, spec.MANIFEST_NAME)
-    if not os.path.isfile(manifest):
+    manifest = files.join(out, spec.MANIFEST_NAME)
+    if not files.exists(manifest):
         raise PackError(f"output folder '{out}' holds no shardfeed dataset (no "
                         f"{spec.MANIFEST_NAME}); overwrite removes only what a pack wrote: "
                         "choose an empty folder")
@@ -88,11 +92,14 @@ def _prepare(out: str, *, overwrite: bool) -> None:
     names = list(old.extra.get("pack_files", []))
     names += [n for s in old.shards for n in (s.path, spec.text_index_path(s.path),
                                               spec.binary_index_path(s.path))]
-    for name in {*names, spec.GROUPS_NAME, spec.ORDER_NAME}:
-        path = os.path.join(out, name)
-        if os.path.isfile(path) and os.path.dirname(os.path.abspath(path)) == out:
-            os.remove(path)
-    os.remove(manifest)
+    files.remove(manifest)  # first: from here on the folder no longer reads as a dataset
+    for name in sorted({*names, spec.GROUPS_NAME, spec.ORDER_NAME}):
+        if _plain_name(name):  # only files of this folder, never a path out of it
+            files.remove(files.join(out, name), missing_ok=True)
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and os.sep not in name
 
 
 __all__ = ["check_empty", "pack_rows"]

@@ -229,3 +229,31 @@ def test_a_row_whose_image_claims_30000_by_30000_pixels_is_refused_by_name(
     with pytest.raises(PackError, match=r"row 1 of partition 0.*30000"):
         pack(rows, tmp_path / "out")
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_npz_archives_from_the_command_as_keras_saves_mnist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shardfeed.cli.main import main
+
+    train, test = images(12, seed=3, shape=(6, 6)), images(5, seed=4, shape=(6, 6))
+    np.savez(tmp_path / "mnist.npz", x_train=train, y_train=np.arange(12) % 10,
+             x_test=test, y_test=np.arange(5))
+    out = str(tmp_path / "out")
+    assert main(["pack", str(tmp_path / "mnist.npz"), out, "--image-column", "x_train",
+                 "--label-columns", "y_train", "--no-progress"]) == 0
+    records = read_back(tmp_path / "out")
+    assert [int(r["y_train"][0]) for r in records] == (np.arange(12) % 10).tolist()
+    assert all(np.array_equal(pixels_of(r), p) for r, p in zip(records, train))
+    # the test split, not named: arrays of other lengths are not guessed at
+    assert main(["pack", str(tmp_path / "mnist.npz"), str(tmp_path / "guess"),
+                 "--image-column", "x_test", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "'x_test' has 5 rows, 'x_train' 12" in err and "--label-columns" in err
+    assert os.listdir(tmp_path / "guess") == []
+    assert main(["pack", str(tmp_path / "mnist.npz"), str(tmp_path / "none"),
+                 "--no-progress"]) == 1
+    assert "no array 'image'" in capsys.readouterr().err
+    np.savez(tmp_path / "objects.npz", image=train, label=np.array([{"a": 1}] * 12))
+    with pytest.raises(PackError, match="Python objects.*no pickles"):
+        pack(str(tmp_path / "objects.npz"), tmp_path / "objects")

@@ -29,6 +29,7 @@ examples:
   shardfeed pack old/*.tfrecord.gz out/ --from-tfrecord  # re-pack (GZIP) TFRecord files
   shardfeed pack export/*.parquet out/ --image-column jpeg --label-columns label
   shardfeed pack shards/*.tar out/                        # WebDataset: key = name, cls = label
+  shardfeed pack mnist.npz out/ --image-column x_train --label-columns y_train  # arrays
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_rows_arguments(parser: argparse.ArgumentParser) -> None:
-    """Columns of Parquet files and WebDataset tars."""
-    rows = parser.add_argument_group("Parquet and WebDataset tar columns")
+    """Columns of Parquet files, WebDataset tars and NumPy .npz archives."""
+    rows = parser.add_argument_group("Parquet, WebDataset tar and .npz columns")
     rows.add_argument("--image-column", default=None, metavar="COL",
                       help="the image column (encoded bytes, a path, or a bytes/path struct; "
-                           "default: image)")
+                           "of an .npz: the N×H×W[×C] array; default: image)")
     rows.add_argument("--label-columns", default=None, metavar="COLS",
-                      help="comma-separated label columns (default: every other column)")
+                      help="comma-separated label columns (default: every other column; of "
+                           "an .npz: every other array, all as long as the images)")
     rows.add_argument("--name-column", default=None, metavar="COL",
                       help="the column stored as the record's name (a tar's default: the key)")
 

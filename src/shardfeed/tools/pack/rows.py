@@ -6,6 +6,8 @@ iterator of rows (:func:`rows_of`):
 ==================================  ======================================================
 NumPy arrays                        ``(images, labels)``: images N×H×W[×C], labels N or
                                     N×K (or a dict of such columns)
+NumPy ``.npz`` archive(s)           the image array's rows with the label arrays' (no
+                                    pickles)
 an iterable of dicts                used as it is (a generator too)
 Arrow table / Parquet file(s)       one row a table row (``pyarrow``)
 WebDataset tar shard(s)             one row a sample: members sharing a key, by extension
@@ -39,8 +41,9 @@ from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 Encode = Literal["png", "jpeg", "raw"]
 
-DATA_SUFFIXES = (".parquet", ".tar")
-"""Files ``pack`` reads as rows (Parquet tables, WebDataset tar shards)."""
+DATA_SUFFIXES = (".parquet", ".tar", ".npz")
+"""Files ``pack`` reads as rows (Parquet tables, WebDataset tar shards, NumPy ``.npz``
+archives of arrays)."""
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
 """A WebDataset member with one of these extensions is the sample's image (the first found)."""
@@ -210,7 +213,10 @@ def rows_of(source: Any, fields: RowFields) -> tuple[Iterator[dict[str, Any]], s
             return _parquet_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} files"
         if all(p.endswith(".tar") for p in paths):
             return _tar_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} tar files"
-        raise ValueError(f"cannot pack {paths[0]!r} as rows: give .parquet or .tar files")
+        if all(p.endswith(".npz") for p in paths):
+            return _npz_rows(paths, fields), paths[0] if len(paths) == 1 else f"{len(paths)} files"
+        raise ValueError(f"cannot pack {paths[0]!r} as rows: give .parquet, .tar or .npz "
+                         "files")
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
         return (dict(row) for row in source), "the rows"
     raise TypeError(f"cannot pack a {type(source).__name__}: give a folder, a CSV, arrays, "
@@ -242,6 +248,45 @@ def _array_rows(source: tuple[Any, ...], fields: RowFields) -> Iterator[dict[str
         row: dict[str, Any] = {fields.image: images[i]}
         row.update((k, v[i]) for k, v in columns.items())
         yield row
+
+
+def _npz_rows(paths: Sequence[str], fields: RowFields) -> Iterator[dict[str, Any]]:
+    """The rows of NumPy ``.npz`` archives: the image array's rows with the label arrays'
+    (``fields.labels``; by default every other array, which must then be as long). Read
+    without pickles: an archive of object arrays is refused."""
+    for path in paths:
+        with np.load(path, allow_pickle=False) as archive:
+            keys = list(archive.files)
+            if fields.image not in keys:
+                raise PackError(f"{path} has no array '{fields.image}' (it holds "
+                                f"{', '.join(keys)}); name the image array with "
+                                "--image-column (RowFields(image=...))")
+            wanted = [k for k in (fields.labels if fields.labels is not None else keys)
+                      if k != fields.image]
+            missing = [k for k in wanted if k not in keys]
+            if missing:
+                raise PackError(f"{path} has no array {missing[0]!r} (it holds "
+                                f"{', '.join(keys)})")
+            images = _archive_array(archive, path, fields.image)
+            columns = {k: _archive_array(archive, path, k) for k in wanted}
+        other = {k: len(v) for k, v in columns.items() if len(v) != len(images)}
+        if other:
+            k, n = next(iter(other.items()))
+            hint = ("" if fields.labels is not None else "; name the label arrays with "
+                    "--label-columns (RowFields(labels=[...]))")
+            raise PackError(f"{path}: '{fields.image}' has {len(images)} rows, '{k}' {n}{hint}")
+        yield from _array_rows((images, columns), fields)
+
+
+def _archive_array(archive: Any, path: str, key: str) -> np.ndarray:
+    try:
+        value = archive[key]
+    except ValueError as exc:  # object arrays need pickles: never loaded
+        raise PackError(f"{path}: the array '{key}' holds Python objects, which are not "
+                        f"read (no pickles); save it as numbers or bytes: {exc}") from None
+    if value.ndim == 0:
+        raise PackError(f"{path}: '{key}' is a single value, not an array of rows")
+    return np.asarray(value)
 
 
 def _arrow_rows(tables: Iterable[Any]) -> Iterator[dict[str, Any]]:

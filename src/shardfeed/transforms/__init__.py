@@ -3,7 +3,10 @@
 - decode: :func:`decode_image`, :class:`DecodeImage`, and the crop-aware
   :class:`DecodeRandomResizedCrop` / :class:`DecodeCenterCrop` (reduced-scale JPEG decode);
 - geometry (image, mask and second images together): :class:`RandomResizedCrop`,
-  :class:`Resize`, :class:`CenterCrop`, :class:`CropOrPad`, :class:`RandomHorizontalFlip`;
+  :class:`Resize`, :class:`CenterCrop`, :class:`CropOrPad`, :class:`RandomHorizontalFlip`,
+  and for segmentation and detection :class:`RandomCrop`, :class:`RandomVerticalFlip`,
+  :class:`RandomRotate90`, :class:`RandomAffine`, :class:`RandomScale` (boxes move with the
+  pixels: :class:`BoxFields`);
 - colour and values: :class:`ColorJitter`, :class:`Normalize`, :class:`ToFloat`,
   :class:`ToCHW`;
 - the contract: :class:`TransformBase` (every member declared, with its default);
@@ -38,12 +41,21 @@ from shardfeed.transforms.geometry import (
     RandomResizedCrop,
     Resize,
 )
+from shardfeed.transforms.placement import BoxFields
+from shardfeed.transforms.spatial import (
+    RandomAffine,
+    RandomCrop,
+    RandomRotate90,
+    RandomScale,
+    RandomVerticalFlip,
+)
 from shardfeed.transforms.wrap import as_transform
 
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ArraySpec",
+    "BoxFields",
     "CenterCrop",
     "ColorJitter",
     "Compose",
@@ -52,8 +64,13 @@ __all__ = [
     "DecodeImage",
     "DecodeRandomResizedCrop",
     "Normalize",
+    "RandomAffine",
+    "RandomCrop",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "RandomRotate90",
+    "RandomScale",
+    "RandomVerticalFlip",
     "Resize",
     "Sample",
     "ToCHW",

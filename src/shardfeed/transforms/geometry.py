@@ -5,6 +5,8 @@ Each op reads ``keys`` (images, default ``("image",)``; linear/area interpolatio
 ``mask_keys`` (default ``("mask",)``; nearest neighbour) and applies the same crop, resize
 or flip to every one present. Parameters come from the first image key's size. Images may
 be H×W×C or T×H×W×C (a window of frames: one geometry for all frames); masks H×W or T×H×W.
+Boxes (``boxes=BoxFields(...)``, default the key ``boxes`` with per-box ``box_labels``) move
+with the pixels: each op states its placement (:mod:`shardfeed.transforms.placement`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import numpy as np
 
 from shardfeed.errors import SchemaError
 from shardfeed.transforms import arrays
+from shardfeed.transforms import placement as place
 from shardfeed.transforms.base import ArraySpec, Sample, Specs, TransformBase
 from shardfeed.transforms.boxes import Box, check_range, parse_size, random_resized_box
+from shardfeed.transforms.placement import BoxFields, Placement
 
 ArrayOp = Callable[[np.ndarray, bool, "np.ndarray | None"], np.ndarray]
 
@@ -24,10 +28,12 @@ ArrayOp = Callable[[np.ndarray, bool, "np.ndarray | None"], np.ndarray]
 class GeometricBase(TransformBase):
     """Apply one geometry to every image and mask key of a sample."""
 
-    __slots__ = ("keys", "mask_keys")
+    __slots__ = ("boxes", "keys", "mask_keys")
     accepts_out = True
 
-    def __init__(self, *, keys: Sequence[str] = ("image",), mask_keys: Sequence[str] = ("mask",)):
+    def __init__(self, *, keys: Sequence[str] = ("image",), mask_keys: Sequence[str] = ("mask",),
+                 boxes: BoxFields | None = None):
+        self.boxes = boxes or BoxFields()
         if isinstance(keys, str) or isinstance(mask_keys, str):
             raise TypeError("keys and mask_keys are sequences of feature names, e.g. ('image',)")
         self.keys = tuple(keys)
@@ -49,7 +55,13 @@ class GeometricBase(TransformBase):
             f"{sorted(sample)}); put a decode op (DecodeImage) before it"
         )
 
-    def _apply(self, sample: Sample, op: ArrayOp, out: np.ndarray | None) -> Sample:
+    def _apply(self, sample: Sample, op: ArrayOp, out: np.ndarray | None,
+               placement: Placement | None = None) -> Sample:
+        if place.has_boxes(sample, self.boxes):
+            if placement is None:
+                raise SchemaError(f"{type(self).__name__} does not move boxes, and the sample "
+                                  f"has {[k for k in self.boxes.keys if k in sample]}")
+            place.apply_to_boxes(sample, placement, self.boxes, op=type(self).__name__)
         first = True
         for key in self.keys:
             value = sample.get(key)
@@ -109,8 +121,9 @@ class RandomResizedCrop(GeometricBase):
         ratio: Sequence[float] = (3 / 4, 4 / 3),
         keys: Sequence[str] = ("image",),
         mask_keys: Sequence[str] = ("mask",),
+        boxes: BoxFields | None = None,
     ) -> None:
-        super().__init__(keys=keys, mask_keys=mask_keys)
+        super().__init__(keys=keys, mask_keys=mask_keys, boxes=boxes)
         self.size = parse_size(size)
         self.scale = check_range(scale, name="scale", low=0.0, high=1.0)
         self.ratio = check_range(ratio, name="ratio", low=0.0, high=float("inf"))
@@ -120,7 +133,9 @@ class RandomResizedCrop(GeometricBase):
     ) -> Sample:
         h, w = self._reference_hw(sample)
         box = random_resized_box(h, w, rng, scale=self.scale, ratio=self.ratio)
-        return self._apply(sample, _crop_resize(box, self.size), out)
+        th, tw = self.size
+        moved = place.shift_scale(-box.x, -box.y, tw / box.w, th / box.h, self.size)
+        return self._apply(sample, _crop_resize(box, self.size), out, moved)
 
     def output_spec(self, specs: Specs) -> Specs:
         return self._fixed_specs(specs, self.size)
@@ -145,8 +160,9 @@ class Resize(GeometricBase):
         *,
         keys: Sequence[str] = ("image",),
         mask_keys: Sequence[str] = ("mask",),
+        boxes: BoxFields | None = None,
     ) -> None:
-        super().__init__(keys=keys, mask_keys=mask_keys)
+        super().__init__(keys=keys, mask_keys=mask_keys, boxes=boxes)
         self.shorter = isinstance(size, (int, np.integer)) and not isinstance(size, bool)
         self.size = parse_size(size)
 
@@ -162,12 +178,14 @@ class Resize(GeometricBase):
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
-        target = self.target(*self._reference_hw(sample))
+        h, w = self._reference_hw(sample)
+        target = self.target(h, w)
 
         def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
             return arrays.resize(arr, target, is_mask=is_mask, out=dst)
 
-        return self._apply(sample, op, out)
+        moved = place.shift_scale(0.0, 0.0, target[1] / w, target[0] / h, target)
+        return self._apply(sample, op, out, moved)
 
     def output_spec(self, specs: Specs) -> Specs:
         if self.shorter:
@@ -197,8 +215,9 @@ class CropOrPad(GeometricBase):
         mask_fill: int = 0,
         keys: Sequence[str] = ("image",),
         mask_keys: Sequence[str] = ("mask",),
+        boxes: BoxFields | None = None,
     ) -> None:
-        super().__init__(keys=keys, mask_keys=mask_keys)
+        super().__init__(keys=keys, mask_keys=mask_keys, boxes=boxes)
         self.size = parse_size((height, width))
         self.fill = fill
         self.mask_fill = mask_fill
@@ -214,7 +233,12 @@ class CropOrPad(GeometricBase):
                 return dst
             return np.ascontiguousarray(result) if result.base is arr else result
 
-        return self._apply(sample, op, out)
+        h, w = self._reference_hw(sample)
+        oh, ow = self.size
+        dy, dx = abs(h - oh) // 2, abs(w - ow) // 2  # where arrays.crop_or_pad puts it
+        moved = place.shift_scale(-dx if w >= ow else dx, -dy if h >= oh else dy, 1.0, 1.0,
+                                  self.size)
+        return self._apply(sample, op, out, moved)
 
     def output_spec(self, specs: Specs) -> Specs:
         return self._fixed_specs(specs, self.size)
@@ -240,9 +264,11 @@ class CenterCrop(CropOrPad):
         mask_fill: int = 0,
         keys: Sequence[str] = ("image",),
         mask_keys: Sequence[str] = ("mask",),
+        boxes: BoxFields | None = None,
     ) -> None:
         h, w = parse_size(size)
-        super().__init__(h, w, fill=fill, mask_fill=mask_fill, keys=keys, mask_keys=mask_keys)
+        super().__init__(h, w, fill=fill, mask_fill=mask_fill, keys=keys, mask_keys=mask_keys,
+                         boxes=boxes)
 
 
 class RandomHorizontalFlip(GeometricBase):
@@ -260,8 +286,9 @@ class RandomHorizontalFlip(GeometricBase):
         *,
         keys: Sequence[str] = ("image",),
         mask_keys: Sequence[str] = ("mask",),
+        boxes: BoxFields | None = None,
     ) -> None:
-        super().__init__(keys=keys, mask_keys=mask_keys)
+        super().__init__(keys=keys, mask_keys=mask_keys, boxes=boxes)
         if not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"p is a probability in [0, 1], got {p!r}")
         self.p = float(p)
@@ -269,16 +296,19 @@ class RandomHorizontalFlip(GeometricBase):
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
+        h, w = self._reference_hw(sample)
         if bool(rng.random() < self.p):
             def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
                 return arrays.hflip(arr, is_mask=is_mask, out=dst)
+            moved = place.hflip(h, w)
         else:
+            moved = place.quarter_turns(0, h, w)
             def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
                 if dst is None:
                     return arr
                 np.copyto(dst, arr, casting="unsafe")
                 return dst
-        return self._apply(sample, op, out)
+        return self._apply(sample, op, out, moved)
 
     def output_spec(self, specs: Specs) -> Specs:
         return dict(specs)

@@ -40,6 +40,7 @@ import numpy as np
 
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms import arrays
+from shardfeed.transforms import placement as place
 from shardfeed.transforms.base import ArraySpec, Sample, Specs
 from shardfeed.transforms.boxes import (
     Box,
@@ -63,6 +64,10 @@ from shardfeed.transforms.decode.image import (
 )
 from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
 from shardfeed.transforms.decode.region import decode_region, region_pays
+
+_BOXES = place.BoxFields()
+"""Boxes moved with the crop: the key ``boxes`` and its ``box_labels`` (as the array ops'
+default)."""
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -135,6 +140,8 @@ class CropDecoderBase(DecoderBase):
         its batch row (see :meth:`TransformBase.apply_batch` and
         :func:`~shardfeed.transforms.decode.crop_rows.crop_rows_into`): the draws and pixel
         work of ``__call__``, in the same order, from each row's generator."""
+        if place.has_boxes(columns, _BOXES):
+            return None  # rows with boxes go one by one (_with_mask moves them)
         return crop_rows_into(self, columns, rngs, out)
 
     def _boxes_in_batch(self) -> bool:
@@ -176,7 +183,13 @@ class CropDecoderBase(DecoderBase):
 
     def _with_mask(self, sample: Sample, image: np.ndarray, drawn: CropDraw,
                    image_hw: tuple[int, int], key: str) -> Sample:
-        """The sample with ``image`` and its mask cropped by the same draws."""
+        """The sample with ``image``, its mask and its boxes cropped by the same draws."""
+        if place.has_boxes(sample, _BOXES):
+            box, (out_h, out_w) = drawn.box, self.size
+            moved = place.shift_scale(-box.x, -box.y, out_w / box.w, out_h / box.h, self.size)
+            if drawn.flip:
+                moved = place.then(moved, place.hflip(out_h, out_w))
+            place.apply_to_boxes(sample, moved, _BOXES, op=type(self).__name__)
         mask, mask_key = self._mask_crop(sample, drawn.box, image_hw, drawn.flip)
         return self._finish(sample, image, mask, [key, mask_key])
 

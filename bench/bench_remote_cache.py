@@ -63,9 +63,23 @@ server.close()
 """
 
 
+def photo_like(i: int, rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) -> bytes:
+    """JPEG ``i`` (quality 90) of the grid ``yy, xx``: smooth colour ramps and noise."""
+    import io
+
+    from PIL import Image
+
+    base = np.stack([(xx * (1 + i % 7)) % 256, (yy * (1 + i % 5)) % 256,
+                     (xx + yy + 13 * i) % 256], axis=-1)
+    noise = rng.integers(0, 48, size=base.shape)
+    out = io.BytesIO()
+    Image.fromarray((base + noise).clip(0, 255).astype(np.uint8)).save(
+        out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
 def write_dataset(folder: Path, images: int, shards: int) -> int:
     """ImageNet-sized JPEGs (smooth colour and noise: about 60-110 KB each); record bytes."""
-    from PIL import Image
 
     from shardfeed.format.writer import ShardWriter
     from shardfeed.tools.index import index_files
@@ -75,18 +89,11 @@ def write_dataset(folder: Path, images: int, shards: int) -> int:
     yy, xx = np.mgrid[0:375, 0:500]
     bounds = np.linspace(0, images, shards + 1).astype(int)
     total = 0
-    import io
 
     for k in range(shards):
         with ShardWriter(str(folder / f"train-{k:05d}-of-{shards:05d}.tfrecord")) as writer:
             for i in range(bounds[k], bounds[k + 1]):
-                base = np.stack([(xx * (1 + i % 7)) % 256, (yy * (1 + i % 5)) % 256,
-                                 (xx + yy + 13 * i) % 256], axis=-1)
-                noise = rng.integers(0, 48, size=base.shape)
-                out = io.BytesIO()
-                Image.fromarray((base + noise).clip(0, 255).astype(np.uint8)).save(
-                    out, format="JPEG", quality=90)
-                data = out.getvalue()
+                data = photo_like(i, rng, yy, xx)
                 total += len(data)
                 writer.write_example({"image/encoded": data, "image/class/label": [i % 100]})
     index_files(str(folder))

@@ -222,20 +222,28 @@ class CropOrPad(GeometricBase):
         self.fill = fill
         self.mask_fill = mask_fill
 
+    def _offset(self, h: int, w: int, rng: np.random.Generator) -> tuple[int, int]:
+        """Where the window starts in a larger dimension, or the image in a smaller one:
+        centred here (subclasses draw it)."""
+        oh, ow = self.size
+        return abs(h - oh) // 2, abs(w - ow) // 2
+
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
+        h, w = self._reference_hw(sample)
+        oh, ow = self.size
+        dy, dx = self._offset(h, w, rng)
+
         def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
             fill = self.mask_fill if is_mask else self.fill
-            result = arrays.crop_or_pad(arr, self.size, is_mask=is_mask, fill=fill)
+            result = arrays.crop_or_pad(arr, self.size, is_mask=is_mask, fill=fill,
+                                        offset=(dy, dx))
             if dst is not None:
                 np.copyto(dst, result, casting="unsafe")
                 return dst
             return np.ascontiguousarray(result) if result.base is arr else result
 
-        h, w = self._reference_hw(sample)
-        oh, ow = self.size
-        dy, dx = abs(h - oh) // 2, abs(w - ow) // 2  # where arrays.crop_or_pad puts it
         moved = place.shift_scale(-dx if w >= ow else dx, -dy if h >= oh else dy, 1.0, 1.0,
                                   self.size)
         return self._apply(sample, op, out, moved)

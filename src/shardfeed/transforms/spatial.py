@@ -27,7 +27,7 @@ from shardfeed.transforms import arrays
 from shardfeed.transforms import placement as place
 from shardfeed.transforms.base import Sample, Specs
 from shardfeed.transforms.boxes import check_range, parse_size
-from shardfeed.transforms.geometry import GeometricBase
+from shardfeed.transforms.geometry import CropOrPad, GeometricBase
 from shardfeed.transforms.placement import BoxFields
 
 _KEYS = ("image",)
@@ -47,7 +47,7 @@ def _probability(p: float) -> float:
     return float(p)
 
 
-class RandomCrop(GeometricBase):
+class RandomCrop(CropOrPad):
     """A random ``size`` window (int or ``(h, w)``); a dimension smaller than the window is
     padded instead, the image placed at a random position in it (``fill`` / ``mask_fill``
     around it). The output always has the requested shape.
@@ -55,38 +55,19 @@ class RandomCrop(GeometricBase):
     Determinism: two draws a sample (the window's row, then column). State: none.
     """
 
-    __slots__ = ("fill", "mask_fill", "size")
+    __slots__ = ()
     draws_random = True
 
     def __init__(self, size: int | Sequence[int], *, fill: float = 0, mask_fill: int = 0,
                  keys: Sequence[str] = _KEYS, mask_keys: Sequence[str] = _MASKS,
                  boxes: BoxFields | None = None) -> None:
-        super().__init__(keys=keys, mask_keys=mask_keys, boxes=boxes)
-        self.size = parse_size(size)
-        self.fill = fill
-        self.mask_fill = mask_fill
+        h, w = parse_size(size)
+        super().__init__(h, w, fill=fill, mask_fill=mask_fill, keys=keys, mask_keys=mask_keys,
+                         boxes=boxes)
 
-    def __call__(self, sample: Sample, rng: np.random.Generator, /, *,
-                 out: np.ndarray | None = None) -> Sample:
-        h, w = self._reference_hw(sample)
+    def _offset(self, h: int, w: int, rng: np.random.Generator) -> tuple[int, int]:
         oh, ow = self.size
-        dy = int(rng.integers(0, abs(h - oh) + 1))
-        dx = int(rng.integers(0, abs(w - ow) + 1))
-
-        def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
-            fill = self.mask_fill if is_mask else self.fill
-            result = arrays.crop_or_pad(arr, self.size, is_mask=is_mask, fill=fill,
-                                        offset=(dy, dx))
-            if dst is not None:
-                return _into(result, dst)
-            return np.ascontiguousarray(result) if result.base is arr else result
-
-        moved = place.shift_scale(-dx if w >= ow else dx, -dy if h >= oh else dy, 1.0, 1.0,
-                                  self.size)
-        return self._apply(sample, op, out, moved)
-
-    def output_spec(self, specs: Specs) -> Specs:
-        return self._fixed_specs(specs, self.size)
+        return int(rng.integers(0, abs(h - oh) + 1)), int(rng.integers(0, abs(w - ow) + 1))
 
     def __repr__(self) -> str:
         return f"RandomCrop({self.size}, fill={self.fill}, mask_fill={self.mask_fill})"

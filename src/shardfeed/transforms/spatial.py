@@ -94,7 +94,7 @@ class RandomVerticalFlip(GeometricBase):
 
         def op(arr: np.ndarray, is_mask: bool, dst: np.ndarray | None) -> np.ndarray:
             if not flip:
-                return _into(arr, dst) if dst is not None else arr
+                return _into(arr, dst)
             axis = arr.ndim - (1 if is_mask else 2) - 1
             return _into(np.ascontiguousarray(np.flip(arr, axis=axis)), dst)
 

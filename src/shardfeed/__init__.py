@@ -39,6 +39,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "BatchStageBase": ("shardfeed.pipeline", "BatchStageBase"),
     "Windows": ("shardfeed.pipeline", "Windows"),
     "Patches": ("shardfeed.pipeline", "Patches"),
+    "Mixture": ("shardfeed.pipeline", "Mixture"),
+    "Subset": ("shardfeed.pipeline", "Subset"),
     "presets": ("shardfeed.transforms.presets", None),
     "transforms": ("shardfeed.transforms", None),
     "pack": ("shardfeed.tools.pack", "pack"),
@@ -58,6 +60,8 @@ if TYPE_CHECKING:  # the same names, seen by type checkers without importing at 
     from shardfeed.pipeline import BatchStage as BatchStage
     from shardfeed.pipeline import BatchStageBase as BatchStageBase
     from shardfeed.pipeline import Loader as Loader
+    from shardfeed.pipeline.mixture import Mixture as Mixture
+    from shardfeed.pipeline.mixture import Subset as Subset
     from shardfeed.pipeline.patches import Patches as Patches
     from shardfeed.pipeline.windows import Windows as Windows
     from shardfeed.tools.pack import pack as pack
@@ -91,6 +95,7 @@ __all__ = [
     "DecodeError",
     "FormatError",
     "Loader",
+    "Mixture",
     "PackError",
     "Patches",
     "RowFields",
@@ -98,6 +103,7 @@ __all__ = [
     "ShardfeedError",
     "StateError",
     "StorageError",
+    "Subset",
     "TooManyErrorsError",
     "UnsafePathError",
     "Windows",

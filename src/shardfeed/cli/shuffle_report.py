@@ -22,6 +22,11 @@ The label must be a class: one integer (or string, or one-hot vector) a record; 
 feature, several values a record or nearly one value a record are refused (exit 2): pass
 --label-key naming an integer class feature.
 
+With --weights, each PATH is a dataset of its own and the report shows what a
+shardfeed.Mixture of them realises in one epoch: each source's outputs and share, the passes
+over it and the most times a record comes in one pass (1), and its share of each batch beside
+what a uniform shuffle gives; --balanced does the same for the classes of one dataset.
+
 PATH is a dataset folder, a manifest, a folder of TFRecord files, a glob or TFRecord files;
 or a .npy file of labels (one per record, stored order) to ask what a buffer would do to data
 sorted like that, without any shards.
@@ -31,6 +36,8 @@ examples:
   shardfeed shuffle-report data/train --buffer 1000 --file-shuffle
   shardfeed shuffle-report 'shards/train-*.tfrecord' --label-key label --json
   shardfeed shuffle-report labels.npy --buffer 10000       # labels only, no shards
+  shardfeed shuffle-report data/a data/b --weights 0.7 0.3 # a mixture: realised shares
+  shardfeed shuffle-report data/train --balanced           # class-balanced draws
 """
 
 from __future__ import annotations
@@ -57,6 +64,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--buffer", type=common.positive_int, default=10_000, metavar="B",
         help="shuffle buffer size to compare with (default: 10000)",
+    )
+    mix = parser.add_mutually_exclusive_group()
+    mix.add_argument(
+        "--weights", type=float, nargs="+", default=None, metavar="W",
+        help="each PATH is a dataset of its own, mixed with these weights (one a PATH): "
+             "report the proportions each epoch and batch realise (shardfeed.Mixture)",
+    )
+    mix.add_argument(
+        "--balanced", action="store_true",
+        help="report a class-balanced mixture of the dataset's labels "
+             "(shardfeed.Mixture.balanced; reads the label of every record)",
     )
     parser.add_argument("--seed", type=common.non_negative_int, default=0, metavar="S",
                         help="shuffle seed (default: 0)")
@@ -184,9 +202,54 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _run_mixture(args: argparse.Namespace, sources: list[str]) -> int:
+    """--weights (one dataset a PATH) or --balanced (the classes of one dataset)."""
+    from shardfeed.dataset import Dataset
+    from shardfeed.pipeline.mixture import Mixture
+    from shardfeed.tools.shuffle_report import mixture_report, read_labels
+    from shardfeed.tools.shuffle_report.labels import label_key_of
+    from shardfeed.tools.shuffle_report.mixture import format_mixture
+
+    if args.weights is not None and len(args.weights) != len(sources):
+        raise ValueError(f"--weights has {len(args.weights)} value(s) for {len(sources)} "
+                         "PATH(s): give one weight a dataset")
+    options = common.dataset_options(args)
+    opened = [Dataset(path, **options) for path in sources] if args.weights is not None \
+        else [Dataset(sources if len(sources) > 1 else sources[0], **options)]
+    bar = _Bar() if common.show_progress(args) else None
+    try:
+        if args.weights is not None:
+            mixture, names = Mixture(opened, args.weights), list(sources)
+        else:
+            key = label_key_of(opened[0], args.label_key)
+            if key is None:
+                raise ValueError("--balanced needs each record's class: pass --label-key "
+                                 "naming an integer class feature")
+            labels = read_labels(opened[0], key, progress=bar)
+            mixture = Mixture.balanced(opened[0], labels)
+            names = [f"class {c}" for c in mixture.classes or []]
+    finally:
+        if bar is not None:
+            bar.close()
+    try:
+        report = mixture_report(mixture, seed=args.seed, epoch=args.epoch,
+                                batch_size=args.batch)
+    finally:
+        for dataset in opened:
+            dataset.close()
+    report["names"] = names
+    if args.json:
+        common.print_json(report)
+    else:
+        print(format_mixture(report, names))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from shardfeed.tools.shuffle_report import shuffle_report
 
+    if args.weights is not None or args.balanced:
+        return _run_mixture(args, list(args.source))
     sources: list[str] = list(args.source)
     source: Any = sources[0]
     opened: Any = None

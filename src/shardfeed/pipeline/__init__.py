@@ -1,7 +1,8 @@
 """pipeline layer: the Loader, its samplers (records, windows, patches), batching and workers.
 
-``Windows`` and ``Patches`` live in ``pipeline/windows.py`` and ``pipeline/patches.py`` and are
-imported on first use, so this package imports without them.
+``Windows``, ``Patches`` and ``Mixture`` (with ``Subset``) live in ``pipeline/windows.py``,
+``pipeline/patches.py`` and ``pipeline/mixture.py`` and are imported on first use, so this
+package imports without them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ Source = Sampler
 RecordSource = RecordSampler
 
 if TYPE_CHECKING:  # the lazy names, seen by type checkers
+    from shardfeed.pipeline.mixture import Mixture as Mixture
+    from shardfeed.pipeline.mixture import Subset as Subset
     from shardfeed.pipeline.patches import Patches as Patches
     from shardfeed.pipeline.windows import Windows as Windows
 
-_LAZY = {"Windows": "shardfeed.pipeline.windows", "Patches": "shardfeed.pipeline.patches"}
+_LAZY = {"Windows": "shardfeed.pipeline.windows", "Patches": "shardfeed.pipeline.patches",
+         "Mixture": "shardfeed.pipeline.mixture", "Subset": "shardfeed.pipeline.mixture"}
 
 
 def __getattr__(name: str) -> Any:
@@ -40,12 +44,14 @@ __all__ = [
     "Loader",
     "LoaderStats",
     "MemoryBudget",
+    "Mixture",
     "Patches",
     "RecordSampler",
     "RecordSource",
     "SampleKey",
     "Sampler",
     "Source",
+    "Subset",
     "TooManyErrorsError",
     "Windows",
 ]

@@ -305,22 +305,28 @@ class RecordSampler(SamplerBase):
         *,
         out: Mapping[str, np.ndarray] | None = None,
     ) -> Sample:
-        record = records[0]
-        if transform is None:  # nothing mutates it: the batch writer only reads
-            return record if type(record) is dict else dict(record)
-        sample = dict(record)  # transforms edit their sample; the read record stays as read
-        # A transform that declares it never draws (eval presets) gets no keyed generator.
-        rng = key.rng() if transform.draws_random else NO_RANDOMNESS
-        image_out = None if out is None else out.get("image")
-        if image_out is None:
-            return transform(sample, rng)
-        return call_into(transform, sample, rng, image_out)
+        return record_sample(key, records[0], transform, out)
 
     def state(self) -> dict[str, Any]:
         return {"kind": self.kind, "records": self._len, "dataset": self._fingerprint}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         check_sampler_state(state, self.state(), sampler="record source")
+
+
+def record_sample(key: SampleKey, record: Sample, transform: Transform | None,
+                  out: Mapping[str, np.ndarray] | None) -> Sample:
+    """The output of one record: ``transform(record, key.rng())`` (the image written into
+    ``out["image"]`` where given), or the record itself without a transform."""
+    if transform is None:  # nothing mutates it: the batch writer only reads
+        return record if type(record) is dict else dict(record)
+    sample = dict(record)  # transforms edit their sample; the read record stays as read
+    # A transform that declares it never draws (eval presets) gets no keyed generator.
+    rng = key.rng() if transform.draws_random else NO_RANDOMNESS
+    image_out = None if out is None else out.get("image")
+    if image_out is None:
+        return transform(sample, rng)
+    return call_into(transform, sample, rng, image_out)
 
 
 def _schema_lengths(schema: Schema | None) -> dict[str, int | None]:

@@ -37,6 +37,7 @@ from shardfeed.sampling._checks import as_int
 
 __all__ = [
     "AUGMENT",
+    "MIXTURE",
     "PATCH_CROP",
     "PATCH_SLOT",
     "SHUFFLE",
@@ -74,6 +75,8 @@ class Purpose(enum.IntEnum):
     """Which unit replaces a skipped (corrupt or undecodable) one."""
     WINDOW = 5
     """Random choices of a window source (e.g. a random offset inside a sequence)."""
+    MIXTURE = 6
+    """The order of a mixture source's records in one pass (position: source << 32 | pass)."""
 
 
 AUGMENT = Purpose.AUGMENT
@@ -82,6 +85,7 @@ PATCH_SLOT = Purpose.PATCH_SLOT
 PATCH_CROP = Purpose.PATCH_CROP
 SKIP_REPLACEMENT = Purpose.SKIP_REPLACEMENT
 WINDOW = Purpose.WINDOW
+MIXTURE = Purpose.MIXTURE
 
 
 def check_word(value: object, name: str) -> int:

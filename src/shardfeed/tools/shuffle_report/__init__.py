@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardfeed.pipeline.mixture import Mixture
 from shardfeed.tools.shuffle_report.buffer import (
     buffer_shuffle_order,
     file_shuffle_buffer_order,
@@ -51,10 +52,11 @@ from shardfeed.tools.shuffle_report.labels import (
     label_key_of,
     read_labels,
 )
+from shardfeed.tools.shuffle_report.mixture import mixture_report
 from shardfeed.tools.shuffle_report.stats import expected_labels_per_batch, order_stats
 from shardfeed.tools.shuffle_report.verdict import Design, class_counts
 
-__all__ = ["LabelSource", "read_labels", "shuffle_report"]
+__all__ = ["LabelSource", "mixture_report", "read_labels", "shuffle_report"]
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,9 @@ def shuffle_report(
     """Compare shardfeed's exact shuffle with a shuffle buffer on one dataset; a JSON-able dict.
 
     ``path_or_dataset``: a dataset path (folder, manifest, glob, TFRecord file), an open
-    Dataset, or an array of labels (one per record, stored order). ``label_key`` names the
+    Dataset, or an array of labels (one per record, stored order). A
+    :class:`~shardfeed.pipeline.mixture.Mixture` gives :func:`mixture_report` instead: the
+    proportions its epoch realises, batch by batch. ``label_key`` names the
     label feature (default: the schema's label key, else ``image/class/label``); without labels
     only the position statistics are computed. ``shard_sizes`` gives the shard record counts
     for ``file_shuffle`` when the input is a label array (a dataset knows its own).
@@ -135,6 +139,8 @@ def shuffle_report(
     """
     options = _check_options(buffer_size=buffer_size, batch_size=batch_size, seed=seed,
                              epoch=epoch, file_shuffle=file_shuffle)
+    if isinstance(path_or_dataset, Mixture):  # what a mixture realises, not a buffer's bias
+        return mixture_report(path_or_dataset, seed=seed, epoch=epoch, batch_size=batch_size)
     if isinstance(path_or_dataset, (str, os.PathLike)) or hasattr(path_or_dataset, "read_many"):
         labels = _labels_of_dataset(
             path_or_dataset, label_key=label_key, file_shuffle=file_shuffle,

@@ -257,9 +257,7 @@ class BatchBuffer:
                 raise SchemaError(
                     f"feature {f.name!r} of sample {_where(where)} is {array.dtype} "
                     f"{array.shape}, but the batch holds {np.dtype(f.dtype)} {shape} (learned "
-                    "from the first sample): batched arrays need one shape; resize in the "
-                    "transform (e.g. presets.train(size=...)), or use transform=None to get "
-                    "encoded bytes"
+                    f"from the first sample): batched arrays need one shape; {_fix(array, shape)}"
                 )
             self.arrays[f.name][row] = array[0] if f.squeeze else array
 
@@ -337,6 +335,15 @@ def _fits(value: np.dtype[Any], column: np.dtype[Any]) -> bool:
     cast, or float to a narrower float (precision only). Never an integer cast that wraps
     (uint16 mask ids into a uint8 column would turn 300 into 44 without a word)."""
     return bool(np.can_cast(value, column, "safe")) or (value.kind == "f" and column.kind == "f")
+
+def _fix(array: np.ndarray, shape: tuple[int, ...]) -> str:
+    """What to do about a value of another shape than its batch column."""
+    if array.ndim == len(shape) and array.ndim >= 1 and array.shape[1:] == shape[1:]:
+        return ("its length varies from sample to sample (boxes, per-object fields): pad it "
+                "to a fixed length with transforms.PadBoxes(max_boxes), which adds a count")
+    return ("resize in the transform (e.g. presets.train(size=...)), or use transform=None to "
+            "get encoded bytes")
+
 
 def _where(where: str | Callable[[], str]) -> str:
     return where if isinstance(where, str) else where()

@@ -7,6 +7,8 @@
   and for segmentation and detection :class:`RandomCrop`, :class:`RandomVerticalFlip`,
   :class:`RandomRotate90`, :class:`RandomAffine`, :class:`RandomScale` (boxes move with the
   pixels: :class:`BoxFields`);
+- boxes stored in records: :class:`ReadBoxes` (TF Object Detection's ``bbox`` lists to
+  pixels) and :class:`PadBoxes` (fixed-size rows and a count, for batches);
 - colour and values: :class:`ColorJitter`, :class:`Normalize`, :class:`ToFloat`,
   :class:`ToCHW`;
 - the contract: :class:`TransformBase` (every member declared, with its default);
@@ -34,6 +36,7 @@ from shardfeed.transforms.color import (
 from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
 from shardfeed.transforms.decode.image import decode_image, sniff_format
 from shardfeed.transforms.decode.ops import DecodeImage
+from shardfeed.transforms.detection import PadBoxes, ReadBoxes
 from shardfeed.transforms.geometry import (
     CenterCrop,
     CropOrPad,
@@ -64,6 +67,7 @@ __all__ = [
     "DecodeImage",
     "DecodeRandomResizedCrop",
     "Normalize",
+    "PadBoxes",
     "RandomAffine",
     "RandomCrop",
     "RandomHorizontalFlip",
@@ -71,6 +75,7 @@ __all__ = [
     "RandomRotate90",
     "RandomScale",
     "RandomVerticalFlip",
+    "ReadBoxes",
     "Resize",
     "Sample",
     "ToCHW",

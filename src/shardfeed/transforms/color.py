@@ -1,9 +1,16 @@
 """Colour and value transforms on decoded images: jitter, normalisation, dtype and layout.
 
 These touch ``sample["image"]`` only (masks keep their label values). ColorJitter works on
-uint8 with OpenCV look-up tables (GIL released); the rest are NumPy ufuncs.
+uint8 with OpenCV look-up tables (GIL released), and refuses any other type; the rest are
+NumPy ufuncs.
 Each has a batch form that runs its ``__call__`` on every row of a decoded image column
 (see ``_apply_rows``), so a pipeline ending in them keeps the Loader's batch path.
+
+Value scale: Normalize and ToFloat (with its default ``scale``) read an image's values on the
+scale of its type, :func:`full_scale`: 0..255 for uint8, 0..65535 for uint16 (16-bit images,
+``image_dtype="uint16"``), so both give the same floats for the same picture at either
+depth. Float images are taken to be on the 0..255 scale (as before 16-bit support); other
+types (int16, uint32, ...) are a TypeError: their scale is not known, so pass it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,21 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 _LEVELS = np.arange(256, dtype=np.float32)
+
+
+def full_scale(dtype: np.dtype[Any], who: str) -> float:
+    """The value of full intensity in an image of ``dtype``: 255.0 for uint8 (and for float
+    images, taken on the 0..255 scale), 65535.0 for uint16. TypeError naming ``who`` for any
+    other type."""
+    if dtype == np.uint16:
+        return 65535.0
+    if dtype == np.uint8 or dtype.kind == "f":
+        return 255.0
+    raise TypeError(
+        f"{who} takes uint8 (0..255), uint16 (0..65535) or float (0..255) images, got "
+        f"{dtype}: its value range is not known; convert the image first, e.g. "
+        "ToFloat(scale=1 / its maximum value)"
+    )
 
 
 def _image(sample: Sample, key: str, who: str) -> np.ndarray:
@@ -113,10 +135,7 @@ class ColorJitter(TransformBase):
     def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample:
         image = _image(sample, self.key, "ColorJitter")
         if image.dtype != np.uint8:
-            raise TypeError(
-                f"ColorJitter works on uint8 images, got {image.dtype}; put it before "
-                "Normalize/ToFloat"
-            )
+            raise _jitter_type_error(image.dtype)
         factors = (
             float(rng.uniform(*self.brightness)),
             float(rng.uniform(*self.contrast)),
@@ -171,6 +190,11 @@ class ColorJitter(TransformBase):
         return result
 
     def output_spec(self, specs: Specs) -> Specs:
+        """The input's specs; TypeError for an image declared other than uint8 (reported
+        when the Loader builds its first batch, before any sample is jittered)."""
+        spec = specs.get(self.key)
+        if spec is not None and spec.dtype != np.uint8:
+            raise _jitter_type_error(spec.dtype)
         return dict(specs)
 
     def __repr__(self) -> str:
@@ -180,14 +204,29 @@ class ColorJitter(TransformBase):
         )
 
 
+def _jitter_type_error(dtype: np.dtype[Any]) -> TypeError:
+    if dtype == np.uint16:
+        return TypeError(
+            "ColorJitter works on uint8 images, got uint16 (decoded with image_dtype="
+            "'uint16'); its look-up tables have 256 levels and would cut 16-bit samples: "
+            "decode with image_dtype='uint8' to jitter colours, or leave ColorJitter out"
+        )
+    return TypeError(
+        f"ColorJitter works on uint8 images, got {dtype}; put it before Normalize/ToFloat"
+    )
+
+
 class Normalize(TransformBase):
-    """``(image / 255 - mean) / std`` per channel, as float32 (``mean``/``std`` on the 0–1
-    scale, e.g. ImageNet's). ``Normalize.symmetric()`` maps 0..255 to [-1, 1].
+    """``(image / full - mean) / std`` per channel, as float32 (``mean``/``std`` on the 0–1
+    scale, e.g. ImageNet's), where ``full`` is the image type's full intensity
+    (:func:`full_scale`): 255 for uint8, 65535 for uint16 (float images: 255). So a 16-bit
+    image and its 8-bit version normalise alike. ``Normalize.symmetric()`` maps 0..255
+    (uint8) or 0..65535 (uint16) to [-1, 1]. Other integer types are a TypeError.
 
     Determinism: deterministic; draws nothing. State: none. Memory: the float output.
     """
 
-    __slots__ = ("bias", "key", "mean", "multiplier", "std")
+    __slots__ = ("bias", "key", "mean", "multiplier", "multiplier16", "std")
     accepts_out = True
     draws_random = False
 
@@ -207,12 +246,14 @@ class Normalize(TransformBase):
         self.mean = tuple(float(v) for v in m)
         self.std = tuple(float(v) for v in s)
         self.multiplier = (1.0 / (255.0 * s)).astype(np.float32)
+        self.multiplier16 = (1.0 / (65535.0 * s)).astype(np.float32)  # for uint16 images
         self.bias = (-m / s).astype(np.float32)
         self.key = key
 
     @classmethod
     def symmetric(cls, *, key: str = "image") -> Normalize:
-        """Map 0..255 to [-1, 1] (mean 0.5, std 0.5 for every channel)."""
+        """Map 0..255 (uint8) or 0..65535 (uint16) to [-1, 1] (mean 0.5, std 0.5 for every
+        channel)."""
         return cls((0.5,), (0.5,), key=key)
 
     def __call__(
@@ -225,9 +266,11 @@ class Normalize(TransformBase):
                 f"Normalize has {self.multiplier.size} channel values but the image has {c} "
                 "channels; give one mean/std per channel"
             )
+        wide = full_scale(image.dtype, "Normalize") == 65535.0
+        multiplier = self.multiplier16 if wide else self.multiplier
         direct = out is not None and out.dtype == np.float32 and out.shape == image.shape
         target = out if direct and out is not None else np.empty(image.shape, np.float32)
-        np.multiply(image, self.multiplier, out=target, dtype=np.float32)
+        np.multiply(image, multiplier, out=target, dtype=np.float32)
         np.add(target, self.bias, out=target)
         sample[self.key] = target if direct else _write(target, out)
         return sample
@@ -246,8 +289,13 @@ class Normalize(TransformBase):
 
 
 class ToFloat(TransformBase):
-    """Cast the image to ``dtype`` (float32 by default), multiplied by ``scale`` (1/255:
-    values in [0, 1]).
+    """Cast the image to ``dtype`` (float32 by default), multiplied by ``scale``.
+
+    ``scale=None`` (default): ``1 / full_scale`` of the image's type, so values land in
+    [0, 1] whatever the depth: 1/255 for uint8, 1/65535 for uint16 (a fixed 1/255 would give
+    a 16-bit image values up to 257). Float images get 1/255 (taken on the 0..255 scale);
+    other integer types are a TypeError: pass ``scale`` for them. A number: that factor,
+    whatever the type.
 
     Determinism: deterministic. State: none. Memory: the float output.
     """
@@ -257,23 +305,30 @@ class ToFloat(TransformBase):
     draws_random = False
 
     def __init__(
-        self, *, scale: float = 1.0 / 255.0, dtype: Any = np.float32, key: str = "image"
+        self, *, scale: float | None = None, dtype: Any = np.float32, key: str = "image"
     ) -> None:
         self.dtype = np.dtype(dtype)
         if self.dtype.kind != "f":
             raise ValueError(f"ToFloat needs a floating dtype, got {self.dtype}")
-        self.scale = float(scale)
+        self.scale = None if scale is None else float(scale)
         self.key = key
+
+    def scale_for(self, dtype: np.dtype[Any]) -> float:
+        """The factor an image of ``dtype`` is multiplied by (see the class doc)."""
+        if self.scale is not None:
+            return self.scale
+        return 1.0 / full_scale(dtype, "ToFloat with its default scale")
 
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
         image = _image(sample, self.key, "ToFloat")
+        factor = self.dtype.type(self.scale_for(image.dtype))
         if out is not None and out.dtype == self.dtype and out.shape == image.shape:
-            np.multiply(image, self.dtype.type(self.scale), out=out, dtype=self.dtype)
+            np.multiply(image, factor, out=out, dtype=self.dtype)
             sample[self.key] = out
             return sample
-        result = np.multiply(image, self.dtype.type(self.scale), dtype=self.dtype)
+        result = np.multiply(image, factor, dtype=self.dtype)
         sample[self.key] = _write(result, out)
         return sample
 
@@ -362,4 +417,6 @@ def _apply_rows(
     return result
 
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ColorJitter", "Normalize", "ToCHW", "ToFloat"]
+__all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "ColorJitter", "Normalize", "ToCHW", "ToFloat", "full_scale",
+]

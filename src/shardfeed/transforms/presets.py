@@ -6,9 +6,20 @@ fixed shape, so the loader can batch it:
 ============  =====================================  =========================
 layout        shape                                  dtype
 ============  =====================================  =========================
-``"HWC"``     ``size × size × 3``                    uint8, or float32 when
-``"CHW"``     ``3 × size × size``                    ``normalize`` or ``dtype``
+``"HWC"``     ``size × size × 3``                    ``image_dtype`` (uint8 or
+``"CHW"``     ``3 × size × size``                    uint16), or float32 when
+                                                     ``normalize`` or ``dtype``
 ============  =====================================  =========================
+
+Bit depth: ``image_dtype="uint16"`` decodes every image to uint16 (16-bit PNGs exactly,
+8-bit images widened ×257; see :class:`~shardfeed.transforms.decode.ops.DecoderBase`).
+``dtype`` names the output's type: left out (None), it is the decoded type,
+``image_dtype``; ``"float32"`` scales that type's full range to [0, 1] (255 for uint8, 65535
+for uint16; ``normalize`` likewise). An integer ``dtype`` other than ``image_dtype`` is a
+ValueError: the presets never convert between integer types (cutting 16-bit samples to 8
+bits is ``image_dtype="uint8"``'s job, at decode, where it is documented). Colour jitter
+works on uint8 only: ``color`` with ``image_dtype="uint16"`` is a ValueError, as is
+``decode_on="cuda"`` (the GPU path gives uint8).
 
 With a mask in the dataset, ``"mask"`` is ``size × size`` class ids (same crop and flip,
 nearest neighbour): uint8 grey values or palette indices; ``mask_colors`` maps the colours
@@ -33,11 +44,12 @@ from shardfeed.transforms.color import (
 )
 from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
 from shardfeed.transforms.decode.device_plan import DevicePlan, PlanTail
+from shardfeed.transforms.decode.image import ImageDtype, check_image_dtype
 from shardfeed.transforms.decode.masks import Color, MaskDtype
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 NormalizeName = Literal["imagenet", "symmetric"]
-DType = Literal["uint8", "float32"]
+DType = Literal["uint8", "uint16", "float32"]
 Layout = Literal["HWC", "CHW"]
 DecodeOn = Literal["cpu", "cuda"]
 
@@ -58,19 +70,47 @@ def _on_device(decode_on: str, *, color: float | None) -> bool:
     return decode_on == "cuda"
 
 
+def _check_color(color: float | None, image_dtype: str) -> None:
+    """ValueError for a ``color`` strength that is not one, or jitter asked of 16-bit
+    images (ColorJitter's tables have 256 levels)."""
+    if color is not None and (isinstance(color, bool) or not color >= 0):
+        raise ValueError(f"color is a strength >= 0 (1.0 = standard jitter) or None, got {color!r}")
+    if color and image_dtype != "uint8":
+        raise ValueError(
+            f"colour jitter works on uint8 images, and image_dtype={image_dtype!r}: pass "
+            "color=None to keep 16-bit samples, or image_dtype='uint8' to jitter colours "
+            "(16-bit samples cut to 8 bits)"
+        )
+
+
+def _output_dtype(dtype: DType | None, image_dtype: ImageDtype) -> DType:
+    """The output type the presets' ``dtype`` names: the decoded type when None; ValueError
+    for an unknown one or an integer type other than ``image_dtype`` (see the module doc)."""
+    check_image_dtype(image_dtype)
+    if dtype is None:
+        return image_dtype
+    if dtype not in ("uint8", "uint16", "float32"):
+        raise ValueError(f"dtype must be None, 'uint8', 'uint16' or 'float32', got {dtype!r}")
+    if dtype != "float32" and dtype != image_dtype:
+        raise ValueError(
+            f"dtype={dtype!r} contradicts image_dtype={image_dtype!r}: the presets never "
+            f"convert between integer types; leave dtype out (it is then {image_dtype!r}), "
+            f"pass dtype='float32', or decode to {dtype} with image_dtype={dtype!r}"
+        )
+    return dtype
+
+
 def _tail(normalize: NormalizeName | None, dtype: DType, layout: Layout) -> list[Transform]:
     if normalize not in (None, "imagenet", "symmetric"):
         raise ValueError(
             f"normalize must be None, 'imagenet' or 'symmetric', got {normalize!r}"
         )
-    if dtype not in ("uint8", "float32"):
-        raise ValueError(f"dtype must be 'uint8' or 'float32', got {dtype!r}")
     if layout not in ("HWC", "CHW"):
         raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
-    if normalize is not None and dtype == "uint8":
+    if normalize is not None and dtype != "float32":
         raise ValueError(
             f"normalize={normalize!r} produces floats: pass dtype='float32' (or normalize=None "
-            "to keep uint8)"
+            f"to keep {dtype})"
         )
     ops: list[Transform] = []
     if normalize == "imagenet":
@@ -78,7 +118,7 @@ def _tail(normalize: NormalizeName | None, dtype: DType, layout: Layout) -> list
     elif normalize == "symmetric":
         ops.append(Normalize.symmetric())
     elif dtype == "float32":
-        ops.append(ToFloat())
+        ops.append(ToFloat())  # 1/255 for uint8, 1/65535 for uint16: [0, 1] either way
     if layout == "CHW":
         ops.append(ToCHW())
     return ops
@@ -92,7 +132,7 @@ def train(
     flip: bool = True,
     color: float | None = None,
     normalize: NormalizeName | None = None,
-    dtype: DType = "uint8",
+    dtype: DType | None = None,
     layout: Layout = "HWC",
     reduced_decode: bool = True,
     fast_upsample: bool = True,
@@ -101,6 +141,7 @@ def train(
     mask_dtype: MaskDtype = "uint8",
     max_pixels: int = DEFAULT_MAX_PIXELS,
     decode_on: DecodeOn = "cpu",
+    image_dtype: ImageDtype = "uint8",
 ) -> Compose:
     """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
     left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
@@ -112,8 +153,9 @@ def train(
     before the resize (luma is exact). Random crops, flips and jitter change pixels far more,
     so training is the place for it; pass False for pixels identical to a smooth decode.
 
-    Output ``"image"``: ``size×size×3`` (HWC) or ``3×size×size`` (CHW); uint8, or float32
-    with ``normalize`` (``"imagenet"`` mean/std, ``"symmetric"`` → [-1, 1]) or
+    Output ``"image"``: ``size×size×3`` (HWC) or ``3×size×size`` (CHW); ``image_dtype``
+    (uint8, or uint16: see the module doc for it and ``dtype``), or float32 with
+    ``normalize`` (``"imagenet"`` mean/std, ``"symmetric"`` → [-1, 1]) or
     ``dtype="float32"`` (→ [0, 1]). ``"mask"`` (if any): ``size×size`` class ids.
 
     ``mask_colors`` (``{(r, g, b): id, ...}``), ``mask_unlisted`` and ``mask_dtype``: how
@@ -133,17 +175,17 @@ def train(
 
     Determinism: every random choice comes from the per-sample generator.
     """
-    if color is not None and (isinstance(color, bool) or not color >= 0):
-        raise ValueError(f"color is a strength >= 0 (1.0 = standard jitter) or None, got {color!r}")
-    tail = _tail(normalize, dtype, layout)
+    out_dtype = _output_dtype(dtype, image_dtype)
+    _check_color(color, image_dtype)
+    tail = _tail(normalize, out_dtype, layout)
     crop = DecodeRandomResizedCrop(
         size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
         reduced_decode=reduced_decode, fast_upsample=fast_upsample,
         mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
-        max_pixels=max_pixels,
+        max_pixels=max_pixels, image_dtype=image_dtype,
     )
     if _on_device(decode_on, color=color):
-        return Compose([DevicePlan(crop, tail=PlanTail(normalize, dtype, layout))])
+        return Compose([DevicePlan(crop, tail=PlanTail(normalize, out_dtype, layout))])
     ops: list[Transform] = [crop]
     if color:
         b, c, s, h = (v * color for v in COLOR_AT_STRENGTH_1)
@@ -157,7 +199,7 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     *,
     crop_fraction: float = 0.875,
     normalize: NormalizeName | None = None,
-    dtype: DType = "uint8",
+    dtype: DType | None = None,
     layout: Layout = "HWC",
     reduced_decode: bool = True,
     mask_colors: Mapping[Color, int] | None = None,
@@ -165,22 +207,24 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     mask_dtype: MaskDtype = "uint8",
     max_pixels: int = DEFAULT_MAX_PIXELS,
     decode_on: DecodeOn = "cpu",
+    image_dtype: ImageDtype = "uint8",
 ) -> Compose:
     """Evaluation pipeline: resize the shorter side to ``size / crop_fraction`` and take the
     center ``size×size`` (one fused, reduced-scale decode), then optional normalisation and
     layout. Same output shapes and dtypes as :func:`train`; the mask options,
-    ``max_pixels`` and ``decode_on`` as in :func:`train`.
+    ``max_pixels``, ``decode_on``, ``image_dtype`` and ``dtype`` as in :func:`train`.
 
     Determinism: fully deterministic; the generator is not used.
     """
-    tail = _tail(normalize, dtype, layout)
+    out_dtype = _output_dtype(dtype, image_dtype)
+    tail = _tail(normalize, out_dtype, layout)
     crop = DecodeCenterCrop(
         size, crop_fraction=crop_fraction, reduced_decode=reduced_decode,
         mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
-        max_pixels=max_pixels,
+        max_pixels=max_pixels, image_dtype=image_dtype,
     )
     if _on_device(decode_on, color=None):
-        return Compose([DevicePlan(crop, tail=PlanTail(normalize, dtype, layout))])
+        return Compose([DevicePlan(crop, tail=PlanTail(normalize, out_dtype, layout))])
     return Compose([crop, *tail])
 
 __all__ = ["COLOR_AT_STRENGTH_1", "eval", "train"]

@@ -15,6 +15,10 @@ is drawn from the same generator calls, so the geometry does not depend on the e
 Whatever the scale, an image whose header claims more than ``max_pixels`` pixels is refused
 before decoding (a progressive JPEG holds full-size coefficients even for a 1/8 decode).
 
+With ``image_dtype="uint16"`` the decoded pixels (the JPEG's scaled decode or region, an 8-bit
+PNG: widened ×257; a 16-bit PNG: as stored) are cropped and resized as 16-bit samples, and
+the output is uint16: the same boxes, and the same work, on samples twice as wide.
+
 The batch form (:meth:`CropDecoderBase.apply_batch`, used by the Loader's batch path; see
 :mod:`~shardfeed.transforms.decode.crop_rows`) runs the same draws and pixel work for each row
 of a slice, writing each image into its batch row: the same bytes as sample by sample, without
@@ -61,6 +65,7 @@ from shardfeed.transforms.decode.image import (
     decode_jpeg_scratch,
     jpeg_header,
     sniff_format,
+    widen_to_uint16,
 )
 from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
 from shardfeed.transforms.decode.region import decode_region, region_pays
@@ -213,7 +218,7 @@ class CropDecoderBase(DecoderBase):
             region = decode_region(data, box, fast_dct=self.fast_dct,
                                    fast_upsample=self.fast_upsample)
             if region is not None:  # the very pixels of the whole decode, sliced
-                return self._resize_flip(region, flip, out)
+                return self._resize_flip(self._widened(region), flip, out)
         decoded = decode_jpeg_scratch(
             data,
             height=height,
@@ -225,6 +230,8 @@ class CropDecoderBase(DecoderBase):
             fast_upsample=self.fast_upsample,
             max_pixels=self.image_field.max_pixels,
         )
+        # uint16: widened out of the scratch buffer (a new array) before any resampling.
+        decoded = self._widened(decoded)
         dh, dw = decoded.shape[:2]
         if d > 1 and not (box.h >= 2 * d * out_h and box.w >= 2 * d * out_w):
             # Less than 2× left to shrink: one linear warp from the exact (sub-pixel) box in
@@ -235,6 +242,11 @@ class CropDecoderBase(DecoderBase):
         # The region views the thread's scratch buffer: resize copies it out before any
         # other decode on this thread can overwrite it.
         return self._resize_flip(region, flip, out, force_copy=True)
+
+    def _widened(self, decoded: np.ndarray) -> np.ndarray:
+        """A JPEG's 8-bit pixels as the op's images: as they are for ``image_dtype="uint8"``,
+        widened ×257 into a new uint16 array for ``"uint16"``."""
+        return decoded if self.image_dtype == "uint8" else widen_to_uint16(decoded)
 
     def _warp(
         self, decoded: np.ndarray, box: Box, d: int, flip: bool, out: np.ndarray | None
@@ -270,23 +282,30 @@ class CropDecoderBase(DecoderBase):
         )
         result = result.reshape(out_h, out_w, c)
         if out is not None:
-            self._check_out(out)
-            np.copyto(out, result, casting="unsafe")
+            self._check_out(out, result.dtype)
+            np.copyto(out, result)
             return out
         return result
 
-    def _check_out(self, out: np.ndarray) -> None:
+    def _check_out(self, out: np.ndarray, dtype: np.dtype[Any]) -> None:
+        """ValueError unless ``out`` is size × channels of the image's ``dtype`` (a cast
+        would cut uint16 samples to their low byte without a word)."""
         c = self._channel_count()
         if out.shape != self.size + (c,):
             raise ValueError(
                 f"out has shape {out.shape}, expected {self.size + (c,)} (size × channels)"
+            )
+        if out.dtype != dtype:
+            raise ValueError(
+                f"out is {out.dtype} but the op makes {dtype} images (image_dtype="
+                f"{self.image_dtype!r}); pass an out of that dtype (see output_spec)"
             )
 
     def _resize_flip(
         self, region: np.ndarray, flip: bool, out: np.ndarray | None, force_copy: bool = False
     ) -> np.ndarray:
         if out is not None:
-            self._check_out(out)
+            self._check_out(out, region.dtype)
             if (region.ndim == 3 and region.shape[2] != 1 and region.dtype == out.dtype
                     and out.flags.c_contiguous):
                 # What arrays.resize + arrays.hflip do for this case, without their checks
@@ -323,7 +342,8 @@ class CropDecoderBase(DecoderBase):
         return resized, mask_key
 
     def output_spec(self, specs: Specs) -> Specs:
-        """Image ``size``×C uint8 (C = 3, or 1 for gray); mask ``size`` (``mask_dtype``)."""
+        """Image ``size``×C (C = 3, or 1 for gray) of ``image_dtype``; mask ``size``
+        (``mask_dtype``)."""
         result = dict(specs)
         h, w = self.size
         result["image"] = ArraySpec((h, w, self._channel_count()), self._dtype(self.image_field))
@@ -338,13 +358,14 @@ class DecodeRandomResizedCrop(CropDecoderBase):
     ``scale``: the crop's area as a fraction of the image, uniform in this range; ``ratio``:
     its aspect ratio w/h, log-uniform; ``hflip``: probability of a left-right flip. JPEGs
     decode at reduced DCT scale when the crop will be shrunk ≥ 2× (``reduced_decode=False``
-    turns that off). Output: ``sample["image"]`` size×C uint8, ``sample["mask"]`` size
-    class ids (nearest neighbour) with the same crop and flip. See :class:`DecoderBase` for the
-    options that say where the image is.
+    turns that off). Output: ``sample["image"]`` size×C uint8 (uint16 with
+    ``image_dtype="uint16"``), ``sample["mask"]`` size class ids (nearest neighbour) with
+    the same crop and flip. See :class:`DecoderBase` for the options that say where the
+    image is.
 
     Determinism: box then flip, drawn from the generator in that order; the same key gives
     the same output. State: none. Memory: one per-thread scratch buffer of the largest
-    decoded (scaled) image, plus the output.
+    decoded (scaled) image, plus the output (uint16: plus that decode widened).
     """
 
     __slots__ = ("ratio", "scale")
@@ -381,11 +402,13 @@ class DecodeCenterCrop(CropDecoderBase):
     ``max(size) / crop_fraction``, then center-crop ``size``", computed with one resize
     (and a reduced-scale JPEG decode when the crop is ≥ 2× the output).
 
-    Output: ``sample["image"]`` size×C uint8; ``sample["mask"]`` size class ids (nearest). See
-    :class:`DecoderBase` for the options that say where the image is.
+    Output: ``sample["image"]`` size×C uint8 (uint16 with ``image_dtype="uint16"``);
+    ``sample["mask"]`` size class ids (nearest). See :class:`DecoderBase` for the options
+    that say where the image is.
 
     Determinism: fully deterministic; draws nothing from the generator (``hflip`` is 0 by
-    default). State: none. Memory: the per-thread scratch buffer, plus the output.
+    default). State: none. Memory: the per-thread scratch buffer, plus the output (uint16:
+    plus the decode widened).
     """
 
     __slots__ = ("crop_fraction",)

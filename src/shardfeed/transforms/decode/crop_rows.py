@@ -14,9 +14,11 @@ at full scale) are then decoded, cut, resized and flipped in one tight loop, the
 one by one through the op's own methods.
 
 Only for one embedded image a row (``encoding="auto"``), no mask, and batch rows of the
-output's shape and dtype; else None (the loader goes sample by sample). An error (a damaged
-image, a header over ``max_pixels``) propagates: the loader then makes the slice sample by
-sample, which names the record or skips it.
+output's shape and dtype (the op's ``image_dtype``); else None (the loader goes sample by
+sample). uint16 rows (``image_dtype="uint16"``) skip the tight loop, which resizes 8-bit
+decodes: each goes through the op's own methods, which widen before they resample. An error
+(a damaged image, a header over ``max_pixels``) propagates: the loader then makes the slice
+sample by sample, which names the record or skips it.
 
 Determinism: the sample path's. State: none. Memory: a few integers a row.
 """
@@ -101,8 +103,10 @@ def _whole_rows_into(
     full scale (no DCT scale, no region decode), its box cut, resized linearly into its row
     and flipped there, as :meth:`CropDecoderBase._jpeg_crop` does for it, without its
     per-call checks (made once for the slice here). Returns a bit mask of the rows done; the
-    others, and every row from the first that does not decode, are left to the caller."""
-    if op.channels != "rgb" or not image_out.flags.c_contiguous:
+    others, and every row from the first that does not decode, are left to the caller.
+    uint8 rows only (none done for uint16 rows)."""
+    if (op.channels != "rgb" or image_out.dtype != np.uint8
+            or not image_out.flags.c_contiguous):
         return 0
     out_h, out_w = op.size
     size = (out_w, out_h)
@@ -186,7 +190,7 @@ def batch_key(
     if (image_out is None or found is None or found[1] != "auto"
             or (op.mask is not False and (op.mask or op.mask_field.locate(present)))
             or image_out.shape[1:] != (*op.size, op._channel_count())
-            or image_out.dtype != np.uint8):
+            or image_out.dtype != np.dtype(op.image_dtype)):
         return None
     values = columns[found[0]]
     rows = len(image_out)

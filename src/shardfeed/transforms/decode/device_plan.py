@@ -75,8 +75,9 @@ class PlanTail:
 class DevicePlan(TransformBase):
     """Draw each sample's crop and hand its JPEG on to the device (see the module doc).
 
-    ``op``: the crop-aware decode op (RGB output, no mask); ``tail``: what the device applies
-    after it. Determinism: the op's. State: none. Memory: the op's.
+    ``op``: the crop-aware decode op (RGB uint8 output, no mask; ValueError otherwise);
+    ``tail``: what the device applies after it. Determinism: the op's. State: none.
+    Memory: the op's.
     """
 
     __slots__ = ("op", "tail")
@@ -89,6 +90,13 @@ class DevicePlan(TransformBase):
             raise ValueError(
                 "decoding on the device takes RGB images without masks: pass channels='rgb' "
                 "and no mask, or decode on the CPU (decode_on='cpu')"
+            )
+        if op.image_dtype != "uint8":
+            raise ValueError(
+                f"decoding on the device gives uint8 images, and the op asks for "
+                f"image_dtype={op.image_dtype!r}: decode 16-bit images on the CPU "
+                "(decode_on='cpu'), or pass image_dtype='uint8' (16-bit samples cut to 8 "
+                "bits)"
             )
         self.op, self.tail = op, tail
 

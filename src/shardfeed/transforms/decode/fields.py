@@ -24,12 +24,15 @@ from shardfeed.format import spec
 from shardfeed.storage.paths import confines, contained
 from shardfeed.transforms.base import ImageInfoLike, Sample
 from shardfeed.transforms.decode.image import (
+    ImageDtype,
     Where,
+    check_image_dtype,
     check_size,
     decode_error,
     decode_image,
     too_large_error,
     where_text,
+    widen_to_uint16,
 )
 from shardfeed.transforms.decode.masks import LABEL_MAPS, MaskLabels, decode_mask
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels, pixels_reason
@@ -64,7 +67,11 @@ class ImageField:
     (``is_mask``), ``mask_labels`` says how encoded pixels become class ids
     (:mod:`shardfeed.transforms.decode.masks`); raw masks keep their stored values and ``dtype``.
     ``max_pixels``: the most pixels one decoded image (or all images of one list feature
-    together) may have; larger ones raise DecodeError before decoding.
+    together) may have; larger ones raise DecodeError before decoding. ``image_dtype``
+    (images only): ``"uint8"`` decodes encoded images to uint8 (16-bit ones cut to 8 bits as
+    OpenCV cuts them) and keeps raw ones as stored; ``"uint16"`` gives every image as uint16
+    (16-bit samples kept, 8-bit ones, raw included, widened ×257; see
+    :func:`~shardfeed.transforms.decode.image.decode_image`).
     """
 
     key: str | None = None
@@ -77,10 +84,12 @@ class ImageField:
     dtype: str = "uint8"
     mask_labels: MaskLabels = LABEL_MAPS
     max_pixels: int = DEFAULT_MAX_PIXELS
+    image_dtype: ImageDtype = "uint8"
 
     def __post_init__(self) -> None:
         check_encoding(self.encoding)
         check_max_pixels(self.max_pixels)
+        check_image_dtype(self.image_dtype)
         try:
             np.dtype(self.dtype)
         except TypeError:
@@ -110,6 +119,7 @@ class ImageField:
             dtype=dtype,
             mask_labels=self.mask_labels,
             max_pixels=self.max_pixels,
+            image_dtype=self.image_dtype,
         )
 
     # --- locating -----------------------------------------------------------------------
@@ -188,7 +198,8 @@ class ImageField:
     def decode(
         self, sample: Sample, *, fast_dct: bool = True, fast_upsample: bool = False
     ) -> np.ndarray:
-        """Decode this field of ``sample``: images H×W×C uint8, masks H×W class ids.
+        """Decode this field of ``sample``: images H×W×C (uint8, or uint16 with
+        ``image_dtype="uint16"``), masks H×W class ids.
 
         Several encoded values (a list of bytes) decode to T×H×W×C / T×H×W.
         """
@@ -205,8 +216,9 @@ class ImageField:
     def decode_bytes(
         self, data: bytes | memoryview, where: Where, fast_dct: bool, fast_upsample: bool = False
     ) -> np.ndarray:
-        """Decode encoded bytes of this field: H×W×3 RGB for images, H×W class ids for masks
-        (grey values, palette indices, or colours mapped by ``mask_labels``)."""
+        """Decode encoded bytes of this field: H×W×3 RGB for images (``image_dtype``), H×W
+        class ids for masks (grey values, palette indices, or colours mapped by
+        ``mask_labels``)."""
         return self._decode_bytes(data, where, fast_dct, fast_upsample, self.max_pixels)
 
     def _decode_bytes(self, data: bytes | memoryview, where: Where, fast_dct: bool,
@@ -215,7 +227,8 @@ class ImageField:
             return decode_mask(data, labels=self.mask_labels, where=where, fast_dct=fast_dct,
                                max_pixels=max_pixels)
         return decode_image(data, mode="rgb", where=where, fast_dct=fast_dct,
-                            fast_upsample=fast_upsample, max_pixels=max_pixels)
+                            fast_upsample=fast_upsample, max_pixels=max_pixels,
+                            dtype=self.image_dtype)
 
     def _decode_list(self, values: list[Any], where: Where, fast_dct: bool,
                      fast_upsample: bool) -> np.ndarray:
@@ -274,7 +287,20 @@ class ImageField:
                 f"raw image has {pixels.size} values, expected height×width×channels = "
                 f"{height}×{width}×{channels} = {expected}",
             )
-        return pixels.reshape(height, width, channels)
+        return self._raw_depth(pixels.reshape(height, width, channels), where)
+
+    def _raw_depth(self, image: np.ndarray, where: Where) -> np.ndarray:
+        """A raw image as stored, or, with ``image_dtype="uint16"``, as uint16 (8-bit pixels
+        widened ×257); SchemaError for raw pixels of another type then."""
+        if self.image_dtype == "uint8" or image.dtype == np.uint16:
+            return image
+        if image.dtype != np.uint8:
+            raise SchemaError(
+                f"{where_text(where)}: the raw image holds {image.dtype} pixels; "
+                "image_dtype='uint16' takes raw uint8 or uint16 images: pass "
+                "image_dtype='uint8' to keep raw pixels as they are stored"
+            )
+        return widen_to_uint16(image)
 
 
 def referenced_file(root: str | None, value: bytes | memoryview, where: Where) -> str:

@@ -10,6 +10,15 @@ more than ``max_pixels`` pixels (default :data:`DEFAULT_MAX_PIXELS`) is refused 
 DecodeError naming it, as is a format whose size cannot be read. A decode that runs out of
 memory all the same raises DecodeError too (never a bare MemoryError).
 
+Bit depth: ``dtype=None`` (the default) gives what the decoder gives: uint8 for ``mode="rgb"``
+and ``"gray"``, the stored depth for ``"unchanged"``. OpenCV cuts a 16-bit image to 8 bits
+by format: a PNG (or PNM) keeps the high byte of each sample, ``v >> 8`` (as TensorFlow's
+``decode_png(dtype=tf.uint8)``), a TIFF gives ``round(v / 257)``. ``dtype="uint16"`` gives
+every image as uint16: a 16-bit image keeps its samples exactly, an 8-bit one is widened by
+:func:`widen_to_uint16` (``v × 257``: 255 becomes 65535, the top of a 16-bit file's scale).
+``dtype="uint8"`` gives every image as uint8 (with ``"unchanged"``, the high byte of 16-bit
+samples, whatever the format).
+
 Determinism: decoding is a pure function of the bytes (for one libjpeg-turbo build). State:
 none, except a per-thread scratch buffer used by :func:`decode_jpeg_scratch`. Memory: the
 decoded image, at most :func:`~shardfeed.transforms.decode.sizes.decode_peak_bytes` while it decodes;
@@ -40,6 +49,13 @@ from shardfeed.transforms.decode.sizes import (
 Mode = Literal["rgb", "gray", "unchanged"]
 MODES: tuple[str, ...] = ("rgb", "gray", "unchanged")
 
+ImageDtype = Literal["uint8", "uint16"]
+IMAGE_DTYPES: tuple[str, ...] = ("uint8", "uint16")
+
+#: What an 8-bit sample is multiplied by to become a 16-bit one of the same brightness: the
+#: byte repeated (``v << 8 | v``), so 0 stays 0 and 255 becomes 65535.
+WIDEN_FACTOR = 257
+
 Where: TypeAlias = "str | Callable[[], str]"
 """The place of an image for error messages: text, or a function that builds it (called only
 when an error is raised: building the text costs more than decoding a small image)."""
@@ -66,6 +82,24 @@ def check_mode(mode: str) -> None:
     """Raise ValueError unless ``mode`` is one of ``rgb``, ``gray``, ``unchanged``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def check_image_dtype(dtype: str) -> None:
+    """Raise ValueError unless ``dtype`` is ``"uint8"`` or ``"uint16"``."""
+    if dtype not in IMAGE_DTYPES:
+        raise ValueError(
+            f"image_dtype must be one of {IMAGE_DTYPES}, got {dtype!r}: 'uint8' (16-bit images "
+            "cut to 8 bits) or 'uint16' (16-bit images kept, 8-bit ones widened ×257)"
+        )
+
+
+def widen_to_uint16(image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """8-bit samples as 16-bit ones of the same brightness: ``v × 257`` (0 → 0, 255 → 65535),
+    as TensorFlow's ``decode_png(dtype=tf.uint16)`` widens an 8-bit PNG. Into ``out`` (a
+    uint16 array of ``image``'s shape) when given, else into a new array."""
+    target = np.empty(image.shape, np.uint16) if out is None else out
+    np.multiply(image, np.uint16(WIDEN_FACTOR), out=target)
+    return target
 
 
 def where_text(where: Where) -> str:
@@ -146,7 +180,9 @@ _CV2_FLAGS = {
 PNG_RGB_FLAG: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
 
 
-def _decode_cv2(data: bytes | memoryview, mode: str, where: Where) -> np.ndarray:
+def _decode_cv2(data: bytes | memoryview, mode: str, where: Where, *,
+                deep: bool = False) -> np.ndarray:
+    """OpenCV's decode in RGB order; ``deep``: 16-bit samples kept (``IMREAD_ANYDEPTH``)."""
     buf = _as_uint8(data)
     if buf.size == 0:
         raise decode_error(data, where, "the image is empty (0 bytes)")
@@ -154,6 +190,8 @@ def _decode_cv2(data: bytes | memoryview, mode: str, where: Where) -> np.ndarray
     rgb_direct = mode == "rgb" and PNG_RGB_FLAG is not None and bytes(data[:8]) == PNG_MAGIC
     if rgb_direct and PNG_RGB_FLAG is not None:
         flags = PNG_RGB_FLAG
+    if deep and mode != "unchanged":
+        flags |= cv2.IMREAD_ANYDEPTH
     try:
         image = cv2.imdecode(buf, flags)
     except cv2.error as exc:  # OpenCV raises for some malformed inputs instead of returning None
@@ -214,8 +252,9 @@ def decode_image(
     fast_dct: bool = True,
     fast_upsample: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    dtype: ImageDtype | None = None,
 ) -> np.ndarray:
-    """Decode one encoded image into a new uint8 array.
+    """Decode one encoded image into a new array (uint8 unless ``dtype`` says otherwise).
 
     ``mode="rgb"`` gives H×W×3, ``"gray"`` gives H×W, ``"unchanged"`` keeps the stored
     channels (H×W for single-channel images, H×W×3 RGB, H×W×4 RGBA; 16-bit PNGs stay
@@ -223,6 +262,13 @@ def decode_image(
     OpenCV (converted from BGR to RGB). ``where`` names the record in error messages, e.g.
     ``"file 'x.tfrecord', record 5 at byte 1234"`` (or a function returning that text, called
     only when an error is raised).
+
+    ``dtype``: the bit depth of the result (see the module docstring). None: uint8 for
+    ``"rgb"``/``"gray"`` (a 16-bit PNG's samples cut to their high byte, ``v >> 8``; a TIFF's
+    rounded, ``round(v / 257)``), the stored depth for ``"unchanged"``. ``"uint16"``: 16-bit
+    samples kept exactly, 8-bit ones (every JPEG) widened ``v × 257``. ``"uint8"``: as None
+    for ``"rgb"``/``"gray"``; for ``"unchanged"``, the high byte of 16-bit samples. A uint16
+    result takes twice the memory of a uint8 one.
 
     ``fast_dct=True`` uses libjpeg's fast integer IDCT: a few percent faster and the same
     method ``tf.io.decode_jpeg`` uses by default, so JPEG pixels match tf.data's; ``False``
@@ -236,16 +282,50 @@ def decode_image(
     ``max_pixels``: an image whose header claims more pixels is refused before decoding
     (see the module docstring), as is a format whose size cannot be read from its header.
 
-    Raises DecodeError for bytes that do not decode (including truncated JPEGs).
+    Raises DecodeError for bytes that do not decode (including truncated JPEGs); ValueError
+    for a ``mode`` or ``dtype`` that is not one of those above.
     """
     check_mode(mode)
+    if dtype is not None:
+        check_image_dtype(dtype)
+    image = _decode_natural(data, mode=mode, where=where, fast_dct=fast_dct,
+                            fast_upsample=fast_upsample, max_pixels=max_pixels,
+                            deep=dtype == "uint16")
+    return to_image_dtype(image, dtype, data=data, where=where)
+
+
+def to_image_dtype(image: np.ndarray, dtype: ImageDtype | None, *,
+                   data: bytes | memoryview = b"", where: Where = "") -> np.ndarray:
+    """A decoded ``image`` at bit depth ``dtype`` (see :func:`decode_image`): 8-bit samples
+    widened ×257 for ``"uint16"``, 16-bit ones cut to their high byte for ``"uint8"``; the
+    image itself when it has that depth already, or ``dtype`` is None. DecodeError for any
+    other depth (``data`` and ``where`` name the image) or no memory for the new array."""
+    if dtype is None or image.dtype == np.dtype(dtype):
+        return image
+    try:
+        if dtype == "uint16" and image.dtype == np.uint8:
+            return widen_to_uint16(image)
+        if dtype == "uint8" and image.dtype == np.uint16:
+            high: np.ndarray = np.right_shift(image, 8).astype(np.uint8)
+            return high
+    except MemoryError:
+        raise out_of_memory(data, where, f"the {image.shape} {dtype} image") from None
+    raise decode_error(data, where, f"{image.dtype} samples cannot be given as {dtype}; "
+                       "store 8- or 16-bit images")
+
+
+def _decode_natural(
+    data: bytes | memoryview, *, mode: str, where: Where, fast_dct: bool,
+    fast_upsample: bool, max_pixels: int, deep: bool,
+) -> np.ndarray:
+    """:func:`decode_image` at the decoder's own depth (``deep``: 16 bits kept by OpenCV)."""
     if sniff_format(data) != "jpeg":
         check_size(data, max_pixels=max_pixels, where=where)
-        return _decode_cv2(data, mode, where)
+        return _decode_cv2(data, mode, where, deep=deep)
     height, width, space = jpeg_header(data, where=where)
     check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
     if space in CMYK_SPACES:
-        return _decode_cv2(data, mode, where)
+        return _decode_cv2(data, mode, where, deep=deep)
     colorspace = _jpeg_colorspace(mode, space)
     try:
         image: np.ndarray = simplejpeg.decode_jpeg(
@@ -362,10 +442,14 @@ def decode_jpeg_scratch(
 __all__ = [
     "CMYK_SPACES",
     "DEFAULT_MAX_PIXELS",
+    "IMAGE_DTYPES",
     "MODES",
     "SCRATCH_KEEP_BYTES",
+    "WIDEN_FACTOR",
+    "ImageDtype",
     "Mode",
     "Where",
+    "check_image_dtype",
     "check_mode",
     "check_pixels",
     "check_size",
@@ -377,6 +461,8 @@ __all__ = [
     "out_of_memory",
     "scratch_buffer",
     "sniff_format",
+    "to_image_dtype",
     "too_large_error",
     "where_text",
+    "widen_to_uint16",
 ]

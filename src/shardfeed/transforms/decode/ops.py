@@ -2,10 +2,11 @@
 
 ``DecodeImage`` decodes the whole picture: embedded JPEG/PNG bytes, raw arrays with their
 stored shape, or referenced files read relative to the dataset root. It writes
-``sample["image"]`` (H×W×C uint8) and ``sample["mask"]`` (H×W class ids: grey values or
-palette indices, see :mod:`shardfeed.transforms.decode.masks`) and drops the encoded features. A
-mask of another size than its image is a DecodeError, and so is an image or mask whose header
-claims more than ``max_pixels`` pixels (refused before decoding). The crop-aware ops in
+``sample["image"]`` (H×W×C uint8, or uint16 with ``image_dtype="uint16"``) and
+``sample["mask"]`` (H×W class ids: grey values or palette indices, see
+:mod:`shardfeed.transforms.decode.masks`) and drops the encoded features. A mask of another
+size than its image is a DecodeError, and so is an image or mask whose header claims more
+than ``max_pixels`` pixels (refused before decoding). The crop-aware ops in
 :mod:`shardfeed.transforms.decode.crop` share this base.
 """
 
@@ -21,6 +22,7 @@ from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.format.columns import FilledColumn
 from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, TransformBase
 from shardfeed.transforms.decode.fields import Encoding, ImageField
+from shardfeed.transforms.decode.image import ImageDtype, check_image_dtype
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
 from shardfeed.transforms.decode.png_rows import decode_png_into, decode_pngs_into
 from shardfeed.transforms.decode.raw_rows import raw_rows_into, raw_rows_target
@@ -64,6 +66,7 @@ class DecodeOptions(TypedDict, total=False):
     fast_dct: bool
     fast_upsample: bool
     max_pixels: int
+    image_dtype: ImageDtype
 
 
 class DecoderBase(TransformBase):
@@ -95,6 +98,21 @@ class DecoderBase(TransformBase):
       ``on_error="skip"`` replaces. It bounds the decode's memory (:attr:`decode_bytes`,
       counted by ``Loader.memory_budget()``): lower it to your largest image for a tighter
       bound.
+    - ``image_dtype``: the type of ``sample["image"]``.
+
+      ``"uint8"`` (default): 8-bit images as they are. A 16-bit image is **not** an error:
+      it is cut to 8 bits, as OpenCV decodes it. A 16-bit PNG (or PNM) keeps the high byte
+      of each sample, ``v >> 8`` (TensorFlow's ``decode_png(dtype=tf.uint8)`` does the same;
+      0x12FF gives 0x12, never rounded up); a 16-bit TIFF gives ``round(v / 257)``. Either
+      way its low 8 bits are lost: pass ``"uint16"`` to keep them. Raw images keep their
+      stored dtype.
+
+      ``"uint16"``: every image is uint16. A 16-bit image keeps its exact samples; an 8-bit
+      one (every JPEG, an 8-bit PNG, raw uint8 pixels) is widened ``v × 257``, so 255 becomes
+      65535, the top of a 16-bit file's scale (as TensorFlow's
+      ``decode_png(dtype=tf.uint16)``). Crops and resizes then work on the 16-bit samples.
+      Images take twice the memory, and :attr:`decode_bytes` counts 2 bytes a sample.
+      Masks follow ``mask_dtype``, not this.
     """
 
     __slots__ = (
@@ -122,9 +140,11 @@ class DecoderBase(TransformBase):
         fast_dct: bool = True,
         fast_upsample: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        image_dtype: ImageDtype = "uint8",
     ) -> None:
         if channels not in ("rgb", "gray"):
             raise ValueError(f"channels must be 'rgb' or 'gray', got {channels!r}")
+        check_image_dtype(image_dtype)
         if mask is False and mask_key is not None:
             raise ValueError(f"mask=False contradicts mask_key={mask_key!r}; drop one of them")
         self.image_field = ImageField(
@@ -135,6 +155,7 @@ class DecoderBase(TransformBase):
             channels_key=channels_key,
             root=root,
             max_pixels=max_pixels,
+            image_dtype=image_dtype,
         )
         labels = MaskLabels(colors=mask_colors, unlisted=mask_unlisted, dtype=mask_dtype)
         self.mask_field = ImageField(
@@ -153,11 +174,17 @@ class DecoderBase(TransformBase):
         return self.image_field.max_pixels
 
     @property
+    def image_dtype(self) -> ImageDtype:
+        """The type of the decoded images: ``"uint8"`` or ``"uint16"`` (see the class doc)."""
+        return self.image_field.image_dtype
+
+    @property
     def decode_bytes(self) -> int:
         """The most memory one call holds while it decodes (an image of ``max_pixels``
         pixels and its mask), in bytes: what ``Loader.memory_budget()`` counts a thread for
-        decoding."""
-        return decode_peak_bytes(self.max_pixels)
+        decoding; twice as much for uint16 images."""
+        sample_bytes = np.dtype(self.image_dtype).itemsize
+        return decode_peak_bytes(self.max_pixels, sample_bytes=sample_bytes)
 
     # --- binding ------------------------------------------------------------------------
 
@@ -258,27 +285,34 @@ class DecoderBase(TransformBase):
 
     @staticmethod
     def _dtype(field: ImageField) -> np.dtype[Any]:
+        """What ``field`` decodes to: a raw feature's stored dtype (raw uint8 images widened
+        to uint16 with ``image_dtype="uint16"``), a mask's ``mask_dtype``, an encoded
+        image's ``image_dtype``."""
         if field.encoding == "raw":
-            return np.dtype(field.dtype)
-        return np.dtype(field.mask_labels.dtype if field.is_mask else np.uint8)
+            stored = np.dtype(field.dtype)
+            widened = not field.is_mask and field.image_dtype == "uint16" and stored == np.uint8
+            return np.dtype(np.uint16) if widened else stored
+        return np.dtype(field.mask_labels.dtype if field.is_mask else field.image_dtype)
 
     def _channel_count(self) -> int:
         return 3 if self.channels == "rgb" else 1
 
     def __repr__(self) -> str:
+        depth = "" if self.image_dtype == "uint8" else f", image_dtype={self.image_dtype!r}"
         return (
             f"{type(self).__name__}(key={self.image_field.key!r}, "
-            f"encoding={self.image_field.encoding!r}, mask_key={self.mask_field.key!r})"
+            f"encoding={self.image_field.encoding!r}, mask_key={self.mask_field.key!r}{depth})"
         )
 
 
 class DecodeImage(DecoderBase):
     """Decode the whole image and mask of a sample.
 
-    Writes ``sample["image"]`` (H×W×3 uint8, or H×W×1 with ``channels="gray"``; a list of
-    encoded images gives T×H×W×C) and ``sample["mask"]`` (H×W class ids, uint8 unless
-    ``mask_dtype="uint16"``) when there is a mask. A mask whose height and width differ from
-    the image's raises DecodeError (the Loader names the shard, record and offset).
+    Writes ``sample["image"]`` (H×W×3 uint8, or H×W×1 with ``channels="gray"``; uint16 with
+    ``image_dtype="uint16"``; a list of encoded images gives T×H×W×C) and ``sample["mask"]``
+    (H×W class ids, uint8 unless ``mask_dtype="uint16"``) when there is a mask. A mask whose
+    height and width differ from the image's raises DecodeError (the Loader names the shard,
+    record and offset).
 
     Determinism: a pure function of the stored bytes; draws nothing from the generator.
     State: none. Memory: the decoded image and mask.
@@ -342,7 +376,10 @@ class DecodeImage(DecoderBase):
         written) for a list of frames or a value of another kind."""
         if len(values) != len(image_out) or not all(type(v) is bytes for v in values):
             return False
-        direct = (self.image_field.encoding == "auto" and image_out.dtype == np.uint8
+        # The PNG rows write 8-bit samples: only for uint8 images (uint16 rows are decoded,
+        # kept or widened, by _decode_full).
+        direct = (self.image_field.encoding == "auto" and self.image_dtype == "uint8"
+                  and image_out.dtype == np.uint8
                   and image_out.shape[-1] == self._channel_count())
         max_pixels = self.max_pixels
         rows: Iterable[int] = range(len(values))
@@ -363,7 +400,8 @@ class DecodeImage(DecoderBase):
         return True
 
     def output_spec(self, specs: Specs) -> Specs:
-        """Image H×W×C uint8 with varying H, W; mask H×W (``mask_dtype``) if there is one."""
+        """Image H×W×C (``image_dtype``; raw: as stored) with varying H, W; mask H×W
+        (``mask_dtype``) if there is one."""
         result = dict(specs)
         result["image"] = ArraySpec(
             (None, None, self._channel_count()), self._dtype(self.image_field)

@@ -7,7 +7,9 @@ DCT scale ``1/d`` (:func:`~shardfeed.transforms.decode.image.decode_jpeg_reduced
 encodings, and CMYK JPEGs, are decoded whole and shrunk by ``d`` (area interpolation).
 
 An image (or mask) whose header claims more than ``max_pixels`` pixels is refused before
-decoding, whatever the scale it would be decoded at, with a DecodeError naming it.
+decoding, whatever the scale it would be decoded at, with a DecodeError naming it. The
+image's type is the image field's ``image_dtype`` (uint8, or uint16: a reduced-scale JPEG
+decode widened ×257, as every other 8-bit image).
 
 Determinism: a pure function of the record's bytes. State: none. Memory: one decoded image
 (and mask) per :class:`DecodedImage`; a decode holds at most
@@ -32,6 +34,7 @@ from shardfeed.transforms.decode.image import (
     decode_jpeg_reduced,
     jpeg_header,
     sniff_format,
+    to_image_dtype,
 )
 
 
@@ -108,6 +111,7 @@ def _decode_image_scaled(
             if space not in CMYK_SPACES:
                 image = decode_jpeg_reduced(data, height=height, width=width, denominator=d,
                                             where=where)
+                image = to_image_dtype(image, image_field.image_dtype, data=data, where=where)
                 full_hw = (height, width)
         if image is None:
             image = image_field.decode_bytes(data, where, True)

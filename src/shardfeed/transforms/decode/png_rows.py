@@ -5,7 +5,9 @@
 which takes the plainest PNGs (8-bit grey or RGB, exactly the row's size, sound CRCs, one
 zlib stream) and leaves every other row; :func:`decode_png_into` decodes one row with
 OpenCV. Both give the pixels of :func:`~shardfeed.transforms.decode.image.decode_image`
-(for such PNGs, the stored samples); tests compare them.
+(for such PNGs, the stored samples); tests compare them. Both write uint8 rows only: a
+16-bit PNG, or a uint16 row (``image_dtype="uint16"``), is left to ``decode_image``, which
+keeps or widens the samples as the op asks.
 
 Determinism: a pure function of the bytes. State: none.
 Memory: one image's scanlines (compiled), or OpenCV's decoded image, copied into the row.
@@ -47,10 +49,11 @@ def decode_png_into(data: bytes, target: np.ndarray, *, max_pixels: int) -> bool
     The pixels are those of ``decode_image`` followed by the channel conversion of the
     decode ops (a grey PNG's RGB decode is three equal channels, whose grey value is that
     value again), without the intermediate arrays. Anything unusual (a damaged header, more
-    pixels than ``max_pixels``, bytes OpenCV refuses) returns False: ``decode_image`` then
-    decodes it, or raises the DecodeError naming the record.
+    pixels than ``max_pixels``, bytes OpenCV refuses, a target that is not uint8) returns
+    False: ``decode_image`` then decodes it, or raises the DecodeError naming the record.
     """
-    if data[:8] != PNG_MAGIC or len(data) < 33 or target.ndim != 3:
+    if (data[:8] != PNG_MAGIC or len(data) < 33 or target.ndim != 3
+            or target.dtype != np.uint8):
         return False
     height, width, channels = target.shape
     if data[24] != 8 or data[25] != (0 if channels == 1 else 2):  # bit depth, colour type

@@ -205,3 +205,25 @@ def test_the_crop_aware_decode_moves_boxes_with_its_crop_and_flip() -> None:
                 assert y0 - 1 <= ys.min() <= y0 + 2 and y1 - 2 <= ys.max() + 1 <= y1 + 1, seed
         flipped += out["boxes"].shape[0] > 0
     assert flipped > 6
+
+
+def test_the_crop_aware_decode_moves_boxes_of_other_names() -> None:
+    import cv2
+
+    from shardfeed.transforms import BoxFields, DecodeRandomResizedCrop
+
+    named = BoxFields(keys=("gt",), fields=("cls",))
+    drawn = scene(64, 80, 3)
+    encoded = bytes(cv2.imencode(".png", drawn["image"][..., ::-1])[1])
+    for seed in range(6):
+        sample = {"image/encoded": encoded, "gt": drawn["boxes"], "cls": drawn["box_labels"]}
+        default = DecodeRandomResizedCrop(40, scale=(0.2, 0.5), hflip=0.5)
+        same = default(dict(sample), np.random.default_rng(seed))
+        assert np.array_equal(same["gt"], drawn["boxes"])  # not its keys: left as they were
+        out = DecodeRandomResizedCrop(40, scale=(0.2, 0.5), hflip=0.5, boxes=named)(
+            dict(sample), np.random.default_rng(seed))
+        reference = DecodeRandomResizedCrop(40, scale=(0.2, 0.5), hflip=0.5)(
+            {"image/encoded": encoded, "boxes": drawn["boxes"],
+             "box_labels": drawn["box_labels"]}, np.random.default_rng(seed))
+        np.testing.assert_array_equal(out["gt"], reference["boxes"])
+        np.testing.assert_array_equal(out["cls"], reference["box_labels"])

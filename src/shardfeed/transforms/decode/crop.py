@@ -71,8 +71,8 @@ from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
 from shardfeed.transforms.decode.region import decode_region, region_pays
 
 _BOXES = place.BoxFields()
-"""Boxes moved with the crop: the key ``boxes`` and its ``box_labels`` (as the array ops'
-default)."""
+"""Boxes moved with the crop unless ``boxes=`` names others: the key ``boxes`` and its
+``box_labels`` (as the array ops' default)."""
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -91,7 +91,7 @@ class CropDecoderBase(DecoderBase):
     The other keyword options (:class:`DecodeOptions`) go to :class:`DecoderBase` unchanged.
     """
 
-    __slots__ = ("hflip", "max_denominator", "size")
+    __slots__ = ("boxes", "hflip", "max_denominator", "size")
     accepts_out = True
 
     def __init__(
@@ -100,9 +100,11 @@ class CropDecoderBase(DecoderBase):
         *,
         hflip: float = 0.0,
         reduced_decode: bool = True,
+        boxes: place.BoxFields | None = None,
         **options: Unpack[DecodeOptions],
     ) -> None:
         super().__init__(**options)
+        self.boxes = _BOXES if boxes is None else boxes
         self.size = parse_size(size)
         if not 0.0 <= float(hflip) <= 1.0:
             raise ValueError(f"hflip is a probability in [0, 1], got {hflip!r}")
@@ -145,7 +147,7 @@ class CropDecoderBase(DecoderBase):
         its batch row (see :meth:`TransformBase.apply_batch` and
         :func:`~shardfeed.transforms.decode.crop_rows.crop_rows_into`): the draws and pixel
         work of ``__call__``, in the same order, from each row's generator."""
-        if place.has_boxes(columns, _BOXES):
+        if place.has_boxes(columns, self.boxes):
             return None  # rows with boxes go one by one (_with_mask moves them)
         return crop_rows_into(self, columns, rngs, out)
 
@@ -189,12 +191,12 @@ class CropDecoderBase(DecoderBase):
     def _with_mask(self, sample: Sample, image: np.ndarray, drawn: CropDraw,
                    image_hw: tuple[int, int], key: str) -> Sample:
         """The sample with ``image``, its mask and its boxes cropped by the same draws."""
-        if place.has_boxes(sample, _BOXES):
+        if place.has_boxes(sample, self.boxes):
             box, (out_h, out_w) = drawn.box, self.size
             moved = place.shift_scale(-box.x, -box.y, out_w / box.w, out_h / box.h, self.size)
             if drawn.flip:
                 moved = place.then(moved, place.hflip(out_h, out_w))
-            place.apply_to_boxes(sample, moved, _BOXES, op=type(self).__name__)
+            place.apply_to_boxes(sample, moved, self.boxes, op=type(self).__name__)
         mask, mask_key = self._mask_crop(sample, drawn.box, image_hw, drawn.flip)
         return self._finish(sample, image, mask, [key, mask_key])
 
@@ -379,9 +381,11 @@ class DecodeRandomResizedCrop(CropDecoderBase):
         ratio: Sequence[float] = (3 / 4, 4 / 3),
         hflip: float = 0.0,
         reduced_decode: bool = True,
+        boxes: place.BoxFields | None = None,
         **options: Unpack[DecodeOptions],
     ) -> None:
-        super().__init__(size, hflip=hflip, reduced_decode=reduced_decode, **options)
+        super().__init__(size, hflip=hflip, reduced_decode=reduced_decode, boxes=boxes,
+                         **options)
         self.scale = check_range(scale, name="scale", low=0.0, high=1.0)
         self.ratio = check_range(ratio, name="ratio", low=0.0, high=float("inf"))
 
@@ -420,9 +424,11 @@ class DecodeCenterCrop(CropDecoderBase):
         crop_fraction: float = 0.875,
         hflip: float = 0.0,
         reduced_decode: bool = True,
+        boxes: place.BoxFields | None = None,
         **options: Unpack[DecodeOptions],
     ) -> None:
-        super().__init__(size, hflip=hflip, reduced_decode=reduced_decode, **options)
+        super().__init__(size, hflip=hflip, reduced_decode=reduced_decode, boxes=boxes,
+                         **options)
         if not 0.0 < float(crop_fraction) <= 1.0:
             raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction!r}")
         self.crop_fraction = float(crop_fraction)

@@ -258,3 +258,20 @@ def test_shuffle_report_command_mixes_datasets_and_balances_classes(
         main(["shuffle-report", str(a), "--weights", "1", "--balanced"])
     assert main(["shuffle-report", str(a), str(b), "--weights", "1"]) == 2
     assert "one weight a dataset" in capsys.readouterr().err
+
+
+def test_process_workers_give_the_threads_bytes(tmp_path: Path) -> None:
+    a = shardfeed.Dataset(str(write_dataset(tmp_path / "a", 30, shards=2)))
+    c = shardfeed.Dataset(str(write_dataset(tmp_path / "c", 20, shards=1)))
+
+    def run(**options: Any) -> list[dict[str, Any]]:
+        mixture = shardfeed.Mixture([a, c], [0.6, 0.4], epoch_size=40, source_key="source")
+        with shardfeed.Loader(mixture, batch_size=8, seed=2, transform=DecodeImage(),
+                              **options) as loader:
+            return epoch(loader)
+
+    threads, processes = run(num_threads=2), run(workers="processes", num_threads=2)
+    for x, y in zip(threads, processes, strict=True):
+        for key in ("image", "index", "source"):
+            np.testing.assert_array_equal(x[key], y[key])
+    assert sum(int((b["source"] == 1).sum()) for b in threads) == 16

@@ -144,6 +144,8 @@ class Mixture:
 
     kind = "mixture"
     accepts_out = True
+    classes: list[Any] | None = None
+    """The class of each source, for :meth:`balanced` mixtures (else None)."""
 
     def __init__(self, sources: Sequence[Any], weights: Sequence[float] | None = None, *,
                  epoch_size: int | None = None, source_key: str | None = None) -> None:
@@ -188,8 +190,6 @@ class Mixture:
         mixture = cls(subsets, chosen, epoch_size=epoch_size, source_key=source_key)
         mixture.classes = classes.tolist()
         return mixture
-
-    classes: list[Any] | None = None
 
     def _epoch_size(self, epoch_size: int | None) -> int:
         if epoch_size is None:

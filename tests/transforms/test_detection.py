@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 import simplejpeg
@@ -180,5 +181,12 @@ def test_read_boxes_refuses_what_would_be_wrong() -> None:
                    "image/object/bbox/xmin": np.array([1.0, 2.0], np.float32)},
                   normalized=False)
     assert pixels["boxes"][:, 0].tolist() == [1.0, 2.0]
+    # before the decode, the size is the encoded image's own, whatever the features claim
+    png = cv2.imencode(".png", np.zeros((10, 20, 3), np.uint8))[1].tobytes()
+    lying = {**base, "image/encoded": png, "image/height": [100], "image/width": [200]}
+    del lying["image"]
+    np.testing.assert_allclose(read(lying)["boxes"][0], [2, 1, 10, 5], atol=1e-5)
+    raw = {**lying, "image/encoded": bytes(600)}  # raw pixels: no header, the features
+    np.testing.assert_allclose(read(raw)["boxes"][0], [20, 10, 100, 50], atol=1e-4)
     padded = PadBoxes(3)(empty, np.random.default_rng(0))
     assert padded["num_boxes"] == 0 and padded["box_labels"].tolist() == [-1, -1, -1]

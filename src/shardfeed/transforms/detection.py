@@ -11,8 +11,8 @@ list a coordinate, one value an object, normalised to the image::
 
 :class:`ReadBoxes` turns them into the ``boxes`` (XYXY pixels) and ``box_labels`` that every
 geometric op moves (:mod:`shardfeed.transforms.placement`). Put it first: it needs only the
-image's size, read from the decoded image, else from the ``image/height`` / ``image/width``
-features, else from the encoded image's header. :class:`PadBoxes`, last, gives every sample
+image's size, read from the decoded image, else from the encoded image's header, else (raw
+pixels) from the ``image/height`` / ``image/width`` features. :class:`PadBoxes`, last, gives every sample
 the same shapes, so batches hold arrays (NumPy, torch, JAX) with a count::
 
     boxes       float32 (B, max_boxes, 4)    rows past a sample's count hold ``fill``
@@ -109,22 +109,25 @@ class ReadBoxes(TransformBase):
         return clipped
 
     def _size(self, sample: Sample) -> tuple[int, int]:
+        """The image's (height, width): the decoded image's; else the encoded image's header
+        (what the decode will give, whatever the record's size features say); else, for
+        bytes without a readable header (raw pixels), ``image/height`` and ``image/width``."""
         image = sample.get(self.image_key)
         if isinstance(image, np.ndarray) and image.ndim >= 2 and image.dtype != object:
             return int(image.shape[0]), int(image.shape[1])
-        height, width = sample.get("image/height"), sample.get("image/width")
-        if height is not None and width is not None:
-            return int(np.asarray(height).reshape(-1)[0]), int(np.asarray(width).reshape(-1)[0])
         encoded = sample.get("image/encoded", image)
+        reason = "the sample has no decoded or encoded image"
         if isinstance(encoded, (bytes, memoryview)):
             try:
                 claim = claimed_size(encoded)
+                return claim.height, claim.width
             except Unsized as exc:
-                raise SchemaError(f"ReadBoxes needs the image's size: {exc}") from None
-            return claim.height, claim.width
-        raise SchemaError("ReadBoxes needs the image's size: the sample has no decoded "
-                          f"'{self.image_key}', no image/height and image/width, and no "
-                          "image/encoded")
+                reason = str(exc)
+        height, width = sample.get("image/height"), sample.get("image/width")
+        if height is not None and width is not None:
+            return int(np.asarray(height).reshape(-1)[0]), int(np.asarray(width).reshape(-1)[0])
+        raise SchemaError(f"ReadBoxes needs the image's size: {reason}, and there is no "
+                          "image/height and image/width")
 
     def __repr__(self) -> str:
         return f"ReadBoxes(normalized={self.normalized}, labels={self.labels!r})"

@@ -4,6 +4,7 @@ runs them: epochs, a second run, a quarter-size cache, a damaged entry, a server
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +54,43 @@ def test_epoch_two_and_the_next_run_send_no_request_for_records(
     with Dataset(url, cache_dir=cache) as ds, Loader(ds, **OPTIONS) as loader:  # a new run
         assert stream(loader) == expected[0]
     assert data_gets(s3_server) == 0
+
+
+def test_epochs_read_the_cache_on_the_same_threads(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread started for every pass would take another malloc arena each epoch, and a
+    process reading a cached dataset grew by the bytes of a few chunks every epoch."""
+    from shardfeed.dataset.fetch_ahead import AheadSession
+    from shardfeed.storage.disk_cache import DiskCache
+
+    url = s3_server.upload_folder(records_dataset(240, 4))
+    threads: dict[str, list[threading.Thread]] = {"schedule": [], "read": []}
+    schedule, read_entries = AheadSession.schedule, DiskCache.read_entries
+
+    def spy_schedule(self: Any, *args: Any, **kwargs: Any) -> None:
+        threads["schedule"].append(threading.current_thread())
+        schedule(self, *args, **kwargs)
+
+    def spy_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        threads["read"].append(threading.current_thread())
+        return read_entries(self, *args, **kwargs)
+
+    monkeypatch.setattr(AheadSession, "schedule", spy_schedule)
+    monkeypatch.setattr(DiskCache, "read_entries", spy_read)
+    with Dataset(url, cache_dir=tmp_path / "cache") as ds, \
+            Loader(ds, **{**OPTIONS, "read_ahead": 2}) as loader:
+        stream(loader)  # fills the cache
+        for kind in threads:
+            threads[kind].clear()
+        for _ in range(6):
+            stream(loader)
+    scheduling = {t for t in threads["schedule"] if t is not threading.current_thread()}
+    assert len(threads["read"]) >= 6 * 240 // 8 // 2 and len(scheduling) >= 1
+    assert len(scheduling) <= 2  # a pass's thread is the next pass's (one may overlap)
+    assert len(set(threads["read"])) <= 4  # the fetch threads, not the scheduling one
+    assert not scheduling & set(threads["read"])
 
 
 def test_a_starved_scheduling_thread_delays_batches_rather_than_reading_around_the_cache(

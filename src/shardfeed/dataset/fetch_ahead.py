@@ -4,9 +4,10 @@
 
     Loader (pipeline/read_ahead.py)          RecordFetcher (here)                 storage
     -------------------------------          --------------------                 -------
-    session.schedule(c, ids, next_use, now)  disk cache: hits read, uses updated  DiskCache
-                                             misses: kept or not (by next use),
-                                             fetched on a fetch thread, coalesced  RemoteSource
+    session.schedule(c, ids, next_use, now)  disk cache: uses updated; hits read  DiskCache
+                                             on the fetch threads; misses: kept or
+                                             not (by next use), fetched on a fetch
+                                             thread, coalesced                     RemoteSource
     slice threads: dataset.read_many(ids)    staged (waits for the fetch) >
                                              disk cache > fetched now
     session.release(c)                       staged records of chunk c dropped
@@ -48,6 +49,10 @@ FETCH_THREADS = 4
 """Chunks fetched at once: with the requests each fetch keeps in flight (see
 ``RemoteOptions.max_concurrency``), enough to hide a cloud store's time to first byte."""
 
+CACHE_READ_RECORDS = 16
+"""Records of the disk cache read in one call on a fetch thread: the reads of a chunk (and
+their CRC32C checks) run on several threads, beside the decoder, not on the scheduling one."""
+
 NetworkRead = Callable[[np.ndarray, bool], list[bytes]]
 """``read(global record ids, ahead) -> payloads``: the Dataset's coalesced, checked read
 (``ahead``: a chunk read ahead, coalesced as :data:`AHEAD_READ` says)."""
@@ -60,11 +65,11 @@ arrives many times over; a chunk holds many records of each shard, so most holes
 
 @dataclass(slots=True)
 class _Staged:
-    """A record of a session: its fetch (or its bytes), its place there, its last chunk."""
+    """A record of a session: its fetch or its read of the disk cache (whose result is None
+    at its place where the entry was found gone or damaged), its place there, its last chunk."""
 
-    future: Future[list[bytes]] | None
+    future: Future[list[Any]]
     at: int
-    data: bytes | None
     last: int
     filling: bool = False  # being written into the cache: kept staged until it is there
 
@@ -261,20 +266,23 @@ class AheadSession:
                     entry.last = chunk
                     staged[r] = entry
         f = self._fetcher
-        got: list[bytes | None] = [None] * len(ids)
         kept: dict[int, str] = {}  # position in ids -> key reserved in the cache
+        held: dict[int, tuple[Future[list[bytes | None]], int]] = {}  # -> its read, its place
         if f.cache is not None:
-            kept = self._cache_part(ids, uses, now, staged, got)
-        fetch = [j for j, r in enumerate(ids.tolist()) if got[j] is None and r not in staged]
+            kept, held = self._cache_part(ids, uses, now, staged)
+        fetch = [j for j, r in enumerate(ids.tolist()) if j not in held and r not in staged]
         riders, rider_chunks = self._riders(ids, fetch, later) if fetch and later else ([], [])
         future = self._start_fetch(ids[fetch], [kept.get(j) for j in fetch], riders)
         self._fill_staged(ids, kept, staged)
         at_of = {j: n for n, j in enumerate(fetch)}
-        entries = {r: _Staged(None if got[j] is not None else future, at_of.get(j, -1), got[j],
-                              chunk)
-                   for j, r in enumerate(ids.tolist()) if r not in staged}
+        entries = {}
+        for j, r in enumerate(ids.tolist()):
+            if r not in staged:
+                source, at = held.get(j) or (future, at_of.get(j, -1))
+                assert source is not None  # every record not held is fetched
+                entries[r] = _Staged(source, at, chunk)
         for n, (r, last) in enumerate(zip(riders, rider_chunks)):
-            entries.setdefault(r, _Staged(future, len(fetch) + n, None, last))
+            entries.setdefault(r, _Staged(future, len(fetch) + n, last))  # type: ignore[arg-type]
         with self._lock:
             if not self.closed:
                 for r, entry in entries.items():
@@ -314,27 +322,36 @@ class AheadSession:
         return riders, [cands[r] for r in riders]
 
     def _cache_part(self, ids: np.ndarray, uses: np.ndarray, now: int,
-                    staged: dict[int, _Staged], got: list[bytes | None]) -> dict[int, str]:
-        """Look the chunk's records up (reading the bytes of those not staged into ``got``),
-        then reserve room for the misses the cache keeps; their keys by position."""
+                    staged: dict[int, _Staged]
+                    ) -> tuple[dict[int, str], dict[int, tuple[Future[list[bytes | None]], int]]]:
+        """Look the chunk's records up, start reading those held and not staged (on the fetch
+        threads, :data:`CACHE_READ_RECORDS` a read), then reserve room for the misses the
+        cache keeps. Their keys by position, and the read and place of each record read."""
         f = self._fetcher
         cache = f.cache
         assert cache is not None
         keys, sizes, urls = f.keys_of(ids)
         remote = [j for j, key in enumerate(keys) if key is not None]
-        found = cache.get_many([keys[j] for j in remote],  # type: ignore[misc]
-                               next_use=[int(uses[j]) for j in remote],
-                               read=[int(ids[j]) not in staged for j in remote])
-        present = set()
-        for j, data in zip(remote, found):
-            if data is not None:
-                present.add(j)
-                if isinstance(data, bytes):
-                    got[j] = data
-        asked = [(j, key) for j in remote if j not in present and (key := keys[j]) is not None]
-        decided = cache.reserve([(key, urls[j], int(sizes[j]), int(uses[j]))
+        rows = cache.look_up([keys[j] for j in remote],  # type: ignore[misc]
+                             next_use=[int(uses[j]) for j in remote])
+        ready, asked = [], []
+        for j, row in zip(remote, rows):
+            if row is not None and int(ids[j]) in staged:
+                continue  # held, or on its way into the cache: its bytes are staged
+            if row is not None and row[1]:
+                ready.append((j, row[0]))
+            else:  # not held, or reserved by another process: fetched
+                asked.append((j, keys[j]))
+        cache.tally(len(remote) - len(asked), len(asked))
+        held: dict[int, tuple[Future[list[bytes | None]], int]] = {}
+        for lo in range(0, len(ready), CACHE_READ_RECORDS):
+            part = ready[lo : lo + CACHE_READ_RECORDS]
+            read = f._executor().submit(cache.read_entries,
+                                        [(keys[j], size) for j, size in part])  # type: ignore[misc]
+            held.update((j, (read, n)) for n, (j, _) in enumerate(part))
+        decided = cache.reserve([(key, urls[j], int(sizes[j]), int(uses[j]))  # type: ignore[misc]
                                  for j, key in asked], now=now)
-        return {j: key for (j, key), ok in zip(asked, decided) if ok}
+        return {j: key for (j, key), ok in zip(asked, decided) if ok}, held  # type: ignore[misc]
 
     def _fill_staged(self, ids: np.ndarray, kept: dict[int, str],
                      staged: dict[int, _Staged]) -> None:
@@ -354,11 +371,9 @@ class AheadSession:
         cache = self._fetcher.cache
         assert cache is not None
 
-        def fill(future: Future[list[bytes]] | None) -> None:
+        def fill(future: Future[list[bytes]]) -> None:
             try:
-                if future is None:
-                    data = entry.data
-                elif future.cancelled() or future.exception() is not None:
+                if future.cancelled() or future.exception() is not None:
                     data = None
                 else:
                     data = future.result()[entry.at]
@@ -372,10 +387,7 @@ class AheadSession:
                     if entry.last <= self._released and self._staged.get(record) is entry:
                         del self._staged[record]
 
-        if entry.future is None:
-            fill(None)
-        else:
-            entry.future.add_done_callback(fill)
+        entry.future.add_done_callback(fill)
 
     def _fetch(self, ids: np.ndarray, keys: list[str | None]) -> list[bytes]:
         """Fetch records ``ids``; write those with a reserved key into the cache."""
@@ -411,10 +423,6 @@ class AheadSession:
         for i, entry in entries:
             if entry is None:
                 continue
-            if entry.data is not None:
-                out[i] = entry.data
-                continue
-            assert entry.future is not None
             try:
                 out[i] = entry.future.result()[entry.at]
             except StorageError:

@@ -40,12 +40,14 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from functools import partial
 from typing import Protocol
 
 import numpy as np
 
 from shardfeed.pipeline.samplers import EpochContext, Sampler
+from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.disk_cache import UNKNOWN_USE
 
 log = logging.getLogger("shardfeed.loader")
@@ -56,6 +58,9 @@ CHUNK_TARGET_BYTES = 64 << 20
 MAX_CHUNK_BATCHES = 16
 CHUNKS_AHEAD = 2
 _EPOCH_SHIFT = 24  # a session's chunk ids: epoch << _EPOCH_SHIFT | chunk, increasing in time
+_THREADS = DaemonThreads("shardfeed-read-ahead")
+"""The threads passes schedule on: one a pass in flight, kept for the next pass (a thread a
+pass would take a new malloc arena each epoch: see :mod:`shardfeed.storage.daemon_threads`)."""
 
 
 class Session(Protocol):
@@ -228,7 +233,8 @@ class ReadAhead:
         self._target = -1
         self._cond = threading.Condition()
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._job: Future[None] | None = None  # the scheduling thread's run
+        self._runner: threading.Thread | None = None
         self.uses: UsePlan | None = None
         self._planned: dict[int, np.ndarray] = {}  # records of the chunks after the last scheduled
         self._start = 0
@@ -249,7 +255,7 @@ class ReadAhead:
             if target <= self._target:
                 self._cond.wait_for(lambda: self._closed or self._done >= own)
                 return
-            first = self._thread is None
+            first = self._job is None
             self._target = max(target, self._target)
         if first and self._start == 0:
             try:
@@ -262,10 +268,8 @@ class ReadAhead:
                 self._stop(exc)
                 return
         with self._cond:
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="shardfeed-read-ahead",
-                                                daemon=True)
-                self._thread.start()
+            if self._job is None and not self._closed:
+                self._job = _THREADS.submit(self._run)
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._closed or self._done >= own)
 
@@ -277,6 +281,7 @@ class ReadAhead:
         return (self.chunks.ctx.epoch + epochs_on) << _EPOCH_SHIFT | chunk
 
     def _run(self) -> None:
+        self._runner = threading.current_thread()
         try:
             chunk = max(1, self._start)
             last = self.chunks.num_chunks - 1 + CHUNKS_AHEAD
@@ -350,9 +355,8 @@ class ReadAhead:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        if self._job is not None and self._runner is not threading.current_thread():
+            wait([self._job])
         if self._carried and self._next is not None:
             self.session.release(self._id(self.chunks.num_chunks))  # this pass's records
             return Carry(self.session, self._next, self._carried, self._next_uses)

@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import errno
 import os
-import queue
 import re
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.http1 import range_get
-from shardfeed.storage.inflight import settle
 
 T = TypeVar("T")
 
@@ -144,49 +142,7 @@ def _error_code(body: bytes) -> str:
     return found or "no error code in the answer"
 
 
-# -- worker threads ----------------------------------------------------------------------------
-
-
-class _Workers:
-    """Daemon threads (started as needed, up to MAX_THREADS) running submitted calls:
-    daemon, because a GET to a server that stalls must not hold the interpreter's exit."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = \
-            queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
-
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-        self._queue.put((future, fn))
-        with self._lock:
-            if self._idle == 0 and self._threads < self._limit:
-                self._threads += 1
-                threading.Thread(target=self._run, name="shardfeed-get", daemon=True).start()
-        return future
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            future, fn = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-            if future.set_running_or_notify_cancel():
-                settle(future, fn)
-
-
-_WORKERS = _Workers(MAX_THREADS)
-
-
-def _reset_after_fork() -> None:
-    global _WORKERS
-    _WORKERS = _Workers(MAX_THREADS)  # the parent's threads do not exist in the child
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+_WORKERS = DaemonThreads("shardfeed-get", MAX_THREADS)
+"""The threads GETs run on (kept: see :mod:`shardfeed.storage.daemon_threads`)."""
 
 __all__ = ["DirectGets", "HttpStatusError", "direct_gets_for"]

@@ -221,41 +221,54 @@ class DiskCache:
     # -- reading --------------------------------------------------------------------------
 
     def get_many(self, keys: Sequence[str], *, next_use: Sequence[int] | None = None,
-                 read: Sequence[bool] | None = None, count: bool = True
-                 ) -> list[bytes | bool | None]:
+                 count: bool = True) -> list[bytes | None]:
         """The bytes of each ready entry of ``keys`` (None: not held, or damaged and now
-        removed). With ``next_use``, the entries held are given these next uses. Where
-        ``read[i]`` is False the entry is only looked up: True if held. ``count``: add to
-        the hit and miss counters."""
-        out: list[bytes | bool | None] = [None] * len(keys)
+        removed): :meth:`look_up`, then :meth:`read_entries` of those ready. ``count``: add
+        to the hit and miss counters."""
+        rows = self.look_up(keys, next_use=next_use)
+        ready = [(i, row[0]) for i, row in enumerate(rows) if row is not None and row[1]]
+        got = self.read_entries([(keys[i], size) for i, size in ready])
+        out: list[bytes | None] = [None] * len(keys)
+        for (i, _), data in zip(ready, got):
+            out[i] = data
+        if count:
+            hits = sum(data is not None for data in got)
+            self.tally(hits, len(keys) - hits)
+        return out
+
+    def look_up(self, keys: Sequence[str], *, next_use: Sequence[int] | None = None
+                ) -> list[tuple[int, bool] | None]:
+        """``(size, ready)`` of each entry of ``keys`` held or reserved (None: neither); with
+        ``next_use``, the entries held are given these next uses."""
         with self._lock:
             rows = self._rows(keys)
-        bad: list[tuple[str, int]] = []
-        for i, key in enumerate(keys):
-            row = rows.get(key)
-            if row is None:
-                continue
-            size, ready = row
-            if read is not None and not read[i]:
-                out[i] = True  # held, or reserved and on its way (the caller has its bytes)
-                continue
-            if not ready:
-                continue
-            data = self._read_file(key, size)
-            if data is None:
-                bad.append((key, size))
-            else:
-                out[i] = data
-        hits = [i for i, v in enumerate(out) if v is not None]
+            out = [rows.get(key) for key in keys]
+            if next_use is not None:
+                uses = [(int(next_use[i]), key) for i, key in enumerate(keys) if key in rows]
+                if uses:
+                    self._transaction(lambda: self._after_read([], uses))
+        return out
+
+    def tally(self, hits: int, misses: int) -> None:
+        """Add to the hit and miss counters."""
+        with self._lock:
+            self.counters.hits += hits
+            self.counters.misses += misses
+
+    def read_entries(self, entries: Sequence[tuple[str, int]]) -> list[bytes | None]:
+        """The bytes of ready entries ``(key, size)`` (as :meth:`look_up` gave them), checked
+        against their CRC32C; None where the file is gone (evicted by another process
+        meanwhile) or damaged (then removed, and counted). Runs on any thread, on several at
+        once (the files are read outside the index's lock)."""
+        found = [self._read_file(key, size) for key, size in entries]
+        out = [data for data, _ in found]
+        bad = [entry for entry, data in zip(entries, out) if data is None]
         with self._lock:
             c = self.counters
-            if count:
-                c.hits += len(hits)
-                c.misses += len(keys) - len(hits)
-            c.bytes_read += sum(len(v) for v in out if isinstance(v, bytes))
-            if bad or (next_use is not None and hits):
-                uses = [] if next_use is None else [(int(next_use[i]), keys[i]) for i in hits]
-                self._transaction(lambda: self._after_read(bad, uses))
+            c.corrupt += sum(damaged for _, damaged in found)
+            c.bytes_read += sum(len(v) for v in out if v is not None)
+            if bad:
+                self._transaction(lambda: self._after_read(bad, []))
         return out
 
     def _rows(self, keys: Sequence[str]) -> dict[str, tuple[int, bool]]:
@@ -270,9 +283,9 @@ class DiskCache:
                 found[key] = (size, bool(ready))
         return found
 
-    def _read_file(self, key: str, size: int) -> bytes | None:
-        """The entry's bytes, or None when its file is gone (evicted by another process
-        meanwhile: a miss) or damaged (counted)."""
+    def _read_file(self, key: str, size: int) -> tuple[bytes | None, bool]:
+        """The entry's bytes (None when its file is gone, evicted by another process
+        meanwhile, or damaged), and whether it was damaged."""
         try:
             with open(self._file(key), "rb", buffering=0) as f:
                 head = f.read(_HEADER.size)
@@ -283,13 +296,12 @@ class DiskCache:
                         break
                     data += more
         except FileNotFoundError:
-            return None
+            return None, False
         if len(head) == _HEADER.size:
             magic, crc, length = _HEADER.unpack(head)
             if magic == MAGIC and length == size == len(data) and google_crc32c.value(data) == crc:
-                return data
-        self.counters.corrupt += 1
-        return None
+                return data, False
+        return None, True
 
     def _after_read(self, bad: list[tuple[str, int]], uses: list[tuple[int, str]]) -> list[str]:
         self._delete(bad)
@@ -440,7 +452,7 @@ class DiskCache:
         """Read every ready entry; remove the damaged ones; their keys."""
         with self._lock:
             rows = self._db().execute("SELECT key, size FROM entries WHERE ready=1").fetchall()
-        bad = [(k, s) for k, s in rows if self._read_file(k, s) is None]
+        bad = [(k, s) for k, s in rows if self._read_file(k, s)[0] is None]
         with self._lock:
             self._transaction(lambda: self._after_read(bad, []))
         return [k for k, _ in bad]

@@ -26,8 +26,9 @@ when the interpreter exits, before it joins the threads of thread pools, so a po
 that is waiting on a dead server does not hold the exit.
 
 Determinism: none needed (no data decided here). State: the sets of calls in flight.
-Memory: one future per attempt in flight, one daemon thread per attempt on a synchronous
-filesystem.
+Memory: one future per attempt in flight; on a synchronous filesystem, a daemon thread for
+each attempt ever in flight at once (kept for the next: see
+:mod:`shardfeed.storage.daemon_threads`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
+
+from shardfeed.storage.daemon_threads import DaemonThreads
+from shardfeed.storage.daemon_threads import run_into as settle
 
 T = TypeVar("T")
 
@@ -62,30 +66,18 @@ class ClosedError(Exception):
     """Raised inside :class:`CallGroup.enter` when the group was closed."""
 
 
-def start_in_thread(fn: Callable[[], T], *, name: str = "shardfeed-storage") -> Future[T]:
-    """Run ``fn()`` on a new daemon thread; its future.
+def start_in_thread(fn: Callable[[], T]) -> Future[T]:
+    """Run ``fn()`` on a daemon thread (one kept for the next call: see
+    :mod:`shardfeed.storage.daemon_threads`); its future.
 
     Daemon, because an abandoned call may never return, and a non-daemon thread would hold
-    the interpreter's exit until it does. Cancelling the future abandons the call: the
-    thread ends when ``fn`` returns, and its result is dropped.
+    the interpreter's exit until it does. Cancelling the future abandons the call: its
+    thread is free again when ``fn`` returns, and its result is dropped.
     """
-    future: Future[T] = Future()
-    threading.Thread(target=settle, args=(future, fn), name=name, daemon=True).start()
-    return future
+    return _CALL_THREADS.submit(fn)
 
 
-def settle(future: Future[T], fn: Callable[[], T]) -> None:
-    """Run ``fn()`` and hand its result or exception to ``future``. The caller may have
-    cancelled the future meanwhile (abandoned the call): then the outcome has nobody to go
-    to (InvalidStateError), and is dropped."""
-    try:
-        result = fn()
-    except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-        with contextlib.suppress(InvalidStateError):
-            future.set_exception(exc)
-    else:
-        with contextlib.suppress(InvalidStateError):
-            future.set_result(result)
+_CALL_THREADS = DaemonThreads("shardfeed-storage")
 
 
 def start_fs_call(fs: Any, method: str, /, *args: Any, **kwargs: Any) -> Future[Any]:

@@ -1,0 +1,83 @@
+"""Threads kept for the next call: a call never waits behind a stuck one, a bound is kept,
+idle threads are reused (a thread a call would take a new malloc arena each time)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shardfeed.storage.daemon_threads import DaemonThreads
+
+
+def test_calls_one_after_another_reuse_one_thread() -> None:
+    pool = DaemonThreads("test-kept")
+    seen = []
+    for n in range(20):
+        assert pool.submit(lambda n=n: (seen.append(threading.current_thread()), n)[1]).result(5) == n
+    assert pool.threads == 1
+    assert len(set(seen)) == 1 and seen[0].daemon and seen[0].name == "test-kept"
+
+
+def test_a_call_never_waits_behind_a_stuck_one() -> None:
+    pool = DaemonThreads("test-stuck")
+    release = threading.Event()
+    pool.submit(lambda: 1).result(5)  # one idle thread
+    stuck = pool.submit(release.wait)  # takes the idle thread
+    time.sleep(0.05)
+    try:
+        assert pool.submit(lambda: "free").result(5) == "free"  # a new thread, not a wait
+        assert pool.threads == 2
+    finally:
+        release.set()
+    assert stuck.result(5) is True
+
+
+def test_several_calls_submitted_at_once_each_get_a_thread() -> None:
+    pool = DaemonThreads("test-burst")
+    pool.submit(lambda: None).result(5)
+    gate = threading.Barrier(4, timeout=5)
+    futures = [pool.submit(gate.wait) for _ in range(4)]  # all four must run at once
+    assert sorted(f.result(10) for f in futures) == [0, 1, 2, 3]
+    assert pool.threads == 4
+
+
+def test_a_bound_makes_calls_wait() -> None:
+    pool = DaemonThreads("test-bound", limit=2)
+    release = threading.Event()
+    order: list[int] = []
+    blockers = [pool.submit(release.wait) for _ in range(2)]
+    queued = [pool.submit(lambda n=n: order.append(n)) for n in range(5)]
+    time.sleep(0.05)
+    assert order == [] and pool.threads == 2
+    release.set()
+    for f in blockers + queued:
+        f.result(5)
+    assert sorted(order) == [0, 1, 2, 3, 4]
+    assert pool.threads == 2
+
+
+def test_an_exception_reaches_the_caller_and_the_thread_serves_on() -> None:
+    pool = DaemonThreads("test-raise")
+
+    def fail() -> None:
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        pool.submit(fail).result(5)
+    assert pool.submit(lambda: 7).result(5) == 7
+    assert pool.threads == 1
+
+
+def test_a_call_cancelled_before_it_starts_is_dropped() -> None:
+    pool = DaemonThreads("test-cancel", limit=1)
+    release = threading.Event()
+    ran: list[int] = []
+    first = pool.submit(release.wait)
+    second = pool.submit(lambda: ran.append(1))
+    assert second.cancel()
+    release.set()
+    first.result(5)
+    pool.submit(lambda: None).result(5)
+    assert ran == []

@@ -82,8 +82,8 @@ def test_epochs_read_the_cache_on_the_same_threads(
     with Dataset(url, cache_dir=tmp_path / "cache") as ds, \
             Loader(ds, **{**OPTIONS, "read_ahead": 2}) as loader:
         stream(loader)  # fills the cache
-        for kind in threads:
-            threads[kind].clear()
+        for seen in threads.values():
+            seen.clear()
         for _ in range(6):
             stream(loader)
     scheduling = {t for t in threads["schedule"] if t is not threading.current_thread()}

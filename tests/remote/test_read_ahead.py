@@ -89,7 +89,7 @@ def test_epochs_read_the_cache_on_the_same_threads(
     scheduling = {t for t in threads["schedule"] if t is not threading.current_thread()}
     assert len(threads["read"]) >= 6 * 240 // 8 // 2 and len(scheduling) >= 1
     assert len(scheduling) <= 2  # a pass's thread is the next pass's (one may overlap)
-    assert len(set(threads["read"])) <= 4  # the fetch threads, not the scheduling one
+    assert len(set(threads["read"])) <= 4  # the cache-read threads, not the scheduling one
     assert not scheduling & set(threads["read"])
 
 
@@ -120,6 +120,40 @@ def test_a_starved_scheduling_thread_delays_batches_rather_than_reading_around_t
         second = stream(loader)
         assert data_gets(s3_server) == 0  # every record of the first epoch went by the cache
     assert [first, second] == expected
+
+
+def test_a_cache_that_holds_everything_is_read_when_built_not_staged(
+    s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
+) -> None:
+    """Nothing a pass keeps evicts what a cache as large as the data holds: its records are
+    read by the batch that needs them, as from local files, not held in memory ahead (which
+    took memory for chunks and a page fault a fresh page). A bounded cache stages them: what
+    it holds now may be evicted for what the next chunks keep."""
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    expected = local_epochs(folder, 2, read_ahead=2)
+    with Dataset(url, cache_dir=tmp_path / "all") as ds, \
+            Loader(ds, **{**OPTIONS, "read_ahead": 2}) as loader:
+        first = stream(loader)
+        before = ds.storage_stats()
+        s3_server.clear_log()
+        second = stream(loader)
+        after = ds.storage_stats()
+    assert [first, second] == expected and data_gets(s3_server) == 0
+    assert after["cache_hits"] - before["cache_hits"] == 240
+    # (a record the first epoch's last chunk was still writing when the next epoch's first
+    # chunk was scheduled is fetched and staged once more)
+    assert after["staged_hits"] - before["staged_hits"] <= 240 // 10
+    with Dataset(str(folder)) as local:
+        payload = sum(len(p) for p in local.read_payloads(range(240)))
+    with Dataset(url, cache_dir=tmp_path / "half", cache_bytes=payload // 2) as ds, \
+            Loader(ds, **{**OPTIONS, "read_ahead": 2}) as loader:
+        stream(loader)
+        before = ds.storage_stats()
+        assert stream(loader) == expected[1]
+        after = ds.storage_stats()
+    hits = after["cache_hits"] - before["cache_hits"]
+    assert hits > 0 and after["staged_hits"] - before["staged_hits"] >= 240
 
 
 def test_plain_reads_use_the_cache_too(

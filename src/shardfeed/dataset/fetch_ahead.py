@@ -5,7 +5,7 @@
     Loader (pipeline/read_ahead.py)          RecordFetcher (here)                 storage
     -------------------------------          --------------------                 -------
     session.schedule(c, ids, next_use, now)  disk cache: uses updated; hits read  DiskCache
-                                             on the fetch threads; misses: kept or
+                                             on threads of their own; misses: kept or
                                              not (by next use), fetched on a fetch
                                              thread, coalesced                     RemoteSource
     slice threads: dataset.read_many(ids)    staged (waits for the fetch) >
@@ -13,7 +13,8 @@
     session.release(c)                       staged records of chunk c dropped
 
 A *session* is one pass of a Loader over an epoch: it stages the records of the chunks of
-batches it schedules, in memory, until the chunk is released. Every decision of the disk
+batches it schedules, in memory, until the chunk is released; those a cache as large as the
+data holds are left there, for the batch's own read. Every decision of the disk
 cache (what to keep, what to evict) is made by ``schedule``, in chunk order, on one thread:
 the outcome does not depend on when fetches return.
 
@@ -38,6 +39,7 @@ from shardfeed.dataset.reading import ReadOptions
 from shardfeed.dataset.shards import ShardTable
 from shardfeed.errors import StorageError
 from shardfeed.storage import is_remote
+from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache, entry_key, object_keys
 
 log = logging.getLogger("shardfeed.dataset")
@@ -50,8 +52,15 @@ FETCH_THREADS = 4
 ``RemoteOptions.max_concurrency``), enough to hide a cloud store's time to first byte."""
 
 CACHE_READ_RECORDS = 16
-"""Records of the disk cache read in one call on a fetch thread: the reads of a chunk (and
-their CRC32C checks) run on several threads, beside the decoder, not on the scheduling one."""
+"""Records of the disk cache read in one call: the reads of a chunk (and their CRC32C checks)
+run on several threads, beside the decoder, not on the scheduling one."""
+
+_CACHE_READS = DaemonThreads("shardfeed-cache-read", limit=FETCH_THREADS)
+"""The threads that read the disk cache: not the fetch threads, whose requests take a cloud
+store's latency (a hit must not wait behind a miss); kept, as every thread a pass uses."""
+
+_Read = tuple["Future[list[bytes | None]]", int]
+"""A read of the disk cache and a record's place in its result."""
 
 NetworkRead = Callable[[np.ndarray, bool], list[bytes]]
 """``read(global record ids, ahead) -> payloads``: the Dataset's coalesced, checked read
@@ -231,6 +240,11 @@ class AheadSession:
         self._fetcher = fetcher
         cache = fetcher.cache
         self.wants_next_use = cache is not None and cache.max_bytes < fetcher.remote_bytes
+        self.stages_hits = self.wants_next_use
+        """Whether records the cache holds are read at scheduling and staged. With a cache that
+        holds all the remote data nothing this pass keeps evicts them: the batch that needs
+        them reads them when it is built, as from a local file (no staging memory); another
+        process that evicts one meanwhile costs a request, not a wrong byte."""
         self.mean_record_bytes = fetcher.mean_record_bytes
         self.fetch_buffer_bytes = FETCH_THREADS * AHEAD_READ.max_read_bytes * 2  # ranges, records
         self._staged: dict[int, _Staged] = {}
@@ -267,7 +281,7 @@ class AheadSession:
                     staged[r] = entry
         f = self._fetcher
         kept: dict[int, str] = {}  # position in ids -> key reserved in the cache
-        held: dict[int, tuple[Future[list[bytes | None]], int]] = {}  # -> its read, its place
+        held: dict[int, _Read | None] = {}  # -> its read and place (None: read when built)
         if f.cache is not None:
             kept, held = self._cache_part(ids, uses, now, staged)
         fetch = [j for j, r in enumerate(ids.tolist()) if j not in held and r not in staged]
@@ -277,7 +291,7 @@ class AheadSession:
         at_of = {j: n for n, j in enumerate(fetch)}
         entries = {}
         for j, r in enumerate(ids.tolist()):
-            if r not in staged:
+            if r not in staged and (j not in held or held[j] is not None):
                 source, at = held.get(j) or (future, at_of.get(j, -1))
                 assert source is not None  # every record not held is fetched
                 entries[r] = _Staged(source, at, chunk)
@@ -323,10 +337,11 @@ class AheadSession:
 
     def _cache_part(self, ids: np.ndarray, uses: np.ndarray, now: int,
                     staged: dict[int, _Staged]
-                    ) -> tuple[dict[int, str], dict[int, tuple[Future[list[bytes | None]], int]]]:
-        """Look the chunk's records up, start reading those held and not staged (on the fetch
-        threads, :data:`CACHE_READ_RECORDS` a read), then reserve room for the misses the
-        cache keeps. Their keys by position, and the read and place of each record read."""
+                    ) -> tuple[dict[int, str], dict[int, _Read | None]]:
+        """Look the chunk's records up, start reading those held and not staged (on
+        :data:`_CACHE_READS`, :data:`CACHE_READ_RECORDS` a read), then reserve room for the
+        misses the cache keeps. Their keys by position, and the read and place of each record
+        held (None: read by the batch that needs it, see :attr:`stages_hits`)."""
         f = self._fetcher
         cache = f.cache
         assert cache is not None
@@ -343,11 +358,14 @@ class AheadSession:
             else:  # not held, or reserved by another process: fetched
                 asked.append((j, keys[j]))
         cache.tally(len(remote) - len(asked), len(asked))
-        held: dict[int, tuple[Future[list[bytes | None]], int]] = {}
+        held: dict[int, _Read | None] = {}
+        if not self.stages_hits:
+            held.update((j, None) for j, _ in ready)
+            ready = []
         for lo in range(0, len(ready), CACHE_READ_RECORDS):
             part = ready[lo : lo + CACHE_READ_RECORDS]
-            read = f._executor().submit(cache.read_entries,
-                                        [(keys[j], size) for j, size in part])  # type: ignore[misc]
+            read = _CACHE_READS.submit(
+                partial(cache.read_entries, [(keys[j], size) for j, size in part]))  # type: ignore[misc]
             held.update((j, (read, n)) for n, (j, _) in enumerate(part))
         decided = cache.reserve([(key, urls[j], int(sizes[j]), int(uses[j]))  # type: ignore[misc]
                                  for j, key in asked], now=now)

@@ -270,15 +270,9 @@ class AheadSession:
         ids = ids[order]  # in the order asked
         uses = (np.full(len(ids), UNKNOWN_USE, dtype=np.int64) if next_use is None
                 else np.asarray(next_use, dtype=np.int64)[first[order]])
-        with self._lock:
-            if self.closed:
-                return
-            staged = {}
-            for r in ids.tolist():
-                entry = self._staged.get(r)
-                if entry is not None:
-                    entry.last = chunk
-                    staged[r] = entry
+        staged = self._touch(ids, chunk)
+        if staged is None:
+            return
         f = self._fetcher
         kept: dict[int, str] = {}  # position in ids -> key reserved in the cache
         held: dict[int, _Read | None] = {}  # -> its read and place (None: read when built)
@@ -291,16 +285,30 @@ class AheadSession:
         at_of = {j: n for n, j in enumerate(fetch)}
         entries = {}
         for j, r in enumerate(ids.tolist()):
-            if r not in staged and (j not in held or held[j] is not None):
-                source, at = held.get(j) or (future, at_of.get(j, -1))
-                assert source is not None  # every record not held is fetched
-                entries[r] = _Staged(source, at, chunk)
-        for n, (r, last) in enumerate(zip(riders, rider_chunks)):
-            entries.setdefault(r, _Staged(future, len(fetch) + n, last))  # type: ignore[arg-type]
+            read = held.get(j, (future, at_of.get(j, -1)))  # every record not held is fetched
+            if r not in staged and read is not None and read[0] is not None:
+                entries[r] = _Staged(read[0], read[1], chunk)
+        if future is not None:
+            for n, (r, last) in enumerate(zip(riders, rider_chunks)):
+                entries.setdefault(r, _Staged(future, len(fetch) + n, last))
         with self._lock:
             if not self.closed:
                 for r, entry in entries.items():
                     self._staged.setdefault(r, entry)
+
+    def _touch(self, ids: np.ndarray, chunk: int) -> dict[int, _Staged] | None:
+        """The records of ``ids`` staged already, now kept until chunk ``chunk`` too (None:
+        the session is closed)."""
+        with self._lock:
+            if self.closed:
+                return None
+            staged = {}
+            for r in ids.tolist():
+                entry = self._staged.get(r)
+                if entry is not None:
+                    entry.last = chunk
+                    staged[r] = entry
+        return staged
 
     def _start_fetch(self, ids: np.ndarray, keys: list[str | None],
                      riders: list[int]) -> Future[list[bytes]] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,27 @@ def test_a_call_cancelled_before_it_starts_is_dropped() -> None:
     first.result(5)
     pool.submit(lambda: None).result(5)
     assert ran == []
+
+
+def _in_child(pool: DaemonThreads, out: Any) -> None:
+    out.put(pool.submit(lambda: "child").result(5))
+
+
+def test_a_forked_child_starts_threads_of_its_own() -> None:
+    """A process worker forked from a parent whose pool has an idle thread: the child has no
+    such thread, and a call there must run, not wait on it for ever."""
+    import multiprocessing
+
+    pool = DaemonThreads("test-fork")
+    pool.submit(lambda: None).result(5)  # the parent now has an idle thread
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_in_child, args=(pool, out))
+    child.start()
+    try:
+        assert out.get(timeout=20) == "child"
+    finally:
+        child.join(20)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0

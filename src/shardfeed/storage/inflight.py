@@ -43,7 +43,6 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from shardfeed.storage.daemon_threads import DaemonThreads
-from shardfeed.storage.daemon_threads import run_into as settle
 
 T = TypeVar("T")
 
@@ -55,7 +54,6 @@ __all__ = [
     "interrupt_calls",
     "interrupts",
     "is_async",
-    "settle",
     "start_coroutine",
     "start_fs_call",
     "start_in_thread",

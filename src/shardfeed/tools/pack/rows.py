@@ -27,7 +27,6 @@ Determinism: a record's bytes are a function of its row and the fields only.
 from __future__ import annotations
 
 import os
-import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +36,7 @@ import numpy as np
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.format.example import encode_example
+from shardfeed.tools.pack.tars import tar_rows
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 Encode = Literal["png", "jpeg", "raw"]
@@ -44,10 +44,6 @@ Encode = Literal["png", "jpeg", "raw"]
 DATA_SUFFIXES = (".parquet", ".tar", ".npz")
 """Files ``pack`` reads as rows (Parquet tables, WebDataset tar shards, NumPy ``.npz``
 archives of arrays)."""
-
-IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
-"""A WebDataset member with one of these extensions is the sample's image (the first found)."""
-
 
 @dataclass(frozen=True, slots=True)
 class RowFields:
@@ -212,7 +208,7 @@ def rows_of(source: Any, fields: RowFields) -> tuple[Iterator[dict[str, Any]], s
         if all(p.endswith(".parquet") for p in paths):
             return _parquet_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} files"
         if all(p.endswith(".tar") for p in paths):
-            return _tar_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} tar files"
+            return tar_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} tar files"
         if all(p.endswith(".npz") for p in paths):
             return _npz_rows(paths, fields), paths[0] if len(paths) == 1 else f"{len(paths)} files"
         raise ValueError(f"cannot pack {paths[0]!r} as rows: give .parquet, .tar or .npz "
@@ -315,60 +311,6 @@ def _hf_rows(dataset: Any, fields: RowFields) -> Iterator[dict[str, Any]]:
         dataset = dataset.cast_column(fields.image, datasets.Image(decode=False))
     for row in dataset:
         yield dict(row)
-
-
-def _tar_rows(paths: Sequence[str]) -> Iterator[dict[str, Any]]:
-    """Samples of WebDataset tar shards: consecutive members sharing a key (the name up to
-    the first dot of its last part) form one row, ``{"__key__": key, ext: bytes, ...}``; the
-    image is under ``image``, a ``cls`` text under ``label`` (int), ``json`` parsed."""
-    for path in paths:
-        try:
-            with tarfile.open(path, "r:*") as tar:
-                yield from _tar_samples(tar, path)
-        except (tarfile.TarError, OSError) as exc:
-            raise PackError(f"cannot read the tar file '{path}': {exc}") from None
-
-
-def _tar_samples(tar: tarfile.TarFile, path: str) -> Iterator[dict[str, Any]]:
-    import json
-
-    sample: dict[str, Any] = {}
-    key = None
-    for member in tar:
-        if not member.isfile():
-            continue
-        folder, _, base = member.name.rpartition("/")
-        stem, dot, ext = base.partition(".")
-        if not dot:
-            continue
-        name = f"{folder}/{stem}" if folder else stem
-        if name != key and sample:
-            yield _tar_row(sample, path)
-            sample = {}
-        key = name
-        f = tar.extractfile(member)
-        data = f.read() if f is not None else b""
-        sample["__key__"] = name
-        ext = ext.lower()
-        if ext in ("cls", "cls2", "index"):
-            sample["label" if ext == "cls" else ext] = int(data.decode().strip())
-        elif ext == "json":
-            sample.update(json.loads(data))
-        elif ext in ("txt", "text"):
-            sample[ext] = data.decode()
-        else:
-            sample[ext] = data
-    if sample:
-        yield _tar_row(sample, path)
-
-
-def _tar_row(sample: dict[str, Any], path: str) -> dict[str, Any]:
-    for ext in IMAGE_SUFFIXES:
-        if ext in sample:
-            sample["image"] = sample.pop(ext)
-            return sample
-    raise PackError(f"'{path}': sample '{sample.get('__key__')}' has no image member "
-                    f"(extensions {', '.join(IMAGE_SUFFIXES)})")
 
 
 __all__ = ["DATA_SUFFIXES", "RowFields", "paths_of", "row_payload", "rows_of"]

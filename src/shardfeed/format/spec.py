@@ -55,6 +55,12 @@ MANIFEST_NAME: Final = "shardfeed.json"
 PACK_PLAN_NAME: Final = ".shardfeed-pack.json"
 """The plan of a pack in progress, saved before its first shard and removed right after the
 manifest: a folder that holds it is an unfinished pack (``pack --resume`` finishes it)."""
+PARTS_FOLDER: Final = "_parts"
+"""Where the tasks of a pack in parts (``pack_ray``, a pack of data) write, removed after the
+merge: without a manifest beside it, the folder is an unfinished pack."""
+MERGE_JOURNAL_NAME: Final = "merge.json"
+"""In the parts folder: the final names a merge renames parts to, saved before the first
+rename, so that a rerun removes exactly what an interrupted merge left."""
 GROUPS_NAME: Final = "groups.npy"
 ORDER_NAME: Final = "order.npy"
 FORMAT_VERSION: Final = 1

@@ -5,6 +5,7 @@ refused by a differently mixed loader."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,9 +151,11 @@ def test_class_balance_draws_every_class_alike() -> None:
 
     data = Sorted(len(classes))
     balanced = shardfeed.Mixture.balanced(data, classes)
-    assert balanced.classes == [0, 1, 2] and balanced.epoch_size == 30
+    assert balanced.classes == [0, 1, 2] and balanced.epoch_size == 1010  # the dataset's length
     got = epoch(shardfeed.Loader(balanced, batch_size=10, seed=4))
-    assert Counter(labels(got).tolist()) == {0: 10, 1: 10, 2: 10}
+    assert Counter(labels(got).tolist()) == {0: 337, 1: 337, 2: 336}
+    rare = Counter(labels(got, "index")[labels(got) == 2].tolist())
+    assert sorted(rare.values()) == [33] * 4 + [34] * 6  # 33 whole passes and 6 of a 34th
     assert np.array_equal(classes[labels(got, "index")], labels(got))  # records are theirs
 
     weighted = shardfeed.Mixture.balanced(data, classes, weights={0: 2, 1: 1, 2: 1},
@@ -275,3 +278,44 @@ def test_process_workers_give_the_threads_bytes(tmp_path: Path) -> None:
         for key in ("image", "index", "source"):
             np.testing.assert_array_equal(x[key], y[key])
     assert sum(int((b["source"] == 1).sum()) for b in threads) == 16
+
+
+def _largest_remainder(n: int, weights: Sequence[float]) -> list[int]:
+    """The counts by hand, in exact fractions: floors, then one more to the largest
+    remainders (ties to the first source)."""
+    from fractions import Fraction
+
+    shares = [Fraction(w).limit_denominator(10**6) * n for w in weights]
+    counts = [int(s) for s in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda k: (-(shares[k] - counts[k]), k))
+    for k in by_remainder[:n - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+@pytest.mark.parametrize(("weights", "size", "expected"), [
+    ([0.5, 0.3, 0.2], 7, [4, 2, 1]),     # 3.5 2.1 1.4: the spare output to a (.5), not b (.1)
+    ([0.5, 0.3, 0.2], 9, [4, 3, 2]),     # 4.5 2.7 1.8: two spares, to c (.8) and b (.7)
+    ([0.6, 0.25, 0.15], 11, [6, 3, 2]),  # 6.6 2.75 1.65: spares to b (.75) and c (.65)
+])
+def test_fractional_shares_give_each_spare_output_to_the_largest_remainder(
+        weights: list[float], size: int, expected: list[int]) -> None:
+    assert _largest_remainder(size, weights) == expected
+    mixture = shardfeed.Mixture([Labels(20), Labels(20, first=1000), Labels(20, first=2000)],
+                                weights, epoch_size=size, source_key="source")
+    loader = shardfeed.Loader(mixture, batch_size=3, seed=11)
+    for _ in range(2):  # every epoch, as counted from what the loader hands out
+        got = Counter(labels(epoch(loader), "source").tolist())
+        assert [got[k] for k in range(3)] == expected
+
+
+def test_every_epoch_size_splits_as_the_largest_remainders_do() -> None:
+    weights = [0.45, 0.35, 0.2]
+    for size in range(1, 41):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mixture = shardfeed.Mixture(
+                [Labels(5), Labels(5, first=1000), Labels(5, first=2000)], weights,
+                epoch_size=size)
+        assert mixture.counts.tolist() == _largest_remainder(size, weights), size
+        assert len(caught) == (0 in mixture.counts.tolist()), size  # sizes 1 to 4 leave one out

@@ -17,10 +17,15 @@ permutation for pass ``j // len_s``: every record of a source comes at most once
 The default ``n`` is the largest epoch in which no source needs a second pass:
 ``min_s floor(len_s / w_s)`` (weights normalised), so the source that runs out first is
 read once, whole, and the others in their stated share. ``epoch_size`` sets ``n``; a source
-whose share outruns it starts a new pass, in a new order.
+whose share outruns it starts a new pass, in a new order. A source whose share rounds to no
+output (``n w_s < 1``, e.g. weight 0.001 in an epoch of 150) would never appear: the mixture
+warns once at construction, naming it, its expected count an epoch and the ``epoch_size``
+that gives it one.
 
 Class balance is a mixture of one dataset's classes (:meth:`Mixture.balanced`): each class a
-source of its own (a :class:`Subset`), equal weights unless stated.
+source of its own (a :class:`Subset`), equal weights unless stated, and by default an epoch
+as long as the dataset (as torch's ``WeightedRandomSampler`` is usually given): rare classes
+repeat in passes, common ones give a share of their records each epoch.
 
 Determinism: output p is a pure function of ``(seed, epoch, p)`` and the sources (the slot
 order is the Loader's ``EpochOrder``; each pass's permutation is keyed by ``(seed, epoch,
@@ -36,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,13 +129,37 @@ def _weights(weights: Sequence[float] | None, count: int) -> tuple[float, ...]:
 
 def split_counts(n: int, weights: Sequence[float]) -> np.ndarray:
     """``n`` split in proportion to ``weights`` (summing to 1) by largest remainder: each
-    count is ``floor(n w)`` or one more, and they sum to ``n`` (ties go to the first)."""
+    count is ``floor(n w)`` or one more, and they sum to ``n``: the spare outputs go to the
+    largest remainders ``n w - floor(n w)``, ties to the first source.
+
+    Remainders are compared rounded to 1e-9, so float noise does not break a tie (28 x
+    [0.45, 0.35, 0.2] leaves .6, .8 and .6: the spares go to the second and the first)."""
     exact = np.asarray(weights, dtype=np.float64) * n
     counts = np.floor(exact).astype(np.int64)
     short = n - int(counts.sum())
     if short > 0:
-        counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+        remainders = np.round(exact - counts, 9)
+        counts[np.argsort(-remainders, kind="stable")[:short]] += 1
     return counts
+
+
+def _warn_unseen(counts: np.ndarray, weights: Sequence[float], sizes: Sequence[int]) -> None:
+    """Warn once, naming them, when sources get no output in any epoch: a weight too small
+    for the epoch (``n w < 1``, and the largest remainders went to others)."""
+    unseen = [k for k, c in enumerate(counts.tolist()) if c == 0]
+    if not unseen:
+        return
+    n = int(counts.sum())
+    named = "; ".join(
+        f"source {k} ({sizes[k]} records, weight {weights[k]:.3g}): {n * weights[k]:.3g} "
+        f"expected an epoch, 0 given" for k in unseen[:5])
+    need = max(math.ceil(1 / weights[k] - 1e-9) for k in unseen)
+    more = f" (and {len(unseen) - 5} more)" if len(unseen) > 5 else ""
+    # stacklevel 4: this function, _setup, __init__ or balanced, the caller
+    warnings.warn(
+        f"Mixture of {len(counts)} sources, {n} outputs an epoch: {named}{more}. Each epoch "
+        f"holds exactly its rounded share of every source, so these never appear; pass "
+        f"epoch_size={need} or more, raise their weights, or leave them out", stacklevel=4)
 
 
 class Mixture:
@@ -138,7 +168,7 @@ class Mixture:
     ``sources``: Datasets, other DataSources or :class:`Subset` s, holding the same features.
     ``weights``: one positive number a source (normalised; default equal). ``epoch_size``:
     outputs an epoch (default: the largest epoch in which every source's share fits in one
-    pass over it). ``source_key``: also put the source's number (int64) in every sample under
+    pass over it; a source left with no output warns). ``source_key``: also put the source's number (int64) in every sample under
     this key. See the module docstring for the exact construction.
     """
 
@@ -149,6 +179,10 @@ class Mixture:
 
     def __init__(self, sources: Sequence[Any], weights: Sequence[float] | None = None, *,
                  epoch_size: int | None = None, source_key: str | None = None) -> None:
+        self._setup(sources, weights, epoch_size, source_key)
+
+    def _setup(self, sources: Sequence[Any], weights: Sequence[float] | None,
+               epoch_size: int | None, source_key: str | None) -> None:
         if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
             raise TypeError("sources must be a non-empty list of Datasets, DataSources or "
                             f"Subsets, got {sources!r}")
@@ -160,6 +194,7 @@ class Mixture:
         self.weights = _weights(weights, len(self._sources))
         self.epoch_size = self._epoch_size(epoch_size)
         self.counts = split_counts(self.epoch_size, self.weights)
+        _warn_unseen(self.counts, self.weights, self.source_sizes)
         self._starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self._offsets = np.concatenate(
             [[0], np.cumsum([len(s) for s in self._sources])]).astype(np.int64)
@@ -172,7 +207,9 @@ class Mixture:
                  epoch_size: int | None = None, source_key: str | None = None) -> Mixture:
         """A mixture of ``dataset``'s classes: ``labels`` gives each record's class (one value
         a record, stored order); each class is a source, equally likely unless ``weights``
-        (class -> weight) says otherwise. :attr:`classes` lists them in source order."""
+        (class -> weight) says otherwise. :attr:`classes` lists them in source order.
+        ``epoch_size`` defaults to the dataset's length (not :class:`Mixture`'s one-pass
+        default, which the rarest class would cut to a few outputs an epoch)."""
         values = np.asarray(labels)
         if values.ndim != 1 or len(values) != len(dataset):
             raise ValueError(f"labels must hold one class a record: {len(dataset)} values for "
@@ -187,7 +224,10 @@ class Mixture:
             if missing:
                 raise ValueError(f"weights gives no weight for class(es) {missing[:10]}")
             chosen = [weights[c] for c in classes.tolist()]
-        mixture = cls(subsets, chosen, epoch_size=epoch_size, source_key=source_key)
+        if epoch_size is None:  # an epoch as long as the dataset, as WeightedRandomSampler's
+            epoch_size = max(1, len(values))
+        mixture = cls.__new__(cls)
+        mixture._setup(subsets, chosen, epoch_size, source_key)
         mixture.classes = classes.tolist()
         return mixture
 

@@ -22,7 +22,8 @@ every waiter then loads for itself and gets its own error.
 
 Determinism: returns what ``load`` returns. State: the entries and counters (not part of any
 loader state). Memory: at most ``max_bytes`` of entries (as reported by ``load``), plus the
-values being loaded by threads at that moment.
+values being loaded by threads at that moment; a derived bound is ``default_images`` times
+the largest value loaded so far.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class CacheStats:
     waits on another thread's load); ``evictions``: entries dropped to make room;
     ``uncached``: loaded values not kept because they were larger than the bound;
     ``bytes``/``peak_bytes``: bytes held now / at most; ``max_bytes``: the bound (None until
-    the first load when it is derived from the first value).
+    the first load when it is derived from the loaded values).
     """
 
     hits: int
@@ -77,9 +78,10 @@ class _LoadFailed(Exception):
 class ImageCache(Generic[V]):
     """A thread-safe, byte-bounded cache of decoded images keyed by record id.
 
-    ``max_bytes``: the bound on the bytes of cached values. ``None`` derives it from the first
-    loaded value: ``default_images`` times its size (for datasets whose images have one size;
-    pass ``max_bytes`` when sizes vary a lot).
+    ``max_bytes``: the bound on the bytes of cached values. ``None`` derives it from the loaded
+    values: ``default_images`` times the largest loaded so far (it grows when a larger one
+    comes, never shrinks until :meth:`clear`; pass ``max_bytes`` for a bound fixed from the
+    start).
 
     Determinism, state and memory: see the module docstring.
     """
@@ -124,7 +126,8 @@ class ImageCache(Generic[V]):
 
     @property
     def max_bytes(self) -> int | None:
-        """The bound in bytes (None until the first load when it is derived from it)."""
+        """The bound in bytes now (a derived one: None until the first load, then
+        ``default_images`` times the largest value loaded)."""
         return self._max_bytes
 
     def __len__(self) -> int:
@@ -216,9 +219,12 @@ class ImageCache(Generic[V]):
 
     def _insert(self, key: Hashable, value: V, nbytes: int, expires: Clock) -> None:
         # Called with the lock held.
-        if self._max_bytes is None:
-            self._max_bytes = self._default_images * nbytes
-        bound = self._max_bytes
+        bound = self._configured
+        if bound is None:
+            # Derived: default_images of the largest value so far. Sizing it from the first
+            # value alone left larger images uncached (decoded again for every output).
+            bound = max(self._max_bytes or 0, self._default_images * nbytes)
+            self._max_bytes = bound
         if nbytes > bound:
             self._uncached += 1
             return

@@ -30,8 +30,9 @@ thread count, ranks, restores or the cache (``cache=False`` gives the same bytes
 the dataset's fingerprint and the options that decide the patches (see
 :meth:`Patches.state`); a restore on other ones raises StateError naming the first that
 differs. Memory: the decoded-image cache,
-``cache_bytes`` (default: ``N + max(2, N // 8)`` decoded images of the first image's size),
-plus the dataset's index (8 bytes an image). Threads work up to ``prefetch_batches ×
+``cache_bytes`` (default: ``N + max(2, N // 8)`` decoded images of the largest image decoded
+so far: the bound grows when a larger image comes, so a small first image does not leave
+the others uncached), plus the dataset's index (8 bytes an image). Threads work up to ``prefetch_batches ×
 batch_size`` outputs ahead, which needs ``N + ceil(that / R)`` images at once; when ``R``
 is small next to the batch, pass a larger ``cache_bytes`` (or images are decoded again,
 with the same outputs).
@@ -93,8 +94,8 @@ class Patches(SamplerBase):
     ``refresh_every`` (R), the schedule; ``pick`` (``"stratified"`` or ``"uniform"``, see the
     module docstring); ``reduced_decode`` (decode at 1/2, 1/4, 1/8 when every crop is
     shrunk that much); ``cache`` (False decodes for every patch: same outputs, slower);
-    ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8)`` images of the first
-    image's size); ``mask`` (None: cut the mask too when the dataset has one); ``max_pixels``
+    ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8)`` images of the largest
+    image decoded so far; pass it to fix the bound from the start); ``mask`` (None: cut the mask too when the dataset has one); ``max_pixels``
     (the most pixels an image may have, read from its header before decoding; default 2^27:
     see :class:`~shardfeed.transforms.decode.ops.DecoderBase`). The Loader's
     ``transform`` applies to each patch after the crop (flip, colour, normalise); it sees
@@ -237,7 +238,8 @@ class Patches(SamplerBase):
 
     @property
     def cache_bytes(self) -> int | None:
-        """The cache's bound in bytes (None before the first image when it is derived)."""
+        """The cache's bound in bytes now (a derived one: None before the first image, then
+        growing with the largest image decoded)."""
         return None if self.cache is None else self.cache.max_bytes
 
     def cache_stats(self) -> CacheStats | None:

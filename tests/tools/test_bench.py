@@ -147,3 +147,38 @@ def test_decode_limit_and_rss_sampler() -> None:
         assert held is not None and rss.start_bytes is not None
         assert rss.peak_bytes >= held
     assert not math.isnan(limit.seconds)
+
+
+def _mean_file_record_bytes(folder: Path, records: int) -> float:
+    """The shard files' bytes over their records, from the files themselves."""
+    return sum(p.stat().st_size for p in folder.glob("*.tfrecord")) / records
+
+
+def test_read_rate_counts_the_records_of_memory_mapped_shards(
+    data: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Local shards are memory-mapped: the OS read counter saw none of it ("MB/s read 0.0")."""
+    from shardfeed.cli.main import main
+
+    result = bench(data["labelled"], size=32, batch_size=16, **FAST)
+    mean = _mean_file_record_bytes(data["labelled"], SIZES.labelled_images)
+    assert result["read_counted"] == "records" and result["read_note"] is None
+    assert result["mean_record_bytes"] == pytest.approx(mean)
+    assert result["records_read_per_s"] == pytest.approx(result["samples_per_s"])
+    assert result["read_mb_per_s"] == pytest.approx(result["samples_per_s"] * mean / 1e6)
+
+    frames = bench(data["timelapse"], windows=3, stride=2, size=32, batch_size=4, **FAST)
+    assert frames["records_read_per_s"] == pytest.approx(frames["frames_per_s"])
+    patches = bench(data["highres"], patches=32, cache_images=2, refresh_every=8,
+                    batch_size=8, **FAST)
+    # patches read a record only to decode it: far fewer records than patches
+    assert 0 < patches["records_read_per_s"] < patches["patches_per_s"]
+    assert patches["read_mb_per_s"] == pytest.approx(
+        patches["records_read_per_s"] * _mean_file_record_bytes(
+            data["highres"], SIZES.highres_images) / 1e6)
+
+    assert main(["bench", str(data["labelled"]), "--size", "32", "--batch", "16",
+                 "--seconds", "0.3", "--threads", "2", "--no-progress"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "MB/s read" in x)
+    shown = float(line.split()[2].replace(",", ""))
+    assert shown > 0 and "records/s x" in line and "kB, their mean size" in line

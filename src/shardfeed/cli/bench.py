@@ -5,7 +5,8 @@ frames; or cached patches), after a warm-up, for --seconds, and prints:
 
   images/s      samples per second (frames/s for windows, patches/s for patches)
   MPix/s        output pixels per second, and source pixels decoded per second
-  MB/s read     bytes read from storage per second
+  MB/s read     bytes of the records read per second (records/s x their mean size: local
+                shards are memory-mapped, which the OS read counter does not see)
   first batch   time from start to the first batch
   memory        peak resident memory growth against the Loader's stated bound
   decode limit  full JPEG decodes of the same records on the same number of threads, and
@@ -103,6 +104,17 @@ def _mb(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 1e6:,.1f} MB"
 
 
+def _read(result: dict[str, Any]) -> str:
+    """The MB/s read line: what was counted, or n/a and why."""
+    read = result["read_mb_per_s"]
+    if read is None:
+        return f"n/a ({result['read_note']})"
+    if result["read_counted"] == "os":
+        return f"{read:,.1f}   (image files, by the OS read counter)"
+    return (f"{read:,.1f}   ({result['records_read_per_s']:,.1f} records/s x "
+            f"{result['mean_record_bytes'] / 1e3:,.1f} kB, their mean size)")
+
+
 def format_result(result: dict[str, Any]) -> str:
     """The text printed by the command."""
     kind = result["kind"]
@@ -130,8 +142,7 @@ def format_result(result: dict[str, Any]) -> str:
         f"  MPix/s        {result['output_mpix_per_s']:,.1f} out"
         + (f", {source_mpix:,.1f} source" if source_mpix is not None else "")
     )
-    read = result["read_mb_per_s"]
-    lines.append(f"  MB/s read     {'n/a' if read is None else f'{read:,.1f}'}")
+    lines.append(f"  MB/s read     {_read(result)}")
     lines.append(f"  first batch   {result['time_to_first_batch_s']:.3f} s")
     within = result["within_bound"]
     verdict = "" if within is None else ("  (within)" if within else "  (ABOVE the bound)")

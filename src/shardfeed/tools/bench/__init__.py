@@ -5,8 +5,9 @@ windows of frames, or cached patches), then:
 
 1. times the first batch (start-up: opening, first reads, first decodes);
 2. runs a warm-up, then measures for ``seconds``: samples/s (frames/s for windows, patches/s
-   for patches), output megapixels/s, source megapixels/s, MB/s read from storage, and a
-   throughput timeline; a background thread samples resident memory, whose growth is set
+   for patches), output megapixels/s, source megapixels/s, MB/s read (the bytes of the
+   records read: memory-mapped shards are invisible to the OS read counter; see
+   :mod:`shardfeed.tools.bench.measure`), and a throughput timeline; a background thread samples resident memory, whose growth is set
    against the Loader's stated bound (``loader.memory_bound_bytes``);
 3. closes the Loader and measures the decode limit of the same files in the same run: full
    decodes of the same encoded images on the same number of threads (see
@@ -25,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -161,7 +163,9 @@ def bench(
 
     Returns a JSON-able dict: ``kind``, ``samples_per_s``, ``images_per_s``,
     ``frames_per_s`` (windows), ``patches_per_s`` (patches), ``output_mpix_per_s``,
-    ``source_mpix_per_s``, ``read_mb_per_s``, ``time_to_first_batch_s``,
+    ``source_mpix_per_s``, ``read_mb_per_s`` (with ``read_counted``: ``"records"`` or
+    ``"os"``, ``read_note`` when it is None, ``records_read_per_s``, ``mean_record_bytes``),
+    ``time_to_first_batch_s``,
     ``memory_bound_bytes``, ``peak_rss_bytes``, ``rss_growth_bytes``, ``within_bound``,
     ``decode_limit`` (images/s and MPix/s of full decodes), ``ratio_to_decode_limit``,
     ``timeline`` and the options used.
@@ -208,9 +212,11 @@ def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, An
     except BaseException:
         loader.close()
         raise
+    decodes = _decode_counter(source) if options.kind == "patches" else None
     with RssSampler() as rss:
         try:
-            measured = measure(loader, options, start=start, progress=progress)
+            measured = measure(loader, options, start=start, progress=progress,
+                               decodes=decodes)
         finally:
             loader.close()
     if measured.batches == 0 or measured.seconds <= 0:
@@ -227,6 +233,18 @@ def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, An
     result["within_bound"] = None if growth is None else growth <= budget.total_bytes
     result.update(_decode_part(dataset, options, result["images_per_s"]))
     return result
+
+
+def _decode_counter(patches: Any) -> Callable[[], int] | None:
+    """The patch cache's count of decodes (each reads its record), or None without a cache."""
+    if patches.cache_stats() is None:
+        return None
+
+    def decodes() -> int:
+        stats = patches.cache_stats()
+        return 0 if stats is None else int(stats.loads)
+
+    return decodes
 
 
 def _decode_part(dataset: Any, options: BenchOptions, images_per_s: float) -> dict[str, Any]:

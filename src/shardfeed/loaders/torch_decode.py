@@ -19,6 +19,12 @@ generator, the JPEG handed on. Here, in the thread that iterates, a batch at a t
 On a CPU device (``device="cpu"``) the same code runs with nvImageCodec's CPU backend: the
 path tests take on machines without a GPU.
 
+EXIF orientation: the decoder is handed ``DecodeParams(apply_exif_orientation=False)``
+(:func:`~shardfeed.transforms.decode.region.no_turn`; nvImageCodec's default turns a tagged
+JPEG), so the device decodes the stored pixels of each box, as every CPU path does by
+default; where the plan's op has ``exif_orientation="apply"``, a JPEG its tag turns is made
+on the CPU by the plan, never here.
+
 Boxes and flips are the CPU path's for the same seed; pixels are not bit-identical to it (a
 GPU IDCT and bilinear resize differ from libjpeg and OpenCV by a few grey levels).
 
@@ -82,6 +88,7 @@ class DeviceDecode:
                 device_id=module.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
                 backends=[module.Backend(module.BackendKind.CPU_ONLY)], options=options)
             self.stream = None
+        self.params = region.no_turn(module)  # the stored pixels: the plan turns none here
         self.mean = torch.tensor(IMAGENET_MEAN, device=device)
         self.std = torch.tensor(IMAGENET_STD, device=device)
         self.peak_region_bytes = 0
@@ -153,7 +160,7 @@ class DeviceDecode:
                 region=module.Region(start=(y, x), end=(y + h, x + w))))
         cuda_stream = self.stream.cuda_stream if self.stream is not None else 0
         try:
-            images = self.decoder.decode(streams, cuda_stream=cuda_stream)
+            images = self.decoder.decode(streams, params=self.params, cuda_stream=cuda_stream)
         except Exception:  # noqa: BLE001 - a batch the decoder refuses whole: row by row
             images = [None] * len(streams)
         result: list[torch.Tensor | None] = []

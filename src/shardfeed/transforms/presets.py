@@ -46,6 +46,7 @@ from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResiz
 from shardfeed.transforms.decode.device_plan import DevicePlan, PlanTail
 from shardfeed.transforms.decode.image import ImageDtype, check_image_dtype
 from shardfeed.transforms.decode.masks import Color, MaskDtype
+from shardfeed.transforms.decode.orientation import ExifOrientation
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 NormalizeName = Literal["imagenet", "symmetric"]
@@ -142,6 +143,7 @@ def train(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     decode_on: DecodeOn = "cpu",
     image_dtype: ImageDtype = "uint8",
+    exif_orientation: ExifOrientation = "ignore",
 ) -> Compose:
     """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
     left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
@@ -182,7 +184,7 @@ def train(
         size, scale=scale, ratio=ratio, hflip=0.5 if flip else 0.0,
         reduced_decode=reduced_decode, fast_upsample=fast_upsample,
         mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
-        max_pixels=max_pixels, image_dtype=image_dtype,
+        max_pixels=max_pixels, image_dtype=image_dtype, exif_orientation=exif_orientation,
     )
     if _on_device(decode_on, color=color):
         return Compose([DevicePlan(crop, tail=PlanTail(normalize, out_dtype, layout))])
@@ -208,11 +210,13 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     max_pixels: int = DEFAULT_MAX_PIXELS,
     decode_on: DecodeOn = "cpu",
     image_dtype: ImageDtype = "uint8",
+    exif_orientation: ExifOrientation = "ignore",
 ) -> Compose:
     """Evaluation pipeline: resize the shorter side to ``size / crop_fraction`` and take the
     center ``size×size`` (one fused, reduced-scale decode), then optional normalisation and
     layout. Same output shapes and dtypes as :func:`train`; the mask options,
-    ``max_pixels``, ``decode_on``, ``image_dtype`` and ``dtype`` as in :func:`train`.
+    ``max_pixels``, ``decode_on``, ``image_dtype``, ``dtype`` and ``exif_orientation`` as
+    in :func:`train`.
 
     Determinism: fully deterministic; the generator is not used.
     """
@@ -221,7 +225,7 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     crop = DecodeCenterCrop(
         size, crop_fraction=crop_fraction, reduced_decode=reduced_decode,
         mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
-        max_pixels=max_pixels, image_dtype=image_dtype,
+        max_pixels=max_pixels, image_dtype=image_dtype, exif_orientation=exif_orientation,
     )
     if _on_device(decode_on, color=None):
         return Compose([DevicePlan(crop, tail=PlanTail(normalize, out_dtype, layout))])

@@ -15,6 +15,12 @@ is drawn from the same generator calls, so the geometry does not depend on the e
 Whatever the scale, an image whose header claims more than ``max_pixels`` pixels is refused
 before decoding (a progressive JPEG holds full-size coefficients even for a 1/8 decode).
 
+EXIF orientation (``exif_orientation``, see :mod:`~shardfeed.transforms.decode.orientation`):
+ignored by default, so every path cuts the stored pixels. With ``"apply"``, a tagged JPEG's
+box is drawn in the turned image's height and width (swapped for orientations 5-8), mapped
+back to the stored image, decoded there (as a region, or at a DCT scale) and turned: the
+pixels of the turned image cut at the box, whichever path decodes them.
+
 With ``image_dtype="uint16"`` the decoded pixels (the JPEG's scaled decode or region, an 8-bit
 PNG: widened ×257; a 16-bit PNG: as stored) are cropped and resized as 16-bit samples, and
 the output is uint16: the same boxes, and the same work, on samples twice as wide.
@@ -68,6 +74,12 @@ from shardfeed.transforms.decode.image import (
     widen_to_uint16,
 )
 from shardfeed.transforms.decode.ops import DecodeOptions, DecoderBase
+from shardfeed.transforms.decode.orientation import (
+    orient,
+    orientation_of,
+    oriented_size,
+    stored_box,
+)
 from shardfeed.transforms.decode.region import decode_region, region_pays
 
 _BOXES = place.BoxFields()
@@ -173,6 +185,8 @@ class CropDecoderBase(DecoderBase):
             check_pixels(height, width, max_pixels=field.max_pixels, where=where,
                          nbytes=len(data))
             if space not in CMYK_SPACES:
+                turn = orientation_of(data, field.exif_orientation)
+                height, width = oriented_size(height, width, turn)
                 drawn = self.draw(height, width, rng)
                 image = self._jpeg_crop(data, drawn.box, height, width, where, drawn.flip, out)
                 return image, drawn, (height, width)
@@ -214,17 +228,22 @@ class CropDecoderBase(DecoderBase):
         flip: bool,
         out: np.ndarray | None,
     ) -> np.ndarray:
+        """The output of JPEG ``data`` for ``box`` (of the ``height``×``width`` image as the
+        op sees it: turned where ``exif_orientation="apply"`` and the JPEG is tagged)."""
         out_h, out_w = self.size
         d = scale_denominator(box.h, box.w, out_h, out_w, max_denominator=self.max_denominator)
-        if self.channels == "rgb" and region_pays(height, width, box, d):
-            region = decode_region(data, box, fast_dct=self.fast_dct,
+        turn = orientation_of(data, self.image_field.exif_orientation)
+        stored_h, stored_w = oriented_size(height, width, turn)
+        stored = stored_box(box, height, width, turn)
+        if self.channels == "rgb" and region_pays(stored_h, stored_w, stored, d):
+            region = decode_region(data, stored, fast_dct=self.fast_dct,
                                    fast_upsample=self.fast_upsample)
             if region is not None:  # the very pixels of the whole decode, sliced
-                return self._resize_flip(self._widened(region), flip, out)
+                return self._resize_flip(self._widened(orient(region, turn)), flip, out)
         decoded = decode_jpeg_scratch(
             data,
-            height=height,
-            width=width,
+            height=stored_h,
+            width=stored_w,
             denominator=d,
             mode="gray" if self.channels == "gray" else "rgb",
             where=where,
@@ -232,8 +251,9 @@ class CropDecoderBase(DecoderBase):
             fast_upsample=self.fast_upsample,
             max_pixels=self.image_field.max_pixels,
         )
-        # uint16: widened out of the scratch buffer (a new array) before any resampling.
-        decoded = self._widened(decoded)
+        # Turned (a new array) where the tag applies; uint16: widened out of the scratch
+        # buffer (a new array) before any resampling.
+        decoded = self._widened(orient(decoded, turn))
         dh, dw = decoded.shape[:2]
         if d > 1 and not (box.h >= 2 * d * out_h and box.w >= 2 * d * out_w):
             # Less than 2× left to shrink: one linear warp from the exact (sub-pixel) box in

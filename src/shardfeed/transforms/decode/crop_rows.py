@@ -45,6 +45,7 @@ from shardfeed.transforms.decode.image import (
     scratch_buffer,
     sniff_format,
 )
+from shardfeed.transforms.decode.orientation import orientation_of, oriented_size
 from shardfeed.transforms.decode.region import REGION_MIN_PIXELS, backend
 
 if TYPE_CHECKING:
@@ -104,7 +105,8 @@ def _whole_rows_into(
     and flipped there, as :meth:`CropDecoderBase._jpeg_crop` does for it, without its
     per-call checks (made once for the slice here). Returns a bit mask of the rows done; the
     others, and every row from the first that does not decode, are left to the caller.
-    uint8 rows only (none done for uint16 rows)."""
+    uint8 rows only (none done for uint16 rows); a JPEG that ``exif_orientation="apply"``
+    turns is left to the caller too."""
     if (op.channels != "rgb" or image_out.dtype != np.uint8
             or not image_out.flags.c_contiguous):
         return 0
@@ -116,6 +118,7 @@ def _whole_rows_into(
     large_h, large_w = 2 * out_h, 2 * out_w
     decode, resize, flip, linear = simplejpeg.decode_jpeg, cv2.resize, cv2.flip, cv2.INTER_LINEAR
     fast_dct, fast_upsample = op.fast_dct, op.fast_upsample
+    policy = op.image_field.exif_orientation
     buf: np.ndarray | None = None
     done = 0
     for row, known in enumerate(drawn):
@@ -124,6 +127,8 @@ def _whole_rows_into(
         height, width, y, x, h, w, flipped = known
         if (h >= large_h and w >= large_w) or (height * width >= REGION_MIN_PIXELS
                                                 and backend() is not None):
+            continue
+        if policy != "ignore" and orientation_of(values[row], policy) != 1:
             continue
         if buf is None or buf.size < height * width * 3:
             buf = scratch_buffer(height * width * 3)  # this thread's, as the general path's
@@ -157,7 +162,9 @@ def draw_rows(
     """The draws of every JPEG row (not CMYK) made at once where ``op`` has a batch form of
     them (``op._boxes``): for each row ``(height, width, y, x, h, w, flip)``, or None for a
     row left to ``op._crop_encoded``; None when no batch form applies. The same headers are
-    read and the same limits enforced as row by row."""
+    read and the same limits enforced as row by row; ``height`` and ``width`` are the image's
+    as the op sees it (swapped for a JPEG that ``exif_orientation="apply"`` turns a quarter).
+    """
     if not isinstance(rngs, RowKeys) or not op._boxes_in_batch():
         return None
     sizes = frame_sizes(values)
@@ -171,6 +178,11 @@ def draw_rows(
             if space not in CMYK_SPACES:
                 sizes[row] = height, width
     rows = np.flatnonzero(sizes[:, 0])
+    policy = op.image_field.exif_orientation
+    if policy != "ignore":
+        for row in rows.tolist():
+            turn = orientation_of(values[row], policy)
+            sizes[row] = oriented_size(int(sizes[row, 0]), int(sizes[row, 1]), turn)
     boxes = op._boxes(rngs, rows, sizes[rows, 0], sizes[rows, 1])
     if boxes is None:
         return None

@@ -22,6 +22,11 @@ pixels. Output of a sample:
   ``(height, width)``; ``"plan/flip"``: uint8, 1 = flipped left-right;
 - ``"plan/on_cpu"``: uint8, 1 = ``"image"`` is the row's pixels (made here).
 
+EXIF orientation: the device decoder is always told to keep the stored pixels (nvImageCodec
+turns them by default; see :func:`~shardfeed.transforms.decode.region.no_turn`), so with the
+default ``exif_orientation="ignore"`` every path gives the stored pixels. With ``"apply"``,
+a JPEG whose tag turns it is made here (boxes drawn in the turned image, as the op does).
+
 A JPEG that does not end with its end-of-image marker is made here too: the CPU path raises
 the DecodeError that names its record (or skips it), where a device decoder might fill the
 missing rows with grey.
@@ -51,6 +56,7 @@ from shardfeed.transforms.decode.image import (
     jpeg_header,
     sniff_format,
 )
+from shardfeed.transforms.decode.orientation import orientation_of
 
 _EOI = b"\xff\xd9"  # a device decoder may fill a JPEG cut short with grey without a word
 PLAN_KEYS = ("plan/encoded", "plan/box", "plan/image_hw", "plan/flip", "plan/on_cpu")
@@ -156,10 +162,17 @@ class DevicePlan(TransformBase):
         box, hw = np.zeros((n, 4), np.int32), np.zeros((n, 2), np.int32)
         flip, on_cpu = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
         encoded: list[bytes] = [b""] * n
+        policy = op.image_field.exif_orientation
         for row, known in enumerate(drawn):
             if known is None or values[row][-2:] != _EOI:
                 op._crop_encoded(values[row], rngs[row] if rngs else NO_RANDOMNESS, where,
                                  image_out[row])
+                on_cpu[row] = 1
+                continue
+            if policy != "ignore" and orientation_of(values[row], policy) != 1:
+                height, width, y, x, h, w, flipped = known  # drawn in the turned image
+                op._jpeg_crop(values[row], Box(y, x, h, w), height, width, where,
+                              flipped != 0, image_out[row])
                 on_cpu[row] = 1
                 continue
             hw[row], box[row], flip[row] = known[:2], known[2:6], known[6]
@@ -175,10 +188,13 @@ class DevicePlan(TransformBase):
 
 
 def _plain_jpeg_size(data: bytes, op: CropDecoderBase, where: Where) -> tuple[int, int] | None:
-    """(height, width) of a JPEG the device decodes (not CMYK), checked against the op's
-    ``max_pixels``; None for any other image (made on the CPU)."""
+    """(height, width) of a JPEG the device decodes (not CMYK, not turned by the op's
+    ``exif_orientation``), checked against the op's ``max_pixels``; None for any other
+    image (made on the CPU)."""
     if sniff_format(data) != "jpeg" or data[-2:] != _EOI:
         return None  # a JPEG cut short is the CPU path's, which names it
+    if orientation_of(data, op.image_field.exif_orientation) != 1:
+        return None  # turned on the CPU path
     height, width, space = jpeg_header(data, where=where)
     check_pixels(height, width, max_pixels=op.image_field.max_pixels, where=where,
                  nbytes=len(data))

@@ -35,6 +35,7 @@ from shardfeed.transforms.decode.image import (
     widen_to_uint16,
 )
 from shardfeed.transforms.decode.masks import LABEL_MAPS, MaskLabels, decode_mask
+from shardfeed.transforms.decode.orientation import ExifOrientation, check_exif_orientation
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels, pixels_reason
 
 Encoding = Literal["auto", "jpeg", "png", "mixed", "raw", "path"]
@@ -71,7 +72,10 @@ class ImageField:
     (images only): ``"uint8"`` decodes encoded images to uint8 (16-bit ones cut to 8 bits as
     OpenCV cuts them) and keeps raw ones as stored; ``"uint16"`` gives every image as uint16
     (16-bit samples kept, 8-bit ones, raw included, widened ×257; see
-    :func:`~shardfeed.transforms.decode.image.decode_image`).
+    :func:`~shardfeed.transforms.decode.image.decode_image`). ``exif_orientation``:
+    ``"ignore"`` (default) decodes a JPEG's stored pixels, ``"apply"`` turns them as its
+    EXIF tag says (:mod:`~shardfeed.transforms.decode.orientation`); for a mask, the mask
+    file's own tag.
     """
 
     key: str | None = None
@@ -85,9 +89,11 @@ class ImageField:
     mask_labels: MaskLabels = LABEL_MAPS
     max_pixels: int = DEFAULT_MAX_PIXELS
     image_dtype: ImageDtype = "uint8"
+    exif_orientation: ExifOrientation = "ignore"
 
     def __post_init__(self) -> None:
         check_encoding(self.encoding)
+        check_exif_orientation(self.exif_orientation)
         check_max_pixels(self.max_pixels)
         check_image_dtype(self.image_dtype)
         try:
@@ -120,6 +126,7 @@ class ImageField:
             mask_labels=self.mask_labels,
             max_pixels=self.max_pixels,
             image_dtype=self.image_dtype,
+            exif_orientation=self.exif_orientation,
         )
 
     # --- locating -----------------------------------------------------------------------
@@ -225,10 +232,10 @@ class ImageField:
                       fast_upsample: bool, max_pixels: int) -> np.ndarray:
         if self.is_mask:
             return decode_mask(data, labels=self.mask_labels, where=where, fast_dct=fast_dct,
-                               max_pixels=max_pixels)
+                               max_pixels=max_pixels, exif_orientation=self.exif_orientation)
         return decode_image(data, mode="rgb", where=where, fast_dct=fast_dct,
                             fast_upsample=fast_upsample, max_pixels=max_pixels,
-                            dtype=self.image_dtype)
+                            dtype=self.image_dtype, exif_orientation=self.exif_orientation)
 
     def _decode_list(self, values: list[Any], where: Where, fast_dct: bool,
                      fast_upsample: bool) -> np.ndarray:

@@ -38,6 +38,12 @@ import numpy as np
 import simplejpeg
 
 from shardfeed.errors import DecodeError
+from shardfeed.transforms.decode.orientation import (
+    ExifOrientation,
+    check_exif_orientation,
+    orient,
+    orientation_of,
+)
 from shardfeed.transforms.decode.sizes import (
     DEFAULT_MAX_PIXELS,
     ClaimedSize,
@@ -170,14 +176,18 @@ def _as_uint8(data: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
+# OpenCV turns an image as its EXIF tag says unless told not to (IMREAD_UNCHANGED never
+# turns): the tag is applied, or not, in one place for every decoder (see orientation).
+NO_TURN = cv2.IMREAD_IGNORE_ORIENTATION
 _CV2_FLAGS = {
-    "rgb": cv2.IMREAD_COLOR,
-    "gray": cv2.IMREAD_GRAYSCALE,
+    "rgb": cv2.IMREAD_COLOR | NO_TURN,
+    "gray": cv2.IMREAD_GRAYSCALE | NO_TURN,
     "unchanged": cv2.IMREAD_UNCHANGED,
 }
 # OpenCV >= 4.10 decodes PNG straight to RGB: the same pixels as BGR + a channel swap, one
 # array and one call less (on small images the call costs as much as the decode).
-PNG_RGB_FLAG: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+_RGB_FLAG: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+PNG_RGB_FLAG: int | None = None if _RGB_FLAG is None else _RGB_FLAG | NO_TURN
 
 
 def _decode_cv2(data: bytes | memoryview, mode: str, where: Where, *,
@@ -253,6 +263,7 @@ def decode_image(
     fast_upsample: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     dtype: ImageDtype | None = None,
+    exif_orientation: ExifOrientation = "ignore",
 ) -> np.ndarray:
     """Decode one encoded image into a new array (uint8 unless ``dtype`` says otherwise).
 
@@ -270,9 +281,17 @@ def decode_image(
     for ``"rgb"``/``"gray"``; for ``"unchanged"``, the high byte of 16-bit samples. A uint16
     result takes twice the memory of a uint8 one.
 
+    ``exif_orientation``: ``"ignore"`` (default) gives the stored pixels whatever a JPEG's
+    EXIF Orientation tag says, as ``tf.io.decode_jpeg`` and torchvision's ``decode_jpeg``
+    do; ``"apply"`` turns a tagged JPEG as the tag says (orientations 5-8 swap height and
+    width), as Pillow's ``ImageOps.exif_transpose`` shows it. Other formats are decoded as
+    stored either way. See :mod:`shardfeed.transforms.decode.orientation`.
+
     ``fast_dct=True`` uses libjpeg's fast integer IDCT: a few percent faster and the same
     method ``tf.io.decode_jpeg`` uses by default, so JPEG pixels match tf.data's; ``False``
-    uses the accurate integer IDCT (differs by at most a few levels).
+    uses the accurate integer IDCT. The two differ by less than one level on average, and
+    by up to about 20 levels at a few pixels of a photo (at sharp edges of a high-quality
+    JPEG: 23 at most on the photos measured, 0.2 % of pixels 4 or more apart).
 
     ``fast_upsample=True`` upsamples subsampled chroma (4:2:0, 4:2:2) by pixel replication
     merged with the colour conversion instead of libjpeg's smooth ("fancy") filter: about 5 %
@@ -283,14 +302,21 @@ def decode_image(
     (see the module docstring), as is a format whose size cannot be read from its header.
 
     Raises DecodeError for bytes that do not decode (including truncated JPEGs); ValueError
-    for a ``mode`` or ``dtype`` that is not one of those above.
+    for a ``mode``, ``dtype`` or ``exif_orientation`` that is not one of those above.
     """
     check_mode(mode)
     if dtype is not None:
         check_image_dtype(dtype)
+    check_exif_orientation(exif_orientation)
     image = _decode_natural(data, mode=mode, where=where, fast_dct=fast_dct,
                             fast_upsample=fast_upsample, max_pixels=max_pixels,
                             deep=dtype == "uint16")
+    turn = orientation_of(data, exif_orientation)
+    if turn != 1:
+        try:
+            image = orient(image, turn)
+        except (cv2.error, MemoryError):
+            raise out_of_memory(data, where, f"the {image.shape} image turned") from None
     return to_image_dtype(image, dtype, data=data, where=where)
 
 
@@ -444,6 +470,7 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "IMAGE_DTYPES",
     "MODES",
+    "NO_TURN",
     "SCRATCH_KEEP_BYTES",
     "WIDEN_FACTOR",
     "ImageDtype",

@@ -62,6 +62,7 @@ from shardfeed.transforms.decode.mask_labels import (
     MaskLabels,
     MaskPixels,
 )
+from shardfeed.transforms.decode.orientation import ExifOrientation
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 _CHUNK_HEAD = struct.Struct(">I4s")
@@ -139,9 +140,12 @@ def _unstretch(plane: np.ndarray, depth: int) -> np.ndarray:
 
 def read_mask(
     data: bytes | memoryview, *, where: Where = "", fast_dct: bool = True,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS, exif_orientation: ExifOrientation = "ignore",
 ) -> MaskPixels:
     """Decode a mask's pixels: grey values, palette indices (with the palette), or colours.
+
+    ``exif_orientation``: as :func:`~shardfeed.transforms.decode.image.decode_image`'s, for
+    the mask file's own tag (a JPEG mask's; PNG masks are decoded as stored).
 
     Raises DecodeError for bytes that do not decode, and, before decoding, for a mask whose
     header claims more than ``max_pixels`` pixels or 16-bit colours (such a mask is no
@@ -163,7 +167,7 @@ def read_mask(
             except MemoryError:
                 raise out_of_memory(data, where, "the mask") from None
     image = decode_image(data, mode="unchanged", where=where, fast_dct=fast_dct,
-                         max_pixels=max_pixels)
+                         max_pixels=max_pixels, exif_orientation=exif_orientation)
     source = "png" if head[:8] == PNG_MAGIC else "jpeg" if head[:3] == b"\xff\xd8\xff" else "other"
     if image.ndim == 2:
         return MaskPixels(image, "grey", source=source)
@@ -179,14 +183,17 @@ def decode_mask(
     where: Where = "",
     fast_dct: bool = True,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    exif_orientation: ExifOrientation = "ignore",
 ) -> np.ndarray:
     """Decode an encoded mask into an H×W array of class ids (``labels.dtype``).
 
     Grey masks keep their values, palette PNGs their indices; colour masks need
-    ``labels.colors`` (see the module docstring). Raises DecodeError naming ``where``, also
-    for a mask whose header claims more than ``max_pixels`` pixels.
+    ``labels.colors`` (see the module docstring). ``exif_orientation``: see
+    :func:`read_mask`. Raises DecodeError naming ``where``, also for a mask whose header
+    claims more than ``max_pixels`` pixels.
     """
-    pixels = read_mask(data, where=where, fast_dct=fast_dct, max_pixels=max_pixels)
+    pixels = read_mask(data, where=where, fast_dct=fast_dct, max_pixels=max_pixels,
+                       exif_orientation=exif_orientation)
     return labels.labels(pixels, where=where)
 
 

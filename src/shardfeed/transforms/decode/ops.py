@@ -24,6 +24,7 @@ from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, Tran
 from shardfeed.transforms.decode.fields import Encoding, ImageField
 from shardfeed.transforms.decode.image import ImageDtype, check_image_dtype
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
+from shardfeed.transforms.decode.orientation import ExifOrientation, check_exif_orientation
 from shardfeed.transforms.decode.png_rows import decode_png_into, decode_pngs_into
 from shardfeed.transforms.decode.raw_rows import raw_rows_into, raw_rows_target
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
@@ -67,6 +68,7 @@ class DecodeOptions(TypedDict, total=False):
     fast_upsample: bool
     max_pixels: int
     image_dtype: ImageDtype
+    exif_orientation: ExifOrientation
 
 
 class DecoderBase(TransformBase):
@@ -113,6 +115,18 @@ class DecoderBase(TransformBase):
       ``decode_png(dtype=tf.uint16)``). Crops and resizes then work on the 16-bit samples.
       Images take twice the memory, and :attr:`decode_bytes` counts 2 bytes a sample.
       Masks follow ``mask_dtype``, not this.
+    - ``exif_orientation``: what a JPEG's EXIF Orientation tag does, the same on every
+      decode path (whole, DCT-scaled, region, GPU, masks).
+
+      ``"ignore"`` (default): the stored pixels, tag or not, as ``tf.io.decode_jpeg`` and
+      torchvision's ``decode_jpeg`` give them; a tagged photo and a stripped copy give the
+      same bytes.
+
+      ``"apply"``: the pixels turned as the tag says (as photo viewers and Pillow's
+      ``ImageOps.exif_transpose`` show them); for orientations 5-8 height and width swap,
+      and the crop ops draw their boxes, move ``boxes`` and cut in the turned image. A
+      mask follows its own file's tag (a PNG mask drawn on the turned photo stays as it
+      is). See :mod:`~shardfeed.transforms.decode.orientation`.
     """
 
     __slots__ = (
@@ -141,10 +155,12 @@ class DecoderBase(TransformBase):
         fast_upsample: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         image_dtype: ImageDtype = "uint8",
+        exif_orientation: ExifOrientation = "ignore",
     ) -> None:
         if channels not in ("rgb", "gray"):
             raise ValueError(f"channels must be 'rgb' or 'gray', got {channels!r}")
         check_image_dtype(image_dtype)
+        check_exif_orientation(exif_orientation)
         if mask is False and mask_key is not None:
             raise ValueError(f"mask=False contradicts mask_key={mask_key!r}; drop one of them")
         self.image_field = ImageField(
@@ -156,11 +172,12 @@ class DecoderBase(TransformBase):
             root=root,
             max_pixels=max_pixels,
             image_dtype=image_dtype,
+            exif_orientation=exif_orientation,
         )
         labels = MaskLabels(colors=mask_colors, unlisted=mask_unlisted, dtype=mask_dtype)
         self.mask_field = ImageField(
             key=mask_key, encoding=mask_encoding, root=root, is_mask=True, mask_labels=labels,
-            max_pixels=max_pixels,
+            max_pixels=max_pixels, exif_orientation=exif_orientation,
         )
         self.mask = True if mask_key is not None and mask is None else mask
         self.channels: Channels = channels
@@ -177,6 +194,12 @@ class DecoderBase(TransformBase):
     def image_dtype(self) -> ImageDtype:
         """The type of the decoded images: ``"uint8"`` or ``"uint16"`` (see the class doc)."""
         return self.image_field.image_dtype
+
+    @property
+    def exif_orientation(self) -> ExifOrientation:
+        """``"ignore"`` or ``"apply"``: what a JPEG's EXIF orientation tag does (see the
+        class doc)."""
+        return self.image_field.exif_orientation
 
     @property
     def decode_bytes(self) -> int:
@@ -264,11 +287,18 @@ class DecoderBase(TransformBase):
         size would be cropped, flipped and resized out of line with its image)."""
         mask_hw = (int(mask.shape[-2]), int(mask.shape[-1]))
         if mask_hw != image_hw:
+            turned = ""
+            if mask_hw == image_hw[::-1]:
+                other = "apply" if self.exif_orientation == "ignore" else "ignore"
+                turned = (f" (height and width swapped: if the image has an EXIF orientation "
+                          f"tag the mask was drawn for, decode with "
+                          f"exif_orientation={other!r})")
             raise DecodeError(
                 f"{self.mask_field.where(sample, mask_key or 'mask')}: the mask is "
                 f"{mask_hw[0]}×{mask_hw[1]} (height×width) but its image is "
-                f"{image_hw[0]}×{image_hw[1]}; a mask must have its image's size: re-create "
-                "the mask at the image's size, or skip such records with on_error='skip'"
+                f"{image_hw[0]}×{image_hw[1]}{turned}; a mask must have its image's size: "
+                "re-create the mask at the image's size, or skip such records with "
+                "on_error='skip'"
             )
 
     def _finish(
@@ -299,6 +329,8 @@ class DecoderBase(TransformBase):
 
     def __repr__(self) -> str:
         depth = "" if self.image_dtype == "uint8" else f", image_dtype={self.image_dtype!r}"
+        if self.exif_orientation != "ignore":
+            depth += f", exif_orientation={self.exif_orientation!r}"
         return (
             f"{type(self).__name__}(key={self.image_field.key!r}, "
             f"encoding={self.image_field.encoding!r}, mask_key={self.mask_field.key!r}{depth})"

@@ -6,6 +6,10 @@
 DCT scale ``1/d`` (:func:`~shardfeed.transforms.decode.image.decode_jpeg_reduced`); other
 encodings, and CMYK JPEGs, are decoded whole and shrunk by ``d`` (area interpolation).
 
+EXIF orientation follows the image field's ``exif_orientation``: ignored by default (the
+stored pixels, as every decode path gives them); with ``"apply"`` a tagged JPEG's reduced
+decode is turned, and the full size is the turned image's.
+
 An image (or mask) whose header claims more than ``max_pixels`` pixels is refused before
 decoding, whatever the scale it would be decoded at, with a DecodeError naming it. The
 image's type is the image field's ``image_dtype`` (uint8, or uint16: a reduced-scale JPEG
@@ -36,6 +40,7 @@ from shardfeed.transforms.decode.image import (
     sniff_format,
     to_image_dtype,
 )
+from shardfeed.transforms.decode.orientation import orient, orientation_of, oriented_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +116,10 @@ def _decode_image_scaled(
             if space not in CMYK_SPACES:
                 image = decode_jpeg_reduced(data, height=height, width=width, denominator=d,
                                             where=where)
+                turn = orientation_of(data, image_field.exif_orientation)
+                image = orient(image, turn)
                 image = to_image_dtype(image, image_field.image_dtype, data=data, where=where)
-                full_hw = (height, width)
+                full_hw = oriented_size(height, width, turn)
         if image is None:
             image = image_field.decode_bytes(data, where, True)
     else:

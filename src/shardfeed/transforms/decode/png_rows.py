@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from shardfeed.format.native import compiled_module
-from shardfeed.transforms.decode.image import PNG_MAGIC, PNG_RGB_FLAG
+from shardfeed.transforms.decode.image import NO_TURN, PNG_MAGIC, PNG_RGB_FLAG
 
 _PNG_SIZE = struct.Struct(">II")  # IHDR: width, height
 
@@ -65,7 +65,7 @@ def decode_png_into(data: bytes, target: np.ndarray, *, max_pixels: int) -> bool
         return False
     if height * width > max_pixels:
         return False  # decode_image refuses it, naming the record
-    flags = cv2.IMREAD_GRAYSCALE if channels == 1 or rgb_flag is None else rgb_flag
+    flags = cv2.IMREAD_GRAYSCALE | NO_TURN if channels == 1 or rgb_flag is None else rgb_flag
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     except cv2.error:

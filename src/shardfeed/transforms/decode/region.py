@@ -21,6 +21,11 @@ the same model in nearly every case (the entropy share plus ``1/d²`` of the res
 region there would give other bytes (a full-size crop resized, not the scaled decode's), so
 the output would depend on whether the backend is installed.
 
+nvImageCodec turns an image as its EXIF Orientation tag says unless told not to; it is told
+not to (:func:`no_turn`): the region is a box of the stored pixels, as every other decode
+path gives them, and the crop ops turn it themselves where ``exif_orientation="apply"``
+asks (:mod:`~shardfeed.transforms.decode.orientation`).
+
 A region is decoded only from a JPEG that ends with its end-of-image marker: a file cut short
 below the crop would decode there and fail the whole decode, which names it.
 
@@ -96,17 +101,24 @@ def region_pays(height: int, width: int, box: Box, denominator: int) -> bool:
     return region <= REGION_GAIN * height * width
 
 
+def no_turn(module: Any) -> Any:
+    """nvImageCodec's decode parameters that keep the stored pixels: the EXIF orientation
+    tag not applied (its default applies it), colours in sRGB, 8 bits a sample."""
+    return module.DecodeParams(apply_exif_orientation=False)
+
+
 def decode_region(data: bytes | memoryview, box: Box, *, fast_dct: bool,
                   fast_upsample: bool) -> np.ndarray | None:
-    """The RGB pixels of ``box`` (box.h×box.w×3 uint8) of JPEG ``data``, decoded alone; None
-    where the backend is absent or does not decode it (the caller then decodes as without)."""
+    """The RGB pixels of ``box`` (box.h×box.w×3 uint8, in the stored image's pixels: the
+    EXIF tag is not applied) of JPEG ``data``, decoded alone; None where the backend is
+    absent or does not decode it (the caller then decodes as without)."""
     module = backend()
     if module is None or bytes(data[-2:]) != b"\xff\xd9":
         return None
     try:
         stream = module.CodeStream(bytes(data)).get_sub_code_stream(
             region=module.Region(start=(box.y, box.x), end=(box.y + box.h, box.x + box.w)))
-        image = _decoder(module, fast_dct, fast_upsample).decode(stream)
+        image = _decoder(module, fast_dct, fast_upsample).decode(stream, params=_params(module))
         if image is None:
             return None
         pixels = np.asarray(image.cpu())
@@ -115,6 +127,14 @@ def decode_region(data: bytes | memoryview, box: Box, *, fast_dct: bool,
     if pixels.shape != (box.h, box.w, 3) or pixels.dtype != np.uint8:
         return None
     return pixels
+
+
+def _params(module: Any) -> Any:
+    """This thread's :func:`no_turn` parameters (made once a thread)."""
+    params = getattr(_local, "params", None)
+    if params is None:
+        params = _local.params = no_turn(module)
+    return params
 
 
 def _decoder(module: Any, fast_dct: bool, fast_upsample: bool) -> Any:
@@ -133,4 +153,4 @@ def _decoder(module: Any, fast_dct: bool, fast_upsample: bool) -> Any:
     return decoder
 
 
-__all__ = ["ENTROPY_SHARE", "backend", "decode_region", "region_pays"]
+__all__ = ["ENTROPY_SHARE", "backend", "decode_region", "no_turn", "region_pays"]

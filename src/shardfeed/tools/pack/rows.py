@@ -36,12 +36,12 @@ import numpy as np
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.format.example import encode_example
-from shardfeed.tools.pack.tars import tar_rows
+from shardfeed.tools.pack.tars import TAR_SUFFIXES, is_tar, tar_rows, tars_name
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 Encode = Literal["png", "jpeg", "raw"]
 
-DATA_SUFFIXES = (".parquet", ".tar", ".npz")
+DATA_SUFFIXES = (".parquet", *TAR_SUFFIXES, ".npz")
 """Files ``pack`` reads as rows (Parquet tables, WebDataset tar shards, NumPy ``.npz``
 archives of arrays)."""
 
@@ -71,8 +71,9 @@ class RowFields:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
 
     def label_columns(self, row: Mapping[str, Any]) -> list[str]:
-        if self.labels is not None:
-            return list(self.labels)
+        if self.labels is not None:  # a row's mask (a tar's x.seg.png) is kept too
+            masks = (spec.MASK_ENCODED, spec.MASK_FORMAT)
+            return [*self.labels, *(k for k in masks if k in row and k not in self.labels)]
         return [k for k in row if k not in (self.image, self.name) and not k.startswith("__")]
 
 
@@ -207,12 +208,12 @@ def rows_of(source: Any, fields: RowFields) -> tuple[Iterator[dict[str, Any]], s
     if paths is not None:
         if all(p.endswith(".parquet") for p in paths):
             return _parquet_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} files"
-        if all(p.endswith(".tar") for p in paths):
-            return tar_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} tar files"
+        if all(is_tar(p) for p in paths):
+            return tar_rows(paths, fields), tars_name(paths)
         if all(p.endswith(".npz") for p in paths):
             return _npz_rows(paths, fields), paths[0] if len(paths) == 1 else f"{len(paths)} files"
-        raise ValueError(f"cannot pack {paths[0]!r} as rows: give .parquet, .tar or .npz "
-                         "files")
+        raise ValueError(f"cannot pack {paths[0]!r} as rows: give .parquet, "
+                         f"{', '.join(TAR_SUFFIXES)} or .npz files")
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
         return (dict(row) for row in source), "the rows"
     raise TypeError(f"cannot pack a {type(source).__name__}: give a folder, a CSV, arrays, "

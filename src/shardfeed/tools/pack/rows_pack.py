@@ -19,6 +19,7 @@ from shardfeed.tools.pack.partition import (
     write_partition,
 )
 from shardfeed.tools.pack.rows import RowFields, paths_of, rows_of
+from shardfeed.tools.pack.tars import is_tar, tar_fields, tar_rows, tars_name
 
 
 def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
@@ -34,9 +35,12 @@ def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
                          "arrays are stored with RowFields(encode='png'|'jpeg'|'raw')")
     _prepare(out, overwrite=overwrite)
     paths = paths_of(source)
-    is_tar = paths is not None and all(p.endswith(".tar") for p in paths)
-    fields = fields or RowFields(name="__key__" if is_tar else None)
-    rows, where = rows_of(source, fields)
+    if paths is not None and all(is_tar(p) for p in paths):
+        fields = tar_fields(fields)  # the sample's key is the record's name
+        rows, where = tar_rows(paths, fields, max_pixels=options.max_pixels), tars_name(paths)
+    else:
+        fields = fields or RowFields()
+        rows, where = rows_of(source, fields)
     sizes = PartSizes(records=options.records_per_shard, bytes=options.shard_bytes)
     try:
         with tqdm(unit="img", desc="pack", disable=not progress) as bar:

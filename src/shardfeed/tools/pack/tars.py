@@ -1,72 +1,470 @@
 """WebDataset tar shards as rows: one row a sample, the members sharing a key.
 
-Determinism: the rows are a function of the tars' bytes only.
+A member's name splits as WebDataset splits it: the *key* is the name up to the first dot of
+its last part, the *type* the rest (``dir/x.rgb.jpg``: key ``dir/x``, type ``rgb.jpg``;
+types are compared in lower case). The members of one sample are adjacent in the tar.
+
+=========================  ==================================================================
+member                     column of the row
+=========================  ==================================================================
+the image                  ``image`` (default: the one image member that is not a mask; or
+                           the type ``RowFields(image=...)`` names, e.g. ``"rgb.jpg"``)
+``seg.*`` / ``mask.*``     ``mask/encoded`` and ``mask/format`` (an image type: the mask)
+``cls``                    ``label`` (one whole number as text)
+``cls2``, ``index``        their type (whole numbers)
+``txt``, ``text``          their type (UTF-8 text)
+``json``, ``*.json``       one column a key, ``<type>/<key>`` (``json/weight``; nested
+                           objects ``json/a/b``): never merged with another member's
+                           columns, never an image
+any other type             its type, the member's bytes
+=========================  ==================================================================
+
+Refused, naming the tar, the member and its offset, with what to do: a member larger than
+:func:`member_limit` (from its header, before a byte of it is read), a link, device or
+other non-file member, two members of one type in a sample, a sample whose members are not
+adjacent (its key seen again), two image members with no ``RowFields(image=...)``, a
+member of an image type that is not an image, a ``.cls`` that is not a whole number, a JSON
+member that is not a JSON object, a tar cut short or with a damaged header. Directories,
+names without a type and ``__*__`` names (WebDataset's metadata) are not samples' members
+and are passed over, as WebDataset does. No message quotes a member's contents.
+
+Plain tars and gzip-, bzip2- and xz-compressed ones (``.tar.gz``, ``.tgz``) are read, as a
+stream: nothing of a member is held beyond the member being read.
+
+Determinism: the rows are a function of the tars' bytes and the fields only. Memory: one
+sample's members (each at most :func:`member_limit` bytes).
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
+import json
+import lzma
 import tarfile
-from collections.abc import Iterator, Sequence
-from typing import Any
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from shardfeed.errors import PackError
+from shardfeed.format import spec
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
+
+if TYPE_CHECKING:
+    from shardfeed.tools.pack.rows import RowFields
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+"""Files ``pack`` reads as WebDataset shards."""
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
-"""A WebDataset member with one of these extensions is the sample's image (the first found)."""
+"""A member whose type ends in one of these (``png``, ``rgb.jpg``) is an image."""
+
+MASK_PREFIXES = ("seg", "mask")
+"""An image member whose type starts with one of these (``seg.png``) is the sample's mask."""
+
+KEY_COLUMN = "__key__"
+"""The row's column that holds the sample's key (stored as ``image/filename``)."""
+
+HEADER_BYTES = 1 << 20
+"""The most bytes read at once for a tar header (a PAX header, a GNU long name)."""
+
+_INT_TYPES = {"cls": "label", "cls2": "cls2", "index": "index"}
+_TEXT_TYPES = ("txt", "text")
 
 
-def tar_rows(paths: Sequence[str]) -> Iterator[dict[str, Any]]:
-    """Samples of WebDataset tar shards: consecutive members sharing a key (the name up to
-    the first dot of its last part) form one row, ``{"__key__": key, ext: bytes, ...}``; the
-    image is under ``image``, a ``cls`` text under ``label`` (int), ``json`` parsed."""
+def member_limit(max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
+    """The most bytes one tar member may hold: an image of ``max_pixels`` pixels stored
+    uncompressed (4 channels of 16 bits: 8 bytes a pixel) and 1 MiB of headers; 1 GiB +
+    1 MiB at the default ``max_pixels``. A larger member is refused from its header."""
+    return 8 * max_pixels + (1 << 20)
+
+
+def is_tar(path: str) -> bool:
+    """Whether ``path`` names a WebDataset shard (:data:`TAR_SUFFIXES`)."""
+    return path.endswith(TAR_SUFFIXES)
+
+
+def tar_fields(fields: RowFields | None) -> RowFields:
+    """The fields of a pack of tars: the sample's key is the record's name
+    (``image/filename``) unless ``fields`` names another column."""
+    from shardfeed.tools.pack.rows import RowFields
+
+    fields = fields or RowFields()
+    return fields if fields.name is not None else replace(fields, name=KEY_COLUMN)
+
+
+def tars_name(paths: Sequence[str]) -> str:
+    """The tars in messages: the path of one, the count of several."""
+    return paths[0] if len(paths) == 1 else f"{len(paths)} tar files"
+
+
+def tar_rows(paths: Sequence[str], fields: RowFields | None = None, *,
+             max_pixels: int = DEFAULT_MAX_PIXELS) -> Iterator[dict[str, Any]]:
+    """The samples of WebDataset tar shards as rows (see the module's table), in the order
+    of ``paths`` and of the members in each; PackError naming the tar and member for a bad
+    one. ``fields``: the image type and the label columns (default: :func:`tar_fields`)."""
+    fields = tar_fields(fields)
+    limit = member_limit(max_pixels)
     for path in paths:
         try:
-            with tarfile.open(path, "r:*") as tar:
-                yield from _tar_samples(tar, path)
-        except (tarfile.TarError, OSError) as exc:
-            raise PackError(f"cannot read the tar file '{path}': {exc}") from None
+            with open(path, "rb") as raw, _decompressed(raw) as inner:
+                guard = _Guarded(inner)
+                with tarfile.open(fileobj=guard, mode="r:") as tar:  # type: ignore[call-overload]
+                    yield from _Reader(path, tar, guard, fields, limit, max_pixels).samples()
+        except _TooLarge as exc:
+            raise PackError(f"'{path}': a header at about byte {exc.at} of the tar claims "
+                            f"{exc.size} bytes (over {HEADER_BYTES}); the tar is damaged "
+                            "or hostile: re-write it with tarfile or WebDataset's TarWriter"
+                            ) from None
+        except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            raise PackError(f"cannot read the tar file '{path}': {_reason(exc)}; check that "
+                            "it is a whole tar (re-fetch or re-write it)") from None
 
 
-def _tar_samples(tar: tarfile.TarFile, path: str) -> Iterator[dict[str, Any]]:
-    import json
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
-    sample: dict[str, Any] = {}
-    key = None
-    for member in tar:
-        if not member.isfile():
-            continue
-        folder, _, base = member.name.rpartition("/")
-        stem, dot, ext = base.partition(".")
-        if not dot:
-            continue
-        name = f"{folder}/{stem}" if folder else stem
-        if name != key and sample:
-            yield _tar_row(sample, path)
-            sample = {}
-        key = name
-        f = tar.extractfile(member)
-        data = f.read() if f is not None else b""
-        sample["__key__"] = name
-        ext = ext.lower()
-        if ext in ("cls", "cls2", "index"):
-            sample["label" if ext == "cls" else ext] = int(data.decode().strip())
-        elif ext == "json":
-            sample.update(json.loads(data))
-        elif ext in ("txt", "text"):
-            sample[ext] = data.decode()
+
+def _decompressed(raw: io.BufferedIOBase) -> io.BufferedIOBase:
+    """``raw`` itself, or a decompressing reader over it (gzip, bzip2, xz: by magic)."""
+    magic = raw.read(6)
+    raw.seek(0)
+    if magic[:2] == spec.GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic[:3] == b"BZh":
+        return bz2.BZ2File(raw)
+    if magic == b"\xfd7zXZ\x00":
+        return lzma.LZMAFile(raw)  # type: ignore[arg-type]
+    return raw
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int, at: int) -> None:
+        super().__init__(size, at)
+        self.size, self.at = size, at
+
+
+class _Guarded:
+    """A file for ``tarfile`` whose reads are bounded: :data:`HEADER_BYTES` at once, or
+    the size of the member being read (``allow``), so that no header can make ``tarfile``
+    allocate what the tar claims."""
+
+    def __init__(self, inner: io.BufferedIOBase) -> None:
+        self._inner = inner
+        self.allowed = HEADER_BYTES
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self.allowed:
+            raise _TooLarge(-1 if size is None else size, self._inner.tell())
+        return self._inner.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+
+@dataclass(slots=True)
+class _Sample:
+    key: str
+    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
+    data: dict[str, bytes] = field(default_factory=dict)
+
+
+class _Reader:
+    """The members of one tar, gathered into samples and made into rows."""
+
+    def __init__(self, path: str, tar: tarfile.TarFile, guard: _Guarded, fields: RowFields,
+                 limit: int, max_pixels: int) -> None:
+        self.path, self.tar, self.guard, self.fields = path, tar, guard, fields
+        self.limit, self.max_pixels = limit, max_pixels
+        self.done: dict[str, str] = {}  # key -> a member of the finished sample
+        self.count = 0  # members read so far
+
+    def where(self, member: tarfile.TarInfo) -> str:
+        return f"'{self.path}': member '{member.name}' (header at byte {member.offset})"
+
+    def samples(self) -> Iterator[dict[str, Any]]:
+        sample: _Sample | None = None
+        for member in self._members():
+            key, kind = _split(member.name)
+            if sample is not None and key != sample.key:
+                yield self._row(sample)
+                self.done[sample.key] = next(iter(sample.members.values())).name
+                sample = None
+            if key in self.done:
+                raise PackError(
+                    f"{self.where(member)}: sample '{key}' appears again after other "
+                    f"samples (its member '{self.done[key]}' came earlier); a WebDataset "
+                    "sample's members are adjacent and its key unique in the tar: re-write "
+                    "the tar with each sample's members together (e.g. sorted by name)")
+            sample = sample or _Sample(key)
+            if kind in sample.members:
+                raise PackError(
+                    f"{self.where(member)}: sample '{key}' has two members of type '{kind}' "
+                    f"('{sample.members[kind].name}' and this one); keep one of them, or "
+                    "give the other a type of its own (e.g. x.left.png, x.right.png)")
+            sample.members[kind] = member
+            sample.data[kind] = self._read(member)
+        if sample is not None:
+            yield self._row(sample)
+        self._check_end()
+
+    def _members(self) -> Iterator[tarfile.TarInfo]:
+        """The tar's file members that belong to samples, each checked from its header."""
+        while True:
+            member = self.tar.next()
+            if member is None:
+                return
+            self.count += 1
+            if member.size > self.limit:
+                raise PackError(
+                    f"{self.where(member)}: its header says {member.size} bytes, over the "
+                    f"limit of {self.limit} for one member (an image of max_pixels="
+                    f"{self.max_pixels} pixels, uncompressed, is smaller); nothing of it was "
+                    "read. Remove it from the tar, or raise max_pixels (--max-pixels) if it "
+                    "is a genuine image that large")
+            if member.isdir():
+                continue
+            if not member.isfile():
+                what = ("a symbolic link" if member.issym() else "a hard link"
+                        if member.islnk() else "a device or FIFO"
+                        if member.isdev() else f"of tar type {member.type!r}")
+                raise PackError(
+                    f"{self.where(member)}: is {what}, not a file; links are never "
+                    "followed: put the file itself in the tar, or remove the member")
+            base = member.name.rpartition("/")[2]
+            if "." not in base or (base.startswith("__") and base.endswith("__")):
+                continue
+            yield member
+
+    def _read(self, member: tarfile.TarInfo) -> bytes:
+        self.guard.allowed = max(HEADER_BYTES, member.size)
+        try:
+            f = self.tar.extractfile(member)
+            data = f.read(member.size) if f is not None else b""
+        finally:
+            self.guard.allowed = HEADER_BYTES
+        if len(data) != member.size:
+            raise PackError(f"{self.where(member)}: holds {len(data)} of the {member.size} "
+                            "bytes its header says; the tar is cut short: re-fetch it")
+        return data
+
+    def _check_end(self) -> None:
+        """The tar ends with its end-of-archive marker (a zero block), not cut short or
+        damaged (``tarfile`` stops quietly at a bad header past the first)."""
+        at = self.tar.offset
+        self.guard.seek(at)
+        block = self.guard.read(tarfile.BLOCKSIZE)
+        if block == bytes(tarfile.BLOCKSIZE):
+            return
+        what = ("ends without its end-of-archive marker (it may be cut short)" if not block
+                else "has a damaged member header")
+        raise PackError(f"'{self.path}': the tar {what} at byte {at}, after "
+                        f"{self.count} member(s); re-fetch or re-write it")
+
+    def _row(self, sample: _Sample) -> dict[str, Any]:
+        """The row of one sample: key, image, ``label`` first of the labels, the other
+        members' columns in tar order, the mask last; two members giving one column are
+        refused."""
+        image = self._image_kind(sample)
+        mask = self._mask_kind(sample, image)
+        row: dict[str, Any] = {KEY_COLUMN: sample.key,
+                               self.fields.image: self._image(sample, image)}
+        owners = {KEY_COLUMN: "the key", self.fields.image: sample.members[image].name}
+        rest: dict[str, Any] = {}
+        for kind, data in sample.data.items():
+            if kind in (image, mask):
+                continue
+            member = sample.members[kind]
+            for column, value in self._columns(member, kind, data):
+                if column in owners:
+                    raise PackError(
+                        f"{self.where(member)}: gives the column '{column}', which "
+                        f"{owners[column]} gives too; give one of the members another "
+                        "type, or rename the JSON key")
+                owners[column] = f"member '{member.name}'"
+                rest[column] = value
+        if "label" in rest:
+            row["label"] = rest.pop("label")
+        row.update(rest)
+        if mask is not None:
+            data = self._image(sample, mask)
+            row[spec.MASK_ENCODED] = data
+            row[spec.MASK_FORMAT] = _format(data)
+        return row
+
+    def _image_kind(self, sample: _Sample) -> str:
+        types = ", ".join(sample.members) or "none"
+        named = self.fields.image
+        if named != "image":
+            if named not in sample.members:
+                raise PackError(
+                    f"'{self.path}': sample '{sample.key}' has no member of type '{named}' "
+                    f"(the image named; its members' types: {types}); a tar sample's image "
+                    "is one of its image members: name its type (e.g. --image-column jpg)")
+            if not _is_image(named):
+                raise PackError(
+                    f"{self.where(sample.members[named])}: is named as the image, but "
+                    f"'{named}' is not an image type ({', '.join(IMAGE_SUFFIXES)})")
+            return named
+        found = [k for k in sample.members if _is_image(k) and not _is_mask(k)]
+        if not found:
+            raise PackError(
+                f"'{self.path}': sample '{sample.key}' has no image member (its members' "
+                f"types: {types}; image types end in {', '.join(IMAGE_SUFFIXES)}); if its "
+                "image comes later in the tar, the sample's members are not adjacent: "
+                "re-write the tar with each sample's members together")
+        if len(found) > 1:
+            a, b = (sample.members[k].name for k in found[:2])
+            raise PackError(
+                f"'{self.path}': sample '{sample.key}' has two image members, '{a}' and "
+                f"'{b}'; name the image by its type: --image-column {found[0]} "
+                f"(RowFields(image='{found[0]}')); the other is kept as bytes")
+        return found[0]
+
+    def _mask_kind(self, sample: _Sample, image: str) -> str | None:
+        masks = [k for k in sample.members if k != image and _is_image(k) and _is_mask(k)]
+        if len(masks) > 1:
+            a, b = (sample.members[k].name for k in masks[:2])
+            raise PackError(f"'{self.path}': sample '{sample.key}' has two masks, '{a}' and "
+                            f"'{b}'; keep one (a record holds one mask)")
+        return masks[0] if masks else None
+
+    def _image(self, sample: _Sample, kind: str) -> bytes:
+        from shardfeed.tools.pack.record import image_shape
+
+        member, data = sample.members[kind], sample.data[kind]
+        if _format(data) == "other":
+            raise PackError(
+                f"{self.where(member)}: its type '{kind}' says image, but its bytes are not "
+                "an image shardfeed reads (JPEG, PNG, WebP, BMP, TIFF, GIF, PNM); fix or "
+                "remove the member")
+        image_shape(data, where=self.where(member), max_pixels=self.max_pixels)
+        return data
+
+    def _columns(self, member: tarfile.TarInfo, kind: str,
+                 data: bytes) -> Iterator[tuple[str, Any]]:
+        if kind in _INT_TYPES:
+            yield _INT_TYPES[kind], self._whole_number(member, kind, data)
+        elif kind in _TEXT_TYPES:
+            yield kind, self._text(member, data)
+        elif kind == "json" or kind.endswith(".json"):
+            yield from self._json(member, kind, data)
         else:
-            sample[ext] = data
-    if sample:
-        yield _tar_row(sample, path)
+            yield kind, data
+
+    def _text(self, member: tarfile.TarInfo, data: bytes) -> str:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PackError(f"{self.where(member)}: is not UTF-8 text (byte {exc.start} of "
+                            "it); save it as UTF-8") from None
+
+    def _whole_number(self, member: tarfile.TarInfo, kind: str, data: bytes) -> int:
+        text = self._text(member, data).strip()
+        try:
+            value = int(text, 10)
+        except ValueError:
+            value = None
+        if value is None or not -(1 << 63) <= value < (1 << 63):
+            raise PackError(
+                f"{self.where(member)}: a .{kind} member holds one whole number as text "
+                "(e.g. 3), and this one does not; fix it, or give the member another type "
+                "(x.txt keeps it as text)")
+        return value
+
+    def _json(self, member: tarfile.TarInfo, kind: str,
+              data: bytes) -> Iterator[tuple[str, Any]]:
+        text = self._text(member, data)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PackError(f"{self.where(member)}: is not valid JSON ({exc.msg} at line "
+                            f"{exc.lineno}, column {exc.colno}); fix the member") from None
+        except RecursionError:
+            raise PackError(f"{self.where(member)}: its JSON is nested too deep") from None
+        if not isinstance(value, dict):
+            raise PackError(
+                f"{self.where(member)}: holds a JSON {_json_kind(value)}, not an object; "
+                f"its keys become the columns {kind}/<key>: save it as an object "
+                '(e.g. {"values": [...]})')
+        for column, item in _flat(value, kind):
+            written = self.fields.labels is None or column in self.fields.labels
+            problem = _json_problem(item) if written else None
+            if problem is not None:
+                raise PackError(
+                    f"{self.where(member)}: the key '{column}' holds {problem}; a label "
+                    "is a number, text or a list of either: choose the label columns "
+                    "(--label-columns, RowFields(labels=[...])) or fix the JSON")
+            yield column, item
 
 
-def _tar_row(sample: dict[str, Any], path: str) -> dict[str, Any]:
-    for ext in IMAGE_SUFFIXES:
-        if ext in sample:
-            sample["image"] = sample.pop(ext)
-            return sample
-    raise PackError(f"'{path}': sample '{sample.get('__key__')}' has no image member "
-                    f"(extensions {', '.join(IMAGE_SUFFIXES)})")
+def _split(name: str) -> tuple[str, str]:
+    """WebDataset's key and type of a member name: ``a/b.rgb.jpg`` -> ``a/b``, ``rgb.jpg``
+    (the type in lower case)."""
+    folder, _, base = name.rpartition("/")
+    stem, _, kind = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), kind.lower()
 
 
-__all__ = ["IMAGE_SUFFIXES", "tar_rows"]
+def _is_image(kind: str) -> bool:
+    return kind.rpartition(".")[2] in IMAGE_SUFFIXES
+
+
+def _is_mask(kind: str) -> bool:
+    return "." in kind and kind.partition(".")[0] in MASK_PREFIXES
+
+
+def _format(data: bytes) -> str:
+    from shardfeed.tools.pack.record import image_format
+
+    return image_format(data)
+
+
+def _flat(value: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for key, item in value.items():
+        column = f"{prefix}/{key}"
+        if isinstance(item, dict):
+            yield from _flat(item, column)
+        else:
+            yield column, item
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _json_problem(value: Any) -> str | None:
+    """What makes a JSON value no label (None: it is one): null, an integer beyond int64,
+    an array of arrays of other lengths, of objects, or of mixed kinds."""
+    if isinstance(value, (str, bool, float)):
+        return None
+    if isinstance(value, int):
+        return None if -(1 << 63) <= value < (1 << 63) else "an integer beyond 64 bits"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        if all(isinstance(v, str) for v in value):
+            return None
+        problems = [p for p in map(_json_problem, value) if p is not None]
+        if problems:
+            return f"an array with {problems[0]}"
+        try:
+            import numpy as np
+
+            kind = np.asarray(value).dtype.kind
+        except ValueError:
+            kind = "O"
+        return None if kind in "biuf" else "an array of mixed kinds or ragged rows"
+    return f"a JSON {_json_kind(value)}"
+
+
+__all__ = ["IMAGE_SUFFIXES", "KEY_COLUMN", "MASK_PREFIXES", "TAR_SUFFIXES", "is_tar",
+           "member_limit", "tar_fields", "tar_rows", "tars_name"]

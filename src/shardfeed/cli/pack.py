@@ -29,6 +29,7 @@ examples:
   shardfeed pack old/*.tfrecord.gz out/ --from-tfrecord  # re-pack (GZIP) TFRecord files
   shardfeed pack export/*.parquet out/ --image-column jpeg --label-columns label
   shardfeed pack shards/*.tar out/                        # WebDataset: key = name, cls = label
+  shardfeed pack shards/*.tar.gz out/ --image-column rgb.jpg  # two image members: name one
   shardfeed pack mnist.npz out/ --image-column x_train --label-columns y_train  # arrays
 """
 
@@ -61,7 +62,8 @@ def _add_rows_arguments(parser: argparse.ArgumentParser) -> None:
     rows = parser.add_argument_group("Parquet, WebDataset tar and .npz columns")
     rows.add_argument("--image-column", default=None, metavar="COL",
                       help="the image column (encoded bytes, a path, or a bytes/path struct; "
-                           "of an .npz: the N×H×W[×C] array; default: image)")
+                           "of an .npz: the N×H×W[×C] array; of a tar: a member type such "
+                           "as jpg or rgb.jpg; default: image)")
     rows.add_argument("--label-columns", default=None, metavar="COLS",
                       help="comma-separated label columns (default: every other column; of "
                            "an .npz: every other array, all as long as the images)")
@@ -84,6 +86,7 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source", nargs="+",
         help="a folder of class sub-folders, a CSV file, Parquet files or WebDataset .tar "
+             "(.tar.gz, .tgz) "
              "shards, or (--from-tfrecord) TFRecord files",
     )
     parser.add_argument("output", help="output folder (created if missing; must be empty)")

@@ -9,6 +9,7 @@
       tf-text/       TensorFlow's mixed.tfrecord and second.tfrecord with DALI .idx files
       tf-binary/     mixed.tfrecord with an .idx.npy
       tf-bare/       mixed.tfrecord alone (its index is built when opened)
+      ingest/        pack inputs: a WebDataset tar, an .npz, a Parquet file (fuzz_ingest)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import itertools
 import shutil
 from pathlib import Path
 
+import fuzz_ingest
 import numpy as np
 
 from shardfeed.format.framing import scan
@@ -26,7 +28,7 @@ from shardfeed.format.schema import FeatureInfo, ImageInfo, Schema
 from shardfeed.format.writer import ShardWriter
 
 TF_FIXTURES = Path(__file__).resolve().parent.parent / "data" / "tf"
-FOLDERS = ("packed", "packed-text", "tf-text", "tf-binary", "tf-bare")
+FOLDERS = ("packed", "packed-text", "tf-text", "tf-binary", "tf-bare", fuzz_ingest.FOLDER)
 
 
 def _packed(folder: Path) -> None:
@@ -87,6 +89,7 @@ def build(root: Path) -> Path:
     bare = root / "tf-bare"
     bare.mkdir()
     shutil.copy(TF_FIXTURES / "mixed.tfrecord", bare / "mixed.tfrecord")
+    fuzz_ingest.build(root / fuzz_ingest.FOLDER)
     return root
 
 

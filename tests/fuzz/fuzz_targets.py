@@ -6,7 +6,9 @@ mutations of it, all drawn from ``random.Random(f"{seed}:{number}")``. Running i
 mutated file into a private copy of the corpus, opens that dataset with
 :class:`shardfeed.Dataset`, reads every record (one at a time, then all at once), asks for
 the schema, fingerprint, manifest and sidecars, and calls the format readers directly
-(index loaders, ``scan``, ``Manifest.load``, ``decode_example``). Any exception other than a
+(index loaders, ``scan``, ``Manifest.load``, ``decode_example``). A mutated pack input (a
+WebDataset tar, an ``.npz``, a Parquet file; :mod:`fuzz_ingest`) is packed, and what it
+wrote is read back the same way. Any exception other than a
 :class:`~shardfeed.errors.ShardfeedError` escapes: that is a finding.
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import fuzz_corpus
+import fuzz_ingest
 import fuzz_mutate as M
 import numpy as np
 
@@ -42,7 +45,7 @@ class Target:
     name: str
     folder: str
     file: str
-    family: str  # bytes | text | npy | json | example
+    family: str  # bytes | text | npy | json | example | tar | npz | parquet
 
 
 TARGETS = (
@@ -57,7 +60,12 @@ TARGETS = (
     Target("tf-shard", "tf-text", "second.tfrecord", "bytes"),
     Target("tf-bare-shard", "tf-bare", "mixed.tfrecord", "bytes"),
     Target("example", "tf-bare", "mixed.tfrecord", "example"),
+    Target("webdataset-tar", fuzz_ingest.FOLDER, fuzz_ingest.FILES["tar"], "tar"),
+    Target("npz-archive", fuzz_ingest.FOLDER, fuzz_ingest.FILES["npz"], "npz"),
+    Target("parquet-file", fuzz_ingest.FOLDER, fuzz_ingest.FILES["parquet"], "parquet"),
 )
+PACK_INPUTS = frozenset(fuzz_ingest.FILES)
+"""Families whose file is a pack input, packed and then read back."""
 
 SPECS = (
     {"image/class/label": FeatureSpec("int64", shape=())},
@@ -126,6 +134,8 @@ FAMILY_MUTATIONS: dict[str, Callable[[random.Random, bytes], bytes]] = {
     "npy": M.mutate_npy,
     "json": M.mutate_json,
     "example": M.mutate_example,
+    "tar": fuzz_ingest.mutate_tar,
+    "npz": fuzz_ingest.mutate_npz,
 }
 
 
@@ -189,10 +199,16 @@ def run_input(inp: Input, ws: Workspace) -> None:
     try:
         if target.family == "example":
             _example(inp.data, folder / target.file, ws)
+            exercise_dataset(folder, verify_crc=inp.verify_crc)
+        elif target.family in PACK_INPUTS:
+            (folder / target.file).write_bytes(inp.data)
+            out = folder / "packed-out"
+            if _quietly(lambda: fuzz_ingest.pack(folder / target.file, out)):
+                exercise_dataset(out, verify_crc=inp.verify_crc)
         else:
             (folder / target.file).write_bytes(inp.data)
             _direct(target, folder / target.file, inp.data)
-        exercise_dataset(folder, verify_crc=inp.verify_crc)
+            exercise_dataset(folder, verify_crc=inp.verify_crc)
     finally:
         ws.restore(target.folder)
 

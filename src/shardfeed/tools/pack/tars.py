@@ -40,16 +40,16 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
-import json
 import lzma
 import tarfile
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
+from shardfeed.tools.pack.tarvalues import member_columns
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
@@ -69,10 +69,6 @@ KEY_COLUMN = "__key__"
 
 HEADER_BYTES = 1 << 20
 """The most bytes read at once for a tar header (a PAX header, a GNU long name)."""
-
-_INT_TYPES = {"cls": "label", "cls2": "cls2", "index": "index"}
-_TEXT_TYPES = ("txt", "text")
-
 
 def member_limit(max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
     """The most bytes one tar member may hold: an image of ``max_pixels`` pixels stored
@@ -350,59 +346,7 @@ class _Reader:
 
     def _columns(self, member: tarfile.TarInfo, kind: str,
                  data: bytes) -> Iterator[tuple[str, Any]]:
-        if kind in _INT_TYPES:
-            yield _INT_TYPES[kind], self._whole_number(member, kind, data)
-        elif kind in _TEXT_TYPES:
-            yield kind, self._text(member, data)
-        elif kind == "json" or kind.endswith(".json"):
-            yield from self._json(member, kind, data)
-        else:
-            yield kind, data
-
-    def _text(self, member: tarfile.TarInfo, data: bytes) -> str:
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PackError(f"{self.where(member)}: is not UTF-8 text (byte {exc.start} of "
-                            "it); save it as UTF-8") from None
-
-    def _whole_number(self, member: tarfile.TarInfo, kind: str, data: bytes) -> int:
-        text = self._text(member, data).strip()
-        try:
-            value = int(text, 10)
-        except ValueError:
-            value = None
-        if value is None or not -(1 << 63) <= value < (1 << 63):
-            raise PackError(
-                f"{self.where(member)}: a .{kind} member holds one whole number as text "
-                "(e.g. 3), and this one does not; fix it, or give the member another type "
-                "(x.txt keeps it as text)")
-        return value
-
-    def _json(self, member: tarfile.TarInfo, kind: str,
-              data: bytes) -> Iterator[tuple[str, Any]]:
-        text = self._text(member, data)
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PackError(f"{self.where(member)}: is not valid JSON ({exc.msg} at line "
-                            f"{exc.lineno}, column {exc.colno}); fix the member") from None
-        except RecursionError:
-            raise PackError(f"{self.where(member)}: its JSON is nested too deep") from None
-        if not isinstance(value, dict):
-            raise PackError(
-                f"{self.where(member)}: holds a JSON {_json_kind(value)}, not an object; "
-                f"its keys become the columns {kind}/<key>: save it as an object "
-                '(e.g. {"values": [...]})')
-        for column, item in _flat(value, kind):
-            written = self.fields.labels is None or column in self.fields.labels
-            problem = _json_problem(item) if written else None
-            if problem is not None:
-                raise PackError(
-                    f"{self.where(member)}: the key '{column}' holds {problem}; a label "
-                    "is a number, text or a list of either: choose the label columns "
-                    "(--label-columns, RowFields(labels=[...])) or fix the JSON")
-            yield column, item
+        return member_columns(kind, data, where=self.where(member), labels=self.fields.labels)
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -425,45 +369,6 @@ def _format(data: bytes) -> str:
     from shardfeed.tools.pack.record import image_format
 
     return image_format(data)
-
-
-def _flat(value: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
-    for key, item in value.items():
-        column = f"{prefix}/{key}"
-        if isinstance(item, dict):
-            yield from _flat(item, column)
-        else:
-            yield column, item
-
-
-def _json_kind(value: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
-
-
-def _json_problem(value: Any) -> str | None:
-    """What makes a JSON value no label (None: it is one): null, an integer beyond int64,
-    an array of arrays of other lengths, of objects, or of mixed kinds."""
-    if isinstance(value, (str, bool, float)):
-        return None
-    if isinstance(value, int):
-        return None if -(1 << 63) <= value < (1 << 63) else "an integer beyond 64 bits"
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        if all(isinstance(v, str) for v in value):
-            return None
-        problems = [p for p in map(_json_problem, value) if p is not None]
-        if problems:
-            return f"an array with {problems[0]}"
-        try:
-            import numpy as np
-
-            kind = np.asarray(value).dtype.kind
-        except ValueError:
-            kind = "O"
-        return None if kind in "biuf" else "an array of mixed kinds or ragged rows"
-    return f"a JSON {_json_kind(value)}"
 
 
 __all__ = ["IMAGE_SUFFIXES", "KEY_COLUMN", "MASK_PREFIXES", "TAR_SUFFIXES", "is_tar",

@@ -85,7 +85,8 @@ def test_keys_name_the_object_version() -> None:
     one = object_key("s3://b/part-0.tfrecord", 1000, 123)
     assert one != object_key("s3://b/part-0.tfrecord", 1000, 124)  # rewritten: other bytes
     assert one != object_key("s3://b/part-0.tfrecord", 1001, 123)
-    assert entry_key(one, 7) != entry_key(one, 8)
+    assert one != object_key("s3://b/part-0.tfrecord", 1000, "123")  # an ETag, not a CRC
+    assert entry_key(one, 7, 700) != entry_key(one, 8, 700) != entry_key(one, 8, 800)
 
 
 def test_arguments_are_checked(tmp_path: Path) -> None:

@@ -115,8 +115,9 @@ class RecordFetcher:
         objects, urls = self._objects, self._table.urls
         for i, (k, r) in enumerate(zip(shard.tolist(), local.tolist())):
             offsets = self._table.offsets_view(k)
-            sizes[i] = int(offsets[r + 1]) - int(offsets[r]) - FRAMING_BYTES
-            keys.append(entry_key(objects[k], r) if objects[k] else None)
+            start = int(offsets[r])
+            sizes[i] = int(offsets[r + 1]) - start - FRAMING_BYTES
+            keys.append(entry_key(objects[k], r, start) if objects[k] else None)
         return keys, sizes, [urls[k] for k in shard.tolist()]
 
     def riders(self, fetch: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -219,7 +220,8 @@ class RecordFetcher:
             c = self.cache.counters
             out.update(cache_hits=c.hits, cache_misses=c.misses, cache_corrupt=c.corrupt,
                        cache_admitted=c.admitted, cache_bypassed=c.bypassed,
-                       cache_evicted=c.evicted, cache_bytes_written=c.bytes_written)
+                       cache_evicted=c.evicted, cache_bytes_written=c.bytes_written,
+                       cache_stepped_aside=c.stepped_aside)
         return out
 
     def close(self) -> None:
@@ -432,10 +434,8 @@ class AheadSession:
     @staticmethod
     def _fill(cache: DiskCache, items: list[tuple[str, bytes]]) -> None:
         for n, (key, data) in enumerate(items):
-            try:
-                cache.fill(key, data)
-            except (OSError, StorageError) as exc:  # a full disk: go on without caching
-                log.warning("%s", exc)
+            cache.fill(key, data)  # a full disk: the cache steps aside, says so once
+            if cache.aside is not None:
                 cache.abandon([k for k, _ in items[n + 1 :]])
                 return
 

@@ -3,12 +3,14 @@
 ::
 
     cache_dir/
-      index.sqlite3          one row an entry: key, object URL, size, next use, ready
-      data/3f/3f9a...-17.rec one file an entry: b"SFC1", CRC32C, length, then the bytes
+      index.sqlite3                  one row an entry: key, object URL, size, next use, ready
+      data/3f/3f9a...-17-40960.rec   one file an entry (see :mod:`.cache_entries`): the
+                                     format, a digest of its key, CRC32C, length, the bytes
 
 An entry is an immutable value under a key that names what it holds (see :func:`entry_key`:
-the object's URL, its size and checksum, and the part of it), so a rewritten object never
-hits an old entry; old entries are evicted like any other.
+the object's URL, its size and version (checksum, or what the store says changes: ETag,
+generation, modification time), and the record's number and offset), so a rewritten object
+never hits an old entry; old entries are evicted like any other.
 
 Which entries stay is decided by each entry's *next use*, a number the caller gives (the
 Loader gives the global position of the next batch that reads it: its order is known in
@@ -21,31 +23,41 @@ Safety: several processes (ranks, workers, runs) may share one folder. The index
 in WAL mode: every decision (admit, evict) is one transaction, so the total stays within
 ``max_bytes`` whoever writes. A file is written under a temporary name and renamed; an entry
 is *reserved* before its bytes arrive and *ready* after, and only ready entries are read.
-Every read checks the file's length and CRC32C: a damaged file is removed and reported as a
-miss (the caller fetches the bytes again). Reservations of a process that died are dropped
-when the cache is next opened. The folder must be on a local file system (SQLite's locks).
+Every read checks that the file is the entry of the key read (its header holds a digest of
+the key), its length and its CRC32C: a damaged file, or another entry's (copied, swapped,
+linked), is removed and reported as a miss (the caller fetches the bytes again); symbolic
+links are never followed. Reservations of a process that died are dropped when the cache is
+next opened; entries of an older format are dropped when a folder is first opened by this
+one. The folder must be on a local file system (SQLite's locks).
+
+A cache that cannot write (a full disk, a quota, a folder that went read-only) steps aside:
+it says so once (a RuntimeWarning naming the folder and the error), keeps nothing more for
+the rest of this process's use of it, and reads what it holds while that works; everything
+else is read from storage. Nothing it could not write is ever read back as whole.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import sqlite3
-import struct
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import google_crc32c
-
 from shardfeed.errors import StorageError
+from shardfeed.storage.cache_entries import EntryFiles
 
 UNKNOWN_USE = 1 << 62
 """The next use of an entry put without one: evicted before any entry with a known use."""
 
-MAGIC = b"SFC1"
-_HEADER = struct.Struct("<4sIQ")  # magic, CRC32C of the data, length of the data
+ENTRY_FORMAT = 2
+"""The entries' layout (see :mod:`.cache_entries`); a folder of another is emptied on open."""
+
 _PARAMS = 400  # keys a query at most (SQLite's limit on parameters is 999 or more)
 
 _SCHEMA = """
@@ -55,26 +67,35 @@ CREATE TABLE IF NOT EXISTS entries(
     pid INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS by_use ON entries(next_use DESC, seq);
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta VALUES ('total', 0), ('seq', 0), ('max_bytes', 0);
+INSERT OR IGNORE INTO meta VALUES ('total', 0), ('seq', 0), ('max_bytes', 0), ('format', 0);
 """
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
-def object_key(url: str, size: int, checksum: int | None) -> str:
-    """The key of one object's bytes: its URL, size and checksum (None: none known)."""
-    text = f"{url}\0{size}\0{checksum}"
+
+Version = int | str | None
+"""What names an object's bytes beside its URL and size: the manifest's CRC32C (an int), or
+what the store says changes when the object is rewritten (a str: ETag, generation, ...)."""
+
+
+def object_key(url: str, size: int, version: Version) -> str:
+    """The key of one object's bytes: its URL, size and version (see :data:`Version`)."""
+    text = f"{url}\0{size}\0{type(version).__name__}:{version}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def object_keys(urls: Sequence[str], sizes: Sequence[int],
-                checksums: Sequence[int | None], remote: Sequence[bool]) -> list[str]:
-    """The key of each object of ``urls`` (``""`` where ``remote`` is False: never cached)."""
-    return [object_key(u, sizes[k], checksums[k]) if remote[k] else ""
-            for k, u in enumerate(urls)]
+                versions: Sequence[Version], remote: Sequence[bool]) -> list[str]:
+    """The key of each object of ``urls`` (``""`` where ``remote`` is False, or where the
+    version is None: nothing says when its bytes change, so they are never cached)."""
+    return [object_key(u, sizes[k], versions[k]) if remote[k] and versions[k] is not None
+            else "" for k, u in enumerate(urls)]
 
 
-def entry_key(obj: str, part: int) -> str:
-    """The key of part ``part`` (a record number) of the object keyed ``obj``."""
-    return f"{obj}-{part}"
+def entry_key(obj: str, part: int, offset: int) -> str:
+    """The key of part ``part`` (a record number), at byte ``offset``, of the object keyed
+    ``obj``."""
+    return f"{obj}-{part}-{offset}"
 
 
 @dataclass(slots=True)
@@ -89,6 +110,7 @@ class CacheCounters:
     evicted: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    stepped_aside: int = 0  # 1 once the cache could not write (see the module docstring)
 
     def hit_rate(self) -> float:
         looked = self.hits + self.misses
@@ -114,7 +136,7 @@ class DiskCache:
     the one its users set last.
 
     Memory: one SQLite connection (its page cache, a few MiB). Disk: ``max_bytes`` of entries
-    plus a 16-byte header and the file system's rounding an entry, and the index (about 150
+    plus a 36-byte header and the file system's rounding an entry, and the index (about 150
     bytes an entry).
     """
 
@@ -131,18 +153,24 @@ class DiskCache:
         self._bound = max_bytes
         self.max_bytes = max_bytes or 0
         self.counters = CacheCounters()
+        self.aside: str | None = None
+        """Why the cache stepped aside (None: it has not; see the module docstring)."""
         self._lock = threading.Lock()
+        self._aside_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         try:
-            (self.path / "data").mkdir(parents=True, exist_ok=True)
+            self._files = EntryFiles(self.path / "data")
             self._db()
             self._drop_dead_reservations()
+            self._drop_other_formats()
         except (OSError, sqlite3.Error) as exc:
-            raise StorageError(
-                f"cannot open the cache folder '{self.path}': {exc}; give a writable local "
-                "folder as cache_dir, or remove a damaged one (shardfeed cache --clear)"
-            ) from exc
+            if not _is_full(exc):
+                raise StorageError(
+                    f"cannot open the cache folder '{self.path}': {exc}; give a writable "
+                    "local folder as cache_dir, or remove a damaged one (shardfeed cache "
+                    "--clear)") from exc
+            self._step_aside(exc)
 
     @classmethod
     def existing(cls, path: str | os.PathLike[str]) -> DiskCache:
@@ -161,19 +189,34 @@ class DiskCache:
         if self._conn is None or self._pid != os.getpid():
             conn = sqlite3.connect(self.path / "index.sqlite3", timeout=60.0,
                                    isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            if self._bound is None:  # opened to look at: the bound its users set last
-                self.max_bytes = conn.execute(
-                    "SELECT value FROM meta WHERE name='max_bytes'").fetchone()[0]
-            else:
-                conn.execute("UPDATE meta SET value=? WHERE name='max_bytes'", (self._bound,))
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+                if self._bound is None:  # opened to look at: the bound its users set last
+                    self.max_bytes = conn.execute(
+                        "SELECT value FROM meta WHERE name='max_bytes'").fetchone()[0]
+                else:
+                    conn.execute("UPDATE meta SET value=? WHERE name='max_bytes'",
+                                 (self._bound,))
+            except BaseException:
+                conn.close()
+                raise
             self._conn, self._pid = conn, os.getpid()
         return self._conn
 
-    def _file(self, key: str) -> Path:
-        return self.path / "data" / key[:2] / f"{key}.rec"
+    def _step_aside(self, exc: BaseException) -> None:
+        """Keep nothing more (the bytes are read from storage); say why, once."""
+        with self._aside_lock:
+            if self.aside is not None:
+                return
+            self.aside = str(exc)
+            self.counters.stepped_aside = 1
+        what = "is on a full disk" if _is_full(exc) else "cannot be written"
+        warnings.warn(
+            f"the disk cache '{self.path}' {what} ({exc}); it keeps nothing more in this "
+            "process and records are read from storage. Free space there, or give a smaller "
+            "cache_bytes or another cache_dir", RuntimeWarning, stacklevel=3)
 
     def _drop_dead_reservations(self) -> None:
         db = self._db()
@@ -181,7 +224,22 @@ class DiskCache:
         dead = [p for p in pids if p != os.getpid() and not _alive(p)]
         if dead:
             with self._lock:
-                self._transaction(lambda: self._delete_where_pid(dead))
+                self._transaction(lambda: self._delete_where_pid(dead), raising=True)
+
+    def _drop_other_formats(self) -> None:
+        """Empty a folder whose entries another format wrote (they would all be damaged)."""
+        db = self._db()
+        (found,) = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+        if found == ENTRY_FORMAT:
+            return
+
+        def body() -> list[str]:
+            keys = self._delete_all()
+            db.execute("UPDATE meta SET value=? WHERE name='format'", (ENTRY_FORMAT,))
+            return keys
+
+        with self._lock:
+            self._transaction(body, raising=True)
 
     def _delete_where_pid(self, pids: list[int]) -> list[str]:
         db = self._db()
@@ -191,21 +249,36 @@ class DiskCache:
         self._delete(rows)
         return [k for k, _ in rows]  # a file renamed in before the process died
 
-    def _transaction(self, body: Callable[[], list[str]]) -> list[str]:
+    def _transaction(self, body: Callable[[], list[str]], *, raising: bool = False,
+                     even_aside: bool = False) -> list[str] | None:
         """Run ``body()`` in one write transaction and unlink the files of the entries it
         removed (returned) before committing: while the transaction holds the write lock no
         process can reserve those keys again, so a file written for a new reservation is
-        never removed by an old eviction."""
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
+        never removed by an old eviction.
+
+        None when the cache has stepped aside, or steps aside now because the transaction
+        failed on the folder or the index (``raising``: the error is raised instead;
+        ``even_aside``: tried all the same, so that a cache that stepped aside still gives up
+        what it reserved when it can)."""
+        if self.aside is not None and not (raising or even_aside):
+            return None
         try:
-            doomed = body()
-            for key in doomed:
-                _unlink(self._file(key))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                doomed = body()
+                for key in doomed:
+                    self._files.remove(key)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # SQLite ends it itself on some errors (a full disk)
+                    db.execute("ROLLBACK")
+                raise
+        except (OSError, sqlite3.Error) as exc:
+            if raising:
+                raise
+            self._step_aside(exc)
+            return None
         return list(doomed)
 
     def _delete(self, rows: Sequence[tuple[str, int]]) -> None:
@@ -217,6 +290,13 @@ class DiskCache:
             for (size,) in db.execute("DELETE FROM entries WHERE key=? RETURNING size", (key,)):
                 freed += size
         db.execute("UPDATE meta SET value=value-? WHERE name='total'", (freed,))
+
+    def _delete_all(self) -> list[str]:
+        db = self._db()
+        keys = [k for (k,) in db.execute("SELECT key FROM entries")]
+        db.execute("DELETE FROM entries")
+        db.execute("UPDATE meta SET value=0 WHERE name='total'")
+        return keys
 
     # -- reading --------------------------------------------------------------------------
 
@@ -238,15 +318,24 @@ class DiskCache:
 
     def look_up(self, keys: Sequence[str], *, next_use: Sequence[int] | None = None
                 ) -> list[tuple[int, bool] | None]:
-        """``(size, ready)`` of each entry of ``keys`` held or reserved (None: neither); with
-        ``next_use``, the entries held are given these next uses."""
+        """``(size, ready)`` of each entry of ``keys`` held or reserved (None: neither, or
+        the index cannot be read); with ``next_use``, the entries held are given these next
+        uses (unless the cache has stepped aside)."""
         with self._lock:
-            rows = self._rows(keys)
+            try:
+                rows = self._rows(keys)
+            except sqlite3.Error as exc:
+                rows = {}
+                failed: sqlite3.Error | None = exc
+            else:
+                failed = None
             out = [rows.get(key) for key in keys]
-            if next_use is not None:
+            if next_use is not None and failed is None:
                 uses = [(int(next_use[i]), key) for i, key in enumerate(keys) if key in rows]
                 if uses:
                     self._transaction(lambda: self._after_read([], uses))
+        if failed is not None:
+            self._step_aside(failed)
         return out
 
     def tally(self, hits: int, misses: int) -> None:
@@ -257,9 +346,10 @@ class DiskCache:
 
     def read_entries(self, entries: Sequence[tuple[str, int]]) -> list[bytes | None]:
         """The bytes of ready entries ``(key, size)`` (as :meth:`look_up` gave them), checked
-        against their CRC32C; None where the file is gone (evicted by another process
-        meanwhile) or damaged (then removed, and counted). Runs on any thread, on several at
-        once (the files are read outside the index's lock)."""
+        to be these keys' entries and against their CRC32C; None where the file is gone
+        (evicted by another process meanwhile), damaged or another's (then removed, and
+        counted as corrupt). Runs on any thread, on several at once (the files are read
+        outside the index's lock)."""
         found = [self._read_file(key, size) for key, size in entries]
         out = [data for data, _ in found]
         bad = [entry for entry, data in zip(entries, out) if data is None]
@@ -285,23 +375,12 @@ class DiskCache:
 
     def _read_file(self, key: str, size: int) -> tuple[bytes | None, bool]:
         """The entry's bytes (None when its file is gone, evicted by another process
-        meanwhile, or damaged), and whether it was damaged."""
+        meanwhile, damaged or another entry's), and whether it was damaged."""
         try:
-            with open(self._file(key), "rb", buffering=0) as f:
-                head = f.read(_HEADER.size)
-                data = f.read(size + 1)  # the payload read in place (no copy); +1: too long
-                while len(data) <= size:  # a read may return less than asked: read on
-                    more = f.read(size + 1 - len(data))
-                    if not more:
-                        break
-                    data += more
-        except FileNotFoundError:
+            return self._files.read(key, size)
+        except OSError as exc:  # the disk failed under the read: a miss, and no more writes
+            self._step_aside(exc)
             return None, False
-        if len(head) == _HEADER.size:
-            magic, crc, length = _HEADER.unpack(head)
-            if magic == MAGIC and length == size == len(data) and google_crc32c.value(data) == crc:
-                return data, False
-        return None, True
 
     def _after_read(self, bad: list[tuple[str, int]], uses: list[tuple[int, str]]) -> list[str]:
         self._delete(bad)
@@ -314,13 +393,16 @@ class DiskCache:
     def reserve(self, entries: Sequence[tuple[str, str, int, int]], *, now: int) -> list[bool]:
         """Decide, in order, which of ``(key, url, size, next_use)`` to keep; True: reserved,
         to be :meth:`fill`-ed (or :meth:`abandon`-ed). False: not kept (later than everything
-        held, larger than the cache, or already held: then its next use is updated).
+        held, larger than the cache, already held: then its next use is updated, or the
+        cache has stepped aside).
 
         Entries whose next use is before ``now`` count as used last.
         """
         with self._lock:
             result: list[bool] = []
             doomed = self._transaction(lambda: self._admit(entries, now, result))
+            if doomed is None:
+                return [False] * len(entries)
             c = self.counters
             c.evicted += len(doomed)
             c.admitted += sum(result)
@@ -370,33 +452,41 @@ class DiskCache:
 
     def fill(self, key: str, data: bytes) -> None:
         """Write the bytes of reserved entry ``key`` and make it ready (nothing happens when
-        it was evicted meanwhile)."""
-        path = self._file(key)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        try:
-            path.parent.mkdir(exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(_HEADER.pack(MAGIC, google_crc32c.value(data), len(data)))
-                f.write(data)
-            os.replace(tmp, path)
-        except OSError as exc:
-            _unlink(tmp)
+        it was evicted meanwhile). When the file or the index cannot be written (a full
+        disk) the cache steps aside and the reservation is given up: nothing is raised."""
+        if self.aside is not None:
             self.abandon([key])
-            if exc.errno == 28:  # ENOSPC: the cache is only a cache; say so once, go on
-                raise StorageError(f"the cache folder '{self.path}' is on a full disk: {exc}; "
-                                   "give a smaller cache_bytes or another cache_dir") from exc
-            raise
+            return
+        try:
+            self._files.write(key, data, tag=f"{os.getpid()}-{threading.get_ident()}")
+        except OSError as exc:
+            self._step_aside(exc)
+            self.abandon([key])
+            return
         with self._lock:
-            db = self._db()
-            if not db.execute("UPDATE entries SET ready=1 WHERE key=? AND ready=0",
-                              (key,)).rowcount and db.execute(
-                    "SELECT 1 FROM entries WHERE key=?", (key,)).fetchone() is None:
-                _unlink(path)  # evicted while its bytes were on their way
-                return
-            self.counters.bytes_written += len(data)
+            try:
+                db = self._db()
+                kept = db.execute("UPDATE entries SET ready=1 WHERE key=? AND ready=0",
+                                  (key,)).rowcount or db.execute(
+                    "SELECT 1 FROM entries WHERE key=?", (key,)).fetchone() is not None
+            except sqlite3.Error as exc:
+                failed: sqlite3.Error | None = exc
+                kept = False
+            else:
+                failed = None
+                if kept:
+                    self.counters.bytes_written += len(data)
+            if not kept:  # evicted while its bytes were on their way, or not made ready
+                with contextlib.suppress(OSError):
+                    self._files.remove(key)
+        if failed is not None:
+            self._step_aside(failed)
+            self.abandon([key])
 
     def abandon(self, keys: Sequence[str]) -> None:
-        """Drop reservations that will not be filled (their fetch failed)."""
+        """Drop reservations that will not be filled (their fetch failed). Where the index
+        cannot be written, they stay until the process ends (then the next opening drops
+        them)."""
         if not keys:
             return
         with self._lock:
@@ -408,7 +498,7 @@ class DiskCache:
                                        (key,)).fetchall()
                 self._delete(rows)
                 return []
-            self._transaction(body)
+            self._transaction(body, even_aside=True)
 
     def put_many(self, items: Sequence[tuple[str, str, bytes, int]], *, now: int = 0) -> int:
         """Reserve and fill ``(key, url, data, next_use)`` items; the number kept."""
@@ -416,7 +506,7 @@ class DiskCache:
         for (key, _, data, _), ok in zip(items, kept):
             if ok:
                 self.fill(key, data)
-        return sum(kept)
+        return sum(kept) if self.aside is None else 0
 
     # -- the whole folder -----------------------------------------------------------------
 
@@ -440,8 +530,8 @@ class DiskCache:
         with self._lock:
             db = self._db()
             for obj in objects:
-                # entry keys are "<obj>-<record>": the keys from "<obj>-" up to "<obj>." ('.'
-                # follows '-'), a range of the primary key's index
+                # entry keys are "<obj>-<record>-<offset>": the keys from "<obj>-" up to
+                # "<obj>." ('.' follows '-'), a range of the primary key's index
                 n, size = db.execute(
                     "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries "
                     "WHERE key >= ? AND key < ? AND ready=1", (f"{obj}-", f"{obj}.")).fetchone()
@@ -449,24 +539,19 @@ class DiskCache:
         return out
 
     def verify(self) -> list[str]:
-        """Read every ready entry; remove the damaged ones; their keys."""
+        """Read every ready entry; remove the damaged ones (and those another entry's file
+        took the place of); their keys."""
         with self._lock:
             rows = self._db().execute("SELECT key, size FROM entries WHERE ready=1").fetchall()
-        bad = [(k, s) for k, s in rows if self._read_file(k, s)[0] is None]
+        bad = [(k, s) for k, s in rows if self._files.read(k, s)[0] is None]
         with self._lock:
-            self._transaction(lambda: self._after_read(bad, []))
+            self._transaction(lambda: self._after_read(bad, []), raising=True)
         return [k for k, _ in bad]
 
     def clear(self) -> None:
         """Remove every entry (of every process) and its file."""
         with self._lock:
-            def body() -> list[str]:
-                db = self._db()
-                keys = [k for (k,) in db.execute("SELECT key FROM entries")]
-                db.execute("DELETE FROM entries")
-                db.execute("UPDATE meta SET value=0 WHERE name='total'")
-                return keys
-            self._transaction(body)
+            self._transaction(self._delete_all, raising=True)
 
     def close(self) -> None:
         """Close this process's connection. Idempotent."""
@@ -485,6 +570,13 @@ class DiskCache:
         return f"DiskCache({str(self.path)!r}, max_bytes={self.max_bytes})"
 
 
+def _is_full(exc: BaseException) -> bool:
+    """True for a full disk or quota (ENOSPC, EDQUOT; SQLite's SQLITE_FULL)."""
+    if isinstance(exc, OSError):
+        return exc.errno in _FULL
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -495,18 +587,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-
-
 __all__ = [
+    "ENTRY_FORMAT",
     "UNKNOWN_USE",
     "CacheCounters",
     "CacheSummary",
     "DiskCache",
+    "Version",
     "entry_key",
     "object_key",
     "object_keys",

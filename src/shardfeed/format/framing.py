@@ -40,6 +40,14 @@ CONVERT_HINT = (
     "decompress first, e.g. `gunzip -c f.tfrecord.gz > f.tfrecord`, "
     "or `shardfeed pack --from-tfrecord`"
 )
+"""What to do with a GZIP-compressed TFRecord file."""
+
+ZLIB_HINT = (
+    "decompress first (gunzip does not read ZLIB), e.g. `python3 -c \"import sys, zlib; "
+    "sys.stdout.buffer.write(zlib.decompress(sys.stdin.buffer.read()))\" < f.tfrecord > "
+    "plain.tfrecord`, or re-pack it with `shardfeed pack FILE OUT --from-tfrecord`"
+)
+"""What to do with a ZLIB-compressed TFRecord file (TensorFlow's ``compression_type="ZLIB"``)."""
 
 
 def frame(payload: Buffer) -> bytes:
@@ -153,14 +161,14 @@ def unframe_bytes_at(
 def _signature_error(path: str, head: bytes) -> FormatError | None:
     """A FormatError for a GZIP or ZLIB file, else None."""
     if head[:2] == GZIP_MAGIC:
-        kind = "GZIP"
+        kind, hint = "GZIP", CONVERT_HINT
     elif len(head) >= 2 and head[0] == ZLIB_FIRST_BYTE and head[1] in ZLIB_SECOND_BYTES:
-        kind = "ZLIB"
+        kind, hint = "ZLIB", ZLIB_HINT
     else:
         return None
     return FormatError(
         f"file '{path}' is a {kind}-compressed TFRecord file; compressed files cannot be read "
-        f"by byte offset: {CONVERT_HINT}"
+        f"by byte offset: {hint}"
     )
 
 
@@ -262,6 +270,7 @@ def _truncated(path: str, record: int, pos: int, size: int, need: int) -> Corrup
 __all__ = [
     "CONVERT_HINT",
     "SCAN_BLOCK_BYTES",
+    "ZLIB_HINT",
     "frame",
     "framed_size",
     "scan",

@@ -57,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}")
     for problem in report.problems:
         print(problem)
-    decoded = sum(s.decoded for s in report.shards)
     what = f"{common.count(report.records, 'record')} in {common.count(len(report.shards), 'shard')}"
     if report.decode:
-        what += f", {common.count(decoded, 'image or mask', 'images and masks')} decoded"
+        images = sum(s.images_decoded for s in report.shards)
+        masks = sum(s.masks_decoded for s in report.shards)
+        what += f", {common.count(images, 'image')}"
+        what += f" and {common.count(masks, 'mask')} decoded" if masks else " decoded"
     if report.ok:
         print(f"ok: {what}")
         return 0

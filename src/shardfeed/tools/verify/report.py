@@ -72,7 +72,8 @@ class Problem:
 
 @dataclass(frozen=True, slots=True)
 class ShardCheck:
-    """What was checked in one shard."""
+    """What was checked in one shard. ``decoded``: images and masks decoded, of which
+    ``masks_decoded`` masks."""
 
     path: str
     records: int
@@ -80,10 +81,16 @@ class ShardCheck:
     decoded: int
     problems: tuple[Problem, ...]
     warnings: tuple[str, ...] = ()
+    masks_decoded: int = 0
+
+    @property
+    def images_decoded(self) -> int:
+        return self.decoded - self.masks_decoded
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "records": self.records, "bytes": self.bytes,
-                "decoded": self.decoded, "problems": len(self.problems),
+                "decoded": self.decoded, "images_decoded": self.images_decoded,
+                "masks_decoded": self.masks_decoded, "problems": len(self.problems),
                 "warnings": list(self.warnings)}
 
 
@@ -117,6 +124,8 @@ class VerifyReport:
             "records": self.records,
             "bytes": sum(s.bytes for s in self.shards),
             "decoded": sum(s.decoded for s in self.shards),
+            "images_decoded": sum(s.images_decoded for s in self.shards),
+            "masks_decoded": sum(s.masks_decoded for s in self.shards),
             "problems": [p.to_json() for p in self.problems],
             "warnings": list(self.warnings),
         }

@@ -160,7 +160,7 @@ def _walk(job: ShardJob, source: ByteSource, size: int,
     if damaged is not None:
         problem(INDEX_MISMATCH, damaged)
     notes: list[tuple[str, int, int]] = []  # masks a loader reads only with an option
-    offsets, decoded = _walk_records(job, source, size, index, problem, notes, advance)
+    offsets, decoded, masks = _walk_records(job, source, size, index, problem, notes, advance)
     if index is not None and not problems:
         walked = np.asarray(offsets + [size], dtype=np.uint64)
         if walked.shape != index.shape or bool(np.any(walked != index)):
@@ -170,7 +170,8 @@ def _walk(job: ShardJob, source: ByteSource, size: int,
         problem(COUNT_MISMATCH, f"the file holds {len(offsets)} records, the manifest says "
                 f"{exp.records}; re-run `shardfeed index`")
     warnings.extend(_mask_warnings(path, notes))
-    return ShardCheck(path, len(offsets), size, decoded, tuple(problems), tuple(warnings))
+    return ShardCheck(path, len(offsets), size, decoded, tuple(problems), tuple(warnings),
+                      masks_decoded=masks)
 
 
 _Report = Callable[[str, str, "int | None", "int | None"], None]
@@ -179,17 +180,21 @@ _Report = Callable[[str, str, "int | None", "int | None"], None]
 def _walk_records(
     job: ShardJob, source: ByteSource, size: int, index: np.ndarray | None,
     problem: _Report, notes: list[tuple[str, int, int]], advance: Callable[[int], object],
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, int]:
     """Walk the records with :func:`shardfeed.format.walk.walk`, reporting each problem;
-    return the offsets of the records walked and the number of images and masks decoded."""
+    return the offsets of the records walked, the number of images and masks decoded, and
+    how many of those were masks."""
     resume = None if index is None else partial(_next_indexed, index)
     data: WalkData = "payload" if job.decode or job.check_paths else "check"
     offsets: list[int] = []
-    decoded = reported = 0
+    decoded = masks = reported = 0
     for status in walk(source, size=size, data=data, resume=resume, block_bytes=BLOCK_BYTES):
         record, pos, state = status.record, status.offset, status.state
         if state == "ok" and status.payload is not None:
-            decoded += _check_payload(job, status.payload, record, pos, problem, notes)
+            images_here, masks_here = _check_payload(job, status.payload, record, pos,
+                                                     problem, notes)
+            decoded += images_here + masks_here
+            masks += masks_here
         elif state != "ok":
             _report_status(status, size, problem)
         if status.end is None:
@@ -199,7 +204,7 @@ def _walk_records(
             advance(status.end - reported)
             reported = status.end
     advance(size - reported)
-    return offsets, decoded
+    return offsets, decoded, masks
 
 
 def _report_status(status: RecordStatus, size: int, problem: _Report) -> None:
@@ -253,9 +258,10 @@ def _check_payload(
     job: ShardJob, payload: bytes, record: int, offset: int,
     problem: Callable[[str, str, int | None, int | None], None],
     notes: list[tuple[str, int, int]],
-) -> int:
+) -> tuple[int, int]:
     """Parse the record, check referenced files, and (``job.decode``) decode images and
-    masks, checking that a mask has its image's size. Returns the number decoded."""
+    masks, checking that a mask has its image's size. Returns the images and the masks
+    decoded."""
     from shardfeed.format.example import decode_example
 
     where = location(job.path, record, offset)
@@ -263,8 +269,8 @@ def _check_payload(
         features = decode_example(payload, where=where)
     except SchemaError as exc:
         problem(NOT_EXAMPLE, str(exc), record, offset)
-        return 0
-    count = 0
+        return 0, 0
+    count = {"image": 0, "mask": 0}
     sizes: dict[str, tuple[int, int]] = {}
     for role, defaults in _DEFAULT_SLOTS:
         given = job.image if role == "image" else job.mask
@@ -295,7 +301,7 @@ def _check_payload(
                 size = _try_decode(job, slot, value, where, role, record, offset, problem,
                                    notes)
             if size is not None:
-                count += 1
+                count[role] += 1
                 sizes.setdefault(role, size)
     image_hw, mask_hw = sizes.get("image"), sizes.get("mask")
     if image_hw is not None and mask_hw is not None and image_hw != mask_hw:
@@ -303,7 +309,7 @@ def _check_payload(
                 f"its image is {image_hw[0]}×{image_hw[1]}; a loader would misalign or reject "
                 "it: re-create the mask at the image's size and pack again, or skip the record "
                 "with on_error='skip'", record, offset)
-    return count
+    return count["image"], count["mask"]
 
 
 _COLOUR_MASK = "colour"

@@ -198,7 +198,8 @@ class Resize(GeometricBase):
 
 class CropOrPad(GeometricBase):
     """Make any input exactly ``height``×``width``: center-crop larger dimensions, pad smaller
-    ones (centered) with ``fill`` (images) / ``mask_fill`` (masks).
+    ones (centered) with ``fill`` (images) / ``mask_fill`` (masks). ``CropOrPad(64)`` is
+    64×64, as ``CenterCrop(64)`` and ``RandomCrop(64)`` are.
 
     Determinism: deterministic; draws nothing. State: none. Memory: the output arrays.
     """
@@ -209,7 +210,7 @@ class CropOrPad(GeometricBase):
     def __init__(
         self,
         height: int,
-        width: int,
+        width: int | None = None,
         *,
         fill: float = 0,
         mask_fill: int = 0,
@@ -218,7 +219,7 @@ class CropOrPad(GeometricBase):
         boxes: BoxFields | None = None,
     ) -> None:
         super().__init__(keys=keys, mask_keys=mask_keys, boxes=boxes)
-        self.size = parse_size((height, width))
+        self.size = parse_size((height, height if width is None else width))
         self.fill = fill
         self.mask_fill = mask_fill
 

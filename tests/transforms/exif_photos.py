@@ -39,10 +39,11 @@ def photo(seed: int, height: int = HEIGHT, width: int = WIDTH) -> np.ndarray:
     return np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)
 
 
-def encode(pixels: np.ndarray, *, cmyk: bool = False, **options: int) -> bytes:
+def encode(pixels: np.ndarray, *, cmyk: bool = False, quality: int = 92,
+           **options: int) -> bytes:
     out = io.BytesIO()
     image = Image.fromarray(pixels)
-    (image.convert("CMYK") if cmyk else image).save(out, "JPEG", quality=92, **options)
+    (image.convert("CMYK") if cmyk else image).save(out, "JPEG", quality=quality, **options)
     return out.getvalue()
 
 

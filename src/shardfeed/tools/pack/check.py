@@ -10,7 +10,9 @@ header         (default, cheap) the file exists, is not empty, is an image (magi
                found from the tail, or by walking the segments when data follows it) and a
                PNG has its IEND chunk, so a truncated file is caught without decoding it.
                Formats other than JPEG and PNG (BMP, GIF, TIFF, WebP, PPM) are decoded: that
-               is their header check. A mask must have its image's height and width.
+               is their header check. A mask must have its image's height and width, as
+               stored or as shown (a JPEG's EXIF orientation 5-8 swaps them; a loader
+               with ``exif_orientation="apply"`` decodes it so).
 decode         (``check_decode``) every JPEG and PNG is fully decoded as well: catches
                damaged image data inside a complete file, at the cost of a decode a file.
 =============  ==========================================================================
@@ -219,7 +221,16 @@ def inspect_file(
 ) -> tuple[int, int]:
     """``(height, width)`` of the image at ``path`` after the checks of the module table;
     raises :class:`_Problem` saying what is wrong."""
+    return _inspect(path, decode=decode, max_pixels=max_pixels)[0]
+
+
+def _inspect(
+    path: str, *, decode: bool, max_pixels: int
+) -> tuple[tuple[int, int], int]:
+    """:func:`inspect_file`'s size (as stored) and the file's EXIF orientation (1 for
+    anything but a tagged JPEG)."""
     from shardfeed.transforms.decode import decode_image
+    from shardfeed.transforms.decode.orientation import jpeg_orientation
 
     try:
         probe = _Probe(path)
@@ -232,6 +243,7 @@ def inspect_file(
     if probe.size == 0:
         raise _Problem("is empty (0 bytes)")
     kind = image_format(probe.head)
+    turn = 1
     try:
         if kind == "other":
             raise _Problem(_not_an_image(probe.head))
@@ -242,6 +254,7 @@ def inspect_file(
                 jpeg_end(probe.whole()) is None
             ):
                 raise _Problem("is a truncated JPEG: it has no end-of-image marker (FF D9)")
+            turn = jpeg_orientation(probe.head)
         elif kind == "png":
             size = _png_size(probe)
             _check_pixels(ClaimedSize("png", *size, size[0] * size[1]), max_pixels)
@@ -254,7 +267,7 @@ def inspect_file(
             size = (int(image.shape[0]), int(image.shape[1]))
     except DecodeError as exc:
         raise _Problem(f"does not decode ({_reason(exc)})") from None
-    return size
+    return size, turn
 
 
 def check_item(
@@ -262,22 +275,39 @@ def check_item(
 ) -> list[BadInput]:
     """The problems of one item: its image, its mask, and whether their sizes agree."""
     problems: list[BadInput] = []
-    size = mask_size = None
+    image = mask = None
     try:
-        size = inspect_file(item.source, decode=decode, max_pixels=max_pixels)
+        image = _inspect(item.source, decode=decode, max_pixels=max_pixels)
     except _Problem as exc:
         problems.append(BadInput(item.source, str(exc), line))
     if item.mask_source is not None:
         try:
-            mask_size = inspect_file(item.mask_source, decode=decode, max_pixels=max_pixels)
+            mask = _inspect(item.mask_source, decode=decode, max_pixels=max_pixels)
         except _Problem as exc:
             problems.append(BadInput(item.mask_source, f"(mask) {exc}", line))
-    if size is not None and mask_size is not None and size != mask_size:
+    if image is not None and mask is not None and not _sizes_agree(image, mask):
+        (height, width), turn = image
+        shown = ""
+        if _shown(image) != (height, width):
+            shown = (f", {width}x{height} as shown (its EXIF orientation is {turn}; a mask "
+                     "of either size packs)")
         problems.append(BadInput(
-            item.mask_source or "", f"(mask) is {mask_size[0]}x{mask_size[1]} (height x "
-            f"width) but its image '{item.source}' is {size[0]}x{size[1]}", line,
+            item.mask_source or "", f"(mask) is {mask[0][0]}x{mask[0][1]} (height x "
+            f"width) but its image '{item.source}' is {height}x{width}{shown}", line,
         ))
     return problems
+
+
+def _shown(found: tuple[tuple[int, int], int]) -> tuple[int, int]:
+    """The ``(height, width)`` of an image as its EXIF orientation shows it."""
+    (height, width), turn = found
+    return (width, height) if turn >= 5 else (height, width)
+
+
+def _sizes_agree(image: tuple[tuple[int, int], int], mask: tuple[tuple[int, int], int]) -> bool:
+    """Whether a mask fits its image as both are stored, or as both are shown (what a loader
+    with ``exif_orientation="ignore"`` / ``"apply"`` decodes)."""
+    return image[0] == mask[0] or _shown(image) == _shown(mask)
 
 
 def check_inputs(

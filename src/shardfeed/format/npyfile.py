@@ -13,6 +13,10 @@ array of a plain little-endian number type named in ``dtypes``), the data length
 against it (so the count is bounded by the file's size before anything is allocated), and
 the values are then memory-mapped or viewed in place. Every failure is a
 :class:`~shardfeed.errors.FormatError` naming the file. Nothing is ever unpickled.
+
+:func:`parse_header` reads the header of any ``.npy`` the same way (any shape, any type
+string), for callers that check what it claims before reading a value: ``pack`` of the
+arrays of an ``.npz`` archive, whose members may claim gigabytes.
 """
 
 from __future__ import annotations
@@ -61,6 +65,53 @@ def parse_layout(
     ``dtypes``: the accepted type strings (``'<u8'``, ``'<i8'``, ...). ``what`` names the
     file's role in messages (``a binary index``), ``fix`` says what to do.
     """
+    fields, data_offset = _header(head, file_bytes=file_bytes, path=path, what=what, fix=fix)
+    descr, shape = fields["descr"].strip("'"), fields["shape"]
+    if descr not in dtypes:
+        raise _fail(path, what, f"values of type {descr!r}, expected "
+                                f"{' or '.join(repr(d) for d in sorted(dtypes))}", fix)
+    dims = [d.strip() for d in shape.strip("()").split(",") if d.strip()]
+    if len(dims) != 1 or not dims[0].isdigit():
+        raise _fail(path, what, f"shape {shape}, expected one dimension", fix)
+    dtype = np.dtype(descr)
+    count = int(dims[0])
+    if data_offset + count * dtype.itemsize != file_bytes:
+        raise _fail(
+            path, what, f"its header says {count} values ({count * dtype.itemsize} bytes) "
+            f"but {file_bytes - data_offset} bytes follow it", fix,
+        )
+    return NpyLayout(dtype=dtype, count=count, data_offset=data_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class NpyHeader:
+    """What the header of a ``.npy`` file claims, unchecked against the data: the type
+    string ``descr`` (``'|u1'``, ``'<f4'``, ``'|O'``...), the ``shape``, whether the values
+    are in Fortran order, and where they start."""
+
+    descr: str
+    shape: tuple[int, ...]
+    fortran_order: bool
+    data_offset: int
+
+
+def parse_header(head: bytes, *, path: str, what: str, fix: str) -> NpyHeader:
+    """The header at the start of ``head`` (at least ``MAX_HEADER_BYTES + 12`` bytes of a
+    ``.npy`` file, or all of it), of any shape and type, matched as text (never evaluated).
+    The caller checks the type, the shape and the data length before reading any value.
+    A structured type (a list of fields) is refused as not a plain array header."""
+    fields, data_offset = _header(head, file_bytes=len(head), path=path, what=what, fix=fix)
+    dims = [d.strip() for d in fields["shape"].strip("()").split(",") if d.strip()]
+    if not all(d.isdigit() for d in dims):
+        raise _fail(path, what, f"shape {fields['shape']} is not a tuple of sizes", fix)
+    return NpyHeader(descr=fields["descr"].strip("'"), shape=tuple(int(d) for d in dims),
+                     fortran_order=fields["fortran_order"] == "True", data_offset=data_offset)
+
+
+def _header(
+    head: bytes, *, file_bytes: int, path: str, what: str, fix: str
+) -> tuple[dict[str, str], int]:
+    """The three header entries as text, and where the data starts."""
     if head[:len(MAGIC)] != MAGIC or len(head) < _PREFIX_BYTES:
         raise _fail(path, what, "no NumPy .npy signature at byte 0", fix)
     major, minor = head[len(MAGIC)], head[len(MAGIC) + 1]
@@ -81,21 +132,7 @@ def parse_layout(
     fields = _header_fields(head[start:data_offset].decode("latin-1"))
     if fields is None:
         raise _fail(path, what, "its header is not a NumPy array header", fix)
-    descr, shape = fields["descr"].strip("'"), fields["shape"]
-    if descr not in dtypes:
-        raise _fail(path, what, f"values of type {descr!r}, expected "
-                                f"{' or '.join(repr(d) for d in sorted(dtypes))}", fix)
-    dims = [d.strip() for d in shape.strip("()").split(",") if d.strip()]
-    if len(dims) != 1 or not dims[0].isdigit():
-        raise _fail(path, what, f"shape {shape}, expected one dimension", fix)
-    dtype = np.dtype(descr)
-    count = int(dims[0])
-    if data_offset + count * dtype.itemsize != file_bytes:
-        raise _fail(
-            path, what, f"its header says {count} values ({count * dtype.itemsize} bytes) "
-            f"but {file_bytes - data_offset} bytes follow it", fix,
-        )
-    return NpyLayout(dtype=dtype, count=count, data_offset=data_offset)
+    return fields, data_offset
 
 
 def _header_fields(text: str) -> dict[str, str] | None:

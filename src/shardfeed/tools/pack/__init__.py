@@ -46,7 +46,7 @@ from shardfeed.tools.pack.ledger import planned_files, record_done
 from shardfeed.tools.pack.output import PackResult
 from shardfeed.tools.pack.plan import PackPlan, ShardPlan, parse_size, plan_shards, sort_key
 from shardfeed.tools.pack.record import MODES, Mode, build_payload, estimate_size, fingerprint
-from shardfeed.tools.pack.rows import DATA_SUFFIXES, RowFields, paths_of
+from shardfeed.tools.pack.rows import RowFields, is_data, paths_of
 from shardfeed.tools.pack.workers import ExecutorKind, ordered_map
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels
 
@@ -184,7 +184,7 @@ def _run(call: _PackCall) -> PackResult:
 
         return pack_rows(call.source, output if is_remote(output) else os.path.abspath(output),
                          fields=call.fields, options=_options(call), overwrite=call.overwrite,
-                         resume=call.resume, progress=call.progress)
+                         resume=call.resume, progress=call.progress, root=call.root)
     if is_remote(output):
         return _pack_to_url(call)
     options = _options(call)
@@ -210,7 +210,7 @@ def _is_rows(call: _PackCall) -> bool:
         return True
     paths = paths_of(call.source)
     if paths is not None:
-        return all(p.endswith(DATA_SUFFIXES) for p in paths)
+        return is_data(paths)
     return not call.from_tfrecord
 
 

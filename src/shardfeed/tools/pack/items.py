@@ -268,14 +268,17 @@ def vocabularies_from_path(path: str | os.PathLike[str]) -> dict[str, tuple[str,
 
 def classes_from_path(path: str | os.PathLike[str]) -> tuple[str, ...]:
     """The class list of a packed dataset (its folder or manifest: the class names ``pack``
-    kept for ``image/class/label``) or of a folder of class sub-folders (sorted)."""
+    kept for ``image/class/label``, or for its label key, as a Hugging Face ``ClassLabel``
+    column's) or of a folder of class sub-folders (sorted)."""
     text = os.fspath(path)
     manifest = os.path.join(text, spec.MANIFEST_NAME) if os.path.isdir(text) else text
     if os.path.isfile(manifest):
         from shardfeed.format.manifest import Manifest
 
-        vocabularies = Manifest.load(manifest).extra.get("vocabularies") or {}
-        names = vocabularies.get(spec.IMAGE_LABEL)
+        loaded = Manifest.load(manifest)
+        vocabularies = loaded.extra.get("vocabularies") or {}
+        label_key = loaded.schema.label_key if loaded.schema is not None else None
+        names = vocabularies.get(spec.IMAGE_LABEL) or vocabularies.get(label_key or "")
         if not names:
             raise PackError(
                 f"dataset '{manifest}' has no class names (it was not packed from a folder of "

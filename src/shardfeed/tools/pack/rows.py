@@ -16,10 +16,16 @@ a Hugging Face ``datasets.Dataset``  its ``Image`` feature read undecoded (``dat
 
 :class:`RowFields` says which column is the image, which are labels and which is the name.
 An image value may be encoded bytes (stored as they are, as ``pack --mode embedded`` does),
-a pixel array (encoded as PNG or JPEG, or stored raw: ``RowFields.encode``), a path (read),
-or ``{"bytes": ..., "path": ...}`` (Arrow's and Hugging Face's image struct). Labels map to
+a pixel array (encoded as PNG or JPEG, or stored raw: ``RowFields.encode``), a path, or
+``{"bytes": ..., "path": ...}`` (Arrow's and Hugging Face's image struct). Labels map to
 features as CSV columns do: integers and booleans to int64, floats to float32, text to bytes,
-lists and arrays element-wise.
+lists and arrays element-wise; a null (None) is refused by name.
+
+A path in data is read only under the root the user names (``RowFields(root=...)``,
+``pack(..., root=...)``, ``--root``), never because the data says so: without a root it is
+refused, and with one it must resolve inside it (no ``..`` out, no absolute path elsewhere,
+no symbolic link out: :func:`shardfeed.storage.paths.contained`). A row knows where it came
+from (:class:`Row`: the file and row), and every message names it.
 
 Determinism: a record's bytes are a function of its row and the fields only.
 """
@@ -27,9 +33,10 @@ Determinism: a record's bytes are a function of its row and the fields only.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -38,6 +45,9 @@ from shardfeed.format import spec
 from shardfeed.format.example import encode_example
 from shardfeed.tools.pack.tars import TAR_SUFFIXES, is_tar, tar_rows, tars_name
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
+
+if TYPE_CHECKING:
+    from shardfeed.tools.pack.tables import TableRows
 
 Encode = Literal["png", "jpeg", "raw"]
 
@@ -53,7 +63,8 @@ class RowFields:
     image and the name). ``label``: the column a loader returns as the label (default: the
     first label column). ``name``: the column stored as ``image/filename`` (None: none).
     ``encode``: how pixel arrays are stored: ``png`` (lossless, 8 or 16 bits), ``jpeg``
-    (``quality``), or ``raw`` uint8 pixels. ``root``: the folder relative paths are read from.
+    (``quality``), or ``raw`` uint8 pixels. ``root``: the folder image paths in the data
+    are read under (None: paths are refused; see the module docstring).
     """
 
     image: str = "image"
@@ -63,6 +74,8 @@ class RowFields:
     encode: Encode = "png"
     quality: int = 95
     root: str | None = None
+    """The folder image paths in the data are read under (and only under); None: a path
+    where an image is expected is refused."""
 
     def __post_init__(self) -> None:
         if self.encode not in ("png", "jpeg", "raw"):
@@ -77,9 +90,24 @@ class RowFields:
         return [k for k in row if k not in (self.image, self.name) and not k.startswith("__")]
 
 
+class Row(dict[str, Any]):
+    """One row of an input, and where it came from for messages (``'a.parquet', row 7``):
+    the input kinds yield these, so that a bad value is named by file and row, not by its
+    position in a partition."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, values: Mapping[str, Any], where: str) -> None:
+        super().__init__(values)
+        self.where = where
+
+
 def row_payload(row: Mapping[str, Any], fields: RowFields, *, where: str,
                 max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
-    """The serialized Example of one row; PackError naming ``where`` for a bad value."""
+    """The serialized Example of one row; PackError naming the row (``row.where`` for a
+    :class:`Row`, else ``where``) and the column for a bad value."""
+    if isinstance(row, Row):
+        where = row.where
     if fields.image not in row:
         raise PackError(f"{where} has no image column '{fields.image}' (columns: "
                         f"{', '.join(map(str, row))}); name it with RowFields(image=...)")
@@ -98,38 +126,59 @@ def row_payload(row: Mapping[str, Any], fields: RowFields, *, where: str,
 
 
 def _label_value(value: Any, column: str, where: str) -> Any:
+    if value is None:
+        raise PackError(f"{where}, column '{column}': the value is null (None), and a record "
+                        "has no null; fill the column's nulls, or leave the column out of the "
+                        "labels (RowFields(labels=[...]); on the command line --label-columns)")
     if isinstance(value, (bool, np.bool_, int, np.integer)):
         return np.asarray([int(value)], dtype=np.int64)
     if isinstance(value, (float, np.floating)):
         return np.asarray([float(value)], dtype=np.float32)
     if isinstance(value, (str, bytes)):
         return value
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except ValueError:  # NumPy refuses lists of lists of different lengths
+        raise PackError(f"{where}, column '{column}': a nested list whose inner lists differ "
+                        "in length; a label is a number, text, or a list (or equal-length "
+                        "lists) of either: pad the inner lists to one length, or leave the "
+                        "column out of the labels (RowFields(labels=[...]); --label-columns)"
+                        ) from None
     if array.dtype.kind in "biu":
         return array.astype(np.int64).ravel()
     if array.dtype.kind == "f":
         return array.astype(np.float32).ravel()
     if array.dtype.kind in "US" and array.ndim == 1:
         return [str(v) for v in array.tolist()]
-    raise PackError(f"{where}: column '{column}' holds {type(value).__name__} "
-                    f"({array.dtype}); a label is a number, text, or a list of either")
+    nulls = " with nulls (None)" if array.dtype == object and None in array.ravel() else ""
+    raise PackError(f"{where}, column '{column}': a {type(value).__name__}{nulls} "
+                    f"({array.dtype}); a label is a number, text, or a list of either: fix the "
+                    "column, or leave it out of the labels (RowFields(labels=[...]); "
+                    "--label-columns)")
 
 
 def _image_features(value: Any, fields: RowFields, where: str,
                     max_pixels: int) -> dict[str, Any]:
     from shardfeed.tools.pack.record import image_format, image_shape
 
+    where = f"{where}, column '{fields.image}'"
     if isinstance(value, Mapping):  # Arrow's and Hugging Face's {"bytes", "path"}
         data, path = value.get("bytes"), value.get("path")
         value = data if data is not None else path
+    if value is None:
+        raise PackError(f"{where}: the image is null (no bytes, no path); fill it or leave "
+                        "the row out")
     if isinstance(value, (str, os.PathLike)):
-        value = _read_path(os.fspath(value), fields.root, where)
+        full = _image_path(os.fspath(value), fields.root, where)
+        where = f"{where} (the file '{full}')"
+        value = _read_image_file(full, where)
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
         kind = image_format(data)
-        if kind == "other":
-            raise PackError(f"{where}: the image bytes are not an image format shardfeed "
-                            f"reads (first bytes {data[:8]!r})")
+        if kind == "other":  # the bytes are not quoted: they may be a file's contents
+            raise PackError(f"{where}: the {len(data)} bytes are no image format shardfeed "
+                            "reads (JPEG, PNG, BMP, GIF, WebP, TIFF, PNM: none of their "
+                            "signatures is at byte 0); give the encoded image")
         height, width, channels = image_shape(data, where=where, max_pixels=max_pixels)
         return {spec.IMAGE_ENCODED: data, spec.IMAGE_FORMAT: kind, spec.IMAGE_HEIGHT: height,
                 spec.IMAGE_WIDTH: width, spec.IMAGE_CHANNELS: channels}
@@ -139,14 +188,38 @@ def _image_features(value: Any, fields: RowFields, where: str,
                     "pixel array, a path, or {'bytes': ..., 'path': ...}")
 
 
-def _read_path(path: str, root: str | None, where: str) -> bytes:
-    full = path if os.path.isabs(path) or root is None else os.path.join(root, path)
+_ROOT_FIX = ("pass root= (RowFields(root=...) or pack(..., root=...); on the command line "
+             "--root) with the folder that holds the images")
+
+
+def _image_path(path: str, root: str | None, where: str) -> str:
+    """The file an image path in the data names, inside ``root``; refused without a root
+    (data never chooses which local file is read) or when it leads out of the root."""
+    from shardfeed.storage.paths import contained
+    from shardfeed.tools.pack.errors import UnsafeRowPathError
+
+    if root is None:
+        raise UnsafeRowPathError(
+            f"{where}: the image is given as the path {path!r:.300}; image paths in data are "
+            f"read only under a folder you name: {_ROOT_FIX}", named=path)
+    return contained(root, path, where=where, what="image", error=UnsafeRowPathError,
+                     opt_in=f"name a root that holds it: {_ROOT_FIX}")
+
+
+def _read_image_file(full: str, where: str) -> bytes:
+    """The bytes of a regular file (opened without blocking: a FIFO is refused, not
+    waited on)."""
     try:
-        with open(full, "rb") as f:
-            return f.read()
+        fd = os.open(full, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise PackError(f"{where}: cannot read the image file '{full}': "
-                        f"{exc.strerror or exc}") from None
+        raise PackError(f"{where}: cannot read the image file: {exc.strerror or exc}; check "
+                        "the path and the root") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise PackError(f"{where}: not a regular file; an image path names an image "
+                            "file")
+        return f.read()
 
 
 def _pixels_features(pixels: np.ndarray, fields: RowFields, where: str,
@@ -195,30 +268,73 @@ def _encode(pixels: np.ndarray, fields: RowFields) -> bytes:
 # -- input kinds -------------------------------------------------------------------------
 
 
-def rows_of(source: Any, fields: RowFields) -> tuple[Iterator[dict[str, Any]], str]:
+def rows_of(source: Any, fields: RowFields, *,
+            max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Iterator[dict[str, Any]], str]:
     """The rows of ``source`` (see the module table) and a name for it in messages."""
+    table = table_rows(source, fields, max_pixels=max_pixels)
+    return table.rows, table.where
+
+
+def table_rows(source: Any, fields: RowFields, *,
+               max_pixels: int = DEFAULT_MAX_PIXELS) -> TableRows:
+    """The rows of ``source`` (see the module table), each a :class:`Row` naming where it
+    came from, with a name for the input and the class names it carries. ``max_pixels``
+    bounds the images of an ``.npz`` archive before they are read."""
+    from shardfeed.tools.pack import tables
+    from shardfeed.tools.pack.npz import npz_rows
+
     if isinstance(source, tuple) and source and isinstance(source[0], np.ndarray):
-        return _array_rows(source, fields), "the arrays"
+        return tables.TableRows(_array_rows(source, fields), "the arrays")
     kind = type(source).__module__.split(".")[0]
     if kind == "datasets" and hasattr(source, "features"):
-        return _hf_rows(source, fields), "the Hugging Face dataset"
+        return tables.hf_rows(source, fields)
     if kind == "pyarrow":
-        return _arrow_rows([source]), "the Arrow table"
+        return tables.arrow_rows(source)
     paths = paths_of(source)
     if paths is not None:
+        many = len(paths) > 1
+        if len(paths) == 1 and tables.data_folder(paths[0]) is not None:
+            return tables.folder_rows(paths[0], fields)
         if all(p.endswith(".parquet") for p in paths):
-            return _parquet_rows(paths), paths[0] if len(paths) == 1 else f"{len(paths)} files"
+            return tables.parquet_rows([(p, {}) for p in paths], name="the files")
         if all(is_tar(p) for p in paths):
-            return tar_rows(paths, fields), tars_name(paths)
+            where = tars_name(paths)
+            return tables.TableRows(
+                located(tar_rows(paths, fields, max_pixels=max_pixels), where), where)
         if all(p.endswith(".npz") for p in paths):
-            return _npz_rows(paths, fields), paths[0] if len(paths) == 1 else f"{len(paths)} files"
+            where = f"{len(paths)} files" if many else paths[0]
+            return tables.TableRows(npz_rows(paths, fields, max_pixels=max_pixels), where)
         raise ValueError(f"cannot pack {paths[0]!r} as rows: give .parquet, "
-                         f"{', '.join(TAR_SUFFIXES)} or .npz files")
+                         f"{', '.join(TAR_SUFFIXES)} or .npz files, or a folder of Parquet "
+                         "files")
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
-        return (dict(row) for row in source), "the rows"
+        return tables.TableRows(located(source, "the rows"), "the rows")
     raise TypeError(f"cannot pack a {type(source).__name__}: give a folder, a CSV, arrays, "
                     "rows (dicts), an Arrow table, Parquet or WebDataset tar files, or a "
                     "Hugging Face dataset")
+
+
+def is_data(paths: Sequence[str]) -> bool:
+    """Whether ``pack`` reads ``paths`` as rows: files ending in :data:`DATA_SUFFIXES`, or
+    one folder of Parquet files or of a Hugging Face dataset (``save_to_disk``)."""
+    from shardfeed.tools.pack.tables import data_folder
+
+    if all(p.endswith(DATA_SUFFIXES) for p in paths):
+        return True
+    return len(paths) == 1 and data_folder(paths[0]) is not None
+
+
+def located(rows: Iterable[Any], name: str) -> Iterator[Row]:
+    """``rows`` as :class:`Row` objects naming ``name`` and their position (a row that is
+    one already keeps its own)."""
+    for i, row in enumerate(rows):
+        if isinstance(row, Row):
+            yield row
+        elif isinstance(row, Mapping):
+            yield Row(row, where=f"{name}, row {i}")
+        else:
+            raise TypeError(f"{name}, row {i} is a {type(row).__name__}; rows are dicts of "
+                            "column names to values")
 
 
 def paths_of(source: Any) -> list[str] | None:
@@ -231,7 +347,7 @@ def paths_of(source: Any) -> list[str] | None:
     return None
 
 
-def _array_rows(source: tuple[Any, ...], fields: RowFields) -> Iterator[dict[str, Any]]:
+def _array_rows(source: tuple[Any, ...], fields: RowFields) -> Iterator[Row]:
     images = source[0]
     labels: Any = source[1] if len(source) > 1 else {}
     if not isinstance(labels, Mapping):
@@ -244,74 +360,8 @@ def _array_rows(source: tuple[Any, ...], fields: RowFields) -> Iterator[dict[str
     for i in range(len(images)):
         row: dict[str, Any] = {fields.image: images[i]}
         row.update((k, v[i]) for k, v in columns.items())
-        yield row
+        yield Row(row, where=f"the arrays, row {i}")
 
 
-def _npz_rows(paths: Sequence[str], fields: RowFields) -> Iterator[dict[str, Any]]:
-    """The rows of NumPy ``.npz`` archives: the image array's rows with the label arrays'
-    (``fields.labels``; by default every other array, which must then be as long). Read
-    without pickles: an archive of object arrays is refused."""
-    for path in paths:
-        with np.load(path, allow_pickle=False) as archive:
-            keys = list(archive.files)
-            if fields.image not in keys:
-                raise PackError(f"{path} has no array '{fields.image}' (it holds "
-                                f"{', '.join(keys)}); name the image array with "
-                                "--image-column (RowFields(image=...))")
-            wanted = [k for k in (fields.labels if fields.labels is not None else keys)
-                      if k != fields.image]
-            missing = [k for k in wanted if k not in keys]
-            if missing:
-                raise PackError(f"{path} has no array {missing[0]!r} (it holds "
-                                f"{', '.join(keys)})")
-            images = _archive_array(archive, path, fields.image)
-            columns = {k: _archive_array(archive, path, k) for k in wanted}
-        other = {k: len(v) for k, v in columns.items() if len(v) != len(images)}
-        if other:
-            k, n = next(iter(other.items()))
-            hint = ("" if fields.labels is not None else "; name the label arrays with "
-                    "--label-columns (RowFields(labels=[...]))")
-            raise PackError(f"{path}: '{fields.image}' has {len(images)} rows, '{k}' {n}{hint}")
-        yield from _array_rows((images, columns), fields)
-
-
-def _archive_array(archive: Any, path: str, key: str) -> np.ndarray:
-    try:
-        value = archive[key]
-    except ValueError as exc:  # object arrays need pickles: never loaded
-        raise PackError(f"{path}: the array '{key}' holds Python objects, which are not "
-                        f"read (no pickles); save it as numbers or bytes: {exc}") from None
-    if value.ndim == 0:
-        raise PackError(f"{path}: '{key}' is a single value, not an array of rows")
-    return np.asarray(value)
-
-
-def _arrow_rows(tables: Iterable[Any]) -> Iterator[dict[str, Any]]:
-    for table in tables:
-        for batch in table.to_batches(max_chunksize=1024):
-            yield from batch.to_pylist()
-
-
-def _parquet_rows(paths: Sequence[str]) -> Iterator[dict[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError("packing Parquet files needs pyarrow: pip install "
-                          "'shardfeed[arrow]'") from None
-    for path in paths:
-        with pq.ParquetFile(path) as f:
-            for batch in f.iter_batches(batch_size=1024):
-                yield from batch.to_pylist()
-
-
-def _hf_rows(dataset: Any, fields: RowFields) -> Iterator[dict[str, Any]]:
-    import datasets
-
-    feature = dataset.features.get(fields.image)
-    if isinstance(feature, datasets.Image) and feature.decode:
-        dataset = dataset.cast_column(fields.image, datasets.Image(decode=False))
-    for row in dataset:
-        yield dict(row)
-
-
-__all__ = ["DATA_SUFFIXES", "RowFields", "paths_of", "row_payload", "rows_of"]
+__all__ = ["DATA_SUFFIXES", "Row", "RowFields", "is_data", "located", "paths_of",
+           "row_payload", "rows_of", "table_rows"]

@@ -18,13 +18,16 @@ from shardfeed.tools.pack.partition import (
     remove_parts,
     write_partition,
 )
-from shardfeed.tools.pack.rows import RowFields, paths_of, rows_of
+from shardfeed.tools.pack.rows import RowFields, located, paths_of, table_rows
+from shardfeed.tools.pack.tables import label_vocabularies
 from shardfeed.tools.pack.tars import is_tar, tar_fields, tar_rows, tars_name
 
 
 def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
-              overwrite: bool, resume: bool, progress: bool) -> PackResult:
-    """Pack the rows of ``source`` into ``out`` (see :func:`shardfeed.pack`)."""
+              overwrite: bool, resume: bool, progress: bool,
+              root: str | os.PathLike[str] | None = None) -> PackResult:
+    """Pack the rows of ``source`` into ``out`` (see :func:`shardfeed.pack`); ``root``: the
+    folder image paths in the data are read under (as ``RowFields(root=...)``)."""
     from tqdm import tqdm
 
     if resume:
@@ -36,16 +39,18 @@ def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
     _prepare(out, overwrite=overwrite)
     paths = paths_of(source)
     if paths is not None and all(is_tar(p) for p in paths):
-        fields = tar_fields(fields)  # the sample's key is the record's name
+        fields = _with_root(tar_fields(fields), root)  # the key is the record's name
         rows, where = tar_rows(paths, fields, max_pixels=options.max_pixels), tars_name(paths)
+        vocabularies: dict[str, list[str]] = {}
     else:
-        fields = fields or RowFields()
-        rows, where = rows_of(source, fields)
+        fields = _with_root(fields or RowFields(), root)
+        table = table_rows(source, fields, max_pixels=options.max_pixels)
+        rows, where, vocabularies = table.rows, table.where, table.vocabularies
     sizes = PartSizes(records=options.records_per_shard, bytes=options.shard_bytes)
     try:
         with tqdm(unit="img", desc="pack", disable=not progress) as bar:
             def counted() -> Any:
-                for row in rows:
+                for row in located(rows, where):
                     yield row
                     bar.update(1)
 
@@ -54,13 +59,32 @@ def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
                                       max_pixels=options.max_pixels, where=f"{where}: row")
         if not partial.shards:
             raise PackError(f"{where} holds no rows; there is nothing to pack")
-        manifest = merge_partitions(out, [partial], prefix=options.prefix)
+        names = label_vocabularies(vocabularies, fields)  # complete now: every row was read
+        manifest = merge_partitions(out, [partial], prefix=options.prefix,
+                                    extra={"vocabularies": names} if names else None)
     except BaseException:
         remove_parts(out)
         raise
     return PackResult(output=out, manifest=manifest, shards=len(partial.shards),
                       records=partial.records, bytes=sum(s.bytes for s in partial.shards),
                       kept_shards=0)
+
+
+def _with_root(fields: RowFields, root: str | os.PathLike[str] | None) -> RowFields:
+    """``fields`` with the folder image paths are read under: ``root`` or its own."""
+    import dataclasses
+
+    if root is None:
+        given = fields.root
+    elif fields.root is not None and os.path.abspath(fields.root) != os.path.abspath(root):
+        raise ValueError(f"two roots were given: root={os.fspath(root)!r} and "
+                         f"RowFields(root={fields.root!r}); give one")
+    else:
+        given = os.fspath(root)
+    if given is not None and not os.path.isdir(given):
+        raise ValueError(f"root {given!r} is not a folder; name the folder that holds the "
+                         "images the data names")
+    return dataclasses.replace(fields, root=given)
 
 
 def check_empty(out: str, *, overwrite: bool = False) -> bool:

@@ -10,6 +10,7 @@ the tests marked ``cuda`` run it on the GPU where there is one."""
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,80 @@ def test_resume_through_the_device_adapter(tmp_path: Path) -> None:
         rest = [b["image"].numpy() for b in loader]
     for a, b in zip(whole, first + rest, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+# --- EXIF orientation: one policy on the device too -----------------------------------------
+
+TURNS = (2, 3, 6, 8)
+
+
+def _plain(i: int) -> bytes:
+    return bytes(simplejpeg.encode_jpeg(_pixels(i, SIZES[i % len(SIZES)]), quality=92))
+
+
+def _with_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """``jpeg`` with a camera's APP1 Exif segment (big-endian TIFF, IFD0 Orientation)."""
+    entry = struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0)
+    body = b"Exif\x00\x00MM" + struct.pack(">HIH", 42, 8, 1) + entry + struct.pack(">I", 0)
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body + jpeg[2:]
+
+
+def _tagged(folder: Path) -> Dataset:
+    return _write(folder, {i: _with_orientation(_plain(i), TURNS[i % 4]) for i in range(N)})
+
+
+def test_the_device_decoder_is_told_to_keep_the_stored_pixels(tmp_path: Path) -> None:
+    """nvImageCodec turns a tagged JPEG unless told not to: the adapter's decode parameters
+    say not to, whatever the plan."""
+    ds = _write(tmp_path / "d")
+    for option in ("ignore", "apply"):
+        loader = Loader(ds, batch_size=8, transform=presets.train(
+            size=32, decode_on="cuda", exif_orientation=option))  # type: ignore[arg-type]
+        with shardfeed.torch.adapt(loader, device="cpu") as adapted:
+            assert adapted.decode.params.apply_exif_orientation is False
+    assert region.backend().DecodeParams().apply_exif_orientation is True  # its default
+
+
+@pytest.mark.parametrize("size", [48, 120])
+def test_a_tagged_photo_gives_the_stripped_photos_batches_on_the_device(
+        tmp_path: Path, size: int) -> None:
+    stripped, tagged = _write(tmp_path / "s"), _tagged(tmp_path / "t")
+    with _device_loader(tagged, "cpu", size=size) as loader:
+        got = [b["image"].numpy() for b in loader]
+        assert loader.decode.fallbacks == 0  # 6 and 8 were refused by the turning decoder
+    for a, b in zip(got, _device_images(stripped, "cpu", size=size), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_with_the_tag_applied_tagged_rows_are_the_cpu_paths(tmp_path: Path) -> None:
+    """``exif_orientation="apply"``: a tagged JPEG is turned by the CPU half (its box drawn in
+    the turned image), so its row holds the CPU path's very pixels."""
+    ds = _tagged(tmp_path / "t")
+    cpu = _cpu_batches(ds, size=40, exif_orientation="apply")
+    with _device_loader(ds, "cpu", size=40, exif_orientation="apply") as loader:
+        for want, got in zip(cpu, loader, strict=True):
+            np.testing.assert_array_equal(got["image"].numpy(), want["image"])
+    stored = _cpu_batches(ds, size=40)
+    assert any(np.abs(a["image"].astype(int) - b["image"]).mean() > 10
+               for a, b in zip(cpu, stored, strict=True))  # the tag did turn them
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_on_the_gpu_a_tagged_photo_gives_the_stripped_photos_batches(tmp_path: Path) -> None:
+    stripped, tagged = _write(tmp_path / "s"), _tagged(tmp_path / "t")
+    with _device_loader(tagged, "cuda", size=48) as loader:
+        got = [b["image"].cpu().numpy() for b in loader]
+    want = [b["image"].cpu().numpy() for b in _iterate(_device_loader(stripped, "cuda",
+                                                                       size=48))]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    cpu = _cpu_batches(tagged, size=48, exif_orientation="apply")
+    with _device_loader(tagged, "cuda", size=48, exif_orientation="apply") as loader:
+        for rows, made in zip(cpu, loader, strict=True):
+            np.testing.assert_array_equal(made["image"].cpu().numpy(), rows["image"])
+
+
+def _iterate(loader: Any) -> list[dict[str, Any]]:
+    with loader:
+        return list(loader)

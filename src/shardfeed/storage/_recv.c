@@ -1,11 +1,13 @@
 /* shardfeed.storage._recv: a ranged GET's body read straight into the bytes it is handed
  * back as.
  *
- *   exact(fd, n, prefix, timeout) -> bytes
+ *   exact(fd, n, prefix, timeout[, total]) -> bytes
  *       ``prefix`` (bytes already received past the headers) followed by what the socket
  *       ``fd`` gives until there are ``n`` bytes; shorter only where the peer closed first
  *       (the caller names that). ``timeout`` seconds for each wait (negative: none), as the
- *       socket's own timeout applies to each receive: TimeoutError when one passes.
+ *       socket's own timeout applies to each receive, and ``total`` seconds for all of it
+ *       (negative or left out: no limit; a body that trickles in never lets one wait pass):
+ *       TimeoutError when either passes.
  *
  * The Python path (recv_into a bytearray, then bytes of it) zero-fills a buffer the size of
  * the range and copies it once more; for ranges of megabytes both passes touch fresh pages.
@@ -21,6 +23,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* One receive into ``at`` (waiting up to ``timeout_ms`` for data where the socket has none
  * yet): bytes received, 0 at the peer's close, -1 with ``*err`` set (ETIMEDOUT for a wait
@@ -48,13 +51,26 @@ static ssize_t receive(int fd, char *at, size_t size, int timeout_ms, int *err)
     }
 }
 
+static double monotonic_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+static int milliseconds(double seconds)
+{
+    return seconds * 1000.0 > INT_MAX ? INT_MAX : (int)ceil(seconds * 1000.0);
+}
+
 static PyObject *recv_exact(PyObject *self, PyObject *args)
 {
     int fd;
     Py_ssize_t n;
     Py_buffer prefix;
     double timeout;
-    if (!PyArg_ParseTuple(args, "iny*d", &fd, &n, &prefix, &timeout))
+    double total = -1.0;
+    if (!PyArg_ParseTuple(args, "iny*d|d", &fd, &n, &prefix, &timeout, &total))
         return NULL;
     if (n < 0 || prefix.len > n) {
         PyBuffer_Release(&prefix);
@@ -70,13 +86,24 @@ static PyObject *recv_exact(PyObject *self, PyObject *args)
     memcpy(base, prefix.buf, (size_t)prefix.len);
     Py_ssize_t have = prefix.len;
     PyBuffer_Release(&prefix);
-    int timeout_ms = timeout < 0 ? -1 : (timeout * 1000.0 > INT_MAX ? INT_MAX
-                                         : (int)ceil(timeout * 1000.0));
+    int timeout_ms = timeout < 0 ? -1 : milliseconds(timeout);
+    double ends = total < 0 ? -1.0 : monotonic_seconds() + total;
     while (have < n) {
         int err = 0;
         ssize_t got;
+        int wait_ms = timeout_ms;
+        if (ends >= 0) {
+            double left = ends - monotonic_seconds();
+            if (left <= 0) {
+                Py_DECREF(out);
+                PyErr_SetString(PyExc_TimeoutError, "timed out");
+                return NULL;
+            }
+            if (wait_ms < 0 || milliseconds(left) < wait_ms)
+                wait_ms = milliseconds(left);
+        }
         Py_BEGIN_ALLOW_THREADS
-        got = receive(fd, base + have, (size_t)(n - have), timeout_ms, &err);
+        got = receive(fd, base + have, (size_t)(n - have), wait_ms, &err);
         Py_END_ALLOW_THREADS
         if (got > 0) {
             have += got;
@@ -106,8 +133,9 @@ static PyObject *recv_exact(PyObject *self, PyObject *args)
 
 static PyMethodDef recv_methods[] = {
     {"exact", recv_exact, METH_VARARGS,
-     "exact(fd, n, prefix, timeout) -> bytes: prefix then the socket's next bytes, n in all "
-     "(fewer where the peer closed first)."},
+     "exact(fd, n, prefix, timeout[, total]) -> bytes: prefix then the socket's next bytes, "
+     "n in all (fewer where the peer closed first); TimeoutError when one wait passes "
+     "timeout seconds or all of it total seconds."},
     {NULL, NULL, 0, NULL},
 };
 

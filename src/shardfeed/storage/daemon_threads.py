@@ -51,10 +51,11 @@ class DaemonThreads:
         self._threads = 0
         self._idle = 0  # threads waiting on _handed and not yet promised a call
 
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
+    def submit(self, fn: Callable[[], T], *, future: Future[T] | None = None) -> Future[T]:
         """Run ``fn()`` on one of the threads; its future (cancelling it before the call
-        starts drops the call)."""
-        future: Future[T] = Future()
+        starts drops the call). ``future``: a new one of the caller's (e.g. one whose
+        ``cancel`` also ends the call), instead of a plain Future."""
+        future = Future() if future is None else future
         with self._lock:
             if self._idle:
                 self._idle -= 1  # this call is that idle thread's: none waits behind another

@@ -17,7 +17,14 @@ otherwise None, and reads stay on s3fs. ``RemoteSource(direct_gets=False)`` turn
 Failures keep the storage layer's meanings: 404 is FileNotFoundError, 403 (after one
 re-signing) PermissionError, 5xx and 429 an :class:`HttpStatusError` with ``status`` (which
 ``is_transient`` retries), broken or timed-out connections ConnectionError/TimeoutError.
-A range that starts past the end reads as empty (the ByteSource contract).
+A range that starts past the end reads as empty (the ByteSource contract). A ``206`` with
+fewer bytes than asked (where the object has them) is a :class:`ShortAnswer`, retried like a
+dropped connection: a short answer is never handed back as the object's bytes.
+
+Each attempt is bounded (see :mod:`shardfeed.storage.http1`): memory by its range, time by
+the timeout plus a second a MiB asked; an attempt its caller abandons (the call's deadline,
+``close()``, Ctrl-C cancel its future) has its connection shut down at once, so a server
+that trickles never holds the threads GETs run on.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from shardfeed.storage.daemon_threads import DaemonThreads
-from shardfeed.storage.http1 import range_get
+from shardfeed.storage.http1 import Abort, range_get
 
 T = TypeVar("T")
 
@@ -42,8 +49,11 @@ RENEW_AFTER_SECONDS = 3000
 """A URL older than this is signed again before its next GET."""
 MAX_THREADS = 64
 """Threads running GETs, for all sources of the process together."""
+MIN_BYTES_PER_SECOND = 1 << 20
+"""An attempt must be complete within its timeout plus a second for each this many bytes
+asked (the rate ``storage.calls`` allows a write): a body that trickles in fails in time."""
 
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_CONTENT_RANGE = re.compile(r"bytes (\d{1,18})-(\d{1,18})/(\d{1,18}|\*)", re.ASCII)
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
                     "all_proxy")
 
@@ -55,6 +65,14 @@ class HttpStatusError(OSError):
     def __init__(self, status: int, url: str, detail: str) -> None:
         super().__init__(errno.EIO, f"HTTP {status} for {url}: {detail}")
         self.status = status
+
+
+class ShortAnswer(ConnectionError):
+    """A ``206`` with fewer bytes than asked where the object has them: the server's answer
+    is short, not the object (transient: retried)."""
+
+    advice = ("the server (or a proxy before it) answered with fewer bytes than asked; the "
+              "object itself may be whole: check the server")
 
 
 def direct_gets_for(fs: Any, path: str, *, enabled: bool = True) -> DirectGets | None:
@@ -88,16 +106,21 @@ class DirectGets:
         self._signed: tuple[float, str, str, str] | None = None  # time, scheme, host, target
 
     def start(self, start: int, end: int) -> Future[bytes]:
-        """One attempt at bytes ``[start, end)``, running on a shared worker thread."""
-        return _WORKERS.submit(lambda: self.get(start, end))
+        """One attempt at bytes ``[start, end)``, running on a shared worker thread;
+        cancelling its future ends it at once (its connection is shut down)."""
+        attempt = _Attempt()
+        return _WORKERS.submit(lambda: self.get(start, end, abort=attempt.abort),
+                               future=attempt)
 
-    def get(self, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` (fewer at the end of the object; none past it)."""
+    def get(self, start: int, end: int, *, abort: Abort | None = None) -> bytes:
+        """Bytes ``[start, end)`` (fewer at the end of the object; none past it).
+        ``abort``: ends the attempt from another thread."""
         renewed = False
         while True:
             scheme, host, target = self._url(renew=renewed)
-            status, headers, body = range_get(scheme, host, target, start, end,
-                                             self.timeout_seconds)
+            status, headers, body = range_get(
+                scheme, host, target, start, end, self.timeout_seconds,
+                min_bytes_per_second=MIN_BYTES_PER_SECOND, abort=abort)
             if status == 403 and not renewed:
                 renewed = True  # expired, or the clock moved: sign again, once
                 continue
@@ -114,16 +137,25 @@ class DirectGets:
             return signed[1], signed[2], signed[3]
 
 
+class _Attempt(Future[bytes]):
+    """The future of one attempt: cancelling it (the caller abandoned the attempt) also
+    aborts its GET, which a plain Future's ``cancel`` cannot do once the GET is running."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abort = Abort()
+
+    def cancel(self) -> bool:
+        self.abort.abort()
+        return super().cancel()
+
+
 def _body_of(status: int, headers: dict[str, str], body: bytes, start: int,
              end: int, path: str) -> bytes:
     if status == 206:
-        match = _CONTENT_RANGE.match(headers.get("content-range", ""))
-        if match is None or int(match.group(1)) != start:
-            raise HttpStatusError(502, path, f"answer to bytes {start}..{end} has "
-                                  f"Content-Range {headers.get('content-range')!r}")
-        return body[: end - start]
-    if status == 200:  # the whole object: a server that ignores Range
-        return body[start:end]
+        return _ranged_body(headers, body, start, end, path)
+    if status == 200:  # the whole object (a server that ignores Range): read to the range
+        return body
     if status == 416:
         return b""
     detail = _error_code(body)
@@ -132,6 +164,31 @@ def _body_of(status: int, headers: dict[str, str], body: bytes, start: int,
     if status == 403:
         raise PermissionError(errno.EACCES, f"{detail} (HTTP 403)", path)
     raise HttpStatusError(status, path, detail)
+
+
+def _ranged_body(headers: dict[str, str], body: bytes, start: int, end: int,
+                 path: str) -> bytes:
+    """The body of a ``206`` for bytes ``[start, end)``, checked against its Content-Range:
+    the bytes asked (up to the object's end), no fewer, no others."""
+    content_range = headers.get("content-range", "")
+    match = _CONTENT_RANGE.fullmatch(content_range)
+    if match is None or int(match.group(1)) != start or int(match.group(2)) < start:
+        raise HttpStatusError(502, path, f"answer to bytes {start}..{end} has "
+                              f"Content-Range {content_range[:80]!r}")
+    stop = int(match.group(2)) + 1
+    total = match.group(3)
+    wanted = end if total == "*" else min(end, int(total))
+    if stop > wanted or len(body) > stop - start:
+        raise HttpStatusError(502, path, f"answer to bytes {start}..{end} has "
+                              f"Content-Range {content_range[:80]!r} and {len(body)} bytes")
+    if len(body) < stop - start:
+        raise ShortAnswer(f"short answer from the server: {len(body)} bytes for bytes "
+                          f"{start}..{stop} of {path} (its Content-Range), {start}..{wanted} "
+                          "asked")
+    if stop < wanted:
+        raise ShortAnswer(f"short answer from the server: bytes {start}..{stop} of {path} "
+                          f"for the bytes {start}..{wanted} asked")
+    return body
 
 
 def _error_code(body: bytes) -> str:
@@ -145,4 +202,5 @@ def _error_code(body: bytes) -> str:
 _WORKERS = DaemonThreads("shardfeed-get", MAX_THREADS)
 """The threads GETs run on (kept: see :mod:`shardfeed.storage.daemon_threads`)."""
 
-__all__ = ["DirectGets", "HttpStatusError", "direct_gets_for"]
+__all__ = ["MIN_BYTES_PER_SECOND", "DirectGets", "HttpStatusError", "ShortAnswer",
+           "direct_gets_for"]

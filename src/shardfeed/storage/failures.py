@@ -96,6 +96,13 @@ _REACH_HINT = (
 )
 
 
+def _what_to_do(exc: BaseException | None) -> str:
+    """The exception's own ``advice`` (e.g. a server's short answer: not the endpoint's
+    reach), else: check the endpoint."""
+    advice = getattr(exc, "advice", None)
+    return advice if isinstance(advice, str) else _REACH_HINT
+
+
 def describe(exc: BaseException) -> str:
     """``Type: message`` of an exception, for messages."""
     return f"{type(exc).__name__}: {str(exc) or type(exc).__name__}"
@@ -120,7 +127,7 @@ def storage_error(url: str, exc: BaseException, *, action: str, attempts: int = 
         spent = "" if elapsed_seconds is None else f" in {elapsed_seconds:.1f} s"
         text = (
             f"cannot {action} '{url}' after {attempts} attempts{spent}: {describe(exc)}; "
-            f"{_REACH_HINT}, and retry"
+            f"{_what_to_do(exc)}, and retry"
         )
     else:
         text = f"cannot {action} '{url}': {describe(exc)}"
@@ -140,7 +147,8 @@ def deadline_error(url: str, *, action: str, deadline_seconds: float, attempts: 
         if unfinished > 1 else ""
     return StorageError(
         f"cannot {action} '{url}'{more}: no success within deadline_seconds="
-        f"{deadline_seconds:g} ({tries}); {_REACH_HINT}, or give a larger deadline_seconds"
+        f"{deadline_seconds:g} ({tries}); {_what_to_do(last_error)}, or give a larger "
+        "deadline_seconds"
     )
 
 

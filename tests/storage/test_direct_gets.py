@@ -305,3 +305,41 @@ def test_a_whole_object_answer_is_read_only_up_to_the_range(scripted: tuple[Scri
     assert gets.get(100, 200) == DATA[100:200]
     script.raw = None
     assert gets.get(0, 10) == DATA[:10]  # on a new connection: the first one was dropped
+
+
+def test_a_whole_object_answer_in_any_framing_gives_the_range_asked(
+    scripted: tuple[Script, str]
+) -> None:
+    """A 200 (the server ignored Range) chunked, or running to the end of the connection:
+    the bytes before the range are dropped, the range handed back, whatever the chunks."""
+    script, url = scripted
+    gets, _ = _gets(url)
+    chunks = b"".join(b"%x\r\n" % len(DATA[a:b]) + DATA[a:b] + b"\r\n"
+                      for a, b in [(0, 7), (7, 8), (8, 30), (30, 4000)])
+    script.raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+    script.close_after = True
+    for start, end in [(5, 17), (0, 7), (7, 8), (29, 31), (100, 4000), (3990, 5000)]:
+        assert gets.get(start, end) == DATA[start : min(end, 4000)], (start, end)
+    assert gets.get(4000, 4010) == b""  # the object ends before the range
+    script.raw = b"HTTP/1.0 200 OK\r\n\r\n" + DATA[:4000]  # no length: up to the close
+    assert gets.get(3000, 3100) == DATA[3000:3100]
+    assert gets.get(3990, 4100) == DATA[3990:4000]
+    assert gets.get(5000, 5100) == b""
+
+
+def test_a_206_with_fewer_bytes_than_its_content_range_is_a_short_answer(
+    scripted: tuple[Script, str]
+) -> None:
+    script, url = scripted
+    gets, _ = _gets(url)
+    script.answer = lambda q, r: (206, {"Content-Range": "bytes 0-99/300000"}, DATA[:60])
+    with pytest.raises(ConnectionError, match=r"short answer.*60 bytes for bytes 0\.\.100") \
+            as short:
+        gets.get(0, 100)
+    assert is_transient(short.value)
+    script.answer = lambda q, r: (206, {"Content-Range": "bytes 0-49/300000"}, DATA[:50])
+    with pytest.raises(ConnectionError, match=r"short answer.*bytes 0\.\.50 .*0\.\.100 asked"):
+        gets.get(0, 100)
+    script.answer = lambda q, r: (206, {"Content-Range": "bytes 0-199/300000"}, DATA[:100])
+    with pytest.raises(HttpStatusError, match="Content-Range"):  # more than asked
+        gets.get(0, 100)

@@ -123,6 +123,7 @@ class _Conn:
                    f"Range: bytes={start}-{end - 1}\r\nAccept-Encoding: identity\r\n"
                    "User-Agent: shardfeed\r\n\r\n")
         try:
+            self.sock.settimeout(self.timeout)  # a pooled one may keep its last, shorter wait
             self.sock.sendall(request.encode("ascii"))
         except (BrokenPipeError, ConnectionResetError) as exc:
             if reused:

@@ -4,6 +4,7 @@
 module             what it does
 =================  ==========================================================================
 ``sizes``          the size an encoded image claims (read from its header), ``max_pixels``
+``orientation``    the EXIF orientation policy of every path (ignored unless applied)
 ``image``          bytes → pixels: :func:`decode_image`, reduced-scale JPEG decode, scratch
 ``masks``          mask bytes → class ids (grey values, palette indices, colours)
 ``mask_labels``    how a decoded mask's pixels become class ids (:class:`MaskLabels`)
@@ -35,10 +36,12 @@ from shardfeed.transforms.decode.image import (
 )
 from shardfeed.transforms.decode.masks import MaskLabels, decode_mask, read_mask
 from shardfeed.transforms.decode.ops import DecodeImage, DecoderBase
+from shardfeed.transforms.decode.orientation import EXIF_ORIENTATIONS, ExifOrientation
 from shardfeed.transforms.decode.patches import DecodedImage, decode_for_patches
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "EXIF_ORIENTATIONS",
     "MODES",
     "SCRATCH_KEEP_BYTES",
     "DecodeCenterCrop",
@@ -46,6 +49,7 @@ __all__ = [
     "DecodeRandomResizedCrop",
     "DecodedImage",
     "DecoderBase",
+    "ExifOrientation",
     "ImageField",
     "MaskLabels",
     "Mode",

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shardfeed import Dataset, Loader
+from shardfeed.format.writer import ShardWriter
 from shardfeed.storage.disk_cache import DiskCache
 
 OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 3, "transform": None, "num_threads": 2,
@@ -95,3 +96,37 @@ def test_plain_reads_of_swapped_entries_fetch_their_own_records(
         assert ds.read_many(range(256)) == expected  # written back when read
     assert data_gets(s3_server) == 0
     assert os.path.exists(cache / "data") and DiskCache(cache, max_bytes=None).verify() == []
+
+
+def write_named(folder: Path, n: int, prefix: str) -> Path:
+    """Two bare shards (indexes, no manifest) of ``n`` records named ``<prefix><i>``."""
+    folder.mkdir(parents=True)
+    for s in range(2):
+        with ShardWriter(str(folder / f"part-{s:03d}.tfrecord")) as writer:
+            for i in range(s * n // 2, (s + 1) * n // 2):
+                writer.write_example({"index": [i], "name": f"{prefix}{i:03d}".encode()})
+    return folder
+
+
+def test_a_bare_shard_rewritten_in_place_with_its_size_is_read_anew(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    old = write_named(tmp_path / "old", 64, "a")
+    new = write_named(tmp_path / "new", 64, "b")  # the same sizes and offsets, other bytes
+    assert (old / "part-000.tfrecord").stat().st_size == (new / "part-000.tfrecord").stat().st_size
+    url = s3_server.upload_folder(old)
+    cache = tmp_path / "cache"
+    with Dataset(url, cache_dir=cache) as ds, Loader(ds, **OPTIONS) as loader:
+        assert ds.read_many(range(64))[0]["name"] == b"a000"
+        stream(loader)  # every record now in the cache
+    s3_server.filesystem().put_file(str(new / "part-000.tfrecord"), url[5:] + "/part-000.tfrecord")
+    s3_server.clear_log()
+    names = [f"b{i:03d}".encode() for i in range(32)] + [f"a{i:03d}".encode() for i in range(32, 64)]
+    with Dataset(url, cache_dir=cache) as ds:
+        assert [r["name"] for r in ds.read_many(range(64))] == names
+        with Loader(ds, **OPTIONS) as loader:
+            assert sorted(n for _, batch in stream(loader) for n in batch) == sorted(names)
+    gets = {r.path.rsplit("/", 1)[-1] for r in s3_server.requests("GET")
+            if r.path.endswith(".tfrecord")}
+    assert gets == {"part-000.tfrecord"}  # the shard left alone is read from the cache
+    assert DiskCache(cache, max_bytes=None).verify() == []

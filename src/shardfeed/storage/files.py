@@ -65,6 +65,8 @@ __all__ = [
     "retry_policy",
     "size",
     "upload_file_atomic",
+    "version_of",
+    "versions",
     "write_bytes_atomic",
 ]
 
@@ -266,6 +268,72 @@ def size(url: PathLike, *, storage_options: Options = None) -> int:
     if value is None:
         raise StorageError(f"'{text}' has no size; is it a folder? give one object's URL")
     return int(value)
+
+
+_IDENTITY_FIELDS = ("ETag", "etag", "generation", "VersionId", "version_id", "md5Hash",
+                    "crc32c", "Content-MD5", "Digest")
+"""What stores say names an object's content (S3, GCS, Azure, HTTP), as fsspec reports it."""
+
+_MODIFIED_FIELDS = ("LastModified", "Last-Modified", "last_modified", "updated", "mtime",
+                    "created")
+"""When the object was last written: its version where no field above is given."""
+
+
+def version_of(info: Mapping[str, Any]) -> str | None:
+    """What changes when the object ``info`` describes (an fsspec ``info()`` or listing
+    entry) is rewritten: its identity fields (ETag, generation, version id, MD5, CRC32C),
+    else its modification time; None when the store gives neither."""
+    for fields in (_IDENTITY_FIELDS, _MODIFIED_FIELDS):
+        found = []
+        for name in fields:
+            value = info.get(name)
+            if value not in (None, ""):
+                text = value.isoformat() if hasattr(value, "isoformat") else str(value)
+                found.append(f"{name}={text}")
+        if found:
+            return ";".join(found)
+    return None
+
+
+def versions(urls: list[str], *, storage_options: Options = None) -> list[str | None]:
+    """What the store says changes when each object of ``urls`` is rewritten (see
+    :func:`version_of`; None for a local path, or where the store gives nothing). One listing
+    a folder (each folder's entries, fresh), one ``info()`` for an object its listing lacks."""
+    found: list[str | None] = [None] * len(urls)
+    folders: dict[str, list[int]] = {}
+    for k, url in enumerate(urls):
+        if _local(url) is None:
+            folders.setdefault(url.rstrip("/").rsplit("/", 1)[0], []).append(k)
+    for folder, ks in folders.items():
+        listed = _listed_versions(folder, storage_options)
+        for k in ks:
+            found[k] = listed.get(urls[k].rstrip("/").rsplit("/", 1)[-1])
+            if found[k] is None:
+                found[k] = _info_version(urls[k], storage_options)
+    return found
+
+
+def _listed_versions(folder: str, storage_options: Options) -> dict[str, str | None]:
+    """Name -> version of the objects in ``folder`` (empty when it cannot be listed)."""
+    def run(fs: Any, path: str) -> Future[Any]:
+        fs.invalidate_cache(path)
+        return start_fs_call(fs, "ls", path, detail=True)
+
+    try:
+        entries = remote_call(folder, storage_options, "list", run)
+    except StorageError:  # e.g. an HTTP server without listings: one info() each
+        return {}
+    return {str(e.get("name", "")).rstrip("/").rsplit("/", 1)[-1]: version_of(e)
+            for e in entries if isinstance(e, Mapping)}
+
+
+def _info_version(url: str, storage_options: Options) -> str | None:
+    def run(fs: Any, path: str) -> Future[Any]:
+        fs.invalidate_cache(path)
+        return start_fs_call(fs, "info", path)
+
+    info = remote_call(url, storage_options, "get the version of", run)
+    return version_of(info) if isinstance(info, Mapping) else None
 
 
 def glob(pattern: PathLike, *, storage_options: Options = None) -> list[str]:

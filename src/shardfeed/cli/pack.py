@@ -28,6 +28,8 @@ examples:
   shardfeed pack frames.csv out/ ... --resume            # finish an interrupted pack
   shardfeed pack old/*.tfrecord.gz out/ --from-tfrecord  # re-pack (GZIP) TFRecord files
   shardfeed pack export/*.parquet out/ --image-column jpeg --label-columns label
+  shardfeed pack export/ out/ --image-column path --root /data/images  # a Parquet folder
+  shardfeed pack saved/ out/                      # a Hugging Face dataset's save_to_disk
   shardfeed pack shards/*.tar out/                        # WebDataset: key = name, cls = label
   shardfeed pack shards/*.tar.gz out/ --image-column rgb.jpg  # two image members: name one
   shardfeed pack mnist.npz out/ --image-column x_train --label-columns y_train  # arrays
@@ -85,9 +87,9 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """Sources and output, mode, shard size, resume or overwrite, classes."""
     parser.add_argument(
         "source", nargs="+",
-        help="a folder of class sub-folders, a CSV file, Parquet files or WebDataset .tar "
-             "(.tar.gz, .tgz) "
-             "shards, or (--from-tfrecord) TFRecord files",
+        help="a folder of class sub-folders, a CSV file, Parquet files (or a folder of "
+             "them), .npz archives, a Hugging Face save_to_disk folder, WebDataset .tar "
+             "(.tar.gz, .tgz) shards, or (--from-tfrecord) TFRecord files",
     )
     parser.add_argument("output", help="output folder (created if missing; must be empty)")
     parser.add_argument(
@@ -104,7 +106,10 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
         help="exactly N records a shard (the last may hold fewer)",
     )
     parser.add_argument("--root", default=None,
-                        help="folder CSV paths are relative to (default: the CSV's folder)")
+                        help="folder CSV paths are relative to (default: the CSV's folder); "
+                             "for Parquet, .npz, tar or Hugging Face data, the folder image "
+                             "paths in the data are read under, and only under (without it "
+                             "such paths are refused)")
     parser.add_argument("--prefix", default="shard",
                         help="shard file name prefix (default: shard -> shard-00000-of-00004)")
     again = parser.add_mutually_exclusive_group()

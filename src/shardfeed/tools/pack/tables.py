@@ -135,7 +135,8 @@ def parquet_rows(files: Sequence[tuple[str, dict[str, str]]], *, name: str) -> T
                             row.update(partition)
                             yield Row(row, where=f"'{path}', row {at}")
                             at += 1
-            except (OSError, pa.ArrowException) as exc:
+            except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: a name
+                # in the footer that is not UTF-8, and other damage pyarrow reports so
                 raise PackError(f"cannot read the Parquet file '{path}' "
                                 f"({type(exc).__name__}: {str(exc)[:200]}); check that it is "
                                 "a complete Parquet file") from None

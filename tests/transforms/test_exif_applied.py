@@ -223,3 +223,44 @@ def test_pack_refuses_a_mask_of_neither_size(tmp_path: Path) -> None:
                               decode=False, line=None)
         assert (problems == []) == fits, problems
     assert "896x704 as shown (its EXIF orientation is 6" in problems[0].problem
+
+
+def _with_boxes(folder: Path, images: list[bytes]) -> Dataset:
+    from shardfeed.format.writer import ShardWriter
+
+    folder.mkdir(parents=True)
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for data in images:  # the same normalised boxes, in the photo as shown
+            writer.write_example({
+                "image/encoded": data, "image/class/label": [0],
+                "image/object/bbox/xmin": [0.1, 0.55], "image/object/bbox/ymin": [0.2, 0.05],
+                "image/object/bbox/xmax": [0.45, 0.95], "image/object/bbox/ymax": [0.7, 0.4],
+                "image/object/class/label": [1, 2]})
+    return Dataset(str(folder))
+
+
+def test_boxes_are_read_and_moved_in_the_turned_photo(tmp_path: Path) -> None:
+    """ReadBoxes sizes normalised boxes by the header's size as shown, so boxes and pixels of
+    a tagged photo are those of the turned copy, through the train preset's crop."""
+    from shardfeed.transforms.base import Compose
+    from shardfeed.transforms.detection import PadBoxes, ReadBoxes
+
+    tagged = _with_boxes(tmp_path / "tagged", [
+        with_orientation(_jpeg(_cells(i), cmyk=False), turn) for i, turn in enumerate(TURNS)])
+    turned = _with_boxes(tmp_path / "turned", [
+        _jpeg(orient(_cells(i), turn), cmyk=False) for i, turn in enumerate(TURNS)])
+
+    def batches(ds: Dataset, reader: ReadBoxes) -> list[dict[str, np.ndarray]]:
+        transform = Compose([reader, presets.train(size=96, exif_orientation="apply"),
+                             PadBoxes(max_boxes=4)])
+        with Loader(ds, batch_size=4, shuffle=True, seed=5, transform=transform) as loader:
+            return [{k: np.array(b[k]) for k in ("image", "boxes")} for b in loader]
+
+    want = batches(turned, ReadBoxes(exif_orientation="apply"))
+    got = batches(tagged, ReadBoxes(exif_orientation="apply"))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a["image"], b["image"])
+        np.testing.assert_allclose(a["boxes"], b["boxes"], atol=1e-3)
+    unsized = batches(tagged, ReadBoxes())  # sized as stored: 5-8 scaled by the wrong sides
+    assert any(not np.allclose(a["boxes"], b["boxes"], atol=1e-3)
+               for a, b in zip(unsized, want, strict=True))

@@ -31,6 +31,12 @@ import numpy as np
 
 from shardfeed.errors import SchemaError
 from shardfeed.transforms.base import Sample, TransformBase
+from shardfeed.transforms.decode.orientation import (
+    ExifOrientation,
+    check_exif_orientation,
+    orientation_of,
+    oriented_size,
+)
 from shardfeed.transforms.decode.sizes import Unsized, claimed_size
 from shardfeed.transforms.placement import BoxFields
 
@@ -48,17 +54,24 @@ class ReadBoxes(TransformBase):
     has no boxes. ``keep``: keep the stored lists (default: dropped, since no geometric op
     moves them). ``out``: the output names (default :class:`BoxFields`'s ``boxes`` and first
     field). A list of another length, a NaN or a box with its min past its max is a
-    SchemaError naming the feature.
+    SchemaError naming the feature. ``exif_orientation``: the decode's (see
+    :class:`~shardfeed.transforms.decode.ops.DecoderBase`); with ``"apply"`` a tagged JPEG's
+    size read from its header is its size as shown (height and width swapped for
+    orientations 5-8), the image the decode then crops and the boxes are taken to be in.
     """
 
-    __slots__ = ("image_key", "keep", "keys", "labels", "normalized", "out")
+    __slots__ = ("exif_orientation", "image_key", "keep", "keys", "labels", "normalized",
+                 "out")
     draws_random = False
 
     def __init__(self, *, xmin: str = _OD + "xmin", ymin: str = _OD + "ymin",
                  xmax: str = _OD + "xmax", ymax: str = _OD + "ymax",
                  labels: str | None = "image/object/class/label", normalized: bool = True,
                  image_key: str = "image", keep: bool = False,
-                 out: BoxFields | None = None) -> None:
+                 out: BoxFields | None = None,
+                 exif_orientation: ExifOrientation = "ignore") -> None:
+        check_exif_orientation(exif_orientation)
+        self.exif_orientation: ExifOrientation = exif_orientation
         self.keys = (xmin, ymin, xmax, ymax)
         self.labels = labels
         self.normalized = bool(normalized)
@@ -120,7 +133,8 @@ class ReadBoxes(TransformBase):
         if isinstance(encoded, (bytes, memoryview)):
             try:
                 claim = claimed_size(encoded)
-                return claim.height, claim.width
+                turn = orientation_of(encoded, self.exif_orientation)
+                return oriented_size(claim.height, claim.width, turn)
             except Unsized as exc:
                 reason = str(exc)
         height, width = sample.get("image/height"), sample.get("image/width")

@@ -51,7 +51,9 @@ def test_links_are_not_followed_even_to_a_sound_entry(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path / "c", max_bytes=10_000)
     fill(cache, ["abc1", "xyz1"])
     outside = tmp_path / "elsewhere"
-    EntryFiles(outside / "data").write("abc1", value("abc1"), tag="t")
+    planted = EntryFiles(outside / "data")
+    planted.prepare()
+    planted.write("abc1", value("abc1"), tag="t")
     entry(tmp_path / "c", "abc1").unlink()
     entry(tmp_path / "c", "abc1").symlink_to(entry(outside, "abc1"))
     linked = tmp_path / "c" / "data" / "xy"
@@ -132,3 +134,16 @@ def test_a_full_disk_under_the_index_sets_the_cache_aside_once(
         warnings.simplefilter("error")  # said once: nothing more
         assert cache.get_many(["k00399"], next_use=[9]) == [None]
         assert cache.put_many([("k99999", "s3://b/shard", b"y", 1)]) == 0
+
+
+def test_a_cache_opened_on_a_full_disk_steps_aside_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "mkdir", no_space)
+    with pytest.warns(RuntimeWarning, match="full disk"):
+        cache = DiskCache(tmp_path / "new", max_bytes=1000)
+    assert cache.get_many(["abcd"]) == [None]
+    assert cache.put_many([("abcd", "s3://b/shard", value("abcd"), 5)]) == 0

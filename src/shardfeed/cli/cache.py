@@ -18,8 +18,9 @@ HELP = "show what a disk cache of remote records holds (--verify checks it, --cl
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", metavar="DIR", help="the cache_dir given to Dataset")
     parser.add_argument("--verify", action="store_true",
-                        help="read every entry and check its CRC32C; damaged ones are removed "
-                             "(they are fetched again when next read)")
+                        help="read every entry and check that it is its key's, whole, and "
+                             "its CRC32C; damaged ones are removed (they are fetched again "
+                             "when next read)")
     parser.add_argument("--clear", action="store_true",
                         help="remove every entry (safe while no loader uses the folder)")
     parser.add_argument("--objects", type=int, default=10, metavar="N",

@@ -53,11 +53,14 @@ def entry_name(key: str) -> tuple[str, str]:
 
 
 class EntryFiles:
-    """The entry files under folder ``data`` (created when missing, refused when a link)."""
+    """The entry files under folder ``data`` (see :meth:`prepare`)."""
 
     def __init__(self, data: Path) -> None:
         self.data = data
-        os.makedirs(data, exist_ok=True)
+
+    def prepare(self) -> None:
+        """Create the ``data`` folder if missing; OSError when it cannot be, or is a link."""
+        os.makedirs(self.data, exist_ok=True)
         os.close(self._root())
 
     def _root(self) -> int:

@@ -159,8 +159,9 @@ class DiskCache:
         self._aside_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
+        self._files = EntryFiles(self.path / "data")
         try:
-            self._files = EntryFiles(self.path / "data")
+            self._files.prepare()
             self._db()
             self._drop_dead_reservations()
             self._drop_other_formats()

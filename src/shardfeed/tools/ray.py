@@ -10,12 +10,17 @@
 
 :class:`PackSink` is a ``ray.data.Datasink``: each write task runs the partition writer
 (:mod:`shardfeed.tools.pack.partition`) on its blocks with the task's index as partition id;
-``on_write_complete`` merges what finished tasks returned. With ``preserve_order`` (set by
-:func:`pack_ray`) the records' order is the Dataset's, whatever ran where: the same records,
-in the same order, as ``shardfeed.pack`` of the same rows on one machine. A task killed
-mid-write is retried by Ray; what it left is under its own attempt folder, which the merge
-removes. :func:`ray_map` runs ``index_files`` and ``verify`` one file per Ray task
-(``run=ray_map``).
+``on_write_complete`` merges what finished tasks returned. With ``preserve_order`` the
+records' order is the Dataset's, whatever ran where: the same records, in the same order, as
+``shardfeed.pack`` of the same rows on one machine. A Dataset executes with the
+``DataContext`` it copied when it was made, so :func:`pack_ray` sets ``preserve_order`` on
+the Dataset's own context for the write (and puts the old value back), never on the current
+one, which the Dataset no longer reads: the first pack of a session is ordered like every
+other. A task killed mid-write is retried by Ray; what it left is under its own attempt
+folder, which the merge removes. A driver killed mid-merge leaves a folder that readers
+refuse; the next ``pack_ray`` into it removes what the merge left (see
+:func:`shardfeed.tools.pack.partition.clear_unfinished`) and packs again.
+:func:`ray_map` runs ``index_files`` and ``verify`` one file per Ray task (``run=ray_map``).
 
 The output is a folder every node can reach: an object-storage URL (``s3://bucket/ds``; give
 the sink its ``storage_options`` when the nodes do not have them from their environment) or
@@ -53,11 +58,16 @@ R = TypeVar("R")
 class PackSink(Datasink[dict[str, Any]]):
     """Packs a Ray Dataset into ``output`` (see the module docstring); after the write,
     ``manifest`` is the path of the dataset's manifest. ``storage_options`` (fsspec options
-    of an object-storage ``output``) are set in every task before it writes."""
+    of an object-storage ``output``) are set in every task before it writes. ``overwrite``:
+    what an earlier pack wrote in ``output`` (its manifest names it) is removed first.
+
+    Write it with the Dataset's ``execution_options.preserve_order`` set (as
+    :func:`pack_ray` does): else the records' order is the order in which tasks started."""
 
     def __init__(self, output: str | os.PathLike[str], *, fields: RowFields | None = None,
                  sizes: PartSizes | None = None, prefix: str = "shard",
-                 verify: bool = True, storage_options: Mapping[str, Any] | None = None) -> None:
+                 verify: bool = True, storage_options: Mapping[str, Any] | None = None,
+                 overwrite: bool = False) -> None:
         text = os.fspath(output)
         self.output = text.rstrip("/") if is_remote(text) else os.path.abspath(text)
         self.fields = fields or RowFields()
@@ -65,6 +75,7 @@ class PackSink(Datasink[dict[str, Any]]):
         self.prefix = prefix
         self.verify = verify
         self.storage_options = dict(storage_options or {})
+        self.overwrite = overwrite
         self.manifest: str | None = None
 
     def _options(self) -> None:
@@ -72,10 +83,10 @@ class PackSink(Datasink[dict[str, Any]]):
             set_storage_options(self.output + "/", **self.storage_options)
 
     def on_write_start(self, schema: Any = None) -> None:
-        from shardfeed.tools.pack.rows_pack import check_empty
+        from shardfeed.tools.pack.rows_pack import prepare_output
 
         self._options()
-        check_empty(self.output)
+        prepare_output(self.output, overwrite=self.overwrite)
         remove_parts(self.output)
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
@@ -112,20 +123,44 @@ def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
              fields: RowFields | None = None, shard_size: int | str | None = None,
              records_per_shard: int | None = None, prefix: str = "shard",
              verify: bool = True, concurrency: int | None = None,
-             storage_options: Mapping[str, Any] | None = None) -> str:
+             storage_options: Mapping[str, Any] | None = None, overwrite: bool = False) -> str:
     """Pack ``dataset`` (a ``ray.data.Dataset`` of rows) into the empty folder ``output``
-    with one partition a write task; return the manifest's path. ``shard_size`` (default
-    64 MB) or ``records_per_shard`` cut each partition's shards; ``verify``: the merge reads
-    every part back against its CRC32C; ``storage_options``: see :class:`PackSink`."""
+    with one partition a write task, in the Dataset's order; return the manifest's path.
+
+    Args:
+        shard_size, records_per_shard: where each partition's shards are cut (default
+            64 MB). With ``records_per_shard`` a divisor of every partition's rows, the
+            shards are those of ``shardfeed.pack`` of the same rows, and so its fingerprint.
+        verify: the merge reads every part back against its CRC32C.
+        storage_options: see :class:`PackSink`.
+        overwrite: remove what an earlier pack wrote in ``output`` first (its manifest names
+            it; other files stay).
+
+    Raises:
+        TypeError: ``dataset`` is not a ``ray.data.Dataset``.
+        PackError: ``output`` holds files that no pack wrote there (or, without
+            ``overwrite``, an earlier dataset), a bad row (its partition and position named).
+
+    What a pack whose driver was killed mid-merge left in ``output`` is removed first; a
+    rerun of the same call finishes the pack.
+    """
+    if not isinstance(dataset, ray.data.Dataset):
+        raise TypeError(f"pack_ray packs a ray.data.Dataset (e.g. ray.data.read_parquet(...)), "
+                        f"got {type(dataset).__name__}; for rows in memory use shardfeed.pack")
     if shard_size is None and records_per_shard is None:
         shard_size = "64MB"
     sizes = PartSizes(records=records_per_shard,
                       bytes=parse_size(shard_size) if shard_size is not None else None)
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # the records' order is the Dataset's
     sink = PackSink(output, fields=fields, sizes=sizes, prefix=prefix, verify=verify,
-                    storage_options=storage_options)
-    dataset.write_datasink(sink, concurrency=concurrency)
+                    storage_options=storage_options, overwrite=overwrite)
+    # the Dataset runs with the context it copied when it was made, not the current one
+    options = dataset.context.execution_options
+    before = options.preserve_order
+    options.preserve_order = True  # the records' order is the Dataset's
+    try:
+        dataset.write_datasink(sink, concurrency=concurrency)
+    finally:
+        options.preserve_order = before
     assert sink.manifest is not None
     return sink.manifest
 

@@ -11,6 +11,11 @@ under a temporary name, writes ``shardfeed.json`` last and then removes the plan
 
 or, when it has no manifest,
 
+- it holds the parts folder (``_parts/``) of a pack in parts (``pack_ray``, a pack of data
+  such as rows or Parquet): its tasks write there and its merge renames the parts out,
+  writes the manifest and removes the folder last, so without a manifest the tasks or the
+  merge were stopped, however many shards already have their final names (a rerun of the
+  same pack removes what was left and packs again);
 - a shard writer's temporary file (``shard-00003-of-00030.tfrecord.tmp``): a shard being
   written, or left by a writer that was stopped;
 - shards named ``NAME-00003-of-00030`` with fewer than the 30 of that name present: a pack,
@@ -96,6 +101,13 @@ def unfinished_reason(folder: str, names: Sequence[str]) -> str | None:
         )
     if S.MANIFEST_NAME in entries:
         return None  # committed: the manifest names the shards
+    if S.PARTS_FOLDER in entries:
+        return (
+            f"folder '{folder}' has no {S.MANIFEST_NAME} and holds {S.PARTS_FOLDER}/, the parts "
+            f"of a pack in parts (pack_ray, or pack of data) that stopped before its merge "
+            f"finished{counted}: run the same pack again (it removes what was left, then "
+            f"packs), {ESCAPE_HINT}"
+        )
     temp = _shard_temp(names)
     if temp is not None:
         return (

@@ -6,10 +6,11 @@
     ----------------------------------              ------
     rows --payloads--> _parts/p-a/part-K.tfrecord   merge(partials): one partial a partition
     (+ indexes, each shard complete or absent)        (the first attempt that finished), counts
-    returns Partial(p, a, shards)                     and sizes checked, shards renamed in
-                                                      partition order, manifest written last,
-                                                      _parts/ removed (attempts that did not
-                                                      finish: retries, speculative copies)
+    returns Partial(p, a, shards)                     and sizes checked, the final names
+                                                      saved (_parts/merge.json), shards renamed
+                                                      in partition order, manifest written
+                                                      last, _parts/ removed (attempts that did
+                                                      not finish: retries, speculative copies)
 
 A task writes only under its own attempt folder, so a task killed mid-write (and retried)
 leaves files that the merge removes; a partial is what a *finished* attempt returns, so the
@@ -17,6 +18,14 @@ merge never takes a half-written one. The records' global order is partition ord
 row order within a partition: it does not depend on which task ran where or when, and with
 it neither do the exact shuffle or a saved state. A single-machine pack of the same rows is
 one partition through the same code: the same records in the same order.
+
+A driver killed mid-merge leaves no manifest, some or all shards under their final names and
+``_parts/`` with the journal of the final names: readers refuse the folder (the parts folder
+without a manifest is a sign of an unfinished pack, see :mod:`shardfeed.dataset.unfinished`),
+and :func:`clear_unfinished`, which the next pack into the folder runs first, removes
+exactly the files the journal names, then ``_parts/``. Killed after the manifest, only the
+removal of ``_parts/`` was left: the dataset is whole, and the next pack's clean-up removes
+the parts folder.
 
 ``output`` may be an object-storage URL (``s3://bucket/ds``): a task builds each part in a
 local temporary folder and uploads it (indexes first, each object atomic), then deletes it
@@ -26,6 +35,8 @@ writes the manifest last, so a reader never sees a dataset before it is whole.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import tempfile
@@ -43,8 +54,10 @@ from shardfeed.tools.pack.rows import RowFields, row_payload
 from shardfeed.tools.pack.workers import ordered_map
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
-PARTS_FOLDER = "_parts"
+PARTS_FOLDER = spec.PARTS_FOLDER
 """The folder of the output that tasks write into; removed by the merge."""
+
+log = logging.getLogger("shardfeed.tools.pack")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +200,9 @@ def merge_partitions(
     One partial a partition is kept (of several, the first by attempt name: a retry or a
     speculative copy wrote the same rows); ``partitions`` (when given) must all be there.
     Each kept shard must be on disk with the size its partial says (``verify``: and its
-    CRC32C). Shards are renamed ``prefix-NNNNN-of-NNNNN.tfrecord`` in partition order, the
-    manifest written last, and the parts folder (every attempt not kept) removed.
+    CRC32C). The final names are saved in the parts folder's journal, shards are renamed
+    ``prefix-NNNNN-of-NNNNN.tfrecord`` in partition order, the manifest written last, and the
+    parts folder (every attempt not kept, the journal) removed.
     """
     out = os.fspath(output)
     chosen = _choose([p if isinstance(p, Partial) else Partial.from_json(p) for p in partials])
@@ -206,10 +220,11 @@ def merge_partitions(
     names = [f"{prefix}-{n:05d}-of-{len(shards):05d}{spec.SHARD_SUFFIX}"
              for n in range(len(shards))]
     present = set(files.listdir(out))
-    for name in names:
+    for name in [*names, spec.MANIFEST_NAME]:
         if name in present:
             raise PackError(f"'{files.join(out, name)}' is in the way of the merge; "
                             "merge into an empty folder")
+    _save_journal(out, [n for name in names for n in _shard_files(name)])
     final = []
     for info, name in zip(shards, names):
         _move_shard(files.join(out, info.path), files.join(out, name))
@@ -225,6 +240,78 @@ def merge_partitions(
                           order_keys=None, extra=more)
     remove_parts(out)
     return path
+
+
+def _journal_path(out: str) -> str:
+    return files.join(out, PARTS_FOLDER, spec.MERGE_JOURNAL_NAME)
+
+
+def _save_journal(out: str, names: Sequence[str]) -> None:
+    """Save the names the merge is about to give files in ``out`` (before the first rename)."""
+    text = json.dumps({"shardfeed_merge": 1, "files": list(names)}, indent=0) + "\n"
+    files.write_bytes_atomic(_journal_path(out), text.encode("utf-8"))
+
+
+def _journal_names(out: str, data: bytes) -> list[str]:
+    """The file names a merge journal lists: plain names of shards and their indexes only
+    (never a path out of ``out``, never a manifest or another file of the folder)."""
+    where = _journal_path(out)
+    try:
+        document = json.loads(data)
+        names = document["files"] if isinstance(document, dict) else None
+    except (ValueError, KeyError):
+        names = None
+    suffixes = (spec.SHARD_SUFFIX, spec.TEXT_INDEX_SUFFIX, spec.BINARY_INDEX_SUFFIX)
+    if not isinstance(names, list) or not all(
+            isinstance(n, str) and n.endswith(suffixes) and _plain_name(n) for n in names):
+        raise PackError(f"cannot read the merge journal '{where}' (not a list of shard "
+                        "names); remove the folder's shards and its parts folder by hand, or "
+                        "choose an empty folder")
+    return names
+
+
+def _plain_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def clear_unfinished(output: str | os.PathLike[str]) -> list[str]:
+    """Remove what a pack in parts that stopped mid-merge left in ``output``; return the
+    names of the files removed (besides the parts folder).
+
+    With the merge journal and no manifest, the files the journal names (the shards already
+    renamed, their indexes) are removed, then the parts folder, the journal last: killed
+    again meanwhile, the next call goes on. Refused (PackError, nothing removed) when the
+    folder holds other files too. With a manifest, the merge committed and only the parts
+    folder was left: it is removed. Without a journal, nothing is done (a parts folder of
+    tasks killed before the merge is removed by :func:`remove_parts`).
+    """
+    out = os.fspath(output)
+    if files.is_remote(out):
+        out = out.rstrip("/")
+    data = files.read_if_exists(_journal_path(out))
+    if data is None:
+        return []
+    entries = files.listdir(out)
+    if spec.MANIFEST_NAME in entries:
+        remove_parts(out)
+        return []
+    names = _journal_names(out, data)
+    owned = set(names)
+    others = [e for e in entries if e != PARTS_FOLDER and e not in owned]
+    if others:
+        shown = ", ".join(f"'{n}'" for n in others[:5]) + (", ..." if len(others) > 5 else "")
+        raise PackError(
+            f"output folder '{out}' holds the shards of a pack whose merge did not finish "
+            f"(named in '{_journal_path(out)}') and {len(others)} other entr"
+            f"{'y' if len(others) == 1 else 'ies'} ({shown}); move those elsewhere and run "
+            "the pack again (it removes what the merge left), or choose an empty folder")
+    removed = [n for n in names if n in entries]
+    for name in sorted(removed, key=lambda n: not n.endswith(spec.SHARD_SUFFIX)):
+        files.remove(files.join(out, name), missing_ok=True)  # a shard before its indexes
+    remove_parts(out)
+    log.warning("'%s' held a pack whose merge did not finish: removed its %d files and its "
+                "parts folder", out, len(removed))
+    return removed
 
 
 def _choose(partials: Sequence[Partial]) -> dict[int, Partial]:
@@ -284,5 +371,5 @@ def _move_shard(src: str, dst: str) -> None:
             files.rename(a, b)
 
 
-__all__ = ["PARTS_FOLDER", "PartSizes", "Partial", "merge_partitions", "remove_parts",
-           "write_partition"]
+__all__ = ["PARTS_FOLDER", "PartSizes", "Partial", "clear_unfinished", "merge_partitions",
+           "remove_parts", "write_partition"]

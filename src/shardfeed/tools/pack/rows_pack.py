@@ -14,6 +14,7 @@ from shardfeed.tools.pack.output import PackResult
 from shardfeed.tools.pack.partition import (
     PARTS_FOLDER,
     PartSizes,
+    clear_unfinished,
     merge_partitions,
     remove_parts,
     write_partition,
@@ -36,7 +37,7 @@ def pack_rows(source: Any, out: str, *, fields: RowFields | None, options: Any,
     if options.mode != "embedded":
         raise ValueError("mode applies to folder and CSV inputs; for data, choose how pixel "
                          "arrays are stored with RowFields(encode='png'|'jpeg'|'raw')")
-    _prepare(out, overwrite=overwrite)
+    prepare_output(out, overwrite=overwrite)
     paths = paths_of(source)
     if paths is not None and all(is_tar(p) for p in paths):
         fields = _with_root(tar_fields(fields), root)  # the key is the record's name
@@ -104,9 +105,11 @@ def check_empty(out: str, *, overwrite: bool = False) -> bool:
     return bool(entries)
 
 
-def _prepare(out: str, *, overwrite: bool) -> None:
+def prepare_output(out: str, *, overwrite: bool) -> None:
     """An empty (or new) output folder; ``overwrite``: what an earlier pack wrote there (its
-    manifest names it) is removed first, and nothing else."""
+    manifest names it) is removed first, and nothing else. What a pack in parts left when it
+    stopped mid-merge is removed in any case (:func:`clear_unfinished`)."""
+    clear_unfinished(out)
     if not check_empty(out, overwrite=overwrite):
         return
     from shardfeed.format.manifest import Manifest
@@ -130,4 +133,4 @@ def _plain_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and "/" not in name and os.sep not in name
 
 
-__all__ = ["check_empty", "pack_rows"]
+__all__ = ["check_empty", "pack_rows", "prepare_output"]

@@ -451,19 +451,19 @@ class DiskCache:
         db.execute("UPDATE meta SET value=? WHERE name='seq'", (seq,))
         return doomed
 
-    def fill(self, key: str, data: bytes) -> None:
-        """Write the bytes of reserved entry ``key`` and make it ready (nothing happens when
-        it was evicted meanwhile). When the file or the index cannot be written (a full
-        disk) the cache steps aside and the reservation is given up: nothing is raised."""
+    def fill(self, key: str, data: bytes) -> bool:
+        """Write the bytes of reserved entry ``key`` and make it ready; whether it is kept
+        (False when it was evicted meanwhile). When the file or the index cannot be written (a
+        full disk) the cache steps aside and the reservation is given up: nothing is raised."""
         if self.aside is not None:
             self.abandon([key])
-            return
+            return False
         try:
             self._files.write(key, data, tag=f"{os.getpid()}-{threading.get_ident()}")
         except OSError as exc:
             self._step_aside(exc)
             self.abandon([key])
-            return
+            return False
         with self._lock:
             try:
                 db = self._db()
@@ -483,6 +483,7 @@ class DiskCache:
         if failed is not None:
             self._step_aside(failed)
             self.abandon([key])
+        return bool(kept)
 
     def abandon(self, keys: Sequence[str]) -> None:
         """Drop reservations that will not be filled (their fetch failed). Where the index
@@ -504,10 +505,7 @@ class DiskCache:
     def put_many(self, items: Sequence[tuple[str, str, bytes, int]], *, now: int = 0) -> int:
         """Reserve and fill ``(key, url, data, next_use)`` items; the number kept."""
         kept = self.reserve([(k, u, len(d), n) for k, u, d, n in items], now=now)
-        for (key, _, data, _), ok in zip(items, kept):
-            if ok:
-                self.fill(key, data)
-        return sum(kept) if self.aside is None else 0
+        return sum(self.fill(key, data) for (key, _, data, _), ok in zip(items, kept) if ok)
 
     # -- the whole folder -----------------------------------------------------------------
 

@@ -62,7 +62,8 @@ class PackSink(Datasink[dict[str, Any]]):
     what an earlier pack wrote in ``output`` (its manifest names it) is removed first.
 
     Write it with the Dataset's ``execution_options.preserve_order`` set (as
-    :func:`pack_ray` does): else the records' order is the order in which tasks started."""
+    :func:`pack_ray` does): else the records' order is whichever order the blocks reached
+    the write tasks in, which changes from run to run."""
 
     def __init__(self, output: str | os.PathLike[str], *, fields: RowFields | None = None,
                  sizes: PartSizes | None = None, prefix: str = "shard",

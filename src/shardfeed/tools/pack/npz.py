@@ -11,12 +11,14 @@ read, each member named (the image array, the label arrays) is checked from its 
                                                  pixel limit; the member as long as its
                                                  header says
 
-then the rows are streamed, one row of each array at a time, so an archive of a few
-megabytes that inflates to gigabytes takes one row of memory, never the whole array. A file
+then the rows are streamed, a block of rows of each array at a time, so an archive of a
+few megabytes that inflates to gigabytes takes a few megabytes of memory, never the whole
+array. A file
 that is not a zip archive (a single ``.npy`` or a pickle saved under an ``.npz`` name) is
 refused by what it is. Nothing is unpickled; no message quotes the archive's bytes.
 
-Determinism: the rows in array order, values as stored. Memory: one row of each array.
+Determinism: the rows in array order, values as stored. Memory: a block of rows of each
+array (:data:`CHUNK_BYTES`, or one row when a row is larger).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from shardfeed.tools.pack.rows import Row, RowFields
 MAX_ROW_BYTES = 1 << 30
 """Largest row of any array read (1 GiB: the largest image row the default pixel limit
 admits, 2^27 pixels of 4 channels of 16 bits)."""
+
+CHUNK_BYTES = 4 << 20
+"""Bytes of an array read at once (whole rows; one row when a row is larger)."""
 
 _NPY = ".npy"
 _SAVE = "save the arrays with numpy.savez(path, image=images, label=labels)"
@@ -181,16 +186,22 @@ def _check_images(path: str, images: _Array, max_pixels: int) -> None:
 
 
 def _streamed_rows(archive: zipfile.ZipFile, path: str, arrays: list[_Array]) -> Iterator[Row]:
-    """One row of each array at a time; the members' ends (and CRCs) checked last."""
+    """The rows, read a block of rows of each array at a time (at most CHUNK_BYTES, or one
+    row); the members' ends (and CRCs) checked last."""
     streams: list[IO[bytes]] = []
     try:
         for array in arrays:
             stream = archive.open(array.info)
             streams.append(stream)
             stream.read(array.data_offset)  # past the header, checked already
-        for i in range(arrays[0].shape[0]):
-            values = {a.key: _row(s, a, i, path) for a, s in zip(arrays, streams)}
-            yield Row(values, where=f"'{path}' (array '{arrays[0].key}'), row {i}")
+        total = arrays[0].shape[0]
+        step = max(1, min(CHUNK_BYTES // max(1, a.row_bytes) for a in arrays))
+        for start in range(0, total, step):
+            count = min(step, total - start)
+            blocks = [_rows(s, a, start, count, path) for a, s in zip(arrays, streams)]
+            for j in range(count):
+                values = {a.key: b[j] for a, b in zip(arrays, blocks)}  # as np.load's
+                yield Row(values, where=f"'{path}' (array '{arrays[0].key}'), row {start + j}")
         for array, stream in zip(arrays, streams):
             if stream.read(1):  # pragma: no cover - the header and member size agree
                 raise PackError(f"{path}: the array '{array.key}' holds more than its "
@@ -200,15 +211,16 @@ def _streamed_rows(archive: zipfile.ZipFile, path: str, arrays: list[_Array]) ->
             stream.close()
 
 
-def _row(stream: IO[bytes], array: _Array, i: int, path: str) -> Any:
-    data = stream.read(array.row_bytes)
-    if len(data) != array.row_bytes:
-        raise PackError(f"{path}: the array '{array.key}' ends at row {i} of {array.shape[0]}; "
+def _rows(stream: IO[bytes], array: _Array, start: int, count: int, path: str) -> np.ndarray:
+    """Rows ``start`` to ``start + count`` of ``array``, read from ``stream``."""
+    nbytes = count * array.row_bytes
+    data = stream.read(nbytes)
+    if len(data) != nbytes:
+        raise PackError(f"{path}: the array '{array.key}' ends before row "
+                        f"{start + len(data) // max(1, array.row_bytes)} of {array.shape[0]}; "
                         f"the archive is truncated or damaged: {_SAVE}")
-    value = np.frombuffer(data, dtype=array.dtype).reshape(array.shape[1:])
-    if not value.dtype.isnative:
-        value = value.astype(value.dtype.newbyteorder("="))
-    return value if value.ndim else value[()]
+    block = np.frombuffer(data, dtype=array.dtype).reshape(count, *array.shape[1:])
+    return block if block.dtype.isnative else block.astype(block.dtype.newbyteorder("="))
 
 
 def _shape(shape: tuple[int, ...]) -> str:

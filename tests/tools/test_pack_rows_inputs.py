@@ -138,3 +138,19 @@ def test_a_damaged_parquet_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(PackError, match=r"cannot read the Parquet file '.*b.parquet'"):
         pack([tmp_path / "a.parquet", tmp_path / "b.parquet"], tmp_path / "out")
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_folder_of_images_with_a_parquet_file_beside_them_stays_a_folder_of_images(
+    tmp_path: Path,
+) -> None:
+    """An imagefolder-style layout (class folders and a metadata file) is packed as before:
+    its class folders are the labels; the Parquet file is not taken for the data."""
+    for k, name in enumerate(("cat", "dog")):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        cv2.imwrite(str(tmp_path / "photos" / name / "a.png"), np.full((4, 4, 3), k, np.uint8))
+    pq.write_table(pa.table({"file_name": ["cat/a.png"], "y": [0]}),
+                   tmp_path / "photos" / "metadata.parquet")
+    pack(tmp_path / "photos", tmp_path / "out")
+    records = read_back(tmp_path / "out")
+    assert [int(r["image/class/label"][0]) for r in records] == [0, 1]
+    assert vocabularies(tmp_path / "out") == {"image/class/label": ["cat", "dog"]}

@@ -51,7 +51,8 @@ class TableRows:
 
 def data_folder(path: str) -> DataFolder | None:
     """What kind of data folder ``path`` is (see the module docstring), or None: not a
-    folder, or a folder of images (the first image file found ends the search)."""
+    folder, or a folder with images anywhere under it (the first image file found ends the
+    search), which pack reads as a folder of images."""
     if not os.path.isdir(path):
         return None
     entries = set(os.listdir(path))
@@ -59,20 +60,25 @@ def data_folder(path: str) -> DataFolder | None:
         return "hf"
     if _HF_DICT_FILE in entries:
         return "hf-dict"
-    for folder, names, files in os.walk(path):
+    parquet = False
+    for _folder, names, files in os.walk(path):
         names[:] = sorted(n for n in names if not n.startswith((".", "_")))
         if any(f.lower().endswith(_IMAGE_SUFFIXES) for f in files):
             return None
-        if any(f.endswith(".parquet") and not f.startswith((".", "_")) for f in files):
-            return "parquet"
-    return None
+        parquet = parquet or any(f.endswith(".parquet") and not f.startswith((".", "_"))
+                                 for f in files)
+    return "parquet" if parquet else None
 
 
 def folder_rows(folder: str, fields: RowFields) -> TableRows:
     """The rows of a data folder (:func:`data_folder` says it is one)."""
     kind = data_folder(folder)
     if kind == "hf":
-        import datasets
+        try:
+            import datasets
+        except ImportError:
+            raise ImportError(f"'{folder}' is a Hugging Face dataset (save_to_disk); reading "
+                              "it needs datasets: pip install 'shardfeed[hf]'") from None
 
         dataset = datasets.load_from_disk(folder)
         return hf_rows(dataset, fields, name=f"'{folder}' (a Hugging Face dataset)")

@@ -10,6 +10,7 @@
       tf-binary/     mixed.tfrecord with an .idx.npy
       tf-bare/       mixed.tfrecord alone (its index is built when opened)
       ingest/        pack inputs: a WebDataset tar, an .npz, a Parquet file (fuzz_ingest)
+      cache-seeds/   two entry files of the disk cache (fuzz_cache)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import itertools
 import shutil
 from pathlib import Path
 
+import fuzz_cache
 import fuzz_ingest
 import numpy as np
 
@@ -28,7 +30,8 @@ from shardfeed.format.schema import FeatureInfo, ImageInfo, Schema
 from shardfeed.format.writer import ShardWriter
 
 TF_FIXTURES = Path(__file__).resolve().parent.parent / "data" / "tf"
-FOLDERS = ("packed", "packed-text", "tf-text", "tf-binary", "tf-bare", fuzz_ingest.FOLDER)
+FOLDERS = ("packed", "packed-text", "tf-text", "tf-binary", "tf-bare", fuzz_ingest.FOLDER,
+           fuzz_cache.FOLDER)
 
 
 def _packed(folder: Path) -> None:
@@ -90,6 +93,7 @@ def build(root: Path) -> Path:
     bare.mkdir()
     shutil.copy(TF_FIXTURES / "mixed.tfrecord", bare / "mixed.tfrecord")
     fuzz_ingest.build(root / fuzz_ingest.FOLDER)
+    fuzz_cache.build(root / fuzz_cache.FOLDER)
     return root
 
 

@@ -8,7 +8,8 @@ mutated file into a private copy of the corpus, opens that dataset with
 the schema, fingerprint, manifest and sidecars, and calls the format readers directly
 (index loaders, ``scan``, ``Manifest.load``, ``decode_example``). A mutated pack input (a
 WebDataset tar, an ``.npz``, a Parquet file; :mod:`fuzz_ingest`) is packed, and what it
-wrote is read back the same way. Any exception other than a
+wrote is read back the same way. A mutated or swapped cache entry file is read through a
+cache that must serve its own record or nothing (:mod:`fuzz_cache`). Any exception other than a
 :class:`~shardfeed.errors.ShardfeedError` escapes: that is a finding.
 """
 
@@ -22,6 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import fuzz_cache
 import fuzz_corpus
 import fuzz_ingest
 import fuzz_mutate as M
@@ -45,7 +47,7 @@ class Target:
     name: str
     folder: str
     file: str
-    family: str  # bytes | text | npy | json | example | tar | npz | parquet
+    family: str  # bytes | text | npy | json | example | tar | npz | parquet | cache
 
 
 TARGETS = (
@@ -63,6 +65,8 @@ TARGETS = (
     Target("webdataset-tar", fuzz_ingest.FOLDER, fuzz_ingest.FILES["tar"], "tar"),
     Target("npz-archive", fuzz_ingest.FOLDER, fuzz_ingest.FILES["npz"], "npz"),
     Target("parquet-file", fuzz_ingest.FOLDER, fuzz_ingest.FILES["parquet"], "parquet"),
+    Target("cache-entry", fuzz_cache.FOLDER, "entry-0.rec", "cache"),
+    Target("cache-entry-swapped", fuzz_cache.FOLDER, "entry-1.rec", "cache"),
 )
 PACK_INPUTS = frozenset(fuzz_ingest.FILES)
 """Families whose file is a pack input, packed and then read back."""
@@ -136,6 +140,7 @@ FAMILY_MUTATIONS: dict[str, Callable[[random.Random, bytes], bytes]] = {
     "example": M.mutate_example,
     "tar": fuzz_ingest.mutate_tar,
     "npz": fuzz_ingest.mutate_npz,
+    "cache": fuzz_cache.mutate_entry,
 }
 
 
@@ -200,6 +205,8 @@ def run_input(inp: Input, ws: Workspace) -> None:
         if target.family == "example":
             _example(inp.data, folder / target.file, ws)
             exercise_dataset(folder, verify_crc=inp.verify_crc)
+        elif target.family == "cache":
+            _quietly(lambda: fuzz_cache.read_back(inp.data, folder / "live"))
         elif target.family in PACK_INPUTS:
             (folder / target.file).write_bytes(inp.data)
             out = folder / "packed-out"

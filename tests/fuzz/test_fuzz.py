@@ -1,5 +1,6 @@
-"""The fuzz target: mutated shards, Examples, indexes of both formats, manifests and
-sidecars, run through the public API in a worker process bounded in time and memory.
+"""The fuzz target: mutated shards, Examples, indexes of both formats, manifests, sidecars,
+pack inputs (WebDataset tars, .npz archives, Parquet files) and disk-cache entries, run
+through the public API in a worker process bounded in time and memory.
 Only a ShardfeedError may escape; anything else is a finding (see ``fuzz_run.py``).
 
 The suite runs 2,500 inputs; ``pytest tests/fuzz --fuzz-inputs 200000`` or

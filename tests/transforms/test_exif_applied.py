@@ -264,3 +264,25 @@ def test_boxes_are_read_and_moved_in_the_turned_photo(tmp_path: Path) -> None:
     unsized = batches(tagged, ReadBoxes())  # sized as stored: 5-8 scaled by the wrong sides
     assert any(not np.allclose(a["boxes"], b["boxes"], atol=1e-3)
                for a, b in zip(unsized, want, strict=True))
+
+
+@pytest.mark.parametrize("scale", [None, (2.0, 3.0)])
+def test_patches_cut_the_turned_photo_when_asked(packed: dict[str, Dataset],
+                                                 scale: tuple[float, float] | None) -> None:
+    """``Patches(exif_orientation="apply")``: the patches of the photo turned and saved
+    without a tag (its masks drawn on the turned photo), scaled patches included."""
+    from shardfeed.pipeline import Patches
+
+    def cut(ds: Dataset, setting: str) -> list[dict[str, np.ndarray]]:
+        patches = Patches(ds, size=48, scale=scale, cache_images=2, refresh_every=3,
+                          exif_orientation=setting)  # type: ignore[arg-type]
+        return _batches(patches, None, batch_size=4)  # type: ignore[arg-type]
+
+    _assert_same(cut(packed["tagged+masks"], "apply"), cut(packed["turned+masks"], "apply"))
+    # under the default the same inputs differ: the tag is what changed the patches
+    ignored = cut(packed["tagged"], "ignore")
+    turned = cut(packed["turned"], "ignore")
+    assert any(not np.array_equal(a["image"], b["image"]) for a, b in zip(ignored, turned))
+    with pytest.raises(ValueError, match="exif_orientation"):
+        Patches(packed["tagged"], size=48, cache_images=2, refresh_every=3,
+                exif_orientation="rotate")  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ import numpy as np
 from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size
+from shardfeed.transforms.decode.orientation import ExifOrientation, check_exif_orientation
 from shardfeed.transforms.decode.patches import DecodedImage
 from shardfeed.transforms.decode.sizes import (
     DEFAULT_MAX_PIXELS,
@@ -60,10 +61,12 @@ class PatchOptions:
     cache_bytes: int | None = None
     mask: bool | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
+    exif_orientation: ExifOrientation = "ignore"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", parse_size(self.size))
         check_max_pixels(self.max_pixels)
+        check_exif_orientation(self.exif_orientation)
         for name in ("cache_images", "refresh_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

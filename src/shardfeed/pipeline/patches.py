@@ -63,6 +63,7 @@ from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.transforms.boxes import parse_size
 from shardfeed.transforms.decode.fields import ImageField
+from shardfeed.transforms.decode.orientation import ExifOrientation
 from shardfeed.transforms.decode.patches import DecodedImage, decode_for_patches
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
@@ -97,7 +98,9 @@ class Patches(SamplerBase):
     ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8)`` images of the largest
     image decoded so far; pass it to fix the bound from the start); ``mask`` (None: cut the mask too when the dataset has one); ``max_pixels``
     (the most pixels an image may have, read from its header before decoding; default 2^27:
-    see :class:`~shardfeed.transforms.decode.ops.DecoderBase`). The Loader's
+    see :class:`~shardfeed.transforms.decode.ops.DecoderBase`); ``exif_orientation``
+    (``"ignore"``, the default: patches of the stored pixels; ``"apply"``: of the photo as its
+    JPEG's EXIF tag shows it, as every decode path does; docs/transforms.md). The Loader's
     ``transform`` applies to each patch after the crop (flip, colour, normalise); it sees
     ``"image"`` (and ``"mask"``) already decoded.
 
@@ -127,6 +130,7 @@ class Patches(SamplerBase):
         cache_bytes: int | None = None,
         mask: bool | None = None,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        exif_orientation: ExifOrientation = "ignore",
     ) -> None:
         self._attach(dataset, needs="Patches needs a shardfeed.Dataset or another "
                      "shardfeed.DataSource")
@@ -134,7 +138,7 @@ class Patches(SamplerBase):
             size=parse_size(size), scale=None if scale is None else tuple(scale),
             cache_images=cache_images, refresh_every=refresh_every, pick=pick,
             reduced_decode=reduced_decode, cache=cache, cache_bytes=cache_bytes, mask=mask,
-            max_pixels=max_pixels,
+            max_pixels=max_pixels, exif_orientation=exif_orientation,
         )
         _check_cache_fits(self._len, self.options.cache_images, self.options.refresh_every)
         schema, root = dataset.schema, dataset.root
@@ -142,11 +146,12 @@ class Patches(SamplerBase):
         mask_info: ImageInfo | None = None if schema is None else schema.mask
         self.schedule = PatchSchedule(self._len, cache_images=self.options.cache_images,
                                       refresh_every=self.options.refresh_every)
-        fields = ImageField(max_pixels=max_pixels)
+        fields = ImageField(max_pixels=max_pixels, exif_orientation=exif_orientation)
         self._image_field = fields.bound(image_info, root=root)
         self._mask_field: ImageField | None = None
         if self.options.mask is not False:
-            self._mask_field = ImageField(is_mask=True, max_pixels=max_pixels).bound(
+            self._mask_field = ImageField(is_mask=True, max_pixels=max_pixels,
+                                          exif_orientation=exif_orientation).bound(
                 mask_info, root=root)
         n = self.schedule.max_resident
         self.cache: ImageCache[DecodedImage] | None = None

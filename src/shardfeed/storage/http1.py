@@ -82,8 +82,9 @@ class _Conn:
     def __init__(self, scheme: str, host: str, timeout: float) -> None:
         self.scheme, self.host, self.timeout = scheme, host, timeout
         self.sock: socket.socket | None = None
+        self.wait_seconds = timeout  # the socket's timeout now
         self.buffer = bytearray()  # bytes received past the answer being read (none, normally)
-        self.where = f"{scheme}://{host}"  # what messages name: the URL asked, no query
+        self.target = ""  # of the GET being answered
         self.ends = math.inf  # when the answer being read must be complete (monotonic)
         self.allowed = math.inf  # the seconds it was given, for messages
         self.min_bytes_per_second = math.inf
@@ -116,14 +117,16 @@ class _Conn:
         whether the connection can be used again. All of it must arrive within the timeout
         plus a second for each ``min_bytes_per_second`` bytes received (TimeoutError)."""
         assert self.sock is not None
-        self.where = f"{self.scheme}://{self.host}{target.partition('?')[0]}"
+        self.target = target
         self.min_bytes_per_second = min_bytes_per_second
-        self._allow(self.timeout + (end - start) / min_bytes_per_second, restart=True)
+        self.allowed = self.timeout + (end - start) / min_bytes_per_second
+        self.ends = time.monotonic() + self.allowed
         request = (f"GET {target} HTTP/1.1\r\nHost: {self.host}\r\n"
                    f"Range: bytes={start}-{end - 1}\r\nAccept-Encoding: identity\r\n"
                    "User-Agent: shardfeed\r\n\r\n")
+        if self.wait_seconds != self.timeout:  # a pooled one may keep its last, shorter wait
+            self._wait(self.timeout)
         try:
-            self.sock.settimeout(self.timeout)  # a pooled one may keep its last, shorter wait
             self.sock.sendall(request.encode("ascii"))
         except (BrokenPipeError, ConnectionResetError) as exc:
             if reused:
@@ -144,9 +147,12 @@ class _Conn:
                                     over="stop")
         return status, headers, body, keep
 
-    def _allow(self, seconds: float, *, restart: bool = False) -> None:
-        if restart:
-            self.ends, self.allowed = time.monotonic(), 0.0
+    @property
+    def where(self) -> str:
+        """What messages name: the URL asked, without its query."""
+        return f"{self.scheme}://{self.host}{self.target.partition('?')[0]}"
+
+    def _allow(self, seconds: float) -> None:
         self.ends += seconds
         self.allowed += seconds
 
@@ -173,7 +179,7 @@ class _Conn:
             del buf[: end + 4]
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]
-            if not version.startswith("HTTP/1.") or not _is_number(code):
+            if not version.startswith("HTTP/1.") or not (code.isascii() and code.isdigit()):
                 raise BadAnswer(f"answer from {self.where} is not HTTP/1.x (its first line "
                                 f"has {len(lines[0])} characters and no status code)")
             headers: dict[str, str] = {}
@@ -200,7 +206,7 @@ class _Conn:
             if not self._discard(skip, until_close=True):
                 return b"", False
             return self._exactly(limit, until_close=True), False
-        if not _is_number(length) or len(length) > 18:
+        if not (length.isascii() and length.isdigit()) or len(length) > 18:  # not "\u00b2"
             raise BadAnswer(f"answer from {self.where} has Content-Length {length[:40]!r}, "
                             "not a number of bytes")
         n = int(length)
@@ -212,7 +218,8 @@ class _Conn:
             return self._exactly(limit), False  # the rest is never read: close
         if n <= skip:  # the object ends before the range: nothing of it is read
             return b"", False
-        self._discard(skip)
+        if skip:
+            self._discard(skip)
         return self._exactly(n - skip), keep
 
     def _chunked(self, skip: int, limit: int, keep: bool, over: str) -> tuple[bytes, bool]:
@@ -332,11 +339,18 @@ class _Conn:
 
     def _arm(self) -> None:
         """The socket waits at most the timeout, and never past the answer's end time."""
-        assert self.sock is not None
         left = self.ends - time.monotonic()
-        if left <= 0:
-            raise self._timed_out("part of the answer")
-        self.sock.settimeout(min(self.timeout, left))
+        if left < self.timeout:
+            if left <= 0:
+                raise self._timed_out("part of the answer")
+            self._wait(left)
+        elif self.wait_seconds != self.timeout:
+            self._wait(self.timeout)
+
+    def _wait(self, seconds: float) -> None:
+        assert self.sock is not None
+        self.sock.settimeout(seconds)  # a system call: made only on a change
+        self.wait_seconds = seconds
 
     def _timed_out(self, what: str) -> TimeoutError:
         if time.monotonic() >= self.ends:
@@ -351,11 +365,6 @@ class _Conn:
 
 _HEX_DIGITS = re.compile(rb"0*[0-9A-Fa-f]{1,15}")
 """A chunk size: hexadecimal digits (leading zeros allowed), below 2**60."""
-
-
-def _is_number(text: str) -> bool:
-    """ASCII decimal digits only (``str.isdigit`` also takes "\u00b2")."""
-    return text.isascii() and text.isdigit()
 
 
 _WARNED_HOSTS: set[str] = set()

@@ -399,7 +399,9 @@ class Abort:
             sock = self._conn.sock if self._conn is not None else None
             if sock is not None:  # under the lock: the GET's thread cannot pool it meanwhile
                 with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                    # the plain socket's shutdown (a TLS socket's own would drop its TLS
+                    # state under the thread reading it): that thread's read ends, failing
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     def _hold(self, conn: _Conn) -> None:
         with self._lock:

@@ -225,7 +225,9 @@ class _Call(Generic[T]):
             return [self.results[i] for i in range(len(self.jobs))]
         finally:
             for future in self.running:
-                future.cancel()  # abandoned: cancels the task (async) or drops the thread's result
+                # abandoned: cancels the task (async), shuts a direct GET's connection down
+                # (its thread is free at once), or drops the thread's result
+                future.cancel()
 
     def _start_ready(self, now: float) -> None:
         while self.ready and len(self.running) < self.max_in_flight:

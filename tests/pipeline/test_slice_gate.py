@@ -11,9 +11,10 @@ from pipeline_helpers import keyed_transform
 
 from shardfeed.pipeline import Loader, concurrency
 from shardfeed.pipeline.concurrency import (
+    BUDGET,
     LIGHT_SAMPLE_SECONDS,
     MARGIN,
-    RECHECK_WINDOWS,
+    RECHECK_SECONDS,
     TRIAL_PAIRS,
     WARMUP_WINDOWS,
     SliceGate,
@@ -88,14 +89,27 @@ def test_a_loader_speeding_up_as_it_warms_does_not_fool_the_trial(faster: int) -
 
 
 def test_the_choice_is_measured_again() -> None:
+    """The next trial comes after ``RECHECK_SECONDS`` at the chosen limit, and never before
+    twice the last trial's cost at the other limit over ``BUDGET``."""
     clock = Clock()
     gate = SliceGate(2, window_samples=5, clock=clock, min_window_seconds=0)
-    cost = {2: 20e-6, 1: 10e-6}
-    seen = _feed(gate, clock, FIRST_CHOICE + RECHECK_WINDOWS + 3, cost)
-    assert seen[FIRST_CHOICE : FIRST_CHOICE + RECHECK_WINDOWS] == [1] * RECHECK_WINDOWS
-    assert 2 in seen[FIRST_CHOICE + RECHECK_WINDOWS :]  # back to all threads for a new trial
+    cost = {2: 20e-3, 1: 10e-3}  # windows of 5 samples: 100 ms at two threads, 50 ms at one
+    seen = _feed(gate, clock, FIRST_CHOICE, cost)
+    assert gate.limit == 1
+    chosen_at, off = clock.now, gate.stats().off_choice_seconds
+    assert off == pytest.approx(2 * TRIAL_PAIRS * 0.05)  # its one-thread windows
+    wait = max(RECHECK_SECONDS, 2 * off / BUDGET)
+    starts = []
+    for _ in range(int(2 * wait / 0.05)):
+        starts.append(clock.now)
+        seen = _feed(gate, clock, 1, cost)
+        if seen == [2]:
+            break
+    assert seen == [2]  # back to all threads for a new trial
+    assert starts[-1] - chosen_at == pytest.approx(wait, abs=0.06)
+    assert gate.stats().trials == 2
     # the work changed (now the threads help): the new trial keeps them
-    seen = _feed(gate, clock, RECHECK_WINDOWS + TRIAL + 2, {2: 5e-6, 1: 10e-6})
+    _feed(gate, clock, TRIAL + 2, {2: 5e-3, 1: 10e-3})
     assert gate.limit == 2
 
 
@@ -107,7 +121,11 @@ def test_process_workers_keep_every_process() -> None:
 
 
 @pytest.mark.parametrize("threads", [2, 4])
-def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: int) -> None:
+def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(concurrency, "RECHECK_SECONDS", 0.0)  # a trial after every choice
+    monkeypatch.setattr(concurrency, "MAX_RECHECK_SECONDS", 0.0)
+    monkeypatch.setattr(concurrency, "BUDGET", 10.0**9)
     def run(loader: Loader) -> list[np.ndarray]:
         with loader:
             return [np.concatenate([b["image"].reshape(len(b["index"]), -1),
@@ -132,7 +150,7 @@ def test_changing_the_limit_mid_epoch_changes_no_byte(clean_ds: Any, threads: in
     gate._set_limit = record  # type: ignore[method-assign]
     loader._gate = gate
     got = run(loader)
-    assert 1 in limits  # the slices really ran one at a time for a while
+    assert limits.count(1) >= 3  # the slices really ran one at a time, again and again
     assert len(got) == len(reference)
     for a, b in zip(got, reference):
         np.testing.assert_array_equal(a, b)
@@ -150,7 +168,7 @@ def test_heavy_samples_never_try_one_thread(monkeypatch: pytest.MonkeyPatch) -> 
     gate = _gate_on_two_cores(monkeypatch, clock, cpu_clock)
     # a large JPEG: 0.6 ms of wall time a sample with two threads decoding side by side
     # (1.2 ms of their CPU time); one thread alone would take 1 ms a sample
-    seen = _feed(gate, clock, 2 * RECHECK_WINDOWS, {2: 0.6e-3, 1: 1e-3},
+    seen = _feed(gate, clock, 64, {2: 0.6e-3, 1: 1e-3},
                  cpu={2: 1.2e-3, 1: 1e-3}, cpu_clock=cpu_clock)
     assert seen == [2] * len(seen)
 
@@ -227,16 +245,18 @@ def test_one_slice_at_a_time_runs_on_one_thread(clean_ds: Any) -> None:
         np.testing.assert_array_equal(a, b)
 
 
-def test_tiny_work_goes_to_one_thread_without_a_trial() -> None:
+def test_tiny_work_goes_to_one_thread_without_a_trial(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
     """Samples of 2 µs at every thread: one thread at once after the first measured window
     (a trial's windows at every thread would cost much of a short epoch); measured again
     later all the same."""
+    monkeypatch.setattr(concurrency, "RECHECK_SECONDS", 1e-3)  # 50 windows of 20 µs
     clock = Clock()
     gate = SliceGate(2, window_samples=10, clock=clock, min_window_seconds=0)
     cost = {2: LIGHT_SAMPLE_SECONDS * 0.5, 1: LIGHT_SAMPLE_SECONDS * 0.4}
     seen = _feed(gate, clock, WARMUP_WINDOWS + 3, cost)
     assert seen == [2] * (WARMUP_WINDOWS + 1) + [1, 1]
-    seen = _feed(gate, clock, RECHECK_WINDOWS + 2, cost)
+    seen = _feed(gate, clock, 60, cost)
     assert 2 in seen  # the choice is measured again
 
 

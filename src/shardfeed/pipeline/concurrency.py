@@ -6,21 +6,52 @@ much as decoding it), two threads fight over the GIL and build slower than one. 
 measures instead of guessing::
 
     warm-up     all threads      nothing (``WARMUP_WINDOWS``: first reads, caches filling)
-    trial       all threads, 1, all threads, 1 (``TRIAL_PAIRS`` pairs, one window each)
+    trial       all threads, 1, all threads, 1 (``TRIAL_PAIRS`` pairs, one window each,
+                                 a settling window before each change's measured one)
                                  samples built / wall seconds (``IDLE_GAP_SECONDS``),
                                  summed a limit (alternating cancels a drift in speed);
                                  one thread is not tried when a sample takes at least
                                  ``HEAVY_SAMPLE_SECONDS`` of thread CPU and the threads ran
                                  side by side (decodes that release the GIL);
                                  one thread is kept without a trial when a sample takes at
-                                 most ``LIGHT_SAMPLE_SECONDS`` of wall time (tiny work)
-    then        the faster one (fewer threads only when at least ``MARGIN`` faster),
-                measured again every ``RECHECK_WINDOWS`` windows, as the work may change
+                                 most ``LIGHT_SAMPLE_SECONDS`` of wall time (tiny work; the
+                                 first choice only)
+    then        the faster one (fewer threads only when at least ``MARGIN`` faster), kept
+                until the next trial: after at least ``RECHECK_SECONDS`` at the chosen
+                limit, twice as long after each trial that confirms the choice (at most
+                ``MAX_RECHECK_SECONDS``), and never before the trial's own cost allows
+                (below), as the work may change
 
-A measured window is at least ``window_samples`` samples and ``MIN_WINDOW_SECONDS`` long (a
-window of fast samples over in a few milliseconds is mostly noise); windows that are not
-measured (warm-up, settling) and a first window of tiny work end at ``window_samples``. Slices wait at the gate in the order they were
-submitted (a ticket each), so batches still complete in order.
+A window is ``window_samples`` samples and at least ``MIN_WINDOW_SECONDS`` long (a window of
+fast samples over in a few milliseconds is mostly noise), and ends at ``MAX_WINDOW_SECONDS``
+of wall time whatever its samples; windows that are not measured (warm-up, settling) and a
+first window of tiny work end at ``window_samples`` (or that wall time). A window ends when a
+slice finishes. Slices wait at the gate in the order they were submitted (a ticket each), so
+batches still complete in order.
+
+What measuring costs, at any core count. The gate counts the wall time of every window at
+the limit it ran (:meth:`SliceGate.stats`); time at a limit other than the one chosen (a
+trial's windows at the other limit, with their settling windows) is what measuring costs.
+A trial that cost ``c`` seconds is followed by at least ``2c / BUDGET`` seconds at the
+chosen limit before the next one starts. With ``c_k`` the cost of trial ``k``, ``C`` the
+largest, and trial ``K`` the one in progress or last finished, a run of ``T`` seconds holds
+the waits after trials ``1 .. K-1``, so::
+
+    off-choice time  =  c_1 + ... + c_K  <=  BUDGET/2 × T + C  <=  BUDGET × T
+                                              once T >= 2C / BUDGET
+
+and ``C`` is at most ``2 × TRIAL_PAIRS`` windows at the other limit, each at most
+``MAX_WINDOW_SECONDS`` plus one slice. This holds whatever the work and the number of cores,
+because a window is bounded in wall time, not in samples. The worst case is work that scales
+perfectly with threads on 64 cores: a one-thread window builds 1/64 of what an all-thread
+window does, so nearly all of its time is lost. Counted in samples, such a window would last
+64 all-thread windows (the gate's former schedule, which spent most of a 16-core run at one
+thread); bounded in time, it loses at most its own time, and the rate over the run is at
+least ``1 - BUDGET`` of the all-thread rate (``1 - BUDGET/2`` in the long run). Work where
+one thread is faster (GIL-bound) is the mirror case: its trials at every thread cost the same
+share against the one-thread rate. Before the first choice nothing is amortised: the first
+trial costs at most ``C`` (small images on 2 cores still end at one thread within a few
+windows).
 
 Determinism: none of this changes which rows are built or their bytes (a slice writes fixed
 rows whichever thread builds it, whenever). State: none saved; it starts again with each
@@ -32,17 +63,28 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
 
+BUDGET = 0.03
+"""The most of the wall time spent at a limit other than the chosen one, over any run longer
+than ``2 / BUDGET`` times the costliest trial: see the module docstring."""
 MARGIN = 1.05
 """Fewer threads are kept only when they build at least this much faster (noise guard)."""
 MIN_WINDOW_SECONDS = 0.025
 """The shortest window measured: fast work takes more samples a window."""
-RECHECK_WINDOWS = 32
-"""Windows run at the chosen limit before both limits are measured again."""
+MAX_WINDOW_SECONDS = 0.1
+"""The longest window: slow work takes fewer samples a window (a window ends when a slice
+finishes, so a slice longer than this is a window of its own)."""
+RECHECK_SECONDS = 2.0
+"""Seconds at the chosen limit before the first new trial (and after a trial that changed the
+choice), unless the trial's cost asks for more (``2 × cost / BUDGET``)."""
+MAX_RECHECK_SECONDS = 64.0
+"""The longest wait between trials that keep confirming the choice (each doubles it): how
+long a change in the work may go unnoticed, unless a trial's cost asks for more."""
 WARMUP_WINDOWS = 2
 """Windows a new gate runs at every thread before measuring (the first reads of a loader open
 files and fill caches, and run several times slower than the rest)."""
@@ -57,7 +99,7 @@ LIGHT_SAMPLE_SECONDS = 5e-6
 """Work of at most this much wall time a sample with every thread (28×28 raw records: 2–3 µs)
 is held to one slice at a time without a trial for the gate's first choice: a trial's windows
 at every thread would cost a large part of a short epoch, and such work rarely gains from
-threads; the rechecks every ``RECHECK_WINDOWS`` windows are full trials, which correct it."""
+threads; later trials are full trials, which correct it."""
 HEAVY_SAMPLE_SECONDS = 50e-6
 """Work of at least this much thread CPU time a sample (a 128×96 JPEG crop: about 70 µs; a
 large JPEG: about 1 ms) whose threads ran side by side in the first measured window (their
@@ -76,22 +118,50 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+@dataclass(frozen=True, slots=True)
+class GateStats:
+    """What a gate measured so far: ``seconds`` of wall time (building, and idle gaps up to
+    ``IDLE_GAP_SECONDS``) at each limit; ``off_choice_seconds`` of them at a limit other than
+    the one chosen at the time (before the first choice, every thread counts as chosen);
+    ``trials`` started (the first measured windows are the first); ``limit`` now."""
+
+    seconds: Mapping[int, float]
+    off_choice_seconds: float
+    trials: int
+    limit: int
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def off_choice_share(self) -> float:
+        """``off_choice_seconds`` over all seconds (0 before any): at most ``BUDGET`` over a
+        run longer than ``2 / BUDGET`` times the costliest trial."""
+        total = self.total_seconds
+        return self.off_choice_seconds / total if total > 0 else 0.0
+
+
 class SliceGate:
     """Lets at most :attr:`limit` slices build at once, and picks the limit by measuring.
 
     ``threads``: the most at once (the Loader's ``num_threads``); ``adaptive=False`` keeps
-    that limit (process workers, whose slices barely hold the GIL). ``clock``: seconds;
-    ``min_window_seconds``: see ``MIN_WINDOW_SECONDS``.
+    that limit (process workers, whose slices barely hold the GIL; or a Loader built with
+    ``adaptive_threads=False``). ``clock``: seconds; ``min_window_seconds`` and
+    ``max_window_seconds``: see ``MIN_WINDOW_SECONDS`` and ``MAX_WINDOW_SECONDS``.
     """
 
     def __init__(self, threads: int, *, window_samples: int, adaptive: bool = True,
                  clock: Callable[[], float] = time.perf_counter,
                  cpu_clock: Callable[[], float] = time.thread_time,
-                 min_window_seconds: float = MIN_WINDOW_SECONDS) -> None:
+                 min_window_seconds: float = MIN_WINDOW_SECONDS,
+                 max_window_seconds: float = MAX_WINDOW_SECONDS) -> None:
         self.threads = threads if adaptive else 1  # one "thread" level: nothing to choose
         self.limit = threads
+        self._all = threads  # every thread (or process) at once
         self.window_samples = max(1, window_samples)
         self.min_window_seconds = min_window_seconds
+        self.max_window_seconds = max(min_window_seconds, max_window_seconds)
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._cores = min(self.threads, usable_cores())
@@ -107,9 +177,15 @@ class SliceGate:
         self._cpu = 0.0  # the window's thread CPU seconds, building
         self._trial: list[tuple[int, int, float]] = []  # (limit, samples, busy seconds)
         self._warmup = WARMUP_WINDOWS
-        self._windows_left = 0  # windows at the chosen limit before measuring again
         self._settle = False  # the next window follows a change of limit: not recorded
         self._chosen = False  # a first choice was made (later ones are always full trials)
+        self._choice = threads  # the limit in force between trials (held: every thread)
+        self._wait_left: float | None = None  # seconds at the choice before the next trial
+        self._interval = RECHECK_SECONDS
+        self._seconds: dict[int, float] = {}
+        self._off = 0.0  # seconds at a limit other than the choice
+        self._trial_off = 0.0  # self._off when the trial in progress started
+        self._trials = 0
 
     def ticket(self) -> int:
         """A place in line, taken when a slice is submitted (slices enter in ticket order)."""
@@ -148,62 +224,95 @@ class SliceGate:
                 if self._active == 0:
                     self._idle_since = now
                 self._samples += samples
-                if self._samples >= self.window_samples and self._window_long_enough():
+                if self._window_over():
                     self._end_window()
                 self._cond.notify_all()
 
-    def _window_long_enough(self) -> bool:
-        """Whether a window of ``window_samples`` or more ends now: once it lasted
-        ``min_window_seconds``; sooner when it is not measured (warm-up, settling after a
-        change of limit), or when it is the first choice's and its samples already took at
-        most ``LIGHT_SAMPLE_SECONDS`` each (a pause would only make them look slower)."""
+    def stats(self) -> GateStats:
+        """Seconds at each limit so far, and those at a limit other than the chosen one."""
+        with self._cond:
+            seconds = dict(self._seconds)
+            seconds[self.limit] = seconds.get(self.limit, 0.0) + self._busy  # open window
+            off = self._off + (self._busy if self.limit != self._choice else 0.0)
+            return GateStats(seconds=seconds, off_choice_seconds=off, trials=self._trials,
+                             limit=self.limit)
+
+    def _window_over(self) -> bool:
+        """Whether the window ends now: at ``max_window_seconds`` whatever its samples;
+        else once it has ``window_samples`` and lasted ``min_window_seconds``; sooner when it
+        is not measured (warm-up, settling after a change of limit), or when it is the first
+        choice's and its samples already took at most ``LIGHT_SAMPLE_SECONDS`` each (a pause
+        would only make them look slower)."""
+        if self._busy >= self.max_window_seconds:
+            return True
+        if self._samples < self.window_samples:
+            return False
         if self._busy >= self.min_window_seconds or self._warmup > 0 or self._settle:
             return True
         return (not self._chosen and self.threads > 1 and not self._trial
-                and self._windows_left == 0
                 and self._busy <= LIGHT_SAMPLE_SECONDS * self._samples)
 
     def _end_window(self) -> None:
-        """A window's rate is in: record it in the trial, or count down to the next trial.
+        """A window's time is in: count it at its limit; record its rate in the trial, or
+        count down to the next trial.
 
         Windows of the warm-up, and the window after a change of limit (slices let in under
-        the old limit may still be building), are not recorded.
+        the old limit may still be building), are not recorded in a trial.
         """
         samples, busy, cpu = self._samples, self._busy, self._cpu
         self._samples, self._busy, self._cpu = 0, 0.0, 0.0
+        self._seconds[self.limit] = self._seconds.get(self.limit, 0.0) + busy
+        if self.limit != self._choice:
+            self._off += busy
         if self.threads == 1 or self.fixed:
+            return
+        if self._wait_left is not None:  # at the choice (settling back to it counts too)
+            self._settle = False
+            self._wait_left -= busy
+            if self._wait_left <= 0:
+                self._start_trial()
             return
         if self._settle:
             self._settle = False
             return
         if self._warmup > 0:
             self._warmup -= 1
-            return
-        if self._windows_left > 0:
-            self._windows_left -= 1
-            if self._windows_left == 0:
-                self._trial = []
-                self._set_limit(self.threads)
+            if self._warmup == 0:
+                self._trials += 1  # the first trial starts
             return
         self._trial.append((self.limit, samples, busy))
         if (len(self._trial) == 1 and cpu >= HEAVY_SAMPLE_SECONDS * samples
                 and cpu >= PARALLEL_SHARE * self._cores * busy):
-            self._windows_left = RECHECK_WINDOWS  # threads help: no trial of one
+            self._choose(self.threads)  # threads help: no trial of one
             return
         if (len(self._trial) == 1 and not self._chosen
                 and busy <= LIGHT_SAMPLE_SECONDS * samples):
-            self._chosen = True  # too little work a sample for threads to pay their hand-overs
-            self._set_limit(1)
-            self._windows_left = RECHECK_WINDOWS
+            self._choose(1)  # too little work a sample for threads to pay their hand-overs
             return
         if len(self._trial) < 2 * TRIAL_PAIRS:
             self._set_limit(1 if self.limit == self.threads else self.threads)
             return
         full = self._trial_rate(self.threads)
         single = self._trial_rate(1)
-        self._set_limit(1 if single >= MARGIN * full else self.threads)
-        self._windows_left = RECHECK_WINDOWS
+        self._choose(1 if single >= MARGIN * full else self.threads)
+
+    def _start_trial(self) -> None:
+        self._wait_left = None
+        self._trial = []
+        self._trial_off = self._off
+        self._trials += 1
+        self._set_limit(self.threads)
+
+    def _choose(self, limit: int) -> None:
+        """Keep ``limit`` until the next trial: after the wait (doubled while trials confirm
+        the choice), and at least twice the trial's off-choice seconds over ``BUDGET``."""
+        confirmed = self._chosen and limit == self._choice
+        self._interval = (min(2 * self._interval, MAX_RECHECK_SECONDS) if confirmed
+                          else RECHECK_SECONDS)
+        self._wait_left = max(2 * (self._off - self._trial_off) / BUDGET, self._interval)
+        self._choice = limit
         self._chosen = True
+        self._set_limit(limit)
 
     def keep_all_threads(self) -> None:
         """Build with every thread from now on, with no trial: slices that may wait for data
@@ -211,7 +320,8 @@ class SliceGate:
         waits, not the work)."""
         with self._cond:
             self.fixed = True
-            self._set_limit(self.threads)
+            self._choice = self._all
+            self._set_limit(self._all)
             self._cond.notify_all()
 
     def _trial_rate(self, limit: int) -> float:

@@ -115,7 +115,8 @@ class Loader:
 
     Workers: ``workers="threads"`` (default; decoders release the GIL; when one thread
     measures faster than all, as on small GIL-bound images, slices are built one at a time:
-    :mod:`shardfeed.pipeline.concurrency`) or ``"processes"``
+    :mod:`shardfeed.pipeline.concurrency`; ``adaptive_threads=False`` holds every thread,
+    never measuring) or ``"processes"``
     (transforms that hold the GIL; batches are written into shared memory; same bytes).
 
     Ranks: ``rank``/``world_size`` None detect them (torch.distributed process group, then
@@ -159,6 +160,7 @@ class Loader:
         order_method: OrderMethod = "exact",
         batch_stages: BatchStage | Sequence[BatchStage] | None = None,
         read_ahead: int | None = None,
+        adaptive_threads: bool = True,
     ) -> None:
         self.ranks: RankInfo = resolve_ranks(rank, world_size)
         if copy is True:
@@ -170,6 +172,7 @@ class Loader:
             prefetch_batches=prefetch_batches, drop_last=drop_last,
             rank=self.ranks.rank, world_size=self.ranks.world_size, remainder=remainder,
             workers=workers, copy=copy, order_method=order_method, read_ahead=read_ahead,
+            adaptive_threads=adaptive_threads,
         )
         self.policy = ErrorPolicy(
             on_error=on_error, max_skipped=max_skipped, max_skipped_fraction=max_skipped_fraction
@@ -191,7 +194,8 @@ class Loader:
             self.policy.budget(self.samples_per_epoch // self.options.world_size),
         )
         self._gate = SliceGate(
-            self.options.num_threads, adaptive=self.options.workers == "threads",
+            self.options.num_threads,
+            adaptive=self.options.workers == "threads" and self.options.adaptive_threads,
             window_samples=max(4 * batch_size, 512),
         )
         self._open_nothing()

@@ -79,6 +79,7 @@ class LoaderOptions:
     copy: bool = False
     order_method: OrderMethod = "exact"
     read_ahead: int | None = None
+    adaptive_threads: bool = True
 
     def __post_init__(self) -> None:
         _check_int("batch_size", self.batch_size, minimum=1, fix="pass e.g. batch_size=256")
@@ -103,7 +104,7 @@ class LoaderOptions:
                 "out the last (samples mod world_size) positions of an epoch, 'pad' repeats the "
                 "first ones so every rank gets as many samples"
             )
-        for name in ("shuffle", "drop_last", "copy"):
+        for name in ("shuffle", "drop_last", "copy", "adaptive_threads"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")

@@ -120,7 +120,7 @@ def test_another_dataset_of_as_many_records_is_refused(folders: dict[str, Path])
     """train and val: 40 records each, same shard names and sizes; only the bytes differ."""
     state = saved_after(Loader(Dataset(str(folders["train"])), batch_size=4, seed=0), 2)
     val = Loader(Dataset(str(folders["val"])), batch_size=4, seed=0)
-    with pytest.raises(StateError, match=r"state\['source'\]\['dataset'\] is 'manifest:") as info:
+    with pytest.raises(StateError, match=r"state\['source'\]\['dataset'\] is 'records:") as info:
         val.restore(state)
     assert "the dataset the state was saved on" in str(info.value)
 

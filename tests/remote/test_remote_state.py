@@ -12,6 +12,7 @@ import pytest
 from dist_helpers import write_records
 
 from shardfeed import Dataset, Loader, StateError
+from shardfeed.format.writer import ShardWriter
 from shardfeed.tools.index import index_files
 
 OPTIONS: dict[str, Any] = {"batch_size": 4, "seed": 7, "transform": None, "num_threads": 2,
@@ -54,12 +55,24 @@ def test_other_shards_on_s3_are_refused(
     s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
 ) -> None:
     folder = records_dataset(36, 3)
-    with Dataset(str(folder)) as local:
+    with Dataset(str(folder)) as local, Loader(local, **OPTIONS) as reference:
+        whole = indices(reference)
         state = saved_after(local, 1)
-    # 36 other records under the same names: one shard fewer, so other offsets and sizes
-    other = write_records(tmp_path / "other", 36, shards=2)
+    # the same 36 records cut into one shard fewer: other offsets and sizes, the same stream
+    recut = write_records(tmp_path / "recut", 36, shards=2)
+    index_files(str(recut))
+    with Dataset(s3_server.upload_folder(recut)) as remote, Loader(remote, **OPTIONS) as loader:
+        loader.restore(state)
+        assert indices(loader) == whole[4:]
+    # 36 other records under the same names: refused
+    other = tmp_path / "other"
+    other.mkdir()
+    for s in range(3):
+        with ShardWriter(str(other / f"part-{s:03d}.tfrecord")) as writer:
+            for i in range(12 * s, 12 * s + 12):
+                writer.write_example({"index": [35 - i], "name": f"r{35 - i}".encode()})
     index_files(str(other))
     url = s3_server.upload_folder(other)
     with Dataset(url) as remote, Loader(remote, **OPTIONS) as loader, \
-            pytest.raises(StateError, match=r"\['dataset'\] is 'manifest:"):
+            pytest.raises(StateError, match=r"\['dataset'\] is 'records:"):
         loader.restore(state)

@@ -4,7 +4,12 @@ A loader state carries the fingerprint of the dataset it was saved on, and ``res
 refuses a state from another dataset, even one with as many records. The digest is made
 from what opening the dataset already holds, so it costs no extra read::
 
-    opened from a manifest      per shard: name, records, bytes, the manifest's CRC32C
+    opened from a manifest whose shards all have a records hash (what shardfeed writes)
+                                the records' count and hash, in order
+                                (:mod:`shardfeed.format.records_hash`): the same records in
+                                the same order, however the shards were cut (one machine,
+                                N workers, Ray), have the same fingerprint
+    opened from another manifest  per shard: name, records, bytes, the manifest's CRC32C
     opened from TFRecord files  per shard: name, records, bytes, every record's offset
     (folder, glob, list, URLs)
 
@@ -26,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardfeed.format.manifest import ShardInfo
+from shardfeed.format.records_hash import combine
 
 __all__ = ["files_fingerprint", "manifest_fingerprint", "shard_name"]
 
@@ -39,6 +45,10 @@ def shard_name(path: str) -> str:
 
 def manifest_fingerprint(shards: Sequence[ShardInfo]) -> str:
     """The fingerprint of a dataset opened from its manifest (see the module docstring)."""
+    hashes = [(s.records_hash, int(s.records)) for s in shards]
+    if shards and all(value is not None for value, _ in hashes):
+        value, count = combine((int(v), n) for v, n in hashes if v is not None)
+        return "records:" + _digest(json.dumps([count, value]).encode())
     rows = [[shard_name(s.path), int(s.records), int(s.bytes), s.crc32c] for s in shards]
     return "manifest:" + _digest(json.dumps(rows).encode())
 

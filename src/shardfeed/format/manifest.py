@@ -48,12 +48,15 @@ MODES: tuple[str, ...] = get_args(Mode)
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """One shard: path (relative to the manifest folder), record count, size, file CRC32C."""
+    """One shard: path (relative to the manifest folder), record count, size, file CRC32C,
+    and the hash of its records (:mod:`shardfeed.format.records_hash`; None when the shard
+    was not written or indexed by shardfeed)."""
 
     path: str
     records: int
     bytes: int
     crc32c: int | None = None
+    records_hash: int | None = None
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -65,8 +68,11 @@ class ShardInfo:
             )
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "records": self.records, "bytes": self.bytes,
-                "crc32c": self.crc32c}
+        out: dict[str, Any] = {"path": self.path, "records": self.records,
+                               "bytes": self.bytes, "crc32c": self.crc32c}
+        if self.records_hash is not None:
+            out["records_hash"] = self.records_hash
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +134,7 @@ class Manifest:
         try:
             shards = [
                 ShardInfo(path=s["path"], records=int(s["records"]), bytes=int(s["bytes"]),
-                          crc32c=s.get("crc32c"))
+                          crc32c=s.get("crc32c"), records_hash=s.get("records_hash"))
                 for s in data["shards"]
             ]
             schema_data = data.get("schema")

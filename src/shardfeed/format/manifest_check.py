@@ -30,6 +30,7 @@ import numpy as np
 from shardfeed.errors import FormatError
 from shardfeed.format import npyfile
 from shardfeed.format import spec as S
+from shardfeed.format.records_hash import P as RECORDS_HASH_P
 
 REBUILD = "re-create it with `shardfeed index` or `shardfeed pack --resume`"
 MAX_CRC32C = (1 << 32) - 1
@@ -204,6 +205,7 @@ def _check_shard(shard: object, *, where: str, prefix: str) -> tuple[int, int]:
             f"takes at least {S.FRAMING_BYTES})"
         )
     fields.optional_integer("crc32c", low=0, high=MAX_CRC32C)
+    fields.optional_integer("records_hash", low=0, high=RECORDS_HASH_P - 1)
     return records, size
 
 

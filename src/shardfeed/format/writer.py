@@ -35,6 +35,7 @@ from shardfeed.format.crc import mask
 from shardfeed.format.example import encode_example
 from shardfeed.format.index import format_text_index
 from shardfeed.format.manifest import ShardInfo
+from shardfeed.format.records_hash import RecordsHash
 from shardfeed.format.spec import (
     FRAMING_BYTES,
     TEMP_SUFFIX,
@@ -74,6 +75,7 @@ class ShardWriter:
         self.name = name if name is not None else os.path.basename(self.path)
         self._offsets: list[int] = [0]
         self._crc = 0
+        self._hash = RecordsHash()
         self._info: ShardInfo | None = None
         self._closed = False
         try:
@@ -95,7 +97,8 @@ class ShardWriter:
         data = payload if type(payload) is bytes else bytes(payload)
         length = _LENGTH.pack(len(data))
         head = length + _CRC.pack(mask(google_crc32c.value(length)))
-        tail = _CRC.pack(mask(google_crc32c.value(data)))
+        data_crc = google_crc32c.value(data)
+        tail = _CRC.pack(mask(data_crc))
         fh = self._file
         try:
             fh.write(head)
@@ -110,6 +113,7 @@ class ShardWriter:
         crc = google_crc32c.extend(self._crc, head)
         crc = google_crc32c.extend(crc, data)
         self._crc = google_crc32c.extend(crc, tail)
+        self._hash.add(len(data), data_crc)
         self._offsets.append(self._offsets[-1] + len(data) + FRAMING_BYTES)
         return len(self._offsets) - 2
 
@@ -156,7 +160,8 @@ class ShardWriter:
             raise
         _fileio.fsync_folder(os.path.dirname(os.path.abspath(self.path)))
         self._info = ShardInfo(
-            path=self.name, records=self.records, bytes=int(offsets[-1]), crc32c=self._crc
+            path=self.name, records=self.records, bytes=int(offsets[-1]), crc32c=self._crc,
+            records_hash=self._hash.value,
         )
         return self._info
 

@@ -39,7 +39,8 @@ def check_sampler_state(
         if key == "dataset":
             fix = "restore it on a Loader over the dataset the state was saved on"
             if isinstance(got, str) and got.split(":")[0] != str(want).split(":")[0]:
-                how = "its manifest" if got.startswith("manifest:") else "bare TFRecord files"
+                how = ("bare TFRecord files" if got.startswith("files:")
+                       else "its manifest")
                 fix += f" (opened then from {how}: open it the same way)"
         elif key == "records":
             fix = "restore it on a Loader over the dataset it was saved on"

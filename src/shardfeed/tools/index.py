@@ -39,6 +39,7 @@ import numpy as np
 from shardfeed.dataset import unfinished
 from shardfeed.errors import FormatError, SchemaError, location
 from shardfeed.format import spec
+from shardfeed.format.records_hash import hash_of_shard
 from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
 from shardfeed.storage.base import ByteSource
@@ -118,7 +119,8 @@ def _index_one(
             _read_keys(src, size, ((group_key, groups), (order_key, orders)))
     finally:
         src.close()
-    info = ShardInfo(path=name, records=int(offsets.size - 1), bytes=size, crc32c=crc)
+    info = ShardInfo(path=name, records=int(offsets.size - 1), bytes=size, crc32c=crc,
+                     records_hash=None if is_remote(path) else hash_of_shard(path, offsets))
     return IndexedFile(info=info, groups=groups, orders=orders)
 
 

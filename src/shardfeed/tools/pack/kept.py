@@ -47,6 +47,7 @@ def _problem(path: str, records: int, recorded: ShardInfo | None,
     """(the shard's ShardInfo, "") when it is whole, else (None, what is wrong)."""
     from shardfeed.format.framing import scan
     from shardfeed.format.index import load_binary_index, read_text_index
+    from shardfeed.format.records_hash import hash_of_shard
 
     name = os.path.basename(path)
     size = os.path.getsize(path)
@@ -60,15 +61,16 @@ def _problem(path: str, records: int, recorded: ShardInfo | None,
         scanned = scan(path, verify_data=True, progress=advance)
         if not np.array_equal(scanned, offsets):
             return None, "does not match its index"
-        return ShardInfo(path=name, records=records, bytes=size,
-                         crc32c=file_crc32c(path)), ""
+        return ShardInfo(path=name, records=records, bytes=size, crc32c=file_crc32c(path),
+                         records_hash=hash_of_shard(path, offsets)), ""
     if recorded.bytes != size or recorded.records != records:
         return None, (f"is {size:,} bytes, but {recorded.bytes:,} were written")
     crc = file_crc32c(path, advance)
     if crc != recorded.crc32c:
         return None, (f"changed since it was written (CRC32C {recorded.crc32c:#010x} "
                       f"recorded, {crc:#010x} now)")
-    return ShardInfo(path=name, records=records, bytes=size, crc32c=crc), ""
+    return ShardInfo(path=name, records=records, bytes=size, crc32c=crc,
+                     records_hash=hash_of_shard(path, offsets)), ""
 
 
 def check_kept(

@@ -42,7 +42,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardfeed.errors import PackError
@@ -93,12 +93,13 @@ class Partial:
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "attempt": self.attempt,
                 "label_key": self.label_key,
-                "shards": [[s.path, s.records, s.bytes, s.crc32c] for s in self.shards]}
+                "shards": [[s.path, s.records, s.bytes, s.crc32c, s.records_hash]
+                           for s in self.shards]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Partial:
         return cls(int(data["partition"]), str(data["attempt"]),
-                   tuple(ShardInfo(p, int(r), int(b), c) for p, r, b, c in data["shards"]),
+                   tuple(ShardInfo(*row[:3], *row[3:5]) for row in data["shards"]),
                    data.get("label_key"))
 
 
@@ -156,8 +157,7 @@ def write_partition(
             info = write_shard(os.path.join(staging or folder, name), chunk)
             if staging is not None:
                 _upload(staging, name, folder)
-            shards.append(ShardInfo(f"{relative}/{name}", info.records, info.bytes,
-                                    info.crc32c))
+            shards.append(replace(info, path=f"{relative}/{name}"))
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -228,7 +228,7 @@ def merge_partitions(
     final = []
     for info, name in zip(shards, names):
         _move_shard(files.join(out, info.path), files.join(out, name))
-        final.append(ShardInfo(name, info.records, info.bytes, info.crc32c))
+        final.append(replace(info, path=name))
     from shardfeed.tools.pack.output import write_manifest
 
     labels = {p.label_key for p in ordered if p.label_key}

@@ -1,0 +1,157 @@
+"""What the slice gate's measuring costs, at 2, 16 and 64 cores (a fake clock, a fake core
+count): the time spent at a limit other than the chosen one stays within ``BUDGET`` of a
+run, so a run keeps at least ``1 - BUDGET`` of the better limit's rate, whatever the work
+and the number of cores; the choice still follows a change in the work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from shardfeed.pipeline import concurrency
+from shardfeed.pipeline.concurrency import (
+    BUDGET,
+    MAX_RECHECK_SECONDS,
+    MAX_WINDOW_SECONDS,
+    TRIAL_PAIRS,
+    SliceGate,
+)
+
+CORES = [2, 16, 64]
+Rate = Callable[[int, float], float]
+"""Samples a second at a limit, at a time."""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def scaling(per_thread: float) -> Rate:
+    """Work that scales perfectly with threads (``per_thread`` samples a second each)."""
+    return lambda limit, now: per_thread * limit
+
+
+def gil_bound(one: float, share: float = 0.6) -> Rate:
+    """Work where one thread is fastest: ``one`` samples a second at one thread, ``share`` of
+    that at any more."""
+    return lambda limit, now: one if limit == 1 else one * share
+
+
+class Run:
+    """A gate of ``cores`` threads on ``cores`` cores, fed batches of ``batch`` samples (one
+    slice each: the gate sees the same windows, in fewer calls)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cores: int, *, batch: int = 256) -> None:
+        monkeypatch.setattr(concurrency, "usable_cores", lambda: cores)
+        self.clock = Clock()
+        self.cores = cores
+        self.batch = batch
+        # a CPU clock that sees nothing (threads waiting on reads): every trial tries one
+        # thread, the heavy-work shortcut never applies
+        self.gate = SliceGate(cores, window_samples=max(4 * batch, 512), clock=self.clock,
+                              cpu_clock=lambda: 0.0)
+        self.log: list[tuple[float, int, int]] = []  # (start, limit, samples) a slice
+        self.choices: list[tuple[float, int]] = []  # (when, limit) each change of choice
+
+    def until(self, seconds: float, rate: Rate) -> None:
+        while self.clock.now < seconds:
+            limit, start = self.gate.limit, self.clock.now
+
+            def build(limit: int = limit) -> int:
+                self.clock.now += self.batch / rate(limit, self.clock.now)
+                return 0
+
+            self.gate.run(self.gate.ticket(), self.batch, build, lambda: False)
+            self.log.append((start, limit, self.batch))
+            if self.gate._chosen and (not self.choices
+                                      or self.choices[-1][1] != self.gate._choice):
+                self.choices.append((self.clock.now, self.gate._choice))
+
+    def rate(self, since: float = 0.0) -> float:
+        """Samples a second from ``since`` to now."""
+        samples = sum(n for start, _, n in self.log if start >= since)
+        begun = min(start for start, _, _ in self.log if start >= since)
+        return samples / (self.clock.now - begun)
+
+    def chose_after(self, moment: float, limit: int) -> float:
+        """Seconds from ``moment`` until the gate chose ``limit``."""
+        for when, chosen in self.choices:
+            if when >= moment and chosen == limit:
+                return when - moment
+        raise AssertionError(f"{limit} not chosen after {moment}: {self.choices}")
+
+
+def trial_cost(seconds_a_slice_at_other_limit: float) -> float:
+    """The most a trial costs: its windows at the other limit (the module's bound)."""
+    return 2 * TRIAL_PAIRS * (MAX_WINDOW_SECONDS + seconds_a_slice_at_other_limit)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_work_that_scales_keeps_its_all_thread_rate(monkeypatch: pytest.MonkeyPatch,
+                                                    cores: int) -> None:
+    """Large JPEGs at 1 ms a sample a thread: a one-thread window builds 1/cores of an
+    all-thread one; trials still cost at most ``BUDGET`` of the run."""
+    run = Run(monkeypatch, cores)
+    rate = scaling(1000.0)
+    longest = 2 * trial_cost(run.batch / rate(1, 0)) / BUDGET
+    run.until(longest + 30, rate)
+    assert run.gate.limit == cores
+    stats = run.gate.stats()
+    assert stats.trials >= 2  # one thread really was tried, more than once
+    assert stats.seconds[1] > 0
+    assert stats.off_choice_share <= BUDGET
+    assert run.rate() >= (1 - BUDGET) * rate(cores, 0)
+
+
+@pytest.mark.parametrize("cores", CORES)
+@pytest.mark.parametrize("one", [40_000.0, 400_000.0], ids=["small", "tiny"])
+def test_gil_bound_work_ends_at_one_thread_and_keeps_its_rate(
+        monkeypatch: pytest.MonkeyPatch, cores: int, one: float) -> None:
+    """Small images whose threads fight over the GIL: one thread is chosen within the first
+    second, and from then on the run keeps ``1 - BUDGET`` of the one-thread rate (the later
+    trials at every thread included)."""
+    run = Run(monkeypatch, cores, batch=256 if one < 100_000 else 1024)
+    rate = gil_bound(one)
+    run.until(1.0, rate)
+    assert run.gate.limit == 1 and run.gate._chosen
+    chosen_at = run.clock.now
+    run.until(chosen_at + 120, rate)
+    assert run.gate.limit == 1
+    stats = run.gate.stats()
+    assert stats.trials >= 3  # every thread was tried again
+    assert stats.off_choice_share <= BUDGET
+    assert run.rate(since=chosen_at) >= (1 - BUDGET) * one
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_the_choice_follows_a_change_in_the_work(monkeypatch: pytest.MonkeyPatch,
+                                                 cores: int) -> None:
+    """GIL-bound work, then work that scales, then GIL-bound again: each change is followed
+    within the longest wait between trials (``MAX_RECHECK_SECONDS``, or what a trial's cost
+    asks for) and one trial."""
+    run = Run(monkeypatch, cores)
+    small, large = gil_bound(40_000.0), scaling(1000.0)
+    worst = trial_cost(run.batch / large(1, 0))
+    follows = max(MAX_RECHECK_SECONDS, 2 * worst / BUDGET) + worst
+    run.until(150, small)
+    assert run.gate.limit == 1
+    run.until(150 + follows + 10, large)
+    assert run.gate.limit == cores
+    assert run.chose_after(150, cores) <= follows
+    changed = run.clock.now
+    run.until(changed + follows + 10, small)
+    assert run.gate.limit == 1
+    assert run.chose_after(changed, 1) <= follows
+
+
+def test_a_held_gate_of_processes_keeps_every_process() -> None:
+    """``keep_all_threads`` on a gate that does not measure (process workers) lets every
+    worker build at once."""
+    gate = SliceGate(4, window_samples=8, adaptive=False)
+    gate.keep_all_threads()
+    assert gate.limit == 4

@@ -19,6 +19,14 @@ generator, the JPEG handed on. Here, in the thread that iterates, a batch at a t
 On a CPU device (``device="cpu"``) the same code runs with nvImageCodec's CPU backend: the
 path tests take on machines without a GPU.
 
+What to install: nvImageCodec and the nvJPEG wheel of torch's CUDA (``shardfeed[nvimgcodec-cu12]``
+or ``[nvimgcodec-cu13]``); where either is missing, the error names the pip line that matches
+``torch.version.cuda`` (:func:`~shardfeed.transforms.decode.region.install_hint`), and where
+nvImageCodec found no libnvjpeg, the wheel or the ``LD_LIBRARY_PATH`` folder it needs
+(:func:`~shardfeed.transforms.decode.region.nvjpeg_hint`). The nvJPEG wheel may lie in another
+``sys.path`` folder than nvImageCodec: :func:`~shardfeed.transforms.decode.region.backend`
+loads it from there before nvImageCodec's import looks for it.
+
 EXIF orientation: the decoder is handed ``DecodeParams(apply_exif_orientation=False)``
 (:func:`~shardfeed.transforms.decode.region.no_turn`; nvImageCodec's default turns a tagged
 JPEG), so the device decodes the stored pixels of each box, as every CPU path does by
@@ -72,8 +80,15 @@ class DeviceDecode:
         module = region.backend()
         if module is None:
             raise ValueError(
-                "decoding on the device needs nvImageCodec: pip install 'shardfeed[nvimgcodec]' "
-                "(and nvidia-nvjpeg-cu12 for the GPU decoder), or decode on the CPU "
+                f"decoding on the device needs nvImageCodec: "
+                f"{region.install_hint(torch.version.cuda)}; or decode on the CPU "
+                "(presets' decode_on='cpu')"
+            )
+        found = region.libraries()
+        if device.type == "cuda" and found is not None and not found.nvjpeg_loaded:
+            raise ValueError(
+                "decoding on the GPU needs nvJPEG, and nvImageCodec found no libnvjpeg: "
+                f"{region.nvjpeg_hint(found, torch.version.cuda)}; or decode on the CPU "
                 "(presets' decode_on='cpu')"
             )
         self.plan, self.device, self.module = plan, device, module

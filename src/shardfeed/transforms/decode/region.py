@@ -1,13 +1,14 @@
 """Region decode of a JPEG: only the rows and columns of a crop, where that costs less.
 
 The optional CPU backend of nvImageCodec (``pip install "shardfeed[nvimgcodec]"``: NVIDIA's
-``nvidia-nvimgcodec-cu12`` wheel, under NVIDIA's licence, so never a core dependency) bundles
-libjpeg-turbo 3 and decodes a region of interest: rows below the crop are never read, rows
-above it are entropy-decoded only (``jpeg_skip_scanlines``), and only the crop's columns go
-through the IDCT, upsampling and colour conversion (``jpeg_crop_scanline``). With the IDCT the
-crop ops use (``fast_dct``: libjpeg's fast one, ``:fast_idct=1``) and their upsampling
-(``fast_upsample``: ``:fancy_upsampling=0``), its pixels are exactly those of the whole image
-decoded by simplejpeg with the same options and sliced
+``nvidia-nvimgcodec-cu12`` wheel; ``shardfeed[nvimgcodec-cu12]`` or ``[nvimgcodec-cu13]`` add
+the nvJPEG wheel of that CUDA for the GPU decoder; NVIDIA's licence, so never a core
+dependency) bundles libjpeg-turbo 3 and decodes a region of interest: rows below the crop are
+never read, rows above it are entropy-decoded only (``jpeg_skip_scanlines``), and only the
+crop's columns go through the IDCT, upsampling and colour conversion (``jpeg_crop_scanline``).
+With the IDCT the crop ops use (``fast_dct``: libjpeg's fast one, ``:fast_idct=1``) and their
+upsampling (``fast_upsample``: ``:fancy_upsampling=0``), its pixels are exactly those of the
+whole image decoded by simplejpeg with the same options and sliced
 (``tests/transforms/test_region_decode.py`` compares them on random boxes), so the output
 bytes do not depend on whether the backend is installed.
 
@@ -39,9 +40,14 @@ thread and option. Memory: the region's pixels.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
+import sys
+import tempfile
 import threading
+from dataclasses import dataclass
+from importlib import metadata
 from types import ModuleType
 from typing import Any
 
@@ -63,32 +69,151 @@ _loaded: list[ModuleType | None] = []
 _local = threading.local()
 
 
+NVJPEG_FOLDERS = {12: ("nvidia/nvjpeg/lib", "nvidia/cu12/lib"), 13: ("nvidia/cu13/lib",)}
+"""Where NVIDIA's nvJPEG wheels put ``libnvjpeg.so.<major>``, under a site-packages folder, by
+CUDA major: ``nvidia-nvjpeg-cu12`` in ``nvidia/nvjpeg/lib``, ``nvidia-nvjpeg`` 13.x in
+``nvidia/cu13/lib``."""
+_NVJPEG_MISSING = "Failed to load nvjpeg library"
+"""What nvImageCodec's import reports when its nvJPEG extension (every GPU JPEG decoder)
+finds no libnvjpeg."""
+
+
+@dataclass(frozen=True, slots=True)
+class Libraries:
+    """What loading nvImageCodec found: the CUDA major its wheel is built for (None where no
+    wheel's metadata says), the libnvjpeg loaded ahead of its import from a wheel's folder
+    (None where none was, or where the system's own was found), and whether its nvJPEG
+    extension loaded a libnvjpeg (the GPU decoders exist only then)."""
+
+    cuda_major: int | None
+    nvjpeg_path: str | None
+    nvjpeg_loaded: bool
+
+
+_libraries: list[Libraries] = []
+
+
 def backend() -> ModuleType | None:
     """The nvImageCodec module, or None where it is not installed or fails to load.
 
     Its import reports, on the process's standard error, every GPU codec library it cannot
-    find (none is needed on the CPU): the report is dropped, once, while it imports."""
+    find (none is needed on the CPU): the report is read, not shown, once, while it imports
+    (whether nvJPEG was among them: :func:`libraries`). Before the import, the libnvjpeg of
+    the nvJPEG wheel that matches the installed nvImageCodec wheel is loaded from its folder
+    under any ``sys.path`` entry where the system does not find one: nvImageCodec loads it
+    once, at import, only by name and only from beside its own folder, so a wheel installed
+    elsewhere (another site-packages, ``pip install --target``) needs no ``LD_LIBRARY_PATH``."""
     if _loaded:
         return _loaded[0]
     with _lock:
         if not _loaded:
-            _loaded.append(_import_quietly())
+            major = _wheel_cuda_major()
+            path = _preload_nvjpeg(major) if major is not None else None
+            module, report = _import_quietly()
+            _libraries.append(Libraries(cuda_major=major, nvjpeg_path=path,
+                                        nvjpeg_loaded=_NVJPEG_MISSING not in report))
+            _loaded.append(module)
     return _loaded[0]
 
 
-def _import_quietly() -> ModuleType | None:
+def libraries() -> Libraries | None:
+    """What loading nvImageCodec found (see :class:`Libraries`); None where it is not
+    installed or fails to load."""
+    return _libraries[0] if backend() is not None else None
+
+
+def _wheel_cuda_major() -> int | None:
+    """The CUDA major of the installed ``nvidia-nvimgcodec-cu<major>`` wheel (13 before 12
+    where both are), from its metadata: the module itself is not imported yet."""
+    for major in (13, 12):
+        try:
+            metadata.version(f"nvidia-nvimgcodec-cu{major}")
+        except metadata.PackageNotFoundError:
+            continue
+        return major
+    return None
+
+
+def _preload_nvjpeg(major: int) -> str | None:
+    """Load ``libnvjpeg.so.<major>`` (process-wide) from the first wheel folder that holds it
+    (``NVJPEG_FOLDERS`` under each ``sys.path`` entry), unless the system finds one by name
+    (``LD_LIBRARY_PATH``, the loader's cache); its path, or None where none was loaded."""
+    name = f"libnvjpeg.so.{major}"
+    if _loads(name):
+        return None
+    for entry in sys.path:
+        for folder in NVJPEG_FOLDERS.get(major, ()):
+            candidate = os.path.join(entry or os.curdir, folder, name)
+            if os.path.isfile(candidate) and _loads(candidate):
+                return candidate
+    return None
+
+
+def _loads(name: str) -> bool:
+    try:
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def _import_quietly() -> tuple[ModuleType | None, str]:
+    """The module (None where it does not import) and what its import wrote on the standard
+    error (kept from the terminal)."""
     saved = os.dup(2)
     try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
+        with tempfile.TemporaryFile() as report:
+            os.dup2(report.fileno(), 2)
             try:
-                return importlib.import_module("nvidia.nvimgcodec")
+                module: ModuleType | None = importlib.import_module("nvidia.nvimgcodec")
             except Exception:  # noqa: BLE001 - not installed, or a wheel that does not load
-                return None
+                module = None
             finally:
                 os.dup2(saved, 2)
+            report.seek(0)
+            text = report.read(1 << 16).decode("utf-8", "replace")
     finally:
         os.close(saved)
+    return module, text
+
+
+def install_hint(torch_cuda: str | None) -> str:
+    """The pip line that installs nvImageCodec with the GPU decoder for a torch built with
+    CUDA ``torch_cuda`` (``torch.version.cuda``: ``"12.8"``, ``"13.0"``; None for a CPU
+    torch or none): the matching wheels, or both lines where the CUDA is not 12 or 13."""
+    lines = {12: "pip install 'shardfeed[nvimgcodec-cu12]' (nvidia-nvimgcodec-cu12 and "
+                 "nvidia-nvjpeg-cu12, for CUDA 12)",
+             13: "pip install 'shardfeed[nvimgcodec-cu13]' (nvidia-nvimgcodec-cu13 and "
+                 "nvidia-nvjpeg 13.x, for CUDA 13)"}
+    major = _major(torch_cuda)
+    if major in lines:
+        return f"{lines[major]}, matching torch's CUDA {torch_cuda}"
+    said = ("torch has no CUDA" if torch_cuda is None
+            else f"torch's CUDA {torch_cuda} is neither 12 nor 13")
+    return f"{lines[12]}, or {lines[13]}; {said}"
+
+
+def nvjpeg_hint(found: Libraries, torch_cuda: str | None) -> str:
+    """What to do when nvImageCodec's nvJPEG extension found no libnvjpeg (``found``): the
+    nvJPEG wheel of nvImageCodec's CUDA, or the folder to name in ``LD_LIBRARY_PATH``, or,
+    where nvImageCodec's CUDA is not torch's, the matching pair."""
+    major = found.cuda_major
+    torch_major = _major(torch_cuda)
+    if major is None:
+        return install_hint(torch_cuda)
+    if torch_major is not None and torch_major != major:
+        return (f"nvImageCodec is built for CUDA {major} and torch for CUDA {torch_cuda}: "
+                f"pip uninstall nvidia-nvimgcodec-cu{major}, then {install_hint(torch_cuda)}")
+    wheel = "nvidia-nvjpeg-cu12" if major == 12 else f"'nvidia-nvjpeg>={major},<{major + 1}'"
+    folder = NVJPEG_FOLDERS.get(major, ("nvidia/cu13/lib",))[0]
+    return (f"pip install {wheel} (nvJPEG for CUDA {major}) in the same environment, or, "
+            f"where libnvjpeg.so.{major} lies elsewhere, start Python with LD_LIBRARY_PATH "
+            f"naming its folder (the wheel's: <site-packages>/{folder})")
+
+
+def _major(version: str | None) -> int | None:
+    head = (version or "").split(".")[0]
+    return int(head) if head.isdigit() else None
 
 
 def region_pays(height: int, width: int, box: Box, denominator: int) -> bool:
@@ -153,4 +278,5 @@ def _decoder(module: Any, fast_dct: bool, fast_upsample: bool) -> Any:
     return decoder
 
 
-__all__ = ["ENTROPY_SHARE", "backend", "decode_region", "no_turn", "region_pays"]
+__all__ = ["ENTROPY_SHARE", "NVJPEG_FOLDERS", "Libraries", "backend", "decode_region",
+           "install_hint", "libraries", "no_turn", "nvjpeg_hint", "region_pays"]

@@ -264,3 +264,19 @@ def test_a_tar_cut_short_or_damaged_is_refused_not_packed_in_part(tmp_path: Path
     damaged.write_bytes(data[:third] + b"\x01" * 512 + data[third + 512:])
     message = refused(str(damaged), tmp_path / "out")
     assert "damaged.tar" in message and "damaged member header" in message
+
+
+def test_images_with_masks_and_no_label_have_no_label_key(tmp_path: Path) -> None:
+    """A segmentation set (x.jpg + x.seg.png, no class): the mask is the mask, never the
+    label a loader hands back; with a .cls the label is the class."""
+    bare = write_tar(tmp_path / "seg.tar", [m for i in range(2) for m in (
+        (f"x{i}.jpg", jpeg(i)), (f"x{i}.seg.png", png(i, (8, 8))))])
+    pack(str(bare), tmp_path / "bare")
+    with Dataset(str(tmp_path / "bare")) as ds:
+        assert ds.schema is not None and ds.schema.label_key is None
+        assert ds.schema.mask is not None and ds.schema.mask.key == "mask/encoded"
+    classed = write_tar(tmp_path / "cls.tar", [m for i in range(2) for m in (
+        (f"x{i}.seg.png", png(i, (8, 8))), (f"x{i}.jpg", jpeg(i)), (f"x{i}.cls", b"%d" % i))])
+    pack(str(classed), tmp_path / "classed")
+    with Dataset(str(tmp_path / "classed")) as ds:
+        assert ds.schema is not None and ds.schema.label_key == "label"

@@ -143,8 +143,9 @@ def write_partition(
     def numbered() -> Iterator[tuple[int, Mapping[str, Any]]]:
         nonlocal label
         for i, row in enumerate(rows):
-            if label is None:
-                columns = fields.label_columns(row)
+            if label is None:  # the first label column; a mask is no label
+                columns = [c for c in fields.label_columns(row)
+                           if c not in (spec.MASK_ENCODED, spec.MASK_FORMAT)]
                 label = columns[0] if columns else ""
             yield i, row
 

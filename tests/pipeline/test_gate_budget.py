@@ -46,28 +46,35 @@ class Run:
     """A gate of ``cores`` threads on ``cores`` cores, fed batches of ``batch`` samples (one
     slice each: the gate sees the same windows, in fewer calls)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, cores: int, *, batch: int = 256) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cores: int, *, batch: int = 256,
+                 cpu: Rate | None = None, loader_slices: bool = False) -> None:
         monkeypatch.setattr(concurrency, "usable_cores", lambda: cores)
         self.clock = Clock()
+        self.cpu_clock = Clock()
         self.cores = cores
         self.batch = batch
-        # a CPU clock that sees nothing (threads waiting on reads): every trial tries one
-        # thread, the heavy-work shortcut never applies
+        # ``cpu``: the threads' CPU seconds a sample at a limit; None, a CPU clock that sees
+        # nothing (threads waiting on reads): every trial tries one thread, at once
+        self.cpu = cpu
+        self.loader_slices = loader_slices  # a batch in ``limit`` slices, as the Loader cuts
         self.gate = SliceGate(cores, window_samples=max(4 * batch, 512), clock=self.clock,
-                              cpu_clock=lambda: 0.0)
+                              cpu_clock=self.cpu_clock)
         self.log: list[tuple[float, int, int]] = []  # (start, limit, samples) a slice
         self.choices: list[tuple[float, int]] = []  # (when, limit) each change of choice
 
     def until(self, seconds: float, rate: Rate) -> None:
         while self.clock.now < seconds:
             limit, start = self.gate.limit, self.clock.now
+            samples = -(-self.batch // limit) if self.loader_slices else self.batch
 
             def build(limit: int = limit) -> int:
-                self.clock.now += self.batch / rate(limit, self.clock.now)
+                if self.cpu is not None:
+                    self.cpu_clock.now += samples * self.cpu(limit, self.clock.now)
+                self.clock.now += samples / rate(limit, self.clock.now)
                 return 0
 
-            self.gate.run(self.gate.ticket(), self.batch, build, lambda: False)
-            self.log.append((start, limit, self.batch))
+            self.gate.run(self.gate.ticket(), samples, build, lambda: False)
+            self.log.append((start, limit, samples))
             if self.gate._chosen and (not self.choices
                                       or self.choices[-1][1] != self.gate._choice):
                 self.choices.append((self.clock.now, self.gate._choice))
@@ -108,6 +115,27 @@ def test_work_that_scales_keeps_its_all_thread_rate(monkeypatch: pytest.MonkeyPa
     assert run.rate() >= (1 - BUDGET) * rate(cores, 0)
 
 
+@pytest.mark.parametrize("cores", [16, 64])
+def test_threads_seen_side_by_side_pay_no_trial_in_a_short_run(
+        monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    """Work that scales, whose threads' CPU time shows them side by side (half of each
+    sample's time visible to the CPU clock: too little for the heavy-work shortcut): the
+    first trial waits until every thread has run twice its estimated cost over ``BUDGET``,
+    so a short run (a node's epoch of 8,000 images takes 1.4 s) never runs at one thread."""
+    run = Run(monkeypatch, cores, batch=16 * cores, cpu=lambda limit, now: 0.5e-3,
+              loader_slices=True)
+    rate = scaling(1000.0)
+    run.until(20.0, rate)
+    stats = run.gate.stats()
+    assert set(stats.seconds) == {cores} and run.gate.limit == cores
+    assert run.rate() >= (1 - BUDGET) * rate(cores, 0)
+    # a trial is due all the same, once the estimated cost is amortised (a one-thread slice
+    # is a batch: the estimate sees half its time)
+    estimate = 2 * TRIAL_PAIRS * (MAX_WINDOW_SECONDS + run.batch * 0.5e-3)
+    assert run.gate._wait_left is not None
+    assert 0 < run.gate._wait_left <= 2 * estimate / BUDGET
+
+
 @pytest.mark.parametrize("cores", CORES)
 @pytest.mark.parametrize("one", [40_000.0, 400_000.0], ids=["small", "tiny"])
 def test_gil_bound_work_ends_at_one_thread_and_keeps_its_rate(
@@ -115,8 +143,10 @@ def test_gil_bound_work_ends_at_one_thread_and_keeps_its_rate(
     """Small images whose threads fight over the GIL: one thread is chosen within the first
     second, and from then on the run keeps ``1 - BUDGET`` of the one-thread rate (the later
     trials at every thread included)."""
-    run = Run(monkeypatch, cores, batch=256 if one < 100_000 else 1024)
     rate = gil_bound(one)
+    # the threads' CPU time is about one core's, a little more when they fight
+    run = Run(monkeypatch, cores, batch=256 if one < 100_000 else 1024,
+              cpu=lambda limit, now: 1.2 / rate(limit, now) if limit > 1 else 1 / one)
     run.until(1.0, rate)
     assert run.gate.limit == 1 and run.gate._chosen
     chosen_at = run.clock.now

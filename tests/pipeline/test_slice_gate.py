@@ -27,6 +27,12 @@ FIRST_CHOICE = WARMUP_WINDOWS + TRIAL
 """Windows before a new gate has chosen."""
 
 
+def _no_cpu() -> float:
+    """The threads' CPU time where the wall clock is fake: none (the real CPU time of the
+    test's own calls would be compared with fake seconds)."""
+    return 0.0
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -59,7 +65,7 @@ def _feed(gate: SliceGate, clock: Clock, windows: int, cost: dict[int, float],
 
 def test_one_thread_is_kept_only_when_clearly_faster() -> None:
     clock = Clock()
-    gate = SliceGate(4, window_samples=10, clock=clock, min_window_seconds=0)
+    gate = SliceGate(4, window_samples=10, clock=clock, cpu_clock=_no_cpu, min_window_seconds=0)
     # GIL-bound: one thread builds a sample in 10 µs, four fighting threads in 20 µs
     seen = _feed(gate, clock, FIRST_CHOICE + 2, {4: 20e-6, 1: 10e-6})
     # warm up, then measure all threads and one thread in turn, a settling window between
@@ -67,11 +73,11 @@ def test_one_thread_is_kept_only_when_clearly_faster() -> None:
     assert seen[FIRST_CHOICE:] == [1, 1]
     assert gate.limit == 1
     clock2 = Clock()
-    gate2 = SliceGate(4, window_samples=10, clock=clock2, min_window_seconds=0)
+    gate2 = SliceGate(4, window_samples=10, clock=clock2, cpu_clock=_no_cpu, min_window_seconds=0)
     # decoding large images: four threads twice as fast; and a gain under the margin
     _feed(gate2, clock2, FIRST_CHOICE, {4: 10e-6, 1: 20e-6})
     assert gate2.limit == 4
-    gate3 = SliceGate(2, window_samples=10, clock=(clock3 := Clock()),
+    gate3 = SliceGate(2, window_samples=10, clock=(clock3 := Clock()), cpu_clock=_no_cpu,
                        min_window_seconds=0)
     _feed(gate3, clock3, FIRST_CHOICE, {2: 10e-6, 1: 10e-6 / (MARGIN * 0.99)})
     assert gate3.limit == 2
@@ -82,7 +88,7 @@ def test_a_loader_speeding_up_as_it_warms_does_not_fool_the_trial(faster: int) -
     """The first windows of a loader run several times slower (files opening, caches
     filling): measured then, whichever limit came second would look faster."""
     clock = Clock()
-    gate = SliceGate(2, window_samples=10, clock=clock, min_window_seconds=0)
+    gate = SliceGate(2, window_samples=10, clock=clock, cpu_clock=_no_cpu, min_window_seconds=0)
     cost = {faster: 10e-6, 3 - faster: 10e-6 * 1.4}
     _feed(gate, clock, FIRST_CHOICE, cost, speed=lambda window: 1 + 3 * 0.5**window)
     assert gate.limit == faster
@@ -187,7 +193,7 @@ def test_a_window_of_fast_samples_lasts_long_enough_to_measure() -> None:
     """Samples of 10 µs: ten make a window of 100 µs, too short to measure (a scheduler tick
     decides it); a window then takes the samples of ``min_window_seconds``."""
     clock = Clock()
-    gate = SliceGate(2, window_samples=10, clock=clock, min_window_seconds=0.01)
+    gate = SliceGate(2, window_samples=10, clock=clock, cpu_clock=_no_cpu, min_window_seconds=0.01)
     windows = []
     end_window = gate._end_window
 
@@ -223,7 +229,7 @@ def test_one_slice_at_a_time_runs_on_one_thread(clean_ds: Any) -> None:
             built_on.append((threading.current_thread().name, len(positions)))
             return build(ctx, positions, *args)
 
-        loader._builder.build_slice = record  # type: ignore[method-assign]
+        loader._builder.build_slice = record  # type: ignore[method-assign,assignment]
 
     def images(loader: Loader) -> list[np.ndarray]:
         with loader:
@@ -252,7 +258,7 @@ def test_tiny_work_goes_to_one_thread_without_a_trial(monkeypatch: pytest.Monkey
     later all the same."""
     monkeypatch.setattr(concurrency, "RECHECK_SECONDS", 1e-3)  # 50 windows of 20 µs
     clock = Clock()
-    gate = SliceGate(2, window_samples=10, clock=clock, min_window_seconds=0)
+    gate = SliceGate(2, window_samples=10, clock=clock, cpu_clock=_no_cpu, min_window_seconds=0)
     cost = {2: LIGHT_SAMPLE_SECONDS * 0.5, 1: LIGHT_SAMPLE_SECONDS * 0.4}
     seen = _feed(gate, clock, WARMUP_WINDOWS + 3, cost)
     assert seen == [2] * (WARMUP_WINDOWS + 1) + [1, 1]

@@ -49,9 +49,13 @@ window does, so nearly all of its time is lost. Counted in samples, such a windo
 thread); bounded in time, it loses at most its own time, and the rate over the run is at
 least ``1 - BUDGET`` of the all-thread rate (``1 - BUDGET/2`` in the long run). Work where
 one thread is faster (GIL-bound) is the mirror case: its trials at every thread cost the same
-share against the one-thread rate. Before the first choice nothing is amortised: the first
-trial costs at most ``C`` (small images on 2 cores still end at one thread within a few
-windows).
+share against the one-thread rate. The first trial comes before any time at a chosen
+limit: where the threads' CPU time shows them running side by side (``PARALLEL_DEFER``), the
+gate keeps every thread and waits for twice the trial's estimated cost over ``BUDGET`` first,
+as for any trial; otherwise (GIL-bound work, where a one-thread window loses at most half its
+time; or threads that wait on reads, which their CPU time does not show) it tries at once,
+and that one trial, at most ``C``, is the only time not amortised (small images on 2 cores
+still end at one thread within a few windows).
 
 Determinism: none of this changes which rows are built or their bytes (a slice writes fixed
 rows whichever thread builds it, whenever). State: none saved; it starts again with each
@@ -108,6 +112,13 @@ GIL) gains from every thread: one thread is not tried (a trial costs time). Heav
 holds the GIL keeps its threads' CPU time near one core's, and is tried."""
 PARALLEL_SHARE = 0.75
 """See ``HEAVY_SAMPLE_SECONDS``: the share of ``min(threads, cores)`` cores."""
+PARALLEL_DEFER = 2.0
+"""Threads whose CPU time in the first measured window is at least this many cores' worth
+(they ran side by side, but not enough for ``PARALLEL_SHARE``) keep every thread for the
+gate's first choice, and their first trial waits, as any later one, for twice its estimated
+cost over ``BUDGET``: a one-thread window would build a fraction of theirs. GIL-bound work
+keeps its threads' CPU time near one core's and is tried at once (small images end at one
+thread within a few windows)."""
 
 
 def usable_cores() -> int:
@@ -174,6 +185,7 @@ class SliceGate:
         self._busy = 0.0  # the window's seconds: see IDLE_GAP_SECONDS
         self._idle_since: float | None = None  # when the last slice finished, none running
         self._samples = 0
+        self._slices = 0
         self._cpu = 0.0  # the window's thread CPU seconds, building
         self._trial: list[tuple[int, int, float]] = []  # (limit, samples, busy seconds)
         self._warmup = WARMUP_WINDOWS
@@ -224,6 +236,7 @@ class SliceGate:
                 if self._active == 0:
                     self._idle_since = now
                 self._samples += samples
+                self._slices += 1
                 if self._window_over():
                     self._end_window()
                 self._cond.notify_all()
@@ -259,8 +272,8 @@ class SliceGate:
         Windows of the warm-up, and the window after a change of limit (slices let in under
         the old limit may still be building), are not recorded in a trial.
         """
-        samples, busy, cpu = self._samples, self._busy, self._cpu
-        self._samples, self._busy, self._cpu = 0, 0.0, 0.0
+        samples, busy, cpu, slices = self._samples, self._busy, self._cpu, self._slices
+        self._samples, self._busy, self._cpu, self._slices = 0, 0.0, 0.0, 0
         self._seconds[self.limit] = self._seconds.get(self.limit, 0.0) + busy
         if self.limit != self._choice:
             self._off += busy
@@ -289,6 +302,14 @@ class SliceGate:
                 and busy <= LIGHT_SAMPLE_SECONDS * samples):
             self._choose(1)  # too little work a sample for threads to pay their hand-overs
             return
+        if len(self._trial) == 1 and not self._chosen and cpu >= PARALLEL_DEFER * busy:
+            # threads ran side by side: one thread would cost much of the trial's time. Keep
+            # them, and try one only once every thread has run what the trial's estimated
+            # cost asks for (a slice at one thread is ``threads`` slices of this window)
+            one_slice = self.threads * cpu / max(1, slices)
+            self._choose(self.threads,
+                         cost=2 * TRIAL_PAIRS * (self.max_window_seconds + one_slice))
+            return
         if len(self._trial) < 2 * TRIAL_PAIRS:
             self._set_limit(1 if self.limit == self.threads else self.threads)
             return
@@ -303,13 +324,16 @@ class SliceGate:
         self._trials += 1
         self._set_limit(self.threads)
 
-    def _choose(self, limit: int) -> None:
+    def _choose(self, limit: int, *, cost: float | None = None) -> None:
         """Keep ``limit`` until the next trial: after the wait (doubled while trials confirm
-        the choice), and at least twice the trial's off-choice seconds over ``BUDGET``."""
+        the choice), and at least twice the trial's off-choice seconds (or ``cost``, the
+        next trial's estimated) over ``BUDGET``."""
         confirmed = self._chosen and limit == self._choice
         self._interval = (min(2 * self._interval, MAX_RECHECK_SECONDS) if confirmed
                           else RECHECK_SECONDS)
-        self._wait_left = max(2 * (self._off - self._trial_off) / BUDGET, self._interval)
+        if cost is None:
+            cost = self._off - self._trial_off
+        self._wait_left = max(2 * cost / BUDGET, self._interval)
         self._choice = limit
         self._chosen = True
         self._set_limit(limit)

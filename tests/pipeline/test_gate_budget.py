@@ -67,7 +67,7 @@ class Run:
             limit, start = self.gate.limit, self.clock.now
             samples = -(-self.batch // limit) if self.loader_slices else self.batch
 
-            def build(limit: int = limit) -> int:
+            def build(limit: int = limit, samples: int = samples) -> int:
                 if self.cpu is not None:
                     self.cpu_clock.now += samples * self.cpu(limit, self.clock.now)
                 self.clock.now += samples / rate(limit, self.clock.now)

@@ -531,15 +531,21 @@ class Bench:
 
     def nvimgcodec(self, row: Row, *, regions: bool) -> None:
         device = self._torch_device()
+        from shardfeed.loaders.torch_decode import plan_of
+        from shardfeed.transforms import presets
         from shardfeed.transforms.decode import region
 
         module = region.backend()
         assert module is not None
+        op = plan_of(presets.train(size=TRAIN_SIZE, decode_on="cuda")).op  # type: ignore[union-attr]
+        # the GPU path's decoder options (ROI decode with fancy upsampling warns per image)
+        options = f":fast_idct={int(op.fast_dct)} :fancy_upsampling={int(not op.fast_upsample)}"
         if device.type == "cuda":
-            decoder = module.Decoder(device_id=device.index or 0)
+            decoder = module.Decoder(device_id=device.index or 0, options=options)
         else:
             decoder = module.Decoder(device_id=module.NVIMGCODEC_DEVICE_CPU_ONLY,
-                                     backends=[module.Backend(module.BackendKind.CPU_ONLY)])
+                                     backends=[module.Backend(module.BackendKind.CPU_ONLY)],
+                                     options=options)
             row.note = "CPU backend: a check, not a figure"
         params = region.no_turn(module)
         work = []

@@ -153,24 +153,19 @@ def test_the_first_pack_of_a_fresh_ray_session_is_in_the_rows_order(tmp_path: Pa
     _same_stream(tmp_path / "later", tmp_path / "one")
 
 
-def _killed(phase: str, tmp_path: Path) -> tuple[Path, Path, tuple[list[int], list[bytes], str]]:
-    """The inputs, a one-machine pack of them, and the folder a driver killed at ``phase``
-    of its merge left (checked to be refused by every reader)."""
-    paths = _parquet(tmp_path / "in")
-    pack([str(p) for p in paths], tmp_path / "one", fields=RowFields(labels=["idx"]),
-         records_per_shard=30)
-    out = tmp_path / "ray"
-    run = _driver(phase, tmp_path / "in", out)
+def _killed(phase: str, source: Path, out: Path) -> None:
+    """Run a driver killed at ``phase`` of its merge into ``out``; check that every reader
+    refuses the folder it left."""
+    run = _driver(phase, source, out)
     assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
     assert (out / PARTS_FOLDER).is_dir() and not (out / "shardfeed.json").exists()
     shards = sorted(str(p) for p in out.glob("*.tfrecord"))
-    for source in (str(out), str(out / "*.tfrecord"), shards):  # folder, glob, list
+    for where in (str(out), str(out / "*.tfrecord"), shards):  # folder, glob, list
         with pytest.raises(FormatError) as refused:
-            Dataset(source)
+            Dataset(where)
         message = str(refused.value)
         assert f"'{out}'" in message and f"{PARTS_FOLDER}/" in message
         assert "run the same pack again" in message and "glob" not in message
-    return tmp_path / "in", out, _records(tmp_path / "one")
 
 
 def _finished(out: Path, expected: tuple[list[int], list[bytes], str]) -> None:
@@ -180,25 +175,27 @@ def _finished(out: Path, expected: tuple[list[int], list[bytes], str]) -> None:
         "shardfeed.json"]
 
 
-def test_a_driver_killed_mid_merge_leaves_a_refused_folder_a_rerun_finishes(
+def test_a_driver_killed_mid_merge_or_before_its_manifest_leaves_a_refused_folder(
     tmp_path: Path,
 ) -> None:
-    source, out, expected = _killed("mid-merge", tmp_path)
-    assert len(list(out.glob("shard-*.tfrecord"))) == 3  # the others still in _parts/
-    run = _driver("all", source, out)  # the same pack_ray, run again
-    assert run.returncode == 0, run.stderr[-3000:]
-    _finished(out, expected)
-
-
-def test_a_driver_killed_before_its_manifest_leaves_no_dataset_a_rerun_finishes(
-    tmp_path: Path,
-) -> None:
-    source, out, expected = _killed("before-manifest", tmp_path)
-    assert len(list(out.glob("shard-*-of-00008.tfrecord"))) == 8  # every shard renamed
-    run = _driver("then-overwrite", source, out)
+    """Two drivers killed (SIGKILL, no clean-up): one after 3 of its 8 renames, one after
+    every rename but before the manifest. Every reader refuses both folders; the same
+    pack_ray run again (one driver for both) finishes each; a pack over a finished one needs
+    overwrite=True, which replaces it."""
+    paths = _parquet(tmp_path / "in")
+    pack([str(p) for p in paths], tmp_path / "one", fields=RowFields(labels=["idx"]),
+         records_per_shard=30)
+    expected = _records(tmp_path / "one")
+    mid, late = tmp_path / "mid-merge", tmp_path / "before-manifest"
+    _killed("mid-merge", tmp_path / "in", mid)
+    assert len(list(mid.glob("shard-*.tfrecord"))) == 3  # the others still in _parts/
+    _killed("before-manifest", tmp_path / "in", late)
+    assert len(list(late.glob("shard-*-of-00008.tfrecord"))) == 8  # every shard renamed
+    run = _driver("then-overwrite", tmp_path / "in", mid, late)
     assert run.returncode == 0, run.stderr[-3000:]
     # the rerun finished; a pack over that dataset needs overwrite=True, which replaces it
     refused = [line for line in run.stdout.splitlines() if line.startswith("refused:")]
     assert len(refused) == 1 and "PackError" in refused[0] and "overwrite=True" in refused[0]
     assert "overwritten" in run.stdout
-    _finished(out, expected)
+    _finished(mid, expected)
+    _finished(late, expected)

@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "shardfeed"
 LAYERS = ["storage", "format", "dataset", "sampling", "transforms", "pipeline", "loaders",
           "tools", "cli"]
 ADAPTERS = {"loaders/torch.py": "torch", "loaders/torch_decode.py": "torch",
+            "loaders/device_resize.py": "torch",
             "loaders/jax.py": "jax"}
 
 

@@ -133,8 +133,8 @@ def test_images_the_device_does_not_take_are_the_cpu_paths_pixels(
     refused_every_third = {"n": 0}
     real_decode = shardfeed.loaders.torch_decode.DeviceDecode._decode
 
-    def refusing(self: Any, encoded: list[bytes], boxes: np.ndarray) -> list[Any]:
-        out = real_decode(self, encoded, boxes)
+    def refusing(self: Any, streams: list[Any]) -> list[Any]:
+        out = real_decode(self, streams)
         refused_every_third["n"] += len(out)
         return [None if i % 3 == 0 else t for i, t in enumerate(out)]
 

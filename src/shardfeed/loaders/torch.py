@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from shardfeed.loaders.numpy import AdaptedLoader, Batch
-from shardfeed.loaders.torch_decode import DeviceAdapted, DeviceDecode, plan_of
+from shardfeed.loaders.torch_decode import DeviceAdapted, device_stage, plan_of
 
 IMAGE_KEYS = ("image", "mask")
 
@@ -95,7 +95,8 @@ def _check_device(device: str | torch.device | None) -> torch.device | None:
 
 
 def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False,
-          device: str | torch.device | None = None) -> AdaptedLoader:
+          device: str | torch.device | None = None,
+          region_decode: bool = True) -> AdaptedLoader:
     """Wrap ``loader`` so that it yields torch tensors (see the module docstring).
 
     ``device`` may be any torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``); a CUDA device
@@ -103,9 +104,11 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
     ``pin_memory=True`` without CUDA does nothing and warns (as torch's own DataLoader does).
 
     A loader whose pipeline decodes on the GPU (``presets.train(..., decode_on="cuda")``)
-    needs ``device``: its batches are decoded, resized, flipped and normalised there (see
+    needs ``device``: its batches are decoded, resized, flipped and normalised there, ahead of
+    the loop, by a batch stage the loader runs on a thread and CUDA stream of its own (see
     :mod:`shardfeed.loaders.torch_decode`), and ``memory_budget()`` counts the device's
-    bytes (``device_bytes``).
+    bytes (``device_bytes``). ``region_decode=False`` decodes whole images and cuts the boxes
+    on the device (a switch for a decoder whose region decode fails).
     """
     if not isinstance(pin_memory, bool) or not isinstance(channels_first, bool):
         raise TypeError(
@@ -127,7 +130,9 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
                 "this loader's pipeline decodes on the GPU (decode_on='cuda'): pass "
                 "device='cuda' (or 'cuda:N'), or build the pipeline with decode_on='cpu'"
             )
-        return DeviceAdapted(loader, DeviceDecode(plan, target, channels_first=channels_first))
+        return DeviceAdapted(loader, device_stage(loader, plan, target,
+                                                  channels_first=channels_first,
+                                                  region_decode=region_decode))
     return AdaptedLoader(
         loader, _ToTorch(pin_memory=pin_memory, channels_first=channels_first, device=target)
     )

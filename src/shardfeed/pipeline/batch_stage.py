@@ -17,13 +17,20 @@ Contract (:class:`BatchStage`; :class:`BatchStageBase` gives the defaults):
   draws what a per-sample path would, so moving work between a transform and a stage keeps
   the same random choices.
 - Called once per handed-out batch, in order, after the workers built it; never ahead of the
-  caller. A stage that raises ends the pass without the batch counted as handed out: the
+  caller, unless the stage runs ahead (:class:`RunAheadStage`, below). A stage that raises ends the pass without the batch counted as handed out: the
   Loader's state still has it to come, and iterating again builds it again. So ``state()``
   describes exactly the batches handed out; it is saved in the
   Loader's state (``"batch_stages"``) and given back to ``restore()``, which raises
   :class:`~shardfeed.errors.StateError` for a state this stage cannot continue.
 - ``close()`` frees what the stage holds (device memory, threads); the Loader calls it once
   from its own ``close()``.
+
+A stage that runs ahead (:class:`RunAheadStage`: ``ahead_batches`` > 0 and ``hand_over``) is
+called on a thread of the Loader's own, up to ``ahead_batches`` batches before the caller asks
+(:mod:`shardfeed.pipeline.run_ahead`), still once per batch and in order; ``hand_over(batch)``
+is then called on the caller's thread as each batch is handed out (where a device stage makes
+the caller's stream wait for the batch). The Loader's ``state()`` still describes exactly the
+batches handed out: the ones made ahead are made again after a restore or a new pass.
 
 Determinism: a stage whose output is a function of the batch and its keys keeps the Loader's
 rule (same seed, same bytes, whatever the thread count). Memory: what the stage allocates;
@@ -42,7 +49,7 @@ from shardfeed.errors import StateError
 from shardfeed.pipeline.samplers import SampleKey
 from shardfeed.sampling.keys import AUGMENT, sample_rng
 
-__all__ = ["BatchKeys", "BatchStage", "BatchStageBase", "as_stages"]
+__all__ = ["BatchKeys", "BatchStage", "BatchStageBase", "RunAheadStage", "as_stages"]
 
 Batch = dict[str, Any]
 
@@ -88,6 +95,22 @@ class BatchStage(Protocol):
 
     def close(self) -> None:
         """Free what the stage holds; idempotent."""
+        ...
+
+
+@runtime_checkable
+class RunAheadStage(BatchStage, Protocol):
+    """A batch stage the Loader calls ahead of the caller, on a thread of its own (see the
+    module docstring)."""
+
+    @property
+    def ahead_batches(self) -> int:
+        """Batches made ahead of the caller (at least 1 for the stage to run ahead)."""
+        ...
+
+    def hand_over(self, batch: Batch, /) -> Batch:
+        """``batch`` (made by this stage ahead of time) as the caller gets it, called on the
+        caller's thread when it is handed out."""
         ...
 
 

@@ -59,6 +59,7 @@ from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder
 from shardfeed.pipeline.progress import Progress
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.read_ahead import Carry, read_ahead_for, staging_bytes
+from shardfeed.pipeline.run_ahead import RunAhead, ahead_depth
 from shardfeed.pipeline.samplers import EpochContext, Sample, Sampler, as_sampler
 from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
@@ -209,6 +210,7 @@ class Loader:
         self._executor: ThreadPoolExecutor | None = None
         self._processes: Any = None
         self._run: EpochRun | None = None
+        self._ahead: RunAhead | None = None  # the pass made ahead, for a stage that asks
         self._carry: Carry | None = None
         self._closed = False
         self._finalizer = weakref.finalize(self, release, [None, None, None])
@@ -256,11 +258,14 @@ class Loader:
 
         With batch stages, their states too (``"batch_stages"``, one a stage, in order).
         """
+        epoch, consumed, skipped = (self._ahead.handed if self._ahead is not None else
+                                    (self._progress.epoch, self._progress.consumed,
+                                     self._progress.skipped))
         state: dict[str, Any] = {
             "seed": self.options.seed,
-            "epoch": self._progress.epoch,
-            "consumed": self._progress.consumed,
-            "skipped": self._progress.skipped,
+            "epoch": epoch,
+            "consumed": consumed,
+            "skipped": skipped,
             "shuffle": self.options.shuffle,
             "order_method": self.options.order_method,
             "source": self.sampler.state(),
@@ -425,9 +430,32 @@ class Loader:
             following=lambda k: (self._context(ctx.epoch + k), self._positions(0), len(self)))
         if self._run.read_ahead is not None:
             self._gate.keep_all_threads()
-        return HandOut(self._run, closed=lambda: self._closed)
+        handout = HandOut(self._run, closed=lambda: self._closed)
+        depth = ahead_depth(self.batch_stages)
+        if depth == 0:
+            return handout
+        progress, epoch, start = self._progress, ctx.epoch, self._progress.consumed
+        self._ahead = RunAhead(
+            handout, depth=depth, stages=self.batch_stages,
+            counters=lambda: (progress.epoch, progress.consumed, progress.skipped),
+            where=lambda k: f"batch {k} of the pass over epoch {epoch} that began at "
+                            f"consumed={start} (batch size {opts.batch_size})")
+        return self._ahead
+
+    def add_batch_stage(self, stage: BatchStage, /) -> None:
+        """Append ``stage`` to the batch stages (an adapter's own, such as the GPU decode);
+        only before the first batch of a pass, so a state never mixes stage lists."""
+        self._check_open()
+        if self._run is not None and not self._run.closed:
+            raise RuntimeError("add_batch_stage: a pass is running; add stages before iterating")
+        self.batch_stages = (*self.batch_stages, *as_stages(stage))
 
     def _stop_run(self) -> None:
+        if self._ahead is not None:
+            # batches made ahead are dropped: the counters go back to those handed out
+            progress = self._progress
+            progress.epoch, progress.consumed, progress.skipped = self._ahead.close()
+            self._ahead = None
         if self._run is not None:
             self._run.close()
             if self._run.carry is not None:

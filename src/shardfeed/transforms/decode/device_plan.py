@@ -20,7 +20,11 @@ pixels. Output of a sample:
 - ``"plan/encoded"``: the JPEG for a device row, ``b""`` for a row made here;
 - ``"plan/box"``: int32 ``(y, x, h, w)`` in full-image pixels; ``"plan/image_hw"``: int32
   ``(height, width)``; ``"plan/flip"``: uint8, 1 = flipped left-right;
-- ``"plan/on_cpu"``: uint8, 1 = ``"image"`` is the row's pixels (made here).
+- ``"plan/on_cpu"``: uint8, 1 = ``"image"`` is the row's pixels (made here);
+- ``"plan/stream"``: the row's parsed code stream for the device decoder (nvImageCodec's
+  ``CodeStream``, cut to the box where ``streams="region"``, whole where ``"whole"``), made here
+  on the loader's threads so that the device side only decodes; None for a row made here, when
+  ``streams`` is None (the device side parses it), or where the parser refused the bytes.
 
 EXIF orientation: the device decoder is always told to keep the stored pixels (nvImageCodec
 turns them by default; see :func:`~shardfeed.transforms.decode.region.no_turn`), so with the
@@ -40,7 +44,7 @@ Determinism: the op's draws. State: none. Memory: the op's, plus the encoded byt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -57,11 +61,14 @@ from shardfeed.transforms.decode.image import (
     sniff_format,
 )
 from shardfeed.transforms.decode.orientation import orientation_of
+from shardfeed.transforms.decode.region import backend
 
 _EOI = b"\xff\xd9"  # a device decoder may fill a JPEG cut short with grey without a word
-PLAN_KEYS = ("plan/encoded", "plan/box", "plan/image_hw", "plan/flip", "plan/on_cpu")
+PLAN_KEYS = ("plan/encoded", "plan/box", "plan/image_hw", "plan/flip", "plan/on_cpu",
+             "plan/stream")
+StreamMode = Literal["region", "whole"]
 
-__all__ = ["PLAN_KEYS", "DevicePlan", "PlanTail", "decode_planned"]
+__all__ = ["PLAN_KEYS", "DevicePlan", "PlanTail", "StreamMode", "decode_planned", "parse_stream"]
 
 
 class PlanTail:
@@ -82,14 +89,16 @@ class DevicePlan(TransformBase):
     """Draw each sample's crop and hand its JPEG on to the device (see the module doc).
 
     ``op``: the crop-aware decode op (RGB uint8 output, no mask; ValueError otherwise);
-    ``tail``: what the device applies after it. Determinism: the op's. State: none.
-    Memory: the op's.
+    ``tail``: what the device applies after it; ``streams``: parse each JPEG for the device
+    decoder here (``"region"``: cut to the box; ``"whole"``; None: not here), set by the device
+    stage that takes the batches. Determinism: the op's. State: none. Memory: the op's.
     """
 
-    __slots__ = ("op", "tail")
+    __slots__ = ("op", "streams", "tail")
     accepts_out = False
 
-    def __init__(self, op: CropDecoderBase, *, tail: PlanTail) -> None:
+    def __init__(self, op: CropDecoderBase, *, tail: PlanTail,
+                 streams: StreamMode | None = None) -> None:
         if not isinstance(op, CropDecoderBase):
             raise TypeError(f"a device plan needs a crop-aware decode op, got {op!r}")
         if op.channels != "rgb" or op.mask:
@@ -104,7 +113,7 @@ class DevicePlan(TransformBase):
                 "(decode_on='cpu'), or pass image_dtype='uint8' (16-bit samples cut to 8 "
                 "bits)"
             )
-        self.op, self.tail = op, tail
+        self.op, self.tail, self.streams = op, tail, streams
 
     @property
     def draws_random(self) -> bool:
@@ -119,7 +128,8 @@ class DevicePlan(TransformBase):
         return self.op.size
 
     def bind(self, schema: Any, *, root: str | None) -> DevicePlan:
-        return DevicePlan(self.op.bind(schema, root=root), tail=self.tail)
+        return DevicePlan(self.op.bind(schema, root=root), tail=self.tail,
+                          streams=self.streams)
 
     def output_spec(self, specs: Specs) -> Specs:
         result = dict(specs)
@@ -140,9 +150,12 @@ class DevicePlan(TransformBase):
                 drawn = op.draw(*hw, rng)
                 result = {k: v for k, v in sample.items() if k != key}
                 result["image"] = np.zeros((*op.size, 3), np.uint8)
-                return _with_plan(result, data, (*drawn.box,), hw, drawn.flip, on_cpu=False)
-        made = op(sample, rng)
-        return _with_plan(dict(made), b"", (0, 0, 0, 0), (0, 0), False, on_cpu=True)
+                result = _with_plan(result, data, (*drawn.box,), hw, drawn.flip, on_cpu=False)
+                result["plan/stream"] = parse_stream(data, drawn.box, self.streams)
+                return result
+        made = _with_plan(dict(op(sample, rng)), b"", (0, 0, 0, 0), (0, 0), False, on_cpu=True)
+        made["plan/stream"] = None
+        return made
 
     def apply_batch(
         self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
@@ -162,6 +175,7 @@ class DevicePlan(TransformBase):
         box, hw = np.zeros((n, 4), np.int32), np.zeros((n, 2), np.int32)
         flip, on_cpu = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
         encoded: list[bytes] = [b""] * n
+        streams: list[Any] = [None] * n
         policy = op.image_field.exif_orientation
         for row, known in enumerate(drawn):
             if known is None or values[row][-2:] != _EOI:
@@ -177,10 +191,12 @@ class DevicePlan(TransformBase):
                 continue
             hw[row], box[row], flip[row] = known[:2], known[2:6], known[6]
             encoded[row] = values[row]
+            streams[row] = parse_stream(values[row], known[2:6], self.streams)
             image_out[row] = 0
         result = {k: v for k, v in columns.items() if k != key}
         result.update({"image": image_out, "plan/encoded": encoded, "plan/box": box,
-                       "plan/image_hw": hw, "plan/flip": flip, "plan/on_cpu": on_cpu})
+                       "plan/image_hw": hw, "plan/flip": flip, "plan/on_cpu": on_cpu,
+                       "plan/stream": streams})
         return result
 
     def __repr__(self) -> str:
@@ -209,6 +225,24 @@ def _with_plan(sample: Sample, encoded: bytes, box: tuple[int, ...], hw: tuple[i
     sample["plan/flip"] = np.uint8(flip)
     sample["plan/on_cpu"] = np.uint8(on_cpu)
     return sample
+
+
+def parse_stream(data: bytes | memoryview, box: Sequence[int],
+                 mode: StreamMode | None) -> Any:
+    """JPEG ``data`` parsed for the device decoder: nvImageCodec's ``CodeStream``, cut to
+    ``box`` (y, x, h, w) for ``mode="region"``; None for ``mode=None``, without nvImageCodec,
+    or where its parser refuses the bytes (the device side then tries, then the CPU names it)."""
+    module = backend() if mode is not None else None
+    if module is None:
+        return None
+    try:
+        code = module.CodeStream(bytes(data))
+        if mode == "whole":
+            return code
+        y, x, h, w = (int(v) for v in box)
+        return code.get_sub_code_stream(region=module.Region(start=(y, x), end=(y + h, x + w)))
+    except Exception:  # noqa: BLE001 - any parser failure: the row is parsed, or made, later
+        return None
 
 
 def decode_planned(plan: DevicePlan, encoded: bytes, box: Sequence[int],

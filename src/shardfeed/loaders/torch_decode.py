@@ -413,12 +413,12 @@ class DeviceAdapted(AdaptedLoader):
         return dataclasses.replace(budget, device_bytes=self.decode.device_bytes(batch_size))
 
 
-def device_stage(loader: Any, plan: DevicePlan, device: torch.device, *,
+def device_stage(loader: Any, plan: DevicePlan, device: torch.device | str, *,
                  channels_first: bool = False, region_decode: bool = True) -> DeviceDecode:
     """A :class:`DeviceDecode` for ``loader``'s ``plan``, added to the loader's batch stages;
     with thread workers, the plan's threads parse the code streams (a process worker's
     batches come back pickled, and parsed streams do not pickle)."""
-    stage = DeviceDecode(plan, device, channels_first=channels_first,
+    stage = DeviceDecode(plan, torch.device(device), channels_first=channels_first,
                          region_decode=region_decode)
     if getattr(getattr(loader, "options", None), "workers", "threads") == "threads":
         plan.streams = stage.mode

@@ -33,10 +33,11 @@ pytestmark = pytest.mark.skipif(region.backend() is None,
                                 reason="nvImageCodec (shardfeed[nvimgcodec]) is not installed")
 
 SIZES = [(96, 128), (150, 200), (61, 83), (300, 260)]
-# The device's pixels against the CPU path's for the same box and flip (measured on the CPU
-# backend: mean |difference| per image 0.3-1.6 grey levels, most where the CPU decoded a
-# large box at a DCT scale); another box or flip is tens of levels off.
-MEAN_TOLERANCE = 2.5
+# The device's pixels against the CPU path's for the same box and flip, mean |difference| per
+# image (measured on the CPU backend, 80 images at size 40: median 0.68, largest 2.70 grey
+# levels, the large ones where the CPU decoded a large box at a DCT scale); another box or
+# flip is tens of levels off.
+MEAN_TOLERANCE = 3.5
 
 
 def _pixels(i: int, hw: tuple[int, int]) -> np.ndarray:

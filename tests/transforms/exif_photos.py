@@ -8,6 +8,7 @@ import csv
 import io
 import struct
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -74,3 +75,25 @@ def pack_csv(folder: Path, images: list[bytes], masks: list[bytes] | None) -> Da
                          mask="mask" if masks is not None else None)
     shardfeed.pack(str(table), str(folder / "packed"), csv=columns)
     return Dataset(str(folder / "packed"))
+
+
+def batches(source: Any, transform: Any, *, batch_size: int,
+            seed: int) -> list[dict[str, np.ndarray]]:
+    """The images (and masks) of two shuffled epochs of a two-thread loader."""
+    from shardfeed.pipeline import Loader
+
+    with Loader(source, batch_size=batch_size, shuffle=True, seed=seed, num_threads=2,
+                transform=transform) as loader:
+        return [{k: np.array(v) for k, v in b.items() if k in ("image", "mask")}
+                for e in range(2) for b in (loader.set_epoch(e), *loader)[1:]]
+
+
+def assert_same(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> None:
+    """Equal batches, pixel for pixel (the message gives the mean difference)."""
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            assert x[key].shape == y[key].shape, key
+            diff = np.abs(x[key].astype(np.int32) - y[key].astype(np.int32))
+            assert diff.max() == 0, f"{key}: off by {diff.mean():.2f} levels on average"

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from exif_photos import encode, pack_csv, photo, png, with_orientation
+from exif_photos import assert_same, batches, encode, pack_csv, photo, png, with_orientation
 from PIL import Image, ImageOps
 
 from shardfeed.dataset import Dataset
@@ -74,22 +75,11 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Dataset]:
     }
 
 
-def _batches(source: Dataset, transform: object,
-             batch_size: int = 4) -> list[dict[str, np.ndarray]]:
-    with Loader(source, batch_size=batch_size, shuffle=True, seed=3, num_threads=2,
-                transform=transform) as loader:
-        return [{k: np.array(v) for k, v in b.items() if k in ("image", "mask")}
-                for e in range(2) for b in (loader.set_epoch(e), *loader)[1:]]
+def _batches(source: Any, transform: Any, batch_size: int = 4) -> list[dict[str, np.ndarray]]:
+    return batches(source, transform, batch_size=batch_size, seed=3)
 
 
-def _assert_same(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> None:
-    assert len(a) == len(b) and a
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            assert x[key].shape == y[key].shape, key
-            diff = np.abs(x[key].astype(np.int32) - y[key].astype(np.int32))
-            assert diff.max() == 0, f"{key}: off by {diff.mean():.2f} levels on average"
+_assert_same = assert_same
 
 
 PRESETS = {

@@ -14,6 +14,8 @@ from exif_photos import (
     HEIGHT,
     ORIENTATIONS,
     WIDTH,
+    assert_same,
+    batches,
     encode,
     pack_csv,
     photo,
@@ -22,7 +24,7 @@ from exif_photos import (
 )
 
 from shardfeed.dataset import Dataset
-from shardfeed.pipeline import Loader, Patches
+from shardfeed.pipeline import Patches
 from shardfeed.transforms import presets
 from shardfeed.transforms.decode import crop, region
 from shardfeed.transforms.decode.ops import DecodeImage
@@ -62,20 +64,10 @@ Make = Callable[[Dataset], Any]
 
 
 def _batches(source: Any, transform: Any, batch_size: int = 3) -> list[dict[str, np.ndarray]]:
-    with Loader(source, batch_size=batch_size, shuffle=True, seed=7, num_threads=2,
-                transform=transform) as loader:
-        return [{k: np.array(v) for k, v in b.items() if k in ("image", "mask")}
-                for e in range(2) for b in (loader.set_epoch(e), *loader)[1:]]
+    return batches(source, transform, batch_size=batch_size, seed=7)
 
 
-def _assert_same(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> None:
-    assert len(a) == len(b) and a
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            assert x[key].shape == y[key].shape, key
-            diff = np.abs(x[key].astype(np.int32) - y[key].astype(np.int32))
-            assert diff.max() == 0, f"{key}: off by {diff.mean():.2f} levels on average"
+_assert_same = assert_same
 
 
 PRESETS = {

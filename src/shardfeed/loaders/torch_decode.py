@@ -201,6 +201,11 @@ class DeviceDecode(BatchStageBase):
     def ahead_batches(self) -> int:
         return self._ahead
 
+    @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The stage's own CUDA stream (None on a CPU device)."""
+        return self.streams.side
+
     def options(self) -> dict[str, Any]:
         return {"size": list(self.plan.size), "channels_first": self.channels_first,
                 **self.plan.tail.as_dict()}

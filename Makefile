@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test venv lint typecheck bench clean
 
 $(STAMP): pyproject.toml setup.py src/shardfeed/format/_wire.c src/shardfeed/transforms/decode/_png.c \
-		src/shardfeed/sampling/_draws.c
+		src/shardfeed/sampling/_draws.c src/shardfeed/pipeline/_slice.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned to the CPU build available on every machine of this project

@@ -1,6 +1,7 @@
 """The compiled parts of shardfeed (see src/shardfeed/format/native.py,
 src/shardfeed/storage/http1.py,
-src/shardfeed/transforms/decode/png_rows.py, .../decode/crop_rows.py and
+src/shardfeed/transforms/decode/png_rows.py, .../decode/crop_rows.py,
+src/shardfeed/pipeline/produce.py and
 src/shardfeed/sampling/crop_draws.py); the rest of the build is declared in pyproject.toml.
 ``optional``: where one cannot be compiled (no C compiler, no zlib headers), the package
 installs without it and runs the Python code it stands in for, with the same results."""
@@ -34,6 +35,16 @@ setup(
             ["src/shardfeed/transforms/decode/_png.c"],
             libraries=["z"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            # format/_wire.c and transforms/decode/_png.c compiled into one call a slice
+            "shardfeed.pipeline._slice",
+            ["src/shardfeed/pipeline/_slice.c"],
+            depends=["src/shardfeed/format/_wire.c", "src/shardfeed/transforms/decode/_png.c"],
+            libraries=["z"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                "-Wno-unused-function"],
             optional=True,
         ),
         Extension(

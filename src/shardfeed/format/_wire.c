@@ -1134,6 +1134,7 @@ static PyObject *wire_crc32c(PyObject *self, PyObject *arg)
     return PyLong_FromUnsignedLong(crc);
 }
 
+#ifndef SHARDFEED_EMBEDDED  /* another module compiles this file into itself (see pipeline/_slice.c) */
 static PyMethodDef wire_methods[] = {
     {"unframe", wire_unframe, METH_VARARGS,
      "unframe(reads, ranges, starts, ends, verify) -> list[bytes] | int | None"},
@@ -1169,3 +1170,4 @@ PyMODINIT_FUNC PyInit__wire(void)
     }
     return module;
 }
+#endif

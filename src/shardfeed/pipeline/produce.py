@@ -41,6 +41,7 @@ from shardfeed.errors import (
     location,
 )
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
+from shardfeed.pipeline.native_slices import NativeSlices
 from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
@@ -86,6 +87,8 @@ class SliceBuilder:
         # a source whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
             getattr(source, "single_records", None))
+        # light records: a whole slice in one compiled call without the GIL, where it applies
+        self._native = NativeSlices.of(source, transform) if self._read_columns else None
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
         """The keys samples write straight into the batch for ``layout`` (see module doc)."""
@@ -230,12 +233,18 @@ class SliceBuilder:
                     first_row: int) -> int:
         """Write the samples of ``positions`` into rows ``first_row...``; returns bad samples met.
 
-        The batch path first (:meth:`build_columns`); a data error there (a damaged record
+        The native slice first where it applies (:mod:`~.native_slices`: one compiled call,
+        no GIL; a slice it does not accept goes on here), then the batch path
+        (:meth:`build_columns`); a data error there (a damaged record
         or image, a value that does not fit), an exception from the transform's batch form,
         or columns it cannot take, and the rows are made sample by sample, which reports or
         skips exactly, naming the record. Storage errors and interrupts are not retried: they
         propagate as they are.
         """
+        native = self._native
+        if native is not None and native.enabled and native.build(ctx, positions, buffer,
+                                                                  first_row):
+            return 0
         read_columns = self._read_columns  # once: another thread may turn the path off
         if read_columns is not None:
             try:

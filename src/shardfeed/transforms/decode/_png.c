@@ -188,6 +188,7 @@ static int decode_one(Inflater *inf, const uint8_t *data, size_t size, uint8_t *
     return unfilter(inf->scanlines, image, height, stride, channels);
 }
 
+#ifndef SHARDFEED_EMBEDDED  /* another module compiles this file into itself (see pipeline/_slice.c) */
 static PyObject *png_decode_rows(PyObject *self, PyObject *args)
 {
     PyObject *values;
@@ -269,3 +270,4 @@ PyMODINIT_FUNC PyInit__png(void)
 {
     return PyModule_Create(&png_module);
 }
+#endif

@@ -54,19 +54,19 @@ def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
         return False
     if not len(out):
         return True
-    shape_keys = _shape_keys(decoder, columns)
-    if shape_keys is None:
+    keys = shape_keys(decoder, columns)
+    if keys is None:
         return False  # the sample path raises the SchemaError naming the missing feature
     if isinstance(values, FilledColumn):
         if values.is_in(out):  # copied there as read: whole pixels of out's channels
             _stored_channels(decoder, columns, np.full(len(out), values.value_size), out,
-                             shape_keys)
+                             keys)
             return True
         values = values[:]
     if not all(type(v) is bytes for v in values):
         raise DecodeError("a raw image value is not one bytes value")
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
-    stored = _stored_channels(decoder, columns, lengths, out, shape_keys)
+    stored = _stored_channels(decoder, columns, lengths, out, keys)
     _, height, width, channels = (int(n) for n in out.shape)
     first = int(stored[0])
     if (stored == first).all() and _copies(first, channels):
@@ -78,12 +78,12 @@ def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
         if _copies(count, channels):
             _copy_into(out[row], np.frombuffer(data, dtype=dtype).reshape(height, width, count))
         else:
-            _decode_row(decoder, key, columns, row, out[row], shape_keys)
+            _decode_row(decoder, key, columns, row, out[row], keys)
     return True
 
 
-def _shape_keys(decoder: DecoderBase, columns: Mapping[str, Any]
-                ) -> tuple[str, str, str | None] | None:
+def shape_keys(decoder: DecoderBase, columns: Mapping[str, Any]
+               ) -> tuple[str, str, str | None] | None:
     """The height, width and (if any) channels features of the raw image; None when one the
     field names is not among the columns."""
     field = decoder.image_field
@@ -172,4 +172,4 @@ def _decode_row(decoder: DecoderBase, key: str, columns: Mapping[str, Any], row:
     target[...] = image
 
 
-__all__ = ["raw_rows_into"]
+__all__ = ["raw_rows_into", "raw_rows_target", "shape_keys"]

@@ -1,9 +1,11 @@
 /* shardfeed.pipeline._slice: a slice of small records built into its batch rows in one call,
  * the whole loop without the GIL.
  *
- *   slice_rows(maps, offsets, which, records, verify, names, count, actions, outs, first_row)
+ *   slice_rows(maps, offsets, starts, records, verify, names, count, actions, outs, first_row)
  *           -> (int, list) | None
- *       For record i (record records[i] of map which[i], as _wire.gather_columns reads it):
+ *       For record i (global record records[i]: record records[i] - starts[k] of map k, the
+ *       last k with starts[k] <= records[i], as ShardTable.shard_of finds it; its bytes
+ *       between offsets[k][r] and [r + 1], as _wire.gather_columns reads them):
  *       check its framing (and, verify, its data CRC) in the map, parse its tf.train.Example
  *       (exactly ``count`` features, or any number >= the names with -1), and for each name j
  *       do what actions[j] = (action, kind, length, expect) says with row first_row + i of
@@ -111,6 +113,41 @@ static int store_record(const Found *found, const Action *actions, Py_ssize_t nn
         default:
             return 0;
         }
+    }
+    return 1;
+}
+
+/* Each record's span in its map, from global record numbers; 0 (nothing said) when one is
+ * out of range or does not lie within its map. */
+static int slice_spans(const GatherArgs *g, const int64_t *starts, Py_ssize_t nstarts,
+                       Span *spans, Py_ssize_t count)
+{
+    const int64_t *records = (const int64_t *)g->records.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t r = records[i];
+        if (nstarts < 2 || r < 0 || r >= starts[nstarts - 1])
+            return 0;
+        Py_ssize_t lo = 0, hi = nstarts;  /* the first start above r */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (starts[mid] <= r)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        Py_ssize_t k = lo - 1;
+        if (k < 0 || k >= g->nmaps)
+            return 0;
+        int64_t local = r - starts[k];
+        const Py_buffer *offsets = &g->offsets[k];
+        if (local + 1 >= offsets->len / 8)
+            return 0;
+        const uint64_t *at = (const uint64_t *)offsets->buf;
+        uint64_t start = at[local], end = at[local + 1];
+        if (start > end || end - start < FRAMING_BYTES || end > (uint64_t)g->maps[k].len)
+            return 0;
+        spans[i].at = (const uint8_t *)g->maps[k].buf + start;
+        spans[i].size = (Py_ssize_t)(end - start);
     }
     return 1;
 }
@@ -236,19 +273,24 @@ static PyObject *bytes_columns(const Found *found, const Action *actions, Py_ssi
 
 static PyObject *slice_rows(PyObject *self, PyObject *args)
 {
-    PyObject *maps, *offsets, *which, *records, *names, *actions, *outs;
+    PyObject *maps, *offsets, *starts_obj, *records, *names, *actions, *outs;
     int verify;
     Py_ssize_t count, first_row;
     if (!PyArg_ParseTuple(args, "O!O!OOpO!nO!O!n", &PyTuple_Type, &maps, &PyTuple_Type, &offsets,
-                          &which, &records, &verify, &PyTuple_Type, &names, &count,
+                          &starts_obj, &records, &verify, &PyTuple_Type, &names, &count,
                           &PyTuple_Type, &actions, &PyTuple_Type, &outs, &first_row))
         return NULL;
     Py_ssize_t nnames = PyTuple_GET_SIZE(names);
     if (!WIRE_LITTLE_ENDIAN || nnames == 0 || nnames > MAX_NAMES || first_row < 0)
         Py_RETURN_NONE;
-    GatherArgs g;
-    if (gather_open(&g, maps, offsets, which, records) != 0)
+    Py_buffer starts;
+    if (int64_buffer(starts_obj, &starts) != 0)
         return NULL;
+    GatherArgs g;
+    if (gather_open(&g, maps, offsets, records, records) != 0) {
+        PyBuffer_Release(&starts);
+        return NULL;
+    }
     Py_ssize_t nrecords = g.records.len / 8;
     Action acts[MAX_NAMES];
     Py_buffer views[MAX_NAMES];
@@ -280,19 +322,19 @@ static PyObject *slice_rows(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    if (nrecords == 0 || gather_spans(&g, spans, nrecords) != -2) {
-        if (!PyErr_Occurred())
-            result = Py_NewRef(Py_None);
+    if (nrecords == 0) {
+        result = Py_NewRef(Py_None);
         goto done;
     }
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < nrecords; i++)
-        total += spans[i].size;
     SliceJob job = {spans, nrecords, first_row, verify,
                     {keys, nnames, count, found, keys + nnames, NULL, nrecords, 1}, acts, &inf};
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = run_slice(&job);
+    ok = slice_spans(&g, (const int64_t *)starts.buf, starts.len / 8, spans, nrecords);
+    for (Py_ssize_t i = 0; ok && i < nrecords; i++)
+        total += spans[i].size;
+    ok = ok && run_slice(&job);
     Py_END_ALLOW_THREADS
     if (!ok) {
         result = Py_NewRef(Py_None);
@@ -308,6 +350,7 @@ done:
         inflateEnd(&inf.zs);
     PyMem_RawFree(inf.scanlines);
     gather_release(&g);
+    PyBuffer_Release(&starts);
     PyMem_Free(keys);
     PyMem_Free(found);
     PyMem_Free(spans);
@@ -316,7 +359,7 @@ done:
 
 static PyMethodDef slice_methods[] = {
     {"slice_rows", slice_rows, METH_VARARGS,
-     "slice_rows(maps, offsets, which, records, verify, names, count, actions, outs, first_row)"
+     "slice_rows(maps, offsets, starts, records, verify, names, count, actions, outs, first_row)"
      " -> (int, list) | None"},
     {NULL, NULL, 0, NULL},
 };

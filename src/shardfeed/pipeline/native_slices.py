@@ -53,6 +53,9 @@ has built fewer slices than it handed back (data it never accepts costs a few sl
 class _Plan:
     """What the compiled call does with a layout's slices."""
 
+    maps: tuple[Any, ...]  # every shard's map, and its offsets (all loaded)
+    offsets: tuple[np.ndarray, ...]
+    starts: np.ndarray  # each shard's first record
     keys: tuple[bytes, ...]
     count: int
     actions: tuple[tuple[int, int, int, int], ...]
@@ -93,14 +96,18 @@ class NativeSlices:
             return False
         ds: Any = self._source._ds()
         plan = self._plan_for(buffer.layout, ds, records)
-        args = None if plan is None else ds._shards._gather_args(*ds._table.shard_of(records))
-        if plan is None or args is None:
+        if plan is None:
             self.enabled = False
             return False
         arrays = buffer.arrays
         outs = tuple(None if name is None else arrays[name] for name in plan.outs)
-        got = compiled.slice_rows(*args, ds.verify_crc, plan.keys, plan.count, plan.actions,
-                                  outs, first_row)
+        try:
+            got = compiled.slice_rows(plan.maps, plan.offsets, plan.starts, records,
+                                      ds.verify_crc, plan.keys, plan.count, plan.actions, outs,
+                                      first_row)
+        except (ValueError, BufferError):  # a map closed under us: the other paths say so
+            self.enabled = False
+            return False
         if got is None:
             self._missed += 1  # a race loses a count at worst
             if self._missed >= MAX_MISSES and self._missed > self._built:
@@ -184,7 +191,13 @@ def _plan(decoder: DecodeImage, layout: BatchLayout, ds: Any, records: np.ndarra
         encoded = tuple(name.encode() for name in names)
     except UnicodeEncodeError:
         return None
-    return _Plan(encoded, len(names) if ds._names is None else -1, tuple(actions),
+    table = ds._table
+    every = ds._shards._gather_args(np.arange(table.num_shards, dtype=np.int64),
+                                    np.zeros(table.num_shards, dtype=np.int64))
+    if every is None:
+        return None
+    starts = np.ascontiguousarray(table.starts, dtype=np.int64)
+    return _Plan(every[0], every[1], starts, encoded, len(names) if ds._names is None else -1, tuple(actions),
                  tuple(outs), tuple(lists))
 
 

@@ -15,7 +15,8 @@ LAYERS = ["storage", "format", "dataset", "sampling", "transforms", "pipeline", 
           "tools", "cli"]
 ADAPTERS = {"loaders/torch.py": "torch", "loaders/torch_decode.py": "torch",
             "loaders/device_resize.py": "torch",
-            "loaders/jax.py": "jax"}
+            "loaders/jax.py": "jax", "loaders/tensorflow.py": "tensorflow",
+            "loaders/keras.py": "keras"}
 
 
 def _modules() -> list[Path]:
@@ -51,9 +52,9 @@ def test_imports_go_downward(path: Path) -> None:
                 f"{rel}:{line} imports {module}: layer {own!r} must not import {target!r}"
             )
         root = module.split(".")[0]
-        if root in ("torch", "jax", "jaxlib"):
+        if root in ("torch", "jax", "jaxlib", "tensorflow", "keras"):
             assert ADAPTERS.get(rel.as_posix()) == root, (
-                f"{rel}:{line} imports {module}: only {sorted(ADAPTERS)} may import torch/jax"
+                f"{rel}:{line} imports {module}: only {sorted(ADAPTERS)} may import a framework"
             )
 
 

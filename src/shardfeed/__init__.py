@@ -5,7 +5,9 @@
                               transform=shardfeed.presets.train(size=224))
 
 Names are imported lazily, so ``import shardfeed`` stays cheap and never imports torch or jax:
-``shardfeed.torch`` and ``shardfeed.jax`` are the adapters (``shardfeed.torch.adapt(loader)``).
+``shardfeed.torch`` and ``shardfeed.jax`` are the adapters (``shardfeed.torch.adapt(loader)``),
+``shardfeed.tf.dataset(loader)`` gives a ``tf.data.Dataset`` and ``shardfeed.keras.adapt(loader)``
+Keras 3 input (each imports its framework on first use).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "RowFields": ("shardfeed.tools.pack.rows", "RowFields"),
     "torch": ("shardfeed.loaders.torch", None),
     "jax": ("shardfeed.loaders.jax", None),
+    "tf": ("shardfeed.loaders.tensorflow", None),
+    "keras": ("shardfeed.loaders.keras", None),
 }
 
 if TYPE_CHECKING:  # the same names, seen by type checkers without importing at run time
@@ -55,6 +59,8 @@ if TYPE_CHECKING:  # the same names, seen by type checkers without importing at 
     from shardfeed.dataset import DataSource as DataSource
     from shardfeed.dataset import DataSourceBase as DataSourceBase
     from shardfeed.loaders import jax as jax
+    from shardfeed.loaders import keras as keras
+    from shardfeed.loaders import tensorflow as tf
     from shardfeed.loaders import torch as torch
     from shardfeed.pipeline import BatchKeys as BatchKeys
     from shardfeed.pipeline import BatchStage as BatchStage
@@ -109,8 +115,10 @@ __all__ = [
     "Windows",
     "__version__",
     "jax",
+    "keras",
     "pack",
     "presets",
+    "tf",
     "torch",
     "transforms",
 ]

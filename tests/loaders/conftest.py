@@ -25,3 +25,9 @@ def loader(adapter_folder: Path) -> Any:
     with Loader(open_dataset(adapter_folder), batch_size=8, seed=1, transform=train_transform(),
                 num_threads=2) as made:
         yield made
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "tensorflow: needs TensorFlow (the 'tensorflow' extra); skipped without it"
+    )

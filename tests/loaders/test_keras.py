@@ -1,0 +1,201 @@
+"""Keras 3 input (shardfeed.keras): model.fit / evaluate / predict on the loader's stream, the
+same batches on every backend, and a fit killed mid-epoch that resumes the identical stream.
+
+In this process Keras runs on the torch backend; the other backends (and the kill) run in
+subprocesses, since Keras picks its backend once, at its first import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+keras = pytest.importorskip("keras")
+
+from pipeline_helpers import open_dataset, record_ids, train_transform
+
+from shardfeed.loaders import keras as sf_keras
+from shardfeed.pipeline import Loader
+from shardfeed.transforms import presets
+
+HELPERS = Path(__file__).resolve().parents[1] / "pipeline"
+
+# fits a model whose Recorder layer writes the "index" of every batch it trains on
+DRIVER = r'''
+import json, os, sys
+sys.path.insert(0, os.environ["HELPERS"])
+import numpy as np
+import keras
+from keras import ops
+from pipeline_helpers import open_dataset, train_transform
+import shardfeed
+from shardfeed.pipeline import Loader
+
+folder, out, mode, directory, kill_at = sys.argv[1:6]
+loader = Loader(open_dataset(folder), batch_size=4, seed=3, transform=train_transform(16),
+                num_threads=int(os.environ.get("THREADS", "2")), drop_last=True)
+data = shardfeed.keras.adapt(loader, inputs=("image", "index"), targets="image/class/label")
+val = shardfeed.keras.adapt(
+    Loader.for_eval(open_dataset(folder), batch_size=8, transform=shardfeed.presets.eval(size=16)),
+    inputs=("image", "index"), targets="image/class/label")
+training = [True]
+
+class Recorder(keras.layers.Layer):
+    def call(self, index):
+        if training[0] and not keras.backend.is_keras_tensor(index):
+            try:
+                seen = np.asarray(ops.convert_to_numpy(index)).tolist()
+            except Exception:  # a symbolic tensor while Keras builds the model
+                seen = None
+            if seen is not None:
+                with open(out, "a") as fh:
+                    fh.write(json.dumps(seen) + "\n")
+        return ops.expand_dims(ops.cast(index, "float32"), -1) * 0.0
+
+class Control(keras.callbacks.Callback):
+    steps = 0
+    def on_test_begin(self, logs=None): training[0] = False
+    def on_test_end(self, logs=None): training[0] = True
+    def on_train_batch_end(self, batch, logs=None):
+        Control.steps += 1
+        if Control.steps == int(kill_at):
+            os._exit(3)
+
+image = keras.Input((16, 16, 3), name="image")
+index = keras.Input((), dtype="int64", name="index")
+x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(image))
+model = keras.Model([image, index], keras.layers.Dense(5)(x) + Recorder()(index))
+model.compile(keras.optimizers.SGD(0.01),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True), run_eagerly=True)
+checkpoint = shardfeed.keras.LoaderCheckpoint(data, directory, save_every_steps=2)
+options = dict(epochs=3, validation_data=val, verbose=0)
+if mode == "resume":
+    checkpoint.fit_resumed(model, callbacks=[Control()], **options)
+else:
+    model.fit(data, callbacks=[checkpoint, Control()], **options)
+'''
+
+
+def _fit(tmp_path: Path, folder: Path, backend: str, name: str, *, mode: str = "fit",
+         directory: Path | None = None, kill_at: int = 0,
+         threads: int = 2) -> tuple[int, list[list[int]]]:
+    """Run the driver; (exit code, the index batches the model trained on)."""
+    driver = tmp_path / "fit_driver.py"
+    driver.write_text(DRIVER)
+    out = tmp_path / f"{name}.jsonl"
+    env = {**os.environ, "KERAS_BACKEND": backend, "HELPERS": str(HELPERS),
+           "THREADS": str(threads), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run(
+        [sys.executable, str(driver), str(folder), str(out), mode,
+         str(directory or tmp_path / f"{name}-ckpt"), str(kill_at)],
+        env=env, capture_output=True, text=True, timeout=170, check=False)
+    assert result.returncode in (0, 3), result.stderr[-3000:]
+    seen = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return result.returncode, seen
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory, adapter_folder: Path) -> list[list[int]]:
+    """The batches of an uninterrupted fit on the torch backend."""
+    _, seen = _fit(tmp_path_factory.mktemp("whole"), adapter_folder, "torch", "whole")
+    return seen
+
+
+def test_fit_killed_mid_epoch_resumes_the_identical_stream(
+    tmp_path: Path, adapter_folder: Path, whole: list[list[int]],
+) -> None:
+    # 30 records, batch 4, drop_last: 7 steps an epoch, 3 epochs
+    assert len(whole) == 21
+    epochs = [sorted(i for b in whole[k * 7:(k + 1) * 7] for i in b) for k in range(3)]
+    assert all(len(set(e)) == 28 for e in epochs) and epochs[0] != [b for b in whole[7:14]]
+    directory = tmp_path / "killed-ckpt"
+    # killed after step 10 (epoch 1, step 3): the last checkpoint is epoch 1, step 2
+    code, before = _fit(tmp_path, adapter_folder, "torch", "killed", directory=directory,
+                        kill_at=10)
+    assert code == 3 and len(before) == 10
+    saved = json.loads((directory / "loader_state.json").read_text())
+    assert (saved["epoch"], saved["step"]) == (1, 2)
+    assert (directory / "model.weights.h5").exists()
+    # resumed on another thread count: the rest of epoch 1, then epoch 2
+    _, after = _fit(tmp_path, adapter_folder, "torch", "resumed", mode="resume",
+                    directory=directory, threads=1)
+    assert before[:9] + after == whole
+
+
+def test_the_jax_backend_trains_on_the_same_batches(
+    tmp_path: Path, adapter_folder: Path, whole: list[list[int]],
+) -> None:
+    pytest.importorskip("jax")
+    _, on_jax = _fit(tmp_path, adapter_folder, "jax", "jax")
+    assert len(whole) == 21 and on_jax == whole
+
+
+@pytest.mark.tensorflow
+def test_the_tensorflow_backend_trains_on_the_same_batches(
+    tmp_path: Path, adapter_folder: Path, whole: list[list[int]],
+) -> None:
+    pytest.importorskip("tensorflow")
+    _, on_tf = _fit(tmp_path, adapter_folder, "tensorflow", "tf")
+    assert len(whole) == 21 and on_tf == whole
+
+
+# -- in this process (torch backend) ------------------------------------------------------------
+
+
+def _loader(folder: Path, **options: Any) -> Loader:
+    return Loader(open_dataset(folder), batch_size=8, seed=1, transform=train_transform(),
+                  num_threads=2, **options)
+
+
+def test_batches_by_feature_names_multi_input_and_output(adapter_folder: Path) -> None:
+    with _loader(adapter_folder) as loader:
+        data = sf_keras.adapt(loader, inputs={"pixels": "image", "ids": "index"},
+                              targets=("labels", "image/class/label"), sample_weights="timestamp")
+        assert len(data) == 4
+        x, y, weights = data[0]
+        assert sorted(x) == ["ids", "pixels"] and x["pixels"].shape == (8, 32, 32, 3)
+        assert y[0].shape == (8, 3) and y[0].dtype == np.float32 and y[1].shape == (8,)
+        assert weights.shape == (8,)
+    with _loader(adapter_folder) as loader:
+        assert isinstance(sf_keras.adapt(loader, inputs="image")[0], tuple)
+        with pytest.raises(ValueError, match="'labelz'"):
+            sf_keras.adapt(loader, inputs="image", targets="labelz")
+
+
+def test_fit_evaluate_predict_follow_the_loaders_order(adapter_folder: Path) -> None:
+    with _loader(adapter_folder, drop_last=True) as reference:
+        expected = [b["index"].tolist() for b in reference] + [b["index"].tolist()
+                                                               for b in reference]
+    seen: list[list[int]] = []
+    with _loader(adapter_folder, drop_last=True) as loader:
+        data = sf_keras.adapt(loader, inputs="image", targets="image/class/label")
+        original = data._structure
+
+        def spy(batch: Any) -> Any:
+            seen.append(batch["index"].tolist())
+            return original(batch)
+
+        data._structure = spy  # type: ignore[method-assign]
+        model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Rescaling(1 / 255),
+                                  keras.layers.Flatten(), keras.layers.Dense(5)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(data, epochs=2, verbose=0, shuffle=True,  # Keras's: no effect
+                            callbacks=[sf_keras.LoaderCheckpoint(data, None)])
+        assert len(history.history["loss"]) == 2
+        # Keras reads the first batch ahead to build the model: it is served again, not lost
+        assert seen[0] == seen[1] and seen[1:] == expected
+        assert (loader.state()["epoch"], loader.state()["consumed"]) == (2, 0)
+    with Loader.for_eval(open_dataset(adapter_folder), batch_size=8,
+                         transform=presets.eval(size=32)) as evaluation:
+        val = sf_keras.adapt(evaluation, inputs="image", targets="image/class/label")
+        assert len(val) == 4  # the last partial batch is kept
+        assert np.isfinite(model.evaluate(val, verbose=0))
+        assert model.predict(sf_keras.adapt(evaluation, inputs="image"), verbose=0).shape == (30, 5)

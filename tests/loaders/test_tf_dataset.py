@@ -1,0 +1,104 @@
+"""tf.data from a Loader (shardfeed.tf): the element spec from the batch layout, the loader's
+epochs, no batch lost to prefetching, and exact resume through tf.train.Checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow
+tf = pytest.importorskip("tensorflow")
+
+from pipeline_helpers import open_dataset, train_transform
+
+from shardfeed.loaders import tensorflow as sf_tf
+from shardfeed.pipeline import Loader
+
+
+def _loader(folder: Path, **options: Any) -> Loader:
+    options.setdefault("num_threads", 2)
+    return Loader(open_dataset(folder), batch_size=8, seed=1, transform=train_transform(),
+                  **options)
+
+
+def _ids(ds: Any) -> list[list[int]]:
+    return [b["index"].numpy().tolist() for b in ds]
+
+
+def test_element_spec_from_the_layout_before_any_batch(adapter_folder: Path) -> None:
+    with _loader(adapter_folder, drop_last=True) as loader:
+        ds = sf_tf.dataset(loader)
+        spec = ds.element_spec
+        assert spec["image"].shape == (8, 32, 32, 3) and spec["image"].dtype == tf.uint8
+        assert spec["labels"].shape == (8, 3) and spec["labels"].dtype == tf.float32
+        assert spec["image/class/label"].shape == (8,)
+        assert spec["image/filename"].dtype == tf.string
+        assert loader.state()["consumed"] == 0  # no batch was taken to learn it
+        batch = next(iter(ds))
+        assert batch["image/filename"].numpy()[0].startswith(b"img")
+    with _loader(adapter_folder) as loader:  # the last batch is partial: batch axis None
+        assert sf_tf.element_spec(loader, features=["image"])["image"].shape == (None, 32, 32, 3)
+        with pytest.raises(ValueError, match="nope"):
+            sf_tf.dataset(loader, features=["image", "nope"])
+
+
+def test_each_iteration_is_the_loaders_next_epoch(adapter_folder: Path) -> None:
+    with _loader(adapter_folder) as reference:
+        expected = [[b["index"].tolist() for b in reference] for _ in range(2)]
+    with _loader(adapter_folder) as loader:
+        ds = sf_tf.dataset(loader, prefetch=3)
+        assert [_ids(ds), _ids(ds)] == expected and loader.epoch == 2
+        loader.set_epoch(1)
+        assert _ids(ds) == expected[1]
+        images = next(iter(ds))["image"].numpy()
+    with _loader(adapter_folder) as plain:
+        plain.set_epoch(2)
+        np.testing.assert_array_equal(images, next(iter(plain))["image"])
+
+
+def test_batches_prefetched_but_not_taken_are_not_lost(adapter_folder: Path) -> None:
+    with _loader(adapter_folder) as reference:
+        expected = [b["index"].tolist() for b in reference]
+    with _loader(adapter_folder) as loader:
+        ds = sf_tf.dataset(loader, prefetch=3)
+        first = next(iter(ds))["index"].numpy().tolist()  # the iterator and its buffer dropped
+        assert [first, *_ids(ds)] == expected
+
+
+def test_checkpoint_mid_epoch_resumes_the_identical_stream(adapter_folder: Path,
+                                                           tmp_path: Path) -> None:
+    with _loader(adapter_folder) as loader:
+        ds = sf_tf.dataset(loader, prefetch=2)
+        checkpoint = tf.train.Checkpoint(step=tf.Variable(0), data=sf_tf.LoaderState(loader))
+        iterator = iter(ds)
+        for _ in range(2):
+            next(iterator)
+            checkpoint.step.assign_add(1)
+        path = checkpoint.save(str(tmp_path / "ckpt"))
+        rest = [b["index"].numpy().tolist() for b in iterator] + _ids(ds)
+    with _loader(adapter_folder, num_threads=1) as again:
+        ds = sf_tf.dataset(again)
+        restored = tf.train.Checkpoint(step=tf.Variable(0), data=sf_tf.LoaderState(again))
+        restored.restore(path)
+        assert int(restored.step) == 2
+        assert _ids(ds) + _ids(ds) == rest
+    with Loader(open_dataset(adapter_folder), batch_size=8, seed=2) as other:
+        with pytest.raises(Exception, match="seed"):
+            tf.train.Checkpoint(data=sf_tf.LoaderState(other)).restore(path).assert_consumed()
+
+
+def test_keras_fit_on_the_dataset(adapter_folder: Path) -> None:
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("Keras runs on another backend in this process")
+    with _loader(adapter_folder, drop_last=True) as loader:
+        ds = sf_tf.dataset(loader, features=["image", "image/class/label"]).map(
+            lambda b: (b["image"], b["image/class/label"]))
+        model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(),
+                                  keras.layers.Dense(5)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        assert len(model.fit(ds, epochs=2, verbose=0).history["loss"]) == 2
+        assert loader.epoch == 2

@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("KERAS_BACKEND", "torch")
 keras = pytest.importorskip("keras")
 
-from pipeline_helpers import open_dataset, record_ids, train_transform
+from pipeline_helpers import open_dataset, train_transform
 
 from shardfeed.loaders import keras as sf_keras
 from shardfeed.pipeline import Loader

@@ -199,3 +199,31 @@ def test_fit_evaluate_predict_follow_the_loaders_order(adapter_folder: Path) -> 
         assert len(val) == 4  # the last partial batch is kept
         assert np.isfinite(model.evaluate(val, verbose=0))
         assert model.predict(sf_keras.adapt(evaluation, inputs="image"), verbose=0).shape == (30, 5)
+
+
+def test_restore_puts_back_the_optimizers_state_into_a_fresh_model(
+    adapter_folder: Path, tmp_path: Path,
+) -> None:
+    # a restarted job compiles a new model: its Adam has no moments yet, and Keras skips
+    # loading saved optimizer variables into an optimizer that is not built
+    def compiled() -> Any:
+        model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Rescaling(1 / 255),
+                                  keras.layers.Flatten(), keras.layers.Dense(5)])
+        model.compile(keras.optimizers.Adam(1e-3),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with _loader(adapter_folder) as loader:
+        data = sf_keras.adapt(loader, inputs="image", targets="image/class/label")
+        trained = compiled()
+        trained.fit(data, epochs=1, verbose=0,
+                    callbacks=[sf_keras.LoaderCheckpoint(data, tmp_path / "ckpt")])
+    with _loader(adapter_folder) as loader:
+        data = sf_keras.adapt(loader, inputs="image", targets="image/class/label")
+        fresh = compiled()
+        assert sf_keras.LoaderCheckpoint(data, tmp_path / "ckpt").restore(fresh) == (1, 0)
+    saved = [np.asarray(v) for v in trained.optimizer.variables]
+    restored = [np.asarray(v) for v in fresh.optimizer.variables]
+    assert int(fresh.optimizer.iterations) == 4  # 30 records, batch 8
+    assert len(restored) == len(saved) > 2  # the step counter, rate and Adam's moments
+    assert all(np.array_equal(a, b) for a, b in zip(saved, restored, strict=True))

@@ -189,6 +189,15 @@ def adapt(loader: Any, *, inputs: Names, targets: Names = None,
     return LoaderDataset(inner, inputs=inputs, targets=targets, sample_weights=sample_weights)
 
 
+def _build_optimizer(model: Any) -> None:
+    """Create the optimizer's variables (Adam's moments, ...) of a freshly compiled model:
+    Keras loads saved optimizer variables only into a built optimizer, and would otherwise
+    skip them with a warning, resuming with reset moments."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.built:
+        optimizer.build(model.trainable_variables)
+
+
 _STATE_FILE = "loader_state.json"
 _WEIGHTS_FILE = "model.weights.h5"
 
@@ -266,7 +275,8 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
         os.replace(temporary, self.directory / _STATE_FILE)
 
     def restore(self, model: Any = None) -> tuple[int, int]:
-        """Put back the loader's state (and ``model``'s weights) from ``directory``.
+        """Put back the loader's state (and ``model``'s weights, with its optimizer's state)
+        from ``directory``.
 
         Returns ``(epoch, step)``: the Keras epoch to go on with (``initial_epoch``) and the
         steps of it already done; ``(0, 0)`` when there is no checkpoint yet.
@@ -275,6 +285,7 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
             return 0, 0
         record = json.loads((self.directory / _STATE_FILE).read_text())
         if model is not None and self.save_weights:
+            _build_optimizer(model)
             model.load_weights(self.directory / _WEIGHTS_FILE)
         self.data.restore(record["loader"])
         self._taken = 0

@@ -140,9 +140,12 @@ def test_a_cache_that_holds_everything_is_read_when_built_not_staged(
         second = stream(loader)
         after = ds.storage_stats()
     assert [first, second] == expected and data_gets(s3_server) == 0
-    assert after["cache_hits"] - before["cache_hits"] == 240
-    # (a record the first epoch's last chunk was still writing when the next epoch's first
-    # chunk was scheduled is fetched and staged once more)
+    # every record of the second epoch from the cache (the first epoch's are all fetched: the
+    # cache starts empty). Counted over both epochs: the second epoch's first chunks may be
+    # looked up before the first ends (read-ahead carries them across; on a loaded machine
+    # 8-16 of 240 were), and a record the first epoch's last chunk was still writing is
+    # looked up once more (up to a tenth)
+    assert 240 <= after["cache_hits"] <= 240 + 240 // 10
     assert after["staged_hits"] - before["staged_hits"] <= 240 // 10
     with Dataset(str(folder)) as local:
         payload = sum(len(p) for p in local.read_payloads(range(240)))
@@ -153,7 +156,9 @@ def test_a_cache_that_holds_everything_is_read_when_built_not_staged(
         assert stream(loader) == expected[1]
         after = ds.storage_stats()
     hits = after["cache_hits"] - before["cache_hits"]
-    assert hits > 0 and after["staged_hits"] - before["staged_hits"] >= 240
+    # staged, not read when built: all but the odd record a loaded machine's batch reached
+    # before its chunk was staged (a cache as large as the data stages at most a tenth)
+    assert hits > 0 and after["staged_hits"] - before["staged_hits"] >= 240 - 240 // 10
 
 
 def test_plain_reads_use_the_cache_too(

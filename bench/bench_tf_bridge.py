@@ -9,6 +9,9 @@ Same loader (``presets.train(224)``, batch 64, ``--threads`` threads) over JPEGs
                       would write by hand)
     keras.adapt       shardfeed.keras.adapt(loader, inputs="image", targets=LABEL):
                       the PyDataset Keras iterates (x, y) from (y: the label)
+    tf.data peer      bench/peers/tfdata_loader.py over the same shards (TFRecordDataset,
+                      decode_and_crop_jpeg, shuffle(10000): TensorFlow's own ImageNet
+                      input), one epoch a round in a process of its own
 
 Rounds are interleaved (one epoch of each contender a round), each contender's first epoch
 is a warm-up; the table gives the median images/s and the ratio to the loader's own::
@@ -42,6 +45,16 @@ def _images(batches: Iterable[Any], size_of: Callable[[Any], int]) -> tuple[int,
     start = time.perf_counter()
     n = sum(size_of(b) for b in batches)
     return n, time.perf_counter() - start
+
+
+def _peer(command: list[str]) -> tuple[int, float]:
+    """One timed epoch of the tf.data contender: (images, seconds) from its JSON line."""
+    import json
+    import subprocess
+
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return int(result["images"]), float(result["seconds"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             "from_generator": lambda: _images(handmade, lambda b: int(b[LABEL].shape[0])),
             "keras.adapt": lambda: _images(keras_epoch(), lambda xy: len(xy[1])),
         }
+        peer = [sys.executable, str(Path(__file__).resolve().parent / "peers" /
+                                    "tfdata_loader.py"),
+                "--shards", str(folder), "--threads", str(args.threads), "--batch", str(BATCH),
+                "--records", str(args.images),
+                "--label-sum", str(sum(i % 1000 for i in range(args.images)))]
+        epochs["tf.data peer"] = lambda: _peer(peer)
         rates: dict[str, list[float]] = {name: [] for name in epochs}
         for name, epoch in epochs.items():  # warm-up: files, caches, tf.function tracing
             epoch()

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from shardfeed.storage.daemon_threads import DaemonThreads
-from shardfeed.storage.http1 import Abort, range_get
+from shardfeed.storage.http1_pool import Abort, range_get
 
 T = TypeVar("T")
 

@@ -1,4 +1,5 @@
-"""Ranged GETs over kept-alive HTTP/1.1 connections, written and read here.
+"""One HTTP/1.1 connection and the ranged GETs it sends and reads (the pool of kept-alive
+connections and the GET a caller makes: :mod:`shardfeed.storage.http1_pool`).
 
 A GET of a range is a few lines of HTTP/1.1 each way; http.client parses every answer's
 headers with the email package and builds objects around its socket (about 150 us of CPU a
@@ -14,35 +15,26 @@ A server may misbehave; what it can cost is bounded:
   the connection closed after the range; a ``206`` longer than the range is refused.
 - time: every wait (connect, next bytes) at most ``timeout``, and the whole answer at most
   ``timeout`` plus a second for each ``min_bytes_per_second`` bytes received, so a body that
-  trickles in fails too (TimeoutError naming the URL). An :class:`Abort` ends a GET from
-  another thread at once (its connection shut down and closed).
+  trickles in fails too (TimeoutError naming the URL). An ``Abort`` (http1_pool) ends a GET
+  from another thread at once (its connection shut down and closed).
 
 Answers that are not HTTP/1.x as expected (cut, garbled, a chunk size or Content-Length that
 is not a number, headers or a body longer than allowed) raise :class:`BadAnswer`, a
 transient ConnectionError naming the URL (without its query: a presigned URL's signature is
-never in a message) and what was wrong, never the body's bytes. Idle connections are pooled
-by ``(scheme, host)``, closed at exit, and never shared with a forked child.
+never in a message) and what was wrong, never the body's bytes.
 """
 from __future__ import annotations
 
-import atexit
-import contextlib
-import errno
 import importlib
 import logging
 import math
-import os
 import re
 import socket
-import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
-
-MAX_IDLE = 64
-"""Idle connections kept for one ``(scheme, host)``."""
 
 MAX_HEADER_BYTES = 64 << 10
 """An answer whose headers run longer than this is refused as garbled."""
@@ -55,7 +47,7 @@ dropped."""
 
 def _compiled_recv() -> Any:
     """``shardfeed.storage._recv`` (source: ``_recv.c`` beside this file), or None where
-    the package was built without it: ``_Conn._exactly`` then reads by ``recv_into``."""
+    the package was built without it: ``Connection._exactly`` then reads by ``recv_into``."""
     try:
         return importlib.import_module("shardfeed.storage._recv")
     except ImportError:
@@ -72,11 +64,11 @@ class BadAnswer(ConnectionError):
               "expected: check it")
 
 
-class _Stale(ConnectionError):
+class Stale(ConnectionError):
     """A kept-alive connection the server had closed before the request (nothing answered)."""
 
 
-class _Conn:
+class Connection:
     """One HTTP/1.1 connection to ``scheme://host``."""
 
     def __init__(self, scheme: str, host: str, timeout: float) -> None:
@@ -130,7 +122,7 @@ class _Conn:
             self.sock.sendall(request.encode("ascii"))
         except (BrokenPipeError, ConnectionResetError) as exc:
             if reused:
-                raise _Stale(str(exc)) from exc
+                raise Stale(str(exc)) from exc
             raise
         status, headers = self._head(reused=reused)
         keep = headers.get("connection", "").lower() != "close"
@@ -168,11 +160,11 @@ class _Conn:
                     chunk = self._recv("the headers")
                 except ConnectionResetError as exc:
                     if reused and not buf:
-                        raise _Stale(str(exc)) from exc
+                        raise Stale(str(exc)) from exc
                     raise
                 if not chunk:
                     if reused and not buf:
-                        raise _Stale("closed before answering")
+                        raise Stale("closed before answering")
                     raise BadAnswer(f"answer from {self.where} cut in its headers")
                 buf += chunk
             lines = buf[:end].decode("latin-1").split("\r\n")
@@ -379,108 +371,6 @@ def _warn_whole_answers(host: str) -> None:
             "server that honours Range for reads of large objects", host)
 
 
-_POOL: dict[tuple[str, str], list[_Conn]] = {}
-_POOL_LOCK = threading.Lock()
-
-
-class Abort:
-    """Lets another thread end a GET at once (the caller abandoned it: its deadline,
-    ``close()``, Ctrl-C). :meth:`abort` shuts the GET's connection down: the thread waiting on
-    it wakes, its GET fails, and the connection is closed, never pooled. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._conn: _Conn | None = None
-        self.aborted = False
-
-    def abort(self) -> None:
-        with self._lock:
-            self.aborted = True
-            sock = self._conn.sock if self._conn is not None else None
-            if sock is not None:  # under the lock: the GET's thread cannot pool it meanwhile
-                with contextlib.suppress(OSError):
-                    # the plain socket's shutdown (a TLS socket's own would drop its TLS
-                    # state under the thread reading it): that thread's read ends, failing
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-    def _hold(self, conn: _Conn) -> None:
-        with self._lock:
-            if self.aborted:
-                raise ConnectionAbortedError(errno.ECONNABORTED,
-                                             f"GET to {conn.where} abandoned by its caller")
-            self._conn = conn
-
-    def _release(self) -> bool:
-        """Forget the connection; False where it was aborted (then it is closed)."""
-        with self._lock:
-            self._conn = None
-            return not self.aborted
-
-
-def range_get(scheme: str, host: str, target: str, start: int, end: int,
-              timeout: float, *, min_bytes_per_second: float = math.inf,
-              abort: Abort | None = None) -> tuple[int, dict[str, str], bytes]:
-    """One GET of ``Range: bytes=start..end-1``: the status, headers and body (of a ``200``,
-    the whole object, its bytes ``[start, end)`` only); a kept-alive connection the server
-    closed meanwhile is replaced once.
-
-    ``timeout``: the most seconds one wait (to connect, for the next bytes) may take; the
-    whole answer must arrive within it plus a second for each ``min_bytes_per_second`` bytes
-    received (TimeoutError). ``abort``: ends the GET from another thread.
-    """
-    while True:
-        conn = _idle(scheme, host)
-        reused = conn is not None
-        if conn is None:
-            conn = _Conn(scheme, host, timeout)
-            conn.open()
-        try:
-            if abort is not None:
-                abort._hold(conn)
-            status, headers, body, keep = conn.get(
-                target, start, end, reused=reused, min_bytes_per_second=min_bytes_per_second)
-        except _Stale:
-            conn.close()
-            if abort is not None:
-                abort._release()
-            continue  # only a pooled connection is stale: at most one pass for each
-        except BaseException:
-            conn.close()
-            if abort is not None:
-                abort._release()
-            raise
-        if (abort is None or abort._release()) and keep and not conn.buffer:
-            _give_back(conn)
-        else:
-            conn.close()
-        return status, headers, body
-
-
-def _idle(scheme: str, host: str) -> _Conn | None:
-    with _POOL_LOCK:
-        idle = _POOL.get((scheme, host))
-        return idle.pop() if idle else None
-
-
-@atexit.register
-def _close_idle() -> None:
-    """Close the kept-alive connections (at exit: said goodbye to, not left to the OS)."""
-    with _POOL_LOCK:
-        idle = [conn for conns in _POOL.values() for conn in conns]
-        _POOL.clear()
-    for conn in idle:
-        conn.close()
-
-
-def _give_back(conn: _Conn) -> None:
-    with _POOL_LOCK:
-        idle = _POOL.setdefault((conn.scheme, conn.host), [])
-        if len(idle) < MAX_IDLE:
-            idle.append(conn)
-            return
-    conn.close()
-
-
 _TLS: Any = None
 
 
@@ -493,12 +383,5 @@ def _tls() -> Any:
     return _TLS
 
 
-def _reset_after_fork() -> None:
-    global _POOL_LOCK
-    _POOL_LOCK = threading.Lock()
-    _POOL.clear()  # the child may not share the parent's sockets
 
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-__all__ = ["DISCARD_BYTES", "MAX_HEADER_BYTES", "MAX_IDLE", "Abort", "BadAnswer", "range_get"]
+__all__ = ["DISCARD_BYTES", "MAX_HEADER_BYTES", "BadAnswer", "Stale"]

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardfeed.dataset.fetch_ahead import AHEAD_READ, AheadSession, cached_in, open_fetcher
+from shardfeed.dataset.cache_setup import cached_in, open_fetcher
+from shardfeed.dataset.fetch_ahead import AHEAD_READ, AheadSession
 from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprint
 from shardfeed.dataset.open_shards import OpenShards, check_source_options
 from shardfeed.dataset.opening import (

@@ -38,7 +38,7 @@ import numpy as np
 from shardfeed.dataset.reading import ReadOptions
 from shardfeed.dataset.shards import ShardTable
 from shardfeed.errors import StorageError
-from shardfeed.storage import files, is_remote
+from shardfeed.storage import is_remote
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.disk_cache import (
     UNKNOWN_USE,
@@ -484,91 +484,3 @@ def _abandon_if_cancelled(cache: DiskCache, keys: list[str], future: Future[Any]
 
 
 __all__ = ["AHEAD_READ", "FETCH_THREADS", "AheadSession", "RecordFetcher"]
-
-
-def shard_versions(urls: Sequence[str], checksums: Sequence[int | None]) -> list[Version]:
-    """What names each shard's bytes in the disk cache's keys: its checksum from the manifest,
-    else (bare shards on object storage) what the store says changes when it is rewritten:
-    its ETag, generation or version id, else its modification time (one listing a folder;
-    see :func:`shardfeed.storage.files.versions`). None for a local shard (never cached), or
-    where the store says nothing (then the shard is not cached either)."""
-    out: list[Version] = list(checksums)
-    unknown = [k for k, url in enumerate(urls) if checksums[k] is None and is_remote(url)]
-    if unknown:
-        for k, version in zip(unknown, files.versions([urls[k] for k in unknown])):
-            out[k] = version
-    return out
-
-
-def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
-                 cache_bytes: int | None, sizes: Sequence[int],
-                 checksums: Sequence[int | None]) -> RecordFetcher | None:
-    """The fetcher of a Dataset (None: no remote shard, nothing to fetch ahead or cache).
-
-    ``cache_dir`` (None: no disk cache) holds at most ``cache_bytes`` (None: the remote
-    shards' bytes, at most half the free space of the folder's disk). With a cache, shards
-    without a checksum are keyed by their version on the store (see :func:`shard_versions`).
-    """
-    if cache_bytes is not None and (isinstance(cache_bytes, bool)
-                                    or not isinstance(cache_bytes, int) or cache_bytes < 0):
-        raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
-    if cache_bytes is not None and cache_dir is None:
-        raise ValueError("cache_bytes bounds the disk cache: give cache_dir too")
-    remote = [k for k, u in enumerate(table.urls) if is_remote(u)]
-    if not remote:
-        return None
-    cache = None
-    versions: list[Version] = list(checksums)
-    if cache_dir is not None:
-        if cache_bytes is None:
-            import os
-            import shutil
-
-            folder = os.fspath(cache_dir)
-            os.makedirs(folder, exist_ok=True)
-            cache_bytes = min(sum(int(sizes[k]) for k in remote),
-                              shutil.disk_usage(folder).free // 2)
-        cache = DiskCache(cache_dir, max_bytes=cache_bytes)
-        versions = shard_versions(table.urls, checksums)
-        _say_uncached(table.urls, versions)
-    return RecordFetcher(table, network, cache=cache, sizes=sizes, versions=versions)
-
-
-def _say_uncached(urls: Sequence[str], versions: Sequence[Version]) -> None:
-    """Warn (once a Dataset) about remote shards the cache cannot key: never cached."""
-    bare = [u for u, v in zip(urls, versions) if v is None and is_remote(u)]
-    if bare:
-        import warnings
-
-        shown = ", ".join(f"'{u}'" for u in bare[:3]) + (", ..." if len(bare) > 3 else "")
-        warnings.warn(
-            f"{len(bare)} shard(s) ({shown}) have no checksum in a manifest and their store "
-            "gives no ETag, generation or modification time: they are read from storage, "
-            "never from the disk cache (a rewritten shard would be served stale). Open the "
-            "dataset through a manifest with checksums (shardfeed index) to cache them",
-            RuntimeWarning, stacklevel=4)
-
-
-def cached_in(table: ShardTable, cache_dir: Any, *, sizes: Sequence[int],
-              checksums: Sequence[int | None]) -> dict[str, Any]:
-    """What folder ``cache_dir`` holds of these shards: ``records`` and ``bytes`` in all and
-    ``shards`` (url, records, cached, bytes each; local shards are never cached). The folder is
-    only read (its bound is left as its users set it)."""
-    urls = table.urls
-    cache = DiskCache.existing(cache_dir)
-    try:
-        objects = object_keys(urls, sizes, shard_versions(urls, checksums),
-                              [is_remote(u) for u in urls])
-        held = cache.held([o for o in objects if o])
-    finally:
-        cache.close()
-    found = iter(held)
-    shards = []
-    for k, url in enumerate(urls):
-        n, size = next(found) if objects[k] else (0, 0)
-        shards.append({"url": url, "records": int(table.counts[k]), "cached": n, "bytes": size})
-    return {"path": str(cache.path), "records": sum(s["cached"] for s in shards),
-            "bytes": sum(s["bytes"] for s in shards), "shards": shards}
-
-
-__all__ += ["cached_in", "open_fetcher", "shard_versions"]

@@ -17,8 +17,8 @@ import random
 import shutil
 from pathlib import Path
 
-from shardfeed.storage.cache_entries import entry_name
-from shardfeed.storage.disk_cache import DiskCache, entry_key, object_key
+from shardfeed.storage.cache_entries import entry_key, entry_name, object_key
+from shardfeed.storage.disk_cache import DiskCache
 
 FOLDER = "cache-seeds"
 HEADER_BYTES = 32

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from shardfeed import StorageError
-from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache, entry_key, object_key
+from shardfeed.storage.cache_entries import entry_key, object_key
+from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache
 
 
 def put(cache: DiskCache, key: str, size: int, use: int, *, now: int = 0) -> bool:

@@ -15,7 +15,8 @@ from typing import Any
 from shardfeed.dataset.fetch_ahead import NetworkRead, RecordFetcher
 from shardfeed.dataset.shards import ShardTable
 from shardfeed.storage import files, is_remote
-from shardfeed.storage.disk_cache import DiskCache, Version, object_keys
+from shardfeed.storage.cache_entries import Version, object_keys
+from shardfeed.storage.disk_cache import DiskCache
 
 
 def shard_versions(urls: Sequence[str], checksums: Sequence[int | None]) -> list[Version]:

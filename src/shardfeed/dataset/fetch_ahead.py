@@ -39,14 +39,9 @@ from shardfeed.dataset.reading import ReadOptions
 from shardfeed.dataset.shards import ShardTable
 from shardfeed.errors import StorageError
 from shardfeed.storage import is_remote
+from shardfeed.storage.cache_entries import Version, entry_key, object_keys
 from shardfeed.storage.daemon_threads import DaemonThreads
-from shardfeed.storage.disk_cache import (
-    UNKNOWN_USE,
-    DiskCache,
-    Version,
-    entry_key,
-    object_keys,
-)
+from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache
 
 log = logging.getLogger("shardfeed.dataset")
 

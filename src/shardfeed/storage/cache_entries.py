@@ -1,4 +1,5 @@
-"""The files of the disk cache's entries: one file an entry, bound to the key it is kept under.
+"""The disk cache's keys (an object's URL, size and version; a record's number and offset in
+it) and its entries' files: one file an entry, bound to the key it is kept under.
 
 ::
 
@@ -26,6 +27,7 @@ import hashlib
 import os
 import stat
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 import google_crc32c
@@ -40,6 +42,31 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a planted FIFO must not block the open
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+Version = int | str | None
+"""What names an object's bytes beside its URL and size: the manifest's CRC32C (an int), or
+what the store says changes when the object is rewritten (a str: ETag, generation, ...)."""
+
+
+def object_key(url: str, size: int, version: Version) -> str:
+    """The key of one object's bytes: its URL, size and version (see :data:`Version`)."""
+    text = f"{url}\0{size}\0{type(version).__name__}:{version}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def object_keys(urls: Sequence[str], sizes: Sequence[int],
+                versions: Sequence[Version], remote: Sequence[bool]) -> list[str]:
+    """The key of each object of ``urls`` (``""`` where ``remote`` is False, or where the
+    version is None: nothing says when its bytes change, so they are never cached)."""
+    return [object_key(u, sizes[k], versions[k]) if remote[k] and versions[k] is not None
+            else "" for k, u in enumerate(urls)]
+
+
+def entry_key(obj: str, part: int, offset: int) -> str:
+    """The key of part ``part`` (a record number), at byte ``offset``, of the object keyed
+    ``obj``."""
+    return f"{obj}-{part}-{offset}"
 
 
 def key_digest(key: str) -> bytes:
@@ -172,4 +199,5 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-__all__ = ["HEADER", "MAGIC", "EntryFiles", "entry_name", "key_digest"]
+__all__ = ["HEADER", "MAGIC", "EntryFiles", "Version", "entry_key", "entry_name", "key_digest",
+           "object_key", "object_keys"]

@@ -7,7 +7,7 @@
       data/3f/3f9a...-17-40960.rec   one file an entry (see :mod:`.cache_entries`): the
                                      format, a digest of its key, CRC32C, length, the bytes
 
-An entry is an immutable value under a key that names what it holds (see :func:`entry_key`:
+An entry is an immutable value under a key that names what it holds (see :func:`~shardfeed.storage.cache_entries.entry_key`:
 the object's URL, its size and version (checksum, or what the store says changes: ETag,
 generation, modification time), and the record's number and offset), so a rewritten object
 never hits an old entry; old entries are evicted like any other.
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import sqlite3
 import threading
@@ -71,31 +70,6 @@ INSERT OR IGNORE INTO meta VALUES ('total', 0), ('seq', 0), ('max_bytes', 0), ('
 """
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-Version = int | str | None
-"""What names an object's bytes beside its URL and size: the manifest's CRC32C (an int), or
-what the store says changes when the object is rewritten (a str: ETag, generation, ...)."""
-
-
-def object_key(url: str, size: int, version: Version) -> str:
-    """The key of one object's bytes: its URL, size and version (see :data:`Version`)."""
-    text = f"{url}\0{size}\0{type(version).__name__}:{version}"
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def object_keys(urls: Sequence[str], sizes: Sequence[int],
-                versions: Sequence[Version], remote: Sequence[bool]) -> list[str]:
-    """The key of each object of ``urls`` (``""`` where ``remote`` is False, or where the
-    version is None: nothing says when its bytes change, so they are never cached)."""
-    return [object_key(u, sizes[k], versions[k]) if remote[k] and versions[k] is not None
-            else "" for k, u in enumerate(urls)]
-
-
-def entry_key(obj: str, part: int, offset: int) -> str:
-    """The key of part ``part`` (a record number), at byte ``offset``, of the object keyed
-    ``obj``."""
-    return f"{obj}-{part}-{offset}"
 
 
 @dataclass(slots=True)
@@ -592,8 +566,4 @@ __all__ = [
     "CacheCounters",
     "CacheSummary",
     "DiskCache",
-    "Version",
-    "entry_key",
-    "object_key",
-    "object_keys",
 ]

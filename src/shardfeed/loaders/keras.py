@@ -178,7 +178,7 @@ def adapt(loader: Any, *, inputs: Names, targets: Names = None,
     names = [*_flat(inputs), *_flat(targets), *([sample_weights] if sample_weights else [])]
     if not names:
         raise ValueError("inputs must name at least one feature, e.g. inputs='image'")
-    layout = inner._ensure_layout(inner._context(), 0) if hasattr(inner, "_ensure_layout") \
+    layout = inner.batch_layout()[0] if hasattr(inner, "batch_layout") \
         and not inner.batch_stages else None
     if layout is not None:
         known = {f.name for f in layout.fields}

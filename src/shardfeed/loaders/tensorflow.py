@@ -63,8 +63,7 @@ def _spec_of_value(name: str, value: Any, batch: int | None) -> tf.TypeSpec:
 
 def _fields(loader: Any) -> list[tuple[str, Any, Any]]:
     """``(name, field, first sample value)`` of every batch key, from the loader's probe."""
-    layout = loader._ensure_layout(loader._context(), 0)
-    sample, _ = loader._probe
+    layout, sample = loader.batch_layout()
     return [(f.name, f, sample.get(f.name)) for f in layout.fields]
 
 
@@ -104,7 +103,7 @@ def element_spec(loader: Any, *, features: Sequence[str] | None = None
     when the loader has batch stages. ``features`` keeps only those names, in that order.
     """
     loader = _unwrap(loader)
-    if loader.batch_stages or not hasattr(loader, "_ensure_layout"):
+    if loader.batch_stages or not hasattr(loader, "batch_layout"):
         specs = _specs_from_batch(loader)
     else:
         specs = _specs_from_layout(loader)

@@ -339,6 +339,15 @@ class Loader:
             )
         return self._layout
 
+    def batch_layout(self) -> tuple[BatchLayout, Sample]:
+        """The keys of every batch and how each is stored, with the first sample they were
+        learned from (built once, before any batch; the batch stages' output is not in it).
+        Framework adapters derive their tensor specs from this."""
+        self._check_open()
+        layout = self._ensure_layout(self._context(), 0)
+        assert self._probe is not None
+        return layout, self._probe[0]
+
     @property
     def transform(self) -> Any:
         """The transform the loader applies (bound to the dataset's schema), or None."""

@@ -66,10 +66,10 @@ def build(data: Path) -> dict[str, Path]:
 
     data.mkdir(parents=True, exist_ok=True)
     png = data / "png28"
-    if not (png / "manifest.json").exists():
+    if not (png / "shardfeed.json").exists():
         make_png28(png, PNG_COUNT)
     raw = data / "raw28"
-    if not (raw / "manifest.json").exists():
+    if not (raw / "shardfeed.json").exists():
         with Dataset(str(png)) as ds:
             records = ds.read_many(list(range(len(ds))))
         import cv2

@@ -66,7 +66,7 @@ def _device(ds: Dataset, threads: int = 2, **options: Any) -> Any:
 
 
 def _np(value: Any) -> np.ndarray:
-    return value.numpy() if isinstance(value, torch.Tensor) else np.array(value)
+    return value.cpu().numpy() if isinstance(value, torch.Tensor) else np.array(value)
 
 
 def _images(loader: Any) -> list[np.ndarray]:
@@ -245,7 +245,12 @@ def test_memory_budget_counts_the_stage(tmp_path: Path) -> None:
 def test_jax_gets_the_same_batches_through_dlpack(tmp_path: Path) -> None:
     jax = pytest.importorskip("jax")
     ds = _write(tmp_path / "d")
-    want = _images(_device(ds))
+    # the torch side on the device JAX decodes on (its default): a GPU's decoder and the CPU
+    # backend round differently, the same decoder never does
+    gpu = jax.devices()[0].platform == "gpu"
+    if gpu and not torch.cuda.is_available():
+        pytest.skip("JAX sees a GPU that torch does not")
+    want = _images(shardfeed.torch.adapt(_loader(ds), device="cuda" if gpu else "cpu"))
     adapted = shardfeed.jax.adapt(_loader(ds))
     with adapted:
         batches = list(adapted)
@@ -253,6 +258,18 @@ def test_jax_gets_the_same_batches_through_dlpack(tmp_path: Path) -> None:
     assert isinstance(batches[0]["image/class/label"], jax.Array)
     for a, b in zip(want, batches, strict=True):
         np.testing.assert_array_equal(a, np.asarray(b["image"]))
+
+
+def test_the_planning_threads_are_bounded_with_thread_workers_only(tmp_path: Path) -> None:
+    ds = _write(tmp_path / "d", count=16)
+    with _device(ds, threads=6) as adapted:
+        assert adapted.decode.slice_threads == 2
+        next(iter(adapted))
+        assert adapted.loader._gate.limit == 2  # six threads, two of them planning at once
+    processes = Loader(ds, batch_size=4, num_threads=3, workers="processes",
+                       transform=presets.train(size=40, decode_on="cuda"))
+    with shardfeed.torch.adapt(processes, device="cpu") as adapted:
+        assert adapted.decode.slice_threads == 3  # each process plans under its own GIL
 
 
 # --- the node ---------------------------------------------------------------------------

@@ -185,3 +185,35 @@ def test_a_held_gate_of_processes_keeps_every_process() -> None:
     gate = SliceGate(4, window_samples=8, adaptive=False)
     gate.keep_all_threads()
     assert gate.limit == 4
+
+
+@pytest.mark.parametrize(("cores", "sample_us", "want"), [
+    (2, 15.0, 128),    # 28x28 PNG: a batch over 2 threads is already past 1 ms a slice
+    (16, 15.0, 64),    # 16-sample slices would be 0.24 ms: 64, as many as 4 batches ahead
+                       # over 16 threads keep in flight (each thread still has one)
+    (64, 15.0, 16),    # 64 threads: 4 batches ahead hold 16-sample slices for each
+    (16, 2.0, 64),     # raw 28x28 records: the same bound by the threads
+    (16, 300.0, 16),   # a small JPEG crop: 16 samples are 4.8 ms, as they are
+    (16, 1300.0, 16),  # the train preset: unchanged
+])
+def test_light_work_builds_slices_of_at_least_a_millisecond_while_every_thread_has_one(
+        monkeypatch: pytest.MonkeyPatch, cores: int, sample_us: float, want: int) -> None:
+    run = Run(monkeypatch, cores, cpu=lambda limit, now: sample_us * 1e-6)
+    base = -(-run.batch // cores)
+    assert run.gate.slice_size(base, run.batch, 4) == base  # nothing measured yet
+    rate = scaling(1e6 / sample_us)
+    run.gate.hold(cores)  # every thread, as a held loader: sizes follow the work alone
+    run.until(2.0, rate)
+    got = run.gate.slice_size(base, run.batch, 4)
+    assert got == want
+    assert run.batch % got == 0  # even slices
+    in_flight = 4 * run.batch // got
+    assert in_flight >= cores  # a slice for every thread that may build
+
+
+def test_fewer_threads_at_once_still_take_a_batch_among_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    run = Run(monkeypatch, 16, cpu=lambda limit, now: 1e-3)
+    run.gate.hold(2)
+    run.until(1.0, scaling(1000.0))
+    assert run.gate.slice_size(16, 256, 4) == 128

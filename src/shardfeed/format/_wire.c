@@ -787,9 +787,64 @@ static int read_example(const uint8_t *p, Py_ssize_t size, const Key *names, Py_
     return 1;
 }
 
+/* Copies of large values into the bytes objects made for them, done after every column is
+ * built, without the GIL where they add up (the objects are not yet seen by Python). */
+#define DEFER_COPY_BYTES 512
+
+typedef struct {
+    char *to;
+    const uint8_t *from;
+    Py_ssize_t size;
+} Copy;
+
+typedef struct {
+    Copy *items;
+    Py_ssize_t len, cap, bytes;
+} Copies;
+
+static int copies_add(Copies *copies, char *to, const uint8_t *from, Py_ssize_t size)
+{
+    if (copies->len == copies->cap) {
+        Py_ssize_t cap = copies->cap ? 2 * copies->cap : 64;
+        Copy *items = PyMem_Realloc(copies->items, (size_t)cap * sizeof(Copy));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        copies->items = items;
+        copies->cap = cap;
+    }
+    copies->items[copies->len++] = (Copy){to, from, size};
+    copies->bytes += size;
+    return 0;
+}
+
+/* Runs and frees the copies (nothing to undo on failure: the caller drops the objects). */
+static void copies_run(Copies *copies)
+{
+    PyThreadState *state = release_if(copies->bytes >= RELEASE_GIL_GATHER);
+    for (Py_ssize_t i = 0; i < copies->len; i++)
+        memcpy(copies->items[i].to, copies->items[i].from, (size_t)copies->items[i].size);
+    restore(state);
+    PyMem_Free(copies->items);
+    *copies = (Copies){NULL, 0, 0, 0};
+}
+
+/* One value as a bytes object: a large one's copy is left to ``copies``. */
+static PyObject *bytes_value(Cursor value, Copies *copies)
+{
+    Py_ssize_t size = value.end - value.p;
+    if (size < DEFER_COPY_BYTES)
+        return PyBytes_FromStringAndSize((const char *)value.p, size);
+    PyObject *b = PyBytes_FromStringAndSize(NULL, size);
+    if (b != NULL && copies_add(copies, PyBytes_AS_STRING(b), value.p, size) != 0)
+        Py_CLEAR(b);
+    return b;
+}
+
 /* Column j for every record: a list of bytes (one value) or lists of bytes. */
 static PyObject *bytes_column(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
-                              Py_ssize_t j)
+                              Py_ssize_t j, Copies *copies)
 {
     PyObject *column = PyList_New(nrecords);
     for (Py_ssize_t i = 0; column != NULL && i < nrecords; i++) {
@@ -803,7 +858,7 @@ static PyObject *bytes_column(const Found *found, Py_ssize_t nrecords, Py_ssize_
         for (Py_ssize_t k = 0; k < f->values; k++) {
             Cursor value = {NULL, NULL};
             read_field(&list, TAG_1, &value);  /* checked while counting */
-            PyObject *b = PyBytes_FromStringAndSize((const char *)value.p, value.end - value.p);
+            PyObject *b = bytes_value(value, copies);
             if (b == NULL) {
                 Py_XDECREF(cell);
                 Py_CLEAR(column);
@@ -857,8 +912,8 @@ static PyObject *numeric_column(const Found *found, Py_ssize_t nrecords, Py_ssiz
 /* The columns, once every record was read: None when a feature's kind or a numeric
  * feature's length differs between records. A feature with a fill buffer (``fills`` non-NULL
  * and ``fills[j].buf`` set) was copied there already: its column is None. */
-static PyObject *build_columns(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
-                               const Py_buffer *fills)
+static PyObject *build_columns_into(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
+                               const Py_buffer *fills, Copies *copies)
 {
     PyObject *out = PyList_New(nnames);
     for (Py_ssize_t j = 0; out != NULL && j < nnames; j++) {
@@ -876,13 +931,25 @@ static PyObject *build_columns(const Found *found, Py_ssize_t nrecords, Py_ssize
             }
         }
         PyObject *column = kind == KIND_BYTES
-            ? Py_BuildValue("(iN)", kind, bytes_column(found, nrecords, nnames, j))
+            ? Py_BuildValue("(iN)", kind, bytes_column(found, nrecords, nnames, j, copies))
             : numeric_column(found, nrecords, nnames, j, kind, length);
         if (column == NULL)
             Py_CLEAR(out);
         else
             PyList_SET_ITEM(out, j, column);
     }
+    return out;
+}
+
+/* build_columns_into, then the large values copied in (without the GIL where they add up). */
+static PyObject *build_columns(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
+                               const Py_buffer *fills)
+{
+    Copies copies = {NULL, 0, 0, 0};
+    PyObject *out = build_columns_into(found, nrecords, nnames, fills, &copies);
+    if (out != NULL && out != Py_None)
+        copies_run(&copies);
+    PyMem_Free(copies.items);
     return out;
 }
 

@@ -87,6 +87,17 @@ Batch = dict[str, Any]
 __all__ = ["DeviceAdapted", "DeviceDecode", "device_stage", "plan_of"]
 
 SCRATCH_BYTES = 256 << 20  # resize scratch on the device, a chunk of rows at a time
+PLAN_THREADS = 2
+"""The loader's threads that build slices at once under this stage (``slice_threads``). The
+CPU half is planning, not decoding: keyed box draws, a code stream parsed per row, rows
+written, all Python that holds the GIL (about 85% of a planning thread's time, measured with
+``py-spy --gil`` on 2 cores: ``bench/profile_gpu_path.py``). Amdahl then gives at most
+1 / 0.85 = 1.2x from more threads, and each thread past a few queues for the GIL against the
+others and against this stage's own thread: 16 planning threads made the CPU half 5,504
+images/s on the 16-core node, against 14,300 for one thread on 2 cores. Two keep one thread
+planning while the other waits on a read or a parse that releases the GIL. Rows the device
+cannot take (PNG, CMYK, turned photos) are made on these threads too: a set of mostly such
+images runs better with ``decode_on="cpu"``."""
 
 
 def plan_of(transform: Any) -> DevicePlan | None:
@@ -146,17 +157,18 @@ class DeviceDecode(BatchStageBase):
 
     ``channels_first`` also lays the images out C×H×W (as the plan's ``layout="CHW"`` does);
     ``ahead_batches``: batches made ahead (>= 1); ``region_decode=False``: decode whole images
-    and cut the boxes on the device; ``scratch_bytes``: the resize's device scratch bound.
+    and cut the boxes on the device; ``scratch_bytes``: the resize's device scratch bound;
+    ``plan_threads``: the loader's threads planning at once (see ``PLAN_THREADS``).
 
     Raises ValueError (naming the wheel to install) where nvImageCodec or nvJPEG is missing.
     """
 
     def __init__(self, plan: DevicePlan, device: torch.device, *, channels_first: bool = False,
                  ahead_batches: int = 2, region_decode: bool = True,
-                 scratch_bytes: int = SCRATCH_BYTES) -> None:
-        if isinstance(ahead_batches, bool) or not isinstance(ahead_batches, int) \
-                or ahead_batches < 1:
-            raise ValueError(f"ahead_batches must be an int >= 1, got {ahead_batches!r}")
+                 scratch_bytes: int = SCRATCH_BYTES, plan_threads: int = PLAN_THREADS) -> None:
+        for name, value in (("ahead_batches", ahead_batches), ("plan_threads", plan_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         module = region.backend()
         if module is None:
             raise ValueError(
@@ -176,6 +188,7 @@ class DeviceDecode(BatchStageBase):
         self.mode: StreamMode = "region" if region_decode else "whole"
         self.scratch_bytes = int(scratch_bytes)
         self._ahead = ahead_batches
+        self._plan_threads = plan_threads
         op = plan.op
         options = f":fast_idct={int(op.fast_dct)} :fancy_upsampling={int(not op.fast_upsample)}"
         if device.type == "cuda":
@@ -200,6 +213,11 @@ class DeviceDecode(BatchStageBase):
     @property
     def ahead_batches(self) -> int:
         return self._ahead
+
+    @property
+    def slice_threads(self) -> int:
+        """The loader's threads that plan at once (see ``PLAN_THREADS``)."""
+        return self._plan_threads
 
     @property
     def stream(self) -> torch.cuda.Stream | None:
@@ -358,7 +376,9 @@ class DeviceDecode(BatchStageBase):
 
     def _as_tensor(self, image: Any) -> torch.Tensor:
         if self.device.type == "cuda":
-            return from_dlpack(image)
+            # the capsule, ordered after the decode on the stage's stream: torch's
+            # protocol path asks for the current stream again for every image (~30 µs)
+            return from_dlpack(image.to_dlpack(self.streams.handle))
         return torch.from_numpy(np.asarray(image.cpu()))
 
     def _on_cpu(self, batch: Batch, row: int) -> None:
@@ -423,9 +443,14 @@ def device_stage(loader: Any, plan: DevicePlan, device: torch.device | str, *,
     """A :class:`DeviceDecode` for ``loader``'s ``plan``, added to the loader's batch stages;
     with thread workers, the plan's threads parse the code streams (a process worker's
     batches come back pickled, and parsed streams do not pickle)."""
+    options = getattr(loader, "options", None)
+    threads = getattr(options, "workers", "threads") == "threads"
+    # process workers plan under their own GILs: every one of them may plan at once
     stage = DeviceDecode(plan, torch.device(device), channels_first=channels_first,
-                         region_decode=region_decode)
-    if getattr(getattr(loader, "options", None), "workers", "threads") == "threads":
+                         region_decode=region_decode,
+                         plan_threads=PLAN_THREADS if threads else
+                         max(1, int(getattr(options, "num_threads", 1))))
+    if threads:
         plan.streams = stage.mode
     loader.add_batch_stage(stage)
     return stage

@@ -49,7 +49,8 @@ from shardfeed.errors import StateError
 from shardfeed.pipeline.samplers import SampleKey
 from shardfeed.sampling.keys import AUGMENT, sample_rng
 
-__all__ = ["BatchKeys", "BatchStage", "BatchStageBase", "RunAheadStage", "as_stages"]
+__all__ = ["BatchKeys", "BatchStage", "BatchStageBase", "RunAheadStage", "SliceBoundStage",
+           "as_stages", "slice_threads_of"]
 
 Batch = dict[str, Any]
 
@@ -112,6 +113,25 @@ class RunAheadStage(BatchStage, Protocol):
         """``batch`` (made by this stage ahead of time) as the caller gets it, called on the
         caller's thread when it is handed out."""
         ...
+
+
+@runtime_checkable
+class SliceBoundStage(BatchStage, Protocol):
+    """A batch stage whose loader's slices should build on at most :attr:`slice_threads`
+    threads while it runs: the CPU half it asks of the slices holds the GIL for most of
+    their time (planning for a device), so more threads only queue for the GIL, and past a
+    few they slow each other and the stage's own thread down."""
+
+    @property
+    def slice_threads(self) -> int:
+        """The most slices built at once (>= 1)."""
+        ...
+
+
+def slice_threads_of(stages: Sequence[BatchStage]) -> int | None:
+    """The fewest slice threads any of ``stages`` asks for; None when none asks."""
+    asked = [int(stage.slice_threads) for stage in stages if isinstance(stage, SliceBoundStage)]
+    return max(1, min(asked)) if asked else None
 
 
 _MEMBERS = ("__call__", "state", "restore", "close")

@@ -110,6 +110,12 @@ large JPEG: about 1 ms) whose threads ran side by side in the first measured win
 CPU time at least ``PARALLEL_SHARE`` of the cores they could use, the decode releasing the
 GIL) gains from every thread: one thread is not tried (a trial costs time). Heavy work that
 holds the GIL keeps its threads' CPU time near one core's, and is tried."""
+MIN_SLICE_SECONDS = 1e-3
+"""The least thread CPU time a slice of light work is given (see :meth:`SliceGate.slice_size`):
+a slice's own Python (submitting it, the gate, planning its read, handing its rows over) holds
+the GIL for about 80 µs on a 2-core machine whatever its samples, so 16-sample slices of 28×28
+PNGs (15 µs a sample) spend a quarter of their time on it, and past a few threads those costs
+queue for the GIL."""
 PARALLEL_SHARE = 0.75
 """See ``HEAVY_SAMPLE_SECONDS``: the share of ``min(threads, cores)`` cores."""
 PARALLEL_DEFER = 2.0
@@ -198,6 +204,29 @@ class SliceGate:
         self._off = 0.0  # seconds at a limit other than the choice
         self._trial_off = 0.0  # self._off when the trial in progress started
         self._trials = 0
+        self._sample_cpu = 0.0  # thread CPU seconds a sample, last measured (0: not yet)
+        self._windows = 0
+
+    def slice_size(self, base: int, batch: int, ahead: int) -> int:
+        """Samples a slice of a ``batch``-sample batch, from ``base`` (a batch over the
+        threads), with ``ahead`` batches built at once.
+
+        Fewer slices at once than threads: larger slices (a slice's fixed costs paid less
+        often). Light work (a sample under ``MIN_SLICE_SECONDS`` of thread CPU over ``base``):
+        slices of at least ``MIN_SLICE_SECONDS``, but never so large that fewer slices are in
+        flight than may build at once (``ahead × batch / limit``), so every allowed thread
+        still has one. At any core count: a slice's fixed costs are at most their time over
+        ``MIN_SLICE_SECONDS`` of the work, or the slice is as small as the threads need.
+        Which samples a slice holds never changes the rows built or their bytes."""
+        limit = max(1, self.limit)
+        size = max(base, -(-batch // limit)) if limit < self._all else base
+        per_sample = self._sample_cpu
+        if per_sample > 0 and per_sample * size < MIN_SLICE_SECONDS:
+            enough = -(-MIN_SLICE_SECONDS // per_sample)
+            in_flight = max(1, ahead * batch // limit)
+            size = max(size, min(int(enough), in_flight, batch))
+            size = -(-batch // max(1, batch // size))  # even slices: 256 in 4 of 64, not 55s
+        return size
 
     def ticket(self) -> int:
         """A place in line, taken when a slice is submitted (slices enter in ticket order)."""
@@ -274,6 +303,9 @@ class SliceGate:
         """
         samples, busy, cpu, slices = self._samples, self._busy, self._cpu, self._slices
         self._samples, self._busy, self._cpu, self._slices = 0, 0.0, 0.0, 0
+        self._windows += 1
+        if samples > 0 and self._windows > WARMUP_WINDOWS:  # first reads are slow: not them
+            self._sample_cpu = cpu / samples
         self._seconds[self.limit] = self._seconds.get(self.limit, 0.0) + busy
         if self.limit != self._choice:
             self._off += busy
@@ -346,6 +378,15 @@ class SliceGate:
             self.fixed = True
             self._choice = self._all
             self._set_limit(self._all)
+            self._cond.notify_all()
+
+    def hold(self, limit: int) -> None:
+        """Build at most ``limit`` slices at once from now on, with no trial (a batch stage
+        whose slices hold the GIL asked for it: see ``SliceBoundStage``)."""
+        with self._cond:
+            self.fixed = True
+            self._choice = max(1, min(limit, self._all))
+            self._set_limit(self._choice)
             self._cond.notify_all()
 
     def _trial_rate(self, limit: int) -> float:

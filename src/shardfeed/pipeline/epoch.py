@@ -101,10 +101,10 @@ class EpochRun:
         pending = _Pending(index, buffer, len(positions))
         size = self.slice_size
         executor = self.executor
-        if self.gate is not None and self.gate.limit < self.gate.threads:
-            # fewer slices at once: larger slices (a slice's fixed costs, paid less often);
+        if self.gate is not None:
+            # fewer slices at once, or light work: larger slices (see SliceGate.slice_size);
             # one at a time: all on one thread (see LoaderPool)
-            size = max(size, -(-self.batch_size // self.gate.limit))
+            size = self.gate.slice_size(size, self.batch_size, self.prefetch)
             if self.gate.limit == 1 and isinstance(executor, LoaderPool):
                 executor = executor.lane()
         for start in range(0, len(positions), size):

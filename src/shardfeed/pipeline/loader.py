@@ -37,6 +37,7 @@ from shardfeed.pipeline.batch_stage import (
     as_stages,
     restore_stages,
     save_stages,
+    slice_threads_of,
     stage_memory_bytes,
 )
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
@@ -439,6 +440,9 @@ class Loader:
             following=lambda k: (self._context(ctx.epoch + k), self._positions(0), len(self)))
         if self._run.read_ahead is not None:
             self._gate.keep_all_threads()
+        bound = slice_threads_of(self.batch_stages)
+        if bound is not None:
+            self._gate.hold(bound)
         handout = HandOut(self._run, closed=lambda: self._closed)
         depth = ahead_depth(self.batch_stages)
         if depth == 0:

@@ -176,6 +176,7 @@ class DevicePlan(TransformBase):
         flip, on_cpu = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
         encoded: list[bytes] = [b""] * n
         streams: list[Any] = [None] * n
+        image_out[:n] = 0  # the device rows' (one fill, no GIL); rows made here overwrite it
         policy = op.image_field.exif_orientation
         for row, known in enumerate(drawn):
             if known is None or values[row][-2:] != _EOI:
@@ -192,7 +193,6 @@ class DevicePlan(TransformBase):
             hw[row], box[row], flip[row] = known[:2], known[2:6], known[6]
             encoded[row] = values[row]
             streams[row] = parse_stream(values[row], known[2:6], self.streams)
-            image_out[row] = 0
         result = {k: v for k, v in columns.items() if k != key}
         result.update({"image": image_out, "plan/encoded": encoded, "plan/box": box,
                        "plan/image_hw": hw, "plan/flip": flip, "plan/on_cpu": on_cpu,

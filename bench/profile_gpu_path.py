@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_node import JPEG_H, JPEG_W, TRAIN_SIZE, make_jpegs, write_jpeg_shards  # noqa: E402
+from bench_node import JPEG_H, JPEG_W, TRAIN_SIZE, make_jpegs, write_jpeg_shards
 
 
 def _sync(device: Any) -> None:
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
     n = args.threads or len(os.sched_getaffinity(0))
     device = torch.device(args.device)
-    lines = [f"GPU path apart: {args.images} JPEGs {JPEG_W}x{JPEG_H}, batch {args.batch}, "
-             f"{n} threads, device {device}"]
+    lines = [(f"GPU path apart: {args.images} JPEGs {JPEG_W}x{JPEG_H}, batch {args.batch}, "
+              f"{n} threads, device {device}")]
     with tempfile.TemporaryDirectory(prefix="shardfeed-gpu-") as tmp:
         jpegs = make_jpegs(args.images, JPEG_H, JPEG_W, threads=n, seed=7)
         folder = write_jpeg_shards(Path(tmp) / "jpeg", jpegs, JPEG_H, JPEG_W, shards=8,

@@ -86,7 +86,7 @@ Batch = dict[str, Any]
 
 __all__ = ["DeviceAdapted", "DeviceDecode", "device_stage", "plan_of"]
 
-SCRATCH_BYTES = 256 << 20  # resize scratch on the device, a chunk of rows at a time
+SCRATCH_BYTES = 1 << 30  # resize scratch on the device: 2 chunks of a batch of 256 at 500x375
 PLAN_THREADS = 2
 """The loader's threads that build slices at once under this stage (``slice_threads``). The
 CPU half is planning, not decoding: keyed box draws, a code stream parsed per row, rows
@@ -301,11 +301,12 @@ class DeviceDecode(BatchStageBase):
         flips = np.asarray(batch["plan/flip"]).astype(bool)
         decoded, mode = self._decode_rows(batch, planned, boxes)
         ok, refused, parts, origin, pitch, start = [], [], [], [], [], 0
-        hw_all = np.asarray(batch["plan/image_hw"])
+        hw_all = np.asarray(batch["plan/image_hw"]).tolist()
+        box_list = boxes.tolist()  # Python ints once, not four numpy scalars a row
         for row, tensor in zip(planned, decoded):
-            y, x, bh, bw = (int(v) for v in boxes[row])
-            want = (bh, bw) if mode == "region" else tuple(int(v) for v in hw_all[row])
-            if tensor is None or tuple(tensor.shape) != (*want, 3) or tensor.dtype != torch.uint8:
+            y, x, bh, bw = box_list[row]
+            want = (bh, bw) if mode == "region" else tuple(hw_all[row])
+            if tensor is None or tensor.shape != (*want, 3) or tensor.dtype != torch.uint8:
                 refused.append(row)
                 continue
             ok.append(row)

@@ -68,19 +68,20 @@ def chunk_rows(rows: int, per_row_bytes: int, scratch_bytes: int) -> int:
 
 def resize_boxes(flat: torch.Tensor, origin: torch.Tensor, pitch: torch.Tensor,
                  hw: torch.Tensor, flips: torch.Tensor, size: tuple[int, int], *,
-                 scratch_bytes: int) -> torch.Tensor:
+                 scratch_bytes: int, longest: tuple[int, int] | None = None) -> torch.Tensor:
     """Every row's box resized to ``size`` and flipped where ``flips``: ``(N, H, W, 3)`` uint8.
 
     ``flat``: ``(P, 3)`` uint8 pixels; ``origin``, ``pitch``: int64 ``(N,)`` in pixels;
-    ``hw``: int64 ``(N, 2)`` box heights and widths; ``flips``: bool ``(N,)``. See the module
-    docstring.
+    ``hw``: int64 ``(N, 2)`` box heights and widths; ``flips``: bool ``(N,)``; ``longest``:
+    the largest height and width when the caller knows them (else read from ``hw``, which
+    waits for the device's queued work). See the module docstring.
     """
     out_h, out_w = size
     rows = int(hw.shape[0])
     result = torch.empty((rows, out_h, out_w, 3), dtype=torch.uint8, device=flat.device)
     if rows == 0:
         return result
-    longest_h, longest_w = (int(v) for v in hw.max(dim=0).values.tolist())
+    longest_h, longest_w = longest or (int(v) for v in hw.max(dim=0).values.tolist())
     step = chunk_rows(rows, row_scratch_bytes(longest_h, longest_w, out_h, out_w),
                       scratch_bytes)
     ys = torch.arange(longest_h, device=flat.device).view(1, -1, 1)

@@ -90,14 +90,13 @@ SCRATCH_BYTES = 1 << 30  # resize scratch on the device: 2 chunks of a batch of 
 PLAN_THREADS = 2
 """The loader's threads that build slices at once under this stage (``slice_threads``). The
 CPU half is planning, not decoding: keyed box draws, a code stream parsed per row, rows
-written, all Python that holds the GIL (about 85% of a planning thread's time, measured with
-``py-spy --gil`` on 2 cores: ``bench/profile_gpu_path.py``). Amdahl then gives at most
-1 / 0.85 = 1.2x from more threads, and each thread past a few queues for the GIL against the
-others and against this stage's own thread: 16 planning threads made the CPU half 5,504
-images/s on the 16-core node, against 14,300 for one thread on 2 cores. Two keep one thread
-planning while the other waits on a read or a parse that releases the GIL. Rows the device
-cannot take (PNG, CMYK, turned photos) are made on these threads too: a set of mostly such
-images runs better with ``decode_on="cpu"``."""
+written, mostly Python that holds the GIL; and this stage's own thread needs the GIL for every
+batch it makes. Measured on the 16-core node (``bench/profile_gpu_path.py``, batch 256,
+500x375): the CPU half alone made 7.0k / 13.3k / 21.1k / 11.9k images/s at 1 / 2 / 4 / 16
+threads, the whole path 7.3k / 7.5k / 6.8k / 4.8k with that many planning: past two, the
+planners take the GIL from the stage and the path slows. Rows the device cannot take (PNG,
+CMYK, turned photos) are made on these threads too: a set of mostly such images runs better
+with ``decode_on="cpu"``."""
 
 
 def plan_of(transform: Any) -> DevicePlan | None:
@@ -265,11 +264,19 @@ class DeviceDecode(BatchStageBase):
             for name, value in batch.items():
                 if name in PLAN_KEYS or name == "image":
                     continue
-                made[name] = (torch.from_numpy(np.array(value)).to(self.device, non_blocking=True)
-                              if isinstance(value, np.ndarray) else value)  # lists stay lists
+                made[name] = (self._upload(value) if isinstance(value, np.ndarray)
+                              else value)  # lists stay lists
             made["image"] = result
             made.ready = self.streams.record()
         return made
+
+    def _upload(self, value: np.ndarray) -> torch.Tensor:
+        """A copy of ``value`` on the device, queued on the stage's stream without waiting
+        for it (from pinned memory on a GPU: a pageable copy waits for the work before it)."""
+        host = torch.from_numpy(np.array(value))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
 
     def hand_over(self, batch: Batch, /) -> Batch:
         if isinstance(batch, _Made):
@@ -329,12 +336,19 @@ class DeviceDecode(BatchStageBase):
                      flips: np.ndarray) -> None:
         device = self.device
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]  # one copy, not one a row
-        hw = torch.as_tensor(boxes[ok][:, 2:4].astype(np.int64), device=device)
-        made = resize_boxes(flat, torch.as_tensor(origin, dtype=torch.int64, device=device),
-                            torch.as_tensor(pitch, dtype=torch.int64, device=device), hw,
-                            torch.as_tensor(flips[ok], device=device),
-                            self.plan.size, scratch_bytes=self.scratch_bytes)
-        images.index_copy_(0, torch.as_tensor(ok, device=device), made)
+        # the rows' numbers in one pinned buffer, one copy that does not wait on the stream
+        # (a list copied to the device waits for the decode queued before it, five times)
+        table = np.stack([np.asarray(origin, np.int64), np.asarray(pitch, np.int64),
+                          boxes[ok][:, 2].astype(np.int64), boxes[ok][:, 3].astype(np.int64),
+                          flips[ok].astype(np.int64), np.asarray(ok, np.int64)])
+        host = torch.empty(table.shape, dtype=torch.int64, pin_memory=device.type == "cuda")
+        host.numpy()[:] = table
+        numbers = host.to(device, non_blocking=True)
+        longest_hw = (int(table[2].max()), int(table[3].max()))
+        made = resize_boxes(flat, numbers[0], numbers[1], numbers[2:4].T, numbers[4] != 0,
+                            self.plan.size, scratch_bytes=self.scratch_bytes,
+                            longest=longest_hw)
+        images.index_copy_(0, numbers[5], made)
         longest = boxes[ok][:, 2:4].max(axis=0)
         per_row = row_scratch_bytes(int(longest[0]), int(longest[1]), *self.plan.size)
         rows_fit = max(1, self.scratch_bytes // per_row)

@@ -35,6 +35,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Dataset": ("shardfeed.dataset", "Dataset"),
     "DataSource": ("shardfeed.dataset", "DataSource"),
     "DataSourceBase": ("shardfeed.dataset", "DataSourceBase"),
+    "ReadsAhead": ("shardfeed.dataset", "ReadsAhead"),
+    "ReadsColumns": ("shardfeed.dataset", "ReadsColumns"),
     "Loader": ("shardfeed.pipeline", "Loader"),
     "BatchKeys": ("shardfeed.pipeline", "BatchKeys"),
     "BatchStage": ("shardfeed.pipeline", "BatchStage"),
@@ -58,6 +60,8 @@ if TYPE_CHECKING:  # the same names, seen by type checkers without importing at 
     from shardfeed.dataset import Dataset as Dataset
     from shardfeed.dataset import DataSource as DataSource
     from shardfeed.dataset import DataSourceBase as DataSourceBase
+    from shardfeed.dataset import ReadsAhead as ReadsAhead
+    from shardfeed.dataset import ReadsColumns as ReadsColumns
     from shardfeed.loaders import jax as jax
     from shardfeed.loaders import keras as keras
     from shardfeed.loaders import tensorflow as tf
@@ -104,6 +108,8 @@ __all__ = [
     "Mixture",
     "PackError",
     "Patches",
+    "ReadsAhead",
+    "ReadsColumns",
     "RowFields",
     "SchemaError",
     "ShardfeedError",

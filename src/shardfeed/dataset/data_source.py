@@ -50,14 +50,15 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
 from shardfeed.format.schema import Schema
 
-__all__ = ["DATA_SOURCE_MEMBERS", "DataSource", "DataSourceBase", "check_data_source"]
+__all__ = ["DATA_SOURCE_MEMBERS", "DataSource", "DataSourceBase", "ReadsAhead", "ReadsColumns",
+           "check_data_source"]
 
 
 class DataSource(Protocol):
@@ -111,6 +112,44 @@ class DataSource(Protocol):
     @property
     def order_key(self) -> str | None:
         """The feature that holds a record's order key (never a window's label), or None."""
+        ...
+
+
+Into = Callable[[Sequence[str]], Mapping[str, np.ndarray]]
+"""``into(names)``: the features among ``names`` to copy straight into the caller's rows, each
+mapped to a writable 2-D uint8 array of one row a record (see :class:`ReadsColumns`)."""
+
+
+@runtime_checkable
+class ReadsColumns(Protocol):
+    """A data source that reads many records as columns: the Loader's batch path (a slice's
+    records read at once, the transform's batch form writing the rows) instead of a dict a
+    record. Declared by having the method; checked with ``isinstance``.
+
+    ``read_columns(indices)`` gives ``{feature: column}`` for the records at ``indices``:
+    numeric features as one array of ``(records, *shape)`` (what ``read_many`` gives a record,
+    stacked), bytes features as a list of ``bytes``; or None when the records are not alike
+    (the Loader then reads them with ``read_many``, which names what differs). It must give
+    the values ``read_many`` gives. ``into``, where passed, may be ignored (a source that
+    reads bytes features straight into the rows honours it: :class:`~shardfeed.Dataset`).
+    """
+
+    def read_columns(self, indices: Sequence[int] | np.ndarray, *,
+                     into: Into | None = None) -> dict[str, Any] | None:
+        """The records at ``indices`` as columns, or None (see the class docstring)."""
+        ...
+
+
+@runtime_checkable
+class ReadsAhead(Protocol):
+    """A data source whose records can be fetched before they are read (shards on object
+    storage): the Loader opens a session and tells it the records of the batches to come.
+    ``read_ahead()`` gives that session
+    (:class:`~shardfeed.pipeline.read_ahead.Session`), or None when there is nothing to
+    fetch (every shard local)."""
+
+    def read_ahead(self) -> Any:
+        """A fetch-ahead session, or None."""
         ...
 
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardfeed.dataset.cache_setup import cached_in, open_fetcher
+from shardfeed.dataset.data_source import Into
 from shardfeed.dataset.fetch_ahead import AHEAD_READ, AheadSession
 from shardfeed.dataset.fingerprint import files_fingerprint, manifest_fingerprint
 from shardfeed.dataset.open_shards import OpenShards, check_source_options
@@ -30,7 +32,7 @@ from shardfeed.dataset.opening import (
     referenced_root,
     resolve_source,
 )
-from shardfeed.dataset.reading import GATHER_FROM, Into, ReadOptions, read_gathered, read_payloads
+from shardfeed.dataset.reading import GATHER_FROM, ReadOptions, read_gathered, read_payloads
 from shardfeed.dataset.shards import MAX_MAPPED_INDEXES
 from shardfeed.dataset.tables import PROGRESS_AFTER_BYTES, table_from_files, table_from_manifest
 from shardfeed.errors import SchemaError, location
@@ -51,6 +53,23 @@ SCHEMA_SAMPLE_RECORDS = 16
 """Records decoded to infer a schema when there is no manifest."""
 
 Record = dict[str, Value]
+
+
+@dataclass(frozen=True)
+class MappedShards:
+    """Every local shard of a Dataset mapped, for a compiled reader (see
+    :meth:`Dataset.mapped_shards`): the maps and each shard's record offsets, each shard's
+    first record id, the feature names (``exact``: the records hold these and no other),
+    whether CRCs are checked, and ``count_read(bytes)`` to report what was read (the maps'
+    pages are dropped as reads add up)."""
+
+    maps: tuple[Any, ...]
+    offsets: tuple[np.ndarray, ...]
+    starts: np.ndarray
+    names: tuple[str, ...]
+    exact: bool
+    verify: bool
+    count_read: Callable[[int], None]
 
 
 class Dataset:
@@ -405,6 +424,43 @@ class Dataset:
             return {"sizes": [s.bytes for s in shards], "checksums": [s.crc32c for s in shards]}
         return {"sizes": [int(table.offsets_view(k)[-1]) for k in range(table.num_shards)],
                 "checksums": [None] * table.num_shards}
+
+    @property
+    def remote_record_bytes(self) -> float | None:
+        """The mean size of a record in the shards on object storage (what the read-ahead
+        sizes its chunks by); None when every shard is local."""
+        return None if self._fetcher is None else float(self._fetcher.mean_record_bytes)
+
+    def mapped_shards(self, records: np.ndarray) -> MappedShards | None:
+        """What a compiled reader needs to read records straight from this dataset's mapped
+        local shards (as :meth:`read_columns` does), with the feature names of ``records``
+        (the dataset's ``features=``, else the first record's); None where records are not
+        read that way here (a shard on object storage, a feature spec, shards that cannot
+        stay mapped)."""
+        if not self._shards.can_gather or self._spec is not None or self._fetcher is not None:
+            return None
+        names = self._names or self._feature_names(np.asarray(records[:1], dtype=np.int64))
+        if names is None:
+            return None
+        table = self._table
+        every = self._shards._gather_args(np.arange(table.num_shards, dtype=np.int64),
+                                          np.zeros(table.num_shards, dtype=np.int64))
+        if every is None:
+            return None
+        return MappedShards(every[0], every[1], np.ascontiguousarray(table.starts, np.int64),
+                            tuple(names), self._names is None, self.verify_crc,
+                            self._shards._count_mapped)
+
+    def payload_sizes(self, indices: Iterable[int] | np.ndarray) -> np.ndarray:
+        """The stored size in bytes of each record's payload (framing left out), int64,
+        from the index alone (nothing is read)."""
+        idx = self._indices(indices)
+        shard, local = self._table.shard_of(idx)
+        sizes = np.empty(len(idx), dtype=np.int64)
+        for i, (k, r) in enumerate(zip(shard.tolist(), local.tolist())):
+            offsets = self._table.offsets_view(k)
+            sizes[i] = int(offsets[r + 1]) - int(offsets[r]) - S.FRAMING_BYTES
+        return sizes
 
     def read_ahead(self) -> AheadSession | None:
         """A session that fetches records before they are read (the Loader's look-ahead;

@@ -14,12 +14,13 @@ payloads in the order they were asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
+from shardfeed.dataset.data_source import Into
 from shardfeed.dataset.shards import RERUN_HINT, ShardTable
 from shardfeed.errors import CorruptRecordError, location
 from shardfeed.format import native
@@ -161,11 +162,6 @@ class Gather(Protocol):
 
     def __call__(self, shard: np.ndarray, local: np.ndarray, verify: bool, /
                  ) -> list[bytes] | None: ...
-
-
-Into = Callable[[Sequence[str]], Mapping[str, np.ndarray]]
-"""``into(names)`` of :func:`read_gathered`: the features (of ``names``) whose one bytes value
-a record is to be copied into a row of the array given, one row a record."""
 
 
 class GatherColumns(Protocol):

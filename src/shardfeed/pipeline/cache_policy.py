@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardfeed.dataset.dataset import Dataset
 from shardfeed.pipeline.read_ahead import (
     CHUNKS_AHEAD,
     EpochChunks,
@@ -66,8 +67,8 @@ def accesses(loader: object, epochs: Sequence[int], *,
         raise TypeError(f"loader must be a shardfeed.Loader, got {type(loader).__name__}")
     sampler = loader.sampler
     dataset = getattr(sampler, "dataset", None)
-    fetcher = getattr(dataset, "_fetcher", None)
-    if fetcher is None:
+    record_bytes = dataset.remote_record_bytes if isinstance(dataset, Dataset) else None
+    if not isinstance(dataset, Dataset) or record_bytes is None:
         raise ValueError("the loader's data has no shard on object storage: nothing is cached")
     opts = loader.options
     batch = opts.batch_size
@@ -77,7 +78,7 @@ def accesses(loader: object, epochs: Sequence[int], *,
         positions = loader._positions(0)
         per_sample = max(1, len(plan_records(sampler, ctx, positions[:1])))
         g = chunk_batches_for(opts.read_ahead, batch_size=batch, records_per_sample=per_sample,
-                              mean_record_bytes=fetcher.mean_record_bytes)
+                              mean_record_bytes=record_bytes)
         batches = len(positions) // batch if opts.drop_last else -(-len(positions) // batch)
         return EpochChunks(sampler, ctx, positions, batch_size=batch, chunk_batches=g,
                            num_batches=batches)
@@ -94,7 +95,7 @@ def accesses(loader: object, epochs: Sequence[int], *,
             ids, first = np.unique(current.records(c), return_index=True)
             order = np.argsort(first, kind="stable")
             ids = ids[order]
-            _, sizes, _ = fetcher.keys_of(ids)
+            sizes = dataset.payload_sizes(ids)
             yield Access(ids, sizes, uses.next_use(ids, c), current.time(c))
 
 

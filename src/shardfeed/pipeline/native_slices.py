@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfeed.dataset.dataset import Dataset
+from shardfeed.dataset.dataset import Dataset, MappedShards
 from shardfeed.format.native import compiled_module
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, Field
 from shardfeed.pipeline.samplers import EpochContext, RecordSampler, Transform
@@ -53,9 +53,7 @@ has built fewer slices than it handed back (data it never accepts costs a few sl
 class _Plan:
     """What the compiled call does with a layout's slices."""
 
-    maps: tuple[Any, ...]  # every shard's map, and its offsets (all loaded)
-    offsets: tuple[np.ndarray, ...]
-    starts: np.ndarray  # each shard's first record
+    mapped: MappedShards  # every shard's map and offsets, its first records, the names
     keys: tuple[bytes, ...]
     count: int
     actions: tuple[tuple[int, int, int, int], ...]
@@ -102,8 +100,9 @@ class NativeSlices:
         arrays = buffer.arrays
         outs = tuple(None if name is None else arrays[name] for name in plan.outs)
         try:
-            got = compiled.slice_rows(plan.maps, plan.offsets, plan.starts, records,
-                                      ds.verify_crc, plan.keys, plan.count, plan.actions, outs,
+            mapped = plan.mapped
+            got = compiled.slice_rows(mapped.maps, mapped.offsets, mapped.starts, records,
+                                      mapped.verify, plan.keys, plan.count, plan.actions, outs,
                                       first_row)
         except (ValueError, BufferError):  # a map closed under us: the other paths say so
             self.enabled = False
@@ -115,7 +114,7 @@ class NativeSlices:
             return False
         self._built += 1
         read, columns = got
-        ds._shards._count_mapped(read)
+        plan.mapped.count_read(read)
         rows = len(records)
         for j, name in plan.lists:
             buffer.lists[name][first_row : first_row + rows] = columns[j]
@@ -135,13 +134,11 @@ def _plan(decoder: DecodeImage, layout: BatchLayout, ds: Any, records: np.ndarra
           ) -> _Plan | None:
     """The compiled call's plan for ``layout``, or None where the data or transform is not
     for it (see the module doc)."""
-    # the Dataset's own compiled read (OpenShards.gather_columns) reads these maps too
-    if (not isinstance(ds, Dataset) or not ds._shards.can_gather or ds._spec is not None
-            or ds._fetcher is not None):
+    # the Dataset's own compiled read (Dataset.read_columns) reads these maps too
+    mapped = ds.mapped_shards(records) if isinstance(ds, Dataset) else None
+    if mapped is None:
         return None
-    names: list[str] | None = ds._names or ds._feature_names(records[:1])
-    if names is None:
-        return None
+    names = list(mapped.names)
     present = dict.fromkeys(names)
     found = decoder.image_field.locate(present)
     if (found is None or decoder.keep_encoded or decoder.image_dtype != "uint8"
@@ -191,13 +188,7 @@ def _plan(decoder: DecodeImage, layout: BatchLayout, ds: Any, records: np.ndarra
         encoded = tuple(name.encode() for name in names)
     except UnicodeEncodeError:
         return None
-    table = ds._table
-    every = ds._shards._gather_args(np.arange(table.num_shards, dtype=np.int64),
-                                    np.zeros(table.num_shards, dtype=np.int64))
-    if every is None:
-        return None
-    starts = np.ascontiguousarray(table.starts, dtype=np.int64)
-    return _Plan(every[0], every[1], starts, encoded, len(names) if ds._names is None else -1, tuple(actions),
+    return _Plan(mapped, encoded, len(names) if mapped.exact else -1, tuple(actions),
                  tuple(outs), tuple(lists))
 
 

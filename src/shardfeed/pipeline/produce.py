@@ -42,7 +42,15 @@ from shardfeed.errors import (
 )
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.native_slices import NativeSlices
-from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey, Sampler, Transform
+from shardfeed.pipeline.samplers import (
+    EpochContext,
+    ReadsColumnsSampler,
+    Sample,
+    SampleKey,
+    Sampler,
+    SingleRecordSampler,
+    Transform,
+)
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
 from shardfeed.transforms.base import bytes_into_of, has_batch_form
@@ -81,12 +89,13 @@ class SliceBuilder:
         # the batch path (see build_slice): the source reads columns, the transform has a
         # batch form (or there is no transform)
         has_form = transform is None or has_batch_form(transform)
-        self._read_columns = getattr(source, "read_columns", None) if has_form else None
+        self._read_columns = (source.read_columns if has_form
+                              and isinstance(source, ReadsColumnsSampler) else None)
         # features the transform's batch form copies as they are: the reader puts them there
         self._bytes_into = bytes_into_of(transform) if transform is not None else None
         # a source whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
-            getattr(source, "single_records", None))
+            source.single_records if isinstance(source, SingleRecordSampler) else None)
         # light records: a whole slice in one compiled call without the GIL, where it applies
         self._native = NativeSlices.of(source, transform) if self._read_columns else None
 

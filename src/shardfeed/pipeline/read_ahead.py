@@ -46,7 +46,8 @@ from typing import Protocol
 
 import numpy as np
 
-from shardfeed.pipeline.samplers import EpochContext, Sampler
+from shardfeed.dataset.data_source import ReadsAhead
+from shardfeed.pipeline.samplers import EpochContext, Sampler, SingleRecordSampler
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.disk_cache import UNKNOWN_USE
 
@@ -81,16 +82,14 @@ class Session(Protocol):
 def open_session(sampler: Sampler) -> Session | None:
     """The look-ahead session of the sampler's data source, or None (local data, or a data
     source without ``read_ahead``)."""
-    data = getattr(sampler, "dataset", None)
-    opener = getattr(data, "read_ahead", None)
-    return opener() if callable(opener) else None
+    data = getattr(sampler, "dataset", None)  # SamplerBase's; a process copy has None
+    return data.read_ahead() if isinstance(data, ReadsAhead) else None
 
 
 def plan_records(sampler: Sampler, ctx: EpochContext, positions: np.ndarray) -> np.ndarray:
     """The records the outputs at ``positions`` read, one array, in the order of the plan."""
-    single = getattr(sampler, "single_records", None)
-    if single is not None:
-        return np.asarray(single(ctx, positions), dtype=np.int64)
+    if isinstance(sampler, SingleRecordSampler):
+        return np.asarray(sampler.single_records(ctx, positions), dtype=np.int64)
     plans = sampler.plan(ctx, positions)
     return np.fromiter(itertools.chain.from_iterable(plans), dtype=np.int64)
 

@@ -69,7 +69,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from shardfeed.dataset.data_source import DataSource, check_data_source
+from shardfeed.dataset.data_source import DataSource, Into, ReadsColumns, check_data_source
 from shardfeed.format.schema import Schema
 from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.sampling.keys import sample_rng
@@ -171,6 +171,24 @@ class Sampler(Protocol):
     def restore(self, state: Mapping[str, Any]) -> None:
         """Check a state from :meth:`state`; raise StateError if it is not this sampler's."""
         ...
+
+
+@runtime_checkable
+class ReadsColumnsSampler(Protocol):
+    """A sampler whose samples' records can be read as columns (the batch path: see
+    :class:`~shardfeed.dataset.data_source.ReadsColumns`); None where these records are not
+    alike or its data source has no column form."""
+
+    def read_columns(self, records: Sequence[int] | np.ndarray, *,
+                     into: Into | None = None) -> dict[str, Any] | None: ...
+
+
+@runtime_checkable
+class SingleRecordSampler(Protocol):
+    """A sampler whose every sample is one record: :meth:`single_records` is its plan as one
+    int64 array (no tuple a sample)."""
+
+    def single_records(self, ctx: EpochContext, positions: np.ndarray) -> np.ndarray: ...
 
 
 def bind_transform(
@@ -284,16 +302,15 @@ class RecordSampler(SamplerBase):
         return self._ds().read_many(list(records))
 
     def read_columns(self, records: Sequence[int] | np.ndarray, *,
-                     into: Callable[[Sequence[str]], Mapping[str, np.ndarray]] | None = None,
-                     ) -> dict[str, Any] | None:
+                     into: Into | None = None) -> dict[str, Any] | None:
         """The records as columns (the data source's ``read_columns``, ``into`` passed on
         where given), or None when the source has no column form or these records are not
         alike."""
-        method = getattr(self._ds(), "read_columns", None)
-        if method is None:
+        ds = self._ds()
+        if not isinstance(ds, ReadsColumns):
             return None
         columns: dict[str, Any] | None = (
-            method(records) if into is None else method(records, into=into))
+            ds.read_columns(records) if into is None else ds.read_columns(records, into=into))
         return columns
 
     def make_sample(

@@ -6,8 +6,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test venv lint typecheck bench clean
 
-$(STAMP): pyproject.toml setup.py src/shardfeed/format/_wire.c src/shardfeed/transforms/decode/_png.c \
-		src/shardfeed/sampling/_draws.c src/shardfeed/pipeline/_slice.c
+# every compiled part: a change to any of them (or a new one) rebuilds the extensions
+C_SOURCES := $(sort $(wildcard src/shardfeed/*/*.c src/shardfeed/*/*/*.c))
+BUILT  := $(VENV)/.built
+
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned to the CPU build available on every machine of this project
@@ -15,18 +18,22 @@ $(STAMP): pyproject.toml setup.py src/shardfeed/format/_wire.c src/shardfeed/tra
 	$(PY) -m pip install --quiet -e ".[dev,torch,jax,s3,demo,nvimgcodec,tensorflow,keras]"
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(BUILT): $(STAMP) $(C_SOURCES)
+	$(PY) setup.py --quiet build_ext --inplace
+	touch $(BUILT)
 
-demo: $(STAMP)
+venv: $(BUILT)
+
+demo: $(BUILT)
 	$(VENV)/bin/shardfeed demo --out demo-out
 
-test: $(STAMP)
+test: $(BUILT)
 	$(PY) -m pytest -q -p no:cacheprovider
 
-lint: $(STAMP)
+lint: $(BUILT)
 	$(VENV)/bin/ruff check src tests bench
 
-typecheck: $(STAMP)
+typecheck: $(BUILT)
 	$(VENV)/bin/mypy
 
 clean:

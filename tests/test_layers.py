@@ -1,5 +1,5 @@
-"""The layers of DESIGN.md §2: every module imports only its own layer and those below it,
-and torch / jax are imported only by their adapters."""
+"""The layers of docs/architecture.md: every module imports only its own layer and those below
+it, and torch / jax / tensorflow / keras are imported only by their adapters."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ The rules (what a failure asks for):
   ``__init__.py``); the module map lists the rest.
 - Every entry has a description, and the layers appear in their order, lowest first
   (storage, format, dataset, sampling, transforms, pipeline, loaders, tools, cli: the order
-  of DESIGN.md §2 and tests/test_layers.py).
+  of docs/architecture.md and tests/test_layers.py).
 - Other files are listed only where the docs choose to (a data folder such as
   ``tools/demo/example_files/``); they must exist all the same.
 """

@@ -31,19 +31,17 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import numpy as np
 
 from shardfeed.errors import FormatError, SchemaError
 from shardfeed.format import _fileio, manifest_check
 from shardfeed.format import spec as S
+from shardfeed.format.manifest_check import MODES, Mode
 from shardfeed.format.schema import Schema
 from shardfeed.storage import is_remote
 from shardfeed.storage.paths import contained
-
-Mode = Literal["embedded", "referenced", "raw", "tfrecord"]
-MODES: tuple[str, ...] = get_args(Mode)
 
 
 @dataclass(frozen=True, slots=True)

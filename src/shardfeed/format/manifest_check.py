@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -31,6 +31,10 @@ from shardfeed.errors import FormatError
 from shardfeed.format import npyfile
 from shardfeed.format import spec as S
 from shardfeed.format.records_hash import P as RECORDS_HASH_P
+
+Mode = Literal["embedded", "referenced", "raw", "tfrecord"]
+"""How a manifest's records hold their images (see :class:`~shardfeed.format.manifest.Manifest`)."""
+MODES: tuple[str, ...] = get_args(Mode)
 
 REBUILD = "re-create it with `shardfeed index` or `shardfeed pack --resume`"
 MAX_CRC32C = (1 << 32) - 1
@@ -160,8 +164,6 @@ def check_document(data: object, *, where: str) -> None:
             f"version {S.FORMAT_VERSION}: upgrade shardfeed"
         )
     top.integer("version", low=1, high=S.FORMAT_VERSION)
-    from shardfeed.format.manifest import MODES  # the module that imports this one
-
     mode = top.text("mode")
     if mode is not None and mode not in MODES:
         raise top.fail("mode", f"{mode!r} is not one of {', '.join(MODES)}")

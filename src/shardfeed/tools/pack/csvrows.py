@@ -14,15 +14,12 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.tools.pack import time as packtime
+from shardfeed.tools.pack.csvcolumns import CsvColumns
 from shardfeed.tools.pack.items import PackInput, PackItem
-
-if TYPE_CHECKING:
-    from shardfeed.tools.pack.csvinput import CsvColumns
 
 FLOAT_LABELS_KEY = "labels"
 ONEHOT_PREFIX = "image/label/"

@@ -31,7 +31,8 @@ import numpy as np
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
-from shardfeed.format.manifest import Mode, ShardInfo
+from shardfeed.format.manifest import ShardInfo
+from shardfeed.format.manifest_check import Mode
 from shardfeed.tools.pack.ledger import (
     COMMIT_NAMES,
     PLAN_NAME,

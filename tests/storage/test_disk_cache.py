@@ -163,3 +163,67 @@ def test_an_entry_evicted_by_another_process_while_read_is_not_freed_twice(
     for key, use in [("e", 20), ("f", 30), ("g", 40)]:
         put(reader, key, 100, use)
     assert reader.summary().bytes <= 300
+
+
+def test_an_entry_on_its_way_in_is_awaited_not_fetched_again(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    fetching = DiskCache(tmp_path, max_bytes=1000)
+    waiting = DiskCache(tmp_path, max_bytes=1000)  # another process on the same folder
+    assert fetching.reserve([("k", "s3://b/x", 5, 5)], now=0) == [True]
+    timer = threading.Timer(0.2, lambda: fetching.fill("k", b"bytes"))
+    timer.start()
+    started = time.monotonic()
+    assert waiting.await_entries([("k", 5)], seconds=30) == [b"bytes"]
+    assert 0.15 < time.monotonic() - started < 10
+    timer.join()
+
+
+def test_waiting_ends_at_its_deadline_or_when_the_fetch_is_given_up(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    fetching = DiskCache(tmp_path, max_bytes=1000)
+    waiting = DiskCache(tmp_path, max_bytes=1000)
+    fetching.reserve([("slow", "s3://b/x", 5, 5), ("failed", "s3://b/x", 5, 5)], now=0)
+    started = time.monotonic()
+    assert waiting.await_entries([("slow", 5)], seconds=0.3) == [None]  # the caller fetches
+    assert 0.25 < time.monotonic() - started < 10
+    timer = threading.Timer(0.1, lambda: fetching.abandon(["failed"]))
+    timer.start()
+    started = time.monotonic()
+    assert waiting.await_entries([("failed", 5)], seconds=30) == [None]
+    assert time.monotonic() - started < 10  # not the 30 s: the reservation went away
+    timer.join()
+
+
+def _reserve_and_hang(folder: str, ready: object) -> None:
+    import time
+
+    DiskCache(folder, max_bytes=1000).reserve([("held", "s3://b/x", 10, 5)], now=0)
+    ready.set()  # type: ignore[attr-defined]
+    time.sleep(600)
+
+
+def test_a_fetch_whose_process_died_is_taken_over_at_once(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_reserve_and_hang, args=(str(tmp_path), ready))
+    p.start()
+    try:
+        assert ready.wait(60)
+        waiting = DiskCache(tmp_path, max_bytes=1000)
+        assert waiting.summary().reserved == 1  # the fetching process is alive: kept
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        started = time.monotonic()
+        assert waiting.await_entries([("held", 10)], seconds=30) == [None]
+        assert time.monotonic() - started < 10
+        assert put(waiting, "held", 10, 5)  # its reservation was dropped: ours to fetch
+    finally:
+        if p.is_alive():
+            p.kill()

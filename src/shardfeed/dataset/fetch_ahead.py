@@ -42,6 +42,7 @@ from shardfeed.storage import is_remote
 from shardfeed.storage.cache_entries import Version, entry_key, object_keys
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache
+from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS
 
 log = logging.getLogger("shardfeed.dataset")
 
@@ -360,15 +361,17 @@ class AheadSession:
         remote = [j for j, key in enumerate(keys) if key is not None]
         rows = cache.look_up([keys[j] for j in remote],  # type: ignore[misc]
                              next_use=[int(uses[j]) for j in remote])
-        ready, asked = [], []
+        ready, asked, coming = [], [], []
         for j, row in zip(remote, rows):
             if row is not None and int(ids[j]) in staged:
                 continue  # held, or on its way into the cache: its bytes are staged
             if row is not None and row[1]:
                 ready.append((j, row[0]))
-            else:  # not held, or reserved by another process: fetched
+            elif row is not None:  # on its way into the cache by another fetch: awaited
+                coming.append((j, row[0]))
+            else:
                 asked.append((j, keys[j]))
-        cache.tally(len(remote) - len(asked), len(asked))
+        cache.tally(len(remote) - len(asked) - len(coming), len(asked) + len(coming))
         held: dict[int, _Read | None] = {}
         if not self.stages_hits:
             held.update((j, None) for j, _ in ready)
@@ -380,6 +383,18 @@ class AheadSession:
             held.update((j, (read, n)) for n, (j, _) in enumerate(part))
         decided = cache.reserve([(key, urls[j], int(sizes[j]), int(uses[j]))  # type: ignore[misc]
                                  for j, key in asked], now=now)
+        # refused because another fetch reserved it since the look-up: awaited as well
+        refused = [(j, key) for (j, key), ok in zip(asked, decided) if not ok]
+        if refused:
+            again = cache.look_up([key for _, key in refused])  # type: ignore[misc]
+            coming += [(j, row[0]) for (j, _), row in zip(refused, again) if row is not None]
+        for lo in range(0, len(coming), CACHE_READ_RECORDS):
+            part = coming[lo : lo + CACHE_READ_RECORDS]
+            # on a fetch thread: it waits as long as the fetch it saves would have taken
+            wait = f._executor().submit(
+                partial(cache.await_entries, [(keys[j], size) for j, size in part],  # type: ignore[misc]
+                        seconds=DEFAULT_DEADLINE_SECONDS))
+            held.update((j, (wait, n)) for n, (j, _) in enumerate(part))
         return {j: key for (j, key), ok in zip(asked, decided) if ok}, held  # type: ignore[misc]
 
     def _fill_staged(self, ids: np.ndarray, kept: dict[int, str],

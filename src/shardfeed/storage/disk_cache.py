@@ -43,9 +43,11 @@ import errno
 import os
 import sqlite3
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from shardfeed.errors import StorageError
@@ -70,6 +72,11 @@ INSERT OR IGNORE INTO meta VALUES ('total', 0), ('seq', 0), ('max_bytes', 0), ('
 """
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+WAIT_POLL_SECONDS = 0.02
+"""How often :meth:`DiskCache.await_entries` looks for an entry another fetch is writing: a
+small share of a request's latency to object storage (20-100 ms), a few index reads a second."""
 
 
 @dataclass(slots=True)
@@ -335,6 +342,65 @@ class DiskCache:
             if bad:
                 self._transaction(lambda: self._after_read(bad, []))
         return out
+
+    def await_entries(self, entries: Sequence[tuple[str, int]], *, seconds: float,
+                      poll_seconds: float = WAIT_POLL_SECONDS) -> list[bytes | None]:
+        """The bytes of entries ``(key, size)`` that another fetch (of this process or
+        another sharing the folder) is writing in: looked for every ``poll_seconds`` until
+        each is ready, for at most ``seconds``. None for an entry that is not ready by then,
+        that was dropped (its fetch failed, or it was evicted), or whose process has died
+        (its reservation is dropped here): the caller fetches those itself.
+
+        So processes of one machine sharing the folder fetch a record once between them;
+        a fetch never waits on another for longer than it would take itself (``seconds``:
+        the read's own deadline), and a dead process's work is taken over at once.
+        """
+        out: dict[str, bytes | None] = {}
+        waiting = dict(entries)
+        end = time.monotonic() + seconds
+        me = os.getpid()
+        while waiting and self.aside is None:
+            with self._lock:
+                try:
+                    rows = self._reservations(list(waiting))
+                except sqlite3.Error as exc:
+                    failed: sqlite3.Error | None = exc
+                    rows = {}
+                else:
+                    failed = None
+            if failed is not None:
+                self._step_aside(failed)
+                break
+            ready = [(key, waiting[key]) for key, (done, _) in rows.items() if done]
+            for key, data in zip((k for k, _ in ready), self.read_entries(ready)):
+                out[key] = data
+                del waiting[key]
+            for key in [k for k in waiting if k not in rows]:  # dropped: fetched by the caller
+                del waiting[key]
+            dead = {pid for key, (done, pid) in rows.items()
+                    if key in waiting and not done and pid != me and not _alive(pid)}
+            if dead:
+                pids = sorted(dead)
+                with self._lock:
+                    self._transaction(partial(self._delete_where_pid, pids))
+                for key in [k for k in waiting if rows[k][1] in dead]:
+                    del waiting[key]
+            if not waiting or time.monotonic() >= end:
+                break
+            time.sleep(poll_seconds)
+        return [out.get(key) for key, _ in entries]
+
+    def _reservations(self, keys: Sequence[str]) -> dict[str, tuple[bool, int]]:
+        """``key -> (ready, pid)`` of the entries of ``keys`` held or reserved."""
+        db = self._db()
+        found: dict[str, tuple[bool, int]] = {}
+        for lo in range(0, len(keys), _PARAMS):
+            part = list(keys[lo : lo + _PARAMS])
+            marks = ",".join("?" * len(part))
+            for key, ready, pid in db.execute(
+                    f"SELECT key, ready, pid FROM entries WHERE key IN ({marks})", part):
+                found[key] = (bool(ready), int(pid))
+        return found
 
     def _rows(self, keys: Sequence[str]) -> dict[str, tuple[int, bool]]:
         """``key -> (size, ready)`` of the entries of ``keys`` held or reserved."""

@@ -227,3 +227,16 @@ def test_a_fetch_whose_process_died_is_taken_over_at_once(tmp_path: Path) -> Non
     finally:
         if p.is_alive():
             p.kill()
+
+
+def test_a_reader_closing_ends_the_wait_at_once(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    DiskCache(tmp_path, max_bytes=1000).reserve([("slow", "s3://b/x", 5, 5)], now=0)
+    closed = threading.Event()
+    threading.Timer(0.1, closed.set).start()
+    started = time.monotonic()
+    assert DiskCache(tmp_path, max_bytes=1000).await_entries(
+        [("slow", 5)], seconds=60, stop=closed.is_set) == [None]
+    assert time.monotonic() - started < 5

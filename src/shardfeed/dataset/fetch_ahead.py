@@ -393,7 +393,7 @@ class AheadSession:
             # on a fetch thread: it waits as long as the fetch it saves would have taken
             wait = f._executor().submit(
                 partial(cache.await_entries, [(keys[j], size) for j, size in part],  # type: ignore[misc]
-                        seconds=DEFAULT_DEADLINE_SECONDS))
+                        seconds=DEFAULT_DEADLINE_SECONDS, stop=self._is_closed))
             held.update((j, (wait, n)) for n, (j, _) in enumerate(part))
         return {j: key for (j, key), ok in zip(asked, decided) if ok}, held  # type: ignore[misc]
 
@@ -478,6 +478,9 @@ class AheadSession:
             self._released = max(self._released, chunk)
             for r in [r for r, e in self._staged.items() if e.last <= chunk and not e.filling]:
                 del self._staged[r]
+
+    def _is_closed(self) -> bool:
+        return self.closed
 
     def close(self) -> None:
         with self._lock:

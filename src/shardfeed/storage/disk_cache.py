@@ -344,12 +344,14 @@ class DiskCache:
         return out
 
     def await_entries(self, entries: Sequence[tuple[str, int]], *, seconds: float,
-                      poll_seconds: float = WAIT_POLL_SECONDS) -> list[bytes | None]:
+                      poll_seconds: float = WAIT_POLL_SECONDS,
+                      stop: Callable[[], bool] = lambda: False) -> list[bytes | None]:
         """The bytes of entries ``(key, size)`` that another fetch (of this process or
         another sharing the folder) is writing in: looked for every ``poll_seconds`` until
         each is ready, for at most ``seconds``. None for an entry that is not ready by then,
         that was dropped (its fetch failed, or it was evicted), or whose process has died
-        (its reservation is dropped here): the caller fetches those itself.
+        (its reservation is dropped here): the caller fetches those itself. ``stop()`` true
+        ends the wait at the next look (the reader closing: Ctrl-C is not held up).
 
         So processes of one machine sharing the folder fetch a record once between them;
         a fetch never waits on another for longer than it would take itself (``seconds``:
@@ -385,7 +387,7 @@ class DiskCache:
                     self._transaction(partial(self._delete_where_pid, pids))
                 for key in [k for k in waiting if rows[k][1] in dead]:
                     del waiting[key]
-            if not waiting or time.monotonic() >= end:
+            if not waiting or time.monotonic() >= end or stop():
                 break
             time.sleep(poll_seconds)
         return [out.get(key) for key, _ in entries]

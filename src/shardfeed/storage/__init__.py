@@ -22,15 +22,22 @@ def is_remote(url: str | os.PathLike[str]) -> bool:
 
 
 def open_source(url: str | os.PathLike[str], /, **options: Any) -> ByteSource:
-    """Open a file for random access: a local path, or any fsspec URL (s3://, gs://, http://).
+    """Open a file for random access: a local path, a URL of a registered backend
+    (:mod:`shardfeed.storage.backends`), or any fsspec URL (s3://, gs://, http://).
 
-    ``options`` go to :class:`~shardfeed.storage.remote.RemoteSource` for URLs
-    (``deadline_seconds``, ``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``,
-    ``retries``, ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``, ``cache``).
-    A local path takes none: reading it is one ``pread`` a range.
+    ``options`` go to the backend (those it declares), else to
+    :class:`~shardfeed.storage.remote.RemoteSource` for URLs (``deadline_seconds``,
+    ``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``, ``retries``,
+    ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``, ``cache``). A local
+    path takes none: reading it is one ``pread`` a range.
     """
     text = os.fspath(url)
     text = text.removeprefix("file://")
+    from shardfeed.storage.backends import backend_for
+
+    backend = backend_for(text)
+    if backend is not None:
+        return backend.opened(text, options)
     if is_remote(text):
         from shardfeed.storage.remote import RemoteSource
 

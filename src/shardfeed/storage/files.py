@@ -1,7 +1,8 @@
 """Whole-file operations for local paths and fsspec URLs alike.
 
-Local paths (and ``file://`` URLs) use ``os`` directly and never import fsspec. Any other
-``scheme://`` URL goes through fsspec with the storage options of
+Local paths (and ``file://`` URLs) use ``os`` directly and never import fsspec. A URL whose
+scheme has a registered backend (:mod:`shardfeed.storage.backends`) is read, sized and
+checked by it where it says how; anything else of a ``scheme://`` URL goes through fsspec with the storage options of
 :mod:`shardfeed.storage.remote` (``set_storage_options``, ``FSSPEC_<PROTOCOL>_<OPTION>``
 environment variables, or ``storage_options=`` here); transient failures are retried with
 backoff, permanent ones raise :class:`~shardfeed.errors.StorageError` naming the URL.
@@ -35,6 +36,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardfeed.errors import StorageError
 from shardfeed.storage import is_remote
+from shardfeed.storage.backends import backend_for
 from shardfeed.storage.cache import ByteCache
 from shardfeed.storage.calls import (
     in_thread,
@@ -110,9 +112,12 @@ def read_bytes(
         if hit is not None:
             return hit
     local = _local(text)
+    backend = backend_for(text)
     if local is not None:
         with _local_errors(local, "read"), open(local, "rb") as handle:
             data = handle.read()
+    elif backend is not None and backend.read_bytes is not None:
+        data = backend.read_bytes(text, storage_options)
     else:
         data = remote_call(text, storage_options, "read", start_cat_whole)
     if cache is not None:
@@ -244,6 +249,9 @@ def exists(url: PathLike, *, storage_options: Options = None) -> bool:
     local = _local(text)
     if local is not None:
         return os.path.exists(local)
+    backend = backend_for(text)
+    if backend is not None and backend.exists is not None:
+        return bool(backend.exists(text, storage_options))
 
     def check(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
@@ -259,6 +267,9 @@ def size(url: PathLike, *, storage_options: Options = None) -> int:
     if local is not None:
         with _local_errors(local, "get the size of"):
             return os.path.getsize(local)
+    backend = backend_for(text)
+    if backend is not None and backend.size is not None:
+        return int(backend.size(text, storage_options))
 
     def get(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)

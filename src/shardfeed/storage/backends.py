@@ -1,0 +1,121 @@
+"""Storage backends by URL scheme: how bytes behind one kind of URL are read.
+
+A backend is one module and one registration. It gives ranged reads of an object as a
+:class:`~shardfeed.storage.base.ByteSource` (what a Dataset reads its shards with, and every
+tool that reads records), and may give whole-object reads, sizes and existence checks (what
+a Dataset reads its manifest and indexes with, and ``pack`` checks its outputs with); an
+operation it leaves out goes to fsspec::
+
+    from shardfeed.storage.backends import Backend, register_backend
+
+    class MemorySource:                               # a ByteSource
+        ...
+
+    register_backend(["mem"], Backend(
+        "memory", open=MemorySource, read_bytes=lambda url, options: OBJECTS[url],
+        size=lambda url, options: len(OBJECTS[url]),
+        exists=lambda url, options: url in OBJECTS,
+        options=()))
+
+    shardfeed.Dataset("mem://bucket/ds")              # read through MemorySource
+
+Without a registration, ``scheme://`` URLs go to :class:`~shardfeed.storage.remote.RemoteSource`
+(fsspec, with direct ranged GETs for S3-compatible stores and HTTP) and local paths to
+:class:`~shardfeed.storage.local.LocalSource`. ``options`` names the keyword arguments
+``open`` takes (a Dataset's ``source_options``): any other is refused with a TypeError naming
+the backend, before a request is sent. A backend raises
+:class:`~shardfeed.errors.StorageError` naming the URL for a failure of the store (for an
+object that does not exist, raised from a ``FileNotFoundError``: an optional file such as a
+manifest is then known to be absent), and honours the storage layer's rule of one deadline a
+read.
+
+Determinism: the bytes of a URL do not depend on the backend. State: the registry (process
+wide, set at import or start-up). Memory: what each backend keeps.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardfeed.storage.base import ByteSource
+
+__all__ = ["Backend", "backend_for", "register_backend", "registered", "unregister_backend"]
+
+Options = Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How one kind of URL is read (see the module docstring).
+
+    ``open(url, **options) -> ByteSource``; ``read_bytes(url, storage_options) -> bytes``,
+    ``size(url, storage_options) -> int``, ``exists(url, storage_options) -> bool``, each None
+    to leave it to fsspec; ``options``: the keyword arguments ``open`` takes.
+    """
+
+    name: str
+    open: Callable[..., ByteSource]
+    read_bytes: Callable[[str, Options], bytes] | None = None
+    size: Callable[[str, Options], int] | None = None
+    exists: Callable[[str, Options], bool] | None = None
+    options: tuple[str, ...] = field(default=())
+
+    def opened(self, url: str, options: Mapping[str, Any]) -> ByteSource:
+        """``open(url, **options)`` after checking the options are ones it takes."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            takes = ", ".join(self.options) or "none"
+            raise TypeError(
+                f"options {unknown} are not taken by the {self.name} backend of '{url}' "
+                f"(it takes: {takes}); drop them"
+            )
+        return self.open(url, **options)
+
+
+_REGISTRY: dict[str, Backend] = {}
+_LOCK = threading.Lock()
+
+
+def _scheme(url: str | os.PathLike[str]) -> str | None:
+    text = os.fspath(url)
+    return text.split("://", 1)[0].lower() if "://" in text else None
+
+
+def register_backend(schemes: Iterable[str], backend: Backend) -> None:
+    """Read URLs of ``schemes`` (``"s3"``, ``"mem"``; no ``://``) through ``backend`` from
+    now on, in this process (process workers import the module that registers it, or
+    register it in their start-up). ``file`` and local paths are always local files."""
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a storage.backends.Backend, got {backend!r}")
+    names = [str(s).lower().removesuffix("://") for s in schemes]
+    if not names or any(not n.isascii() or not n or "/" in n for n in names):
+        raise ValueError(f"schemes must be names such as 's3' or 'mem', got {list(schemes)!r}")
+    if "file" in names:
+        raise ValueError("'file' URLs are local files: they cannot go to another backend")
+    with _LOCK:
+        for name in names:
+            _REGISTRY[name] = backend
+
+
+def unregister_backend(schemes: Iterable[str]) -> None:
+    """Send URLs of ``schemes`` back to the default (fsspec)."""
+    with _LOCK:
+        for scheme in schemes:
+            _REGISTRY.pop(str(scheme).lower().removesuffix("://"), None)
+
+
+def backend_for(url: str | os.PathLike[str]) -> Backend | None:
+    """The backend registered for ``url``'s scheme; None for the default (fsspec for
+    ``scheme://`` URLs, the local file system for paths)."""
+    scheme = _scheme(url)
+    return None if scheme is None else _REGISTRY.get(scheme)
+
+
+def registered() -> dict[str, str]:
+    """``scheme -> backend name`` of every registration."""
+    with _LOCK:
+        return {scheme: backend.name for scheme, backend in _REGISTRY.items()}

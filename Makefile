@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned to the CPU build available on every machine of this project
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[dev,torch,jax,s3,demo,nvimgcodec,tensorflow,keras]"
+	$(PY) -m pip install --quiet -e ".[dev,torch,jax,s3,obstore,demo,nvimgcodec,tensorflow,keras]"
 	touch $(STAMP)
 
 $(BUILT): $(STAMP) $(C_SOURCES)

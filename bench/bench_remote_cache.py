@@ -20,10 +20,16 @@ interleaved rounds:
   cache over all epochs beside the optimal policy's and LRU's for the same order
   (:mod:`shardfeed.pipeline.cache_policy`).
 
+With ``--backends direct obstore`` every s3 run is made with each client side by side in the
+one run (``direct``: the default, fsspec with direct ranged GETs; ``obstore``:
+:mod:`shardfeed.storage.obstore_backend`); the client's CPU an image is the process's CPU an
+image over the local run's (the same decode), and a GET's is that over the GETs an epoch.
+
 Rates are images/s of the epochs after the first (the first of a run warms the decoder
 threads; with a cache it is also the epoch that fills it). Medians over rounds.
 
     .venv/bin/python bench/bench_remote_cache.py [--images 2048] [--latency-ms 50]
+                                                 [--backends direct obstore]
 """
 
 from __future__ import annotations
@@ -168,6 +174,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--server", choices=("light", "moto"), default="light",
                         help="light: bench/s3_light.py (sendfile); moto: S3 in full")
+    parser.add_argument("--backends", nargs="+", choices=("direct", "obstore"),
+                        default=["direct"],
+                        help="the clients of the s3 runs, side by side in one run: direct "
+                             "(the default: fsspec with direct ranged GETs) and obstore "
+                             "(storage.obstore_backend)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one run, in a process of its own
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -181,9 +192,13 @@ def main() -> None:
         record_bytes = write_dataset(data, args.images, args.shards)
         server = Server(args.server, work / "buckets", "ds", args.latency_ms)
         rows: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+        per_get: dict[str, list[int]] = {}
         notes: dict[str, list[Any]] = {}
+        cases = [c if b == "direct" or c == "local" else f"{c} [{b}]"
+                 for b in args.backends for c in CASES if c != "local" or b == args.backends[0]]
         for r in range(args.rounds):
-            for case in CASES:
+            for case in cases:
                 spec = {"data": str(data), "url": server.url, "options": server.options,
                         "cache": str(work / f"{case}-{r}"), "quarter": record_bytes // 4}
                 before = server.gets()
@@ -191,16 +206,20 @@ def main() -> None:
                     [sys.executable, __file__, *sys.argv[1:], "--case", case, "--spec",
                      json.dumps(spec)], check=True, capture_output=True, text=True).stdout)
                 rows.setdefault(case, []).extend(out["rates"][1:])
-                if case == "s3 cache >= data":
-                    notes.setdefault("fill GETs", []).append(out["gets"][0])
-                    notes.setdefault("later-epoch GETs", []).extend(out["gets"][1:])
+                cpu.setdefault(case, []).extend(out["cpu_us"][1:])
+                per_get.setdefault(case, []).extend(out["gets"][1:])
+                base, _, backend = case.partition(" [")
+                tag = f" [{backend}" if backend else ""
+                if base == "s3 cache >= data":
+                    notes.setdefault("fill GETs" + tag, []).append(out["gets"][0])
+                    notes.setdefault("later-epoch GETs" + tag, []).extend(out["gets"][1:])
                     assert sum(out["gets"]) <= server.gets() - before
-                if case == "s3 cache 25%":
+                if base == "s3 cache 25%" and not backend:
                     notes.setdefault("hit rate 25%", []).append(out["hits"])
             print(f"round {r + 1}: " + ", ".join(
                 f"{k} {v[-1]:,.0f}" for k, v in rows.items()), file=sys.stderr, flush=True)
         server.close()
-        report(rows, notes, args, record_bytes)
+        report(rows, notes, args, record_bytes, cpu, per_get)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -215,6 +234,11 @@ def run_case(case: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[
     from shardfeed.storage.remote import set_storage_options
 
     set_storage_options("s3://", **spec["options"])
+    case, _, backend = case.partition(" [")
+    if backend.rstrip("]") == "obstore":
+        from shardfeed.storage.obstore_backend import use_obstore
+
+        use_obstore()
     source, options, loader_options = spec["url"], {}, {}
     if case == "local":
         source = spec["data"]
@@ -227,13 +251,17 @@ def run_case(case: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[
     out: dict[str, Any] = {}
     with Dataset(source, **options) as ds:
         gets: list[int] = []
+        cpu_us: list[float] = []
+        mark = [time.process_time()]
 
         def epoch_done() -> None:  # record GETs of each epoch (the client's count)
             gets.append(ds.storage_stats().get("requests", 0) - sum(gets))
+            spent, mark[0] = time.process_time() - mark[0], time.process_time()
+            cpu_us.append(spent / args.images * 1e6)  # the process's CPU an image
 
         rates, loader = run(ds, epochs=args.epochs, args=args, after_epoch=epoch_done,
                             **loader_options)
-        out.update(rates=rates, gets=gets)
+        out.update(rates=rates, gets=gets, cpu_us=cpu_us)
         if case == "s3 cache 25%":
             stats = ds.storage_stats()
             figures = hit_rates(loader, cache_bytes=spec["quarter"], epochs=range(args.epochs),
@@ -245,18 +273,28 @@ def run_case(case: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[
 
 
 def report(rows: dict[str, list[float]], notes: dict[str, list[Any]],
-           args: argparse.Namespace, record_bytes: int) -> None:
+           args: argparse.Namespace, record_bytes: int, cpu: dict[str, list[float]],
+           per_get: dict[str, list[int]]) -> None:
     local = statistics.median(rows["local"])
     print(f"\n{args.images} JPEGs of 500x375 ({record_bytes / 1e6:.0f} MB) in {args.shards} "
           f"shards; {args.server} S3 server, {args.latency_ms:g} ms a request; "
           f"presets.train(size=224), {args.threads} threads, batch {args.batch}; epochs "
           f"2..{args.epochs} of {args.rounds} rounds, each run a process of its own\n")
-    print("| run | images/s (median) | / local |\n|---|---:|---:|")
+    # the client's CPU: the process's CPU an image over the local run's (the same decode)
+    local_cpu = statistics.median(cpu["local"])
+    print("| run | images/s (median) | / local | client CPU µs an image | GETs an epoch | "
+          "client CPU µs a GET |\n|---|---:|---:|---:|---:|---:|")
     for name, values in rows.items():
         med = statistics.median(values)
-        print(f"| {name} | {med:,.0f} | {med / local:.2f} |")
-    print(f"\nrecord GETs: epoch 1 filling the cache {notes['fill GETs']}; "
-          f"each later epoch {notes['later-epoch GETs']}")
+        extra = statistics.median(cpu[name]) - local_cpu
+        gets = statistics.median(per_get[name]) if per_get[name] else 0
+        each = f"{extra * args.images / gets:,.0f}" if gets and name != "local" else "-"
+        client = f"{extra:,.0f}" if name != "local" else "-"
+        print(f"| {name} | {med:,.0f} | {med / local:.2f} | {client} | {gets:,.0f} | {each} |")
+    for name in [n for n in notes if n.startswith("fill GETs")]:
+        tag = name.removeprefix("fill GETs")
+        print(f"\nrecord GETs{tag}: epoch 1 filling the cache {notes[name]}; "
+              f"each later epoch {notes['later-epoch GETs' + tag]}")
     for realised, optimal, lru in notes["hit rate 25%"]:
         print(f"cache 25%: hit rate {realised:.3f}; optimal policy {optimal:.3f}; "
               f"LRU {lru:.3f}")

@@ -1,0 +1,251 @@
+"""obstore (Rust ``object_store``) as the backend of s3://, gs://, az:// and http(s):// URLs.
+
+An optional backend (``pip install 'shardfeed[obstore]'``), turned on for the process with
+:func:`use_obstore` (it registers itself with :mod:`shardfeed.storage.backends`)::
+
+    from shardfeed.storage.obstore_backend import use_obstore
+
+    use_obstore()                      # s3://, gs://, az://, http(s):// through obstore
+    ds = shardfeed.Dataset("s3://bucket/dataset")
+
+Ranged reads of an object are one ``get_ranges`` call (the ranges merged where their holes
+are small, as :mod:`~shardfeed.storage.ranges` merges them, then fetched concurrently by
+obstore's runtime, outside the GIL); sizes are one HEAD, remembered; whole objects one GET.
+Credentials and the endpoint come from the environment as obstore reads them
+(``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...), and from ``storage_options`` (given, or
+registered with ``set_storage_options`` and the ``FSSPEC_*`` variables as for fsspec) in
+s3fs's words (``key``, ``secret``, ``token``, ``client_kwargs={"endpoint_url": ...,
+"region_name": ...}``) or obstore's (``obstore_config={...}``).
+
+Deadlines and Ctrl-C, as everywhere in the storage layer: each call runs on a daemon thread
+and the caller waits for at most ``deadline_seconds`` (obstore's own retries and timeouts are
+set within it), so Ctrl-C and ``close()`` end the wait at once; a failure is a
+:class:`~shardfeed.errors.StorageError` naming the URL (a missing object's raised from a
+``FileNotFoundError``).
+
+Determinism: the bytes of a range do not depend on merging or concurrency. State: the
+remembered size; one store a bucket and options, kept for the process. Memory: the ranges in
+flight.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import timedelta
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from shardfeed.errors import StorageError
+from shardfeed.storage.backends import Backend, register_backend
+from shardfeed.storage.daemon_threads import DaemonThreads
+from shardfeed.storage.options import storage_options_for
+from shardfeed.storage.ranges import (
+    DEFAULT_COALESCE_GAP_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    check_range,
+    coalesce_ranges,
+)
+from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS
+
+__all__ = ["OBSTORE", "SCHEMES", "ObstoreSource", "use_obstore"]
+
+T = TypeVar("T")
+SCHEMES = ("s3", "gs", "az", "http", "https")
+_STORES: dict[tuple[str, str, str], Any] = {}
+_STORES_LOCK = threading.Lock()
+_THREADS = DaemonThreads("shardfeed-obstore")
+
+
+def _module() -> Any:
+    try:
+        import obstore
+    except ImportError as exc:
+        raise StorageError(
+            "the obstore backend needs obstore: pip install 'shardfeed[obstore]'"
+        ) from exc
+    return obstore
+
+
+def _config(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """obstore's configuration from s3fs-style ``storage_options`` (and ``obstore_config``)."""
+    options = dict(storage_options or {})
+    config: dict[str, Any] = dict(options.pop("obstore_config", {}) or {})
+    words = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
+    for theirs, ours in words.items():
+        if options.get(theirs) is not None:
+            config.setdefault(ours, options[theirs])
+    client = dict(options.get("client_kwargs") or {})
+    if client.get("endpoint_url"):
+        config.setdefault("endpoint", client["endpoint_url"])
+    if client.get("region_name"):
+        config.setdefault("region", client["region_name"])
+    return config
+
+
+def _store(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """The store of ``url``'s bucket (made once a bucket and options) and the object path."""
+    parts = urlsplit(url)
+    config = _config(storage_options_for(url, storage_options))
+    endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
+    key = (parts.scheme, parts.netloc, repr(sorted(config.items())))
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            from obstore.store import from_url
+
+            # obstore gives up within the storage layer's deadline too (its thread is
+            # not left retrying for minutes after the caller stopped waiting)
+            client: dict[str, Any] = {"timeout": f"{DEFAULT_DEADLINE_SECONDS:g}s",
+                                      "connect_timeout": "10s"}
+            if endpoint.startswith("http://") or parts.scheme == "http":
+                client["allow_http"] = True
+            if parts.scheme == "s3" and endpoint and "endpoint" not in config:
+                config["endpoint"] = endpoint
+            store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
+                             f"{parts.scheme}://{parts.netloc}", config=config or None,
+                             client_options=client, retry_config={"max_retries": 3,
+                                           "retry_timeout": timedelta(
+                                               seconds=DEFAULT_DEADLINE_SECONDS)})
+            _STORES[key] = store
+    return store, parts.path.lstrip("/")
+
+
+def _wait(future: Future[T], url: str, action: str, deadline: float,
+          closed: Callable[[], bool]) -> T:
+    """The call's result, waited for in short steps (Ctrl-C and close() end the wait)."""
+    remaining = deadline
+    while True:
+        if closed():
+            raise StorageError(f"'{url}' was closed while reading it; open it again")
+        step = min(0.1, remaining)
+        try:
+            return future.result(timeout=step)
+        except FutureTimeout:
+            remaining -= step
+            if remaining <= 0:
+                raise StorageError(
+                    f"cannot {action} '{url}': no answer within the deadline of "
+                    f"{deadline:g} s (deadline_seconds)"
+                ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """obstore's message without its debug dump (the request and retry state)."""
+    text = str(exc).split("\n", 1)[0].split("Debug source:", 1)[0].strip()
+    return text[:300] or type(exc).__name__
+
+
+def _call(url: str, action: str, deadline: float, closed: Callable[[], bool],
+          fn: Callable[[], T]) -> T:
+    errors = _module().exceptions
+
+    def run() -> T:
+        try:
+            return fn()
+        except (FileNotFoundError, errors.NotFoundError) as exc:
+            raise StorageError(f"cannot {action} '{url}': it does not exist") from \
+                FileNotFoundError(_first_line(exc))
+        except (errors.BaseError, OSError, RuntimeError, ValueError) as exc:
+            raise StorageError(f"cannot {action} '{url}': {_first_line(exc)}") from exc
+
+    return _wait(_THREADS.submit(run), url, action, deadline, closed)
+
+
+class ObstoreSource:
+    """Random access to one object through obstore (see the module docstring). Thread-safe."""
+
+    def __init__(self, url: str, *, deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+                 coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP_BYTES,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 storage_options: Mapping[str, Any] | None = None, **_ignored: Any) -> None:
+        self.url = url
+        self.deadline_seconds = float(deadline_seconds)
+        self.coalesce_gap_bytes = int(coalesce_gap_bytes)
+        self.max_request_bytes = int(max_request_bytes)
+        self._obstore = _module()
+        self._store, self._path = _store(url, storage_options)
+        self._size: int | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.bytes_fetched = 0
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict[str, int]:
+        """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries`` (0:
+        obstore retries inside a call), as RemoteSource counts them."""
+        with self._lock:
+            return {"requests": self.requests, "bytes_fetched": self.bytes_fetched,
+                    "retries": 0}
+
+    def size(self) -> int:
+        if self._size is None:
+            meta = _call(self.url, "get the size of", self.deadline_seconds, self._is_closed,
+                         lambda: self._obstore.head(self._store, self._path))
+            self._size = int(meta["size"])
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.read_ranges([(offset, length)])[0]
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        for offset, length in ranges:
+            check_range(offset, length)
+        out: list[bytes] = [b""] * len(ranges)
+        plan = [r for r in coalesce_ranges(ranges, gap_bytes=self.coalesce_gap_bytes,
+                                           max_request_bytes=self.max_request_bytes)
+                if r.end > r.start]
+        if not plan:
+            return out
+        blobs = _call(self.url, "read", self.deadline_seconds, self._is_closed,
+                      lambda: self._obstore.get_ranges(
+                          self._store, self._path, starts=[r.start for r in plan],
+                          ends=[r.end for r in plan], coalesce=0))
+        with self._lock:
+            self.requests += len(plan)
+            self.bytes_fetched += sum(len(b) for b in blobs)
+        for request, blob in zip(plan, blobs):
+            view = memoryview(blob)
+            for i in request.members:
+                offset, length = ranges[i]
+                lo = offset - request.start
+                out[i] = bytes(view[lo : lo + length])
+        return out
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __repr__(self) -> str:
+        return f"ObstoreSource({self.url!r})"
+
+
+def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
+    obstore = _module()
+    store, path = _store(url, storage_options)
+    return _call(url, "read", DEFAULT_DEADLINE_SECONDS, lambda: False,
+                 lambda: bytes(obstore.get(store, path).bytes()))
+
+
+def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
+    return ObstoreSource(url, storage_options=storage_options).size()
+
+
+OBSTORE = Backend(
+    "obstore", open=ObstoreSource, read_bytes=_read_bytes, size=_size,
+    options=("deadline_seconds", "coalesce_gap_bytes", "max_request_bytes", "storage_options",
+             "max_concurrency", "retries", "backoff_seconds", "max_backoff_seconds", "cache",
+             "direct_gets"))
+"""The backend (the options of RemoteSource are taken, those obstore has no use for ignored,
+so a Dataset's ``source_options`` work with either)."""
+
+
+def use_obstore(schemes: Sequence[str] = SCHEMES) -> None:
+    """Read URLs of ``schemes`` through obstore from now on, in this process."""
+    _module()
+    register_backend(schemes, OBSTORE)

@@ -1,0 +1,98 @@
+"""obstore as the backend of s3:// (``storage.obstore_backend.use_obstore``), against moto on
+127.0.0.1 as a user runs it: the same records as local files, the Loader with read-ahead and a
+disk cache (no record request in later epochs), a missing object, a stalled server within
+the deadline, and a close from another thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("obstore")
+
+from shardfeed import Dataset, Loader, StorageError
+from shardfeed.storage import open_source
+from shardfeed.storage.backends import backend_for, unregister_backend
+from shardfeed.storage.obstore_backend import SCHEMES, ObstoreSource, use_obstore
+
+OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 3, "transform": None, "num_threads": 2}
+
+
+@pytest.fixture
+def obstore_s3(s3_server: Any) -> Iterator[Any]:
+    use_obstore()
+    try:
+        yield s3_server
+    finally:
+        unregister_backend(SCHEMES)
+
+
+def data_gets(server: Any) -> int:
+    return sum(1 for r in server.requests("GET") if r.path.endswith(".tfrecord"))
+
+
+def _stream(loader: Loader) -> list[tuple[list[int], list[bytes]]]:
+    return [(b["index"].tolist(), list(b["name"])) for b in loader]
+
+
+def test_records_and_batches_are_those_of_local_files(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
+) -> None:
+    folder = records_dataset(240, 4)
+    url = obstore_s3.upload_folder(folder)
+    assert backend_for(url).name == "obstore"  # type: ignore[union-attr]
+    with Dataset(str(folder)) as local, Loader(local, **OPTIONS) as loader:
+        want = [_stream(loader) for _ in range(2)]
+    with Dataset(url, cache_dir=tmp_path / "cache") as ds, Loader(ds, **OPTIONS) as loader:
+        first = _stream(loader)
+        assert data_gets(obstore_s3) > 0
+        obstore_s3.clear_log()
+        second = _stream(loader)
+    assert [first, second] == want
+    assert data_gets(obstore_s3) == 0  # the later epoch reads the cache
+
+
+def test_a_missing_object_is_a_storage_error_naming_it(obstore_s3: Any, tmp_path: Path
+                                                       ) -> None:
+    url = obstore_s3.upload_folder(tmp_path)  # an empty prefix
+    source = open_source(f"{url}/nothing.tfrecord")
+    assert isinstance(source, ObstoreSource)
+    with pytest.raises(StorageError, match="nothing.tfrecord.*does not exist") as info:
+        source.size()
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_a_stalled_server_ends_within_the_deadline_and_close_ends_a_wait_at_once(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    url = obstore_s3.upload_folder(records_dataset(40, 1))
+    name = f"{url}/" + next(p.name for p in records_dataset(40, 1).iterdir()
+                            if p.name.endswith(".tfrecord"))
+    source = open_source(name, deadline_seconds=2)
+    with obstore_s3.stall_gets(".tfrecord"):
+        began = time.monotonic()
+        with pytest.raises(StorageError, match=r"deadline of 2 s \(deadline_seconds\)"):
+            source.read(0, 100)
+        assert time.monotonic() - began < 2 + 3
+        other = open_source(name, deadline_seconds=60)
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                other.read(0, 100)
+            except BaseException as exc:  # noqa: BLE001 - what the reader got
+                failed.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)
+        began = time.monotonic()
+        other.close()
+        reader.join(5)
+        assert not reader.is_alive() and time.monotonic() - began < 1.5
+        assert failed and "closed" in str(failed[0])

@@ -23,7 +23,8 @@ interleaved rounds:
 With ``--backends direct obstore`` every s3 run is made with each client side by side in the
 one run (``direct``: the default, fsspec with direct ranged GETs; ``obstore``:
 :mod:`shardfeed.storage.obstore_backend`); the client's CPU an image is the process's CPU an
-image over the local run's (the same decode), and a GET's is that over the GETs an epoch.
+image over the local run's (the same decode), and a GET's is that over the GETs an epoch
+(given only where an epoch sends many small GETs: the noise is tens of µs an image).
 
 Rates are images/s of the epochs after the first (the first of a run warms the decoder
 threads; with a cache it is also the epoch that fills it). Medians over rounds.
@@ -280,17 +281,19 @@ def report(rows: dict[str, list[float]], notes: dict[str, list[Any]],
           f"shards; {args.server} S3 server, {args.latency_ms:g} ms a request; "
           f"presets.train(size=224), {args.threads} threads, batch {args.batch}; epochs "
           f"2..{args.epochs} of {args.rounds} rounds, each run a process of its own\n")
-    # the client's CPU: the process's CPU an image over the local run's (the same decode)
+    # the client's CPU: the process's CPU an image over the local run's (the same decode);
+    # run-to-run noise is tens of µs an image, so a GET's share is given only where an
+    # epoch sends many small GETs (no read-ahead)
     local_cpu = statistics.median(cpu["local"])
-    print("| run | images/s (median) | / local | client CPU µs an image | GETs an epoch | "
+    print("| run | images/s (median) | / local | process CPU µs an image | GETs an epoch | "
           "client CPU µs a GET |\n|---|---:|---:|---:|---:|---:|")
     for name, values in rows.items():
         med = statistics.median(values)
-        extra = statistics.median(cpu[name]) - local_cpu
+        own = statistics.median(cpu[name])
         gets = statistics.median(per_get[name]) if per_get[name] else 0
-        each = f"{extra * args.images / gets:,.0f}" if gets and name != "local" else "-"
-        client = f"{extra:,.0f}" if name != "local" else "-"
-        print(f"| {name} | {med:,.0f} | {med / local:.2f} | {client} | {gets:,.0f} | {each} |")
+        each = (f"{(own - local_cpu) * args.images / gets:,.0f}"
+                if gets >= 200 and name != "local" else "-")
+        print(f"| {name} | {med:,.0f} | {med / local:.2f} | {own:,.0f} | {gets:,.0f} | {each} |")
     for name in [n for n in notes if n.startswith("fill GETs")]:
         tag = name.removeprefix("fill GETs")
         print(f"\nrecord GETs{tag}: epoch 1 filling the cache {notes[name]}; "

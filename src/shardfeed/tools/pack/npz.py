@@ -34,7 +34,7 @@ import numpy as np
 
 from shardfeed.errors import FormatError, PackError
 from shardfeed.format import npyfile
-from shardfeed.tools.pack.rows import Row, RowFields
+from shardfeed.tools.pack.rowfields import Row, RowFields
 
 MAX_ROW_BYTES = 1 << 30
 """Largest row of any array read (1 GiB: the largest image row the default pixel limit

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shardfeed.errors import PackError
-from shardfeed.tools.pack.rows import Row, RowFields
+from shardfeed.tools.pack.rowfields import Row, RowFields
 
 DataFolder = Literal["parquet", "hf", "hf-dict"]
 

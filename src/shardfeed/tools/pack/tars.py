@@ -45,15 +45,13 @@ import tarfile
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
+from shardfeed.tools.pack.rowfields import RowFields
 from shardfeed.tools.pack.tarvalues import member_columns
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
-
-if TYPE_CHECKING:
-    from shardfeed.tools.pack.rows import RowFields
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 """Files ``pack`` reads as WebDataset shards."""
@@ -85,8 +83,6 @@ def is_tar(path: str) -> bool:
 def tar_fields(fields: RowFields | None) -> RowFields:
     """The fields of a pack of tars: the sample's key is the record's name
     (``image/filename``) unless ``fields`` names another column."""
-    from shardfeed.tools.pack.rows import RowFields
-
     fields = fields or RowFields()
     return fields if fields.name is not None else replace(fields, name=KEY_COLUMN)
 

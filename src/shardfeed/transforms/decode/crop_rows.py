@@ -26,7 +26,7 @@ Determinism: the sample path's. State: none. Memory: a few integers a row.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import cv2
 import numpy as np
@@ -37,6 +37,7 @@ from shardfeed.format.native import compiled_module
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms.base import NO_RANDOMNESS
 from shardfeed.transforms.boxes import Box
+from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.image import (
     CMYK_SPACES,
     Where,
@@ -48,8 +49,51 @@ from shardfeed.transforms.decode.image import (
 from shardfeed.transforms.decode.orientation import orientation_of, oriented_size
 from shardfeed.transforms.decode.region import REGION_MIN_PIXELS, backend
 
-if TYPE_CHECKING:
-    from shardfeed.transforms.decode.crop import CropDecoderBase
+
+class CropRowsOp(Protocol):
+    """What the crop rows need of their op (``crop.CropDecoderBase`` has it): its options,
+    where the image and mask are, the batch form of its box draws, and its one-sample decode
+    of a crop (a row the batch form leaves to it)."""
+
+    @property
+    def size(self) -> tuple[int, int]: ...
+
+    @property
+    def channels(self) -> str: ...
+
+    @property
+    def fast_dct(self) -> bool: ...
+
+    @property
+    def fast_upsample(self) -> bool: ...
+
+    @property
+    def image_dtype(self) -> str: ...
+
+    @property
+    def keep_encoded(self) -> bool: ...
+
+    @property
+    def mask(self) -> bool | None: ...
+
+    @property
+    def image_field(self) -> ImageField: ...
+
+    @property
+    def mask_field(self) -> ImageField: ...
+
+    def _boxes_in_batch(self) -> bool: ...
+
+    def _boxes(self, keys: RowKeys, rows: np.ndarray, heights: np.ndarray,
+               widths: np.ndarray) -> np.ndarray | None: ...
+
+    def _channel_count(self) -> int: ...
+
+    def _crop_encoded(self, data: bytes | memoryview, rng: np.random.Generator, where: Any,
+                      out: np.ndarray | None) -> tuple[np.ndarray, Any, tuple[int, int]]: ...
+
+    def _jpeg_crop(self, data: bytes | memoryview, box: Box, height: int, width: int,
+                   where: Any, flip: bool, out: np.ndarray | None) -> np.ndarray: ...
 
 _frames = compiled_module("shardfeed.transforms.decode._jpeg_frames")
 """The compiled frame-size reader (``_jpeg_frames.c``); None where built without a C
@@ -57,7 +101,7 @@ compiler."""
 
 
 def crop_rows_into(
-    op: CropDecoderBase, columns: dict[str, Any],
+    op: CropRowsOp, columns: dict[str, Any],
     rngs: Sequence[np.random.Generator] | None, out: Mapping[str, np.ndarray],
 ) -> dict[str, Any] | None:
     """``columns`` with ``"image"`` the batch rows ``out["image"]``, each written by ``op``
@@ -97,7 +141,7 @@ def crop_rows_into(
 
 
 def _whole_rows_into(
-    op: CropDecoderBase, values: list[bytes], drawn: list[tuple[int, ...] | None],
+    op: CropRowsOp, values: list[bytes], drawn: list[tuple[int, ...] | None],
     image_out: np.ndarray,
 ) -> int:
     """The rows of the common case written in one tight loop: an RGB JPEG decoded whole at
@@ -156,7 +200,7 @@ def frame_sizes(values: list[bytes]) -> np.ndarray:
 
 
 def draw_rows(
-    op: CropDecoderBase, values: list[bytes], rngs: Sequence[np.random.Generator] | None,
+    op: CropRowsOp, values: list[bytes], rngs: Sequence[np.random.Generator] | None,
     where: Where,
 ) -> list[tuple[int, ...] | None] | None:
     """The draws of every JPEG row (not CMYK) made at once where ``op`` has a batch form of
@@ -193,7 +237,7 @@ def draw_rows(
 
 
 def batch_key(
-    op: CropDecoderBase, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+    op: CropRowsOp, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
     image_out: np.ndarray | None,
 ) -> str | None:
     """The feature of the rows' embedded images when the batch form applies, else None."""

@@ -25,20 +25,35 @@ Determinism: pure. State: none. Memory: the slice's pixels once more while they 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.format import spec
 from shardfeed.format.columns import FilledColumn
+from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.sizes import pixels_reason
 
-if TYPE_CHECKING:
-    from shardfeed.transforms.decode.ops import DecoderBase
+
+class RawRowsDecoder(Protocol):
+    """What the raw rows need of their decode op (``ops.RawRowsDecoder`` has it): where the
+    image is, the channels asked, the pixel bound, and the whole-image decode of one
+    sample (a row that does not fit the batch form)."""
+
+    @property
+    def image_field(self) -> ImageField: ...
+
+    @property
+    def channels(self) -> str: ...
+
+    @property
+    def max_pixels(self) -> int: ...
+
+    def _decode_full(self, sample: dict[str, Any]) -> tuple[np.ndarray, str]: ...
 
 
-def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
+def raw_rows_into(decoder: RawRowsDecoder, key: str, columns: Mapping[str, Any],
                   out: np.ndarray) -> bool:
     """Write each row's raw image of feature ``key`` into its row of ``out`` (N×H×W×C),
     channels converted as ``decoder`` converts them; see the module doc.
@@ -82,7 +97,7 @@ def raw_rows_into(decoder: DecoderBase, key: str, columns: Mapping[str, Any],
     return True
 
 
-def shape_keys(decoder: DecoderBase, columns: Mapping[str, Any]
+def shape_keys(decoder: RawRowsDecoder, columns: Mapping[str, Any]
                ) -> tuple[str, str, str | None] | None:
     """The height, width and (if any) channels features of the raw image; None when one the
     field names is not among the columns."""
@@ -98,7 +113,7 @@ def shape_keys(decoder: DecoderBase, columns: Mapping[str, Any]
     return height_key, width_key, channels_key
 
 
-def raw_rows_target(decoder: DecoderBase, out: np.ndarray) -> np.ndarray | None:
+def raw_rows_target(decoder: RawRowsDecoder, out: np.ndarray) -> np.ndarray | None:
     """``out`` viewed as one row of bytes a batch row, where a stored raw image of exactly
     a row's bytes is the row (out of the field's dtype and the decoder's channels, C-ordered:
     the copy :func:`raw_rows_into` makes); None otherwise."""
@@ -109,7 +124,7 @@ def raw_rows_target(decoder: DecoderBase, out: np.ndarray) -> np.ndarray | None:
     return out.reshape(len(out), -1).view(np.uint8)
 
 
-def _stored_channels(decoder: DecoderBase, columns: Mapping[str, Any], lengths: np.ndarray,
+def _stored_channels(decoder: RawRowsDecoder, columns: Mapping[str, Any], lengths: np.ndarray,
                      out: np.ndarray, shape_keys: tuple[str, str, str | None]) -> np.ndarray:
     """Each row's stored channel count, after checking every row (its value ``lengths``
     bytes long) against the batch rows: within ``max_pixels``, the batch's height×width,
@@ -156,7 +171,7 @@ def _copy_into(target: np.ndarray, pixels: np.ndarray) -> None:
         target[...] = pixels
 
 
-def _decode_row(decoder: DecoderBase, key: str, columns: Mapping[str, Any], row: int,
+def _decode_row(decoder: RawRowsDecoder, key: str, columns: Mapping[str, Any], row: int,
                 target: np.ndarray, shape_keys: tuple[str, str, str | None]) -> None:
     """Row ``row`` through the decoder's per-sample decode (a conversion that is no copy)."""
     sample: dict[str, Any] = {key: columns[key][row]}

@@ -61,3 +61,30 @@ def test_imports_go_downward(path: Path) -> None:
 def test_layer_list_names_every_package() -> None:
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert packages == set(LAYERS)
+
+
+def _module_name(path: Path) -> str:
+    parts = ("shardfeed", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A module pair that imports each other (at run time, inside a function, or for types
+    only) is one module split in two: what both need goes in a third, lower one, or the
+    lower one names what it needs as a Protocol. A package's ``__init__`` re-exporting its
+    own modules is not such a pair."""
+    modules = {_module_name(p): p for p in _modules()}
+    imports: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        imports[name] = found & set(modules)
+    pairs = sorted((a, b) for a in imports for b in imports[a]
+                   if a < b and a in imports.get(b, ())
+                   and not b.startswith(a + ".") and not a.startswith(b + "."))
+    assert not pairs, f"modules that import each other: {pairs}"

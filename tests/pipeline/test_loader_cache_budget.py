@@ -11,7 +11,7 @@ import pytest
 from shardfeed.dataset import Dataset
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
-from shardfeed.pipeline.patches import Patches
+from shardfeed.pipeline.patches import DECODE_AHEAD_THREADS, Patches
 
 HEIGHT, WIDTH, IMAGES = 60, 70, 10
 
@@ -33,7 +33,10 @@ def test_budget_counts_an_explicit_cache_bound(pictures: Path) -> None:
         patches = Patches(ds, size=16, cache_images=4, refresh_every=3, cache_bytes=5_000_000)
         with Loader(patches, batch_size=8, seed=1, transform=None, num_threads=2) as loader:
             budget = loader.memory_budget()
-            assert budget.cache_bytes == 5_000_000
+            # the bound, and the images decoded ahead of the slices
+            assert patches.cache is not None and patches.cache.largest_bytes > 0
+            assert budget.cache_bytes == (5_000_000 + DECODE_AHEAD_THREADS
+                                          * patches.cache.largest_bytes)
             assert loader.memory_bound_bytes == budget.total_bytes > 5_000_000
 
 

@@ -107,6 +107,7 @@ class ImageCache(Generic[V]):
         self._clock: Clock = (-1, -1)
         self._bytes = 0
         self._peak = 0
+        self._largest = 0
         self._hits = 0
         self._loads = 0
         self._evictions = 0
@@ -136,6 +137,16 @@ class ImageCache(Generic[V]):
     def __contains__(self, key: Hashable) -> bool:
         with self._lock:
             return key in self._entries
+
+    @property
+    def largest_bytes(self) -> int:
+        """The largest value loaded so far, in bytes (0 before the first)."""
+        return self._largest
+
+    def known(self, key: Hashable) -> bool:
+        """Whether ``key`` is cached or being loaded (a :meth:`get` now would not load it)."""
+        with self._lock:
+            return key in self._entries or key in self._pending
 
     def stats(self) -> CacheStats:
         """The counters now (see :class:`CacheStats`)."""
@@ -219,6 +230,7 @@ class ImageCache(Generic[V]):
 
     def _insert(self, key: Hashable, value: V, nbytes: int, expires: Clock) -> None:
         # Called with the lock held.
+        self._largest = max(self._largest, nbytes)
         bound = self._configured
         if bound is None:
             # Derived: default_images of the largest value so far. Sizing it from the first

@@ -45,10 +45,11 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.cache_entries import EntryFiles
@@ -394,27 +395,21 @@ class DiskCache:
 
     def _reservations(self, keys: Sequence[str]) -> dict[str, tuple[bool, int]]:
         """``key -> (ready, pid)`` of the entries of ``keys`` held or reserved."""
-        db = self._db()
-        found: dict[str, tuple[bool, int]] = {}
-        for lo in range(0, len(keys), _PARAMS):
-            part = list(keys[lo : lo + _PARAMS])
-            marks = ",".join("?" * len(part))
-            for key, ready, pid in db.execute(
-                    f"SELECT key, ready, pid FROM entries WHERE key IN ({marks})", part):
-                found[key] = (bool(ready), int(pid))
-        return found
+        return {row[0]: (bool(row[1]), int(row[2]))
+                for row in self._select("key, ready, pid", keys)}
 
     def _rows(self, keys: Sequence[str]) -> dict[str, tuple[int, bool]]:
         """``key -> (size, ready)`` of the entries of ``keys`` held or reserved."""
+        return {row[0]: (int(row[1]), bool(row[2]))
+                for row in self._select("key, size, ready", keys)}
+
+    def _select(self, columns: str, keys: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+        """``columns`` of the entries of ``keys``, a bounded number of keys a query."""
         db = self._db()
-        found: dict[str, tuple[int, bool]] = {}
         for lo in range(0, len(keys), _PARAMS):
             part = list(keys[lo : lo + _PARAMS])
             marks = ",".join("?" * len(part))
-            for key, size, ready in db.execute(
-                    f"SELECT key, size, ready FROM entries WHERE key IN ({marks})", part):
-                found[key] = (size, bool(ready))
-        return found
+            yield from db.execute(f"SELECT {columns} FROM entries WHERE key IN ({marks})", part)
 
     def _read_file(self, key: str, size: int) -> tuple[bytes | None, bool]:
         """The entry's bytes (None when its file is gone, evicted by another process

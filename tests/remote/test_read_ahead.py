@@ -270,8 +270,21 @@ def test_a_server_gone_for_good_under_read_ahead_is_a_storage_error_naming_the_u
     assert time.perf_counter() - start < 60
 
 
+def stream_carrying(loader: Loader, chunks: int) -> list[tuple[list[int], list[bytes]]]:
+    """:func:`stream`, holding the last batch back until the read-ahead has scheduled
+    ``chunks`` chunks of the next epoch (it does so while the pass runs: on a loaded machine
+    the pass could otherwise end before it has, and carry fewer), then their fetches."""
+    out, total = [], len(loader)
+    for k, b in enumerate(loader):
+        out.append((b["index"].tolist(), list(b["name"])))
+        if k == total - 2:
+            _carried(loader, chunks)
+    return out
+
+
 def _carried(loader: Loader, chunks: int) -> None:
-    """Wait until the pass just read has fetched ``chunks`` chunks of the next epoch."""
+    """Wait until the pass being read has scheduled ``chunks`` chunks of the next epoch, and
+    their fetches are done."""
     ahead = loader._run.read_ahead if loader._run is not None else None
     assert ahead is not None
     deadline = time.monotonic() + 30
@@ -291,8 +304,7 @@ def test_the_next_epochs_first_batches_are_read_while_this_one_ends(
     options = {**OPTIONS, "read_ahead": 4}  # chunks: 1 batch, then 2
     expected = local_epochs(folder, 2, read_ahead=0)
     with Dataset(url) as ds, Loader(ds, **options) as loader:
-        first = stream(loader)
-        _carried(loader, 2)
+        first = stream_carrying(loader, 2)
         with s3_server.stall_gets(".tfrecord", timeout_seconds=30) as stall:
             batches = iter(loader)
             # the server sends no shard byte now: these three come from the carried chunks
@@ -313,8 +325,7 @@ def test_a_carried_read_ahead_that_does_not_fit_the_next_pass_is_dropped(
         loader.set_epoch(5)
         expected = stream(loader)
     with Dataset(url) as ds, Loader(ds, **options) as loader:
-        stream(loader)
-        _carried(loader, 2)  # epoch 1's first chunks, staged
+        stream_carrying(loader, 2)  # epoch 1's first chunks, staged
         loader.set_epoch(5)
         assert stream(loader) == expected
 

@@ -76,7 +76,7 @@ def test_a_stalled_server_ends_within_the_deadline_and_close_ends_a_wait_at_once
     source = open_source(name, deadline_seconds=2)
     with obstore_s3.stall_gets(".tfrecord"):
         began = time.monotonic()
-        with pytest.raises(StorageError, match=r"deadline of 2 s \(deadline_seconds\)"):
+        with pytest.raises(StorageError, match=r"within deadline_seconds=2 "):
             source.read(0, 100)
         assert time.monotonic() - began < 2 + 3
         other = open_source(name, deadline_seconds=60)

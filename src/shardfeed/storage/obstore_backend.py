@@ -41,7 +41,9 @@ from urllib.parse import urlsplit
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.backends import Backend, register_backend
+from shardfeed.storage.calls import current_policy
 from shardfeed.storage.daemon_threads import DaemonThreads
+from shardfeed.storage.failures import deadline_error
 from shardfeed.storage.options import storage_options_for
 from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
@@ -97,8 +99,9 @@ def _store(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, st
         if store is None:
             from obstore.store import from_url
 
-            # obstore gives up within the storage layer's deadline too (its thread is
-            # not left retrying for minutes after the caller stopped waiting)
+            # obstore retries transient failures (with backoff) until the storage layer's
+            # default deadline, the most any read waits; a read with a shorter deadline
+            # stops waiting at its own (its thread is left to end within the default)
             client: dict[str, Any] = {"timeout": f"{DEFAULT_DEADLINE_SECONDS:g}s",
                                       "connect_timeout": "10s"}
             if endpoint.startswith("http://") or parts.scheme == "http":
@@ -107,7 +110,7 @@ def _store(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, st
                 config["endpoint"] = endpoint
             store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
                              f"{parts.scheme}://{parts.netloc}", config=config or None,
-                             client_options=client, retry_config={"max_retries": 3,
+                             client_options=client, retry_config={"max_retries": 10_000,
                                            "retry_timeout": timedelta(
                                                seconds=DEFAULT_DEADLINE_SECONDS)})
             _STORES[key] = store
@@ -127,10 +130,9 @@ def _wait(future: Future[T], url: str, action: str, deadline: float,
         except FutureTimeout:
             remaining -= step
             if remaining <= 0:
-                raise StorageError(
-                    f"cannot {action} '{url}': no answer within the deadline of "
-                    f"{deadline:g} s (deadline_seconds)"
-                ) from None
+                raise deadline_error(url, action=action, deadline_seconds=deadline,
+                                     attempts=1, elapsed_seconds=deadline, last_error=None,
+                                     still_waiting=True) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -203,7 +205,8 @@ class ObstoreSource:
                 if r.end > r.start]
         if not plan:
             return out
-        blobs = _call(self.url, "read", self.deadline_seconds, self._is_closed,
+        action = f"read bytes {plan[0].start}..{plan[-1].end} of"
+        blobs = _call(self.url, action, self.deadline_seconds, self._is_closed,
                       lambda: self._obstore.get_ranges(
                           self._store, self._path, starts=[r.start for r in plan],
                           ends=[r.end for r in plan], coalesce=0))
@@ -219,21 +222,31 @@ class ObstoreSource:
         return out
 
     def close(self) -> None:
+        """Idempotent; a read waiting in another thread ends at once with a StorageError."""
         self._closed = True
+
+    def __enter__(self) -> ObstoreSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"ObstoreSource({self.url!r})"
 
 
 def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
+    """The whole object, within the deadline of the current policy (a Dataset opens its
+    manifest and indexes within its own ``deadline_seconds``)."""
     obstore = _module()
     store, path = _store(url, storage_options)
-    return _call(url, "read", DEFAULT_DEADLINE_SECONDS, lambda: False,
+    return _call(url, "read", current_policy().deadline_seconds, lambda: False,
                  lambda: bytes(obstore.get(store, path).bytes()))
 
 
 def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
-    return ObstoreSource(url, storage_options=storage_options).size()
+    return ObstoreSource(url, storage_options=storage_options,
+                         deadline_seconds=current_policy().deadline_seconds).size()
 
 
 OBSTORE = Backend(

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from shardfeed.errors import StorageError
@@ -52,6 +52,9 @@ from shardfeed.storage.ranges import (
     coalesce_ranges,
 )
 from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["OBSTORE", "SCHEMES", "ObstoreSource", "use_obstore"]
 
@@ -225,7 +228,7 @@ class ObstoreSource:
         """Idempotent; a read waiting in another thread ends at once with a StorageError."""
         self._closed = True
 
-    def __enter__(self) -> ObstoreSource:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -61,6 +61,12 @@ _CACHE_READS = DaemonThreads("shardfeed-cache-read", limit=FETCH_THREADS)
 """The threads that read the disk cache: not the fetch threads, whose requests take a cloud
 store's latency (a hit must not wait behind a miss); kept, as every thread a pass uses."""
 
+_CACHE_WAITS = DaemonThreads("shardfeed-cache-wait")
+"""The threads that wait for records another fetch is writing into the cache: neither the
+fetch threads (two processes whose fetch threads all waited for each other's records would
+both stall until the deadline) nor the cache-read threads; no limit, so a wait never holds
+up another."""
+
 _Read = tuple["Future[list[bytes | None]]", int]
 """A read of the disk cache and a record's place in its result."""
 
@@ -390,8 +396,7 @@ class AheadSession:
             coming += [(j, row[0]) for (j, _), row in zip(refused, again) if row is not None]
         for lo in range(0, len(coming), CACHE_READ_RECORDS):
             part = coming[lo : lo + CACHE_READ_RECORDS]
-            # on a fetch thread: it waits as long as the fetch it saves would have taken
-            wait = f._executor().submit(
+            wait = _CACHE_WAITS.submit(
                 partial(cache.await_entries, [(keys[j], size) for j, size in part],  # type: ignore[misc]
                         seconds=DEFAULT_DEADLINE_SECONDS, stop=self._is_closed))
             held.update((j, (wait, n)) for n, (j, _) in enumerate(part))

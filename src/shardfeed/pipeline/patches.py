@@ -41,9 +41,7 @@ with the same outputs).
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -64,6 +62,7 @@ from shardfeed.pipeline.samplers import (
 )
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
+from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.transforms.boxes import parse_size
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.orientation import ExifOrientation
@@ -76,7 +75,8 @@ _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image
 DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
 """Threads decoding the images slices need next (see ``Patches._decode_ahead``), one image
 each at most: their images are counted in :attr:`Patches.cache_bytes`."""
-_DECODERS_LOCK = threading.Lock()
+_DECODERS = DaemonThreads("shardfeed-patch-decode", limit=DECODE_AHEAD_THREADS)
+"""Kept for the process and shared by every Patches (no threads a sampler left behind)."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -161,7 +161,6 @@ class Patches(SamplerBase):
                                           exif_orientation=exif_orientation).bound(
                 mask_info, root=root)
         n = self.schedule.max_resident
-        self._pool: ThreadPoolExecutor | None = None
         self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
             default = max(1, n) + self.options.slack_images()
@@ -305,22 +304,15 @@ class Patches(SamplerBase):
                 continue
             started.add(rid)
             expires = (epoch, self.schedule.last_output(int(q[i])))
-            self._decoders().submit(cache.get, rid, functools.partial(self._load, rid, None),
-                                    expires=expires, now=(epoch, int(positions[i])))
-
-    def _decoders(self) -> ThreadPoolExecutor:
-        with _DECODERS_LOCK:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=DECODE_AHEAD_THREADS,
-                                                thread_name_prefix="shardfeed-patch-decode")
-            return self._pool
+            _DECODERS.submit(functools.partial(
+                cache.get, rid, functools.partial(self._load, rid, None), expires=expires,
+                now=(epoch, int(positions[i]))))
 
     # -- pickling (process workers) -------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        # The dataset pickles by reopening its files; the cache travels empty, the decoding
-        # threads not at all (a copy starts its own).
-        return {**self.__dict__, "_pool": None}
+        # The dataset pickles by reopening its files; the cache travels empty.
+        return dict(self.__dict__)
 
     def __repr__(self) -> str:
         o = self.options

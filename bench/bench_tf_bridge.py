@@ -8,7 +8,10 @@ Same loader (``presets.train(224)``, batch 64, ``--threads`` threads) over JPEGs
     from_generator    tf.data.Dataset.from_generator over the same loader (what a user
                       would write by hand)
     keras.adapt       shardfeed.keras.adapt(loader, inputs="image", targets=LABEL):
-                      the PyDataset Keras iterates (x, y) from (y: the label)
+                      the PyDataset Keras iterates (x, y) from (y: the label), read by index
+    keras fit input   the same PyDataset as model.fit reads it on the TensorFlow backend:
+                      the tf.data.Dataset Keras's PyDataset adapter makes of it, a new
+                      iterator each epoch
     tf.data peer      bench/peers/tfdata_loader.py over the same shards (TFRecordDataset,
                       decode_and_crop_jpeg, shuffle(10000): TensorFlow's own ImageNet
                       input), one epoch a round in a process of its own
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                           drop_last=True)
 
         loaders = {name: loader() for name in
-                   ("loader", "tf.dataset", "from_generator", "keras.adapt")}
+                   ("loader", "tf.dataset", "from_generator", "keras.adapt",
+                                "keras fit input")}
         plain = loaders["from_generator"]
         spec = shardfeed.tf.element_spec(plain, features=["image", LABEL])
 
@@ -94,6 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         keras_data = shardfeed.keras.adapt(loaders["keras.adapt"], inputs="image",
                                            targets=LABEL)
 
+        from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+        fit_data = shardfeed.keras.adapt(loaders["keras fit input"], inputs="image",
+                                         targets=LABEL)
+        fit_adapter = PyDatasetAdapter(fit_data)
+        fit_input = fit_adapter.get_tf_dataset()
+
+        def fit_epoch() -> Iterable[Any]:
+            fit_adapter.on_epoch_begin()
+            yield from fit_input
+            fit_adapter.on_epoch_end()
+
         def keras_epoch() -> Iterable[Any]:
             for k in range(len(keras_data)):
                 yield keras_data[k]
@@ -104,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             "tf.dataset": lambda: _images(bridged, lambda b: int(b[LABEL].shape[0])),
             "from_generator": lambda: _images(handmade, lambda b: int(b[LABEL].shape[0])),
             "keras.adapt": lambda: _images(keras_epoch(), lambda xy: len(xy[1])),
+            "keras fit input": lambda: _images(fit_epoch(), lambda xy: int(xy[1].shape[0])),
         }
         peer = [sys.executable, str(Path(__file__).resolve().parent / "peers" /
                                     "tfdata_loader.py"),

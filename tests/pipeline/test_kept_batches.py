@@ -96,6 +96,55 @@ def test_plain_loop_reuses_the_batch_buffers(clean_folder: Path, workers: str) -
     assert len(addresses) <= ring_batches
 
 
+def _keep_last(loader: Loader, held: int, epochs: int) -> tuple[set[int], list[Any]]:
+    """Iterate ``epochs`` epochs keeping the last ``held`` batches alive (a prefetch buffer
+    of a framework holding the loader's memory); the image addresses seen, every batch copied
+    as it came, and the batches still held at the end checked against those copies."""
+    addresses: set[int] = set()
+    window: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    copies: list[dict[str, Any]] = []
+    for _ in range(epochs):
+        for batch in loader:
+            addresses.add(int(batch["image"].__array_interface__["data"][0]))
+            copied = {k: v.copy() if isinstance(v, np.ndarray) else list(v)
+                      for k, v in batch.items()}
+            copies.append(copied)
+            window = [*window, (batch, copied)][-held:]
+            for kept, want in window:  # nothing held was written into
+                np.testing.assert_array_equal(kept["image"], want["image"])
+    return addresses, copies
+
+
+def test_a_consumer_that_holds_batches_has_them_built_in_the_ring(clean_folder: Path) -> None:
+    """A consumer keeping 3 batches alive (tf.data's prefetch over tensors made without a
+    copy) that says so: the ring grows once and builds in the same buffers every epoch."""
+    with Loader(open_dataset(clean_folder), **options(drop_last=True)) as loader:
+        loader.reserve_held_batches(3)
+        ring_batches = loader.memory_budget().ring_batches
+        addresses, copies = _keep_last(loader, held=3, epochs=3)
+    assert ring_batches == 2 + 1 + 3  # prefetch, the one being built, the 3 held
+    assert len(copies) == 36
+    assert len(addresses) <= ring_batches
+    expected = copied_batches(clean_folder, **options(drop_last=True))
+    assert_same_batches(copies[:12], expected)
+
+
+def test_a_consumer_that_holds_batches_unsaid_gets_new_memory(clean_folder: Path) -> None:
+    """The same consumer without reserve_held_batches still gets intact batches, each built in
+    new memory once the ring's buffers are all held."""
+    with Loader(open_dataset(clean_folder), **options(drop_last=True)) as loader:
+        addresses, copies = _keep_last(loader, held=3, epochs=3)
+    assert len(copies) == 36
+    assert len(addresses) > 2 + 1 + 3
+
+
+def test_reserve_held_batches_rejects_what_is_not_a_count(clean_folder: Path) -> None:
+    with Loader(open_dataset(clean_folder), **options()) as loader:
+        for bad in (-1, 1.5, True, "2"):
+            with pytest.raises(ValueError, match="held must be an int >= 0"):
+                loader.reserve_held_batches(bad)  # type: ignore[arg-type]
+
+
 def test_numpy_adapter_copy_is_no_longer_needed(clean_folder: Path) -> None:
     with Loader(open_dataset(clean_folder), **options()) as loader:
         with pytest.warns(DeprecationWarning, match="copy=True is no longer needed"):

@@ -200,6 +200,7 @@ class Loader:
             adaptive=self.options.workers == "threads" and self.options.adaptive_threads,
             window_samples=max(4 * batch_size, 512),
         )
+        self._reserved = 0  # batches a consumer keeps alive (reserve_held_batches)
         self._open_nothing()
 
     def _open_nothing(self) -> None:
@@ -349,6 +350,24 @@ class Loader:
         assert self._probe is not None
         return layout, self._probe[0]
 
+    def reserve_held_batches(self, held: int) -> None:
+        """Say that the consumer keeps up to ``held`` batches alive besides the one it uses.
+
+        For framework adapters whose prefetch buffer holds the batches' memory (a
+        ``tf.data`` prefetch over tensors made without a copy): the loader's ring grows by up
+        to ``held`` buffers, counted in ``memory_budget().ring_batches``, and builds in them
+        again once the consumer lets go. Without it, every batch the consumer still holds
+        when its buffer comes round is left to the consumer and the next batch is built in
+        new memory: correct, but an allocation of the whole batch (and its page faults)
+        every batch. With ``workers="processes"`` the ring never grows: held batches are
+        handed out as copies instead. Calls take the largest ``held`` said.
+        """
+        if isinstance(held, bool) or not isinstance(held, int) or held < 0:
+            raise ValueError(f"held must be an int >= 0 (batches), got {held!r}")
+        self._reserved = max(self._reserved, held)
+        if self._ring is not None:
+            self._ring.reserve(self._reserved)
+
     @property
     def transform(self) -> Any:
         """The transform the loader applies (bound to the dataset's schema), or None."""
@@ -365,7 +384,7 @@ class Loader:
             self.options, self._layout, sample, records,
             index_bytes=self.sampler.index_bytes, num_units=self.num_units,
             decode_bytes=decode_bytes_per_thread(self._transform, self.sampler, records),
-            cache_bytes=self._cache_bound(), ring_batches=ring_batches(self.options),
+            cache_bytes=self._cache_bound(), ring_batches=ring_batches(self.options, self._reserved),
             stage_bytes=stage_memory_bytes(self.batch_stages),
             read_ahead_bytes=staging_bytes(self.sampler, self._context(), self._positions(0),
                                            option=self.options.read_ahead,
@@ -405,6 +424,7 @@ class Loader:
             self._executor = thread_pool(opts)
         if self._ring is None:
             self._ring, self._processes, self._shared = open_ring(self._builder, layout, opts)
+            self._ring.reserve(self._reserved)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(
                 self, release, [self._executor, self._processes, self._shared]

@@ -5,7 +5,8 @@ Threads plan, read and (with ``workers="threads"``) build slices; with
 them into a ring of batch buffers in shared memory. :class:`BatchRing` decides which buffer
 a batch is built in, so that a batch the caller keeps is never written into. Determinism:
 none of this affects the output bytes. State: none beyond the pools themselves. Memory: the
-ring holds :func:`ring_batches` batches; batches the caller keeps are the caller's memory.
+ring holds :func:`ring_batches` batches (plus those a consumer said it holds, see
+:meth:`BatchRing.reserve`); batches the caller keeps beyond them are the caller's memory.
 """
 
 from __future__ import annotations
@@ -66,15 +67,20 @@ class BatchRing:
         batch k is built in the next buffer (in ring order) that is neither being
         built nor held
         threads    n = prefetch_batches + 1 buffers in process memory; if every idle
-                   buffer is held, the next one's held columns get new memory first
-                   (the caller keeps the old memory)
+                   buffer is held, a new buffer joins the ring while it has fewer than
+                   n + reserved (see :meth:`reserve`), else the next one's held columns
+                   get new memory first (the caller keeps the old memory)
         processes  n = prefetch_batches + 2 buffers in shared memory (the worker
                    processes know them by name, so there are never more); a batch is
                    handed out as the buffer's own memory while at most
                    n - prefetch_batches - 1 other buffers are held, else as a copy
 
     In a training loop (each batch dropped by the time the one after next is asked for) no
-    column is renewed and nothing is copied. The process rule keeps a free buffer for every
+    column is renewed and nothing is copied. A consumer that keeps a few batches alive
+    besides the one it uses (a framework's prefetch buffer holding the batches' memory)
+    reserves them: the ring grows to hold them once, and they are built in again when the
+    consumer lets go, instead of every batch being built in new memory (a fresh allocation
+    of the batch's bytes, page faults and zeroing included, every batch). The process rule keeps a free buffer for every
     batch to build: at most ``prefetch_batches - 1`` are being built while the caller asks for
     a batch, and at most ``n - prefetch_batches`` are held.
     """
@@ -83,7 +89,18 @@ class BatchRing:
         self.buffers = buffers
         self.prefetch_batches = prefetch_batches
         self.shared = any(b.shared for b in buffers)
+        self._base = len(buffers)
         self._cursor = 0  # where the search for a free buffer starts: the ring's order
+        self.limit = len(buffers)  # buffers the ring may grow to (see reserve)
+
+    def reserve(self, held: int) -> None:
+        """Let the ring grow by up to ``held`` buffers, for batches a consumer keeps alive.
+
+        Buffers in shared memory never grow (the worker processes know them by name): the
+        hand-out rule copies instead.
+        """
+        if not self.shared:
+            self.limit = max(self.limit, self._base + held)
 
     def buffer_for(self, index: int, building: Sequence[BatchBuffer]) -> BatchBuffer:
         """The buffer to build batch ``index`` in; ``building``: buffers of batches in flight."""
@@ -93,7 +110,10 @@ class BatchRing:
             if all(self.buffers[(self._cursor + step) % n] is not b for b in building)
         ]
         chosen = next((b for b in idle if not b.held()), None)
-        if chosen is None:
+        if chosen is None and len(self.buffers) < self.limit:
+            chosen = BatchBuffer(self.buffers[0].layout)
+            self.buffers.insert(self._cursor, chosen)  # built in next, then in ring order
+        elif chosen is None:
             if self.shared or not idle:  # the hand-out rule makes this unreachable
                 raise RuntimeError(
                     f"no free batch buffer among {n} for batch {index}: {len(building)} in "
@@ -101,7 +121,7 @@ class BatchRing:
                 )
             chosen = idle[0]
             chosen.renew_held()
-        self._cursor = (self.buffers.index(chosen) + 1) % n
+        self._cursor = (self.buffers.index(chosen) + 1) % len(self.buffers)
         return chosen
 
     def hand_out(self, buffer: BatchBuffer, count: int) -> dict[str, Any]:
@@ -113,9 +133,12 @@ class BatchRing:
         return buffer.take(count, copy=copy)
 
 
-def ring_batches(options: LoaderOptions) -> int:
-    """How many batch buffers the loader holds (see :class:`BatchRing`)."""
-    return options.prefetch_batches + (2 if options.workers == "processes" else 1)
+def ring_batches(options: LoaderOptions, reserved: int = 0) -> int:
+    """How many batch buffers the loader holds at most (see :class:`BatchRing`), with
+    ``reserved`` batches a consumer keeps alive (threads only: a shared ring never grows)."""
+    if options.workers == "processes":
+        return options.prefetch_batches + 2
+    return options.prefetch_batches + 1 + reserved
 
 
 def open_ring(

@@ -96,3 +96,24 @@ def test_a_stalled_server_ends_within_the_deadline_and_close_ends_a_wait_at_once
         reader.join(5)
         assert not reader.is_alive() and time.monotonic() - began < 1.5
         assert failed and "closed" in str(failed[0])
+
+
+def test_a_server_away_is_retried_counted_and_bounded_by_retries(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """The server goes away: with the default options the read waits it out and the retries
+    show in ``stats()``; with ``retries=0`` the first refusal ends the read, naming it."""
+    folder = records_dataset(40, 1)
+    url = obstore_s3.upload_folder(folder)
+    name = f"{url}/" + next(p.name for p in folder.iterdir() if p.name.endswith(".tfrecord"))
+    want = (folder / name.rsplit("/", 1)[1]).read_bytes()[:100]
+    patient = open_source(name, backoff_seconds=0.05, max_backoff_seconds=0.2)
+    strict = open_source(name, retries=0)
+    obstore_s3.stop()
+    with pytest.raises(StorageError, match=r"cannot read bytes 0\.\.100 of .*tfrecord"):
+        strict.read(0, 100)
+    assert strict.stats()["retries"] == 0
+    restart = obstore_s3.start_when(lambda: patient.stats()["retries"] > 0)
+    assert patient.read(0, 100) == want
+    restart.join(timeout=30)
+    assert patient.stats()["retries"] > 0

@@ -10,18 +10,22 @@ An optional backend (``pip install 'shardfeed[obstore]'``), turned on for the pr
 
 Ranged reads of an object are one ``get_ranges`` call (the ranges merged where their holes
 are small, as :mod:`~shardfeed.storage.ranges` merges them, then fetched concurrently by
-obstore's runtime, outside the GIL); sizes are one HEAD, remembered; whole objects one GET.
+obstore's runtime, outside the GIL; ``coalesce_gap_bytes=-1`` keeps touching ranges apart,
+one request each); sizes are one HEAD, remembered; whole objects one GET.
 Credentials and the endpoint come from the environment as obstore reads them
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...), and from ``storage_options`` (given, or
 registered with ``set_storage_options`` and the ``FSSPEC_*`` variables as for fsspec) in
 s3fs's words (``key``, ``secret``, ``token``, ``client_kwargs={"endpoint_url": ...,
 "region_name": ...}``) or obstore's (``obstore_config={...}``).
 
-Deadlines and Ctrl-C, as everywhere in the storage layer: each call runs on a daemon thread
-and the caller waits for at most ``deadline_seconds`` (obstore's own retries and timeouts are
-set within it), so Ctrl-C and ``close()`` end the wait at once; a failure is a
-:class:`~shardfeed.errors.StorageError` naming the URL (a missing object's raised from a
-``FileNotFoundError``).
+Deadlines, retries and Ctrl-C, as everywhere in the storage layer: obstore makes one attempt
+a call (connect and whole-request timeouts of a quarter of the deadline, at most 5 s / 15 s,
+so that a stalled attempt fails in time for a retry); the storage layer's
+:class:`~shardfeed.storage.retry.Retrier` runs it on a daemon thread and retries transient
+failures (no answer, HTTP 5xx and 429) under the source's ``retries``, backoff and one
+``deadline_seconds`` a call, counting them in ``stats()``. Ctrl-C and ``close()`` end the
+wait at once; a failure is a :class:`~shardfeed.errors.StorageError` naming the URL (a
+missing object's raised from a ``FileNotFoundError``).
 
 Determinism: the bytes of a range do not depend on merging or concurrency. State: the
 remembered size; one store a bucket and options, kept for the process. Memory: the ranges in
@@ -31,10 +35,9 @@ flight.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -42,8 +45,7 @@ from urllib.parse import urlsplit
 from shardfeed.errors import StorageError
 from shardfeed.storage.backends import Backend, register_backend
 from shardfeed.storage.calls import current_policy
-from shardfeed.storage.daemon_threads import DaemonThreads
-from shardfeed.storage.failures import deadline_error
+from shardfeed.storage.inflight import CallGroup
 from shardfeed.storage.options import storage_options_for
 from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
@@ -51,7 +53,7 @@ from shardfeed.storage.ranges import (
     check_range,
     coalesce_ranges,
 )
-from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS
+from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Retrier, RetryPolicy
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -60,9 +62,8 @@ __all__ = ["OBSTORE", "SCHEMES", "ObstoreSource", "use_obstore"]
 
 T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
-_STORES: dict[tuple[str, str, str], Any] = {}
+_STORES: dict[tuple[str, str, str, float, float], Any] = {}
 _STORES_LOCK = threading.Lock()
-_THREADS = DaemonThreads("shardfeed-obstore")
 
 
 def _module() -> Any:
@@ -91,51 +92,53 @@ def _config(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
     return config
 
 
-def _store(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """The store of ``url``'s bucket (made once a bucket and options) and the object path."""
+def _attempt_seconds(deadline_seconds: float) -> tuple[float, float]:
+    """(connect, whole request) timeouts of one attempt: a quarter of the deadline, at most
+    5 s / 15 s, so that a stalled attempt fails in time for a retry (as s3fs's are set)."""
+    quarter = deadline_seconds / 4
+    return min(5.0, quarter), min(15.0, quarter)
+
+
+def _store(url: str, storage_options: Mapping[str, Any] | None,
+           deadline_seconds: float) -> tuple[Any, str]:
+    """The store of ``url``'s bucket (made once a bucket, options and deadline) and the
+    object path."""
     parts = urlsplit(url)
     config = _config(storage_options_for(url, storage_options))
     endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
-    key = (parts.scheme, parts.netloc, repr(sorted(config.items())))
+    connect, whole = _attempt_seconds(deadline_seconds)
+    key = (parts.scheme, parts.netloc, repr(sorted(config.items())), connect, whole)
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is None:
             from obstore.store import from_url
 
-            # obstore retries transient failures (with backoff) until the storage layer's
-            # default deadline, the most any read waits; a read with a shorter deadline
-            # stops waiting at its own (its thread is left to end within the default)
-            client: dict[str, Any] = {"timeout": f"{DEFAULT_DEADLINE_SECONDS:g}s",
-                                      "connect_timeout": "10s"}
+            # one attempt a call: the storage layer retries transient failures itself, under
+            # the one deadline of each call (and counts them)
+            client: dict[str, Any] = {"timeout": f"{whole:g}s", "connect_timeout": f"{connect:g}s"}
             if endpoint.startswith("http://") or parts.scheme == "http":
                 client["allow_http"] = True
             if parts.scheme == "s3" and endpoint and "endpoint" not in config:
                 config["endpoint"] = endpoint
             store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
                              f"{parts.scheme}://{parts.netloc}", config=config or None,
-                             client_options=client, retry_config={"max_retries": 10_000,
-                                           "retry_timeout": timedelta(
-                                               seconds=DEFAULT_DEADLINE_SECONDS)})
+                             client_options=client,
+                             retry_config={"max_retries": 0,
+                                           "retry_timeout": timedelta(seconds=whole)})
             _STORES[key] = store
     return store, parts.path.lstrip("/")
 
 
-def _wait(future: Future[T], url: str, action: str, deadline: float,
-          closed: Callable[[], bool]) -> T:
-    """The call's result, waited for in short steps (Ctrl-C and close() end the wait)."""
-    remaining = deadline
-    while True:
-        if closed():
-            raise StorageError(f"'{url}' was closed while reading it; open it again")
-        step = min(0.1, remaining)
-        try:
-            return future.result(timeout=step)
-        except FutureTimeout:
-            remaining -= step
-            if remaining <= 0:
-                raise deadline_error(url, action=action, deadline_seconds=deadline,
-                                     attempts=1, elapsed_seconds=deadline, last_error=None,
-                                     still_waiting=True) from None
+class ServerAnswer(Exception):
+    """An obstore call the server answered with an error status (``status``: the HTTP code;
+    5xx and 429 are retried, the others are not)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_STATUS = re.compile(r"status code: (\d{3})")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -144,55 +147,69 @@ def _first_line(exc: BaseException) -> str:
     return text[:300] or type(exc).__name__
 
 
-def _call(url: str, action: str, deadline: float, closed: Callable[[], bool],
-          fn: Callable[[], T]) -> T:
+def _judged(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn`` with obstore's failures as the storage layer judges them: a missing object a
+    FileNotFoundError, refused access a PermissionError, an error status a
+    :class:`ServerAnswer`, no answer (refused, reset, timed out) a ConnectionError."""
     errors = _module().exceptions
 
-    def run() -> T:
+    def attempt() -> T:
         try:
             return fn()
         except (FileNotFoundError, errors.NotFoundError) as exc:
-            raise StorageError(f"cannot {action} '{url}': it does not exist") from \
-                FileNotFoundError(_first_line(exc))
-        except (errors.BaseError, OSError, RuntimeError, ValueError) as exc:
-            raise StorageError(f"cannot {action} '{url}': {_first_line(exc)}") from exc
+            raise FileNotFoundError(_first_line(exc)) from None
+        except (errors.PermissionDeniedError, errors.UnauthenticatedError) as exc:
+            raise PermissionError(_first_line(exc)) from None
+        except errors.BaseError as exc:
+            line = _first_line(exc)
+            status = _STATUS.search(line)
+            if status is not None:
+                raise ServerAnswer(line, int(status.group(1))) from None
+            raise ConnectionError(line) from None
 
-    return _wait(_THREADS.submit(run), url, action, deadline, closed)
+    return attempt
 
 
 class ObstoreSource:
     """Random access to one object through obstore (see the module docstring). Thread-safe."""
 
     def __init__(self, url: str, *, deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+                 retries: int | None = None, backoff_seconds: float = 0.1,
+                 max_backoff_seconds: float = 10.0,
                  coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP_BYTES,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  storage_options: Mapping[str, Any] | None = None, **_ignored: Any) -> None:
         self.url = url
-        self.deadline_seconds = float(deadline_seconds)
+        self.policy = RetryPolicy(retries=retries, backoff_seconds=backoff_seconds,
+                                  max_backoff_seconds=max_backoff_seconds,
+                                  deadline_seconds=deadline_seconds)
+        self.deadline_seconds = self.policy.deadline_seconds
         self.coalesce_gap_bytes = int(coalesce_gap_bytes)
         self.max_request_bytes = int(max_request_bytes)
         self._obstore = _module()
-        self._store, self._path = _store(url, storage_options)
+        self._store, self._path = _store(url, storage_options, self.deadline_seconds)
+        self._retrier = Retrier(self.policy, key=url)
+        self._calls = CallGroup()
         self._size: int | None = None
-        self._closed = False
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_fetched = 0
 
-    def _is_closed(self) -> bool:
-        return self._closed
+    def _call(self, action: str, fn: Callable[[], T]) -> T:
+        return self._retrier.call(_judged(fn), url=self.url, action=action, group=self._calls)
 
     def stats(self) -> dict[str, int]:
-        """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries`` (0:
-        obstore retries inside a call), as RemoteSource counts them."""
+        """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries``, as
+        RemoteSource counts them."""
         with self._lock:
             return {"requests": self.requests, "bytes_fetched": self.bytes_fetched,
-                    "retries": 0}
+                    "retries": self._retrier.retries_done}
 
     def size(self) -> int:
+        """The object's size: one HEAD, remembered."""
         if self._size is None:
-            meta = _call(self.url, "get the size of", self.deadline_seconds, self._is_closed,
-                         lambda: self._obstore.head(self._store, self._path))
+            meta = self._call("get the size of",
+                              lambda: self._obstore.head(self._store, self._path))
             self._size = int(meta["size"])
         return self._size
 
@@ -209,10 +226,16 @@ class ObstoreSource:
         if not plan:
             return out
         action = f"read bytes {plan[0].start}..{plan[-1].end} of"
-        blobs = _call(self.url, action, self.deadline_seconds, self._is_closed,
-                      lambda: self._obstore.get_ranges(
-                          self._store, self._path, starts=[r.start for r in plan],
-                          ends=[r.end for r in plan], coalesce=0))
+        if self.coalesce_gap_bytes < 0:  # obstore would merge touching ranges: one call each
+
+            def each() -> list[Any]:
+                return [self._obstore.get_range(self._store, self._path, start=r.start,
+                                                end=r.end) for r in plan]
+            blobs = self._call(action, each)
+        else:
+            blobs = self._call(action, lambda: self._obstore.get_ranges(
+                self._store, self._path, starts=[r.start for r in plan],
+                ends=[r.end for r in plan], coalesce=0))
         with self._lock:
             self.requests += len(plan)
             self.bytes_fetched += sum(len(b) for b in blobs)
@@ -226,7 +249,7 @@ class ObstoreSource:
 
     def close(self) -> None:
         """Idempotent; a read waiting in another thread ends at once with a StorageError."""
-        self._closed = True
+        self._calls.cancel_all()
 
     def __enter__(self) -> Self:
         return self
@@ -239,17 +262,21 @@ class ObstoreSource:
 
 
 def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
-    """The whole object, within the deadline of the current policy (a Dataset opens its
-    manifest and indexes within its own ``deadline_seconds``)."""
+    """The whole object, under the current policy (a Dataset opens its manifest and indexes
+    within its own ``deadline_seconds``)."""
     obstore = _module()
-    store, path = _store(url, storage_options)
-    return _call(url, "read", current_policy().deadline_seconds, lambda: False,
-                 lambda: bytes(obstore.get(store, path).bytes()))
+    policy = current_policy()
+    store, path = _store(url, storage_options, policy.deadline_seconds)
+    return Retrier(policy, key=url).call(
+        _judged(lambda: bytes(obstore.get(store, path).bytes())), url=url, action="read")
 
 
 def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
-    return ObstoreSource(url, storage_options=storage_options,
-                         deadline_seconds=current_policy().deadline_seconds).size()
+    policy = current_policy()
+    return ObstoreSource(url, storage_options=storage_options, retries=policy.retries,
+                         backoff_seconds=policy.backoff_seconds,
+                         max_backoff_seconds=policy.max_backoff_seconds,
+                         deadline_seconds=policy.deadline_seconds).size()
 
 
 OBSTORE = Backend(

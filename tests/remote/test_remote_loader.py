@@ -147,13 +147,18 @@ def test_index_cache_spares_the_second_open(
         set_index_cache({})  # type: ignore[arg-type]
 
 
-def test_open_source_forwards_options(s3_server: Any, tmp_path: Path) -> None:
+def test_open_source_forwards_options(s3_server: Any, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     url = s3_server.upload_folder(_one_file(tmp_path))
-    with open_source(url + "/blob.bin", max_concurrency=3, coalesce_gap_bytes=0,
-                     retries=1) as src:
-        assert isinstance(src, RemoteSource)
-        assert (src.max_concurrency, src.coalesce_gap_bytes, src.policy.retries) == (3, 0, 1)
-        assert src.read_ranges([(0, 4), (10, 2)]) == [bytes(range(4)), bytes([10, 11])]
+    for obstore in ("1", "0"):  # the default backend where installed, then fsspec's
+        monkeypatch.setenv("SHARDFEED_OBSTORE", obstore)
+        with open_source(url + "/blob.bin", max_concurrency=3, coalesce_gap_bytes=0,
+                         retries=1) as src:
+            if obstore == "0":
+                assert isinstance(src, RemoteSource)
+                assert src.max_concurrency == 3
+            assert (src.coalesce_gap_bytes, src.policy.retries) == (0, 1)
+            assert src.read_ranges([(0, 4), (10, 2)]) == [bytes(range(4)), bytes([10, 11])]
     with pytest.raises(TypeError, match="apply to URLs"):
         open_source(tmp_path / "blob" / "blob.bin", max_concurrency=3)
 

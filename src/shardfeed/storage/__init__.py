@@ -35,7 +35,7 @@ def open_source(url: str | os.PathLike[str], /, **options: Any) -> ByteSource:
     text = text.removeprefix("file://")
     from shardfeed.storage.backends import backend_for
 
-    backend = backend_for(text)
+    backend = backend_for(text, options.get("storage_options"))
     if backend is not None:
         return backend.opened(text, options)
     if is_remote(text):

@@ -19,9 +19,11 @@ operation it leaves out goes to fsspec::
 
     shardfeed.Dataset("mem://bucket/ds")              # read through MemorySource
 
-Without a registration, ``scheme://`` URLs go to :class:`~shardfeed.storage.remote.RemoteSource`
-(fsspec, with direct ranged GETs for S3-compatible stores and HTTP) and local paths to
-:class:`~shardfeed.storage.local.LocalSource`. ``options`` names the keyword arguments
+Without a registration, ``s3://``, ``gs://`` and ``az://`` URLs go to obstore where it is
+installed (:mod:`~shardfeed.storage.obstore_backend`; ``SHARDFEED_OBSTORE=0`` turns that
+off), other ``scheme://`` URLs (and those obstore cannot serve with the options given) to
+:class:`~shardfeed.storage.remote.RemoteSource` (fsspec, with direct ranged GETs for
+S3-compatible stores and HTTP), and local paths to :class:`~shardfeed.storage.local.LocalSource`. ``options`` names the keyword arguments
 ``open`` takes (a Dataset's ``source_options``): any other is refused with a TypeError naming
 the backend, before a request is sent. A backend raises
 :class:`~shardfeed.errors.StorageError` naming the URL for a failure of the store (for an
@@ -43,7 +45,7 @@ from typing import Any
 
 from shardfeed.storage.base import ByteSource
 
-__all__ = ["Backend", "backend_for", "register_backend", "registered", "unregister_backend"]
+__all__ = ["DEFAULT_OBSTORE_SCHEMES", "Backend", "backend_for", "register_backend", "registered", "unregister_backend"]
 
 Options = Mapping[str, Any] | None
 
@@ -54,7 +56,8 @@ class Backend:
 
     ``open(url, **options) -> ByteSource``; ``read_bytes(url, storage_options) -> bytes``,
     ``size(url, storage_options) -> int``, ``exists(url, storage_options) -> bool``, each None
-    to leave it to fsspec; ``options``: the keyword arguments ``open`` takes.
+    to leave it to fsspec; ``options``: the keyword arguments ``open`` takes; ``serves(url,
+    storage_options) -> bool``: False sends the URL to fsspec (options it cannot honour).
     """
 
     name: str
@@ -63,6 +66,9 @@ class Backend:
     size: Callable[[str, Options], int] | None = None
     exists: Callable[[str, Options], bool] | None = None
     options: tuple[str, ...] = field(default=())
+    serves: Callable[[str, Options], bool] | None = None
+    """Whether it can read ``url`` with these ``storage_options`` (None: always); where
+    not, the URL goes to fsspec, as without a registration."""
 
     def opened(self, url: str, options: Mapping[str, Any]) -> ByteSource:
         """``open(url, **options)`` after checking the options are ones it takes."""
@@ -108,11 +114,33 @@ def unregister_backend(schemes: Iterable[str]) -> None:
             _REGISTRY.pop(str(scheme).lower().removesuffix("://"), None)
 
 
-def backend_for(url: str | os.PathLike[str]) -> Backend | None:
-    """The backend registered for ``url``'s scheme; None for the default (fsspec for
-    ``scheme://`` URLs, the local file system for paths)."""
+DEFAULT_OBSTORE_SCHEMES = ("s3", "gs", "az")
+"""Schemes read through obstore, where it is installed, without a registration."""
+
+
+def _default_for(scheme: str) -> Backend | None:
+    """obstore for the object stores' schemes where it is installed (``SHARDFEED_OBSTORE=0``
+    turns that off), else None."""
+    if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") == "0":
+        return None
+    from shardfeed.storage import obstore_backend
+
+    return obstore_backend.OBSTORE if obstore_backend.installed() else None
+
+
+def backend_for(url: str | os.PathLike[str], storage_options: Options = None
+                ) -> Backend | None:
+    """The backend that reads ``url``: the one registered for its scheme, else obstore for
+    ``s3://``, ``gs://`` and ``az://`` where installed; None for the default (fsspec for
+    ``scheme://`` URLs, the local file system for paths). A backend that cannot serve the
+    ``storage_options`` (its ``serves``) gives None too."""
     scheme = _scheme(url)
-    return None if scheme is None else _REGISTRY.get(scheme)
+    if scheme is None:
+        return None
+    backend = _REGISTRY.get(scheme) or _default_for(scheme)
+    if backend is None or backend.serves is None:
+        return backend
+    return backend if backend.serves(os.fspath(url), storage_options) else None
 
 
 def registered() -> dict[str, str]:

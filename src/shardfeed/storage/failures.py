@@ -131,6 +131,9 @@ def storage_error(url: str, exc: BaseException, *, action: str, attempts: int = 
         )
     else:
         text = f"cannot {action} '{url}': {describe(exc)}"
+        advice = getattr(exc, "advice", None)
+        if isinstance(advice, str):
+            text += f"; {advice}"
     return StorageError(text)
 
 

@@ -112,7 +112,7 @@ def read_bytes(
         if hit is not None:
             return hit
     local = _local(text)
-    backend = backend_for(text)
+    backend = backend_for(text, storage_options)
     if local is not None:
         with _local_errors(local, "read"), open(local, "rb") as handle:
             data = handle.read()
@@ -249,7 +249,7 @@ def exists(url: PathLike, *, storage_options: Options = None) -> bool:
     local = _local(text)
     if local is not None:
         return os.path.exists(local)
-    backend = backend_for(text)
+    backend = backend_for(text, storage_options)
     if backend is not None and backend.exists is not None:
         return bool(backend.exists(text, storage_options))
 
@@ -267,7 +267,7 @@ def size(url: PathLike, *, storage_options: Options = None) -> int:
     if local is not None:
         with _local_errors(local, "get the size of"):
             return os.path.getsize(local)
-    backend = backend_for(text)
+    backend = backend_for(text, storage_options)
     if backend is not None and backend.size is not None:
         return int(backend.size(text, storage_options))
 

@@ -1,7 +1,10 @@
 """obstore (Rust ``object_store``) as the backend of s3://, gs://, az:// and http(s):// URLs.
 
-An optional backend (``pip install 'shardfeed[obstore]'``), turned on for the process with
-:func:`use_obstore` (it registers itself with :mod:`shardfeed.storage.backends`)::
+The default for ``s3://``, ``gs://`` and ``az://`` where obstore is installed (``pip install
+'shardfeed[s3]'`` or ``[obstore]``; ``SHARDFEED_OBSTORE=0`` sends them to the direct-GET
+client of :mod:`~shardfeed.storage.remote` instead), for the options it has a counterpart
+of (:func:`serves`; others, e.g. ``requester_pays``, go to fsspec). :func:`use_obstore`
+registers it for ``http(s)://`` too::
 
     from shardfeed.storage.obstore_backend import use_obstore
 
@@ -15,8 +18,9 @@ one request each); sizes are one HEAD, remembered; whole objects one GET.
 Credentials and the endpoint come from the environment as obstore reads them
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...), and from ``storage_options`` (given, or
 registered with ``set_storage_options`` and the ``FSSPEC_*`` variables as for fsspec) in
-s3fs's words (``key``, ``secret``, ``token``, ``client_kwargs={"endpoint_url": ...,
-"region_name": ...}``) or obstore's (``obstore_config={...}``).
+s3fs's words (``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``,
+``client_kwargs={"endpoint_url": ..., "region_name": ...}``, ``config_kwargs``' timeouts)
+or obstore's (``obstore_config={...}``).
 
 Deadlines, retries and Ctrl-C, as everywhere in the storage layer: obstore makes one attempt
 a call (connect and whole-request timeouts of a quarter of the deadline, at most 5 s / 15 s,
@@ -34,6 +38,7 @@ flight.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -58,7 +63,7 @@ from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Retrier, RetryPoli
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["OBSTORE", "SCHEMES", "ObstoreSource", "use_obstore"]
+__all__ = ["OBSTORE", "SCHEMES", "ObstoreSource", "installed", "serves", "use_obstore"]
 
 T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
@@ -76,27 +81,83 @@ def _module() -> Any:
     return obstore
 
 
-def _config(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """obstore's configuration from s3fs-style ``storage_options`` (and ``obstore_config``)."""
-    options = dict(storage_options or {})
+_INSTALLED: bool | None = None
+
+
+def installed() -> bool:
+    """Whether obstore can be imported (looked up once)."""
+    global _INSTALLED
+    if _INSTALLED is None:
+        try:
+            _module()
+            _INSTALLED = True
+        except StorageError:
+            _INSTALLED = False
+    return _INSTALLED
+
+
+# s3fs's words obstore is given (see _config); config_kwargs' botocore timeouts bound the
+# attempt's, its retries are the storage layer's anyway
+_WORDS = frozenset({"key", "secret", "token", "anon", "endpoint_url", "client_kwargs",
+                    "config_kwargs", "obstore_config"})
+_CLIENT_WORDS = frozenset({"endpoint_url", "region_name"})
+_CONFIG_WORDS = frozenset({"retries", "connect_timeout", "read_timeout"})
+
+
+def _options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """fsspec's configuration for the protocol (``FSSPEC_S3_*`` variables), the registered
+    options, then ``storage_options``: what s3fs would be given."""
+    merged: dict[str, Any] = {}
+    try:
+        from fsspec.config import conf
+
+        merged.update(conf.get(urlsplit(url).scheme, {}))
+    except ImportError:
+        pass
+    merged.update(storage_options_for(url, storage_options))
+    return merged
+
+
+def serves(url: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether every option for ``url`` has an obstore counterpart (else fsspec reads it, so
+    that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, a profile...)."""
+    options = {k: v for k, v in _options(url, storage_options).items() if v is not None}
+    return (set(options) <= _WORDS
+            and set(options.get("client_kwargs") or {}) <= _CLIENT_WORDS
+            and set(options.get("config_kwargs") or {}) <= _CONFIG_WORDS)
+
+
+def _config(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """obstore's configuration from s3fs-style options (and ``obstore_config``), and the
+    attempt timeouts they ask for (``connect_timeout``, ``read_timeout``)."""
+    options = dict(options)
     config: dict[str, Any] = dict(options.pop("obstore_config", {}) or {})
     words = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
     for theirs, ours in words.items():
         if options.get(theirs) is not None:
             config.setdefault(ours, options[theirs])
+    if options.get("anon"):
+        config.setdefault("skip_signature", True)
     client = dict(options.get("client_kwargs") or {})
-    if client.get("endpoint_url"):
-        config.setdefault("endpoint", client["endpoint_url"])
+    endpoint = client.get("endpoint_url") or options.get("endpoint_url")
+    if endpoint:
+        config.setdefault("endpoint", endpoint)
     if client.get("region_name"):
         config.setdefault("region", client["region_name"])
-    return config
+    asked = options.get("config_kwargs") or {}
+    timeouts = {name: float(asked[name]) for name in ("connect_timeout", "read_timeout")
+                if isinstance(asked.get(name), (int, float))}
+    return config, timeouts
 
 
-def _attempt_seconds(deadline_seconds: float) -> tuple[float, float]:
+def _attempt_seconds(deadline_seconds: float, asked: Mapping[str, float]
+                     ) -> tuple[float, float]:
     """(connect, whole request) timeouts of one attempt: a quarter of the deadline, at most
-    5 s / 15 s, so that a stalled attempt fails in time for a retry (as s3fs's are set)."""
+    5 s / 15 s (or the ``connect_timeout`` / ``read_timeout`` asked, if shorter), so that a
+    stalled attempt fails in time for a retry (as s3fs's are set)."""
     quarter = deadline_seconds / 4
-    return min(5.0, quarter), min(15.0, quarter)
+    return (min(5.0, quarter, asked.get("connect_timeout", math.inf)),
+            min(15.0, quarter, asked.get("read_timeout", math.inf)))
 
 
 def _store(url: str, storage_options: Mapping[str, Any] | None,
@@ -104,9 +165,9 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     """The store of ``url``'s bucket (made once a bucket, options and deadline) and the
     object path."""
     parts = urlsplit(url)
-    config = _config(storage_options_for(url, storage_options))
+    config, asked = _config(_options(url, storage_options))
     endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
-    connect, whole = _attempt_seconds(deadline_seconds)
+    connect, whole = _attempt_seconds(deadline_seconds, asked)
     key = (parts.scheme, parts.netloc, repr(sorted(config.items())), connect, whole)
     with _STORES_LOCK:
         store = _STORES.get(key)
@@ -138,6 +199,15 @@ class ServerAnswer(Exception):
         self.status = status
 
 
+class RangeIgnored(Exception):
+    """The server answered a ranged GET with the whole object: not retried (it would answer
+    the same), and not read (it could be far larger than the range)."""
+
+    advice = ("the server ignores Range requests; serve the shards from a store that "
+              "honours them, or read them with SHARDFEED_OBSTORE=0 (the direct-GET client "
+              "reads such answers and drops the bytes outside the range)")
+
+
 _STATUS = re.compile(r"status code: (\d{3})")
 
 
@@ -150,7 +220,8 @@ def _first_line(exc: BaseException) -> str:
 def _judged(fn: Callable[[], T]) -> Callable[[], T]:
     """``fn`` with obstore's failures as the storage layer judges them: a missing object a
     FileNotFoundError, refused access a PermissionError, an error status a
-    :class:`ServerAnswer`, no answer (refused, reset, timed out) a ConnectionError."""
+    :class:`ServerAnswer`, a whole object for a range :class:`RangeIgnored`, no answer
+    (refused, reset, timed out) a ConnectionError."""
     errors = _module().exceptions
 
     def attempt() -> T:
@@ -162,6 +233,8 @@ def _judged(fn: Callable[[], T]) -> Callable[[], T]:
             raise PermissionError(_first_line(exc)) from None
         except errors.BaseError as exc:
             line = _first_line(exc)
+            if "non-partial response" in line:  # a 200 with the whole object for a range
+                raise RangeIgnored(line) from None
             status = _STATUS.search(line)
             if status is not None:
                 raise ServerAnswer(line, int(status.group(1))) from None
@@ -283,7 +356,7 @@ OBSTORE = Backend(
     "obstore", open=ObstoreSource, read_bytes=_read_bytes, size=_size,
     options=("deadline_seconds", "coalesce_gap_bytes", "max_request_bytes", "storage_options",
              "max_concurrency", "retries", "backoff_seconds", "max_backoff_seconds", "cache",
-             "direct_gets"))
+             "direct_gets"), serves=serves)
 """The backend (the options of RemoteSource are taken, those obstore has no use for ignored,
 so a Dataset's ``source_options`` work with either)."""
 

@@ -1,0 +1,70 @@
+"""The obstore backend against a server that misbehaves (tests/storage/hostile_server.py):
+short answers are retried and never handed back, a whole object sent for a range is named at
+once (not read, not retried), a trickling body ends at the deadline, garbled lengths are
+StorageErrors naming the URL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hostile_server import HostileServer, hostile_server, object_bytes
+
+from shardfeed.errors import StorageError
+
+pytest.importorskip("obstore")
+
+from shardfeed.storage.obstore_backend import ObstoreSource
+
+__all__ = ["hostile_server"]
+
+SLACK_SECONDS = 2.0
+"""Allowed past a stated deadline on a loaded machine."""
+
+
+def test_a_short_206_is_retried_then_read_whole(hostile_server: HostileServer) -> None:
+    source = ObstoreSource("s3://hostile/short.bin", backoff_seconds=0.01)
+    assert source.read(5000, 100_000) == object_bytes(5000, 105_000)
+    assert source.stats()["retries"] == 2
+    assert hostile_server.requests.count("short.bin") == 3
+
+
+def test_a_server_that_keeps_answering_short_is_an_error_not_data(
+    hostile_server: HostileServer,
+) -> None:
+    hostile_server.short_answers = 10**6
+    source = ObstoreSource("s3://hostile/short.bin", retries=4, backoff_seconds=0.01,
+                           max_backoff_seconds=0.05)
+    with pytest.raises(StorageError, match=r"read bytes 5000\.\.105000 of "
+                                           r"'s3://hostile/short\.bin' after 5 attempts"):
+        source.read(5000, 100_000)
+
+
+def test_a_whole_object_for_a_range_is_named_at_once(hostile_server: HostileServer) -> None:
+    source = ObstoreSource("s3://hostile/whole.bin")
+    began = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        source.read(40 << 20, 512 << 10)
+    assert time.monotonic() - began < 5 + SLACK_SECONDS  # not retried until the deadline
+    message = str(info.value)
+    assert "s3://hostile/whole.bin" in message and "ignores Range requests" in message
+    assert source.stats()["retries"] == 0
+
+
+def test_a_trickling_body_ends_at_the_deadline(hostile_server: HostileServer) -> None:
+    source = ObstoreSource("s3://hostile/trickle.bin", deadline_seconds=2)
+    began = time.monotonic()
+    with pytest.raises(StorageError, match=r"trickle\.bin.*deadline_seconds=2"):
+        source.read(0, 64 << 10)
+    assert time.monotonic() - began < 2 + SLACK_SECONDS
+
+
+@pytest.mark.parametrize("name", ["length.bin", "chunked.bin"])
+def test_a_garbled_length_is_a_storage_error_naming_the_url(
+    hostile_server: HostileServer, name: str
+) -> None:
+    hostile_server.content_length = "-1"
+    hostile_server.chunk_size_line = b"zz"
+    source = ObstoreSource(f"s3://hostile/{name}", retries=1, backoff_seconds=0.01)
+    with pytest.raises(StorageError, match=rf"read bytes 0\.\.16 of 's3://hostile/{name}'"):
+        source.read(0, 16)

@@ -203,13 +203,13 @@ def test_the_batch_path_turned_off_by_another_thread_mid_slice(tmp_path: Path) -
                            transform=DecodeImage(channels="gray")))[0]
     next(iter(loader))
     builder = loader._builder
-    plan = builder.source.plan
+    plan = builder.sampler.plan
 
     def plan_then_turn_off(*args: Any) -> Any:
         builder._read_columns = None  # what the other thread does
         return plan(*args)
 
-    builder.source.plan = plan_then_turn_off  # type: ignore[method-assign]
+    builder.sampler.plan = plan_then_turn_off  # type: ignore[method-assign]
     assert loader._layout is not None
     buffer = BatchBuffer(loader._layout)
     builder.build_slice(loader._context(), np.arange(16, dtype=np.int64), buffer, 0)

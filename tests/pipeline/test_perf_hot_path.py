@@ -105,7 +105,7 @@ def test_no_in_place_writes_without_a_matching_spec(clean_ds: Any) -> None:
     assert builder.direct_keys(buffer.layout) == ()
     # A spec of another size than the batch column: no in-place write either.
     other = presets.train(size=21).bind(clean_ds.schema, root=None)
-    assert in_place_keys(builder.source, other, buffer.layout) == ()
+    assert in_place_keys(builder.sampler, other, buffer.layout) == ()
 
 
 def test_a_wrong_shape_still_names_the_record(clean_ds: Any) -> None:

@@ -128,7 +128,7 @@ def test_another_dataset_of_as_many_records_is_refused(folders: dict[str, Path])
 def test_other_bare_files_of_as_many_records_are_refused(folders: dict[str, Path]) -> None:
     state = saved_after(Loader(Dataset(str(folders["bare"])), batch_size=4, seed=0), 2)
     other = Loader(Dataset(str(folders["other"])), batch_size=4, seed=0)
-    assert len(other.source.dataset) == 30  # type: ignore[attr-defined, arg-type]
+    assert len(other.sampler.dataset) == 30  # type: ignore[attr-defined, arg-type]
     with pytest.raises(StateError, match=r"\['dataset'\] is 'files:"):
         other.restore(state)
 

@@ -219,7 +219,10 @@ class Loader:
 
     @property
     def source(self) -> Sampler:
-        """The sampler (its name before samplers were called so; use :attr:`sampler`)."""
+        """Deprecated: :attr:`sampler` (in shardfeed, a "source" is where bytes and records
+        come from: ``open_source``, ``DataSource``, ``source_options``)."""
+        warnings.warn("Loader.source is deprecated: use Loader.sampler (the same object)",
+                      DeprecationWarning, stacklevel=2)
         return self.sampler
 
     # -- presets -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Errors. Data errors are :class:`CorruptRecordError` (a damaged record) and :clas
 image whose stored shape is not ints; a referenced path that is not UTF-8 text): every
 failure that what one record holds can cause in shardfeed's read and decode path is one of
 the two. With ``on_error="raise"`` they stop the loader and name the shard, record and byte
-offset (taken from ``source.locate``). Any other exception raised by a transform (a bug in
+offset (taken from ``sampler.locate``). Any other exception raised by a transform (a bug in
 user code) always propagates unchanged — same object, original traceback — with a note
 naming the epoch position, the record and the stage.
 
@@ -15,7 +15,7 @@ PURPOSE_REPLACE)`` (up to :data:`MAX_REPLACEMENT_TRIES` draws; every bad draw is
 The replacement is thus fixed by the key alone: the same for any number of threads, processes
 or ranks, and the same after a restore.
 
-Writing in place. When the source can write into the batch (``source.accepts_out``) and the
+Writing in place. When the sampler can write into the batch (``sampler.accepts_out``) and the
 transform declares (``output_spec``) an ``"image"`` of exactly the batch column's shape and
 dtype, each sample's image is written by the transform's last op straight into its row of
 the batch array (``out=``): no image-sized array is allocated or copied per sample.
@@ -80,24 +80,24 @@ class SliceBuilder:
     Determinism, state and memory: see the module docstring.
     """
 
-    def __init__(self, source: Sampler, transform: Transform | None, *, skip: bool) -> None:
-        self.source = source
+    def __init__(self, sampler: Sampler, transform: Transform | None, *, skip: bool) -> None:
+        self.sampler = sampler
         self.transform = transform
         self.skip = skip
         self._direct: tuple[BatchLayout, tuple[str, ...]] | None = None
         self._direct_lock = threading.Lock()
-        # the batch path (see build_slice): the source reads columns, the transform has a
+        # the batch path (see build_slice): the sampler reads columns, the transform has a
         # batch form (or there is no transform)
         has_form = transform is None or has_batch_form(transform)
-        self._read_columns = (source.read_columns if has_form
-                              and isinstance(source, ReadsColumnsSampler) else None)
+        self._read_columns = (sampler.read_columns if has_form
+                              and isinstance(sampler, ReadsColumnsSampler) else None)
         # features the transform's batch form copies as they are: the reader puts them there
         self._bytes_into = bytes_into_of(transform) if transform is not None else None
-        # a source whose samples are one record each gives them as one array
+        # a sampler whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
-            source.single_records if isinstance(source, SingleRecordSampler) else None)
+            sampler.single_records if isinstance(sampler, SingleRecordSampler) else None)
         # light records: a whole slice in one compiled call without the GIL, where it applies
-        self._native = NativeSlices.of(source, transform) if self._read_columns else None
+        self._native = NativeSlices.of(sampler, transform) if self._read_columns else None
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
         """The keys samples write straight into the batch for ``layout`` (see module doc)."""
@@ -105,7 +105,7 @@ class SliceBuilder:
         if cached is not None and cached[0] is layout:
             return cached[1]
         with self._direct_lock:
-            keys = in_place_keys(self.source, self.transform, layout)
+            keys = in_place_keys(self.sampler, self.transform, layout)
             self._direct = (layout, keys)
         return keys
 
@@ -115,7 +115,7 @@ class SliceBuilder:
         places = []
         for record in record_ids[:4]:
             try:
-                path, in_shard, offset = self.source.locate(int(record))
+                path, in_shard, offset = self.sampler.locate(int(record))
                 places.append(f"record id {record}: {location(path, in_shard, offset)}")
             except Exception:  # noqa: BLE001 - a message must never fail to be built
                 places.append(f"record id {record}")
@@ -128,7 +128,7 @@ class SliceBuilder:
         """A located replacement for a data error, or None after adding a note to ``exc``."""
         where = self.describe(key.position, record_ids)
         if isinstance(exc, DATA_ERRORS) and getattr(exc, "path", None) is None and record_ids:
-            path, in_shard, offset = self.source.locate(int(record_ids[0]))
+            path, in_shard, offset = self.sampler.locate(int(record_ids[0]))
             message = f"{exc} [{stage} of epoch {key.epoch}, {where}]"
             if isinstance(exc, CorruptRecordError):
                 return CorruptRecordError(message, path=path, record=in_shard, offset=offset)
@@ -140,16 +140,16 @@ class SliceBuilder:
 
     def make(self, key: SampleKey, record_ids: Sequence[int], records: Sequence[Sample],
              out: Mapping[str, np.ndarray] | None = None) -> Sample:
-        """``source.make_sample`` with errors located (raises; the caller decides on skips).
+        """``sampler.make_sample`` with errors located (raises; the caller decides on skips).
 
-        ``out``: batch slots to write into (only passed to sources that accept it).
+        ``out``: batch slots to write into (only passed to samplers that accept it).
         """
         try:
             if out:
-                return self.source.make_sample(  # type: ignore[call-arg]
+                return self.sampler.make_sample(  # type: ignore[call-arg]
                     key, record_ids, records, self.transform, out=out
                 )
-            return self.source.make_sample(key, record_ids, records, self.transform)
+            return self.sampler.make_sample(key, record_ids, records, self.transform)
         except Exception as exc:
             replacement = self.located(exc, key, record_ids, "transform")
             if replacement is not None:
@@ -160,7 +160,7 @@ class SliceBuilder:
         unique = list(dict.fromkeys(map(int, record_ids)))
         if not unique:
             return {}
-        return dict(zip(unique, self.source.read(unique)))
+        return dict(zip(unique, self.sampler.read(unique)))
 
     def sample_at(self, ctx: EpochContext, position: int) -> tuple[Sample, int]:
         """The sample at ``position`` (or its replacement) and how many bad samples it met."""
@@ -173,7 +173,7 @@ class SliceBuilder:
         return sample, bad + 1
 
     def _build_one(self, ctx: EpochContext, position: int) -> Sample:
-        ids = self.source.plan(ctx, np.array([position], dtype=np.int64))[0]
+        ids = self.sampler.plan(ctx, np.array([position], dtype=np.int64))[0]
         key = ctx.key(position)
         try:
             records = self.read(ids)
@@ -208,7 +208,7 @@ class SliceBuilder:
         list[Sequence[int]], dict[int, Sample], dict[int, BaseException]
     ]:
         """Plan and read a slice; with skipping, bad records are returned apart, not raised."""
-        plans = self.source.plan(ctx, positions)
+        plans = self.sampler.plan(ctx, positions)
         all_ids = [int(i) for ids in plans for i in ids]
         try:
             return plans, self.read(all_ids), {}
@@ -221,7 +221,7 @@ class SliceBuilder:
         bad: dict[int, BaseException] = {}
         for record in dict.fromkeys(all_ids):
             try:
-                records[record] = self.source.read([record])[0]
+                records[record] = self.sampler.read([record])[0]
             except DATA_ERRORS as exc:
                 bad[record] = exc
         return plans, records, bad
@@ -231,7 +231,7 @@ class SliceBuilder:
         for position, ids in zip(positions, plans):
             for record in ids:
                 try:
-                    self.source.read([int(record)])
+                    self.sampler.read([int(record)])
                 except DATA_ERRORS as exc:
                     replacement = self.located(exc, ctx.key(int(position)), [record], "read")
                     if replacement is not None:
@@ -273,7 +273,7 @@ class SliceBuilder:
         if single is not None:
             records = single(ctx, positions)
         else:
-            plans = self.source.plan(ctx, positions)
+            plans = self.sampler.plan(ctx, positions)
             if any(len(ids) != 1 for ids in plans):
                 return False
             records = np.array([int(ids[0]) for ids in plans], dtype=np.int64)

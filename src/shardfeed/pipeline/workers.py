@@ -202,7 +202,7 @@ class ProcessWorkers:
                  buffers: list[BatchBuffer], *, processes: int) -> None:
         self.builder = builder
         self.buffers = buffers
-        payload = pickle.dumps((builder.source, builder.transform))
+        payload = pickle.dumps((builder.sampler, builder.transform))
         self._context = _WorkerContext()
         self.pool = ProcessPoolExecutor(
             max_workers=processes,

@@ -8,11 +8,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from shardfeed.storage.backends import Backend, set_obstore_provider
 from shardfeed.storage.base import ByteSource
 from shardfeed.storage.cache import ByteCache
 from shardfeed.storage.local import LocalSource
 
 _INDEX_CACHE: list[ByteCache | None] = [None]
+
+
+def _obstore() -> Backend | None:
+    """The obstore backend where obstore is installed (imported on first use)."""
+    from shardfeed.storage import obstore_backend
+
+    return obstore_backend.OBSTORE if obstore_backend.installed() else None
+
+
+set_obstore_provider(_obstore)
 
 
 def is_remote(url: str | os.PathLike[str]) -> bool:

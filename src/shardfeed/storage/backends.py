@@ -117,15 +117,21 @@ def unregister_backend(schemes: Iterable[str]) -> None:
 DEFAULT_OBSTORE_SCHEMES = ("s3", "gs", "az")
 """Schemes read through obstore, where it is installed, without a registration."""
 
+_OBSTORE: list[Callable[[], Backend | None]] = []  # set by the storage package (see below)
+
+
+def set_obstore_provider(provider: Callable[[], Backend | None]) -> None:
+    """How the obstore backend is found (None: not installed); set once by
+    ``shardfeed.storage`` at import, which knows its module (this one does not import it)."""
+    _OBSTORE[:] = [provider]
+
 
 def _default_for(scheme: str) -> Backend | None:
     """obstore for the object stores' schemes where it is installed (``SHARDFEED_OBSTORE=0``
     turns that off), else None."""
     if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") == "0":
         return None
-    from shardfeed.storage import obstore_backend
-
-    return obstore_backend.OBSTORE if obstore_backend.installed() else None
+    return _OBSTORE[0]() if _OBSTORE else None
 
 
 def backend_for(url: str | os.PathLike[str], storage_options: Options = None

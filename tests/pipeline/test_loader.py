@@ -231,7 +231,7 @@ def test_presets_train_and_eval(clean_ds: Any) -> None:
 
 
 def test_loader_source_is_the_sampler_under_its_old_name_and_warns(clean_ds: Any) -> None:
-    """"source" names where bytes and records come from; the sampler is ``Loader.sampler``."""
-    with Loader(clean_ds, batch_size=10, num_threads=1) as loader:
-        with pytest.warns(DeprecationWarning, match="use Loader.sampler"):
-            assert loader.source is loader.sampler
+    """A source is where bytes and records come from; the sampler is ``Loader.sampler``."""
+    with Loader(clean_ds, batch_size=10, num_threads=1) as loader, \
+            pytest.warns(DeprecationWarning, match="use Loader.sampler"):
+        assert loader.source is loader.sampler

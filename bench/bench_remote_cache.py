@@ -242,6 +242,11 @@ def run_case(case: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[
         use_obstore()
     else:  # the direct-GET client (obstore reads s3:// by default where installed)
         os.environ["SHARDFEED_OBSTORE"] = "0"
+    from shardfeed.storage.backends import backend_for
+
+    chosen = backend_for(spec["url"] + "/x")
+    if (chosen is not None and chosen.name == "obstore") != (backend.rstrip("]") == "obstore"):
+        raise SystemExit(f"case {case!r} would read through {chosen}: not the client asked")
     source, options, loader_options = spec["url"], {}, {}
     if case == "local":
         source = spec["data"]

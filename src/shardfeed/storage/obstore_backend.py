@@ -97,11 +97,13 @@ def installed() -> bool:
 
 
 # s3fs's words obstore is given (see _config); config_kwargs' botocore timeouts bound the
-# attempt's, its retries are the storage layer's anyway
+# attempt's, its retries are the storage layer's anyway, and its connection pool's size has
+# no counterpart to set (obstore keeps the connections it opens, as many as in flight)
 _WORDS = frozenset({"key", "secret", "token", "anon", "endpoint_url", "client_kwargs",
                     "config_kwargs", "obstore_config"})
 _CLIENT_WORDS = frozenset({"endpoint_url", "region_name"})
-_CONFIG_WORDS = frozenset({"retries", "connect_timeout", "read_timeout"})
+_CONFIG_WORDS = frozenset({"retries", "connect_timeout", "read_timeout",
+                           "max_pool_connections"})
 
 
 def _options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -21,8 +21,8 @@ interleaved rounds:
   (:mod:`shardfeed.pipeline.cache_policy`).
 
 With ``--backends direct obstore`` every s3 run is made with each client side by side in the
-one run (``direct``: fsspec with direct ranged GETs, ``SHARDFEED_OBSTORE=0``; ``obstore``:
-:mod:`shardfeed.storage.obstore_backend`, the default where installed); the client's CPU an image is the process's CPU an
+one run (``direct``: the default, fsspec with direct ranged GETs; ``obstore``:
+:mod:`shardfeed.storage.obstore_backend`); the client's CPU an image is the process's CPU an
 image over the local run's (the same decode), and a GET's is that over the GETs an epoch
 (given only where an epoch sends many small GETs: the noise is tens of µs an image).
 
@@ -179,7 +179,7 @@ def main() -> None:
                         default=["direct"],
                         help="the clients of the s3 runs, side by side in one run: direct "
                              "(fsspec with direct ranged GETs) and obstore "
-                             "(storage.obstore_backend, the default where installed)")
+                             "(storage.obstore_backend)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one run, in a process of its own
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -240,8 +240,8 @@ def run_case(case: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[
         from shardfeed.storage.obstore_backend import use_obstore
 
         use_obstore()
-    else:  # the direct-GET client (obstore reads s3:// by default where installed)
-        os.environ["SHARDFEED_OBSTORE"] = "0"
+    else:  # the direct-GET client, whatever the environment says
+        os.environ.pop("SHARDFEED_OBSTORE", None)
     from shardfeed.storage.backends import backend_for
 
     chosen = backend_for(spec["url"] + "/x")

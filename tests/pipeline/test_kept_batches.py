@@ -122,7 +122,7 @@ def test_a_consumer_that_holds_batches_has_them_built_in_the_ring(clean_folder: 
         loader.reserve_held_batches(3)
         ring_batches = loader.memory_budget().ring_batches
         addresses, copies = _keep_last(loader, held=3, epochs=3)
-    assert ring_batches == 2 + 1 + 3  # prefetch, the one being built, the 3 held
+    assert ring_batches == 2 + 1 + 3  # built ahead, the one in hand, the 3 held
     assert len(copies) == 36
     assert len(addresses) <= ring_batches
     expected = copied_batches(clean_folder, **options(drop_last=True))

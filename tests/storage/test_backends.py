@@ -123,11 +123,15 @@ def test_registrations_are_checked() -> None:
         register_backend(["s3/x"], MEMORY)
 
 
-def test_obstore_reads_object_stores_by_default_for_options_it_can_honour(
+def test_obstore_reads_object_stores_when_asked_for_options_it_can_honour(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pytest.importorskip("obstore")
-    for url in ("s3://bucket/ds/part-000.tfrecord", "gs://bucket/x", "az://container/x"):
+    monkeypatch.delenv("SHARDFEED_OBSTORE", raising=False)
+    urls = ("s3://bucket/ds/part-000.tfrecord", "gs://bucket/x", "az://container/x")
+    assert [backend_for(url) for url in urls] == [None, None, None]  # the direct client
+    monkeypatch.setenv("SHARDFEED_OBSTORE", "1")
+    for url in urls:
         assert backend_for(url).name == "obstore"  # type: ignore[union-attr]
     options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://h:1"},
                "config_kwargs": {"read_timeout": 5}}
@@ -135,6 +139,5 @@ def test_obstore_reads_object_stores_by_default_for_options_it_can_honour(
     # an option without an obstore counterpart is never dropped: s3fs reads the URL
     assert backend_for("s3://bucket/x", {**options, "requester_pays": True}) is None
     assert backend_for("s3://bucket/x", {"client_kwargs": {"verify": False}}) is None
+    assert backend_for("gs://bucket/x", {"token": "creds.json"}) is None  # gcsfs's word
     assert backend_for("https://host/ds/x") is None  # http(s) only with use_obstore()
-    monkeypatch.setenv("SHARDFEED_OBSTORE", "0")
-    assert backend_for("s3://bucket/x") is None

@@ -1,11 +1,15 @@
 """The obstore backend against a server that misbehaves (tests/storage/hostile_server.py):
 short answers are retried and never handed back, a whole object sent for a range is named at
 once (not read, not retried), a trickling body ends at the deadline, garbled lengths are
-StorageErrors naming the URL."""
+StorageErrors naming the URL; HTTP statuses are judged as the storage layer judges them."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from hostile_server import HostileServer, hostile_server, object_bytes
@@ -68,3 +72,47 @@ def test_a_garbled_length_is_a_storage_error_naming_the_url(
     source = ObstoreSource(f"s3://hostile/{name}", retries=1, backoff_seconds=0.01)
     with pytest.raises(StorageError, match=rf"read bytes 0\.\.16 of 's3://hostile/{name}'"):
         source.read(0, 16)
+
+
+@pytest.fixture()
+def status_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``s3://status/<anything>/<code>`` answers every request with HTTP ``<code>``."""
+    from shardfeed.storage.remote import set_storage_options
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(int(self.path.rsplit("/", 1)[1]))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    set_storage_options("s3://status/", key="k", secret="s", client_kwargs={
+        "endpoint_url": f"http://127.0.0.1:{server.server_address[1]}",
+        "region_name": "us-east-1"})
+    try:
+        yield "s3://status"
+    finally:
+        set_storage_options("s3://status/")
+        server.shutdown()
+
+
+def test_statuses_are_judged_whatever_the_length_of_the_key(status_server: str) -> None:
+    """A 400 is not retried (its status read past obstore's long first line: a long key);
+    a 503 is retried until the deadline."""
+    long_key = "/".join(["k" * 60] * 6)
+    refused = ObstoreSource(f"{status_server}/{long_key}/400", backoff_seconds=0.01)
+    with pytest.raises(StorageError, match="answered HTTP 400"):
+        refused.read(0, 10)
+    assert refused.stats()["retries"] == 0
+    busy = ObstoreSource(f"{status_server}/{long_key}/503", deadline_seconds=1,
+                         backoff_seconds=0.01, max_backoff_seconds=0.05)
+    with pytest.raises(StorageError, match="deadline_seconds=1"):
+        busy.read(0, 10)
+    assert busy.stats()["retries"] > 0

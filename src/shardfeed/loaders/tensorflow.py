@@ -27,8 +27,14 @@ Exact resume: :class:`LoaderState` is a ``tf.train.Checkpoint`` item that saves 
 state after the batches taken from the Dataset (not after those prefetched): the Dataset counts
 each batch as the consumer takes it, after the prefetch buffer.
 
+tf.data's autotuning is off for the Dataset (its iterator's teardown waited for the tuner at
+the end of a third of the epochs): ``map(..., num_parallel_calls=tf.data.AUTOTUNE)`` chained
+onto it gets a fixed parallelism; a ``with_options`` that turns autotuning on again has it
+tuned, and the wait back.
+
 Determinism: the loader's. State: the loader's (:class:`LoaderState`). Memory: the loader's
-bound, which counts the ``prefetch + 2`` batches TensorFlow may hold.
+bound, which counts the ``prefetch + 2`` batches TensorFlow may hold (with
+``workers="processes"`` those batches are copies, TensorFlow's memory).
 """
 
 from __future__ import annotations
@@ -221,8 +227,8 @@ def dataset(loader: Any, *, features: Sequence[str] | None = None, prefetch: int
     options.experimental_optimization.inject_prefetch = False  # would take batches early
     options.experimental_optimization.map_parallelization = False
     # Nothing here is tuned (the prefetch depth is fixed, the map is serial); with autotuning
-    # on, a third of the passes (train 224, 2 cores) ended 0.2-1.1 s after their last batch,
-    # tf.data's iterator waiting in its teardown; with it off, none did.
+    # on, a third of the passes (train 224, 2 cores) ended 0.2-2.6 s after their last batch,
+    # tf.data's iterator waiting in its teardown for the tuner; with it off, none did.
     options.autotune.enabled = False
     ds = ds.with_options(options)
     if device is not None:

@@ -80,9 +80,9 @@ class BatchRing:
     besides the one it uses (a framework's prefetch buffer holding the batches' memory)
     reserves them: the ring grows to hold them once, and they are built in again when the
     consumer lets go, instead of every batch being built in new memory (a fresh allocation
-    of the batch's bytes, page faults and zeroing included, every batch). The process rule keeps a free buffer for every
-    batch to build: at most ``prefetch_batches - 1`` are being built while the caller asks for
-    a batch, and at most ``n - prefetch_batches`` are held.
+    of the batch's bytes, page faults and zeroing included, every batch). The process rule
+    keeps a free buffer for every batch to build: at most ``prefetch_batches - 1`` are being
+    built while the caller asks for a batch, and at most ``n - prefetch_batches`` are held.
     """
 
     def __init__(self, buffers: list[BatchBuffer], *, prefetch_batches: int) -> None:

@@ -19,13 +19,13 @@ operation it leaves out goes to fsspec::
 
     shardfeed.Dataset("mem://bucket/ds")              # read through MemorySource
 
-Without a registration, ``s3://``, ``gs://`` and ``az://`` URLs go to obstore where it is
-installed (:mod:`~shardfeed.storage.obstore_backend`; ``SHARDFEED_OBSTORE=0`` turns that
-off), other ``scheme://`` URLs (and those obstore cannot serve with the options given) to
+Without a registration, ``scheme://`` URLs go to
 :class:`~shardfeed.storage.remote.RemoteSource` (fsspec, with direct ranged GETs for
-S3-compatible stores and HTTP), and local paths to :class:`~shardfeed.storage.local.LocalSource`. ``options`` names the keyword arguments
-``open`` takes (a Dataset's ``source_options``): any other is refused with a TypeError naming
-the backend, before a request is sent. A backend raises
+S3-compatible stores and HTTP; with ``SHARDFEED_OBSTORE=1``, ``s3://``, ``gs://`` and
+``az://`` go to :mod:`~shardfeed.storage.obstore_backend` for the options it can honour),
+and local paths to :class:`~shardfeed.storage.local.LocalSource`. ``options`` names the
+keyword arguments ``open`` takes (a Dataset's ``source_options``): any other is refused with
+a TypeError naming the backend, before a request is sent. A backend raises
 :class:`~shardfeed.errors.StorageError` naming the URL for a failure of the store (for an
 object that does not exist, raised from a ``FileNotFoundError``: an optional file such as a
 manifest is then known to be absent), and honours the storage layer's rule of one deadline a
@@ -45,7 +45,8 @@ from typing import Any
 
 from shardfeed.storage.base import ByteSource
 
-__all__ = ["DEFAULT_OBSTORE_SCHEMES", "Backend", "backend_for", "register_backend", "registered", "unregister_backend"]
+__all__ = ["DEFAULT_OBSTORE_SCHEMES", "Backend", "backend_for", "register_backend", "registered",
+           "set_obstore_provider", "unregister_backend"]
 
 Options = Mapping[str, Any] | None
 
@@ -115,7 +116,7 @@ def unregister_backend(schemes: Iterable[str]) -> None:
 
 
 DEFAULT_OBSTORE_SCHEMES = ("s3", "gs", "az")
-"""Schemes read through obstore, where it is installed, without a registration."""
+"""Schemes read through obstore without a registration when ``SHARDFEED_OBSTORE=1``."""
 
 _OBSTORE: list[Callable[[], Backend | None]] = []  # set by the storage package (see below)
 
@@ -127,9 +128,10 @@ def set_obstore_provider(provider: Callable[[], Backend | None]) -> None:
 
 
 def _default_for(scheme: str) -> Backend | None:
-    """obstore for the object stores' schemes where it is installed (``SHARDFEED_OBSTORE=0``
-    turns that off), else None."""
-    if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") == "0":
+    """obstore for the object stores' schemes with ``SHARDFEED_OBSTORE=1`` (where it is
+    installed), else None: the direct-GET client stays the default until obstore reads every
+    credential source it does (``AWS_PROFILE``, ``~/.aws``, SSO) and is measured on a node."""
+    if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") != "1":
         return None
     return _OBSTORE[0]() if _OBSTORE else None
 
@@ -137,7 +139,8 @@ def _default_for(scheme: str) -> Backend | None:
 def backend_for(url: str | os.PathLike[str], storage_options: Options = None
                 ) -> Backend | None:
     """The backend that reads ``url``: the one registered for its scheme, else obstore for
-    ``s3://``, ``gs://`` and ``az://`` where installed; None for the default (fsspec for
+    ``s3://``, ``gs://`` and ``az://`` with ``SHARDFEED_OBSTORE=1``; None for the default
+    (fsspec for
     ``scheme://`` URLs, the local file system for paths). A backend that cannot serve the
     ``storage_options`` (its ``serves``) gives None too."""
     scheme = _scheme(url)

@@ -1,10 +1,11 @@
 """obstore (Rust ``object_store``) as the backend of s3://, gs://, az:// and http(s):// URLs.
 
-The default for ``s3://``, ``gs://`` and ``az://`` where obstore is installed (``pip install
-'shardfeed[s3]'`` or ``[obstore]``; ``SHARDFEED_OBSTORE=0`` sends them to the direct-GET
-client of :mod:`~shardfeed.storage.remote` instead), for the options it has a counterpart
-of (:func:`serves`; others, e.g. ``requester_pays``, go to fsspec). :func:`use_obstore`
-registers it for ``http(s)://`` too::
+An optional backend (``pip install 'shardfeed[obstore]'``), turned on for ``s3://``,
+``gs://`` and ``az://`` by ``SHARDFEED_OBSTORE=1`` (in every process, workers included), or
+for the process with :func:`use_obstore`, which registers it for ``http(s)://`` too. It reads
+the URLs whose options it has a counterpart of (:func:`serves`; others, e.g.
+``requester_pays``, go to fsspec and the direct-GET client). Credentials come from the
+options and the environment variables only: not from ``AWS_PROFILE``, ``~/.aws`` or SSO::
 
     from shardfeed.storage.obstore_backend import use_obstore
 
@@ -23,13 +24,15 @@ s3fs's words (``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``,
 or obstore's (``obstore_config={...}``).
 
 Deadlines, retries and Ctrl-C, as everywhere in the storage layer: obstore makes one attempt
-a call (connect and whole-request timeouts of a quarter of the deadline, at most 5 s / 15 s,
-so that a stalled attempt fails in time for a retry); the storage layer's
-:class:`~shardfeed.storage.retry.Retrier` runs it on a daemon thread and retries transient
-failures (no answer, HTTP 5xx and 429) under the source's ``retries``, backoff and one
-``deadline_seconds`` a call, counting them in ``stats()``. Ctrl-C and ``close()`` end the
-wait at once; a failure is a :class:`~shardfeed.errors.StorageError` naming the URL (a
-missing object's raised from a ``FileNotFoundError``).
+a call (connect and idle-read timeouts of a quarter of the deadline, at most 5 s / 15 s, so
+that a stalled attempt fails in time for a retry; the whole request is bounded by the
+deadline only). The storage layer's :class:`~shardfeed.storage.retry.Retrier` runs it on a
+daemon thread and retries transient failures (no answer, HTTP 5xx and 429) under the
+source's ``retries``, backoff and one ``deadline_seconds`` a call, counting them in
+``stats()``; a wrong configuration or region, a refused credentials request and a whole
+object answered for a range are not retried. Ctrl-C and ``close()`` end the wait at once; a
+failure is a :class:`~shardfeed.errors.StorageError` naming the URL (a missing object's
+raised from a ``FileNotFoundError``).
 
 Determinism: the bytes of a range do not depend on merging or concurrency. State: the
 remembered size; one store a bucket and options, kept for the process. Memory: the ranges in
@@ -67,7 +70,7 @@ __all__ = ["OBSTORE", "SCHEMES", "ObstoreSource", "installed", "serves", "use_ob
 
 T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
-_STORES: dict[tuple[str, str, str, float, float], Any] = {}
+_STORES: dict[tuple[str, str, str, str], Any] = {}
 _STORES_LOCK = threading.Lock()
 
 
@@ -124,6 +127,8 @@ def serves(url: str, storage_options: Mapping[str, Any] | None) -> bool:
     """Whether every option for ``url`` has an obstore counterpart (else fsspec reads it, so
     that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, a profile...)."""
     options = {k: v for k, v in _options(url, storage_options).items() if v is not None}
+    if urlsplit(url).scheme != "s3":  # s3fs's words only map to S3: others in obstore's own
+        return set(options) <= {"obstore_config"}
     return (set(options) <= _WORDS
             and set(options.get("client_kwargs") or {}) <= _CLIENT_WORDS
             and set(options.get("config_kwargs") or {}) <= _CONFIG_WORDS)
@@ -154,9 +159,10 @@ def _config(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float
 
 def _attempt_seconds(deadline_seconds: float, asked: Mapping[str, float]
                      ) -> tuple[float, float]:
-    """(connect, whole request) timeouts of one attempt: a quarter of the deadline, at most
+    """(connect, idle read) timeouts of one attempt: a quarter of the deadline, at most
     5 s / 15 s (or the ``connect_timeout`` / ``read_timeout`` asked, if shorter), so that a
-    stalled attempt fails in time for a retry (as s3fs's are set)."""
+    stalled attempt fails in time for a retry (as s3fs's are set). The whole request is
+    bounded by the deadline only: a large range on a slow link is not cut short."""
     quarter = deadline_seconds / 4
     return (min(5.0, quarter, asked.get("connect_timeout", math.inf)),
             min(15.0, quarter, asked.get("read_timeout", math.inf)))
@@ -164,30 +170,41 @@ def _attempt_seconds(deadline_seconds: float, asked: Mapping[str, float]
 
 def _store(url: str, storage_options: Mapping[str, Any] | None,
            deadline_seconds: float) -> tuple[Any, str]:
-    """The store of ``url``'s bucket (made once a bucket, options and deadline) and the
-    object path."""
+    """The store of ``url``'s bucket (made once a bucket, configuration and timeouts) and
+    the object path."""
     parts = urlsplit(url)
     config, asked = _config(_options(url, storage_options))
     endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
-    connect, whole = _attempt_seconds(deadline_seconds, asked)
-    key = (parts.scheme, parts.netloc, repr(sorted(config.items())), connect, whole)
+    if parts.scheme == "s3" and endpoint and "endpoint" not in config:
+        config["endpoint"] = endpoint
+    connect, idle = _attempt_seconds(deadline_seconds, asked)
+    # one attempt a call: the storage layer retries transient failures itself, under the
+    # one deadline of each call (and counts them)
+    # (the whole request's limit a second past the deadline: the deadline decides, and names
+    # itself, and an abandoned attempt ends soon after)
+    client: dict[str, Any] = {"timeout": timedelta(seconds=deadline_seconds + 1),
+                              "connect_timeout": timedelta(seconds=connect),
+                              "read_timeout": timedelta(seconds=idle)}
+    if endpoint.startswith("http://") or parts.scheme == "http":
+        client["allow_http"] = True
+    key = (parts.scheme, parts.netloc, repr(sorted(config.items())),
+           repr(sorted(client.items())))
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is None:
             from obstore.store import from_url
 
-            # one attempt a call: the storage layer retries transient failures itself, under
-            # the one deadline of each call (and counts them)
-            client: dict[str, Any] = {"timeout": f"{whole:g}s", "connect_timeout": f"{connect:g}s"}
-            if endpoint.startswith("http://") or parts.scheme == "http":
-                client["allow_http"] = True
-            if parts.scheme == "s3" and endpoint and "endpoint" not in config:
-                config["endpoint"] = endpoint
-            store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
-                             f"{parts.scheme}://{parts.netloc}", config=config or None,
-                             client_options=client,
-                             retry_config={"max_retries": 0,
-                                           "retry_timeout": timedelta(seconds=whole)})
+            try:
+                store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
+                    f"{parts.scheme}://{parts.netloc}", config=config or None,
+                    client_options=client,
+                    retry_config={"max_retries": 0,
+                                  "retry_timeout": timedelta(seconds=deadline_seconds)})
+            except (_module().exceptions.BaseError, ValueError, TypeError) as exc:
+                raise StorageError(
+                    f"cannot open '{url}' with obstore: {_first_line(exc)}; check its "
+                    "storage options, or read it without obstore (no SHARDFEED_OBSTORE=1, no "
+                    "use_obstore())") from exc
             _STORES[key] = store
     return store, parts.path.lstrip("/")
 
@@ -206,9 +223,22 @@ class RangeIgnored(Exception):
     the same), and not read (it could be far larger than the range)."""
 
     advice = ("the server ignores Range requests; serve the shards from a store that "
-              "honours them, or read them with SHARDFEED_OBSTORE=0 (the direct-GET client "
-              "reads such answers and drops the bytes outside the range)")
+              "honours them, or read them without obstore (the direct-GET client reads such "
+              "answers and drops the bytes outside the range)")
 
+
+class ObstoreRefused(Exception):
+    """A failure of obstore that is not the server's silence (a wrong region or
+    configuration, a credentials request that failed): not retried."""
+
+    advice = ("check the storage options, the credentials and the bucket's region, or read "
+              "without obstore (no SHARDFEED_OBSTORE=1, no use_obstore())")
+
+
+# what obstore says when no answer came, or a short one: worth another attempt
+_NO_ANSWER = ("error sending request", "timed out", "timeout", "connection", "Connection",
+              "error decoding response body", "end of file", "IncompleteBody", "broken pipe",
+              ", got ")
 
 _STATUS = re.compile(r"status code: (\d{3})")
 
@@ -233,14 +263,19 @@ def _judged(fn: Callable[[], T]) -> Callable[[], T]:
             raise FileNotFoundError(_first_line(exc)) from None
         except (errors.PermissionDeniedError, errors.UnauthenticatedError) as exc:
             raise PermissionError(_first_line(exc)) from None
-        except errors.BaseError as exc:
-            line = _first_line(exc)
-            if "non-partial response" in line:  # a 200 with the whole object for a range
+        except errors.GenericError as exc:
+            text, line = str(exc), _first_line(exc)
+            if "non-partial response" in text:  # a 200 with the whole object for a range
                 raise RangeIgnored(line) from None
-            status = _STATUS.search(line)
+            status = _STATUS.search(text)
             if status is not None:
-                raise ServerAnswer(line, int(status.group(1))) from None
-            raise ConnectionError(line) from None
+                code = int(status.group(1))
+                raise ServerAnswer(f"the server answered HTTP {code}: {line}", code) from None
+            if any(word in text for word in _NO_ANSWER):
+                raise ConnectionError(line) from None
+            raise ObstoreRefused(line) from None
+        except errors.BaseError as exc:  # configuration, path, precondition: not retried
+            raise ObstoreRefused(_first_line(exc)) from None
 
     return attempt
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfeed.errors import StorageError
+from shardfeed.storage.ranges import split_answers
 from shardfeed.storage.remote import coalesce_ranges
 from shardfeed.storage.retry import Retrier, RetryPolicy, is_transient
 
@@ -142,3 +143,15 @@ def test_jitter_is_keyed_not_global() -> None:
     b = Retrier(RetryPolicy(), key="s3://b/k")._rng.random()
     c = Retrier(RetryPolicy(), key="s3://b/other")._rng.random()
     assert a == b and a != c
+
+
+def test_split_answers_cuts_each_range_from_its_request_answer() -> None:
+    data = bytes(range(200))
+    ranges = [(10, 5), (0, 0), (12, 6), (150, 50)]  # overlapping, empty, alone to the end
+    plan = coalesce_ranges(ranges, gap_bytes=0, max_request_bytes=1 << 20)
+    answers = [data[r.start : r.end] for r in plan]
+    want = [data[o : o + n] for o, n in ranges]
+    assert split_answers(ranges, plan, answers) == want
+    assert split_answers(ranges, plan, [bytearray(a) for a in answers]) == want  # any buffer
+    whole = split_answers([(150, 50)], plan[1:], answers[1:])[0]
+    assert whole is answers[1]  # a range that is a whole bytes answer is not copied

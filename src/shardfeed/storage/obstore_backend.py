@@ -60,6 +60,7 @@ from shardfeed.storage.ranges import (
     DEFAULT_MAX_REQUEST_BYTES,
     check_range,
     coalesce_ranges,
+    split_answers,
 )
 from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Retrier, RetryPolicy
 
@@ -329,12 +330,10 @@ class ObstoreSource:
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         for offset, length in ranges:
             check_range(offset, length)
-        out: list[bytes] = [b""] * len(ranges)
-        plan = [r for r in coalesce_ranges(ranges, gap_bytes=self.coalesce_gap_bytes,
-                                           max_request_bytes=self.max_request_bytes)
-                if r.end > r.start]
-        if not plan:
-            return out
+        plan = coalesce_ranges(ranges, gap_bytes=self.coalesce_gap_bytes,
+                               max_request_bytes=self.max_request_bytes)
+        if not plan:  # nothing asked, or only empty ranges
+            return [b""] * len(ranges)
         action = f"read bytes {plan[0].start}..{plan[-1].end} of"
         if self.coalesce_gap_bytes < 0:  # obstore would merge touching ranges: one call each
 
@@ -349,13 +348,7 @@ class ObstoreSource:
         with self._lock:
             self.requests += len(plan)
             self.bytes_fetched += sum(len(b) for b in blobs)
-        for request, blob in zip(plan, blobs):
-            view = memoryview(blob)
-            for i in request.members:
-                offset, length = ranges[i]
-                lo = offset - request.start
-                out[i] = bytes(view[lo : lo + length])
-        return out
+        return split_answers(ranges, plan, blobs)
 
     def close(self) -> None:
         """Idempotent; a read waiting in another thread ends at once with a StorageError."""

@@ -53,6 +53,21 @@ def coalesce_ranges(
     return requests
 
 
+def split_answers(ranges: Sequence[tuple[int, int]], plan: Sequence[RangeRequest],
+                  answers: Sequence[bytes | memoryview]) -> list[bytes]:
+    """The bytes of each asked range, cut from the answers to the requests of ``plan``
+    (one answer a request, in plan order; ``bytes`` or any buffer); a zero-length range is
+    ``b""``. A range that is a whole ``bytes`` answer is that object, not a copy."""
+    out: list[bytes] = [b""] * len(ranges)
+    for request, answer in zip(plan, answers):
+        view = answer if isinstance(answer, bytes) else memoryview(answer)
+        for i in request.members:
+            offset, length = ranges[i]
+            lo = offset - request.start
+            out[i] = bytes(view[lo : lo + length])
+    return out
+
+
 def check_range(offset: int, length: int) -> None:
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an int >= 0, got {offset!r}")
@@ -66,4 +81,5 @@ __all__ = [
     "RangeRequest",
     "check_range",
     "coalesce_ranges",
+    "split_answers",
 ]

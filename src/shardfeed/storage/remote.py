@@ -47,6 +47,7 @@ from shardfeed.storage.ranges import (
     RangeRequest,
     check_range,
     coalesce_ranges,
+    split_answers,
 )
 from shardfeed.storage.retry import (
     DEFAULT_DEADLINE_SECONDS,
@@ -276,22 +277,15 @@ class RemoteSource:
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         for offset, length in ranges:
             check_range(offset, length)
-        out: list[bytes] = [b""] * len(ranges)
         if not ranges:
-            return out
+            return []
         whole = self._cached_whole()
         if whole is not None:
             return [whole[offset : offset + length] for offset, length in ranges]
         plan = coalesce_ranges(
             ranges, gap_bytes=self.coalesce_gap_bytes, max_request_bytes=self.max_request_bytes
         )
-        blobs = self._fetch([(r.start, r.end) for r in plan])
-        for request, blob in zip(plan, blobs):
-            for i in request.members:
-                offset, length = ranges[i]
-                lo = offset - request.start
-                out[i] = blob[lo : lo + length]
-        return out
+        return split_answers(ranges, plan, self._fetch([(r.start, r.end) for r in plan]))
 
     def close(self) -> None:
         """Idempotent. Reads running in other threads stop at once with a StorageError that

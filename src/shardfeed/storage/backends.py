@@ -140,9 +140,8 @@ def backend_for(url: str | os.PathLike[str], storage_options: Options = None
                 ) -> Backend | None:
     """The backend that reads ``url``: the one registered for its scheme, else obstore for
     ``s3://``, ``gs://`` and ``az://`` with ``SHARDFEED_OBSTORE=1``; None for the default
-    (fsspec for
-    ``scheme://`` URLs, the local file system for paths). A backend that cannot serve the
-    ``storage_options`` (its ``serves``) gives None too."""
+    (fsspec for ``scheme://`` URLs, the local file system for paths). A backend that cannot
+    serve the ``storage_options`` (its ``serves``) gives None too."""
     scheme = _scheme(url)
     if scheme is None:
         return None

@@ -13,7 +13,7 @@ depends on the object's name (the last part of the path, e.g. ``/bucket/trickle.
 ``length.bin``   ``206`` whose Content-Length header is ``content_length``
 ==============  =============================================================================
 
-One thread serves every connection (non-blocking sockets and ``select``), so hundreds of
+One thread serves every connection (non-blocking sockets and ``poll``), so hundreds of
 trickling answers cost nothing; it stops by itself after ``lifetime_seconds``, or at
 :meth:`HostileServer.stop`, closing every connection. ``answering(name)`` counts the
 connections still in the middle of an answer for ``name``: a client that gives up and closes
@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
 import socket
 import threading
 import time
@@ -33,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from poll_sockets import ready
 
 OBJECT_BYTES = 48 << 20
 """The size of every object served."""
@@ -93,6 +93,7 @@ class HostileServer:
         self._clients: list[_Client] = []
         self._lifetime_seconds = lifetime_seconds
         self._stop = threading.Event()
+        self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="hostile-server", daemon=True)
         self._thread.start()
 
@@ -110,8 +111,12 @@ class HostileServer:
         }
 
     def stop(self) -> None:
+        """Stop serving; raise what ended the serving thread early, if anything did (a
+        test that saw no answer must not pass or fail for the server's own fault)."""
         self._stop.set()
         self._thread.join(timeout=10)
+        if self.failure is not None:
+            raise AssertionError(f"the test server failed: {self.failure!r}") from self.failure
 
     # -- answers ----------------------------------------------------------------------------
 
@@ -147,6 +152,8 @@ class HostileServer:
         try:
             while not self._stop.is_set() and time.monotonic() < ends:
                 self._turn()
+        except BaseException as exc:  # noqa: BLE001 - raised again by stop()
+            self.failure = exc
         finally:
             for client in self._clients:
                 client.sock.close()
@@ -158,8 +165,8 @@ class HostileServer:
         writers = [c.sock for c in clients if c.current is not None and c.due <= now]
         waits = [c.due - now for c in clients if c.current is not None and c.due > now]
         timeout = min([0.05, *waits])
-        readable, writable, _ = select.select(
-            [self._listener, *(c.sock for c in clients)], writers, [], max(timeout, 0.0))
+        readable, writable = ready([self._listener, *(c.sock for c in clients)], writers,
+                                   timeout)
         for sock in readable:
             if sock is self._listener:
                 with contextlib.suppress(BlockingIOError):

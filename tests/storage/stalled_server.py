@@ -9,7 +9,6 @@ one thread is bounded in time: it stops by itself after ``lifetime_seconds``, or
 from __future__ import annotations
 
 import contextlib
-import select
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from poll_sockets import ready
 
 KEY = "stalled-key"
 SECRET = "stalled-secret"
@@ -37,6 +37,7 @@ class StalledServer:
         self.connections = 0
         self._lifetime_seconds = lifetime_seconds
         self._stop = threading.Event()
+        self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="stalled-server", daemon=True)
         self._thread.start()
 
@@ -45,7 +46,7 @@ class StalledServer:
         clients: list[socket.socket] = []
         try:
             while not self._stop.is_set() and time.monotonic() < ends:
-                readable, _, _ = select.select([self._listener, *clients], [], [], 0.05)
+                readable, _ = ready([self._listener, *clients], [], 0.05)
                 for sock in readable:
                     if sock is self._listener:
                         with contextlib.suppress(BlockingIOError):
@@ -60,6 +61,8 @@ class StalledServer:
                     if not data:  # the client gave up
                         clients.remove(sock)
                         sock.close()
+        except BaseException as exc:  # noqa: BLE001 - raised again by stop()
+            self.failure = exc
         finally:
             for sock in clients:
                 sock.close()
@@ -83,8 +86,12 @@ class StalledServer:
         }
 
     def stop(self) -> None:
+        """Stop serving; raise what ended the serving thread early, if anything did (a
+        test that saw no answer must not pass or fail for the server's own fault)."""
         self._stop.set()
         self._thread.join(timeout=10)
+        if self.failure is not None:
+            raise AssertionError(f"the test server failed: {self.failure!r}") from self.failure
 
 
 

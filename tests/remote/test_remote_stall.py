@@ -27,6 +27,7 @@ def test_opening_a_dataset_on_a_stalled_endpoint_fails_within_the_deadline(
     stalled_server: StalledServer,
 ) -> None:
     url = "s3://stalled-bucket/ds"
+    stalled_server.set_up_client(f"{url}/shardfeed.json", deadline_seconds=3)
     began = time.monotonic()
     with pytest.raises(StorageError) as info:
         Dataset(url, source_options={"deadline_seconds": 3})
@@ -35,7 +36,7 @@ def test_opening_a_dataset_on_a_stalled_endpoint_fails_within_the_deadline(
     message = str(info.value)
     assert f"{url}/shardfeed.json" in message  # the manifest, the first thing read
     assert "deadline_seconds=3" in message and "attempt" in message
-    assert stalled_server.connections > 0
+    assert stalled_server.connections > 0, message
 
 
 def test_reading_records_from_a_server_that_stalls_mid_stream_fails_within_the_deadline(

@@ -75,6 +75,17 @@ class StalledServer:
             time.sleep(0.01)
         assert self.connections > 0, "no client connected to the stalled server"
 
+    def set_up_client(self, url: str, deadline_seconds: float) -> None:
+        """Make the s3fs client the storage layer will read ``url`` with under
+        ``deadline_seconds`` (fsspec keeps it), before a test starts its clock: botocore
+        loads megabytes of service models for each new client, seconds in a loaded test
+        process, and a test of the endpoint's stall must time the endpoint. Signs a URL
+        (local: no request is sent)."""
+        from shardfeed.storage.options import filesystem
+
+        fs, path = filesystem(url, deadline_seconds=deadline_seconds)
+        fs.url(path, expires=60)
+
     def storage_options(self) -> dict[str, Any]:
         """s3fs options that send every request here, with the client's default timeouts
         (what a user who only set the endpoint has)."""

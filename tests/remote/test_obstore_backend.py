@@ -117,3 +117,65 @@ def test_a_server_away_is_retried_counted_and_bounded_by_retries(
     assert patient.read(0, 100) == want
     restart.join(timeout=30)
     assert patient.stats()["retries"] > 0
+
+
+@pytest.mark.parametrize("how", ["AWS_PROFILE", "profile="])
+def test_a_named_aws_profile_gives_the_credentials_and_region(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, how: str,
+) -> None:
+    """A user whose credentials are in ~/.aws (a profile, as SSO and ``aws configure``
+    leave them) reads through obstore as through s3fs: obstore does not read those files,
+    botocore's chain does."""
+    from shardfeed.storage.remote import set_storage_options
+
+    folder = records_dataset(40, 2)
+    url = obstore_s3.upload_folder(folder)
+    (tmp_path / "credentials").write_text(
+        "[reader]\naws_access_key_id = profile-key\naws_secret_access_key = profile-secret\n")
+    (tmp_path / "config").write_text("[profile reader]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    options: dict[str, Any] = {"client_kwargs": {"endpoint_url": obstore_s3.endpoint_url}}
+    if how == "AWS_PROFILE":
+        monkeypatch.setenv("AWS_PROFILE", "reader")
+    else:
+        options["profile"] = "reader"
+    set_storage_options("s3://", **options)
+    try:
+        assert backend_for(url).name == "obstore"  # type: ignore[union-attr]
+        with Dataset(str(folder)) as local, Loader(local, **OPTIONS) as loader:
+            want = _stream(loader)
+        obstore_s3.clear_log()
+        with Dataset(url) as ds, Loader(ds, **OPTIONS) as loader:
+            assert _stream(loader) == want
+        signed = [r.authorization for r in obstore_s3.requests("GET")]
+        assert signed and all("Credential=profile-key/" in a for a in signed), signed[:2]
+    finally:
+        set_storage_options("s3://", **obstore_s3.storage_options())
+
+
+def test_no_credentials_anywhere_is_said_at_once(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a server's error, not retried until the deadline: the user is told that no
+    credentials were found."""
+    from shardfeed.storage.remote import set_storage_options
+
+    url = obstore_s3.upload_folder(records_dataset(8, 1))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    set_storage_options("s3://", client_kwargs={"endpoint_url": obstore_s3.endpoint_url})
+    try:
+        began = time.monotonic()
+        with pytest.raises(StorageError) as info:
+            Dataset(url, source_options={"deadline_seconds": 20})
+        message = str(info.value)
+        assert "no AWS credentials found" in message and "AWS_PROFILE" in message, message
+        assert "1 attempt" in message or "attempt" not in message, message  # not retried
+        assert time.monotonic() - began < 20
+    finally:
+        set_storage_options("s3://", **obstore_s3.storage_options())

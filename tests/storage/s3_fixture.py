@@ -49,6 +49,7 @@ class LoggedRequest:
     path: str
     range: str | None
     query: str = ""
+    authorization: str = ""
 
 
 class Stall:
@@ -151,6 +152,7 @@ class S3Server:
             request = LoggedRequest(
                 environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
                 environ.get("HTTP_RANGE"), environ.get("QUERY_STRING", ""),
+                environ.get("HTTP_AUTHORIZATION", ""),
             )
             with owner._log_lock:
                 owner._log.append(request)

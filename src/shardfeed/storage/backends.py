@@ -129,8 +129,8 @@ def set_obstore_provider(provider: Callable[[], Backend | None]) -> None:
 
 def _default_for(scheme: str) -> Backend | None:
     """obstore for the object stores' schemes with ``SHARDFEED_OBSTORE=1`` (where it is
-    installed), else None: the direct-GET client stays the default until obstore reads every
-    credential source it does (``AWS_PROFILE``, ``~/.aws``, SSO) and is measured on a node."""
+    installed), else None: the direct-GET client stays the default until obstore finds a
+    bucket's region as s3fs does (by the server's redirect) and is measured on a node."""
     if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") != "1":
         return None
     return _OBSTORE[0]() if _OBSTORE else None

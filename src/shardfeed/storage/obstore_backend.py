@@ -5,7 +5,9 @@ An optional backend (``pip install 'shardfeed[obstore]'``), turned on for ``s3:/
 for the process with :func:`use_obstore`, which registers it for ``http(s)://`` too. It reads
 the URLs whose options it has a counterpart of (:func:`serves`; others, e.g.
 ``requester_pays``, go to fsspec and the direct-GET client). Credentials come from the
-options and the environment variables only: not from ``AWS_PROFILE``, ``~/.aws`` or SSO::
+options, from the environment as obstore reads it, and otherwise from botocore's chain as
+s3fs reads it (``AWS_PROFILE`` or ``profile=``, ``~/.aws``, SSO), with that profile's
+region::
 
     from shardfeed.storage.obstore_backend import use_obstore
 
@@ -46,7 +48,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -103,8 +105,8 @@ def installed() -> bool:
 # s3fs's words obstore is given (see _config); config_kwargs' botocore timeouts bound the
 # attempt's, its retries are the storage layer's anyway, and its connection pool's size has
 # no counterpart to set (obstore keeps the connections it opens, as many as in flight)
-_WORDS = frozenset({"key", "secret", "token", "anon", "endpoint_url", "client_kwargs",
-                    "config_kwargs", "obstore_config"})
+_WORDS = frozenset({"key", "secret", "token", "anon", "profile", "endpoint_url",
+                    "client_kwargs", "config_kwargs", "obstore_config"})
 _CLIENT_WORDS = frozenset({"endpoint_url", "region_name"})
 _CONFIG_WORDS = frozenset({"retries", "connect_timeout", "read_timeout",
                            "max_pool_connections"})
@@ -133,6 +135,46 @@ def serves(url: str, storage_options: Mapping[str, Any] | None) -> bool:
     return (set(options) <= _WORDS
             and set(options.get("client_kwargs") or {}) <= _CLIENT_WORDS
             and set(options.get("config_kwargs") or {}) <= _CONFIG_WORDS)
+
+
+def _botocore_chain(profile: str | None) -> tuple[Callable[[], dict[str, Any]] | None,
+                                                 str | None]:
+    """A credential provider for obstore from botocore's chain, and the region its
+    configuration names: what s3fs reads (``AWS_PROFILE`` or ``profile``, ``~/.aws``
+    files, SSO, credential processes, roles); ``(None, None)`` without botocore, and no
+    provider where the chain finds no credentials (obstore's own chain is left to try)."""
+    try:
+        import botocore.credentials
+        import botocore.exceptions
+        import botocore.session
+    except ImportError:
+        return None, None
+    try:
+        session = botocore.session.Session(profile=profile)
+        credentials = session.get_credentials()
+        region = session.get_config_variable("region")
+    except botocore.exceptions.BotoCoreError as exc:
+        raise StorageError(f"cannot read the AWS credentials for obstore: {exc}; check "
+                           "AWS_PROFILE and ~/.aws, or give key and secret") from exc
+    if credentials is None:
+        return None, region
+    # refreshed by botocore when due; obstore asks again before the expiry said
+    expires = isinstance(credentials, botocore.credentials.RefreshableCredentials)
+
+    def provide() -> dict[str, Any]:
+        frozen = credentials.get_frozen_credentials()
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
+                "token": frozen.token,
+                "expires_at": datetime.now(timezone.utc) + _REASK if expires else None}
+
+    return provide, region
+
+
+_REASK = timedelta(minutes=5)
+"""How long obstore keeps refreshable credentials before asking botocore again."""
+_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE",
+             "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+"""Credential sources obstore reads itself."""
 
 
 def _config(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
@@ -178,6 +220,11 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
     if parts.scheme == "s3" and endpoint and "endpoint" not in config:
         config["endpoint"] = endpoint
+    signed = {"access_key_id", "skip_signature", "credential_provider"} & set(config)
+    # AWS_PROFILE, ~/.aws, SSO: obstore does not read them; botocore's chain does
+    chain = (parts.scheme == "s3" and not signed
+             and not any(os.environ.get(k) for k in _ENV_KEYS))
+    profile = _options(url, storage_options).get("profile") or None
     connect, idle = _attempt_seconds(deadline_seconds, asked)
     # one attempt a call: the storage layer retries transient failures itself, under the
     # one deadline of each call (and counts them)
@@ -189,16 +236,23 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     if endpoint.startswith("http://") or parts.scheme == "http":
         client["allow_http"] = True
     key = (parts.scheme, parts.netloc, repr(sorted(config.items())),
-           repr(sorted(client.items())))
+           repr(sorted(client.items()))
+           + (f" chain {profile or os.environ.get('AWS_PROFILE')}" if chain else ""))
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is None:
             from obstore.store import from_url
 
+            provider = None
+            if chain:  # once a store: botocore reads its files (and may ask a server)
+                provider, region = _botocore_chain(profile)
+                if region and "region" not in config and not os.environ.get("AWS_REGION") \
+                        and not os.environ.get("AWS_DEFAULT_REGION"):
+                    config["region"] = region
             try:
                 store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
                     f"{parts.scheme}://{parts.netloc}", config=config or None,
-                    client_options=client,
+                    client_options=client, credential_provider=provider,
                     retry_config={"max_retries": 0,
                                   "retry_timeout": timedelta(seconds=deadline_seconds)})
             except (_module().exceptions.BaseError, ValueError, TypeError) as exc:
@@ -242,6 +296,8 @@ _NO_ANSWER = ("error sending request", "timed out", "timeout", "connection", "Co
               ", got ")
 
 _STATUS = re.compile(r"status code: (\d{3})")
+_METADATA_SERVICE = "169.254.169.254"
+"""Where obstore asks for credentials when it has none (an EC2 instance's metadata)."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -268,6 +324,11 @@ def _judged(fn: Callable[[], T]) -> Callable[[], T]:
             text, line = str(exc), _first_line(exc)
             if "non-partial response" in text:  # a 200 with the whole object for a range
                 raise RangeIgnored(line) from None
+            if _METADATA_SERVICE in text:  # no credentials anywhere else: asked the instance
+                raise ObstoreRefused(  # metadata service, which answered no or not at all
+                    "no AWS credentials found (none in the storage options, the environment, "
+                    f"AWS_PROFILE or ~/.aws, and the instance metadata service gave none): "
+                    f"{line}") from None
             status = _STATUS.search(text)
             if status is not None:
                 code = int(status.group(1))

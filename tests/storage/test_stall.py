@@ -22,7 +22,7 @@ from stalled_server import StalledServer, interrupt
 
 from shardfeed.errors import StorageError
 from shardfeed.storage import files, open_source
-from shardfeed.storage.options import client_options
+from shardfeed.storage.options import client_options, filesystem
 from shardfeed.storage.remote import RemoteOptions, RemoteSource
 from shardfeed.storage.retry import Retrier, RetryPolicy
 
@@ -98,10 +98,10 @@ def refusing_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def test_refused_connections_are_retried_with_backoff_until_the_deadline(
     refusing_url: str,
 ) -> None:
-    # the s3 client is made once a process (its first attempt can take seconds on a loaded
-    # machine, whose import and set-up are not what this test times): made here first
-    with pytest.raises(StorageError):
-        RemoteSource(refusing_url, retries=0).read(0, 10)
+    # the s3fs client of these options and this deadline is made once a process (botocore
+    # loads its models: seconds on a loaded machine, not what this test times): made first
+    fs, path = filesystem(refusing_url, deadline_seconds=3.0)
+    fs.url(path, expires=60)  # signing: local, no request
     remote = RemoteSource(refusing_url, deadline_seconds=3.0, backoff_seconds=0.05,
                           max_backoff_seconds=0.2)
     elapsed, message = _timed_error(lambda: remote.read(0, 10))

@@ -216,7 +216,8 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     """The store of ``url``'s bucket (made once a bucket, configuration and timeouts) and
     the object path."""
     parts = urlsplit(url)
-    config, asked = _config(_options(url, storage_options))
+    options = _options(url, storage_options)
+    config, asked = _config(options)
     endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
     if parts.scheme == "s3" and endpoint and "endpoint" not in config:
         config["endpoint"] = endpoint
@@ -224,7 +225,7 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     # AWS_PROFILE, ~/.aws, SSO: obstore does not read them; botocore's chain does
     chain = (parts.scheme == "s3" and not signed
              and not any(os.environ.get(k) for k in _ENV_KEYS))
-    profile = _options(url, storage_options).get("profile") or None
+    profile = options.get("profile") or None
     connect, idle = _attempt_seconds(deadline_seconds, asked)
     # one attempt a call: the storage layer retries transient failures itself, under the
     # one deadline of each call (and counts them)

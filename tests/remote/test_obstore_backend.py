@@ -179,3 +179,51 @@ def test_no_credentials_anywhere_is_said_at_once(
         assert time.monotonic() - began < 20
     finally:
         set_storage_options("s3://", **obstore_s3.storage_options())
+
+
+def _signed_region(request: Any) -> str:
+    return request.authorization.split("Credential=", 1)[-1].split("/")[2] \
+        if "Credential=" in request.authorization else ""
+
+
+def test_a_bucket_in_another_region_is_read_there_after_one_question(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path],
+) -> None:
+    """No region given (or the wrong one): S3 refuses the request and names the bucket's
+    region to a HEAD of the bucket; the reads go on there, as s3fs follows S3's redirect."""
+    folder = records_dataset(60, 3)
+    url = obstore_s3.upload_folder(folder)
+    bucket = url.split("/")[2]
+    obstore_s3.bucket_regions[bucket] = "eu-west-2"
+    try:
+        with Dataset(str(folder)) as local, Loader(local, **OPTIONS) as loader:
+            want = _stream(loader)
+        obstore_s3.clear_log()
+        with Dataset(url) as ds, Loader(ds, **OPTIONS) as loader:
+            assert _stream(loader) == want
+        asked = [r for r in obstore_s3.requests("HEAD") if r.path == f"/{bucket}"]
+        assert len(asked) == 1, asked  # one question a bucket, for the process
+        regions = [_signed_region(r) for r in obstore_s3.requests("GET")]
+        assert regions.count("us-east-1") == 1, regions  # the first request only
+        data = [_signed_region(r) for r in obstore_s3.requests("GET")
+                if r.path.endswith(".tfrecord")]
+        assert data and set(data) == {"eu-west-2"}, data
+    finally:
+        obstore_s3.bucket_regions.pop(bucket)
+
+
+def test_a_wrong_region_the_server_does_not_name_is_said_at_once(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path],
+) -> None:
+    url = obstore_s3.upload_folder(records_dataset(8, 1))
+    bucket = url.split("/")[2]
+    obstore_s3.bucket_regions[bucket] = "?"
+    try:
+        began = time.monotonic()
+        with pytest.raises(StorageError) as info:
+            Dataset(url, source_options={"deadline_seconds": 20})
+        message = str(info.value)
+        assert bucket in message and "region_name" in message, message
+        assert time.monotonic() - began < 10  # not retried until the deadline
+    finally:
+        obstore_s3.bucket_regions.pop(bucket)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import threading
 import time
@@ -35,12 +36,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
 KEY = "testing-key"
 SECRET = "testing-secret"
 REGION = "us-east-1"
+_SIGNED_REGION = re.compile(r"Credential=[^/]+/\d{8}/([^/]+)/s3/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,10 @@ class S3Server:
         self._stall: Stall | None = None
         self._buckets = 0
         self.latency_seconds = 0.0  # added to every request: a cloud region's time to first byte
+        self.bucket_regions: dict[str, str] = {}
+        """Buckets said to be in another region than the signature's: as S3 answers a request
+        signed for the wrong region (HTTP 301 with the bucket's region in a header; a
+        region of "?" gives no header)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -160,6 +167,9 @@ class S3Server:
                 stall = owner._stall
             if owner.latency_seconds:
                 time.sleep(owner.latency_seconds)
+            moved = owner._moved(request)
+            if moved is not None:
+                return moved(start_response)
             if gate is not None and request.range is not None:
                 gate.arrive()
             if stall is not None:
@@ -191,6 +201,32 @@ class S3Server:
             target=self._server.serve_forever, name="moto-s3", daemon=True
         )
         self._thread.start()
+
+    def _moved(self, request: LoggedRequest) -> Callable[[Any], list[bytes]] | None:
+        """S3's answer to a request for a bucket of ``bucket_regions`` that is not signed for
+        its region (an unsigned HEAD of the bucket included: how its region is looked up)."""
+        bucket = request.path.lstrip("/").split("/", 1)[0]
+        region = self.bucket_regions.get(bucket)
+        if region is None:
+            return None
+        signed = _SIGNED_REGION.search(f"{request.authorization} {unquote(request.query)}")
+        if signed is not None and signed.group(1) == region:
+            return None
+        body = b"" if request.method == "HEAD" else (
+            b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>PermanentRedirect</Code>"
+            b"<Message>The bucket you are attempting to access must be addressed using the "
+            b"specified endpoint. Please send all future requests to this endpoint.</Message>"
+            b"<Bucket>" + bucket.encode() + b"</Bucket></Error>")
+
+        headers = [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))]
+        if region != "?":
+            headers.append(("x-amz-bucket-region", region))
+
+        def answer(start_response: Any) -> list[bytes]:
+            start_response("301 Moved Permanently", headers)
+            return [body]
+
+        return answer
 
     def stop(self) -> None:
         """Stop listening and cut every open connection (clients see refused/reset).

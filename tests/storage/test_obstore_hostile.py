@@ -116,3 +116,28 @@ def test_statuses_are_judged_whatever_the_length_of_the_key(status_server: str) 
     with pytest.raises(StorageError, match="deadline_seconds=1"):
         busy.read(0, 10)
     assert busy.stats()["retries"] > 0
+
+
+def test_a_region_the_server_does_not_name_is_said_at_once(status_server: str) -> None:
+    """S3's answer to a request signed for the wrong region (301, no Location), from a
+    server that names no region for the bucket either: the error says to give the region,
+    at once, not retried."""
+    source = ObstoreSource(f"{status_server}/key/301", backoff_seconds=0.01)
+    with pytest.raises(StorageError, match=r"'s3://status/key/301'.*region_name"):
+        source.read(0, 10)
+    assert source.stats()["retries"] == 0
+
+
+def test_a_failure_obstore_names_that_is_no_known_kind_is_not_retried() -> None:
+    """Only the signs of no answer are retried; obstore's debug dump names its
+    retry_timeout in every failure, which is not one of them."""
+    from obstore.exceptions import GenericError
+
+    from shardfeed.storage.obstore_backend import ObstoreRefused, _judged
+
+    def fail() -> None:
+        raise GenericError("Generic S3 error: something new\n\nDebug source:\nGeneric {\n"
+                           "    retry_timeout: 180s,\n}")
+
+    with pytest.raises(ObstoreRefused, match="something new"):
+        _judged(fail)()

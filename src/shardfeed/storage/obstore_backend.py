@@ -7,7 +7,8 @@ the URLs whose options it has a counterpart of (:func:`serves`; others, e.g.
 ``requester_pays``, go to fsspec and the direct-GET client). Credentials come from the
 options, from the environment as obstore reads it, and otherwise from botocore's chain as
 s3fs reads it (``AWS_PROFILE`` or ``profile=``, ``~/.aws``, SSO), with that profile's
-region::
+region. A bucket in another region than the one given (or us-east-1) is refused by S3; its
+region is then asked of the server, once a bucket, and the reads go there::
 
     from shardfeed.storage.obstore_backend import use_obstore
 
@@ -47,6 +48,7 @@ import math
 import os
 import re
 import threading
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -75,6 +77,10 @@ T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
 _STORES: dict[tuple[str, str, str, str], Any] = {}
 _STORES_LOCK = threading.Lock()
+_REGIONS: dict[tuple[str, str], str] = {}
+"""``(endpoint, bucket) -> region``: buckets found in another region than the one asked."""
+_REGIONS_LOCK = threading.Lock()
+_REGION_WORDS = frozenset({"region", "aws_region", "aws_default_region", "default_region"})
 
 
 def _module() -> Any:
@@ -226,6 +232,11 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     chain = (parts.scheme == "s3" and not signed
              and not any(os.environ.get(k) for k in _ENV_KEYS))
     profile = options.get("profile") or None
+    learnt = _REGIONS.get((endpoint, parts.netloc)) if parts.scheme == "s3" else None
+    if learnt is not None:  # the bucket's own region, as S3 named it (see _learn_region)
+        for word in [w for w in config if w.lower() in _REGION_WORDS]:
+            del config[word]
+        config["region"] = learnt
     connect, idle = _attempt_seconds(deadline_seconds, asked)
     # one attempt a call: the storage layer retries transient failures itself, under the
     # one deadline of each call (and counts them)
@@ -265,6 +276,87 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     return store, parts.path.lstrip("/")
 
 
+def _learn_region(url: str, storage_options: Mapping[str, Any] | None,
+                  deadline_seconds: float) -> str:
+    """The region of ``url``'s bucket, asked of the server (once a bucket and endpoint) after
+    a request signed for another region was refused; later stores of the bucket use it.
+
+    S3 names a bucket's region in the ``x-amz-bucket-region`` header of its answer to a HEAD
+    of the bucket, signed or not, whatever the status (200, 301 or 403): botocore's redirect
+    reads the same header. Raises :class:`ObstoreRefused` where the answer names none."""
+    import urllib.error
+    import urllib.request
+
+    parts = urlsplit(url)
+    config, _ = _config(_options(url, storage_options))
+    endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
+    with _REGIONS_LOCK:
+        known = _REGIONS.get((endpoint, parts.netloc))
+        if known is not None:
+            return known
+        probe = f"{(endpoint or 'https://s3.amazonaws.com').rstrip('/')}/{parts.netloc}"
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            with opener.open(urllib.request.Request(probe, method="HEAD"),
+                             timeout=min(10.0, deadline_seconds / 2)) as answer:
+                region = answer.headers.get("x-amz-bucket-region")
+        except urllib.error.HTTPError as exc:  # 301 and 403 name the region too
+            region = exc.headers.get("x-amz-bucket-region")
+        except OSError as exc:
+            raise ObstoreRefused(
+                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
+                f"asking {probe} for its region failed ({exc}); give the region: "
+                "storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION"
+            ) from None
+        if not region:
+            raise ObstoreRefused(
+                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
+                f"the server did not name it (no x-amz-bucket-region from {probe}); give the "
+                "region: storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION")
+        _REGIONS[(endpoint, parts.netloc)] = str(region)
+        return str(region)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer to read (its headers name the region), not one to follow."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _in_region(url: str, storage_options: Mapping[str, Any] | None, deadline_seconds: float,
+               op: Callable[[Any, str], T], *,
+               opened: Callable[[], tuple[Any, str]] | None = None,
+               moved: Callable[[Any, str], None] | None = None) -> Callable[[], T]:
+    """One attempt at ``op(store, path)`` with the store of ``url`` (``opened()``, else
+    looked up), judged (see :func:`_judged`); refused for the bucket's region, the region is
+    learnt and the request sent again once, to the store of that region (given to
+    ``moved``)."""
+
+    def attempt() -> T:
+        store, path = opened() if opened is not None else _store(url, storage_options,
+                                                                  deadline_seconds)
+        try:
+            return _judged(lambda: op(store, path))()
+        except WrongRegion:
+            _learn_region(url, storage_options, deadline_seconds)
+            store, path = _store(url, storage_options, deadline_seconds)
+            if moved is not None:
+                moved(store, path)
+            try:
+                return _judged(lambda: op(store, path))()
+            except WrongRegion as exc:
+                raise ObstoreRefused(
+                    f"{exc}, in the bucket's own region too; check the endpoint") from None
+
+    return attempt
+
+
+class WrongRegion(Exception):
+    """The server refused a request signed for another region than the bucket's (S3's 301
+    without a Location): the region is learnt and the request sent again."""
+
+
 class ServerAnswer(Exception):
     """An obstore call the server answered with an error status (``status``: the HTTP code;
     5xx and 429 are retried, the others are not)."""
@@ -296,6 +388,9 @@ _NO_ANSWER = ("error sending request", "timed out", "timeout", "connection", "Co
               "error decoding response body", "end of file", "IncompleteBody", "broken pipe",
               ", got ")
 
+# S3's answers to a request signed for another region than the bucket's
+_WRONG_REGION = ("incorrectly configured region", "AuthorizationHeaderMalformed")
+_RETRY_TIMEOUT = re.compile(r"retry_timeout: [^,\n]*")
 _STATUS = re.compile(r"status code: (\d{3})")
 _METADATA_SERVICE = "169.254.169.254"
 """Where obstore asks for credentials when it has none (an EC2 instance's metadata)."""
@@ -322,9 +417,12 @@ def _judged(fn: Callable[[], T]) -> Callable[[], T]:
         except (errors.PermissionDeniedError, errors.UnauthenticatedError) as exc:
             raise PermissionError(_first_line(exc)) from None
         except errors.GenericError as exc:
-            text, line = str(exc), _first_line(exc)
+            # (every debug dump names the retry_timeout: not a sign of no answer)
+            text, line = _RETRY_TIMEOUT.sub("", str(exc)), _first_line(exc)
             if "non-partial response" in text:  # a 200 with the whole object for a range
                 raise RangeIgnored(line) from None
+            if any(word in text for word in _WRONG_REGION):
+                raise WrongRegion(line) from None
             if _METADATA_SERVICE in text:  # no credentials anywhere else: asked the instance
                 raise ObstoreRefused(  # metadata service, which answered no or not at all
                     "no AWS credentials found (none in the storage options, the environment, "
@@ -360,6 +458,7 @@ class ObstoreSource:
         self.coalesce_gap_bytes = int(coalesce_gap_bytes)
         self.max_request_bytes = int(max_request_bytes)
         self._obstore = _module()
+        self._storage_options = storage_options
         self._store, self._path = _store(url, storage_options, self.deadline_seconds)
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
@@ -368,8 +467,17 @@ class ObstoreSource:
         self.requests = 0
         self.bytes_fetched = 0
 
-    def _call(self, action: str, fn: Callable[[], T]) -> T:
-        return self._retrier.call(_judged(fn), url=self.url, action=action, group=self._calls)
+    def _call(self, action: str, op: Callable[[Any, str], T]) -> T:
+        """``op(store, path)`` under the retry policy, in the bucket's region."""
+        attempt = _in_region(self.url, self._storage_options, self.deadline_seconds, op,
+                             opened=self._opened, moved=self._moved)
+        return self._retrier.call(attempt, url=self.url, action=action, group=self._calls)
+
+    def _opened(self) -> tuple[Any, str]:
+        return self._store, self._path
+
+    def _moved(self, store: Any, path: str) -> None:
+        self._store, self._path = store, path
 
     def stats(self) -> dict[str, int]:
         """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries``, as
@@ -381,8 +489,7 @@ class ObstoreSource:
     def size(self) -> int:
         """The object's size: one HEAD, remembered."""
         if self._size is None:
-            meta = self._call("get the size of",
-                              lambda: self._obstore.head(self._store, self._path))
+            meta = self._call("get the size of", self._obstore.head)
             self._size = int(meta["size"])
         return self._size
 
@@ -399,14 +506,14 @@ class ObstoreSource:
         action = f"read bytes {plan[0].start}..{plan[-1].end} of"
         if self.coalesce_gap_bytes < 0:  # obstore would merge touching ranges: one call each
 
-            def each() -> list[Any]:
-                return [self._obstore.get_range(self._store, self._path, start=r.start,
-                                                end=r.end) for r in plan]
+            def each(store: Any, path: str) -> list[Any]:
+                return [self._obstore.get_range(store, path, start=r.start, end=r.end)
+                        for r in plan]
             blobs = self._call(action, each)
         else:
-            blobs = self._call(action, lambda: self._obstore.get_ranges(
-                self._store, self._path, starts=[r.start for r in plan],
-                ends=[r.end for r in plan], coalesce=0))
+            blobs = self._call(action, lambda store, path: self._obstore.get_ranges(
+                store, path, starts=[r.start for r in plan], ends=[r.end for r in plan],
+                coalesce=0))
         with self._lock:
             self.requests += len(plan)
             self.bytes_fetched += sum(len(b) for b in blobs)
@@ -431,9 +538,11 @@ def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
     within its own ``deadline_seconds``)."""
     obstore = _module()
     policy = current_policy()
-    store, path = _store(url, storage_options, policy.deadline_seconds)
+    _store(url, storage_options, policy.deadline_seconds)  # a wrong configuration: at once
     return Retrier(policy, key=url).call(
-        _judged(lambda: bytes(obstore.get(store, path).bytes())), url=url, action="read")
+        _in_region(url, storage_options, policy.deadline_seconds,
+                   lambda store, path: bytes(obstore.get(store, path).bytes())),
+        url=url, action="read")
 
 
 def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:

@@ -1,5 +1,4 @@
 """The compiled parts of shardfeed (see src/shardfeed/format/native.py,
-src/shardfeed/storage/http1.py,
 src/shardfeed/transforms/decode/png_rows.py, .../decode/crop_rows.py,
 src/shardfeed/pipeline/produce.py and
 src/shardfeed/sampling/crop_draws.py); the rest of the build is declared in pyproject.toml.
@@ -13,12 +12,6 @@ setup(
         Extension(
             "shardfeed.format._wire",
             ["src/shardfeed/format/_wire.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-            optional=True,
-        ),
-        Extension(
-            "shardfeed.storage._recv",
-            ["src/shardfeed/storage/_recv.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

@@ -11,8 +11,10 @@ process of its own and in interleaved rounds, runs ``--callers`` threads that ea
 ``read_ranges`` calls of ``--ranges`` random ranges of ``--range-kb`` (a shard's records of
 one slice, as ``Dataset.read_many`` asks them) for ``--seconds``:
 
-* ``direct``: ``RemoteSource`` (fsspec, with the direct ranged-GET client);
-* ``obstore``: ``ObstoreSource`` (Rust ``object_store``; its requests run outside the GIL).
+* ``obstore``: ``ObstoreSource`` (Rust ``object_store``; its requests run outside the GIL),
+  the reader of ``s3://``;
+* ``s3fs``: ``RemoteSource`` (fsspec's s3fs, what reads ``s3://`` with
+  ``SHARDFEED_OBSTORE=0``).
 
 Each process runs under ``py-spy record --gil`` (samples only a thread holding the GIL):
 GIL-held µs a GET = samples of the reading phase / sampling rate / GETs. CPU µs a GET is
@@ -49,8 +51,7 @@ def run_case(client: str, spec: dict[str, Any]) -> dict[str, Any]:
     """The reading phase in this process: GETs, seconds and CPU seconds."""
     url = f"s3://{BUCKET}/{OBJECT}"
     options = spec["options"]
-    if client == "direct":
-        os.environ.pop("SHARDFEED_OBSTORE", None)
+    if client == "s3fs":
         from shardfeed.storage.remote import RemoteSource
 
         source: Any = RemoteSource(url, storage_options=options, max_concurrency=64)
@@ -105,8 +106,8 @@ def gil_samples(raw: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", nargs="+", choices=("direct", "obstore"),
-                        default=["direct", "obstore"])
+    parser.add_argument("--clients", nargs="+", choices=("obstore", "s3fs"),
+                        default=["obstore", "s3fs"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--callers", type=int, default=2)

@@ -20,9 +20,9 @@ interleaved rounds:
   cache over all epochs beside the optimal policy's and LRU's for the same order
   (:mod:`shardfeed.pipeline.cache_policy`).
 
-With ``--backends direct obstore`` every s3 run is made with each client side by side in the
-one run (``direct``: the default, fsspec with direct ranged GETs; ``obstore``:
-:mod:`shardfeed.storage.obstore_backend`); the client's CPU an image is the process's CPU an
+With ``--backends obstore s3fs`` every s3 run is made with each client side by side in the
+one run (``obstore``: the default, :mod:`shardfeed.storage.obstore_backend`; ``s3fs``:
+``SHARDFEED_OBSTORE=0``, fsspec's client); the client's CPU an image is the process's CPU an
 image over the local run's (the same decode), and a GET's is that over the GETs an epoch
 (given only where an epoch sends many small GETs: the noise is tens of µs an image).
 
@@ -30,7 +30,7 @@ Rates are images/s of the epochs after the first (the first of a run warms the d
 threads; with a cache it is also the epoch that fills it). Medians over rounds.
 
     .venv/bin/python bench/bench_remote_cache.py [--images 2048] [--latency-ms 50]
-                                                 [--backends direct obstore]
+                                                 [--backends obstore s3fs]
 """
 
 from __future__ import annotations
@@ -175,11 +175,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--server", choices=("light", "moto"), default="light",
                         help="light: bench/s3_light.py (sendfile); moto: S3 in full")
-    parser.add_argument("--backends", nargs="+", choices=("direct", "obstore"),
-                        default=["direct"],
-                        help="the clients of the s3 runs, side by side in one run: direct "
-                             "(fsspec with direct ranged GETs) and obstore "
-                             "(storage.obstore_backend)")
+    parser.add_argument("--backends", nargs="+", choices=("obstore", "s3fs"),
+                        default=["obstore"],
+                        help="the clients of the s3 runs, side by side in one run: obstore "
+                             "(the default: storage.obstore_backend) and s3fs "
+                             "(SHARDFEED_OBSTORE=0)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one run, in a process of its own
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -196,7 +196,7 @@ def main() -> None:
         cpu: dict[str, list[float]] = {}
         per_get: dict[str, list[int]] = {}
         notes: dict[str, list[Any]] = {}
-        cases = [c if b == "direct" or c == "local" else f"{c} [{b}]"
+        cases = [c if b == "obstore" or c == "local" else f"{c} [{b}]"
                  for b in args.backends for c in CASES if c != "local" or b == args.backends[0]]
         for r in range(args.rounds):
             for case in cases:
@@ -236,16 +236,15 @@ def run_case(case: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[
 
     set_storage_options("s3://", **spec["options"])
     case, _, backend = case.partition(" [")
-    if backend.rstrip("]") == "obstore":
-        from shardfeed.storage.obstore_backend import use_obstore
-
-        use_obstore()
-    else:  # the direct-GET client, whatever the environment says
+    wants_obstore = backend.rstrip("]") != "s3fs"
+    if wants_obstore:  # the default, whatever the environment says
         os.environ.pop("SHARDFEED_OBSTORE", None)
+    else:
+        os.environ["SHARDFEED_OBSTORE"] = "0"
     from shardfeed.storage.backends import backend_for
 
-    chosen = backend_for(spec["url"] + "/x")
-    if (chosen is not None and chosen.name == "obstore") != (backend.rstrip("]") == "obstore"):
+    chosen = backend_for(spec["url"] + "/x", spec["options"])
+    if (chosen is not None and chosen.name == "obstore") != wants_obstore:
         raise SystemExit(f"case {case!r} would read through {chosen}: not the client asked")
     source, options, loader_options = spec["url"], {}, {}
     if case == "local":

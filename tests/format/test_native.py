@@ -27,7 +27,6 @@ from shardfeed.format import native
 from shardfeed.format.columns import decode_columns
 from shardfeed.format.example import encode_example
 from shardfeed.format.framing import frame
-from shardfeed.storage import http1
 from shardfeed.transforms.decode import png_rows
 
 WIRE = native.wire
@@ -56,7 +55,6 @@ def test_the_compiled_parts_are_built() -> None:
     assert png_rows.compiled is not None, (
         "shardfeed.transforms.decode._png was not compiled: re-run `make`"
     )
-    assert http1._recv is not None, "shardfeed.storage._recv was not compiled: re-run `make`"
 
 
 def same_columns(a: dict[str, Any] | None, b: dict[str, Any] | None) -> None:

@@ -101,8 +101,9 @@ def mutate_npz(rng: random.Random, data: bytes) -> bytes:
     out = io.BytesIO()
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
-            for info in src.infolist():
-                dst.writestr(info.filename, src.read(info).replace(old, new, 1))
+            for info in src.infolist():  # the member's own time: the same bytes every run
+                member = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+                dst.writestr(member, src.read(info).replace(old, new, 1))
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError):
         return data.replace(old, new, 1)
     return out.getvalue()

@@ -1,6 +1,7 @@
 """An HTTP/1.1 server on 127.0.0.1 that answers ranged GETs the way a bad server does.
 
-Every object it serves has the same bytes (:func:`object_bytes`); what it does with a GET
+Every object it serves has the same bytes (:func:`object_bytes`) and the same size (a HEAD
+is answered so); what it does with a GET
 depends on the object's name (the last part of the path, e.g. ``/bucket/trickle.bin``):
 
 ==============  =============================================================================
@@ -120,6 +121,10 @@ class HostileServer:
 
     # -- answers ----------------------------------------------------------------------------
 
+    def _head(self) -> Iterator[tuple[float, Any]]:
+        """Every object's size, as S3 answers a HEAD."""
+        yield 0.0, f"HTTP/1.1 200 OK\r\nContent-Length: {OBJECT_BYTES}\r\n\r\n".encode()
+
     def _answer(self, name: str, rng: str) -> Iterator[tuple[float, Any]]:
         match = re.fullmatch(r"bytes=(\d+)-(\d+)", rng)
         start, last = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
@@ -204,7 +209,8 @@ class HostileServer:
                         if line.lower().startswith("range:")), "")
             client.name = path.rsplit("/", 1)[-1]
             self.requests.append(client.name)
-            client.pieces = self._answer(client.name, rng)
+            client.pieces = (self._head() if lines[0].startswith("HEAD ")
+                             else self._answer(client.name, rng))
             self._next_piece(client, time.monotonic())
 
     def _next_piece(self, client: _Client, now: float) -> None:

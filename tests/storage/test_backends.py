@@ -123,16 +123,17 @@ def test_registrations_are_checked() -> None:
         register_backend(["s3/x"], MEMORY)
 
 
-def test_obstore_reads_object_stores_when_asked_for_options_it_can_honour(
+def test_obstore_reads_object_stores_for_options_it_can_honour(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pytest.importorskip("obstore")
     monkeypatch.delenv("SHARDFEED_OBSTORE", raising=False)
     urls = ("s3://bucket/ds/part-000.tfrecord", "gs://bucket/x", "az://container/x")
-    assert [backend_for(url) for url in urls] == [None, None, None]  # the direct client
-    monkeypatch.setenv("SHARDFEED_OBSTORE", "1")
     for url in urls:
         assert backend_for(url).name == "obstore"  # type: ignore[union-attr]
+    monkeypatch.setenv("SHARDFEED_OBSTORE", "0")  # turned off: fsspec
+    assert [backend_for(url) for url in urls] == [None, None, None]
+    monkeypatch.delenv("SHARDFEED_OBSTORE")
     options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://h:1"},
                "config_kwargs": {"read_timeout": 5}}
     assert backend_for("s3://bucket/x", options) is not None

@@ -19,11 +19,11 @@ operation it leaves out goes to fsspec::
 
     shardfeed.Dataset("mem://bucket/ds")              # read through MemorySource
 
-Without a registration, ``scheme://`` URLs go to
-:class:`~shardfeed.storage.remote.RemoteSource` (fsspec, with direct ranged GETs for
-S3-compatible stores and HTTP; with ``SHARDFEED_OBSTORE=1``, ``s3://``, ``gs://`` and
-``az://`` go to :mod:`~shardfeed.storage.obstore_backend` for the options it can honour),
-and local paths to :class:`~shardfeed.storage.local.LocalSource`. ``options`` names the
+Without a registration, ``s3://``, ``gs://`` and ``az://`` URLs go to
+:mod:`~shardfeed.storage.obstore_backend` (where obstore is installed, for the options it
+can honour; ``SHARDFEED_OBSTORE=0`` turns it off), other ``scheme://`` URLs (and those) to
+:class:`~shardfeed.storage.remote.RemoteSource` (fsspec), and local paths to
+:class:`~shardfeed.storage.local.LocalSource`. ``options`` names the
 keyword arguments ``open`` takes (a Dataset's ``source_options``): any other is refused with
 a TypeError naming the backend, before a request is sent. A backend raises
 :class:`~shardfeed.errors.StorageError` naming the URL for a failure of the store (for an
@@ -116,7 +116,7 @@ def unregister_backend(schemes: Iterable[str]) -> None:
 
 
 DEFAULT_OBSTORE_SCHEMES = ("s3", "gs", "az")
-"""Schemes read through obstore without a registration when ``SHARDFEED_OBSTORE=1``."""
+"""Schemes read through obstore without a registration (unless ``SHARDFEED_OBSTORE=0``)."""
 
 _OBSTORE: list[Callable[[], Backend | None]] = []  # set by the storage package (see below)
 
@@ -128,10 +128,9 @@ def set_obstore_provider(provider: Callable[[], Backend | None]) -> None:
 
 
 def _default_for(scheme: str) -> Backend | None:
-    """obstore for the object stores' schemes with ``SHARDFEED_OBSTORE=1`` (where it is
-    installed), else None: the direct-GET client stays the default until obstore finds a
-    bucket's region as s3fs does (by the server's redirect) and is measured on a node."""
-    if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") != "1":
+    """obstore for the object stores' schemes where it is installed (unless
+    ``SHARDFEED_OBSTORE=0``), else None: fsspec."""
+    if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") == "0":
         return None
     return _OBSTORE[0]() if _OBSTORE else None
 
@@ -139,7 +138,7 @@ def _default_for(scheme: str) -> Backend | None:
 def backend_for(url: str | os.PathLike[str], storage_options: Options = None
                 ) -> Backend | None:
     """The backend that reads ``url``: the one registered for its scheme, else obstore for
-    ``s3://``, ``gs://`` and ``az://`` with ``SHARDFEED_OBSTORE=1``; None for the default
+    ``s3://``, ``gs://`` and ``az://`` (unless ``SHARDFEED_OBSTORE=0``); None for the default
     (fsspec for ``scheme://`` URLs, the local file system for paths). A backend that cannot
     serve the ``storage_options`` (its ``serves``) gives None too."""
     scheme = _scheme(url)

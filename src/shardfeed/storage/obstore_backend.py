@@ -1,10 +1,10 @@
 """obstore (Rust ``object_store``) as the backend of s3://, gs://, az:// and http(s):// URLs.
 
-An optional backend (``pip install 'shardfeed[obstore]'``), turned on for ``s3://``,
-``gs://`` and ``az://`` by ``SHARDFEED_OBSTORE=1`` (in every process, workers included), or
-for the process with :func:`use_obstore`, which registers it for ``http(s)://`` too. It reads
-the URLs whose options it has a counterpart of (:func:`serves`; others, e.g.
-``requester_pays``, go to fsspec and the direct-GET client). Credentials come from the
+The reader of ``s3://``, ``gs://`` and ``az://`` URLs where obstore is installed (``pip
+install 'shardfeed[s3]'`` or ``[obstore]``), unless ``SHARDFEED_OBSTORE=0`` (in every
+process, workers included: fsspec reads them then); :func:`use_obstore` registers it for the
+process, ``http(s)://`` included. It reads the URLs whose options it has a counterpart of
+(:func:`serves`; others, e.g. ``requester_pays``, go to fsspec). Credentials come from the
 options, from the environment as obstore reads it, and otherwise from botocore's chain as
 s3fs reads it (``AWS_PROFILE`` or ``profile=``, ``~/.aws``, SSO), with that profile's
 region. A bucket in another region than the one given (or us-east-1) is refused by S3; its
@@ -270,8 +270,7 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
             except (_module().exceptions.BaseError, ValueError, TypeError) as exc:
                 raise StorageError(
                     f"cannot open '{url}' with obstore: {_first_line(exc)}; check its "
-                    "storage options, or read it without obstore (no SHARDFEED_OBSTORE=1, no "
-                    "use_obstore())") from exc
+                    "storage options, or read it through s3fs (SHARDFEED_OBSTORE=0)") from exc
             _STORES[key] = store
     return store, parts.path.lstrip("/")
 
@@ -371,8 +370,8 @@ class RangeIgnored(Exception):
     the same), and not read (it could be far larger than the range)."""
 
     advice = ("the server ignores Range requests; serve the shards from a store that "
-              "honours them, or read them without obstore (the direct-GET client reads such "
-              "answers and drops the bytes outside the range)")
+              "honours them, or read them through fsspec (SHARDFEED_OBSTORE=0; it reads such "
+              "answers whole and cuts the range from them)")
 
 
 class ObstoreRefused(Exception):
@@ -380,7 +379,7 @@ class ObstoreRefused(Exception):
     configuration, a credentials request that failed): not retried."""
 
     advice = ("check the storage options, the credentials and the bucket's region, or read "
-              "without obstore (no SHARDFEED_OBSTORE=1, no use_obstore())")
+              "through fsspec (SHARDFEED_OBSTORE=0)")
 
 
 # what obstore says when no answer came, or a short one: worth another attempt
@@ -556,8 +555,8 @@ def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
 OBSTORE = Backend(
     "obstore", open=ObstoreSource, read_bytes=_read_bytes, size=_size,
     options=("deadline_seconds", "coalesce_gap_bytes", "max_request_bytes", "storage_options",
-             "max_concurrency", "retries", "backoff_seconds", "max_backoff_seconds", "cache",
-             "direct_gets"), serves=serves)
+             "max_concurrency", "retries", "backoff_seconds", "max_backoff_seconds", "cache"),
+    serves=serves)
 """The backend (the options of RemoteSource are taken, those obstore has no use for ignored,
 so a Dataset's ``source_options`` work with either)."""
 

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.cache import ByteCache
-from shardfeed.storage.direct_gets import DirectGets, direct_gets_for
 from shardfeed.storage.inflight import (
     CallGroup,
     is_async,
@@ -100,10 +99,7 @@ class RemoteOptions:
     ``max_backoff_seconds``: see :class:`RetryPolicy`. ``storage_options``: fsspec options
     (endpoint, credentials); the client's own timeouts and retries are fitted inside the
     deadline unless these set them (see :func:`~shardfeed.storage.options.client_options`).
-    ``cache``: whole small objects kept in memory. ``direct_gets``: read ``s3://`` ranges
-    by presigned URL on plain HTTP connections where that sends what s3fs would (see
-    :mod:`shardfeed.storage.direct_gets`; a third of the client's CPU a GET); False: every
-    read through s3fs.
+    ``cache``: whole small objects kept in memory.
 
     The filesystem package may bound requests in flight too: s3fs (botocore) keeps 10
     connections per filesystem unless told otherwise, so for more than about 10 requests at
@@ -119,7 +115,6 @@ class RemoteOptions:
     max_backoff_seconds: float = 10.0
     storage_options: Mapping[str, Any] | None = None
     cache: ByteCache | None = None
-    direct_gets: bool = True
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_concurrency) or self.max_concurrency < 1:
@@ -138,8 +133,6 @@ class RemoteOptions:
                 "storage_options must be a mapping of fsspec options (e.g. {'anon': True}) "
                 f"or None, got {type(self.storage_options).__name__}"
             )
-        if not isinstance(self.direct_gets, bool):
-            raise TypeError(f"direct_gets must be True or False, got {self.direct_gets!r}")
         if self.cache is not None and not isinstance(self.cache, ByteCache):
             raise TypeError(f"cache must be a ByteCache or None, got {type(self.cache).__name__}")
         self.policy()  # checks the deadline, retries and backoff
@@ -210,7 +203,6 @@ class RemoteSource:
         max_backoff_seconds: float = 10.0,
         storage_options: Mapping[str, Any] | None = None,
         cache: ByteCache | None = None,
-        direct_gets: bool = True,
     ) -> None:
         if not isinstance(url, str) or "://" not in url:
             raise ValueError(f"url must be an fsspec URL such as 's3://bucket/key', got {url!r}")
@@ -219,7 +211,7 @@ class RemoteSource:
             max_request_bytes=max_request_bytes, deadline_seconds=deadline_seconds,
             retries=retries, backoff_seconds=backoff_seconds,
             max_backoff_seconds=max_backoff_seconds, storage_options=storage_options,
-            cache=cache, direct_gets=direct_gets,
+            cache=cache,
         )
         self.url = url
         self.options = options
@@ -229,7 +221,6 @@ class RemoteSource:
         self.policy = options.policy()
         self.cache = cache
         self._fs, self._path = self._filesystem()
-        self._direct = direct_gets_for(self._fs, self._path, enabled=direct_gets)
         self._fs_pid = os.getpid()
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
@@ -316,8 +307,6 @@ class RemoteSource:
             with self._lock:
                 if self._fs_pid != os.getpid():
                     self._fs, self._path = self._filesystem()
-                    self._direct = direct_gets_for(self._fs, self._path,
-                                                   enabled=self.options.direct_gets)
                     self._fs_pid = os.getpid()
         return self._fs, self._path
 
@@ -338,11 +327,11 @@ class RemoteSource:
         """Bytes ``[start, end)`` of each span (fewer only at end of object), up to
         ``max_concurrency`` requests in flight, all within one deadline."""
         fs, path = self._client()
-        known_size, direct = self._size, self._direct
+        known_size = self._size
 
         def job(start: int, end: int) -> Job[bytes]:
             return Job(f"read bytes {start}..{end} of",
-                       lambda: _start_range(fs, path, start, end, known_size, direct))
+                       lambda: _start_range(fs, path, start, end, known_size))
 
         jobs = [job(start, end) for start, end in spans]
         blobs = self._retrier.run(jobs, url=self.url, max_in_flight=self.max_concurrency,
@@ -353,37 +342,72 @@ class RemoteSource:
         return blobs
 
 
-def _start_range(fs: Any, path: str, start: int, end: int, known_size: int | None,
-                 direct: DirectGets | None = None) -> Future[bytes]:
+def _start_range(fs: Any, path: str, start: int, end: int, known_size: int | None
+                 ) -> Future[bytes]:
     """One attempt at bytes ``[start, end)`` of ``path``, started beside the caller."""
     if known_size is not None and start >= known_size:
         done: Future[bytes] = Future()
         done.set_result(b"")  # past the end: an empty read, no request needed
         return done
-    if direct is not None:
-        return direct.start(start, end)
     if is_async(fs):
         return start_coroutine(fs, _get_range_async(fs, path, start, end))
     return start_in_thread(lambda: _get_range(fs, path, start, end))
 
 
 # A range that starts at or past the end is an error for S3 (HTTP 416, EINVAL from s3fs);
-# the ByteSource contract says: an empty read.
+# the ByteSource contract says: an empty read. The answer is checked against the range
+# asked: a short answer where the object has the bytes is the server's (retried), and a
+# whole object answered for a range (a server that ignores Range) gives the range cut from
+# it; any other length is an error, never bytes handed back.
+
+
+class ShortAnswer(ConnectionError):
+    """Fewer bytes than asked where the object has them: the server's answer is short, not
+    the object (transient: retried)."""
+
+    advice = ("the server (or a proxy before it) answered with fewer bytes than asked; the "
+              "object itself may be whole: check the server")
+
+
+class WrongLength(OSError):
+    """More bytes than asked, and not the whole object: not retried."""
+
+    advice = "the server's answers do not match the ranges asked: check the server"
+
+
+def _checked(out: bytes, start: int, end: int, size: int) -> bytes:
+    """``out``, of another length than asked, as the answer to bytes ``[start, end)`` of an
+    object of ``size`` bytes."""
+    if len(out) < end - start:
+        if start + len(out) >= size:  # the object ends inside the range
+            return out
+        raise ShortAnswer(f"{len(out)} bytes answered for bytes {start}..{end} of an object of "
+                          f"{size} bytes")
+    if len(out) == size:  # the whole object: the server ignored Range
+        return out[start:end]
+    raise WrongLength(f"{len(out)} bytes answered for bytes {start}..{end} of an object of "
+                      f"{size} bytes")
 
 
 async def _get_range_async(fs: Any, path: str, start: int, end: int) -> bytes:
     try:
-        return bytes(await fs._cat_file(path, start=start, end=end))
+        out = bytes(await fs._cat_file(path, start=start, end=end))
     except OSError as exc:
         if exc.errno == errno.EINVAL and start >= int(await fs._size(path)):
             return b""
         raise
+    if len(out) == end - start:
+        return out
+    return _checked(out, start, end, int(await fs._size(path)))
 
 
 def _get_range(fs: Any, path: str, start: int, end: int) -> bytes:
     try:
-        return bytes(fs.cat_file(path, start=start, end=end))
+        out = bytes(fs.cat_file(path, start=start, end=end))
     except OSError as exc:
         if exc.errno == errno.EINVAL and start >= int(fs.size(path)):
             return b""
         raise
+    if len(out) == end - start:
+        return out
+    return _checked(out, start, end, int(fs.size(path)))

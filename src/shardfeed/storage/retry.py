@@ -225,8 +225,8 @@ class _Call(Generic[T]):
             return [self.results[i] for i in range(len(self.jobs))]
         finally:
             for future in self.running:
-                # abandoned: cancels the task (async), shuts a direct GET's connection down
-                # (its thread is free at once), or drops the thread's result
+                # abandoned: cancels the task (async) or drops the daemon thread's result
+                # (an obstore attempt ends by its own timeouts)
                 future.cancel()
 
     def _start_ready(self, now: float) -> None:

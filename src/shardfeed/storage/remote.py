@@ -1,7 +1,11 @@
 """Object storage through fsspec: byte ranges and range coalescing.
 
 Any fsspec URL works (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``memory://``); the
-protocol's package (``s3fs``, ``gcsfs``, ...) must be installed.
+protocol's package (``s3fs``, ``gcsfs``, ...) must be installed. ``s3://``, ``gs://`` and
+``az://`` are read by :mod:`~shardfeed.storage.obstore_backend` where it can (see
+:mod:`~shardfeed.storage.backends`); this reads them otherwise. Each answer is checked
+against the range asked: a short one is retried, a whole object gives the range cut from it,
+another length is an error.
 
 Storage options (endpoint, credentials, anonymous access) come from fsspec's configuration,
 :func:`~shardfeed.storage.options.set_storage_options`, or ``storage_options={...}`` given to

@@ -227,3 +227,34 @@ def test_a_wrong_region_the_server_does_not_name_is_said_at_once(
         assert time.monotonic() - began < 10  # not retried until the deadline
     finally:
         obstore_s3.bucket_regions.pop(bucket)
+
+
+def _read_in_child(ds: Dataset, indices: list[int], out: Any) -> None:
+    try:
+        out.put([r["name"] for r in ds.read_many(indices)])
+    except BaseException as exc:  # noqa: BLE001 - shown by the parent
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_a_process_forked_after_obstore_ran_reads_the_same_records(
+    obstore_s3: Any, records_dataset: Callable[[int, int], Path],
+) -> None:
+    """A Dataset opened (through obstore) before a fork: a worker forked from it (torch's
+    DataLoader and multiprocessing on Linux fork by default) reads the same records,
+    through fsspec (obstore's threads do not follow a fork: a call there waited for ever)."""
+    import multiprocessing
+
+    url = obstore_s3.upload_folder(records_dataset(40, 2))
+    indices = [3, 17, 25, 39]
+    with Dataset(url, source_options={"deadline_seconds": 10}) as ds:
+        want = [r["name"] for r in ds.read_many(indices)]
+        context = multiprocessing.get_context("fork")
+        out = context.Queue()
+        child = context.Process(target=_read_in_child, args=(ds, indices, out))
+        child.start()
+        try:
+            got = out.get(timeout=60)
+        finally:
+            child.join(timeout=10)
+    assert got == want
+    assert data_gets(obstore_s3) > 0

@@ -8,12 +8,13 @@ test_obstore_hostile.py."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
-from hostile_server import HostileServer, hostile_server, object_bytes
+from hostile_server import OBJECT_BYTES, HostileServer, hostile_server, object_bytes
 
 from shardfeed.errors import StorageError
-from shardfeed.storage.remote import RemoteSource
+from shardfeed.storage.remote import RemoteSource, ShortAnswer, WrongLength, _checked
 
 __all__ = ["hostile_server"]
 
@@ -27,6 +28,28 @@ def test_a_whole_object_answered_for_a_range_gives_the_range(
     remote = RemoteSource("s3://hostile/whole.bin")
     start, length = 40 << 20, 512 << 10
     assert remote.read(start, length) == object_bytes(start, start + length)
+    # a range past the end, longer than the whole object: the object's last bytes
+    start = OBJECT_BYTES - 1000
+    assert remote.read(start, OBJECT_BYTES + 10) == object_bytes(start, OBJECT_BYTES)
+
+
+@pytest.mark.parametrize(("answer", "start", "end", "size", "want"), [
+    (bytes(range(100)), 50, 200, 100, bytes(range(50, 100))),  # whole object, past the end
+    (bytes(range(50, 100)), 50, 200, 100, bytes(range(50, 100))),  # the end of the object
+    (bytes(range(50, 80)), 50, 200, 100, ShortAnswer),  # short of the object's end
+    (bytes(80), 50, 200, 100, ShortAnswer),  # longer than the rest, shorter than asked
+    (bytes(120), 10, 20, 100, WrongLength),  # neither the range nor the object
+    (bytes(5), 10, 20, None, bytes(5)),  # no size said: taken as the end (records judge)
+    (bytes(15), 10, 20, None, WrongLength),
+])
+def test_an_answer_of_another_length_is_judged_against_the_object(
+    answer: bytes, start: int, end: int, size: int | None, want: Any,
+) -> None:
+    if isinstance(want, bytes):
+        assert _checked(answer, start, end, size) == want
+    else:
+        with pytest.raises(want):
+            _checked(answer, start, end, size)
 
 
 def test_a_trickling_body_ends_at_the_deadline(hostile_server: HostileServer) -> None:

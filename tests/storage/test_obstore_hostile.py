@@ -141,3 +141,129 @@ def test_a_failure_obstore_names_that_is_no_known_kind_is_not_retried() -> None:
 
     with pytest.raises(ObstoreRefused, match="something new"):
         _judged(fail)()
+
+
+def _self_signed(folder: Any) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 signed by itself (a private certificate authority's
+    server), and its key: PEM files in ``folder``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "server.pem", folder / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def test_a_private_certificate_authority_is_trusted_from_aws_ca_bundle(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An endpoint whose certificate is signed by a private authority: without it, obstore
+    names the certificate at once (not 'unreachable' at the deadline); with AWS_CA_BUNDLE
+    (what botocore trusts, which obstore does not read itself), it reads."""
+    import ssl
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    cert, key = _self_signed(tmp_path)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_CA_BUNDLE", "SSL_CERT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    options = {"key": "k", "secret": "s", "client_kwargs": {
+        "endpoint_url": f"https://127.0.0.1:{server.server_address[1]}",
+        "region_name": "us-east-1"}}
+    try:
+        source = ObstoreSource("s3://private/obj", storage_options=options, deadline_seconds=20)
+        began = time.monotonic()
+        with pytest.raises(StorageError, match="certificate is not trusted.*AWS_CA_BUNDLE"):
+            source.size()
+        assert time.monotonic() - began < 10 and source.stats()["retries"] == 0
+        monkeypatch.setenv("AWS_CA_BUNDLE", cert)
+        assert ObstoreSource("s3://private/obj", storage_options=options).size() == 100
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "missing.pem"))
+        with pytest.raises(StorageError, match="missing.pem.*AWS_CA_BUNDLE"):
+            ObstoreSource("s3://private/obj", storage_options=options)
+    finally:
+        server.shutdown()
+
+
+def test_a_region_question_to_a_stalled_endpoint_does_not_hold_up_other_buckets(
+    status_server: str,
+) -> None:
+    """One bucket's endpoint never answers the region question; another bucket's answers
+    at once, and is not kept waiting behind it."""
+    from stalled_server import StalledServer
+
+    from shardfeed.storage.obstore_backend import ObstoreRefused, _learn_region
+
+    class Named(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(301)
+            self.send_header("x-amz-bucket-region", "eu-west-2")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    stalled, named = StalledServer(), ThreadingHTTPServer(("127.0.0.1", 0), Named)
+    threading.Thread(target=named.serve_forever, daemon=True).start()
+    failed: list[BaseException] = []
+
+    def ask_stalled() -> None:
+        try:
+            _learn_region("s3://stalled-bucket/x", stalled.storage_options(),
+                          deadline_seconds=8)  # the question waits up to 4 s
+        except ObstoreRefused as exc:
+            failed.append(exc)
+
+    try:
+        waiting = threading.Thread(target=ask_stalled)
+        waiting.start()
+        stalled.wait_for_connection()
+        began = time.monotonic()
+        region = _learn_region("s3://named-bucket/x", {"client_kwargs": {
+            "endpoint_url": f"http://127.0.0.1:{named.server_address[1]}"}}, deadline_seconds=8)
+        assert region == "eu-west-2" and time.monotonic() - began < 2
+        waiting.join(timeout=10)
+        assert failed and "region_name" in str(failed[0])
+    finally:
+        named.shutdown()
+        stalled.stop()
+
+
+def test_an_endpoint_given_in_obstores_words_is_the_one_asked() -> None:
+    from shardfeed.storage.obstore_backend import _config, _endpoint
+
+    for word in ("endpoint", "aws_endpoint", "aws_endpoint_url", "AWS_ENDPOINT", "endpoint_url"):
+        config, _ = _config({"obstore_config": {word: "http://127.0.0.1:9"}})
+        assert _endpoint(config) == "http://127.0.0.1:9", word

@@ -77,10 +77,51 @@ T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
 _STORES: dict[tuple[str, str, str, str], Any] = {}
 _STORES_LOCK = threading.Lock()
+_USED = False
+"""A store was made in this process (obstore's runtime may run)."""
+_FORKED_AFTER_USE = False
+"""This process was forked from one that had used obstore: obstore's runtime threads did not
+follow the fork, and a call here would wait for them for ever. fsspec reads instead."""
+
+
+def _forked() -> None:
+    global _FORKED_AFTER_USE, _STORES_LOCK, _REGIONS_LOCK
+    _FORKED_AFTER_USE = _FORKED_AFTER_USE or _USED
+    _STORES.clear()
+    _PROBES.clear()
+    _STORES_LOCK, _REGIONS_LOCK = threading.Lock(), threading.Lock()  # none held in the child
+
+
+os.register_at_fork(after_in_child=_forked)
 _REGIONS: dict[tuple[str, str], str] = {}
 """``(endpoint, bucket) -> region``: buckets found in another region than the one asked."""
 _REGIONS_LOCK = threading.Lock()
+_PROBES: dict[tuple[str, str], threading.Lock] = {}
 _REGION_WORDS = frozenset({"region", "aws_region", "aws_default_region", "default_region"})
+_ENDPOINT_WORDS = frozenset({"endpoint", "endpoint_url", "aws_endpoint", "aws_endpoint_url"})
+_CA_VARIABLES = ("AWS_CA_BUNDLE", "SSL_CERT_FILE")
+"""Files of certificate authorities to trust (botocore reads the first, Python's ssl the
+second; obstore neither): given to obstore as more roots."""
+
+
+def _certificates(paths: Sequence[str]) -> bytes:
+    """The PEM certificates of the files ``paths`` (named by :data:`_CA_VARIABLES`)."""
+    out = []
+    for path in dict.fromkeys(paths):
+        try:
+            with open(path, "rb") as file:
+                out.append(file.read())
+        except OSError as exc:
+            names = " or ".join(_CA_VARIABLES)
+            raise StorageError(f"cannot read the certificate authorities of '{path}' ({names}): "
+                               f"{exc}; point it at a PEM file, or unset it") from exc
+    return b"\n".join(out)
+
+
+def _endpoint(config: Mapping[str, Any]) -> str:
+    """The endpoint a store of ``config`` (see :func:`_config`) sends requests to; "" for
+    the cloud's own."""
+    return str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
 
 
 def _module() -> Any:
@@ -134,7 +175,10 @@ def _options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, A
 
 def serves(url: str, storage_options: Mapping[str, Any] | None) -> bool:
     """Whether every option for ``url`` has an obstore counterpart (else fsspec reads it, so
-    that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, a profile...)."""
+    that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, ...), and
+    obstore can run in this process (see :func:`_forked`)."""
+    if _FORKED_AFTER_USE:
+        return False
     options = {k: v for k, v in _options(url, storage_options).items() if v is not None}
     if urlsplit(url).scheme != "s3":  # s3fs's words only map to S3: others in obstore's own
         return set(options) <= {"obstore_config"}
@@ -194,6 +238,8 @@ def _config(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float
             config.setdefault(ours, options[theirs])
     if options.get("anon"):
         config.setdefault("skip_signature", True)
+    for word in [w for w in config if w.lower() in _ENDPOINT_WORDS and w != "endpoint"]:
+        config.setdefault("endpoint", config.pop(word))  # one name for it (see _endpoint)
     client = dict(options.get("client_kwargs") or {})
     endpoint = client.get("endpoint_url") or options.get("endpoint_url")
     if endpoint:
@@ -221,10 +267,11 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
            deadline_seconds: float) -> tuple[Any, str]:
     """The store of ``url``'s bucket (made once a bucket, configuration and timeouts) and
     the object path."""
+    global _USED
     parts = urlsplit(url)
     options = _options(url, storage_options)
     config, asked = _config(options)
-    endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
+    endpoint = _endpoint(config)
     if parts.scheme == "s3" and endpoint and "endpoint" not in config:
         config["endpoint"] = endpoint
     signed = {"access_key_id", "skip_signature", "credential_provider"} & set(config)
@@ -247,13 +294,17 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
                               "read_timeout": timedelta(seconds=idle)}
     if endpoint.startswith("http://") or parts.scheme == "http":
         client["allow_http"] = True
+    authorities = [os.environ[n] for n in _CA_VARIABLES if os.environ.get(n)]
     key = (parts.scheme, parts.netloc, repr(sorted(config.items())),
-           repr(sorted(client.items()))
+           repr(sorted(client.items())) + f" roots {authorities}"
            + (f" chain {profile or os.environ.get('AWS_PROFILE')}" if chain else ""))
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is None:
             from obstore.store import from_url
+
+            if authorities:  # added to obstore's roots, as botocore and ssl trust them
+                client["root_certificate"] = _certificates(authorities)
 
             provider = None
             if chain:  # once a store: botocore reads its files (and may ask a server)
@@ -272,6 +323,7 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
                     f"cannot open '{url}' with obstore: {_first_line(exc)}; check its "
                     "storage options, or read it through s3fs (SHARDFEED_OBSTORE=0)") from exc
             _STORES[key] = store
+            _USED = True
     return store, parts.path.lstrip("/")
 
 
@@ -288,8 +340,10 @@ def _learn_region(url: str, storage_options: Mapping[str, Any] | None,
 
     parts = urlsplit(url)
     config, _ = _config(_options(url, storage_options))
-    endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
-    with _REGIONS_LOCK:
+    endpoint = _endpoint(config)
+    with _REGIONS_LOCK:  # one question at a time a bucket; other buckets do not wait
+        lock = _PROBES.setdefault((endpoint, parts.netloc), threading.Lock())
+    with lock:
         known = _REGIONS.get((endpoint, parts.netloc))
         if known is not None:
             return known
@@ -422,6 +476,10 @@ def _judged(fn: Callable[[], T]) -> Callable[[], T]:
                 raise RangeIgnored(line) from None
             if any(word in text for word in _WRONG_REGION):
                 raise WrongRegion(line) from None
+            if "InvalidCertificate" in text:  # not the server's silence: not retried
+                raise ObstoreRefused(
+                    f"the server's TLS certificate is not trusted ({line}); for a private "
+                    "certificate authority set AWS_CA_BUNDLE to a PEM file of it") from None
             if _METADATA_SERVICE in text:  # no credentials anywhere else: asked the instance
                 raise ObstoreRefused(  # metadata service, which answered no or not at all
                     "no AWS credentials found (none in the storage options, the environment, "
@@ -458,7 +516,17 @@ class ObstoreSource:
         self.max_request_bytes = int(max_request_bytes)
         self._obstore = _module()
         self._storage_options = storage_options
-        self._store, self._path = _store(url, storage_options, self.deadline_seconds)
+        self._options = {"deadline_seconds": deadline_seconds, "retries": retries,
+                         "backoff_seconds": backoff_seconds,
+                         "max_backoff_seconds": max_backoff_seconds,
+                         "coalesce_gap_bytes": coalesce_gap_bytes,
+                         "max_request_bytes": max_request_bytes,
+                         "storage_options": storage_options}
+        self._fsspec: Any = None  # in a process forked after obstore ran (see _forked)
+        self._store: Any = None
+        self._path = ""
+        if not _FORKED_AFTER_USE:
+            self._store, self._path = _store(url, storage_options, self.deadline_seconds)
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
         self._size: int | None = None
@@ -478,15 +546,30 @@ class ObstoreSource:
     def _moved(self, store: Any, path: str) -> None:
         self._store, self._path = store, path
 
+    def _stand_in(self) -> Any:
+        """fsspec's reader of the URL, in a process forked after obstore ran; else None."""
+        if not _FORKED_AFTER_USE:
+            return None
+        with self._lock:
+            if self._fsspec is None:
+                self._fsspec = _fsspec_source(self.url, self._options)
+        return self._fsspec
+
     def stats(self) -> dict[str, int]:
         """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries``, as
         RemoteSource counts them."""
+        stand_in = self._stand_in()
+        if stand_in is not None:
+            return dict(stand_in.stats())
         with self._lock:
             return {"requests": self.requests, "bytes_fetched": self.bytes_fetched,
                     "retries": self._retrier.retries_done}
 
     def size(self) -> int:
         """The object's size: one HEAD, remembered."""
+        stand_in = self._stand_in()
+        if stand_in is not None:
+            return int(stand_in.size())
         if self._size is None:
             meta = self._call("get the size of", self._obstore.head)
             self._size = int(meta["size"])
@@ -496,6 +579,9 @@ class ObstoreSource:
         return self.read_ranges([(offset, length)])[0]
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        stand_in = self._stand_in()
+        if stand_in is not None:
+            return list(stand_in.read_ranges(ranges))
         for offset, length in ranges:
             check_range(offset, length)
         plan = coalesce_ranges(ranges, gap_bytes=self.coalesce_gap_bytes,
@@ -521,6 +607,8 @@ class ObstoreSource:
     def close(self) -> None:
         """Idempotent; a read waiting in another thread ends at once with a StorageError."""
         self._calls.cancel_all()
+        if self._fsspec is not None:
+            self._fsspec.close()
 
     def __enter__(self) -> Self:
         return self
@@ -537,11 +625,32 @@ def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
     within its own ``deadline_seconds``)."""
     obstore = _module()
     policy = current_policy()
+    if _FORKED_AFTER_USE:
+        with _fsspec_source(url, {"storage_options": storage_options,
+                                  "deadline_seconds": policy.deadline_seconds,
+                                  "retries": policy.retries,
+                                  "backoff_seconds": policy.backoff_seconds,
+                                  "max_backoff_seconds": policy.max_backoff_seconds}) as source:
+            return bytes(source.read(0, source.size()))
     _store(url, storage_options, policy.deadline_seconds)  # a wrong configuration: at once
     return Retrier(policy, key=url).call(
         _in_region(url, storage_options, policy.deadline_seconds,
                    lambda store, path: bytes(obstore.get(store, path).bytes())),
         url=url, action="read")
+
+
+def _fsspec_source(url: str, options: Mapping[str, Any]) -> Any:
+    """fsspec's reader of ``url`` with ``options`` (a RemoteSource's), for a process forked
+    after obstore ran; a StorageError that says what to do where fsspec cannot read it."""
+    from shardfeed.storage.remote import RemoteSource
+
+    if "obstore_config" in (storage_options_for(url, options.get("storage_options")) or {}):
+        raise StorageError(
+            f"cannot read '{url}' in this process: it was forked from one that read through "
+            "obstore (whose threads do not follow a fork), and its storage options are "
+            "obstore's (obstore_config), which fsspec cannot read; start worker processes "
+            "with the 'spawn' or 'forkserver' method, or open the dataset in the worker")
+    return RemoteSource(url, **options)
 
 
 def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:

@@ -379,18 +379,23 @@ class WrongLength(OSError):
     advice = "the server's answers do not match the ranges asked: check the server"
 
 
-def _checked(out: bytes, start: int, end: int, size: int) -> bytes:
+def _checked(out: bytes, start: int, end: int, size: int | None) -> bytes:
     """``out``, of another length than asked, as the answer to bytes ``[start, end)`` of an
-    object of ``size`` bytes."""
+    object of ``size`` bytes (None: the store does not say; a shorter answer is then taken
+    as the object's end, as fsspec takes it, and the records' own checks judge it)."""
+    if size is not None and len(out) == size:  # the whole object (or bytes 0.. of it)
+        return out[start:end]
     if len(out) < end - start:
-        if start + len(out) >= size:  # the object ends inside the range
+        if size is None or start + len(out) == size:  # the object ends inside the range
             return out
         raise ShortAnswer(f"{len(out)} bytes answered for bytes {start}..{end} of an object of "
                           f"{size} bytes")
-    if len(out) == size:  # the whole object: the server ignored Range
-        return out[start:end]
     raise WrongLength(f"{len(out)} bytes answered for bytes {start}..{end} of an object of "
-                      f"{size} bytes")
+                      f"{'unknown' if size is None else size} bytes")
+
+
+def _size_or_none(size: Any) -> int | None:
+    return None if size is None else int(size)
 
 
 async def _get_range_async(fs: Any, path: str, start: int, end: int) -> bytes:
@@ -402,7 +407,7 @@ async def _get_range_async(fs: Any, path: str, start: int, end: int) -> bytes:
         raise
     if len(out) == end - start:
         return out
-    return _checked(out, start, end, int(await fs._size(path)))
+    return _checked(out, start, end, _size_or_none(await fs._size(path)))
 
 
 def _get_range(fs: Any, path: str, start: int, end: int) -> bytes:
@@ -414,4 +419,4 @@ def _get_range(fs: Any, path: str, start: int, end: int) -> bytes:
         raise
     if len(out) == end - start:
         return out
-    return _checked(out, start, end, int(fs.size(path)))
+    return _checked(out, start, end, _size_or_none(fs.size(path)))

@@ -223,7 +223,7 @@ def test_a_region_question_to_a_stalled_endpoint_does_not_hold_up_other_buckets(
     at once, and is not kept waiting behind it."""
     from stalled_server import StalledServer
 
-    from shardfeed.storage.obstore_backend import ObstoreRefused, _learn_region
+    from shardfeed.storage.obstore_stores import ObstoreRefused, _learn_region
 
     class Named(BaseHTTPRequestHandler):
         def do_HEAD(self) -> None:
@@ -262,7 +262,7 @@ def test_a_region_question_to_a_stalled_endpoint_does_not_hold_up_other_buckets(
 
 
 def test_an_endpoint_given_in_obstores_words_is_the_one_asked() -> None:
-    from shardfeed.storage.obstore_backend import _config, _endpoint
+    from shardfeed.storage.obstore_stores import _config, _endpoint
 
     for word in ("endpoint", "aws_endpoint", "aws_endpoint_url", "AWS_ENDPOINT", "endpoint_url"):
         config, _ = _config({"obstore_config": {word: "http://127.0.0.1:9"}})

@@ -4,11 +4,10 @@ The reader of ``s3://``, ``gs://`` and ``az://`` URLs where obstore is installed
 install 'shardfeed[s3]'`` or ``[obstore]``), unless ``SHARDFEED_OBSTORE=0`` (in every
 process, workers included: fsspec reads them then); :func:`use_obstore` registers it for the
 process, ``http(s)://`` included. It reads the URLs whose options it has a counterpart of
-(:func:`serves`; others, e.g. ``requester_pays``, go to fsspec). Credentials come from the
-options, from the environment as obstore reads it, and otherwise from botocore's chain as
-s3fs reads it (``AWS_PROFILE`` or ``profile=``, ``~/.aws``, SSO), with that profile's
-region. A bucket in another region than the one given (or us-east-1) is refused by S3; its
-region is then asked of the server, once a bucket, and the reads go there::
+(:func:`serves`; others, e.g. ``requester_pays``, go to fsspec). The store of a URL (its
+configuration, credentials, bucket's region and certificate authorities) is made by
+:mod:`~shardfeed.storage.obstore_stores`; a request S3 refuses for the bucket's region is
+sent again, once, to the store of the region it names::
 
     from shardfeed.storage.obstore_backend import use_obstore
 
@@ -44,20 +43,25 @@ flight.
 
 from __future__ import annotations
 
-import math
-import os
 import re
 import threading
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.backends import Backend, register_backend
 from shardfeed.storage.calls import current_policy
 from shardfeed.storage.inflight import CallGroup
+from shardfeed.storage.obstore_stores import (
+    ObstoreRefused,
+    _first_line,
+    _learn_region,
+    _module,
+    _store,
+    forked_after_use,
+    installed,
+    serves,
+)
 from shardfeed.storage.options import storage_options_for
 from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
@@ -71,310 +75,18 @@ from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Retrier, RetryPoli
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["OBSTORE", "SCHEMES", "ObstoreSource", "installed", "serves", "use_obstore"]
+__all__ = [
+    "OBSTORE",
+    "SCHEMES",
+    "ObstoreRefused",
+    "ObstoreSource",
+    "installed",
+    "serves",
+    "use_obstore",
+]
 
 T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
-_STORES: dict[tuple[str, str, str, str], Any] = {}
-_STORES_LOCK = threading.Lock()
-_USED = False
-"""A store was made in this process (obstore's runtime may run)."""
-_FORKED_AFTER_USE = False
-"""This process was forked from one that had used obstore: obstore's runtime threads did not
-follow the fork, and a call here would wait for them for ever. fsspec reads instead."""
-
-
-def _forked() -> None:
-    global _FORKED_AFTER_USE, _STORES_LOCK, _REGIONS_LOCK
-    _FORKED_AFTER_USE = _FORKED_AFTER_USE or _USED
-    _STORES.clear()
-    _PROBES.clear()
-    _STORES_LOCK, _REGIONS_LOCK = threading.Lock(), threading.Lock()  # none held in the child
-
-
-os.register_at_fork(after_in_child=_forked)
-_REGIONS: dict[tuple[str, str], str] = {}
-"""``(endpoint, bucket) -> region``: buckets found in another region than the one asked."""
-_REGIONS_LOCK = threading.Lock()
-_PROBES: dict[tuple[str, str], threading.Lock] = {}
-_REGION_WORDS = frozenset({"region", "aws_region", "aws_default_region", "default_region"})
-_ENDPOINT_WORDS = frozenset({"endpoint", "endpoint_url", "aws_endpoint", "aws_endpoint_url"})
-_CA_VARIABLES = ("AWS_CA_BUNDLE", "SSL_CERT_FILE")
-"""Files of certificate authorities to trust (botocore reads the first, Python's ssl the
-second; obstore neither): given to obstore as more roots."""
-
-
-def _certificates(paths: Sequence[str]) -> bytes:
-    """The PEM certificates of the files ``paths`` (named by :data:`_CA_VARIABLES`)."""
-    out = []
-    for path in dict.fromkeys(paths):
-        try:
-            with open(path, "rb") as file:
-                out.append(file.read())
-        except OSError as exc:
-            names = " or ".join(_CA_VARIABLES)
-            raise StorageError(f"cannot read the certificate authorities of '{path}' ({names}): "
-                               f"{exc}; point it at a PEM file, or unset it") from exc
-    return b"\n".join(out)
-
-
-def _endpoint(config: Mapping[str, Any]) -> str:
-    """The endpoint a store of ``config`` (see :func:`_config`) sends requests to; "" for
-    the cloud's own."""
-    return str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
-
-
-def _module() -> Any:
-    try:
-        import obstore
-    except ImportError as exc:
-        raise StorageError(
-            "the obstore backend needs obstore: pip install 'shardfeed[obstore]'"
-        ) from exc
-    return obstore
-
-
-_INSTALLED: bool | None = None
-
-
-def installed() -> bool:
-    """Whether obstore can be imported (looked up once)."""
-    global _INSTALLED
-    if _INSTALLED is None:
-        try:
-            _module()
-            _INSTALLED = True
-        except StorageError:
-            _INSTALLED = False
-    return _INSTALLED
-
-
-# s3fs's words obstore is given (see _config); config_kwargs' botocore timeouts bound the
-# attempt's, its retries are the storage layer's anyway, and its connection pool's size has
-# no counterpart to set (obstore keeps the connections it opens, as many as in flight)
-_WORDS = frozenset({"key", "secret", "token", "anon", "profile", "endpoint_url",
-                    "client_kwargs", "config_kwargs", "obstore_config"})
-_CLIENT_WORDS = frozenset({"endpoint_url", "region_name"})
-_CONFIG_WORDS = frozenset({"retries", "connect_timeout", "read_timeout",
-                           "max_pool_connections"})
-
-
-def _options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """fsspec's configuration for the protocol (``FSSPEC_S3_*`` variables), the registered
-    options, then ``storage_options``: what s3fs would be given."""
-    merged: dict[str, Any] = {}
-    try:
-        from fsspec.config import conf
-
-        merged.update(conf.get(urlsplit(url).scheme, {}))
-    except ImportError:
-        pass
-    merged.update(storage_options_for(url, storage_options))
-    return merged
-
-
-def serves(url: str, storage_options: Mapping[str, Any] | None) -> bool:
-    """Whether every option for ``url`` has an obstore counterpart (else fsspec reads it, so
-    that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, ...), and
-    obstore can run in this process (see :func:`_forked`)."""
-    if _FORKED_AFTER_USE:
-        return False
-    options = {k: v for k, v in _options(url, storage_options).items() if v is not None}
-    if urlsplit(url).scheme != "s3":  # s3fs's words only map to S3: others in obstore's own
-        return set(options) <= {"obstore_config"}
-    return (set(options) <= _WORDS
-            and set(options.get("client_kwargs") or {}) <= _CLIENT_WORDS
-            and set(options.get("config_kwargs") or {}) <= _CONFIG_WORDS)
-
-
-def _botocore_chain(profile: str | None) -> tuple[Callable[[], dict[str, Any]] | None,
-                                                 str | None]:
-    """A credential provider for obstore from botocore's chain, and the region its
-    configuration names: what s3fs reads (``AWS_PROFILE`` or ``profile``, ``~/.aws``
-    files, SSO, credential processes, roles); ``(None, None)`` without botocore, and no
-    provider where the chain finds no credentials (obstore's own chain is left to try)."""
-    try:
-        import botocore.credentials
-        import botocore.exceptions
-        import botocore.session
-    except ImportError:
-        return None, None
-    try:
-        session = botocore.session.Session(profile=profile)
-        credentials = session.get_credentials()
-        region = session.get_config_variable("region")
-    except botocore.exceptions.BotoCoreError as exc:
-        raise StorageError(f"cannot read the AWS credentials for obstore: {exc}; check "
-                           "AWS_PROFILE and ~/.aws, or give key and secret") from exc
-    if credentials is None:
-        return None, region
-    # refreshed by botocore when due; obstore asks again before the expiry said
-    expires = isinstance(credentials, botocore.credentials.RefreshableCredentials)
-
-    def provide() -> dict[str, Any]:
-        frozen = credentials.get_frozen_credentials()
-        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
-                "token": frozen.token,
-                "expires_at": datetime.now(timezone.utc) + _REASK if expires else None}
-
-    return provide, region
-
-
-_REASK = timedelta(minutes=5)
-"""How long obstore keeps refreshable credentials before asking botocore again."""
-_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE",
-             "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
-"""Credential sources obstore reads itself."""
-
-
-def _config(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
-    """obstore's configuration from s3fs-style options (and ``obstore_config``), and the
-    attempt timeouts they ask for (``connect_timeout``, ``read_timeout``)."""
-    options = dict(options)
-    config: dict[str, Any] = dict(options.pop("obstore_config", {}) or {})
-    words = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
-    for theirs, ours in words.items():
-        if options.get(theirs) is not None:
-            config.setdefault(ours, options[theirs])
-    if options.get("anon"):
-        config.setdefault("skip_signature", True)
-    for word in [w for w in config if w.lower() in _ENDPOINT_WORDS and w != "endpoint"]:
-        config.setdefault("endpoint", config.pop(word))  # one name for it (see _endpoint)
-    client = dict(options.get("client_kwargs") or {})
-    endpoint = client.get("endpoint_url") or options.get("endpoint_url")
-    if endpoint:
-        config.setdefault("endpoint", endpoint)
-    if client.get("region_name"):
-        config.setdefault("region", client["region_name"])
-    asked = options.get("config_kwargs") or {}
-    timeouts = {name: float(asked[name]) for name in ("connect_timeout", "read_timeout")
-                if isinstance(asked.get(name), (int, float))}
-    return config, timeouts
-
-
-def _attempt_seconds(deadline_seconds: float, asked: Mapping[str, float]
-                     ) -> tuple[float, float]:
-    """(connect, idle read) timeouts of one attempt: a quarter of the deadline, at most
-    5 s / 15 s (or the ``connect_timeout`` / ``read_timeout`` asked, if shorter), so that a
-    stalled attempt fails in time for a retry (as s3fs's are set). The whole request is
-    bounded by the deadline only: a large range on a slow link is not cut short."""
-    quarter = deadline_seconds / 4
-    return (min(5.0, quarter, asked.get("connect_timeout", math.inf)),
-            min(15.0, quarter, asked.get("read_timeout", math.inf)))
-
-
-def _store(url: str, storage_options: Mapping[str, Any] | None,
-           deadline_seconds: float) -> tuple[Any, str]:
-    """The store of ``url``'s bucket (made once a bucket, configuration and timeouts) and
-    the object path."""
-    global _USED
-    parts = urlsplit(url)
-    options = _options(url, storage_options)
-    config, asked = _config(options)
-    endpoint = _endpoint(config)
-    if parts.scheme == "s3" and endpoint and "endpoint" not in config:
-        config["endpoint"] = endpoint
-    signed = {"access_key_id", "skip_signature", "credential_provider"} & set(config)
-    # AWS_PROFILE, ~/.aws, SSO: obstore does not read them; botocore's chain does
-    chain = (parts.scheme == "s3" and not signed
-             and not any(os.environ.get(k) for k in _ENV_KEYS))
-    profile = options.get("profile") or None
-    learnt = _REGIONS.get((endpoint, parts.netloc)) if parts.scheme == "s3" else None
-    if learnt is not None:  # the bucket's own region, as S3 named it (see _learn_region)
-        for word in [w for w in config if w.lower() in _REGION_WORDS]:
-            del config[word]
-        config["region"] = learnt
-    connect, idle = _attempt_seconds(deadline_seconds, asked)
-    # one attempt a call: the storage layer retries transient failures itself, under the
-    # one deadline of each call (and counts them)
-    # (the whole request's limit a second past the deadline: the deadline decides, and names
-    # itself, and an abandoned attempt ends soon after)
-    client: dict[str, Any] = {"timeout": timedelta(seconds=deadline_seconds + 1),
-                              "connect_timeout": timedelta(seconds=connect),
-                              "read_timeout": timedelta(seconds=idle)}
-    if endpoint.startswith("http://") or parts.scheme == "http":
-        client["allow_http"] = True
-    authorities = [os.environ[n] for n in _CA_VARIABLES if os.environ.get(n)]
-    key = (parts.scheme, parts.netloc, repr(sorted(config.items())),
-           repr(sorted(client.items())) + f" roots {authorities}"
-           + (f" chain {profile or os.environ.get('AWS_PROFILE')}" if chain else ""))
-    with _STORES_LOCK:
-        store = _STORES.get(key)
-        if store is None:
-            from obstore.store import from_url
-
-            if authorities:  # added to obstore's roots, as botocore and ssl trust them
-                client["root_certificate"] = _certificates(authorities)
-
-            provider = None
-            if chain:  # once a store: botocore reads its files (and may ask a server)
-                provider, region = _botocore_chain(profile)
-                if region and "region" not in config and not os.environ.get("AWS_REGION") \
-                        and not os.environ.get("AWS_DEFAULT_REGION"):
-                    config["region"] = region
-            try:
-                store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
-                    f"{parts.scheme}://{parts.netloc}", config=config or None,
-                    client_options=client, credential_provider=provider,
-                    retry_config={"max_retries": 0,
-                                  "retry_timeout": timedelta(seconds=deadline_seconds)})
-            except (_module().exceptions.BaseError, ValueError, TypeError) as exc:
-                raise StorageError(
-                    f"cannot open '{url}' with obstore: {_first_line(exc)}; check its "
-                    "storage options, or read it through s3fs (SHARDFEED_OBSTORE=0)") from exc
-            _STORES[key] = store
-            _USED = True
-    return store, parts.path.lstrip("/")
-
-
-def _learn_region(url: str, storage_options: Mapping[str, Any] | None,
-                  deadline_seconds: float) -> str:
-    """The region of ``url``'s bucket, asked of the server (once a bucket and endpoint) after
-    a request signed for another region was refused; later stores of the bucket use it.
-
-    S3 names a bucket's region in the ``x-amz-bucket-region`` header of its answer to a HEAD
-    of the bucket, signed or not, whatever the status (200, 301 or 403): botocore's redirect
-    reads the same header. Raises :class:`ObstoreRefused` where the answer names none."""
-    import urllib.error
-    import urllib.request
-
-    parts = urlsplit(url)
-    config, _ = _config(_options(url, storage_options))
-    endpoint = _endpoint(config)
-    with _REGIONS_LOCK:  # one question at a time a bucket; other buckets do not wait
-        lock = _PROBES.setdefault((endpoint, parts.netloc), threading.Lock())
-    with lock:
-        known = _REGIONS.get((endpoint, parts.netloc))
-        if known is not None:
-            return known
-        probe = f"{(endpoint or 'https://s3.amazonaws.com').rstrip('/')}/{parts.netloc}"
-        opener = urllib.request.build_opener(_NoRedirect)
-        try:
-            with opener.open(urllib.request.Request(probe, method="HEAD"),
-                             timeout=min(10.0, deadline_seconds / 2)) as answer:
-                region = answer.headers.get("x-amz-bucket-region")
-        except urllib.error.HTTPError as exc:  # 301 and 403 name the region too
-            region = exc.headers.get("x-amz-bucket-region")
-        except OSError as exc:
-            raise ObstoreRefused(
-                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
-                f"asking {probe} for its region failed ({exc}); give the region: "
-                "storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION"
-            ) from None
-        if not region:
-            raise ObstoreRefused(
-                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
-                f"the server did not name it (no x-amz-bucket-region from {probe}); give the "
-                "region: storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION")
-        _REGIONS[(endpoint, parts.netloc)] = str(region)
-        return str(region)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer to read (its headers name the region), not one to follow."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 def _in_region(url: str, storage_options: Mapping[str, Any] | None, deadline_seconds: float,
@@ -428,18 +140,11 @@ class RangeIgnored(Exception):
               "answers whole and cuts the range from them)")
 
 
-class ObstoreRefused(Exception):
-    """A failure of obstore that is not the server's silence (a wrong region or
-    configuration, a credentials request that failed): not retried."""
-
-    advice = ("check the storage options, the credentials and the bucket's region, or read "
-              "through fsspec (SHARDFEED_OBSTORE=0)")
-
-
 # what obstore says when no answer came, or a short one: worth another attempt
 _NO_ANSWER = ("error sending request", "timed out", "timeout", "connection", "Connection",
               "error decoding response body", "end of file", "IncompleteBody", "broken pipe",
               ", got ")
+
 
 # S3's answers to a request signed for another region than the bucket's
 _WRONG_REGION = ("incorrectly configured region", "AuthorizationHeaderMalformed")
@@ -447,12 +152,6 @@ _RETRY_TIMEOUT = re.compile(r"retry_timeout: [^,\n]*")
 _STATUS = re.compile(r"status code: (\d{3})")
 _METADATA_SERVICE = "169.254.169.254"
 """Where obstore asks for credentials when it has none (an EC2 instance's metadata)."""
-
-
-def _first_line(exc: BaseException) -> str:
-    """obstore's message without its debug dump (the request and retry state)."""
-    text = str(exc).split("\n", 1)[0].split("Debug source:", 1)[0].strip()
-    return text[:300] or type(exc).__name__
 
 
 def _judged(fn: Callable[[], T]) -> Callable[[], T]:
@@ -525,7 +224,7 @@ class ObstoreSource:
         self._fsspec: Any = None  # in a process forked after obstore ran (see _forked)
         self._store: Any = None
         self._path = ""
-        if not _FORKED_AFTER_USE:
+        if not forked_after_use():
             self._store, self._path = _store(url, storage_options, self.deadline_seconds)
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
@@ -548,7 +247,7 @@ class ObstoreSource:
 
     def _stand_in(self) -> Any:
         """fsspec's reader of the URL, in a process forked after obstore ran; else None."""
-        if not _FORKED_AFTER_USE:
+        if not forked_after_use():
             return None
         with self._lock:
             if self._fsspec is None:
@@ -625,7 +324,7 @@ def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
     within its own ``deadline_seconds``)."""
     obstore = _module()
     policy = current_policy()
-    if _FORKED_AFTER_USE:
+    if forked_after_use():
         with _fsspec_source(url, {"storage_options": storage_options,
                                   "deadline_seconds": policy.deadline_seconds,
                                   "retries": policy.retries,

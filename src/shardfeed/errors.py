@@ -52,7 +52,10 @@ class UnsafePathError(FormatError):
     """A path a dataset names is refused: it leads outside the dataset (``..`` steps, an
     absolute path, another URL scheme or bucket, a symbolic link out), or it is no path at all
     (a NUL byte, not UTF-8). ``named`` is the path as the dataset gives it. Datasets that are
-    meant to reference files elsewhere open with ``allow_outside_paths=True``."""
+    meant to reference files elsewhere open with ``allow_outside_paths=True``, which reads
+    those files as part of the dataset: a folder whose manifest also names another folder's
+    shards (``train/`` naming ``../val/*``) is indexed on its own instead
+    (``shardfeed index train/``), as its refusal says."""
 
     def __init__(self, message: str, *, named: str = "") -> None:
         super().__init__(message)

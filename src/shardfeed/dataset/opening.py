@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shardfeed.dataset import unfinished
-from shardfeed.errors import FormatError, StorageError
+from shardfeed.errors import FormatError, StorageError, UnsafePathError
 from shardfeed.format import spec as S
 from shardfeed.format.example import FeatureSpec
 from shardfeed.format.manifest import Manifest, dataset_dir
@@ -94,14 +95,61 @@ def shard_urls(manifest: Manifest, manifest_url: str, *, allow_outside: bool = F
     ``x.tfrecord.idx`` leading out of the folder is refused like a shard path."""
     base = dataset_dir(manifest_url)
     where = f"manifest '{manifest_url}'"
-    urls = contained_all(base, [s.path for s in manifest.shards], where=where, what="shard",
-                         allow_outside=allow_outside)
+    try:
+        urls = contained_all(base, [s.path for s in manifest.shards], where=where,
+                             what="shard", allow_outside=allow_outside)
+    except UnsafePathError as exc:
+        raise _spanning_refusal(manifest, base, where) or exc from None
     if not allow_outside and not is_remote(base):
         for url in urls:  # one lstat each: only a link can lead an index out of the folder
             for index in (S.binary_index_path(url), S.text_index_path(url)):
                 if os.path.islink(index):
                     contained(base, index, where=where, what="index file of a shard")
     return tuple(urls)
+
+
+def _shards(count: int) -> str:
+    return f"{count} shard" if count == 1 else f"{count} shards"
+
+
+def _spanning_refusal(manifest: Manifest, base: str, where: str) -> UnsafePathError | None:
+    """The refusal of a manifest that names shards both inside its folder and outside it
+    (``train/shardfeed.json`` naming ``../val/*``), or None for another refusal.
+
+    Its advice reads only the folder's own shards first; the opt-in is said to read the
+    others as part of this dataset (for train and val: validation records in training).
+    """
+    refused: list[str] = []
+    for shard in manifest.shards:
+        try:
+            contained(base, shard.path, where=where, what="shard")
+        except UnsafePathError:
+            refused.append(shard.path)
+    inside = len(manifest.shards) - len(refused)
+    if not refused or inside == 0:
+        return None  # a manifest kept away from its shards: the opt-in is what it needs
+    named = (f"This manifest names {_shards(inside)} in '{base}' and "
+             f"{len(refused)} outside it. ")
+    together = (f"allow_outside_paths=True (on the command line: --allow-outside-paths) "
+                f"reads all {_shards(len(manifest.shards))} as one dataset, the {len(refused)} "
+                "outside included")
+    if manifest.mode == "tfrecord":  # what `shardfeed index` writes: indexing again is safe
+        advice = (
+            f"{named}To read only the ones in '{base}', index that folder on its own: "
+            f"`shardfeed index {shlex.quote(base)}` (its manifest then names only its "
+            f"files; index each other folder on its own too). Opening it with {together}: "
+            "only for a manifest meant to span those folders"
+        )
+    else:
+        advice = (
+            f"By default the paths a dataset names must stay inside it. {named}If you "
+            f"trust this dataset and the files outside belong to it, {together}"
+        )
+    try:
+        contained(base, refused[0], where=where, what="shard", advice=advice)
+    except UnsafePathError as exc:
+        return exc
+    return None
 
 
 def _from_manifest(url: str, rules: _Rules) -> Resolved:

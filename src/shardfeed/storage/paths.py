@@ -153,7 +153,7 @@ def _show(path: str) -> str:
 
 def _check(
     base: str, path: str, *, where: str, what: str, allow_outside: bool, opt_in: str,
-    error: type[UnsafePathError],
+    error: type[UnsafePathError], advice: str | None = None,
 ) -> str:
     if not isinstance(path, str):
         raise error(
@@ -173,11 +173,11 @@ def _check(
     reason = _remote_reason(base, path) if remote else _local_reason(base, path)
     if reason is None:
         return joined
-    raise error(
-        f"{where} names the {what} '{_show(path)}', which {reason}. By default the paths a "
-        f"dataset names must stay inside it; if you trust this dataset, {opt_in}",
-        named=path,
-    )
+    if advice is None:
+        advice = ("By default the paths a dataset names must stay inside it; if you trust "
+                  f"this dataset, {opt_in}")
+    raise error(f"{where} names the {what} '{_show(path)}', which {reason}. {advice}",
+                named=path)
 
 
 def contained(
@@ -189,17 +189,19 @@ def contained(
     allow_outside: bool = False,
     opt_in: str = OPT_IN,
     error: type[UnsafePathError] = UnsafePathError,
+    advice: str | None = None,
 ) -> str:
     """The file ``path`` (as a dataset names it) is, relative to the trusted ``base``.
 
     Raises ``error`` (an :class:`UnsafePathError`) naming ``where`` (the manifest, the
     record), ``what`` (a shard, the image root), the path and ``opt_in`` when the path leads
-    outside ``base`` (see the module docstring); with ``allow_outside`` only a NUL byte is
-    refused. The result is the path joined to ``base`` with ``..`` applied (links are only
-    checked, not substituted), or a URL / absolute path as it is.
+    outside ``base`` (see the module docstring); ``advice`` replaces the sentences that say
+    what to do (the default rule, then ``opt_in``). With ``allow_outside`` only a NUL byte
+    is refused. The result is the path joined to ``base`` with ``..`` applied (links are
+    only checked, not substituted), or a URL / absolute path as it is.
     """
     return _check(base, path, where=where, what=what, allow_outside=allow_outside,
-                  opt_in=opt_in, error=error)
+                  opt_in=opt_in, error=error, advice=advice)
 
 
 def contained_all(

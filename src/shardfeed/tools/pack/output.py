@@ -294,11 +294,13 @@ def write_manifest(
     group_names: Sequence[str] | None = None,
     schema: Any = None,
     extra: Mapping[str, Any] | None = None,
+    name: str = spec.MANIFEST_NAME,
 ) -> str:
-    """Write the group/order sidecars, then ``shardfeed.json`` (atomically, last); return
-    the manifest path. ``mode`` is pack's (``raw`` is stored as ``embedded``: the pixels are
-    inside the records). The schema is inferred from the first records unless given; class
-    names, one-hot vocabularies and ``extra`` go into the manifest's ``extra``."""
+    """Write the group/order sidecars, then the manifest ``name`` (``shardfeed.json`` unless
+    asked otherwise; atomically, last) into ``out``; return the manifest path. ``mode`` is
+    pack's (``raw`` is stored as ``embedded``: the pixels are inside the records). The
+    schema is inferred from the first records unless given; class names, one-hot
+    vocabularies and ``extra`` go into the manifest's ``extra``."""
     import dataclasses
 
     from shardfeed.format.manifest import Manifest, save_sidecars
@@ -328,7 +330,7 @@ def write_manifest(
     )
     from shardfeed.storage.files import join
 
-    path = join(out, spec.MANIFEST_NAME)
+    path = join(out, name)
     manifest.save(path)
     return path
 

@@ -2,9 +2,11 @@
 
 For each file, in parallel: scan the record offsets (length CRCs checked), write ``.idx``
 (DALI's format) and ``.idx.npy`` beside it, and optionally read every record's group and
-order features. Then write ``shardfeed.json`` (beside the files, or at ``manifest=``) with the
-shards, their sizes and CRC32C checksums, an inferred schema and the ``groups.npy`` /
-``order.npy`` sidecars, so ``shardfeed.Dataset(folder)`` opens them. A folder is listed
+order features. Then write a ``shardfeed.json`` in each folder of the files, naming only that
+folder's files (or one manifest over all of them at ``manifest=``; see
+:mod:`shardfeed.tools.index.plan`), with the shards, their sizes and CRC32C checksums, an
+inferred schema and the ``groups.npy`` / ``order.npy`` sidecars, so
+``shardfeed.Dataset(folder)`` opens them. A folder is listed
 exactly as ``Dataset(folder)`` lists it (``*.tfrecord``, ``*-00001-of-00010``, Spark/Hadoop
 ``part-r-00000``; never ``_SUCCESS`` or ``*.crc``).
 
@@ -44,6 +46,7 @@ from shardfeed.storage import files as storage_files
 from shardfeed.storage import is_remote
 from shardfeed.storage.base import ByteSource
 from shardfeed.tools import discovery
+from shardfeed.tools.index.plan import plan_manifests
 from shardfeed.tools.pack import time as packtime
 from shardfeed.tools.pack.workers import Runner, no_progress
 
@@ -62,8 +65,8 @@ class IndexedFile:
 
 
 @dataclass(frozen=True, slots=True)
-class IndexResult:
-    """What ``index_files`` wrote."""
+class IndexedManifest:
+    """One manifest ``index_files`` wrote: its path, the files it names and their totals."""
 
     manifest: str
     files: int
@@ -73,11 +76,66 @@ class IndexResult:
     order_unit: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """A plain summary (``shardfeed index --json``)."""
+        """A plain summary of this manifest."""
         return {
-            "ok": True, "manifest": self.manifest, "files": self.files,
-            "records": self.records, "bytes": self.bytes, "paths": list(self.paths),
-            "order_unit": self.order_unit,
+            "manifest": self.manifest, "files": self.files, "records": self.records,
+            "bytes": self.bytes, "paths": list(self.paths), "order_unit": self.order_unit,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class IndexResult:
+    """What ``index_files`` wrote: ``manifests``, one a folder of the files (or the one
+    asked for), and totals over them all."""
+
+    manifests: tuple[IndexedManifest, ...]
+
+    @property
+    def manifest(self) -> str:
+        """The manifest written, when there is one; with files in several folders (one
+        manifest each) read ``manifests`` instead."""
+        if len(self.manifests) != 1:
+            raise ValueError(
+                f"{len(self.manifests)} manifests were written, one a folder "
+                f"({', '.join(m.manifest for m in self.manifests)}); read result.manifests"
+            )
+        return self.manifests[0].manifest
+
+    @property
+    def files(self) -> int:
+        """Files indexed, in every manifest."""
+        return sum(m.files for m in self.manifests)
+
+    @property
+    def records(self) -> int:
+        """Records in every file indexed."""
+        return sum(m.records for m in self.manifests)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of every file indexed."""
+        return sum(m.bytes for m in self.manifests)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The files indexed, manifest by manifest."""
+        return tuple(p for m in self.manifests for p in m.paths)
+
+    @property
+    def order_unit(self) -> str | None:
+        """The unit order keys were read in, when every manifest read them in one unit."""
+        units = {m.order_unit for m in self.manifests}
+        return units.pop() if len(units) == 1 else None
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain summary (``shardfeed index --json``): the totals, ``manifest`` (null when
+        several were written) and each manifest in ``manifests``."""
+        return {
+            "ok": True,
+            "manifest": self.manifests[0].manifest if len(self.manifests) == 1 else None,
+            "files": self.files, "records": self.records, "bytes": self.bytes,
+            "paths": list(self.paths), "order_unit": self.order_unit,
+            "manifests": [m.to_json() for m in self.manifests],
         }
 
 
@@ -175,27 +233,6 @@ def _group_ids(values: list[int | str], key: str) -> tuple[np.ndarray, list[str]
     return np.asarray([rank[str(v)] for v in values], dtype=np.int64), names
 
 
-def _manifest_path(first: str, manifest: str | os.PathLike[str] | None) -> str:
-    """Where the manifest goes: ``manifest`` (a file or folder), else beside ``first``."""
-    if manifest is None:
-        if is_remote(first):
-            return posixpath.join(posixpath.dirname(first), spec.MANIFEST_NAME)
-        return os.path.join(os.path.dirname(os.path.abspath(first)), spec.MANIFEST_NAME)
-    text = os.fspath(manifest)
-    if is_remote(text):
-        return text if text.endswith(".json") else storage_files.join(text, spec.MANIFEST_NAME)
-    path = os.path.abspath(text)
-    return os.path.join(path, spec.MANIFEST_NAME) if os.path.isdir(path) else path
-
-
-def _relative(path: str, base: str) -> str:
-    """``path`` as the manifest names it: relative to ``base`` when below it."""
-    if is_remote(path) or is_remote(base):
-        prefix = base.rstrip("/") + "/"
-        return path.removeprefix(prefix)
-    return os.path.relpath(os.path.abspath(path), base)
-
-
 def _size(path: str) -> int:
     if is_remote(path):
         return storage_files.size(path)
@@ -213,37 +250,49 @@ def index_files(
     time_unit: IndexTimeUnit = "auto",
     run: Runner | None = None,
 ) -> IndexResult:
-    """Index TFRecord files and write a manifest; see the module docstring.
+    """Index TFRecord files and write their manifests; see the module docstring.
 
-    ``inputs``: files, a folder of them or a glob. ``manifest``: where ``shardfeed.json``
-    goes (default: beside the first file); shard paths in it are relative to its folder.
+    ``inputs``: files, folders of them or globs. ``manifest``: where one manifest over all
+    the files goes (a ``.json`` path or a folder); by default each folder of the files gets
+    its own ``shardfeed.json``, naming only its files (see :mod:`shardfeed.tools.index.plan`).
+    Shard paths in a manifest are relative to its folder.
     ``group_key``/``order_key``: features read from every record into ``groups.npy`` /
     ``order.npy`` (string group values get ids by sorted rank; the names go into the
     manifest's ``extra``). ``time_unit``: the order key's unit (see the module docstring).
     ``run(fn, files) -> results``: how the files are spread (default: ``workers`` threads
     here; :func:`shardfeed.tools.ray.ray_map`: a Ray task a file, no progress bar).
+
+    Raises:
+        ValueError: a bad argument, or a ``manifest`` that is a folder's own
+            ``shardfeed.json`` while files outside that folder are indexed (and it holds
+            TFRecord files of its own): ``Dataset(folder)`` would read them as its own.
     """
     _check_arguments(workers=workers, order_key=order_key, time_unit=time_unit)
     files = discovery.expand_inputs(inputs)
     # A manifest over the shards of a pack that did not finish would make them look whole.
     unfinished.check_folders_of(files)
-    manifest_path = _manifest_path(files[0], manifest)
-    remote = is_remote(manifest_path)
-    base = posixpath.dirname(manifest_path) if remote else os.path.dirname(manifest_path)
-    names = [_relative(f, base) for f in files]
+    plans = plan_manifests(files, manifest)
+    pairs = [(f, n) for plan in plans for f, n in zip(plan.files, plan.names)]
     if run is not None:
         one = partial(_index_pair, group_key=group_key, order_key=order_key)
-        results = list(run(one, list(zip(files, names))))
+        results = list(run(one, pairs))
     else:
-        results = _index_all(files, names, group_key=group_key, order_key=order_key,
+        results = _index_all(pairs, group_key=group_key, order_key=order_key,
                              workers=workers, progress=progress)
-    written = _write_index_manifest(base, manifest_path, results, group_key=group_key,
-                                    order_key=order_key, time_unit=time_unit)
-    shards = written.shards
-    return IndexResult(
-        manifest=written.path, files=len(shards), records=sum(s.records for s in shards),
-        bytes=sum(s.bytes for s in shards), paths=tuple(files), order_unit=written.order_unit,
-    )
+    written: list[IndexedManifest] = []
+    start = 0
+    for plan in plans:
+        mine = results[start:start + len(plan.files)]
+        start += len(plan.files)
+        done = _write_index_manifest(plan.base, plan.path, mine, group_key=group_key,
+                                     order_key=order_key, time_unit=time_unit)
+        written.append(IndexedManifest(
+            manifest=done.path, files=len(done.shards),
+            records=sum(s.records for s in done.shards),
+            bytes=sum(s.bytes for s in done.shards), paths=plan.files,
+            order_unit=done.order_unit,
+        ))
+    return IndexResult(manifests=tuple(written))
 
 
 def _index_pair(pair: tuple[str, str], *, group_key: str | None,
@@ -265,11 +314,12 @@ def _check_arguments(*, workers: int, order_key: str | None, time_unit: IndexTim
 
 
 def _index_all(
-    files: Sequence[str], names: Sequence[str], *, group_key: str | None,
-    order_key: str | None, workers: int, progress: bool,
+    pairs: Sequence[tuple[str, str]], *, group_key: str | None, order_key: str | None,
+    workers: int, progress: bool,
 ) -> list[IndexedFile]:
-    """Index every file (``workers`` threads, one progress bar in bytes), in input order."""
-    total = sum(_size(f) for f in files)
+    """Index every ``(file, name)`` (``workers`` threads, one progress bar in bytes), in
+    order."""
+    total = sum(_size(f) for f, _name in pairs)
     from tqdm import tqdm
 
     lock = threading.Lock()
@@ -282,7 +332,6 @@ def _index_all(
             return _index_one(pair[0], pair[1], group_key=group_key, order_key=order_key,
                               advance=advance)
 
-        pairs = list(zip(files, names))
         if workers == 1:
             return [one(p) for p in pairs]
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -303,7 +352,8 @@ def _write_index_manifest(
     order_key: str | None, time_unit: IndexTimeUnit,
 ) -> _Written:
     """Gather the group ids and order keys of every file and write the manifest (and its
-    sidecars) in ``base``, renamed to ``manifest_path`` when that name was asked for."""
+    sidecars) in ``base``, under the name of ``manifest_path`` (written there directly: a
+    ``shardfeed.json`` already in ``base`` is left as it is)."""
     from shardfeed.tools.pack.output import sample_schema, write_manifest
 
     shards = [r.info for r in results]
@@ -321,10 +371,8 @@ def _write_index_manifest(
         group_key=group_key, order_key=order_key, group_ids=group_ids, order_keys=order_keys,
         group_names=group_names, schema=sample_schema(base, shards),
         extra={"order_key_unit": order_unit} if order_unit is not None else None,
+        name=posixpath.basename(manifest_path.replace(os.sep, "/")),
     )
-    if posixpath.basename(manifest_path) != spec.MANIFEST_NAME:
-        storage_files.rename(path, manifest_path)
-        path = manifest_path
     return _Written(path=path, shards=shards, order_unit=order_unit)
 
 

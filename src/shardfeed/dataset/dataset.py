@@ -40,7 +40,7 @@ from shardfeed.format import spec as S
 from shardfeed.format.columns import decode_columns, feature_names
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar
-from shardfeed.format.schema import Schema, infer_schema
+from shardfeed.format.schema import Schema, infer_schema, schema_as_read
 from shardfeed.storage.files import retry_policy
 from shardfeed.storage.remote import RemoteOptions
 
@@ -145,6 +145,7 @@ class Dataset:
         self._spec, self._names = parse_features(features)
         self._column_names: list[str] | None = None  # see _feature_names
         self._schema: Schema | None = None
+        self._read_schema: Schema | None = None  # see schema
         self._fingerprint: str | None = None
         # manifest, indexes and sidecars on object storage: the deadline of source_options
         self._file_policy = RemoteOptions(**options).policy()
@@ -241,7 +242,15 @@ class Dataset:
 
     @property
     def schema(self) -> Schema:
-        """The manifest's schema, or one inferred from the first records (read once)."""
+        """The manifest's schema, or one inferred from the first records (read once), as
+        this dataset reads the records: a feature that ``features=`` gives a fixed shape
+        has that many values in every record (its ``length``)."""
+        if self._read_schema is None:
+            self._read_schema = schema_as_read(self._stored_schema(), self._spec)
+        return self._read_schema
+
+    def _stored_schema(self) -> Schema:
+        """The records' schema as stored: the manifest's, or inferred (once)."""
         if self._schema is None:
             n = min(len(self), SCHEMA_SAMPLE_RECORDS)
             payloads = self.read_payloads(range(n))
@@ -259,7 +268,8 @@ class Dataset:
             ShardInfo(path=url, records=int(c), bytes=int(self._table.offsets(k)[-1]))
             for k, (url, c) in enumerate(zip(self._table.urls, self._table.counts.tolist()))
         ]
-        return Manifest(shards=shards, schema=self.schema, mode="tfrecord", root=self._root)
+        return Manifest(shards=shards, schema=self._stored_schema(), mode="tfrecord",
+                        root=self._root)
 
     @property
     def fingerprint(self) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
@@ -114,13 +114,28 @@ class FeatureSpec:
 
     ``kind``: ``"bytes"``, ``"int64"`` or ``"float"``. ``shape``: a fixed shape the values are
     reshaped to (the value count must equal its product; ``()`` means one scalar), or None for
-    any count. ``default``: used when the feature is missing; without it, a missing feature
-    raises :class:`SchemaError`.
+    any count. ``default``: used when the feature is missing (or holds no value list); without
+    it, a missing feature raises :class:`SchemaError`.
+
+    With a fixed ``shape`` the spec is ``tf.io.FixedLenFeature(shape, dtype, default_value)``:
+    every record's value is an array of exactly that shape, int64 or float32 (bytes: one
+    ``bytes`` for ``()``, else a flat list of ``bytes``), so a batch holds it as one dense
+    ``(B, *shape)`` column. The default is made that value once, here: as many values as the
+    shape holds are reshaped to it (nested or flat, as TF does), and one value fills the
+    whole shape (TF refuses a lone value for a shape of more than one). With ``shape=None``
+    the default is returned as given.
+
+    Raises:
+        ValueError: an unknown kind, a shape that is not a tuple of non-negative ints, or a
+            default that does not fit a fixed shape (another count of values; a float or
+            text for ``"int64"``; text for ``"float"``; a number for ``"bytes"``).
     """
 
     kind: Kind
     shape: tuple[int, ...] | None = None
     default: Any = None
+    # the default as every record that lacks the feature gets it (fixed shapes only)
+    _missing: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -133,6 +148,63 @@ class FeatureSpec:
                 f"FeatureSpec shape must be a tuple of non-negative ints or None, got "
                 f"{self.shape!r}"
             )
+        if self.shape is not None and self.default is not None:
+            object.__setattr__(
+                self, "_missing", _fixed_default(self.kind, self.shape, self.default)
+            )
+
+    def missing_value(self) -> Value:
+        """The value of a record that lacks the feature: the default, shaped as
+        :attr:`shape` (a fresh copy each call, so a transform may change it in place), or
+        as given with ``shape=None``; None when there is no default."""
+        made = self._missing
+        if made is None:
+            return self.default  # type: ignore[no-any-return]
+        if isinstance(made, np.ndarray):
+            return made.copy()
+        return list(made) if isinstance(made, list) else made
+
+
+def _fixed_default(kind: Kind, shape: tuple[int, ...], default: Any) -> Value:
+    """``default`` as the value of a record of ``shape`` (see :class:`FeatureSpec`)."""
+    want = math.prod(shape)
+    if kind == "bytes":
+        text = (bytes, bytearray, memoryview, str, np.bytes_, np.str_)
+        given = [default] if isinstance(default, text) else np.asarray(
+            default, dtype=object).ravel().tolist()
+        if not all(isinstance(v, text) for v in given):
+            raise ValueError(
+                f"FeatureSpec('bytes') default must be bytes or str (or a list of them), got "
+                f"{default!r}"
+            )
+        items = [_to_bytes("default", v) for v in given]
+        items = items * want if len(items) == 1 else items
+        _check_count(len(items), shape, want, default)
+        return items[0] if shape == () else items
+    array = np.asarray(default)
+    allowed = "biu" if kind == "int64" else "biuf"
+    if array.dtype.kind not in allowed:
+        wanted = "integers" if kind == "int64" else "numbers"
+        raise ValueError(
+            f"FeatureSpec({kind!r}) default must hold {wanted}, got {default!r} "
+            f"({array.dtype}); give a default of the feature's kind"
+        )
+    if kind == "int64":
+        _check_int64("default", array)
+    dtype = _INT64 if kind == "int64" else _FLOAT32
+    if array.size == 1:
+        return np.full(shape, array.reshape(()), dtype=dtype)
+    _check_count(array.size, shape, want, default)
+    return array.astype(dtype).reshape(shape)
+
+
+def _check_count(count: int, shape: tuple[int, ...], want: int, default: Any) -> None:
+    if count != want:
+        raise ValueError(
+            f"FeatureSpec default {default!r} has {count} values but shape {shape} holds "
+            f"{want}: give {want} values (they are reshaped to the shape) or one value (it "
+            "fills the shape)"
+        )
 
 
 # --- encode -----------------------------------------------------------------------------------
@@ -345,8 +417,9 @@ def decode_example(
 
     Without ``spec``: every feature, decoded as described in the module docstring (a feature
     with no value list set decodes to ``[]``). With ``spec``: only the named features, each
-    checked and shaped by its :class:`FeatureSpec`; a missing one takes its ``default`` or
-    raises :class:`SchemaError` naming ``where`` (the record) and the feature.
+    checked and shaped by its :class:`FeatureSpec`; a missing one (or one with no value list
+    set) takes its ``default`` (shaped, see :meth:`FeatureSpec.missing_value`) or raises
+    :class:`SchemaError` naming ``where`` (the record) and the feature.
     """
     ex = _parse(payload, where)
     fmap = ex.features.feature
@@ -354,11 +427,13 @@ def decode_example(
         return _decode_all(fmap)
     out: dict[str, Value] = {}
     for name, fspec in spec.items():
-        if name in fmap:
-            kind, value = _value_of(fmap[name])
+        kind, value = _value_of(fmap[name]) if name in fmap else (None, [])
+        if kind is not None:
             out[name] = _apply_spec(name, kind, value, fspec, where)
-        elif fspec.default is not None:
-            out[name] = fspec.default
+        elif fspec.default is not None:  # missing, or no value list set (TF reads it so)
+            out[name] = fspec.missing_value()
+        elif name in fmap:  # no value list set, no default: no values
+            out[name] = _apply_spec(name, kind, value, fspec, where)
         else:
             raise SchemaError(
                 f"{where or 'record'}: feature {name!r} is missing (the record has "

@@ -6,10 +6,11 @@ Stored in the manifest (``to_json``/``from_json``) or inferred from a few decode
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from shardfeed.errors import SchemaError
 from shardfeed.format import spec as S
-from shardfeed.format.example import KINDS, Kind, Value
+from shardfeed.format.example import KINDS, FeatureSpec, Kind, Value
 
 Encoding = Literal["jpeg", "png", "mixed", "raw", "path"]
 ENCODINGS: tuple[str, ...] = get_args(Encoding)
@@ -285,6 +286,20 @@ def _raw_mask_matches(records: list[Mapping[str, Value]], key: str, h: str, w: s
         if len(mask) != int(height[0]) * int(width[0]):
             return False
     return True
+
+
+def schema_as_read(schema: Schema, spec: Mapping[str, FeatureSpec] | None) -> Schema:
+    """``schema`` as a reader with feature specs ``spec`` sees the records: each listed
+    feature that a spec gives a fixed shape has that many values in every record (a record
+    without it gets the spec's default), whatever the stored records' counts."""
+    fixed = {
+        name: FeatureInfo(name=name, kind=fs.kind, length=math.prod(fs.shape))
+        for name, fs in (spec or {}).items()
+        if fs.shape is not None and name in schema.features
+    }
+    if not fixed:
+        return schema
+    return replace(schema, features={**schema.features, **fixed})
 
 
 def infer_schema(decoded_records: Iterable[Mapping[str, Value]]) -> Schema:

@@ -142,6 +142,7 @@ class BatchBuffer:
         for f in layout.fields:
             if f.is_array:
                 self._place(f)
+        self._build_plan()  # also when every column is a list (no _place to build it)
         self._names = frozenset(f.name for f in layout.fields)
         self.lists: dict[str, list[Any]] = {}
         self.reset_lists()

@@ -11,6 +11,7 @@
   pixels) and :class:`PadBoxes` (fixed-size rows and a count, for batches);
 - colour and values: :class:`ColorJitter`, :class:`Normalize`, :class:`ToFloat`,
   :class:`ToCHW`;
+- features: :class:`Gather` (many numeric features into one array, e.g. one label vector);
 - the contract: :class:`TransformBase` (every member declared, with its default);
 - composition: :class:`Compose`, :func:`as_transform`; ``presets.train`` / ``presets.eval``.
 """
@@ -37,6 +38,7 @@ from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResiz
 from shardfeed.transforms.decode.image import decode_image, sniff_format
 from shardfeed.transforms.decode.ops import DecodeImage
 from shardfeed.transforms.detection import PadBoxes, ReadBoxes
+from shardfeed.transforms.gather import Gather
 from shardfeed.transforms.geometry import (
     CenterCrop,
     CropOrPad,
@@ -66,6 +68,7 @@ __all__ = [
     "DecodeCenterCrop",
     "DecodeImage",
     "DecodeRandomResizedCrop",
+    "Gather",
     "Normalize",
     "PadBoxes",
     "RandomAffine",

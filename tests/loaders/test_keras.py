@@ -40,6 +40,16 @@ import shardfeed
 from shardfeed.pipeline import Loader
 
 folder, out, mode, directory, kill_at = sys.argv[1:6]
+kill_at_commit = int(os.environ.get("KILL_AT_COMMIT", "0"))
+if kill_at_commit:  # killed while saving: the weights written, the state not yet renamed
+    commits, replace = [0], os.replace
+    def killing_replace(source, target, **kwargs):
+        if str(target).endswith("loader_state.json"):
+            commits[0] += 1
+            if commits[0] == kill_at_commit:
+                os._exit(3)
+        return replace(source, target, **kwargs)
+    os.replace = killing_replace
 loader = Loader(open_dataset(folder), batch_size=4, seed=3, transform=train_transform(16),
                 num_threads=int(os.environ.get("THREADS", "2")), drop_last=True)
 data = shardfeed.keras.adapt(loader, inputs=("image", "index"), targets="image/class/label")
@@ -69,6 +79,7 @@ class Control(keras.callbacks.Callback):
         if Control.steps == int(kill_at):
             os._exit(3)
 
+keras.utils.set_random_seed(0)  # the same initial weights in every run
 image = keras.Input((16, 16, 3), name="image")
 index = keras.Input((), dtype="int64", name="index")
 x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(image))
@@ -81,18 +92,20 @@ if mode == "resume":
     checkpoint.fit_resumed(model, callbacks=[Control()], **options)
 else:
     model.fit(data, callbacks=[checkpoint, Control()], **options)
+np.savez(out + ".weights.npz", *[np.asarray(w) for w in model.get_weights()])
 '''
 
 
 def _fit(tmp_path: Path, folder: Path, backend: str, name: str, *, mode: str = "fit",
-         directory: Path | None = None, kill_at: int = 0,
+         directory: Path | None = None, kill_at: int = 0, kill_at_commit: int = 0,
          threads: int = 2) -> tuple[int, list[list[int]]]:
     """Run the driver; (exit code, the index batches the model trained on)."""
     driver = tmp_path / "fit_driver.py"
     driver.write_text(DRIVER)
     out = tmp_path / f"{name}.jsonl"
     env = {**os.environ, "KERAS_BACKEND": backend, "HELPERS": str(HELPERS),
-           "THREADS": str(threads), "TF_CPP_MIN_LOG_LEVEL": "3"}
+           "THREADS": str(threads), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "KILL_AT_COMMIT": str(kill_at_commit)}
     result = subprocess.run(
         [sys.executable, str(driver), str(folder), str(out), mode,
          str(directory or tmp_path / f"{name}-ckpt"), str(kill_at)],
@@ -103,10 +116,22 @@ def _fit(tmp_path: Path, folder: Path, backend: str, name: str, *, mode: str = "
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory: pytest.TempPathFactory, adapter_folder: Path) -> list[list[int]]:
+def whole_run(tmp_path_factory: pytest.TempPathFactory, adapter_folder: Path) -> Path:
+    """The folder of an uninterrupted fit on the torch backend."""
+    folder = tmp_path_factory.mktemp("whole")
+    _fit(folder, adapter_folder, "torch", "whole")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def whole(whole_run: Path) -> list[list[int]]:
     """The batches of an uninterrupted fit on the torch backend."""
-    _, seen = _fit(tmp_path_factory.mktemp("whole"), adapter_folder, "torch", "whole")
-    return seen
+    return [json.loads(line) for line in (whole_run / "whole.jsonl").read_text().splitlines()]
+
+
+def _weights(path: Path) -> list[np.ndarray]:
+    with np.load(path) as saved:
+        return [saved[name] for name in sorted(saved.files, key=lambda n: int(n.split("_")[1]))]
 
 
 def test_fit_killed_mid_epoch_resumes_the_identical_stream(
@@ -123,11 +148,36 @@ def test_fit_killed_mid_epoch_resumes_the_identical_stream(
     assert code == 3 and len(before) == 10
     saved = json.loads((directory / "loader_state.json").read_text())
     assert (saved["epoch"], saved["step"]) == (1, 2)
-    assert (directory / "model.weights.h5").exists()
+    assert (directory / saved["weights"]).exists()
     # resumed on another thread count: the rest of epoch 1, then epoch 2
     _, after = _fit(tmp_path, adapter_folder, "torch", "resumed", mode="resume",
                     directory=directory, threads=1)
     assert before[:9] + after == whole
+
+
+def test_a_kill_between_weights_and_state_keeps_the_previous_checkpoint(
+    tmp_path: Path, adapter_folder: Path, whole_run: Path, whole: list[list[int]],
+) -> None:
+    directory = tmp_path / "torn-ckpt"
+    # saves at steps 2, 4, 6 and the end of epoch 0 (step 7); killed in the 4th save, after
+    # its weights were written and before its state was: the checkpoint of step 6 stands
+    code, before = _fit(tmp_path, adapter_folder, "torch", "torn", directory=directory,
+                        kill_at_commit=4)
+    assert code == 3 and before == whole[:7]
+    saved = json.loads((directory / "loader_state.json").read_text())
+    assert (saved["epoch"], saved["step"]) == (0, 6)
+    _, after = _fit(tmp_path, adapter_folder, "torch", "torn-resumed", mode="resume",
+                    directory=directory)
+    assert after == whole[6:]  # step 7 again, then epochs 1 and 2: no batch twice
+    resumed = _weights(tmp_path / "torn-resumed.jsonl.weights.npz")
+    uninterrupted = _weights(whole_run / "whole.jsonl.weights.npz")
+    assert all(np.array_equal(a, b) for a, b in zip(resumed, uninterrupted, strict=True))
+    # the weights the torn save wrote are not kept once a later save committed
+    assert [p.name for p in directory.glob("*.weights.h5")] == [saved_name(directory)]
+
+
+def saved_name(directory: Path) -> str:
+    return str(json.loads((directory / "loader_state.json").read_text())["weights"])
 
 
 def test_the_jax_backend_trains_on_the_same_batches(

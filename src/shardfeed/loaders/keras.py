@@ -199,17 +199,39 @@ def _build_optimizer(model: Any) -> None:
 
 
 _STATE_FILE = "loader_state.json"
-_WEIGHTS_FILE = "model.weights.h5"
+_WEIGHTS_SUFFIX = ".weights.h5"
+_WEIGHTS_FILE = "model.weights.h5"  # the weights of a checkpoint that names none
+
+
+def _committed(directory: Path) -> dict[str, Any]:
+    """The checkpoint committed in ``directory`` (``{}`` when there is none)."""
+    path = directory / _STATE_FILE
+    if not path.exists():
+        return {}
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
+
+
+def _sync(path: Path) -> None:
+    """Flush a written file (or a folder's entries) to the disk before the commit."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
     """Save the model's weights and the loader's state together, for exact resume.
 
     Saved every ``save_every_steps`` training steps (if given) and at each epoch's end, in
-    ``directory``: ``model.weights.h5`` then ``loader_state.json`` (the loader's state after
-    the last batch the model trained on, with Keras's epoch and step), each written to a
-    temporary name and renamed, so a job killed while saving keeps the previous checkpoint
-    whole. When training stops, batches Keras read ahead are given back to the stream.
+    ``directory``: the weights in a file of their own (``model.000007.weights.h5``), then
+    ``loader_state.json`` (the loader's state after the last batch the model trained on,
+    with Keras's epoch and step, and the name of that weights file), written to a temporary
+    name and renamed. That rename is the commit of the pair: a job killed at any point of a
+    save keeps the previous checkpoint whole, weights and stream position together; weights
+    files no checkpoint names are removed by the next save. When training stops, batches
+    Keras read ahead are given back to the stream.
 
     ``directory=None`` saves nothing and only keeps the stream exact across ``fit`` calls.
     """
@@ -261,18 +283,26 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
         if self.directory is None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        record = {
+        serial = _committed(self.directory).get("serial", 0) + 1
+        record: dict[str, Any] = {
             "loader": self.data.state_after(self._taken),
             "epoch": self._epoch + 1 if epoch_done else self._epoch,
             "step": step,
+            "serial": serial,
         }
         if self.save_weights and self.model is not None:
-            temporary = self.directory / f"tmp.{_WEIGHTS_FILE}"
-            self.model.save_weights(temporary)
-            os.replace(temporary, self.directory / _WEIGHTS_FILE)
+            weights = f"model.{serial:06d}{_WEIGHTS_SUFFIX}"
+            self.model.save_weights(self.directory / weights)
+            _sync(self.directory / weights)
+            record["weights"] = weights
         temporary = self.directory / f"{_STATE_FILE}.tmp"
         temporary.write_text(json.dumps(record, sort_keys=True))
-        os.replace(temporary, self.directory / _STATE_FILE)
+        _sync(temporary)
+        os.replace(temporary, self.directory / _STATE_FILE)  # the commit of the pair
+        _sync(self.directory)
+        for old in self.directory.glob(f"model.*{_WEIGHTS_SUFFIX}"):
+            if old.name != record.get("weights"):
+                old.unlink(missing_ok=True)
 
     def restore(self, model: Any = None) -> tuple[int, int]:
         """Put back the loader's state (and ``model``'s weights, with its optimizer's state)
@@ -283,10 +313,10 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
         """
         if self.directory is None or not (self.directory / _STATE_FILE).exists():
             return 0, 0
-        record = json.loads((self.directory / _STATE_FILE).read_text())
+        record = _committed(self.directory)
         if model is not None and self.save_weights:
             _build_optimizer(model)
-            model.load_weights(self.directory / _WEIGHTS_FILE)
+            model.load_weights(self.directory / record.get("weights", _WEIGHTS_FILE))
         self.data.restore(record["loader"])
         self._taken = 0
         return int(record["epoch"]), int(record["step"])

@@ -8,13 +8,18 @@
 The element spec is the loader's batch layout, learned before the first batch from the one
 sample the loader builds to size its buffers (images, masks, windows of frames, padded boxes,
 float label vectors: their dtype and row shape; the batch axis is fixed with ``drop_last``,
-else ``None``). Lists of bytes or strings (file names) become ``tf.string``; lists of arrays
-of varying length become ragged tensors. A loader with batch stages (which may change the
-batch's keys) has its spec learned from one batch instead, its state kept.
+else ``None``). Bytes or strings (file names) become ``tf.string``: (B,), or (B, k) for the
+k frames of a Windows sample; lists of other lengths and arrays of varying length become
+ragged tensors. Only the kept ``features`` need a tf.data type. A loader with batch stages
+(which may change the batch's keys) has its spec learned from one batch instead, its state
+kept.
 
 Each iteration of the Dataset runs the loader's current epoch to its end (``for batch in
 loader``), so iterating again gives the loader's next epoch; ``set_epoch``, shuffling,
-threads and the memory bound are the loader's. Path of a batch::
+threads and the memory bound are the loader's. The Dataset's cardinality is ``len(loader)``
+(Keras reads it as the epoch's steps); a pass that starts in the middle of an epoch (after a
+restore) is what is left of that epoch, so Keras's ``fit(initial_epoch=e)`` after a restore
+trains exactly the batches an uninterrupted run trains. Path of a batch::
 
     loader thread pool -> ring buffer (NumPy) -> tf.Tensor (no copy where NumPy's buffer is
     aligned, else the one copy) -> prefetch buffer (``prefetch`` batches) -> [device]
@@ -49,6 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from shardfeed.loaders.numpy import AdaptedLoader
+from shardfeed.pipeline.windows import Windows
 
 
 def _unwrap(loader: Any) -> Any:
@@ -56,10 +62,24 @@ def _unwrap(loader: Any) -> Any:
     return loader.loader if isinstance(loader, AdaptedLoader) else loader
 
 
-def _spec_of_value(name: str, value: Any, batch: int | None) -> tf.TypeSpec:
-    """The spec of one batch column, from one sample's value (bytes/str/array/scalar)."""
-    if isinstance(value, (bytes, str, np.bytes_, np.str_)):
+def _is_text(value: Any) -> bool:
+    return isinstance(value, (bytes, str, np.bytes_, np.str_))
+
+
+def _spec_of_value(name: str, value: Any, batch: int | None,
+                   frames: int | None) -> tf.TypeSpec:
+    """The spec of one batch column, from one sample's value (bytes/str/list/array/scalar).
+
+    ``frames``: the length of every per-frame list of a Windows sampler (None otherwise): a
+    list of ``frames`` bytes a sample is a ``tf.string`` of shape (B, frames); lists of other
+    lengths are ragged.
+    """
+    if _is_text(value):
         return tf.TensorSpec((batch,), tf.string, name=name)
+    if isinstance(value, (list, tuple)) and all(_is_text(v) for v in value):
+        if frames is not None and len(value) == frames:
+            return tf.TensorSpec((batch, frames), tf.string, name=name)
+        return tf.RaggedTensorSpec((batch, None), tf.string)
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
         return tf.RaggedTensorSpec((batch, None, *value.shape[1:]), tf.as_dtype(value.dtype))
     raise TypeError(
@@ -68,37 +88,53 @@ def _spec_of_value(name: str, value: Any, batch: int | None) -> tf.TypeSpec:
     )
 
 
-def _fields(loader: Any) -> list[tuple[str, Any, Any]]:
-    """``(name, field, first sample value)`` of every batch key, from the loader's probe."""
-    layout, sample = loader.batch_layout()
-    return [(f.name, f, sample.get(f.name)) for f in layout.fields]
+def _window_length(loader: Any) -> int | None:
+    """Frames a sample of a Windows sampler holds (its per-frame lists have that length)."""
+    sampler = getattr(loader, "sampler", None)
+    return int(sampler.options.length) if isinstance(sampler, Windows) else None
 
 
-def _specs_from_layout(loader: Any) -> dict[str, tf.TypeSpec]:
+def _kept(names: Sequence[str], features: Sequence[str] | None) -> list[str]:
+    """``features`` in their order, checked against the batch keys ``names``."""
+    if features is None:
+        return list(names)
+    missing = [name for name in features if name not in names]
+    if missing:
+        raise ValueError(f"features {missing} are not in the loader's batches {sorted(names)}")
+    return list(features)
+
+
+def _specs_from_layout(loader: Any, features: Sequence[str] | None) -> dict[str, tf.TypeSpec]:
     batch = loader.options.batch_size if loader.options.drop_last else None
+    frames = _window_length(loader)
+    layout, sample = loader.batch_layout()
+    fields = {f.name: f for f in layout.fields}
     specs: dict[str, tf.TypeSpec] = {}
-    for name, field, value in _fields(loader):
+    for name in _kept(list(fields), features):  # only the kept ones need a tf.data type
+        field = fields[name]
         if field.is_array:
             specs[name] = tf.TensorSpec((batch, *field.shape), tf.as_dtype(np.dtype(field.dtype)),
                                         name=name)
         else:
-            specs[name] = _spec_of_value(name, value, batch)
+            specs[name] = _spec_of_value(name, sample.get(name), batch, frames)
     return specs
 
 
-def _specs_from_batch(loader: Any) -> dict[str, tf.TypeSpec]:
+def _specs_from_batch(loader: Any, features: Sequence[str] | None) -> dict[str, tf.TypeSpec]:
     """The spec from one batch; the loader's state is put back."""
     saved = loader.state()
     batch = next(iter(loader))
     loader.restore(saved)
     size = loader.options.batch_size if loader.options.drop_last else None
+    frames = _window_length(loader)
     specs: dict[str, tf.TypeSpec] = {}
-    for name, column in batch.items():
+    for name in _kept(list(batch), features):
+        column = batch[name]
         if isinstance(column, np.ndarray):
             specs[name] = tf.TensorSpec((size, *column.shape[1:]), tf.as_dtype(column.dtype),
                                         name=name)
         elif isinstance(column, list) and column:
-            specs[name] = _spec_of_value(name, column[0], size)
+            specs[name] = _spec_of_value(name, column[0], size, frames)
     return specs
 
 
@@ -107,80 +143,98 @@ def element_spec(loader: Any, *, features: Sequence[str] | None = None
     """The spec of the loader's batches as a dict of ``tf.TensorSpec`` / ``RaggedTensorSpec``.
 
     Learned from the loader's batch layout (one sample built, no batch), or from one batch
-    when the loader has batch stages. ``features`` keeps only those names, in that order.
+    when the loader has batch stages. ``features`` keeps only those names, in that order (a
+    feature left out needs no tf.data type).
+
+    Raises:
+        ValueError: ``features`` names a key the batches do not have.
+        TypeError: a kept feature has no tf.data type.
     """
     loader = _unwrap(loader)
     if loader.batch_stages or not hasattr(loader, "batch_layout"):
-        specs = _specs_from_batch(loader)
-    else:
-        specs = _specs_from_layout(loader)
-    if features is None:
-        return specs
-    missing = [name for name in features if name not in specs]
-    if missing:
-        raise ValueError(f"features {missing} are not in the loader's batches {sorted(specs)}")
-    return {name: specs[name] for name in features}
+        return _specs_from_batch(loader, features)
+    return _specs_from_layout(loader, features)
+
+
+def _column(name: str, spec: tf.TypeSpec, value: Any) -> Any:
+    """One batch column as tf.data takes it (NumPy arrays as they are; lists converted)."""
+    if isinstance(spec, tf.RaggedTensorSpec):
+        rows = [np.asarray(v) for v in value]
+        return tf.RaggedTensor.from_row_lengths(
+            np.concatenate(rows) if rows else np.zeros((0,), spec.dtype.as_numpy_dtype),
+            np.array([len(r) for r in rows], dtype=np.int64))
+    if isinstance(value, list):
+        column = np.array(value, dtype=object)
+        if column.shape[1:] != tuple(spec.shape[1:]):
+            raise ValueError(f"feature {name!r}: a batch of shape {column.shape}, where the "
+                             f"Dataset's spec is {tuple(spec.shape)}")
+        return column
+    return value
 
 
 class _Stream:
-    """The generator behind the Dataset, and the loader's state after each batch handed out.
+    """The generator behind the Dataset, and the loader's state after each batch taken.
 
-    ``produced`` counts batches handed to tf.data, ``taken`` those the consumer took (after the
-    prefetch buffer); ``history[k]`` is the loader's state after ``k`` batches. A pass that
-    starts while batches were produced but never taken (a prefetch buffer dropped with its
-    iterator) first puts the loader back to the state after the last batch taken.
+    Each batch handed to tf.data carries its number in the stream (``produced``); a map after
+    the prefetch buffer stores the number of the batch the consumer takes in ``taken`` (a
+    ``tf.Variable``: no Python runs there). ``history[k]`` is the loader's state after ``k``
+    batches, kept for the batches between the two. A pass that starts while batches were
+    produced but never taken (a prefetch buffer dropped with its iterator) first puts the
+    loader back to the state after the last batch taken.
+
+    A pass is one epoch of the loader, or what is left of it when the loader stands in the
+    middle of one (after a restore): it ends where the loader's epoch ends.
     """
 
-    def __init__(self, loader: Any, specs: Mapping[str, tf.TypeSpec]) -> None:
+    def __init__(self, loader: Any, specs: Mapping[str, tf.TypeSpec], keep: int) -> None:
         self.loader = loader
         self.specs = dict(specs)
+        self.keep = keep  # batches that may sit between the generator and the consumer
         self.produced = 0
-        self.taken = 0
         self.history: dict[int, dict[str, Any]] = {0: loader.state()}
+        self.taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_taken")
+        self._ended = False  # the last pass ran to the end of the loader's epoch
         self._lock = threading.Lock()  # the generator and the consumer run on two threads
 
     def state(self) -> dict[str, Any]:
+        taken = int(self.taken.numpy())
         with self._lock:
-            return self.history[self.taken]
+            if taken not in self.history:
+                raise RuntimeError(f"the loader's state after batch {taken} of the stream is "
+                                   f"no longer known (kept: {sorted(self.history)})")
+            return self.history[taken]
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.loader.restore(state)
         with self._lock:
-            self.produced = self.taken = 0
+            self.produced = 0
             self.history = {0: self.loader.state()}
+            self._ended = False
+        self.taken.assign(0)
 
-    def take(self) -> np.int64:
+    def __call__(self) -> Iterator[tuple[Any, ...]]:
         with self._lock:
-            self.history.pop(self.taken, None)
-            self.taken += 1
-            return np.int64(self.taken)
-
-    def _convert(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, spec in self.specs.items():
-            value = batch[name]
-            if isinstance(spec, tf.RaggedTensorSpec):
-                rows = [np.asarray(v) for v in value]
-                out[name] = tf.RaggedTensor.from_row_lengths(
-                    np.concatenate(rows) if rows else np.zeros((0,), spec.dtype.as_numpy_dtype),
-                    np.array([len(r) for r in rows], dtype=np.int64))
-            elif isinstance(value, list):
-                out[name] = np.array(value, dtype=object)
-            else:
-                out[name] = value
-        return out
-
-    def __call__(self) -> Iterator[dict[str, Any]]:
-        if self.produced != self.taken:
-            self.loader.restore(self.history[self.taken])
-            self.produced = self.taken
+            if self._ended:  # tf.data asks again at the end of a pass: the pass is over
+                self._ended = False
+                return
+            taken = int(self.taken.numpy())
+            if self.produced != taken:
+                self.loader.restore(self.history[taken])
+                self.produced = taken
+                for number in [k for k in self.history if k > taken]:
+                    del self.history[number]
+        names = list(self.specs)
         for batch in self.loader:
-            converted = self._convert(batch)
+            columns = tuple(_column(name, self.specs[name], batch[name]) for name in names)
             state = self.loader.state()
             with self._lock:
                 self.produced += 1
                 self.history[self.produced] = state
-            yield converted
+                self.history.pop(self.produced - self.keep, None)
+                produced = np.int64(self.produced)
+            yield (produced, *columns)
+        with self._lock:
+            self._ended = True
 
 
 # the stream of each loader a Dataset was made from (for LoaderState)
@@ -190,6 +244,10 @@ _STREAMS: weakref.WeakKeyDictionary[Any, _Stream] = weakref.WeakKeyDictionary()
 def dataset(loader: Any, *, features: Sequence[str] | None = None, prefetch: int = 2,
             device: str | None = None) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the loader's batches (dicts of tensors; see the module docstring).
+
+    Its cardinality is the loader's batches an epoch (``len(loader)``), so Keras knows the
+    epoch's steps; a pass that starts in the middle of the loader's epoch (after a restore)
+    ends with that epoch, early.
 
     Args:
         loader: a :class:`shardfeed.Loader` (or an adapter of one).
@@ -210,23 +268,29 @@ def dataset(loader: Any, *, features: Sequence[str] | None = None, prefetch: int
     # the prefetch buffer, the batch in the consumer's hands and the one on its way hold the
     # loader's memory (tensors made without a copy): the ring builds in them again later
     loader.reserve_held_batches(prefetch + 2)
-    stream = _Stream(loader, specs)
+    stream = _Stream(loader, specs, keep=prefetch + 8)
     _STREAMS[loader] = stream
-    ds = tf.data.Dataset.from_generator(stream, output_signature=specs)
+    names = list(specs)
+    signature = (tf.TensorSpec((), tf.int64), *specs.values())
+    # repeat(): an endless Dataset to tf.data (the generator ends each pass by giving nothing
+    # when asked again); zipped with range(len): the cardinality Keras reads as the epoch
+    batches = tf.data.Dataset.from_generator(stream, output_signature=signature).repeat()
+    ds = tf.data.Dataset.zip(batches, tf.data.Dataset.range(len(loader)))
+    ds = ds.map(lambda element, _: element)
     if prefetch:
         ds = ds.prefetch(prefetch)
+    taken = stream.taken
 
-    def counted(batch: dict[str, Any]) -> dict[str, Any]:
+    def counted(number: tf.Tensor, *columns: tf.Tensor) -> dict[str, tf.Tensor]:
         # runs when the consumer takes the batch: after the prefetch buffer
-        taken = tf.numpy_function(stream.take, [], tf.int64, stateful=True)
-        with tf.control_dependencies([taken]):
-            return {name: tf.identity(value) for name, value in batch.items()}
+        with tf.control_dependencies([taken.assign(number)]):
+            return {name: tf.identity(value) for name, value in zip(names, columns)}
 
     ds = ds.map(counted)
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False  # would take batches early
     options.experimental_optimization.map_parallelization = False
-    # Nothing here is tuned (the prefetch depth is fixed, the map is serial); with autotuning
+    # Nothing here is tuned (the prefetch depth is fixed, the maps are serial); with autotuning
     # on, a third of the passes (train 224, 2 cores) ended 0.2-2.6 s after their last batch,
     # tf.data's iterator waiting in its teardown for the tuner; with it off, none did.
     options.autotune.enabled = False

@@ -156,32 +156,55 @@ class LoaderDataset(keras.utils.PyDataset):  # type: ignore[misc]
             self.restore(self.state_after(batches))
 
 
-def adapt(loader: Any, *, inputs: Names, targets: Names = None,
+# the label a batch carries, by the names packers give it (the first found is the target)
+LABEL_NAMES = ("label", "labels", "image/class/label", "mask")
+
+
+def _default_names(known: set[str] | None) -> tuple[str, str]:
+    """``(inputs, targets)`` when none are named: the image, and the one label found."""
+    if known is None:
+        return "image", "image/class/label"
+    found = [name for name in LABEL_NAMES if name in known]
+    if "image" not in known or not found:
+        raise ValueError(
+            f"adapt() without inputs= feeds 'image' to the model and one of {list(LABEL_NAMES)} "
+            f"to the loss, and the batches have {sorted(known)}: name them, e.g. "
+            "adapt(loader, inputs='image', targets='image/class/label')"
+        )
+    return "image", found[0]
+
+
+def adapt(loader: Any, *, inputs: Names = None, targets: Names = None,
           sample_weights: str | None = None) -> LoaderDataset:
     """A ``keras.utils.PyDataset`` of ``loader``'s batches as ``(x, y[, sample_weight])``.
 
     Args:
         loader: a :class:`shardfeed.Loader` (or an adapter of one).
         inputs: the feature(s) the model takes: a name, names in input order, or a mapping
-            of model input name to feature.
+            of model input name to feature. None (with ``targets`` None too): ``"image"``
+            as x and the batch's label as y (the first of ``label``, ``labels``,
+            ``image/class/label``, ``mask`` it has).
         targets: the feature(s) the loss compares with (same forms), or None (``predict``).
         sample_weights: a feature of per-sample weights, or None.
 
     Raises:
-        ValueError: a name is not a feature of the batches.
+        ValueError: a name is not a feature of the batches (or, with no names given, the
+            batches have no image or no label).
         TypeError: ``loader`` is not a Loader.
     """
     inner = loader.loader if isinstance(loader, AdaptedLoader) else loader
     if not callable(getattr(inner, "state", None)) or not callable(getattr(inner, "restore",
                                                                            None)):
         raise TypeError(f"adapt() needs a shardfeed.Loader, got {type(loader).__name__}")
-    names = [*_flat(inputs), *_flat(targets), *([sample_weights] if sample_weights else [])]
-    if not names:
-        raise ValueError("inputs must name at least one feature, e.g. inputs='image'")
     layout = inner.batch_layout()[0] if hasattr(inner, "batch_layout") \
         and not inner.batch_stages else None
-    if layout is not None:
-        known = {f.name for f in layout.fields}
+    known = {f.name for f in layout.fields} if layout is not None else None
+    if inputs is None and targets is None:
+        inputs, targets = _default_names(known)
+    names = [*_flat(inputs), *_flat(targets), *([sample_weights] if sample_weights else [])]
+    if not _flat(inputs):
+        raise ValueError("inputs must name at least one feature, e.g. inputs='image'")
+    if known is not None:
         missing = [n for n in names if n not in known]
         if missing:
             raise ValueError(f"features {missing} are not in the loader's batches "

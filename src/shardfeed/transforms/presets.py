@@ -26,12 +26,21 @@ nearest neighbour): uint8 grey values or palette indices; ``mask_colors`` maps t
 of colour masks to ids, ``mask_dtype="uint16"`` keeps 16-bit masks (see
 :mod:`shardfeed.transforms.decode.masks`). ``pipeline.bind(schema, root=...).output_spec()`` gives these as
 ``ArraySpec`` objects for preallocating batch arrays.
+
+Where the image and mask are: found as the decode ops find them (the dataset's schema, the
+standard feature names), or named with the decode ops' own options (``key``, ``encoding``,
+``height_key``, ``width_key``, ``channels_key``, ``shape``, ``mask``, ``mask_key``,
+``mask_encoding``, ``mask_height_key``, ``mask_width_key``, ``mask_shape``, ``root``: see
+:class:`~shardfeed.transforms.decode.ops.DecoderBase`), e.g. TensorFlow's guide layout::
+
+    presets.train(256, key="image_raw", mask_key="mask_raw", mask_encoding="raw",
+                  mask_height_key="height", mask_width_key="width")
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from shardfeed.transforms.base import Compose, Transform
 from shardfeed.transforms.color import (
@@ -46,8 +55,12 @@ from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResiz
 from shardfeed.transforms.decode.device_plan import DevicePlan, PlanTail
 from shardfeed.transforms.decode.image import ImageDtype, check_image_dtype
 from shardfeed.transforms.decode.masks import Color, MaskDtype
+from shardfeed.transforms.decode.ops import FieldOptions
 from shardfeed.transforms.decode.orientation import ExifOrientation
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 NormalizeName = Literal["imagenet", "symmetric"]
 DType = Literal["uint8", "uint16", "float32"]
@@ -144,6 +157,7 @@ def train(
     decode_on: DecodeOn = "cpu",
     image_dtype: ImageDtype = "uint8",
     exif_orientation: ExifOrientation = "ignore",
+    **fields: Unpack[FieldOptions],
 ) -> Compose:
     """Training pipeline: crop-aware decode with random-resized-crop to ``size``, a 50 %
     left-right flip (``flip``), colour jitter at ``color`` strength (1.0 = brightness,
@@ -175,7 +189,15 @@ def train(
     device="cuda")`` does the rest (decode, resize, flip, normalise, layout on the GPU;
     images the GPU decoder refuses made on the CPU). Colour jitter stays on the CPU path.
 
+    ``fields``: where the image and mask are, in the decode ops' words (``key="image_raw"``,
+    ``mask_key=...``, ``shape=(28, 28, 1)``, ...: see the module doc); left out, they are
+    found as :class:`~shardfeed.transforms.decode.ops.DecodeImage` finds them.
+
     Determinism: every random choice comes from the per-sample generator.
+
+    Raises:
+        ValueError: an option out of range or contradicting another (see the module doc).
+        TypeError: a keyword that is not an option.
     """
     out_dtype = _output_dtype(dtype, image_dtype)
     _check_color(color, image_dtype)
@@ -185,6 +207,7 @@ def train(
         reduced_decode=reduced_decode, fast_upsample=fast_upsample,
         mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
         max_pixels=max_pixels, image_dtype=image_dtype, exif_orientation=exif_orientation,
+        **fields,
     )
     if _on_device(decode_on, color=color):
         return Compose([DevicePlan(crop, tail=PlanTail(normalize, out_dtype, layout))])
@@ -211,14 +234,19 @@ def eval(  # the name the API promises (presets.train / presets.eval)
     decode_on: DecodeOn = "cpu",
     image_dtype: ImageDtype = "uint8",
     exif_orientation: ExifOrientation = "ignore",
+    **fields: Unpack[FieldOptions],
 ) -> Compose:
     """Evaluation pipeline: resize the shorter side to ``size / crop_fraction`` and take the
     center ``size×size`` (one fused, reduced-scale decode), then optional normalisation and
     layout. Same output shapes and dtypes as :func:`train`; the mask options,
-    ``max_pixels``, ``decode_on``, ``image_dtype``, ``dtype`` and ``exif_orientation`` as
-    in :func:`train`.
+    ``max_pixels``, ``decode_on``, ``image_dtype``, ``dtype``, ``exif_orientation`` and
+    where the image and mask are (``key``, ``mask_key``, ``shape``, ...) as in :func:`train`.
 
     Determinism: fully deterministic; the generator is not used.
+
+    Raises:
+        ValueError: an option out of range or contradicting another (see the module doc).
+        TypeError: a keyword that is not an option.
     """
     out_dtype = _output_dtype(dtype, image_dtype)
     tail = _tail(normalize, out_dtype, layout)
@@ -226,6 +254,7 @@ def eval(  # the name the API promises (presets.train / presets.eval)
         size, crop_fraction=crop_fraction, reduced_decode=reduced_decode,
         mask_colors=mask_colors, mask_unlisted=mask_unlisted, mask_dtype=mask_dtype,
         max_pixels=max_pixels, image_dtype=image_dtype, exif_orientation=exif_orientation,
+        **fields,
     )
     if _on_device(decode_on, color=None):
         return Compose([DevicePlan(crop, tail=PlanTail(normalize, out_dtype, layout))])

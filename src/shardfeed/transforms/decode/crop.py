@@ -145,7 +145,7 @@ class CropDecoderBase(DecoderBase):
         if encoding in ("auto", "path") and not isinstance(sample[key], list):
             data = field.encoded_bytes(sample, key, encoding)
             image, drawn, image_hw = self._crop_encoded(data, rng, field.where_lazy(sample, key),
-                                                        out)
+                                                        out, from_record=encoding != "path")
         else:
             full, key = self._decode_full(sample)
             image, drawn, image_hw = self._crop_decoded(full, rng, out)
@@ -175,10 +175,11 @@ class CropDecoderBase(DecoderBase):
 
     def _crop_encoded(
         self, data: bytes | memoryview, rng: np.random.Generator, where: Where,
-        out: np.ndarray | None,
+        out: np.ndarray | None, *, from_record: bool = False,
     ) -> tuple[np.ndarray, CropDraw, tuple[int, int]]:
         """The output image of encoded ``data``, the draws, and the full image's (H, W): a
-        JPEG decoded at reduced scale where it can be, any other image decoded whole."""
+        JPEG decoded at reduced scale where it can be, any other image decoded whole.
+        ``from_record``: as :meth:`ImageField.decode_bytes`'s (a stored file path said)."""
         field = self.image_field
         if sniff_format(data) == "jpeg":
             height, width, space = jpeg_header(data, where=where)
@@ -190,7 +191,8 @@ class CropDecoderBase(DecoderBase):
                 drawn = self.draw(height, width, rng)
                 image = self._jpeg_crop(data, drawn.box, height, width, where, drawn.flip, out)
                 return image, drawn, (height, width)
-        decoded = field.decode_bytes(data, where, self.fast_dct, self.fast_upsample)
+        decoded = field.decode_bytes(data, where, self.fast_dct, self.fast_upsample,
+                                     from_record=from_record)
         return self._crop_decoded(self._fix_channels(decoded), rng, out)
 
     def _crop_decoded(

@@ -4,17 +4,24 @@ An :class:`ImageField` is resolved from, in order: what the user passed, the sch
 ``bind``, or the standard feature names (``image/encoded``, ``image/raw``, ``image/path``;
 ``mask/encoded``, ``mask/raw``) present in the sample.
 
+Raw pixels take their shape from shape features, a fixed ``shape``, or (a mask) its image's:
+see :mod:`shardfeed.transforms.decode.raw`.
+
 Every failure caused by what one record holds (bytes that do not decode, an image larger than
 ``max_pixels``, a referenced path that is not UTF-8 text or holds a NUL byte, a raw image
 whose stored height is not one positive int) is a :class:`DecodeError`, which a Loader with
-``on_error="skip"`` replaces. A SchemaError means the decode op is not set up for the data
-(no such feature: pass ``key=`` or bind to the schema).
+``on_error="skip"`` replaces. A SchemaError means the decode op is not set up for the data:
+no such feature (pass ``key=`` or bind to the schema), no shape feature of a raw image, or
+a file path stored where image bytes were expected (bytes that fail to decode and read as a
+file name: valid UTF-8 text of one line ending in an extension such as ``.jpg``; pass
+``encoding="path"``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -28,15 +35,15 @@ from shardfeed.transforms.decode.image import (
     Where,
     check_image_dtype,
     check_size,
-    decode_error,
     decode_image,
+    sniff_format,
     too_large_error,
     where_text,
-    widen_to_uint16,
 )
 from shardfeed.transforms.decode.masks import LABEL_MAPS, MaskLabels, decode_mask
 from shardfeed.transforms.decode.orientation import ExifOrientation, check_exif_orientation
-from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels, pixels_reason
+from shardfeed.transforms.decode.raw import RawShape, check_fixed_shape, kind_of, raw_pixels
+from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, check_max_pixels
 
 Encoding = Literal["auto", "jpeg", "png", "mixed", "raw", "path"]
 ENCODINGS: tuple[str, ...] = ("auto", "jpeg", "png", "mixed", "raw", "path")
@@ -76,6 +83,17 @@ class ImageField:
     ``"ignore"`` (default) decodes a JPEG's stored pixels, ``"apply"`` turns them as its
     EXIF tag says (:mod:`~shardfeed.transforms.decode.orientation`); for a mask, the mask
     file's own tag.
+
+    Raw pixels: ``height_key``/``width_key``/``channels_key`` name the features of their
+    shape; ``shape`` (``(height, width)`` or ``(height, width, channels)``; a mask's
+    ``(height, width)``) is the fixed shape of records that store none, and makes the field
+    raw (``encoding`` ``"auto"`` or ``"raw"``; the shape features are then not read).
+    ``image`` (a mask's field only): its image's field, whose shape features (or fixed
+    shape) a raw mask without its own takes; see :mod:`shardfeed.transforms.decode.raw`.
+
+    Raises ValueError for an unknown option value, a ``shape`` that is not positive ints
+    of the right length, or a ``shape`` beside an option it contradicts (an encoded
+    ``encoding``, a ``height_key``/``width_key``, a ``channels_key`` beside three values).
     """
 
     key: str | None = None
@@ -90,6 +108,8 @@ class ImageField:
     max_pixels: int = DEFAULT_MAX_PIXELS
     image_dtype: ImageDtype = "uint8"
     exif_orientation: ExifOrientation = "ignore"
+    shape: RawShape | None = None
+    image: ImageField | None = None
 
     def __post_init__(self) -> None:
         check_encoding(self.encoding)
@@ -100,6 +120,18 @@ class ImageField:
             np.dtype(self.dtype)
         except TypeError:
             raise ValueError(f"dtype must be a NumPy dtype name, got {self.dtype!r}") from None
+        if self.shape is not None:
+            self._check_shape()
+        if self.image is not None and (not self.is_mask or self.image.is_mask):
+            raise ValueError("image= is a mask's link to its image's field: pass it only to "
+                             "the field of a mask (is_mask=True), and the image's field")
+
+    def _check_shape(self) -> None:
+        """Normalise ``shape`` and make the field raw (see :func:`~.raw.check_fixed_shape`)."""
+        shape = check_fixed_shape(self.shape, is_mask=self.is_mask, encoding=self.encoding,
+                                  keys=(self.height_key, self.width_key, self.channels_key))
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "encoding", "raw")
 
     def bound(self, info: ImageInfoLike | None, *, root: str | None) -> ImageField:
         """A copy completed from the schema's ImageInfo; what the user set explicitly wins."""
@@ -114,6 +146,9 @@ class ImageField:
             wk = self.width_key or info.width_key
             ck = self.channels_key or info.channels_key
             dtype = str(getattr(info, "dtype", self.dtype))
+        if self.shape is not None:  # a fixed shape: the schema's shape features are not read
+            hk = wk = None
+            ck = ck if len(self.shape) == 2 else None
         return ImageField(
             key=key,
             encoding=encoding,
@@ -127,7 +162,13 @@ class ImageField:
             max_pixels=self.max_pixels,
             image_dtype=self.image_dtype,
             exif_orientation=self.exif_orientation,
+            shape=self.shape,
+            image=self.image,
         )
+
+    def with_image(self, image: ImageField) -> ImageField:
+        """This mask's field linked to ``image``, its image's field (see the class doc)."""
+        return self if self.image == image else replace(self, image=image)
 
     # --- locating -----------------------------------------------------------------------
 
@@ -213,20 +254,53 @@ class ImageField:
         key, encoding = self.require(sample)
         where = self.where_lazy(sample, key)
         if encoding == "raw":
-            return self._raw(sample, key, where)
+            data = _single_bytes(sample[key], key, where)
+            try:
+                return raw_pixels(self, data, sample, where)
+            except DecodeError as exc:
+                self._raise_if_path(data, where, exc)
+                raise
         value = sample[key]
         if isinstance(value, list) and encoding != "path":
             return self._decode_list(value, where, fast_dct, fast_upsample)
         data = self.encoded_bytes(sample, key, encoding)
-        return self.decode_bytes(data, where, fast_dct, fast_upsample)
+        return self.decode_bytes(data, where, fast_dct, fast_upsample,
+                                 from_record=encoding != "path")
 
     def decode_bytes(
-        self, data: bytes | memoryview, where: Where, fast_dct: bool, fast_upsample: bool = False
+        self, data: bytes | memoryview, where: Where, fast_dct: bool, fast_upsample: bool = False,
+        *, from_record: bool = False,
     ) -> np.ndarray:
         """Decode encoded bytes of this field: H×W×3 RGB for images (``image_dtype``), H×W
         class ids for masks (grey values, palette indices, or colours mapped by
-        ``mask_labels``)."""
-        return self._decode_bytes(data, where, fast_dct, fast_upsample, self.max_pixels)
+        ``mask_labels``).
+
+        ``from_record``: ``data`` is the record's own value (not the content of a file it
+        references); bytes that fail to decode and read as a file path then raise the
+        SchemaError that says so (pass ``encoding="path"``) instead of the DecodeError.
+        """
+        try:
+            return self._decode_bytes(data, where, fast_dct, fast_upsample, self.max_pixels)
+        except DecodeError as exc:
+            if from_record:
+                self._raise_if_path(data, where, exc)
+            raise
+
+    def _raise_if_path(self, data: bytes | memoryview, where: Where,
+                       exc: DecodeError) -> None:
+        """The SchemaError of a stored file path, from ``exc``, where ``data`` reads as one
+        (see :func:`stored_path`); nothing otherwise."""
+        path = stored_path(data)
+        if path is None:
+            return
+        prefix = "mask_" if self.is_mask else ""
+        shown = path if len(path) <= 120 else path[:117] + "..."
+        raise SchemaError(
+            f"{where_text(where)}: this feature holds a file path ('{shown}'), not "
+            f"{'mask' if self.is_mask else 'image'} bytes; pass {prefix}encoding=\"path\" "
+            "to read the file it names (and root=..., on the Dataset or the decode op, "
+            "naming the folder the paths are relative to)"
+        ) from exc
 
     def _decode_bytes(self, data: bytes | memoryview, where: Where, fast_dct: bool,
                       fast_upsample: bool, max_pixels: int) -> np.ndarray:
@@ -253,61 +327,6 @@ class ImageField:
         frames = [self._decode_bytes(data, where, fast_dct, fast_upsample, self.max_pixels)
                   for data in datas]
         return _stack(frames, where)
-
-    def _raw(self, sample: Sample, key: str, where: Where) -> np.ndarray:
-        data = _single_bytes(sample[key], key, where)
-        heights = (spec.MASK_HEIGHT, spec.IMAGE_HEIGHT) if self.is_mask else (spec.IMAGE_HEIGHT,)
-        widths = (spec.MASK_WIDTH, spec.IMAGE_WIDTH) if self.is_mask else (spec.IMAGE_WIDTH,)
-        height = _shape_value(sample, self.height_key, heights, where, "height")
-        width = _shape_value(sample, self.width_key, widths, where, "width")
-        what = "raw mask" if self.is_mask else "raw image"
-        reason = pixels_reason(height, width, self.max_pixels, what=what)
-        if reason is not None:
-            raise too_large_error(where, reason, len(data))
-        dtype = np.dtype(self.dtype)
-        if len(data) % dtype.itemsize:
-            raise decode_error(
-                data, where, f"raw pixels of {len(data)} bytes are not whole {dtype} values"
-            )
-        pixels = np.frombuffer(data, dtype=dtype)
-        if self.is_mask:
-            expected = height * width
-            if pixels.size != expected:
-                raise decode_error(
-                    data,
-                    where,
-                    f"raw mask has {pixels.size} values, expected height×width = "
-                    f"{height}×{width} = {expected}",
-                )
-            return pixels.reshape(height, width)
-        if self.channels_key is not None or spec.IMAGE_CHANNELS in sample:
-            channels = _shape_value(
-                sample, self.channels_key, (spec.IMAGE_CHANNELS,), where, "channels"
-            )
-        else:
-            channels = pixels.size // max(1, height * width)
-        expected = height * width * channels
-        if pixels.size != expected or channels < 1:
-            raise decode_error(
-                data,
-                where,
-                f"raw image has {pixels.size} values, expected height×width×channels = "
-                f"{height}×{width}×{channels} = {expected}",
-            )
-        return self._raw_depth(pixels.reshape(height, width, channels), where)
-
-    def _raw_depth(self, image: np.ndarray, where: Where) -> np.ndarray:
-        """A raw image as stored, or, with ``image_dtype="uint16"``, as uint16 (8-bit pixels
-        widened ×257); SchemaError for raw pixels of another type then."""
-        if self.image_dtype == "uint8" or image.dtype == np.uint16:
-            return image
-        if image.dtype != np.uint8:
-            raise SchemaError(
-                f"{where_text(where)}: the raw image holds {image.dtype} pixels; "
-                "image_dtype='uint16' takes raw uint8 or uint16 images: pass "
-                "image_dtype='uint8' to keep raw pixels as they are stored"
-            )
-        return widen_to_uint16(image)
 
 
 def referenced_file(root: str | None, value: bytes | memoryview, where: Where) -> str:
@@ -367,39 +386,35 @@ def _single_bytes(value: Any, key: str, where: Where) -> bytes | memoryview:
         return value[0]
     feature = f"'{key}' must be" if key else "the feature must be"
     raise DecodeError(
-        f"{where_text(where)}: expected one bytes value, got {_kind_of(value)}; "
+        f"{where_text(where)}: expected one bytes value, got {kind_of(value)}; "
         f"{feature} a bytes_list feature holding one image: re-pack the record, or skip it "
         "with on_error='skip'"
     )
 
 
-def _kind_of(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} values of shape {value.shape}"
-    if isinstance(value, list):
-        return f"a list of {len(value)} value{'' if len(value) == 1 else 's'}"
-    return type(value).__name__
+#: A file name's extension: a dot, a letter, then up to 4 letters or digits, at the end.
+_EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,4}")
+_MAX_PATH_BYTES = 4096
 
 
-def _shape_value(
-    sample: Sample, key: str | None, defaults: tuple[str, ...], where: Where, what: str
-) -> int:
-    keys = (key,) if key is not None else defaults
-    for k in keys:
-        if k in sample:
-            stored = sample[k]
-            value = np.asarray(stored).reshape(-1)
-            if value.size == 1 and value.dtype.kind in "iu" and int(value[0]) > 0:
-                return int(value[0])
-            raise DecodeError(
-                f"{where_text(where)}: the {what} feature '{k}' must hold one positive int, "
-                f"it holds {_kind_of(stored)}; re-pack the record, or skip it with "
-                "on_error='skip'"
-            )
-    raise SchemaError(
-        f"{where_text(where)}: a raw image needs its {what}; the sample has no feature "
-        f"{' or '.join(repr(k) for k in keys)}. Pass {what}_key=... or bind to the schema"
-    )
+def stored_path(data: bytes | memoryview) -> str | None:
+    """``data`` as text when it reads as a file path or URL rather than an image: at most
+    4096 bytes, no JPEG or PNG signature, valid UTF-8 of one printable line (no control
+    character), whose last part ends in an extension (``cat.jpg``, ``a/b/0001.png``,
+    ``s3://bucket/x.JPEG``); None otherwise. Checked only once a decode failed."""
+    if not 0 < len(data) <= _MAX_PATH_BYTES or sniff_format(data) != "other":
+        return None
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if not text.isprintable() or text != text.strip():
+        return None
+    name = text.replace("\\", "/").rsplit("/", 1)[-1]
+    stem, dot, extension = name.rpartition(".")
+    if not stem or not dot or not _EXTENSION.fullmatch(dot + extension):
+        return None
+    return text
 
 
 def _stack(frames: list[np.ndarray], where: Where) -> np.ndarray:
@@ -415,4 +430,5 @@ def _stack(frames: list[np.ndarray], where: Where) -> np.ndarray:
     return np.stack(frames)
 
 
-__all__ = ["ENCODINGS", "Encoding", "ImageField", "check_encoding", "referenced_file"]
+__all__ = ["ENCODINGS", "Encoding", "ImageField", "check_encoding", "referenced_file",
+           "stored_path"]

@@ -47,21 +47,31 @@ def _channels_error(c: int) -> DecodeError:
     )
 
 
-class DecodeOptions(TypedDict, total=False):
-    """The keyword options of :class:`DecoderBase`, as the ops built on it pass them on."""
+class FieldOptions(TypedDict, total=False):
+    """Where a sample's image and mask are and how they are stored: the options of
+    :class:`DecoderBase` that the presets take too (see its doc)."""
 
     key: str | None
     encoding: Encoding
     height_key: str | None
     width_key: str | None
     channels_key: str | None
+    shape: Sequence[int] | None
     mask: bool | None
     mask_key: str | None
     mask_encoding: Encoding
+    mask_height_key: str | None
+    mask_width_key: str | None
+    mask_shape: Sequence[int] | None
+    root: str | None
+
+
+class DecodeOptions(FieldOptions, total=False):
+    """The keyword options of :class:`DecoderBase`, as the ops built on it pass them on."""
+
     mask_colors: Mapping[Color, int] | None
     mask_unlisted: int | None
     mask_dtype: MaskDtype
-    root: str | None
     channels: Channels
     keep_encoded: bool
     fast_dct: bool
@@ -78,10 +88,21 @@ class DecoderBase(TransformBase):
 
     - ``key``, ``encoding`` (``"auto"`` sniffs JPEG/PNG/…, ``"raw"``, ``"path"``),
       ``height_key``/``width_key``/``channels_key`` (raw shapes): where the image is. Left
-      out, they come from the schema at ``bind`` or from the standard feature names.
+      out, they come from the schema at ``bind`` or from the standard feature names. Bytes
+      under ``key`` that fail to decode and read as a file path are a SchemaError saying
+      so: pass ``encoding="path"``.
+    - ``shape``: the fixed ``(height, width, channels)`` (or ``(height, width)``, channels
+      from the byte count) of raw pixels whose records store no shape features, e.g.
+      ``shape=(28, 28, 1)`` for MNIST-like bytes; it makes the image raw, and each record's
+      byte count is checked against it (a DecodeError naming the record and the shape).
     - ``mask``: ``None`` decodes a mask when there is one, ``False`` never, ``True`` requires
       one. ``mask_key``/``mask_encoding`` say where it is. A mask decodes to class ids: grey
       values, or a palette PNG's indices (never its colours turned into grey levels).
+    - ``mask_height_key``/``mask_width_key``: the features of a raw mask's height and width.
+      Left out, a raw mask takes ``mask/height``/``mask/width``, else its image's height and
+      width features (``height_key``/``width_key`` where given: TensorFlow's guide layout
+      ``height``, ``width``, ``image_raw``, ``mask_raw`` needs only the image's), else the
+      image's ``shape``. ``mask_shape=(height, width)``: a raw mask's fixed shape.
     - ``mask_colors``: ``{(r, g, b): id, ...}`` gives colour (RGB) masks their ids (and
       palette masks, by their palette colours); without it a colour mask is a DecodeError.
       ``mask_unlisted``: the id of pixels whose colour is not listed (default: an error).
@@ -145,9 +166,13 @@ class DecoderBase(TransformBase):
         height_key: str | None = None,
         width_key: str | None = None,
         channels_key: str | None = None,
+        shape: Sequence[int] | None = None,
         mask: bool | None = None,
         mask_key: str | None = None,
         mask_encoding: Encoding = "auto",
+        mask_height_key: str | None = None,
+        mask_width_key: str | None = None,
+        mask_shape: Sequence[int] | None = None,
         mask_colors: Mapping[Color, int] | None = None,
         mask_unlisted: int | None = None,
         mask_dtype: MaskDtype = "uint8",
@@ -164,8 +189,12 @@ class DecoderBase(TransformBase):
             raise ValueError(f"channels must be 'rgb' or 'gray', got {channels!r}")
         check_image_dtype(image_dtype)
         check_exif_orientation(exif_orientation)
-        if mask is False and mask_key is not None:
-            raise ValueError(f"mask=False contradicts mask_key={mask_key!r}; drop one of them")
+        if mask is False:
+            for name, value in (("mask_key", mask_key), ("mask_height_key", mask_height_key),
+                                ("mask_width_key", mask_width_key), ("mask_shape", mask_shape)):
+                if value is not None:
+                    raise ValueError(f"mask=False contradicts {name}={value!r}; drop one of "
+                                     "them")
         self.image_field = ImageField(
             key=key,
             encoding=encoding,
@@ -176,11 +205,14 @@ class DecoderBase(TransformBase):
             max_pixels=max_pixels,
             image_dtype=image_dtype,
             exif_orientation=exif_orientation,
+            shape=_shape_arg(shape),
         )
         labels = MaskLabels(colors=mask_colors, unlisted=mask_unlisted, dtype=mask_dtype)
         self.mask_field = ImageField(
-            key=mask_key, encoding=mask_encoding, root=root, is_mask=True, mask_labels=labels,
+            key=mask_key, encoding=mask_encoding, height_key=mask_height_key,
+            width_key=mask_width_key, root=root, is_mask=True, mask_labels=labels,
             max_pixels=max_pixels, exif_orientation=exif_orientation,
+            shape=_shape_arg(mask_shape), image=self.image_field,
         )
         self.mask = True if mask_key is not None and mask is None else mask
         self.channels: Channels = channels
@@ -231,7 +263,8 @@ class DecoderBase(TransformBase):
         mask_info = schema.mask if schema is not None else None
         clone.image_field = self.image_field.bound(image_info, root=root)
         if self.mask is not False:
-            clone.mask_field = self.mask_field.bound(mask_info, root=root)
+            mask_field = self.mask_field.bound(mask_info, root=root)
+            clone.mask_field = mask_field.with_image(clone.image_field)
         return clone
 
     # --- helpers for subclasses -----------------------------------------------------------
@@ -340,6 +373,15 @@ class DecoderBase(TransformBase):
         )
 
 
+def _shape_arg(shape: Sequence[int] | None) -> tuple[int, ...] | None:
+    """A ``shape`` option as ImageField takes it (ImageField checks the values)."""
+    if shape is None or isinstance(shape, tuple):
+        return shape
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        return shape  # type: ignore[return-value]  # ImageField names the wrong value
+    return tuple(shape)
+
+
 class DecodeImage(DecoderBase):
     """Decode the whole image and mask of a sample.
 
@@ -446,4 +488,6 @@ class DecodeImage(DecoderBase):
         return result
 
 
-__all__ = ["Channels", "DecodeImage", "DecodeOptions", "DecoderBase", "check_channels"]
+__all__ = [
+    "Channels", "DecodeImage", "DecodeOptions", "DecoderBase", "FieldOptions", "check_channels",
+]

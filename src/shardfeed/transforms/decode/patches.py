@@ -121,7 +121,7 @@ def _decode_image_scaled(
                 image = to_image_dtype(image, image_field.image_dtype, data=data, where=where)
                 full_hw = oriented_size(height, width, turn)
         if image is None:
-            image = image_field.decode_bytes(data, where, True)
+            image = image_field.decode_bytes(data, where, True, from_record=encoding != "path")
     else:
         image = image_field.decode(record)
     if full_hw == (0, 0):

@@ -1,7 +1,7 @@
 """The batch form of decoding raw images: a slice's stored pixels copied into its batch rows.
 
-A raw image (``image/raw`` bytes with its height, width and channels beside it) needs no
-decode, only a copy. :func:`raw_rows_into` checks the slice's shape columns and byte lengths at
+A raw image (``image/raw`` bytes with its height, width and channels beside it, or of the
+field's fixed ``shape``) needs no decode, only a copy. :func:`raw_rows_into` checks the slice's shape columns and byte lengths at
 once against the batch rows' shape, then copies every row in one go (the rows' bytes joined
 and viewed as one array). The channel conversion the sample path applies is applied here only
 where it is a plain copy (stored channels equal to the output's; grey stored, RGB wanted: each
@@ -34,6 +34,10 @@ from shardfeed.format import spec
 from shardfeed.format.columns import FilledColumn
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.sizes import pixels_reason
+
+_ShapeKeys = tuple[str | None, str | None, str | None]
+"""The height, width and channels features of a slice's raw images; None where not read (a
+fixed shape's height and width; channels from the byte count)."""
 
 
 class RawRowsDecoder(Protocol):
@@ -69,7 +73,7 @@ def raw_rows_into(decoder: RawRowsDecoder, key: str, columns: Mapping[str, Any],
         return False
     if not len(out):
         return True
-    keys = shape_keys(decoder, columns)
+    keys = shape_keys(decoder, columns) or _fixed_keys(decoder, columns)
     if keys is None:
         return False  # the sample path raises the SchemaError naming the missing feature
     if isinstance(values, FilledColumn):
@@ -100,8 +104,12 @@ def raw_rows_into(decoder: RawRowsDecoder, key: str, columns: Mapping[str, Any],
 def shape_keys(decoder: RawRowsDecoder, columns: Mapping[str, Any]
                ) -> tuple[str, str, str | None] | None:
     """The height, width and (if any) channels features of the raw image; None when one the
-    field names is not among the columns."""
+    field names is not among the columns, or the field has a fixed ``shape`` (no height and
+    width features are read: :func:`raw_rows_into` checks the rows against the shape, and
+    paths that check shape features step aside)."""
     field = decoder.image_field
+    if field.shape is not None:
+        return None
     height_key = field.height_key or spec.IMAGE_HEIGHT
     width_key = field.width_key or spec.IMAGE_WIDTH
     channels_key = field.channels_key
@@ -111,6 +119,25 @@ def shape_keys(decoder: RawRowsDecoder, columns: Mapping[str, Any]
             channels_key is not None and channels_key not in columns):
         return None
     return height_key, width_key, channels_key
+
+
+def _fixed_keys(decoder: RawRowsDecoder, columns: Mapping[str, Any]
+                ) -> tuple[None, None, str | None] | None:
+    """For a field of fixed ``shape``: no height and width features, and the channels
+    feature the sample path reads (a shape of two values: ``channels_key``, or
+    ``image/channels`` where present); None without a fixed shape, or when the channels
+    feature named is not among the columns."""
+    field = decoder.image_field
+    if field.shape is None:
+        return None
+    if len(field.shape) == 3:
+        return None, None, None
+    channels_key = field.channels_key
+    if channels_key is None and spec.IMAGE_CHANNELS in columns:
+        channels_key = spec.IMAGE_CHANNELS
+    if channels_key is not None and channels_key not in columns:
+        return None
+    return None, None, channels_key
 
 
 def raw_rows_target(decoder: RawRowsDecoder, out: np.ndarray) -> np.ndarray | None:
@@ -125,21 +152,29 @@ def raw_rows_target(decoder: RawRowsDecoder, out: np.ndarray) -> np.ndarray | No
 
 
 def _stored_channels(decoder: RawRowsDecoder, columns: Mapping[str, Any], lengths: np.ndarray,
-                     out: np.ndarray, shape_keys: tuple[str, str, str | None]) -> np.ndarray:
+                     out: np.ndarray, shape_keys: _ShapeKeys) -> np.ndarray:
     """Each row's stored channel count, after checking every row (its value ``lengths``
-    bytes long) against the batch rows: within ``max_pixels``, the batch's height×width,
-    whole pixels."""
-    height_key, width_key, channels_key = shape_keys
+    bytes long) against the batch rows: within ``max_pixels``, the batch's height×width
+    (from the shape features, or the field's fixed shape where they are None), whole
+    pixels."""
     rows, height, width, _ = (int(n) for n in out.shape)
     reason = pixels_reason(height, width, decoder.max_pixels, what="raw image")
     if reason is not None:
         raise DecodeError(reason)
-    if not (_shape_column(columns, height_key, rows) == height).all() or not (
-            _shape_column(columns, width_key, rows) == width).all():
+    fixed = decoder.image_field.shape
+    height_key, width_key, channels_key = shape_keys
+    if height_key is not None and width_key is not None:
+        fits = bool((_shape_column(columns, height_key, rows) == height).all()
+                    and (_shape_column(columns, width_key, rows) == width).all())
+    else:
+        fits = fixed is not None and fixed[:2] == (height, width)
+    if not fits:
         raise SchemaError(f"a raw image is not {height}×{width}, the batch's height×width")
     itemsize = np.dtype(decoder.image_field.dtype).itemsize
     area = height * width
-    if channels_key is not None:
+    if fixed is not None and len(fixed) == 3:
+        stored = np.full(rows, fixed[2], np.int64)
+    elif channels_key is not None:
         stored = _shape_column(columns, channels_key, rows)
     else:  # as the sample path does: as many channels as the bytes hold whole pixels
         stored = lengths // itemsize // area
@@ -172,7 +207,7 @@ def _copy_into(target: np.ndarray, pixels: np.ndarray) -> None:
 
 
 def _decode_row(decoder: RawRowsDecoder, key: str, columns: Mapping[str, Any], row: int,
-                target: np.ndarray, shape_keys: tuple[str, str, str | None]) -> None:
+                target: np.ndarray, shape_keys: _ShapeKeys) -> None:
     """Row ``row`` through the decoder's per-sample decode (a conversion that is no copy)."""
     sample: dict[str, Any] = {key: columns[key][row]}
     for name in shape_keys:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
+
+# Keras picks its backend once, when first imported, and importing TensorFlow imports Keras:
+# the in-process Keras tests run on torch whichever test module imports TensorFlow first
+# (the other backends run in subprocesses of their own)
+os.environ.setdefault("KERAS_BACKEND", "torch")
 
 import pytest
 

@@ -110,17 +110,3 @@ def test_checkpoint_mid_epoch_resumes_the_identical_stream(adapter_folder: Path,
     with Loader(open_dataset(adapter_folder), batch_size=8, seed=2) as other, \
             pytest.raises(Exception, match="seed"):
         tf.train.Checkpoint(data=sf_tf.LoaderState(other)).restore(path)
-
-
-def test_keras_fit_on_the_dataset(adapter_folder: Path) -> None:
-    keras = pytest.importorskip("keras")
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("Keras runs on another backend in this process")
-    with _loader(adapter_folder, drop_last=True) as loader:
-        ds = sf_tf.dataset(loader, features=["image", "image/class/label"]).map(
-            lambda b: (b["image"], b["image/class/label"]))
-        model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(),
-                                  keras.layers.Dense(5)])
-        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        assert len(model.fit(ds, epochs=2, verbose=0).history["loss"]) == 2
-        assert loader.epoch == 2

@@ -32,7 +32,7 @@ which views the stored bytes (widened to uint16 only with ``image_dtype="uint16"
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -48,8 +48,29 @@ from shardfeed.transforms.decode.image import (
 )
 from shardfeed.transforms.decode.sizes import pixels_reason
 
-if TYPE_CHECKING:
-    from shardfeed.transforms.decode.fields import ImageField
+
+class ImageField(Protocol):
+    """What the raw decode reads of a field (``fields.ImageField`` has it all): where the
+    shape is, the pixels' type, and for a mask the image it belongs to."""
+
+    @property
+    def height_key(self) -> str | None: ...
+    @property
+    def width_key(self) -> str | None: ...
+    @property
+    def channels_key(self) -> str | None: ...
+    @property
+    def shape(self) -> tuple[int, ...] | None: ...
+    @property
+    def is_mask(self) -> bool: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def image_dtype(self) -> str: ...
+    @property
+    def max_pixels(self) -> int: ...
+    @property
+    def image(self) -> ImageField | None: ...
 
 RawShape = tuple[int, ...]
 """A fixed raw shape: ``(height, width)`` or ``(height, width, channels)``."""

@@ -330,7 +330,7 @@ def _finish(tf: Any, ds: Any, threads: int, batch: int) -> Any:
 
 
 BUILDERS = {"imagenet": (_imagenet, 1536), "mnist": (_mnist, 20000), "masks": (_masks, 1024),
-            "windows": (_windows, 1024), "patches": (_patches, 24)}
+            "windows": (_windows, 1024), "patches": (_patches, 96)}
 
 
 # -- the run ------------------------------------------------------------------------------------

@@ -127,9 +127,7 @@ def _imagenet(root: Path, count: int, threads: int) -> Workload:
             image = tf.image.random_flip_left_right(tf.image.resize(image, [64, 64]))
             return tf.cast(tf.round(image), tf.uint8), parsed["image/class/label"]
 
-        ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
-        return _finish(tf, ds.shuffle(SHUFFLE).map(one, num_parallel_calls=tf.data.AUTOTUNE),
-                       threads, batch)
+        return _records(tf, files, one, threads, batch)
 
     return Workload("imagenet", folder, loader, "image", "image/class/label", peer)
 
@@ -156,9 +154,7 @@ def _mnist(root: Path, count: int, threads: int) -> Workload:
             parsed = tf.io.parse_single_example(serialized, features)
             return tf.io.decode_png(parsed["image/encoded"], channels=1), parsed["label"]
 
-        ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
-        return _finish(tf, ds.shuffle(SHUFFLE).map(one, num_parallel_calls=tf.data.AUTOTUNE),
-                       threads, batch)
+        return _records(tf, files, one, threads, batch)
 
     return Workload("mnist", folder, loader, "image", "label", peer)
 
@@ -211,9 +207,7 @@ def _masks(root: Path, count: int, threads: int) -> Workload:
             mask = tf.cond(flip, lambda: tf.image.flip_left_right(mask), lambda: mask)
             return tf.cast(tf.round(image), tf.uint8), mask[..., 0]
 
-        ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
-        return _finish(tf, ds.shuffle(SHUFFLE).map(one, num_parallel_calls=tf.data.AUTOTUNE),
-                       threads, batch)
+        return _records(tf, files, one, threads, batch)
 
     return Workload("masks", folder, loader, "image", "mask", peer)
 
@@ -321,6 +315,15 @@ def _patches(root: Path, count: int, threads: int) -> Workload:
         return _finish(tf, patches.shuffle(CACHE * REFRESH), threads, batch)
 
     return Workload("patches", folder, loader, "image", "image/class/label", peer)
+
+
+def _records(tf: Any, files: list[str], one: Callable[[Any], Any], threads: int,
+             batch: int) -> Any:
+    """The usual tf.data input: records read in parallel, a shuffle buffer, ``one`` on each
+    with AUTOTUNE parallelism, batched and prefetched."""
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
+    return _finish(tf, ds.shuffle(SHUFFLE).map(one, num_parallel_calls=tf.data.AUTOTUNE),
+                   threads, batch)
 
 
 def _finish(tf: Any, ds: Any, threads: int, batch: int) -> Any:

@@ -49,7 +49,7 @@ from shardfeed.transforms.decode.image import (
 from shardfeed.transforms.decode.sizes import pixels_reason
 
 
-class ImageField(Protocol):
+class RawField(Protocol):
     """What the raw decode reads of a field (``fields.ImageField`` has it all): where the
     shape is, the pixels' type, and for a mask the image it belongs to."""
 
@@ -70,7 +70,7 @@ class ImageField(Protocol):
     @property
     def max_pixels(self) -> int: ...
     @property
-    def image(self) -> ImageField | None: ...
+    def image(self) -> RawField | None: ...
 
 RawShape = tuple[int, ...]
 """A fixed raw shape: ``(height, width)`` or ``(height, width, channels)``."""
@@ -121,7 +121,7 @@ def check_fixed_shape(shape: object, *, is_mask: bool, encoding: str,
     return fixed
 
 
-def raw_pixels(field: ImageField, data: bytes | memoryview, sample: Sample,
+def raw_pixels(field: RawField, data: bytes | memoryview, sample: Sample,
                where: Where) -> np.ndarray:
     """The raw pixels ``data`` of ``field`` as an array: H×W×C for an image (its stored
     dtype, or uint16 with ``image_dtype="uint16"``), H×W for a mask; the shape as the module
@@ -152,7 +152,7 @@ def raw_pixels(field: ImageField, data: bytes | memoryview, sample: Sample,
     return _raw_depth(field, pixels.reshape(height, width, channels), where)
 
 
-def _misfit(field: ImageField, data: bytes | memoryview, where: Where, count: int,
+def _misfit(field: RawField, data: bytes | memoryview, where: Where, count: int,
             wanted: str) -> Exception:
     """The error of raw bytes of ``count`` values that are not the ``wanted`` shape; a
     fixed shape is named as the option that gave it."""
@@ -165,7 +165,7 @@ def _misfit(field: ImageField, data: bytes | memoryview, where: Where, count: in
     return decode_error(data, where, reason)
 
 
-def _dimension(field: ImageField, sample: Sample, where: Where, axis: int) -> int:
+def _dimension(field: RawField, sample: Sample, where: Where, axis: int) -> int:
     """The height (``axis`` 0) or width (1) of the raw pixels; see the module doc."""
     what = ("height", "width")[axis]
     if field.shape is not None:
@@ -186,7 +186,7 @@ def _dimension(field: ImageField, sample: Sample, where: Where, axis: int) -> in
     raise _no_standard_feature(field, sample, where, what, keys)
 
 
-def _standard_keys(field: ImageField, axis: int) -> tuple[str, ...]:
+def _standard_keys(field: RawField, axis: int) -> tuple[str, ...]:
     """The standard features of the height (``axis`` 0) or width (1), in the order looked
     at (a mask: its own, then its image's)."""
     if not field.is_mask:
@@ -201,7 +201,7 @@ def _standard_keys(field: ImageField, axis: int) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-def _channels(field: ImageField, sample: Sample, where: Where, count: int, area: int) -> int:
+def _channels(field: RawField, sample: Sample, where: Where, count: int, area: int) -> int:
     """The channels of a raw image: its fixed shape's, its channels feature's, or as many as
     ``count`` values over ``area`` pixels hold whole."""
     if field.shape is not None and len(field.shape) == 3:
@@ -232,12 +232,12 @@ def _feature_value(sample: Sample, keys: Sequence[str], where: Where, what: str)
     return None
 
 
-def _option(field: ImageField, what: str) -> str:
+def _option(field: RawField, what: str) -> str:
     """The decode op's option that names the feature of ``what`` (height, width, channels)."""
     return f"mask_{what}_key" if field.is_mask else f"{what}_key"
 
 
-def _shape_option(field: ImageField) -> str:
+def _shape_option(field: RawField) -> str:
     return "mask_shape=(height, width)" if field.is_mask else (
         "shape=(height, width, channels)")
 
@@ -248,7 +248,7 @@ def _features_of(sample: Sample) -> str:
     return f"[{shown}{', ...' if len(names) > 20 else ''}]"
 
 
-def _no_named_feature(field: ImageField, sample: Sample, where: Where, what: str,
+def _no_named_feature(field: RawField, sample: Sample, where: Where, what: str,
                       named: str) -> SchemaError:
     """No feature ``named``, which a ``*_key`` option (or the dataset's schema) names."""
     kind = "mask" if field.is_mask else "image"
@@ -261,7 +261,7 @@ def _no_named_feature(field: ImageField, sample: Sample, where: Where, what: str
     )
 
 
-def _no_standard_feature(field: ImageField, sample: Sample, where: Where, what: str,
+def _no_standard_feature(field: RawField, sample: Sample, where: Where, what: str,
                          keys: tuple[str, ...]) -> SchemaError:
     """No shape feature under any name looked at, and no fixed shape."""
     kind = "mask" if field.is_mask else "image"
@@ -277,7 +277,7 @@ def _no_standard_feature(field: ImageField, sample: Sample, where: Where, what: 
     )
 
 
-def _raw_depth(field: ImageField, image: np.ndarray, where: Where) -> np.ndarray:
+def _raw_depth(field: RawField, image: np.ndarray, where: Where) -> np.ndarray:
     """A raw image as stored, or, with ``image_dtype="uint16"``, as uint16 (8-bit pixels
     widened ×257); SchemaError for raw pixels of another type then."""
     if field.image_dtype == "uint8" or image.dtype == np.uint16:

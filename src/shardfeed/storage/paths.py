@@ -8,14 +8,17 @@ it, or the image root)::
     base = data/packed              named               resolves to         verdict
                                     train-0.tfrecord    data/packed/train-0 inside: read
                                     ../secret           data/secret         outside: refused
+                                    ../packed-old/x     data/packed-old/x   a sibling: refused
                                     /etc/passwd         /etc/passwd         outside: refused
                                     http://host/x       (a request)         other scheme: refused
                                     link -> /home/u     /home/u             symlink out: refused
 
 On object storage the base is a bucket and prefix (``s3://bucket/ds``): a path must stay
-under that prefix, with the same scheme. Local paths are checked twice: as written (``..``
-steps applied) and as the file system resolves them (symbolic links followed), so a link
-inside the dataset cannot lead out of it. A path holding a NUL byte is refused always.
+under that prefix, with the same scheme. Paths are compared name by name, never as text
+(``data/packed-old`` starts like ``data/packed`` and lies outside it). Local paths are
+checked twice: as written (``..`` steps applied) and as the file system resolves them
+(symbolic links followed, the base's own too), so a link inside the dataset cannot lead out
+of it. A path holding a NUL byte is refused always.
 
 Datasets meant to reference files elsewhere (images on a shared mount, shards indexed
 where they lie) open with the explicit opt-in ``allow_outside_paths=True`` (CLI:
@@ -92,8 +95,11 @@ def _remote_key(rest: str) -> str:
 
 
 def _under(parent: str, child: str, sep: str) -> bool:
-    parent = parent.rstrip(sep)
-    return child == parent or child.startswith(parent + sep) or parent == ""
+    """True when ``child`` is ``parent`` or lies below it, compared name by name, never as
+    text: ``/data/imgs-private`` is not under ``/data/imgs`` (a sibling whose name starts
+    the same). Both are normalised (``..`` applied); an empty ``parent`` holds everything."""
+    top = [name for name in parent.split(sep) if name]
+    return [name for name in child.split(sep) if name][:len(top)] == top
 
 
 def _remote_reason(base: str, path: str) -> str | None:

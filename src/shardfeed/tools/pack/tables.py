@@ -7,8 +7,8 @@ A folder ``pack`` reads as data (:func:`data_folder`)::
       _SUCCESS                    write them: every *.parquet under it in path order;
       part-00000.parquet          names starting with '.' or '_' skipped; a hive folder
       day=2024-05-01/part-0.parquet  (day=2024-05-01/) adds its value as a text column
-    saved/                        Dataset.save_to_disk: read with datasets.load_from_disk
-      state.json  dataset_info.json  data-00000-of-00001.arrow
+    saved/                        Dataset.save_to_disk: read by hfsaved.load_saved, only
+      state.json  dataset_info.json  data-00000-of-00001.arrow    files inside the folder
 
 Class names: the names of a Hugging Face ``ClassLabel`` column (of a dataset, or kept in a
 Parquet file's ``huggingface`` metadata, as ``Dataset.to_parquet`` and the Hub write it) are
@@ -74,13 +74,9 @@ def folder_rows(folder: str, fields: RowFields) -> TableRows:
     """The rows of a data folder (:func:`data_folder` says it is one)."""
     kind = data_folder(folder)
     if kind == "hf":
-        try:
-            import datasets
-        except ImportError:
-            raise ImportError(f"'{folder}' is a Hugging Face dataset (save_to_disk); reading "
-                              "it needs datasets: pip install 'shardfeed[hf]'") from None
+        from shardfeed.tools.pack.hfsaved import load_saved
 
-        dataset = datasets.load_from_disk(folder)
+        dataset = load_saved(folder)  # reads only files inside the folder
         return hf_rows(dataset, fields, name=f"'{folder}' (a Hugging Face dataset)")
     if kind == "hf-dict":
         splits = sorted(e for e in os.listdir(folder) if os.path.isdir(os.path.join(folder, e)))

@@ -110,3 +110,14 @@ def test_checkpoint_mid_epoch_resumes_the_identical_stream(adapter_folder: Path,
     with Loader(open_dataset(adapter_folder), batch_size=8, seed=2) as other, \
             pytest.raises(Exception, match="seed"):
         tf.train.Checkpoint(data=sf_tf.LoaderState(other)).restore(path)
+
+
+def test_the_epoch_length_is_known_on_every_road(adapter_folder: Path) -> None:
+    # Keras reads the cardinality as the epoch's steps: with a device prefetch too
+    with _loader(adapter_folder) as reference:
+        expected = [b["index"].tolist() for b in reference]
+    for options in ({}, {"prefetch": 0}, {"device": "/cpu:0"}):
+        with _loader(adapter_folder) as loader:
+            ds = sf_tf.dataset(loader, **options)
+            assert int(ds.cardinality()) == len(loader) == 4
+            assert _ids(ds) == expected

@@ -364,12 +364,7 @@ def dataset(loader: Any, *, features: Sequence[str] | None = None, prefetch: int
     loader.reserve_held_batches(prefetch + 2)
     stream = _Stream(loader, specs, keep=prefetch + 8, block=block)
     _STREAMS[loader] = stream
-    # the pass, then an empty Dataset tf.data takes for endless (so the whole is endless to
-    # it), zipped with range(len): the cardinality Keras reads as the epoch's steps, while a
-    # pass that ends early (the rest of an epoch) still ends there
-    batches = _batches(stream, specs, prefetch)
-    ds = tf.data.Dataset.zip(batches.concatenate(_endless_nothing(batches.element_spec)),
-                             tf.data.Dataset.range(len(loader)))
+    ds = _batches(stream, specs, prefetch)
     if prefetch and block == 1:
         ds = ds.prefetch(prefetch)
     ds = _synchronous_map(ds, _counted(stream, specs))
@@ -383,7 +378,16 @@ def dataset(loader: Any, *, features: Sequence[str] | None = None, prefetch: int
     ds = ds.with_options(options)
     if device is not None:
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=1))
-    return ds
+    return _with_cardinality(ds, len(loader))
+
+
+def _with_cardinality(ds: tf.data.Dataset, batches: int) -> tf.data.Dataset:
+    """``ds`` with the cardinality ``batches`` (Keras reads it as the epoch's steps), still
+    ending where ``ds`` ends (a pass over the rest of an epoch is shorter): ``ds``, then an
+    empty Dataset tf.data takes for endless, zipped with ``range(batches)``."""
+    endless = ds.concatenate(_endless_nothing(ds.element_spec))
+    zipped = tf.data.Dataset.zip(endless, tf.data.Dataset.range(batches))
+    return _synchronous_map(zipped, lambda element, _: element)
 
 
 def _batches(stream: _Stream, specs: Mapping[str, tf.TypeSpec], prefetch: int
@@ -434,7 +438,7 @@ def _counted(stream: _Stream, specs: Mapping[str, tf.TypeSpec]) -> Any:
     taken = stream.taken
     items = list(specs.items())
 
-    def counted(element: tuple[tf.Tensor, ...], _: tf.Tensor) -> dict[str, Any]:
+    def counted(*element: tf.Tensor) -> dict[str, Any]:
         taken.assign(element[0])
         out: dict[str, Any] = {}
         columns = iter(element[1:])

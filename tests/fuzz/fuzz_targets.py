@@ -9,7 +9,9 @@ the schema, fingerprint, manifest and sidecars, and calls the format readers dir
 (index loaders, ``scan``, ``Manifest.load``, ``decode_example``). A mutated pack input (a
 WebDataset tar, an ``.npz``, a Parquet file; :mod:`fuzz_ingest`) is packed, and what it
 wrote is read back the same way. A mutated or swapped cache entry file is read through a
-cache that must serve its own record or nothing (:mod:`fuzz_cache`). Any exception other than a
+cache that must serve its own record or nothing (:mod:`fuzz_cache`). A Hugging Face folder's
+mutated ``state.json`` (files outside the folder, planted links; :mod:`fuzz_hf`) is packed, and
+a pack holding the user's records from outside is a finding too. Any exception other than a
 :class:`~shardfeed.errors.ShardfeedError` escapes: that is a finding.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 
 import fuzz_cache
 import fuzz_corpus
+import fuzz_hf
 import fuzz_ingest
 import fuzz_mutate as M
 import numpy as np
@@ -47,7 +50,7 @@ class Target:
     name: str
     folder: str
     file: str
-    family: str  # bytes | text | npy | json | example | tar | npz | parquet | cache
+    family: str  # bytes | text | npy | json | example | tar | npz | parquet | cache | hf
 
 
 TARGETS = (
@@ -67,6 +70,7 @@ TARGETS = (
     Target("parquet-file", fuzz_ingest.FOLDER, fuzz_ingest.FILES["parquet"], "parquet"),
     Target("cache-entry", fuzz_cache.FOLDER, "entry-0.rec", "cache"),
     Target("cache-entry-swapped", fuzz_cache.FOLDER, "entry-1.rec", "cache"),
+    *([Target("hf-state", fuzz_hf.FOLDER, "state.json", "hf")] if fuzz_hf.AVAILABLE else []),
 )
 PACK_INPUTS = frozenset(fuzz_ingest.FILES)
 """Families whose file is a pack input, packed and then read back."""
@@ -109,7 +113,9 @@ class Workspace:
         path = self.root / folder
         keep = self.pristine[folder]
         for entry in path.iterdir():
-            if entry.name not in keep:
+            if entry.is_symlink():
+                entry.unlink()  # a planted link: removed, never written through
+            elif entry.name not in keep:
                 if entry.is_dir():
                     shutil.rmtree(entry)
                 else:
@@ -141,6 +147,7 @@ FAMILY_MUTATIONS: dict[str, Callable[[random.Random, bytes], bytes]] = {
     "tar": fuzz_ingest.mutate_tar,
     "npz": fuzz_ingest.mutate_npz,
     "cache": fuzz_cache.mutate_entry,
+    "hf": fuzz_hf.mutate_state,
 }
 
 
@@ -207,6 +214,10 @@ def run_input(inp: Input, ws: Workspace) -> None:
             exercise_dataset(folder, verify_crc=inp.verify_crc)
         elif target.family == "cache":
             _quietly(lambda: fuzz_cache.read_back(inp.data, folder / "live"))
+        elif target.family == "hf":
+            out = fuzz_hf.run(inp.data, ws.root)
+            if out is not None:
+                exercise_dataset(out, verify_crc=inp.verify_crc)
         elif target.family in PACK_INPUTS:
             (folder / target.file).write_bytes(inp.data)
             out = folder / "packed-out"

@@ -1,5 +1,6 @@
 """The fuzz target: mutated shards, Examples, indexes of both formats, manifests, sidecars,
-pack inputs (WebDataset tars, .npz archives, Parquet files) and disk-cache entries, run
+pack inputs (WebDataset tars, .npz archives, Parquet files, Hugging Face folders whose
+state.json names files outside them) and disk-cache entries, run
 through the public API in a worker process bounded in time and memory.
 Only a ShardfeedError may escape; anything else is a finding (see ``fuzz_run.py``).
 

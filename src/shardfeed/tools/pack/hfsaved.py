@@ -123,15 +123,18 @@ def _read_json(path: str) -> tuple[bytes, Any]:
         fd = os.open(path, flags)
     except OSError as exc:
         raise PackError(f"cannot read '{path}': {exc.strerror or exc}; {_RESAVE}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise PackError(f"'{path}' is not a regular file; {_RESAVE}")
         if info.st_size > MAX_JSON_BYTES:
             raise PackError(f"'{path}' is {info.st_size} bytes, over the "
                             f"{MAX_JSON_BYTES >> 20} MiB a Hugging Face dataset's JSON file "
                             f"may take; {_RESAVE}")
-        data = f.read(MAX_JSON_BYTES + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(data) > MAX_JSON_BYTES:
         raise PackError(f"'{path}' grew past {MAX_JSON_BYTES >> 20} MiB while read; {_RESAVE}")
     try:

@@ -214,3 +214,7 @@ def test_a_damaged_folder_is_a_pack_error_naming_the_file(home: Path) -> None:
     os.mkfifo(folder / DATA)  # never waited on
     with pytest.raises(PackError, match="is not a regular file"):
         pack(folder, home / "out")
+    (folder / "state.json").unlink()
+    (folder / "state.json").symlink_to(".")  # inside, but a folder
+    with pytest.raises(PackError, match=r"state.json' is not a regular file"):
+        pack(folder, home / "out")

@@ -3,8 +3,8 @@
 A raw ``OSError`` (or the StorageError of a write) from inside the output folder becomes one
 PackError that names the folder (and the file, if it is not the folder itself) and says what
 to do; after a full disk, that is to free space and ``--resume``. Errors of input files pass
-through unchanged. :class:`UnsafeRowPathError`: an image path in packed data that pack does
-not read.
+through unchanged. :class:`UnsafeRowPathError`: a path in packed data that pack does not
+read.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from shardfeed.tools.pack.ledger import PLAN_NAME
 
 
 class UnsafeRowPathError(UnsafePathError, PackError):
-    """An image path in the data being packed (a Parquet column, a Hugging Face dataset, a
-    row of a generator, a tar's JSON) that is not read: no root was named, or the path leads
-    out of it. Both a :class:`PackError` and an :class:`UnsafePathError`."""
+    """A path in the data being packed that is not read: an image path (a Parquet column, a
+    Hugging Face dataset, a row of a generator) when no root was named or the path leads out
+    of it, or a data file a Hugging Face folder's ``state.json`` names outside the folder.
+    Both a :class:`PackError` and an :class:`UnsafePathError`."""
 
 
 @contextlib.contextmanager

@@ -14,17 +14,21 @@ the image                  ``image`` (default: the one image member that is not 
 ``cls2``, ``index``        their type (whole numbers)
 ``txt``, ``text``          their type (UTF-8 text)
 ``json``, ``*.json``       one column a key, ``<type>/<key>`` (``json/weight``; nested
-                           objects ``json/a/b``): never merged with another member's
-                           columns, never an image
+                           objects ``json/a/b``; a null: no column), and the member's
+                           bytes as ``<type>`` (:mod:`~shardfeed.tools.pack.tarvalues`):
+                           never merged with another member's columns, never an image
 any other type             its type, the member's bytes
 =========================  ==================================================================
 
-Refused, naming the tar, the member and its offset, with what to do: a member larger than
-:func:`member_limit` (from its header, before a byte of it is read), a link, device or
-other non-file member, two members of one type in a sample, a sample whose members are not
-adjacent (its key seen again), two image members with no ``RowFields(image=...)``, a
-member of an image type that is not an image, a ``.cls`` that is not a whole number, a JSON
-member that is not a JSON object, a tar cut short or with a damaged header. Directories,
+Refused, naming the tar, the member and its offset, with what to do, from its header before
+a byte of it is read: a member larger than :func:`member_limit` (a JSON, text or ``.cls``
+member: than its own, smaller limit), a member that takes its sample past the limit of one
+record (:class:`~shardfeed.tools.pack.limits.IngestLimits`), a link, device or other
+non-file member. Refused once read: two members of one type in a sample, a sample whose
+members are not adjacent (its key seen again), two image members with no
+``RowFields(image=...)``, a member of an image type that is not an image, a ``.cls`` that is
+not a whole number, a JSON member that is not a JSON object, a tar cut short or with a
+damaged header. Directories,
 names without a type and ``__*__`` names (WebDataset's metadata) are not samples' members
 and are passed over, as WebDataset does. No message quotes a member's contents.
 
@@ -32,7 +36,8 @@ Plain tars and gzip-, bzip2- and xz-compressed ones (``.tar.gz``, ``.tgz``) are 
 stream: nothing of a member is held beyond the member being read.
 
 Determinism: the rows are a function of the tars' bytes and the fields only. Memory: one
-sample's members (each at most :func:`member_limit` bytes).
+sample's members (together at most the limit of one record), and nothing of the members
+passed (``tarfile``'s list of members is emptied as it grows).
 """
 
 from __future__ import annotations
@@ -49,8 +54,9 @@ from typing import Any
 
 from shardfeed.errors import PackError
 from shardfeed.format import spec
+from shardfeed.tools.pack.limits import IngestLimits
 from shardfeed.tools.pack.rowfields import RowFields
-from shardfeed.tools.pack.tarvalues import member_columns
+from shardfeed.tools.pack.tarvalues import member_columns, value_limit
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -72,7 +78,7 @@ def member_limit(max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
     """The most bytes one tar member may hold: an image of ``max_pixels`` pixels stored
     uncompressed (4 channels of 16 bits: 8 bytes a pixel) and 1 MiB of headers; 1 GiB +
     1 MiB at the default ``max_pixels``. A larger member is refused from its header."""
-    return 8 * max_pixels + (1 << 20)
+    return IngestLimits.of(max_pixels).value_bytes
 
 
 def is_tar(path: str) -> bool:
@@ -98,13 +104,13 @@ def tar_rows(paths: Sequence[str], fields: RowFields | None = None, *,
     of ``paths`` and of the members in each; PackError naming the tar and member for a bad
     one. ``fields``: the image type and the label columns (default: :func:`tar_fields`)."""
     fields = tar_fields(fields)
-    limit = member_limit(max_pixels)
+    limits = IngestLimits.of(max_pixels)
     for path in paths:
         try:
             with open(path, "rb") as raw, _decompressed(raw) as inner:
                 guard = _Guarded(inner)
                 with tarfile.open(fileobj=guard, mode="r:") as tar:  # type: ignore[call-overload]
-                    yield from _Reader(path, tar, guard, fields, limit, max_pixels).samples()
+                    yield from _Reader(path, tar, guard, fields, limits).samples()
         except _TooLarge as exc:
             raise PackError(f"'{path}': a header at about byte {exc.at} of the tar claims "
                             f"{exc.size} bytes (over {HEADER_BYTES}); the tar is damaged "
@@ -166,15 +172,16 @@ class _Sample:
     key: str
     members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
     data: dict[str, bytes] = field(default_factory=dict)
+    size: int = 0  # the members' bytes, from their headers
 
 
 class _Reader:
     """The members of one tar, gathered into samples and made into rows."""
 
     def __init__(self, path: str, tar: tarfile.TarFile, guard: _Guarded, fields: RowFields,
-                 limit: int, max_pixels: int) -> None:
+                 limits: IngestLimits) -> None:
         self.path, self.tar, self.guard, self.fields = path, tar, guard, fields
-        self.limit, self.max_pixels = limit, max_pixels
+        self.limits, self.limit, self.max_pixels = limits, limits.value_bytes, limits.max_pixels
         self.done: dict[str, str] = {}  # key -> a member of the finished sample
         self.count = 0  # members read so far
 
@@ -201,11 +208,31 @@ class _Reader:
                     f"{self.where(member)}: sample '{key}' has two members of type '{kind}' "
                     f"('{sample.members[kind].name}' and this one); keep one of them, or "
                     "give the other a type of its own (e.g. x.left.png, x.right.png)")
+            self._check_size(sample, member, kind)
             sample.members[kind] = member
             sample.data[kind] = self._read(member)
         if sample is not None:
             yield self._row(sample)
         self._check_end()
+
+    def _check_size(self, sample: _Sample, member: tarfile.TarInfo, kind: str) -> None:
+        """``member`` within the limit of its type, and its sample within the limit of one
+        record with it, from the headers, before a byte of it is read."""
+        limit, what = value_limit(kind, self.limits)
+        if member.size > limit:
+            raise PackError(
+                f"{self.where(member)}: its header says {member.size} bytes, over the limit "
+                f"of {limit} for {what}; nothing of it was read. Remove it from the tar, or "
+                f"store it as another type; {self.limits.raise_it}")
+        sample.size += member.size
+        if sample.size > self.limits.record_bytes:
+            raise PackError(
+                f"{self.where(member)}: its header says {member.size} bytes, which takes "
+                f"sample '{sample.key}' to {sample.size} bytes ({len(sample.members) + 1} "
+                f"members), over the limit of {self.limits.record_bytes} for one record (an "
+                f"image of max_pixels={self.max_pixels} pixels with its mask is smaller); "
+                f"nothing of it was read. Remove members from the sample; "
+                f"{self.limits.raise_it}")
 
     def _members(self) -> Iterator[tarfile.TarInfo]:
         """The tar's file members that belong to samples, each checked from its header."""
@@ -213,6 +240,9 @@ class _Reader:
             member = self.tar.next()
             if member is None:
                 return
+            # tarfile keeps every header read (a list it has no public name for): emptied,
+            # or a tar of millions of empty members holds them all
+            self.tar.members.clear()  # type: ignore[attr-defined]
             self.count += 1
             if member.size > self.limit:
                 raise PackError(

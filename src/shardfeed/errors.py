@@ -85,6 +85,19 @@ class StorageError(ShardfeedError):
     """Permanent storage failure (no such bucket, access denied, missing object); names the URL."""
 
 
+class ShardChangedError(StorageError):
+    """A shard was rewritten, replaced or removed since the Dataset opened it: its index and
+    the records read so far describe bytes that are no longer there, so none is read.
+    Carries ``path``, ``opened`` (the version the Dataset read) and ``found`` (the one there
+    now; None where the store only refused the old one). Open the Dataset again."""
+
+    def __init__(self, message: str, *, path: str, opened: str, found: str | None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.opened = opened
+        self.found = found
+
+
 class PackError(ShardfeedError):
     """The input to pack is unusable: a CSV column missing, a label not a number, a file missing,
     or an output folder that is not empty."""

@@ -13,33 +13,31 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardfeed.dataset.fetch_ahead import NetworkRead, RecordFetcher
+from shardfeed.dataset.shard_versions import cache_versions
 from shardfeed.dataset.shards import ShardTable
-from shardfeed.storage import files, is_remote
+from shardfeed.storage import is_remote
 from shardfeed.storage.cache_entries import Version, object_keys
 from shardfeed.storage.disk_cache import DiskCache
 
 
 def shard_versions(urls: Sequence[str], checksums: Sequence[int | None]) -> list[Version]:
-    """What names each shard's bytes in the disk cache's keys: its checksum from the manifest,
-    else (bare shards on object storage) what the store says changes when it is rewritten:
-    its ETag, generation or version id, else its modification time (one listing a folder;
-    see :func:`shardfeed.storage.files.versions`). None for a local shard (never cached), or
-    where the store says nothing (then the shard is not cached either)."""
-    out: list[Version] = list(checksums)
-    unknown = [k for k, url in enumerate(urls) if checksums[k] is None and is_remote(url)]
-    if unknown:
-        for k, version in zip(unknown, files.versions([urls[k] for k in unknown])):
-            out[k] = version
-    return out
+    """What names each shard's bytes in the disk cache's keys: its checksum from the manifest
+    and what the store says changes when it is rewritten (ETag, generation or version id,
+    else its modification time; one listing a folder): see
+    :func:`shardfeed.dataset.shard_versions.cache_versions`. None for a local shard (never
+    cached), or where neither names the bytes (then the shard is not cached either)."""
+    return cache_versions(urls, checksums)
 
 
 def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
                  cache_bytes: int | None, sizes: Sequence[int],
-                 checksums: Sequence[int | None]) -> RecordFetcher | None:
+                 checksums: Sequence[int | None],
+                 versions: Sequence[Version] | None = None) -> RecordFetcher | None:
     """The fetcher of a Dataset (None: no remote shard, nothing to fetch ahead or cache).
 
     ``cache_dir`` (None: no disk cache) holds at most ``cache_bytes`` (None: the remote
-    shards' bytes, at most half the free space of the folder's disk). With a cache, shards
+    shards' bytes, at most half the free space of the folder's disk); ``versions``: the
+    shards' versions in its keys, listed already (None: listed here). With a cache, shards
     without a checksum are keyed by their version on the store (see :func:`shard_versions`).
     """
     if cache_bytes is not None and (isinstance(cache_bytes, bool)
@@ -51,7 +49,7 @@ def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
     if not remote:
         return None
     cache = None
-    versions: list[Version] = list(checksums)
+    listed, versions = versions, list(checksums)
     if cache_dir is not None:
         if cache_bytes is None:
             import os
@@ -62,7 +60,7 @@ def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
             cache_bytes = min(sum(int(sizes[k]) for k in remote),
                               shutil.disk_usage(folder).free // 2)
         cache = DiskCache(cache_dir, max_bytes=cache_bytes)
-        versions = shard_versions(table.urls, checksums)
+        versions = shard_versions(table.urls, checksums) if listed is None else list(listed)
         _say_uncached(table.urls, versions)
     return RecordFetcher(table, network, cache=cache, sizes=sizes, versions=versions)
 
@@ -76,9 +74,10 @@ def _say_uncached(urls: Sequence[str], versions: Sequence[Version]) -> None:
         shown = ", ".join(f"'{u}'" for u in bare[:3]) + (", ..." if len(bare) > 3 else "")
         warnings.warn(
             f"{len(bare)} shard(s) ({shown}) have no checksum in a manifest and their store "
-            "gives no ETag, generation or modification time: they are read from storage, "
-            "never from the disk cache (a rewritten shard would be served stale). Open the "
-            "dataset through a manifest with checksums (shardfeed index) to cache them",
+            "gives no ETag or generation, and no modification time a minute old (a rewrite "
+            "within its second would keep it): they are read from storage, never from the "
+            "disk cache (a rewritten shard would be served stale). Open the dataset through "
+            "a manifest with checksums (shardfeed index) to cache them",
             RuntimeWarning, stacklevel=4)
 
 

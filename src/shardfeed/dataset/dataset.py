@@ -33,6 +33,7 @@ from shardfeed.dataset.opening import (
     resolve_source,
 )
 from shardfeed.dataset.reading import GATHER_FROM, ReadOptions, read_gathered, read_payloads
+from shardfeed.dataset.shard_versions import ShardVersions
 from shardfeed.dataset.shards import MAX_MAPPED_INDEXES
 from shardfeed.dataset.tables import PROGRESS_AFTER_BYTES, table_from_files, table_from_manifest
 from shardfeed.errors import SchemaError, location
@@ -61,7 +62,8 @@ class MappedShards:
     :meth:`Dataset.mapped_shards`): the maps and each shard's record offsets, each shard's
     first record id, the feature names (``exact``: the records hold these and no other),
     whether CRCs are checked, and ``count_read(bytes)`` to report what was read (the maps'
-    pages are dropped as reads add up)."""
+    pages are dropped as reads add up) and check that the shards are still the files mapped
+    (a ShardChangedError where one was replaced since the Dataset opened)."""
 
     maps: tuple[Any, ...]
     offsets: tuple[np.ndarray, ...]
@@ -163,10 +165,15 @@ class Dataset:
                                                   policy=self._file_policy)
             else:
                 self._table = table_from_files(resolved.urls, build=build_index, mmap=mmap)
-            self._shards = OpenShards(self._table, source_options=options)
+            # with a disk cache the remote shards' versions key it: listed now, once
+            self._versions = ShardVersions(self._table.urls, listed=cache_dir is not None)
+            self._shards = OpenShards(self._table, source_options=options,
+                                      versions=self._versions)
             self._fetcher = open_fetcher(
                 self._table, self._read_shards, cache_dir=cache_dir, cache_bytes=cache_bytes,
-                **self._shard_identities())
+                **self._shard_identities(),
+                versions=None if cache_dir is None else self._versions.cache_versions(
+                    self._shard_identities()["checksums"]))
             self._root = referenced_root(resolved, root,
                                          allow_outside_paths=allow_outside_paths)
             self._group_ids, self._order_keys = self._load_sidecars()
@@ -474,8 +481,15 @@ class Dataset:
 
     def read_ahead(self) -> AheadSession | None:
         """A session that fetches records before they are read (the Loader's look-ahead;
-        see :mod:`shardfeed.dataset.fetch_ahead`), or None when every shard is local."""
-        return None if self._fetcher is None else self._fetcher.session()
+        see :mod:`shardfeed.dataset.fetch_ahead`), or None when every shard is local.
+        With a disk cache, the remote shards' versions are listed again first (one listing
+        a folder): a shard rewritten since the Dataset opened raises ShardChangedError
+        before a record of its old bytes is served from the cache."""
+        if self._fetcher is None:
+            return None
+        if self._fetcher.cache is not None:
+            self._versions.check_listed()
+        return self._fetcher.session()
 
     def _read(self, idx: np.ndarray) -> list[bytes]:
         if self._fetcher is not None:
@@ -485,10 +499,14 @@ class Dataset:
     def _read_shards(self, idx: np.ndarray, ahead: bool = False) -> list[bytes]:
         shards = self._shards
         options = AHEAD_READ if ahead else self.read_options
-        return read_payloads(self._table, idx, read=shards.read_ranges, options=options,
-                             verify=self.verify_crc,
-                             run_all=shards.run_all if shards.remote else None,
-                             gather=shards.gather if shards.can_gather else None)
+        payloads = read_payloads(self._table, idx, read=shards.read_ranges, options=options,
+                                 verify=self.verify_crc,
+                                 run_all=shards.run_all if shards.remote else None,
+                                 gather=shards.gather if shards.can_gather else None)
+        # read, then checked: a local shard replaced before the read raises (its descriptor
+        # and map keep the old file); one stat a folder of local shards
+        self._versions.check_local(lambda: self._table.shard_of(idx)[0])
+        return payloads
 
     # --- lifetime ------------------------------------------------------------------------
 

@@ -8,8 +8,9 @@
         remote shards:  caller: GET 3  |  pool: GET 9  |  pool: GET 14   (latency overlaps)
 
 A remote shard is opened with ``open_source(url, **source_options)`` on first use and its size
-is checked against its index then (one HEAD); local shards were checked when the dataset
-was opened.
+is checked against its index then (one HEAD, which pins its version: see
+:mod:`~shardfeed.dataset.shard_versions`); local shards were checked when the dataset was
+opened, and every read from their maps is checked against the files they were then.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from shardfeed.dataset.shard_versions import ShardVersions
 from shardfeed.dataset.shards import ShardTable, check_offsets
 from shardfeed.format import native
 from shardfeed.storage import is_remote, open_source
-from shardfeed.storage.base import ByteSource
+from shardfeed.storage.base import ByteSource, PinnedSource
 from shardfeed.storage.local import LocalSource
 
 T = TypeVar("T")
@@ -66,8 +68,10 @@ class OpenShards:
     read) and, for datasets with remote shards, up to ``max_concurrency`` reader threads.
     """
 
-    def __init__(self, table: ShardTable, *, source_options: Mapping[str, Any]) -> None:
+    def __init__(self, table: ShardTable, *, source_options: Mapping[str, Any],
+                 versions: ShardVersions | None = None) -> None:
         self._table = table
+        self.versions = versions  # None: no version is pinned or checked
         self._options = dict(source_options)
         self._sources: dict[int, ByteSource] = {}
         self._users: dict[int, int] = {}  # reads running on each source
@@ -171,7 +175,11 @@ class OpenShards:
         return self._every
 
     def _count_mapped(self, size: int) -> None:
-        """Count bytes read from the maps; past the bound, drop their pages."""
+        """Count bytes read from the maps (past the bound, drop their pages), and check that
+        the shards are still the files mapped: a file replaced since keeps its old bytes in
+        its map (ShardChangedError)."""
+        if self.versions is not None:
+            self.versions.check_local()
         self._mapped_bytes += size  # a race loses a count at worst
         if self._mapped_bytes > MAPPED_RESIDENT_BYTES:
             self._mapped_bytes = 0
@@ -262,6 +270,8 @@ class OpenShards:
             return open_source(url)
         src = open_source(url, **self._options)
         try:  # local shards were checked at open; remote ones on first use
+            if isinstance(src, PinnedSource):  # its version from now on (and its size)
+                src.pin(None if self.versions is None else self.versions.listed[k])
             check_offsets(url, self._table.offsets(k), size=src.size())
         except BaseException:
             src.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+from shardfeed.storage.versions import ObjectVersion
 
 
 class ByteSource(Protocol):
@@ -24,3 +26,21 @@ class ByteSource(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PinnedSource(ByteSource, Protocol):
+    """A :class:`ByteSource` that reads one version of its object and says when it is gone.
+
+    After :meth:`pin`, every request for bytes asks the store for that version only (an
+    ``If-Match`` of its ETag, or what the store offers): a read that finds the object
+    rewritten raises :class:`~shardfeed.errors.ShardChangedError` instead of returning the
+    new bytes as the old ones (or old bytes as new ones).
+    """
+
+    def pin(self, expected: ObjectVersion | None = None) -> ObjectVersion | None:
+        """Read the version there now from the store (with the object's size: one HEAD) and
+        read only it from now on; returns it (None: the store names no version, and reads
+        are not checked). ``expected``: the version a listing gave when the reader opened;
+        another one there now raises ShardChangedError."""
+        ...

@@ -59,6 +59,7 @@ __all__ = [
     "join",
     "listdir",
     "makedirs",
+    "object_infos",
     "read_bytes",
     "read_if_exists",
     "remove",
@@ -310,22 +311,31 @@ def versions(urls: list[str], *, storage_options: Options = None) -> list[str | 
     """What the store says changes when each object of ``urls`` is rewritten (see
     :func:`version_of`; None for a local path, or where the store gives nothing). One listing
     a folder (each folder's entries, fresh), one ``info()`` for an object its listing lacks."""
-    found: list[str | None] = [None] * len(urls)
+    return [None if info is None else version_of(info)
+            for info in object_infos(urls, storage_options=storage_options)]
+
+
+def object_infos(urls: list[str], *, storage_options: Options = None
+                 ) -> list[Mapping[str, Any] | None]:
+    """What the store says of each object of ``urls`` (an fsspec listing entry, else its
+    ``info()``; None for a local path): one listing a folder (fresh), one ``info()`` for an
+    object its listing lacks or names no version of."""
+    found: list[Mapping[str, Any] | None] = [None] * len(urls)
     folders: dict[str, list[int]] = {}
     for k, url in enumerate(urls):
         if _local(url) is None:
             folders.setdefault(url.rstrip("/").rsplit("/", 1)[0], []).append(k)
     for folder, ks in folders.items():
-        listed = _listed_versions(folder, storage_options)
+        listed = _listed_infos(folder, storage_options)
         for k in ks:
-            found[k] = listed.get(urls[k].rstrip("/").rsplit("/", 1)[-1])
-            if found[k] is None:
-                found[k] = _info_version(urls[k], storage_options)
+            entry = listed.get(urls[k].rstrip("/").rsplit("/", 1)[-1])
+            found[k] = entry if entry is not None and version_of(entry) is not None \
+                else _info(urls[k], storage_options)
     return found
 
 
-def _listed_versions(folder: str, storage_options: Options) -> dict[str, str | None]:
-    """Name -> version of the objects in ``folder`` (empty when it cannot be listed)."""
+def _listed_infos(folder: str, storage_options: Options) -> dict[str, Mapping[str, Any]]:
+    """Name -> listing entry of the objects in ``folder`` (empty when it cannot be listed)."""
     def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
         return start_fs_call(fs, "ls", path, detail=True)
@@ -334,17 +344,17 @@ def _listed_versions(folder: str, storage_options: Options) -> dict[str, str | N
         entries = remote_call(folder, storage_options, "list", run)
     except StorageError:  # e.g. an HTTP server without listings: one info() each
         return {}
-    return {str(e.get("name", "")).rstrip("/").rsplit("/", 1)[-1]: version_of(e)
+    return {str(e.get("name", "")).rstrip("/").rsplit("/", 1)[-1]: e
             for e in entries if isinstance(e, Mapping)}
 
 
-def _info_version(url: str, storage_options: Options) -> str | None:
+def _info(url: str, storage_options: Options) -> Mapping[str, Any] | None:
     def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
         return start_fs_call(fs, "info", path)
 
     info = remote_call(url, storage_options, "get the version of", run)
-    return version_of(info) if isinstance(info, Mapping) else None
+    return info if isinstance(info, Mapping) else None
 
 
 def glob(pattern: PathLike, *, storage_options: Options = None) -> list[str]:

@@ -17,7 +17,11 @@ sent again, once, to the store of the region it names::
 Ranged reads of an object are one ``get_ranges`` call (the ranges merged where their holes
 are small, as :mod:`~shardfeed.storage.ranges` merges them, then fetched concurrently by
 obstore's runtime, outside the GIL; ``coalesce_gap_bytes=-1`` keeps touching ranges apart,
-one request each); sizes are one HEAD, remembered; whole objects one GET.
+one request each); sizes are one HEAD, remembered; whole objects one GET. Once pinned
+(:meth:`ObstoreSource.pin`, as a Dataset pins its shards), each merged range is one GET
+asking for that version (``If-Match`` of its ETag, else ``If-Unmodified-Since`` of its
+modification time), :data:`PINNED_IN_FLIGHT` at once, and the version of each answer is
+compared: a rewritten object raises :class:`~shardfeed.errors.ShardChangedError`.
 Credentials and the endpoint come from the environment as obstore reads them
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...), and from ``storage_options`` (given, or
 registered with ``set_storage_options`` and the ``FSSPEC_*`` variables as for fsspec) in
@@ -43,6 +47,7 @@ flight.
 
 from __future__ import annotations
 
+import datetime
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +56,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardfeed.errors import StorageError
 from shardfeed.storage.backends import Backend, register_backend
 from shardfeed.storage.calls import current_policy
-from shardfeed.storage.inflight import CallGroup
+from shardfeed.storage.inflight import CallGroup, start_in_thread
 from shardfeed.storage.obstore_stores import (
     ObstoreRefused,
     _first_line,
@@ -70,7 +75,8 @@ from shardfeed.storage.ranges import (
     coalesce_ranges,
     split_answers,
 )
-from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Retrier, RetryPolicy
+from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Job, Retrier, RetryPolicy
+from shardfeed.storage.versions import ObjectVersion, changed_error, obstore_version
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -87,6 +93,9 @@ __all__ = [
 
 T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
+PINNED_IN_FLIGHT = 10
+"""Requests of one read of a pinned source in flight at once (obstore's own ``get_ranges``
+keeps as many: its ranges are then one ``get`` each, each with the version asked)."""
 
 
 def _in_region(url: str, storage_options: Mapping[str, Any] | None, deadline_seconds: float,
@@ -229,6 +238,7 @@ class ObstoreSource:
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
         self._size: int | None = None
+        self._pinned: ObjectVersion | None = None
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_fetched = 0
@@ -274,6 +284,22 @@ class ObstoreSource:
             self._size = int(meta["size"])
         return self._size
 
+    def pin(self, expected: ObjectVersion | None = None) -> ObjectVersion | None:
+        """Read only the version there now (one HEAD, which gives the size too); see
+        :class:`~shardfeed.storage.base.PinnedSource`."""
+        stand_in = self._stand_in()
+        if stand_in is not None:
+            found: ObjectVersion | None = stand_in.pin(expected)
+            return found
+        meta = self._call("get the version of", self._obstore.head)
+        found = obstore_version(meta)
+        if expected is not None and found is not None and expected.differs(found):
+            raise changed_error(self.url, expected, found)
+        with self._lock:
+            self._size = int(meta["size"])
+            self._pinned = found
+        return found
+
     def read(self, offset: int, length: int) -> bytes:
         return self.read_ranges([(offset, length)])[0]
 
@@ -288,7 +314,12 @@ class ObstoreSource:
         if not plan:  # nothing asked, or only empty ranges
             return [b""] * len(ranges)
         action = f"read bytes {plan[0].start}..{plan[-1].end} of"
-        if self.coalesce_gap_bytes < 0:  # obstore would merge touching ranges: one call each
+        pinned = self._pinned
+        if pinned is not None:
+            blobs = self._retrier.run(
+                [Job(f"read bytes {r.start}..{r.end} of", self._pinned_get(pinned, r.start, r.end))
+                 for r in plan], url=self.url, max_in_flight=PINNED_IN_FLIGHT, group=self._calls)
+        elif self.coalesce_gap_bytes < 0:  # obstore would merge touching ranges: one call each
 
             def each(store: Any, path: str) -> list[Any]:
                 return [self._obstore.get_range(store, path, start=r.start, end=r.end)
@@ -302,6 +333,31 @@ class ObstoreSource:
             self.requests += len(plan)
             self.bytes_fetched += sum(len(b) for b in blobs)
         return split_answers(ranges, plan, blobs)
+
+    def _pinned_get(self, pinned: ObjectVersion, start: int, end: int) -> Callable[[], Any]:
+        """A job's start: one attempt at bytes ``[start, end)`` of version ``pinned`` only,
+        on a thread of its own."""
+        options: dict[str, Any] = {"range": (start, end)}
+        if pinned.etag is not None:
+            options["if_match"] = pinned.etag
+        elif pinned.modified is not None:  # what a store without ETags can check
+            options["if_unmodified_since"] = datetime.datetime.fromtimestamp(
+                pinned.modified, tz=datetime.timezone.utc)
+        refused = self._obstore.exceptions.PreconditionError
+
+        def get(store: Any, path: str) -> Any:
+            try:
+                answer = self._obstore.get(store, path, options=options)
+            except refused:
+                raise changed_error(self.url, pinned, None) from None
+            found = obstore_version(answer.meta)
+            if found is not None and pinned.differs(found):  # a store that ignores If-Match
+                raise changed_error(self.url, pinned, found)
+            return answer.bytes()
+
+        attempt = _in_region(self.url, self._storage_options, self.deadline_seconds, get,
+                             opened=self._opened, moved=self._moved)
+        return lambda: start_in_thread(attempt)
 
     def close(self) -> None:
         """Idempotent; a read waiting in another thread ends at once with a StorageError."""

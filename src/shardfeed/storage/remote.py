@@ -21,6 +21,8 @@ The option registry, the range planner and the retry helpers are re-exported her
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import errno
 import os
 import threading
@@ -60,6 +62,7 @@ from shardfeed.storage.retry import (
     is_transient,
     storage_error,
 )
+from shardfeed.storage.versions import ObjectVersion, changed_error, object_version
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -187,8 +190,14 @@ class RemoteSource:
     included) or the call raises StorageError; the calling thread only waits, so Ctrl-C interrupts it and ``close()``
     from another thread ends it at once (the requests still running are cancelled).
 
+    Once pinned (:meth:`pin`, as a Dataset pins its shards), requests ask for that version
+    only where the filesystem lets them: s3fs (``IfMatch`` of the ETag, and the answer's
+    ETag compared) and HTTP (an ``If-Match`` header, else ``If-Unmodified-Since``); a
+    rewritten object raises :class:`~shardfeed.errors.ShardChangedError`. Other filesystems
+    read whatever is there.
+
     Determinism: the bytes returned do not depend on coalescing, concurrency or retries.
-    State: none beyond the remembered size. Memory: the requests in flight (each at most
+    State: none beyond the remembered size and version. Memory: the requests in flight (each at most
     ``max_request_bytes``, or one asked range if longer) and the cache if given; requests
     run as tasks on fsspec's event loop (async filesystems such as s3fs) or on one daemon
     thread each (other filesystems).
@@ -229,6 +238,7 @@ class RemoteSource:
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
         self._size: int | None = None
+        self._pinned: ObjectVersion | None = None
         self._lock = threading.Lock()
         self._requests = 0
         self._bytes_fetched = 0
@@ -259,6 +269,27 @@ class RemoteSource:
                 )
             self._size = int(info_size)
         return self._size
+
+    def pin(self, expected: ObjectVersion | None = None) -> ObjectVersion | None:
+        """Read only the version there now (one ``info()``, which gives the size too); see
+        :class:`~shardfeed.storage.base.PinnedSource`."""
+        fs, path = self._client()
+
+        def start() -> Future[Any]:
+            fs.invalidate_cache(path)
+            return start_fs_call(fs, "info", path)
+
+        info = self._retrier.run([Job("get the version of", start)], url=self.url,
+                                 group=self._calls)[0]
+        found = object_version(info) if isinstance(info, Mapping) else None
+        if expected is not None and found is not None and expected.differs(found):
+            raise changed_error(self.url, expected, found)
+        size = info.get("size") if isinstance(info, Mapping) else None
+        with self._lock:
+            if size is not None:
+                self._size = int(size)
+            self._pinned = found
+        return found
 
     def read(self, offset: int, length: int) -> bytes:
         check_range(offset, length)
@@ -314,28 +345,42 @@ class RemoteSource:
                     self._fs_pid = os.getpid()
         return self._fs, self._path
 
+    def _checked_by(self, fs: Any, pinned: ObjectVersion | None) -> _Pinned | None:
+        """How a request of ``fs`` asks for version ``pinned`` (None: it cannot, or there is
+        no version to ask for)."""
+        if pinned is None or not is_async(fs):
+            return None
+        if callable(getattr(fs, "_call_s3", None)):
+            return _Pinned(self.url, pinned, "s3")
+        if type(fs).__name__ == "HTTPFileSystem":
+            return _Pinned(self.url, pinned, "http")
+        return None
+
     def _cached_whole(self) -> bytes | None:
         cache = self.cache
         if cache is None:
             return None
-        data = cache.get(self.url)
+        pinned = self._pinned  # a rewritten object is another entry, never the old one
+        key = self.url if pinned is None else f"{self.url}#{pinned.text}"
+        data = cache.get(key)
         if data is not None:
             return data
         if self.size() > cache.max_item_bytes:
             return None
         data = self._fetch([(0, self.size())])[0] if self.size() else b""
-        cache.put(self.url, data)
+        cache.put(key, data)
         return data
 
     def _fetch(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """Bytes ``[start, end)`` of each span (fewer only at end of object), up to
         ``max_concurrency`` requests in flight, all within one deadline."""
         fs, path = self._client()
-        known_size = self._size
+        known_size, pinned = self._size, self._pinned
 
         def job(start: int, end: int) -> Job[bytes]:
             return Job(f"read bytes {start}..{end} of",
-                       lambda: _start_range(fs, path, start, end, known_size))
+                       lambda: _start_range(fs, path, start, end, known_size,
+                                            self._checked_by(fs, pinned)))
 
         jobs = [job(start, end) for start, end in spans]
         blobs = self._retrier.run(jobs, url=self.url, max_in_flight=self.max_concurrency,
@@ -346,16 +391,96 @@ class RemoteSource:
         return blobs
 
 
-def _start_range(fs: Any, path: str, start: int, end: int, known_size: int | None
-                 ) -> Future[bytes]:
-    """One attempt at bytes ``[start, end)`` of ``path``, started beside the caller."""
+def _start_range(fs: Any, path: str, start: int, end: int, known_size: int | None,
+                 pinned: _Pinned | None = None) -> Future[bytes]:
+    """One attempt at bytes ``[start, end)`` of ``path`` (of version ``pinned`` only, where
+    given), started beside the caller."""
     if known_size is not None and start >= known_size:
         done: Future[bytes] = Future()
         done.set_result(b"")  # past the end: an empty read, no request needed
         return done
+    if pinned is not None:
+        return start_coroutine(fs, pinned.get_range(fs, path, start, end))
     if is_async(fs):
         return start_coroutine(fs, _get_range_async(fs, path, start, end))
     return start_in_thread(lambda: _get_range(fs, path, start, end))
+
+
+@dataclass(frozen=True, slots=True)
+class _Pinned:
+    """Ranged GETs of one version of an object only: s3fs's ``get_object`` with ``IfMatch``
+    (the answer's ETag compared too), or an HTTP request with ``If-Match`` (else
+    ``If-Unmodified-Since``); a refusal (HTTP 412) or another version raises
+    ShardChangedError."""
+
+    url: str
+    version: ObjectVersion
+    kind: str  # "s3" or "http"
+
+    def _condition(self, *, s3: bool) -> dict[str, Any]:
+        etag, modified = self.version.etag, self.version.modified
+        if etag is not None:
+            return {"IfMatch" if s3 else "If-Match": etag}
+        if modified is None:
+            return {}
+        if s3:
+            return {"IfUnmodifiedSince": datetime.datetime.fromtimestamp(
+                modified, tz=datetime.timezone.utc)}
+        return {"If-Unmodified-Since": email.utils.formatdate(modified, usegmt=True)}
+
+    async def get_range(self, fs: Any, path: str, start: int, end: int) -> bytes:
+        try:
+            if self.kind == "s3":
+                return await self._s3_range(fs, path, start, end)
+            headers = {**(fs.kwargs.get("headers") or {}), **self._condition(s3=False)}
+            out = bytes(await fs._cat_file(path, start=start, end=end, headers=headers))
+        except Exception as exc:
+            if _refused_version(exc):
+                raise changed_error(self.url, self.version, None) from None
+            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and start >= int(
+                    await fs._size(path)):
+                return b""
+            raise
+        if len(out) == end - start:
+            return out
+        return _checked(out, start, end, _size_or_none(await fs._size(path)))
+
+    async def _s3_range(self, fs: Any, path: str, start: int, end: int) -> bytes:
+        bucket, key, version_id = fs.split_path(path)
+        extra = {"VersionId": version_id} if version_id else {}
+        answer = await fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                   Range=f"bytes={start}-{end - 1}", **extra,
+                                   **self._condition(s3=True))
+        try:
+            out = bytes(await answer["Body"].read())
+        finally:
+            answer["Body"].close()
+        found = object_version({"ETag": answer.get("ETag")})
+        if found is not None and self.version.differs(found):  # a store that ignores IfMatch
+            raise changed_error(self.url, self.version, found)
+        if len(out) == end - start:
+            return out
+        return _checked(out, start, end, _size_or_none(await fs._size(path)))
+
+
+def _refused_version(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is the store's HTTP 412: the version
+    asked for is not there any more."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return False
+        if getattr(current, "status", None) == 412:  # aiohttp
+            return True
+        answer = getattr(current, "response", None)
+        if isinstance(answer, Mapping):  # botocore
+            error = answer.get("Error") or {}
+            meta = answer.get("ResponseMetadata") or {}
+            if error.get("Code") in ("PreconditionFailed", "412") or meta.get(
+                    "HTTPStatusCode") == 412:
+                return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 # A range that starts at or past the end is an error for S3 (HTTP 416, EINVAL from s3fs);

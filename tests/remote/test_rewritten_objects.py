@@ -290,3 +290,30 @@ def test_a_time_a_minute_old_keys_the_cache_and_a_rewrite_is_read_anew(
             assert names(ds) == expected("b")
     finally:
         server.close()
+
+
+def test_a_web_server_without_listings_is_looked_at_one_head_a_shard_each_pass(
+        tmp_path: Path) -> None:
+    """No listing: the versions come from a HEAD of each shard (several at once), when the
+    Dataset opens and when each pass starts; a shard rewritten between passes raises."""
+    site = tmp_path / "site"
+    then = time.time() - 3600
+    for s in range(5):
+        write_shard(site / f"part-{s:03d}.tfrecord", "abcde"[s])
+        os.utime(site / f"part-{s:03d}.tfrecord", (then, then))
+    write_shard(tmp_path / "new" / SHARD, "z")
+    server = FolderServer(site, etags=True)
+    try:
+        urls = [server.url(f"part-{s:03d}.tfrecord") for s in range(5)]
+        with Dataset(urls, cache_dir=tmp_path / "cache") as ds, Loader(
+                ds, batch_size=32, shuffle=True, seed=1, transform=None) as loader:
+            assert len(loader_names(loader)) == 5 * N
+            loader.set_epoch(1)
+            assert len(loader_names(loader)) == 5 * N
+            assert ds.storage_stats()["cache_hits"] > 0
+            replace(site / SHARD, tmp_path / "new" / SHARD, mtime=then)
+            loader.set_epoch(2)
+            with pytest.raises(ShardChangedError, match=SHARD):
+                loader_names(loader)
+    finally:
+        server.close()

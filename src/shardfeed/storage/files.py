@@ -24,6 +24,7 @@ a copy then delete on object stores.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import glob as _glob
 import os
@@ -46,6 +47,7 @@ from shardfeed.storage.calls import (
     retry_policy,
     start_cat_whole,
 )
+from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.inflight import start_fs_call
 
 T = TypeVar("T")
@@ -325,13 +327,29 @@ def object_infos(urls: list[str], *, storage_options: Options = None
     for k, url in enumerate(urls):
         if _local(url) is None:
             folders.setdefault(url.rstrip("/").rsplit("/", 1)[0], []).append(k)
+    asked: list[int] = []  # objects the listing lacks or names no version of
     for folder, ks in folders.items():
         listed = _listed_infos(folder, storage_options)
         for k in ks:
             entry = listed.get(urls[k].rstrip("/").rsplit("/", 1)[-1])
-            found[k] = entry if entry is not None and version_of(entry) is not None \
-                else _info(urls[k], storage_options)
+            if entry is not None and version_of(entry) is not None:
+                found[k] = entry
+            else:
+                asked.append(k)
+    # one info() each, INFO_IN_FLIGHT at once (a web server without listings: one HEAD a
+    # shard), each under the caller's retry policy
+    context = contextvars.copy_context()
+    answers = [_INFO_THREADS.submit(functools.partial(
+        context.copy().run, _info, urls[k], storage_options)) for k in asked]
+    for k, answer in zip(asked, answers):
+        found[k] = answer.result()
     return found
+
+
+INFO_IN_FLIGHT = 16
+"""``info()`` calls of :func:`object_infos` in flight at once."""
+
+_INFO_THREADS = DaemonThreads("shardfeed-info", limit=INFO_IN_FLIGHT)
 
 
 def _listed_infos(folder: str, storage_options: Options) -> dict[str, Mapping[str, Any]]:

@@ -27,6 +27,10 @@ def test_an_etag_names_the_content_whatever_the_answer_it_comes_in() -> None:
     assert not listed.differs(headed)
     assert listed.differs(obstore_version({"e_tag": '"9999"'}))  # type: ignore[arg-type]
     assert object_version({"generation": 17, "updated": "x"}).text == "generation=17"  # type: ignore[union-attr]
+    # a listing through GCS's JSON API and a HEAD through its XML API: not comparable
+    json_api = object_version({"etag": "CKih16GjycICEAE=", "generation": "1700"})
+    xml_api = obstore_version({"e_tag": '"9e107d9d372bb6826bd81d3542a419d6"'})
+    assert json_api is not None and xml_api is not None and not json_api.differs(xml_api)
     assert object_version({"size": 5, "name": "b/x"}) is None
 
 

@@ -84,19 +84,29 @@ class ObjectVersion:
         return None if value is None else int(value)
 
     def differs(self, other: ObjectVersion) -> bool:
-        """Whether ``other`` names another content: a field both give differs (an ETag
-        compared without its quotes). Versions with no field in common are not told apart
-        (a store that says different things at different times)."""
+        """Whether ``other`` names another content: a field both give differs. Versions
+        with no field in common are not told apart (a store that says different things at
+        different times). ETags are compared where both are of one form: a listing and a
+        HEAD may come from different APIs of one store, which name a content differently
+        (GCS's JSON API gives ``CKih16Gj...``, its XML API the quoted MD5)."""
         mine, theirs = dict(self.fields), dict(other.fields)
-        common = mine.keys() & theirs.keys()
-        return any(_plain(mine[name]) != _plain(theirs[name]) for name in common)
+        for name in mine.keys() & theirs.keys():
+            a, b = mine[name], theirs[name]
+            if name == "etag":
+                a, b = _tag(a), _tag(b)
+                if a[:1] != b[:1] and '"' in (a[:1] + b[:1]):  # quoted, bare: not comparable
+                    continue
+            if a != b:
+                return True
+        return False
 
     def __str__(self) -> str:
         return self.text
 
 
-def _plain(value: str) -> str:
-    return value.strip().strip('"')
+def _tag(etag: str) -> str:
+    """An ETag without its weakness mark: ``"x"`` (quoted, as HTTP sends it) or ``x``."""
+    return etag.strip().removeprefix("W/")
 
 
 def _seconds(value: object) -> int | None:

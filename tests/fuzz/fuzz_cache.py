@@ -21,8 +21,8 @@ from shardfeed.storage.cache_entries import entry_key, entry_name, object_key
 from shardfeed.storage.disk_cache import DiskCache
 
 FOLDER = "cache-seeds"
-HEADER_BYTES = 32
-"""magic 4 · key digest 16 · CRC32C 4 · length 8 (storage/cache_entries.py)"""
+HEADER_BYTES = 44
+"""magic 4 · MAC 32 · length 8 (storage/cache_entries.py)"""
 URL = "s3://bucket/ds/train-00000.tfrecord"
 RECORD_BYTES = 96
 OBJECT = object_key(URL, 2 * RECORD_BYTES, "etag-1")
@@ -59,15 +59,15 @@ def build(folder: Path) -> None:
 
 
 def mutate_entry(rng: random.Random, data: bytes) -> bytes:
-    """Header-aware: the magic, the key digest, the CRC or the length field rewritten (the
-    rest of the file kept), the file cut at the header's end, or left whole (a seed of the
-    other entry then stands in this one's place as it was written)."""
-    choice = rng.randrange(6)
-    if choice == 5:
+    """Header-aware: the magic, the MAC or the length field rewritten (the rest of the file
+    kept), the file cut at the header's end, or left whole (a seed of the other entry then
+    stands in this one's place as it was written)."""
+    choice = rng.randrange(5)
+    if choice == 4:
         return data
-    if choice == 4 or len(data) < HEADER_BYTES:
+    if choice == 3 or len(data) < HEADER_BYTES:
         return data[:HEADER_BYTES]
-    start, stop = ((0, 4), (4, 20), (20, 24), (24, 32))[choice]
+    start, stop = ((0, 4), (4, 36), (36, 44))[choice]
     field = bytes(rng.randrange(256) for _ in range(stop - start))
     return data[:start] + field + data[stop:]
 

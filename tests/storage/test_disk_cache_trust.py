@@ -51,9 +51,12 @@ def test_links_are_not_followed_even_to_a_sound_entry(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path / "c", max_bytes=10_000)
     fill(cache, ["abc1", "xyz1"])
     outside = tmp_path / "elsewhere"
-    planted = EntryFiles(outside / "data")
+    planted = EntryFiles(outside / "data", secret=cache._files.secret)  # even the same key
+    outside.mkdir()
     planted.prepare()
-    planted.write("abc1", value("abc1"), tag="t")
+    temp = os.open(outside, os.O_RDONLY)
+    planted.write("abc1", value("abc1"), temp=temp)
+    os.close(temp)
     entry(tmp_path / "c", "abc1").unlink()
     entry(tmp_path / "c", "abc1").symlink_to(entry(outside, "abc1"))
     linked = tmp_path / "c" / "data" / "xy"

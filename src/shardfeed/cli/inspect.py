@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="also show how much of the dataset the disk cache folder DIR "
                              "holds (a Dataset's cache_dir; `shardfeed cache DIR` shows it all)")
+    parser.add_argument("--trust-cache-dir", action="store_true",
+                        help="look in a cache folder that another user owns or other users "
+                             "can write (refused otherwise)")
     common.add_dataset_options(parser)
     windows = parser.add_argument_group(
         "windows", "count the valid windows of K frames within groups (needs group/order keys)"
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                          "also pass --windows K (frames a window)")
     info = inspect(source, records=args.records, windows=args.windows, stride=args.stride,
                    stride_seconds=args.stride_seconds, max_gap_seconds=args.max_gap_seconds,
-                   cache_dir=args.cache_dir, **common.dataset_options(args))
+                   cache_dir=args.cache_dir, trust_cache_dir=args.trust_cache_dir,
+                   **common.dataset_options(args))
     if args.json:
         common.print_json(info)
         return 0

@@ -18,6 +18,7 @@ from shardfeed.dataset.shards import ShardTable
 from shardfeed.storage import is_remote
 from shardfeed.storage.cache_entries import Version, object_keys
 from shardfeed.storage.disk_cache import DiskCache
+from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS
 
 
 def shard_versions(urls: Sequence[str], checksums: Sequence[int | None]) -> list[Version]:
@@ -32,13 +33,17 @@ def shard_versions(urls: Sequence[str], checksums: Sequence[int | None]) -> list
 def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
                  cache_bytes: int | None, sizes: Sequence[int],
                  checksums: Sequence[int | None],
-                 versions: Sequence[Version] | None = None) -> RecordFetcher | None:
+                 versions: Sequence[Version] | None = None, trust_cache_dir: bool = False,
+                 wait_seconds: float = DEFAULT_DEADLINE_SECONDS) -> RecordFetcher | None:
     """The fetcher of a Dataset (None: no remote shard, nothing to fetch ahead or cache).
 
     ``cache_dir`` (None: no disk cache) holds at most ``cache_bytes`` (None: the remote
-    shards' bytes, at most half the free space of the folder's disk); ``versions``: the
-    shards' versions in its keys, listed already (None: listed here). With a cache, shards
-    without a checksum are keyed by their version on the store (see :func:`shard_versions`).
+    shards' bytes, at most half the free space of the folder's disk; ``versions``: the
+    shards' versions in its keys, listed already, else listed here); ``trust_cache_dir``
+    opens a folder other users can write (see :mod:`shardfeed.storage.cache_folder`). With a
+    cache, shards without a checksum are keyed by their version on the store (see
+    :func:`shard_versions`), and a record another process is fetching into it is awaited for
+    at most ``wait_seconds`` (the read's deadline).
     """
     if cache_bytes is not None and (isinstance(cache_bytes, bool)
                                     or not isinstance(cache_bytes, int) or cache_bytes < 0):
@@ -56,13 +61,14 @@ def open_fetcher(table: ShardTable, network: NetworkRead, *, cache_dir: Any,
             import shutil
 
             folder = os.fspath(cache_dir)
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
             cache_bytes = min(sum(int(sizes[k]) for k in remote),
                               shutil.disk_usage(folder).free // 2)
-        cache = DiskCache(cache_dir, max_bytes=cache_bytes)
+        cache = DiskCache(cache_dir, max_bytes=cache_bytes, trust_folder=trust_cache_dir)
         versions = shard_versions(table.urls, checksums) if listed is None else list(listed)
         _say_uncached(table.urls, versions)
-    return RecordFetcher(table, network, cache=cache, sizes=sizes, versions=versions)
+    return RecordFetcher(table, network, cache=cache, sizes=sizes, versions=versions,
+                         wait_seconds=wait_seconds)
 
 
 def _say_uncached(urls: Sequence[str], versions: Sequence[Version]) -> None:
@@ -82,12 +88,13 @@ def _say_uncached(urls: Sequence[str], versions: Sequence[Version]) -> None:
 
 
 def cached_in(table: ShardTable, cache_dir: Any, *, sizes: Sequence[int],
-              checksums: Sequence[int | None]) -> dict[str, Any]:
+              checksums: Sequence[int | None], trust_cache_dir: bool = False
+              ) -> dict[str, Any]:
     """What folder ``cache_dir`` holds of these shards: ``records`` and ``bytes`` in all and
     ``shards`` (url, records, cached, bytes each; local shards are never cached). The folder is
     only read (its bound is left as its users set it)."""
     urls = table.urls
-    cache = DiskCache.existing(cache_dir)
+    cache = DiskCache.existing(cache_dir, trust_folder=trust_cache_dir)
     try:
         objects = object_keys(urls, sizes, shard_versions(urls, checksums),
                               [is_remote(u) for u in urls])

@@ -91,7 +91,10 @@ class Dataset:
     away from the dataset. ``read_options``: coalescing. ``cache_dir``: a local folder that
     keeps the records read from object storage for the next epochs and runs, at most
     ``cache_bytes`` (default: the remote shards' size, at most half the disk's free space);
-    shared safely by processes, see :mod:`shardfeed.storage.disk_cache`.
+    shared safely by processes, see :mod:`shardfeed.storage.disk_cache`. A ``cache_dir``
+    that another user owns or other users can write is refused (a StorageError) unless
+    ``trust_cache_dir=True`` (see :mod:`shardfeed.storage.cache_folder`); a record another
+    process is fetching into it is awaited for at most ``deadline_seconds``.
     ``source_options``: options for remote shards, passed to ``open_source(url, **options)``
     (``deadline_seconds``, ``max_concurrency``, ``coalesce_gap_bytes``, ``max_request_bytes``,
     ``retries``, ``backoff_seconds``, ``max_backoff_seconds``, ``storage_options``; see
@@ -130,9 +133,11 @@ class Dataset:
         allow_outside_paths: bool = False,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int | None = None,
+        trust_cache_dir: bool = False,
     ) -> None:
         _check_flags(verify_crc=verify_crc, build_index=build_index,
-                     allow_partial=allow_partial, allow_outside_paths=allow_outside_paths)
+                     allow_partial=allow_partial, allow_outside_paths=allow_outside_paths,
+                     trust_cache_dir=trust_cache_dir)
         if read_options is not None and not isinstance(read_options, ReadOptions):
             raise TypeError(
                 f"read_options must be a ReadOptions, got {type(read_options).__name__}"
@@ -140,7 +145,8 @@ class Dataset:
         options = check_source_options(source_options)
         self._args = (source, verify_crc, features, root, build_index, read_options,
                       source_options, allow_partial, allow_outside_paths, cache_dir,
-                      cache_bytes)
+                      cache_bytes, trust_cache_dir)
+        self._trust_cache_dir = trust_cache_dir
         self._outside = allow_outside_paths
         self.verify_crc = verify_crc
         self.read_options = read_options or ReadOptions()
@@ -171,7 +177,8 @@ class Dataset:
                                       versions=self._versions)
             self._fetcher = open_fetcher(
                 self._table, self._read_shards, cache_dir=cache_dir, cache_bytes=cache_bytes,
-                **self._shard_identities(),
+                trust_cache_dir=trust_cache_dir,
+                wait_seconds=self._file_policy.deadline_seconds, **self._shard_identities(),
                 versions=None if cache_dir is None else self._versions.cache_versions(
                     self._shard_identities()["checksums"]))
             self._root = referenced_root(resolved, root,
@@ -343,11 +350,17 @@ class Dataset:
             stats.update(self._fetcher.stats())
         return stats
 
-    def cached_in(self, cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    def cached_in(self, cache_dir: str | os.PathLike[str], *,
+                  trust_cache_dir: bool | None = None) -> dict[str, Any]:
         """What the disk cache folder ``cache_dir`` holds of this dataset's records (it may be
         another Dataset's ``cache_dir``; this one need not use it): ``records`` and ``bytes``
-        cached in all, and per shard ``url``, ``records``, ``cached``, ``bytes``."""
-        return cached_in(self._table, cache_dir, **self._shard_identities())
+        cached in all, and per shard ``url``, ``records``, ``cached``, ``bytes``.
+        ``trust_cache_dir`` (default: this Dataset's): look in a folder other users can
+        write."""
+        trusted = self._trust_cache_dir if trust_cache_dir is None else trust_cache_dir
+        _check_flags(trust_cache_dir=trusted)
+        return cached_in(self._table, cache_dir, trust_cache_dir=trusted,
+                         **self._shard_identities())
 
     def read_payloads(self, indices: Iterable[int] | np.ndarray) -> list[bytes]:
         """The serialized Examples of records ``indices``, in that order (CRC-checked when
@@ -542,12 +555,12 @@ def _reopen(source: SourceArg, verify_crc: bool, features: Features,
             source_options: Mapping[str, Any] | None = None,
             allow_partial: bool = False, allow_outside_paths: bool = False,
             cache_dir: str | os.PathLike[str] | None = None,
-            cache_bytes: int | None = None) -> Dataset:
+            cache_bytes: int | None = None, trust_cache_dir: bool = False) -> Dataset:
     return Dataset(source, verify_crc=verify_crc, features=features, root=root,
                    build_index=build_index, read_options=read_options,
                    source_options=source_options, allow_partial=allow_partial,
                    allow_outside_paths=allow_outside_paths, cache_dir=cache_dir,
-                   cache_bytes=cache_bytes)
+                   cache_bytes=cache_bytes, trust_cache_dir=trust_cache_dir)
 
 
 __all__ = ["PROGRESS_AFTER_BYTES", "SCHEMA_SAMPLE_RECORDS", "Dataset", "Record"]

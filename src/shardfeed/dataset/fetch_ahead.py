@@ -96,10 +96,14 @@ class RecordFetcher:
 
     def __init__(self, table: ShardTable, network: NetworkRead, *,
                  cache: DiskCache | None, sizes: Sequence[int],
-                 versions: Sequence[Version]) -> None:
+                 versions: Sequence[Version],
+                 wait_seconds: float = DEFAULT_DEADLINE_SECONDS) -> None:
         self._table = table
         self._network = network
         self.cache = cache
+        self.wait_seconds = wait_seconds
+        """How long a read waits for a record another fetch is writing into the cache: the
+        read's deadline (``deadline_seconds``); then it fetches the record itself."""
         remote = [is_remote(u) for u in table.urls]
         self._remote = np.asarray(remote, dtype=bool)
         self._objects = object_keys(table.urls, sizes, versions, remote)
@@ -398,7 +402,7 @@ class AheadSession:
             part = coming[lo : lo + CACHE_READ_RECORDS]
             wait = _CACHE_WAITS.submit(
                 partial(cache.await_entries, [(keys[j], size) for j, size in part],  # type: ignore[misc]
-                        seconds=DEFAULT_DEADLINE_SECONDS, stop=self._is_closed))
+                        seconds=f.wait_seconds, stop=self._is_closed))
             held.update((j, (wait, n)) for n, (j, _) in enumerate(part))
         return {j: key for (j, key), ok in zip(asked, decided) if ok}, held  # type: ignore[misc]
 

@@ -3,9 +3,13 @@
 ::
 
     cache_dir/
-      index.sqlite3                  one row an entry: key, object URL, size, next use, ready
+      index.sqlite3                  one row an entry: key, object URL, size, next use, ready,
+                                     the holder of a reservation
+      key                            the key of the entries' MACs (see :mod:`.cache_folder`)
+      locks/  tmp/                   one lock file and temp folder a process using the cache
+                                     (see :mod:`.cache_holders`)
       data/3f/3f9a...-17-40960.rec   one file an entry (see :mod:`.cache_entries`): the
-                                     format, a digest of its key, CRC32C, length, the bytes
+                                     format, a MAC of its key, length and bytes, the bytes
 
 An entry is an immutable value under a key that names what it holds (see :func:`~shardfeed.storage.cache_entries.entry_key`:
 the object's URL, its size and version (checksum, or what the store says changes: ETag,
@@ -21,14 +25,22 @@ With the true next uses this is Bélády's optimal policy. An entry whose next u
 
 Safety: several processes (ranks, workers, runs) may share one folder. The index is SQLite
 in WAL mode: every decision (admit, evict) is one transaction, so the total stays within
-``max_bytes`` whoever writes. A file is written under a temporary name and renamed; an entry
-is *reserved* before its bytes arrive and *ready* after, and only ready entries are read.
-Every read checks that the file is the entry of the key read (its header holds a digest of
-the key), its length and its CRC32C: a damaged file, or another entry's (copied, swapped,
-linked), is removed and reported as a miss (the caller fetches the bytes again); symbolic
-links are never followed. Reservations of a process that died are dropped when the cache is
-next opened; entries of an older format are dropped when a folder is first opened by this
-one. The folder must be on a local file system (SQLite's locks).
+``max_bytes`` whoever writes. An entry is *reserved* before its bytes arrive and *ready*
+after, and only ready entries are read; a reservation counts in the total (so does the
+temp file its bytes are written to, in the writer's temp folder, before being renamed in).
+Every read checks that the file is the entry of the key read, whole and made with the
+cache's key (its MAC): a damaged, forged or swapped file is removed and reported as a miss
+(the caller fetches the bytes again). What the cache trusts (the users who can write its
+folder) and refuses (a folder others can write, links): :mod:`.cache_folder`.
+
+A reservation names its holder, a lock file its process keeps locked (never a pid, see
+:mod:`.cache_holders`). A holder found dead (its lock free: the process ended, however) has
+its reservations dropped and its temp files removed, by whoever finds it: a process opening
+the cache, or one waiting for its records. A holder alive but not filling (stopped) is
+waited for until the waiter's deadline only; then the waiter fetches the records itself,
+and no one waits for that holder again until it fills an entry. Entries of an older format
+are dropped (with every file of theirs, temp files too) when a folder is first opened by
+this one. The folder must be on a local file system (SQLite's and flock's locks).
 
 A cache that cannot write (a full disk, a quota, a folder that went read-only) steps aside:
 it says so once (a RuntimeWarning naming the folder and the error), keeps nothing more for
@@ -45,6 +57,7 @@ import sqlite3
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,13 +65,22 @@ from pathlib import Path
 from typing import Any
 
 from shardfeed.errors import StorageError
-from shardfeed.storage.cache_entries import EntryFiles
+from shardfeed.storage.cache_entries import PRIVATE, EntryFiles
+from shardfeed.storage.cache_folder import (
+    INDEX_NAME,
+    check_folder,
+    check_index_files,
+    create_index,
+    load_key,
+)
+from shardfeed.storage.cache_holders import Holder, alive, dead_holders, sweep, temp_bytes
 
 UNKNOWN_USE = 1 << 62
 """The next use of an entry put without one: evicted before any entry with a known use."""
 
-ENTRY_FORMAT = 2
-"""The entries' layout (see :mod:`.cache_entries`); a folder of another is emptied on open."""
+ENTRY_FORMAT = 3
+"""The entries' layout (see :mod:`.cache_entries`) and the index's (reservations name a
+holder); a folder of another is emptied on open."""
 
 _PARAMS = 400  # keys a query at most (SQLite's limit on parameters is 999 or more)
 
@@ -66,8 +88,9 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries(
     key TEXT PRIMARY KEY, url TEXT NOT NULL, size INTEGER NOT NULL,
     next_use INTEGER NOT NULL, seq INTEGER NOT NULL, ready INTEGER NOT NULL,
-    pid INTEGER NOT NULL);
+    pid INTEGER NOT NULL, holder TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS by_use ON entries(next_use DESC, seq);
+CREATE TABLE IF NOT EXISTS stalled(holder TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('total', 0), ('seq', 0), ('max_bytes', 0), ('format', 0);
 """
@@ -109,23 +132,28 @@ class CacheSummary:
     max_bytes: int
     reserved: int
     objects: list[tuple[str, int, int]] = field(default_factory=list)  # url, entries, bytes
+    temp_bytes: int = 0  # temp files now (entries being written; counted by their reservations)
 
 
 class DiskCache:
     """The cache in folder ``path``, holding at most ``max_bytes`` of entries. Thread-safe.
 
     ``max_bytes=None`` opens a folder to look at or clear (``shardfeed cache``): the bound is
-    the one its users set last.
+    the one its users set last. ``trust_folder``: open a folder that another user owns or
+    other users can write (refused otherwise, see :mod:`.cache_folder`).
 
     Memory: one SQLite connection (its page cache, a few MiB). Disk: ``max_bytes`` of entries
-    plus a 36-byte header and the file system's rounding an entry, and the index (about 150
-    bytes an entry).
+    plus a 44-byte header and the file system's rounding an entry, and the index (about 170
+    bytes an entry). Descriptors: a lock file and a temp folder while it writes.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int | None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int | None,
+                 trust_folder: bool = False) -> None:
         if max_bytes is not None and (isinstance(max_bytes, bool)
                                       or not isinstance(max_bytes, int) or max_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0, got {max_bytes!r}")
+        if not isinstance(trust_folder, bool):
+            raise TypeError(f"trust_cache_dir must be True or False, got {trust_folder!r}")
         text = os.fspath(path)
         if "://" in text:
             raise ValueError(
@@ -133,20 +161,29 @@ class DiskCache:
                 f"serves), got {text!r}")
         self.path = Path(text)
         self._bound = max_bytes
+        self._trusted = trust_folder
         self.max_bytes = max_bytes or 0
         self.counters = CacheCounters()
         self.aside: str | None = None
         """Why the cache stepped aside (None: it has not; see the module docstring)."""
         self._lock = threading.Lock()
         self._aside_lock = threading.Lock()
+        self._holder_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
-        self._files = EntryFiles(self.path / "data")
+        self._owner: Holder | None = None  # this process's holder, made when it first writes
+        self._closed = False
+        self._modes = PRIVATE
+        self._files = EntryFiles(self.path / "data", secret=None)
+        _OPEN.add(self)
         try:
+            self._modes = check_folder(self.path, trusted=trust_folder)
+            self._files = EntryFiles(self.path / "data", secret=load_key(self.path, self._modes),
+                                     modes=self._modes)
             self._files.prepare()
             self._db()
-            self._drop_dead_reservations()
             self._drop_other_formats()
+            self._drop_dead_holders()
         except (OSError, sqlite3.Error) as exc:
             if not _is_full(exc):
                 raise StorageError(
@@ -156,26 +193,35 @@ class DiskCache:
             self._step_aside(exc)
 
     @classmethod
-    def existing(cls, path: str | os.PathLike[str]) -> DiskCache:
+    def existing(cls, path: str | os.PathLike[str], *, trust_folder: bool = False) -> DiskCache:
         """The cache in folder ``path`` opened to look at or clear (its bound left as its
         users set it); FileNotFoundError when the folder is not a cache."""
-        if not os.path.isfile(os.path.join(os.fspath(path), "index.sqlite3")):
+        try:
+            os.lstat(os.path.join(os.fspath(path), INDEX_NAME))  # a link there: refused later
+        except FileNotFoundError:
             raise FileNotFoundError(
-                f"'{os.fspath(path)}' is not a shardfeed cache folder (no index.sqlite3); give "
-                "the cache_dir a Dataset was opened with")
-        return cls(path, max_bytes=None)
+                f"'{os.fspath(path)}' is not a shardfeed cache folder (no {INDEX_NAME}); give "
+                "the cache_dir a Dataset was opened with") from None
+        return cls(path, max_bytes=None, trust_folder=trust_folder)
 
     # -- connection -----------------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:
-        """This process's connection (a forked child opens its own)."""
+        """This process's connection (a forked child opens its own). The index's files are
+        checked before and after SQLite opens them: never a link (see :mod:`.cache_folder`)."""
         if self._conn is None or self._pid != os.getpid():
-            conn = sqlite3.connect(self.path / "index.sqlite3", timeout=60.0,
+            check_index_files(self.path)
+            try:
+                create_index(self.path, self._modes)
+            except OSError as exc:  # as SQLite would fail to: callers step aside on it
+                raise sqlite3.OperationalError(f"cannot create the index: {exc}") from exc
+            conn = sqlite3.connect(self.path / INDEX_NAME, timeout=60.0,
                                    isolation_level=None, check_same_thread=False)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SCHEMA)
+                check_index_files(self.path)  # what SQLite opened was what was checked
                 if self._bound is None:  # opened to look at: the bound its users set last
                     self.max_bytes = conn.execute(
                         "SELECT value FROM meta WHERE name='max_bytes'").fetchone()[0]
@@ -187,6 +233,21 @@ class DiskCache:
                 raise
             self._conn, self._pid = conn, os.getpid()
         return self._conn
+
+    def _holder(self) -> Holder:
+        """This process's holder of reservations (made when first needed; OSError when its
+        lock file or temp folder cannot be made)."""
+        with self._holder_lock:
+            owner = self._owner
+            if owner is None or owner.pid != os.getpid():
+                owner = self._owner = Holder(self.path, self._modes)
+            return owner
+
+    def _forget_holder(self) -> None:
+        """Let go of a holder inherited over a fork (the parent keeps it locked)."""
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.release(remove=False)
 
     def _step_aside(self, exc: BaseException) -> None:
         """Keep nothing more (the bytes are read from storage); say why, once."""
@@ -201,36 +262,56 @@ class DiskCache:
             "process and records are read from storage. Free space there, or give a smaller "
             "cache_bytes or another cache_dir", RuntimeWarning, stacklevel=3)
 
-    def _drop_dead_reservations(self) -> None:
+    def _drop_dead_holders(self) -> None:
+        """Drop the reservations, temp files and lock files of holders that died (and
+        reservations that name no holder: forged, or an older shardfeed's)."""
         db = self._db()
-        pids = [p for (p,) in db.execute("SELECT DISTINCT pid FROM entries WHERE ready=0")]
-        dead = [p for p in pids if p != os.getpid() and not _alive(p)]
+        holders = {h for (h,) in db.execute(
+            "SELECT DISTINCT holder FROM entries WHERE ready=0")}
+        dead = {h for h in holders if not alive(self.path, h)} | dead_holders(self.path)
         if dead:
             with self._lock:
-                self._transaction(lambda: self._delete_where_pid(dead), raising=True)
+                self._transaction(partial(self._drop_holders, sorted(dead)), raising=True)
 
     def _drop_other_formats(self) -> None:
-        """Empty a folder whose entries another format wrote (they would all be damaged)."""
+        """Empty a folder whose entries another format wrote (they would all be damaged),
+        with every file left in its entry folders (temp files of killed writers too)."""
         db = self._db()
         (found,) = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
         if found == ENTRY_FORMAT:
             return
 
         def body() -> list[str]:
-            keys = self._delete_all()
+            (now,) = db.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+            if now == ENTRY_FORMAT:  # another process did it meanwhile
+                return []
+            self._delete_all()
+            columns = {row[1] for row in db.execute("PRAGMA table_info(entries)")}
+            if "holder" not in columns:
+                db.execute("ALTER TABLE entries ADD COLUMN holder TEXT NOT NULL DEFAULT ''")
+            db.execute("DELETE FROM stalled")
+            self._files.remove_all()
             db.execute("UPDATE meta SET value=? WHERE name='format'", (ENTRY_FORMAT,))
-            return keys
+            return []
 
         with self._lock:
             self._transaction(body, raising=True)
 
-    def _delete_where_pid(self, pids: list[int]) -> list[str]:
+    def _drop_holders(self, holders: Sequence[str]) -> list[str]:
+        """Drop the reservations of dead ``holders`` and remove their temp folders and lock
+        files; the keys dropped (a file renamed in before its holder died goes too)."""
         db = self._db()
-        marks = ",".join("?" * len(pids))
-        rows = db.execute(f"SELECT key, size FROM entries WHERE ready=0 AND pid IN ({marks})",
-                          pids).fetchall()
-        self._delete(rows)
-        return [k for k, _ in rows]  # a file renamed in before the process died
+        keys: list[str] = []
+        for lo in range(0, len(holders), _PARAMS):
+            part = list(holders[lo : lo + _PARAMS])
+            marks = ",".join("?" * len(part))
+            rows = db.execute(f"SELECT key, size FROM entries WHERE ready=0 AND holder IN "
+                              f"({marks})", part).fetchall()
+            self._delete(rows)
+            db.execute(f"DELETE FROM stalled WHERE holder IN ({marks})", part)
+            keys += [k for k, _ in rows]
+        sweep(self.path, holders)  # under the index's write lock: one sweeper at a time
+        return keys
 
     def _transaction(self, body: Callable[[], list[str]], *, raising: bool = False,
                      even_aside: bool = False) -> list[str] | None:
@@ -349,26 +430,30 @@ class DiskCache:
                       stop: Callable[[], bool] = lambda: False) -> list[bytes | None]:
         """The bytes of entries ``(key, size)`` that another fetch (of this process or
         another sharing the folder) is writing in: looked for every ``poll_seconds`` until
-        each is ready, for at most ``seconds``. None for an entry that is not ready by then,
-        that was dropped (its fetch failed, or it was evicted), or whose process has died
-        (its reservation is dropped here): the caller fetches those itself. ``stop()`` true
+        each is ready, for at most ``seconds`` (the read's deadline). None for an entry that
+        is not ready by then, that was dropped (its fetch failed, or it was evicted), whose
+        holder has died (its reservations are dropped here, its temp files removed) or let
+        an earlier wait pass its deadline: the caller fetches those itself. ``stop()`` true
         ends the wait at the next look (the reader closing: Ctrl-C is not held up).
 
-        So processes of one machine sharing the folder fetch a record once between them;
-        a fetch never waits on another for longer than it would take itself (``seconds``:
-        the read's own deadline), and a dead process's work is taken over at once.
+        So processes of one machine sharing the folder fetch a record once between them; a
+        fetch never waits on another for longer than its own deadline, a dead process's
+        work is taken over at once, and a stopped one's (SIGSTOP, a debugger) holds each
+        waiter up once: its holder is then marked stalled, and no one waits for it until it
+        fills an entry again.
         """
         out: dict[str, bytes | None] = {}
         waiting = dict(entries)
+        holders: dict[str, str] = {}  # key waited for -> its holder
         end = time.monotonic() + seconds
-        me = os.getpid()
         while waiting and self.aside is None:
             with self._lock:
                 try:
                     rows = self._reservations(list(waiting))
+                    stalled = self._stalled({h for ready, h in rows.values() if not ready})
                 except sqlite3.Error as exc:
                     failed: sqlite3.Error | None = exc
-                    rows = {}
+                    rows, stalled = {}, set()
                 else:
                     failed = None
             if failed is not None:
@@ -380,23 +465,41 @@ class DiskCache:
                 del waiting[key]
             for key in [k for k in waiting if k not in rows]:  # dropped: fetched by the caller
                 del waiting[key]
-            dead = {pid for key, (done, pid) in rows.items()
-                    if key in waiting and not done and pid != me and not _alive(pid)}
+            holders = {key: rows[key][1] for key in waiting}
+            dead = {h for h in set(holders.values()) - stalled if not alive(self.path, h)}
             if dead:
-                pids = sorted(dead)
                 with self._lock:
-                    self._transaction(partial(self._delete_where_pid, pids))
-                for key in [k for k in waiting if rows[k][1] in dead]:
-                    del waiting[key]
-            if not waiting or time.monotonic() >= end or stop():
+                    self._transaction(partial(self._drop_holders, sorted(dead)))
+            for key in [k for k, h in holders.items() if h in dead or h in stalled]:
+                del waiting[key]
+            left = end - time.monotonic()
+            if not waiting or left <= 0 or stop():
                 break
-            time.sleep(poll_seconds)
+            time.sleep(min(poll_seconds, left))
+        if waiting and self.aside is None and not stop():  # the deadline passed
+            late = sorted({holders[key] for key in waiting if key in holders})
+            with self._lock:
+                self._transaction(partial(self._mark_stalled, late))
         return [out.get(key) for key, _ in entries]
 
-    def _reservations(self, keys: Sequence[str]) -> dict[str, tuple[bool, int]]:
-        """``key -> (ready, pid)`` of the entries of ``keys`` held or reserved."""
-        return {row[0]: (bool(row[1]), int(row[2]))
-                for row in self._select("key, ready, pid", keys)}
+    def _stalled(self, holders: set[str]) -> set[str]:
+        """Those of ``holders`` that let a wait pass its deadline and filled nothing since."""
+        if not holders:
+            return set()
+        marks = ",".join("?" * len(holders))  # a few holders: one query
+        found = self._db().execute(f"SELECT holder FROM stalled WHERE holder IN ({marks})",
+                                   sorted(holders))
+        return {h for (h,) in found}
+
+    def _mark_stalled(self, holders: list[str]) -> list[str]:
+        self._db().executemany("INSERT OR IGNORE INTO stalled VALUES (?)",
+                               [(h,) for h in holders])
+        return []
+
+    def _reservations(self, keys: Sequence[str]) -> dict[str, tuple[bool, str]]:
+        """``key -> (ready, holder)`` of the entries of ``keys`` held or reserved."""
+        return {row[0]: (bool(row[1]), str(row[2]))
+                for row in self._select("key, ready, holder", keys)}
 
     def _rows(self, keys: Sequence[str]) -> dict[str, tuple[int, bool]]:
         """``key -> (size, ready)`` of the entries of ``keys`` held or reserved."""
@@ -436,9 +539,16 @@ class DiskCache:
 
         Entries whose next use is before ``now`` count as used last.
         """
+        if self._closed or self.aside is not None:
+            return [False] * len(entries)
+        try:
+            holder = self._holder().token
+        except OSError as exc:
+            self._step_aside(exc)
+            return [False] * len(entries)
         with self._lock:
             result: list[bool] = []
-            doomed = self._transaction(lambda: self._admit(entries, now, result))
+            doomed = self._transaction(lambda: self._admit(entries, now, result, holder))
             if doomed is None:
                 return [False] * len(entries)
             c = self.counters
@@ -448,13 +558,13 @@ class DiskCache:
         return result
 
     def _admit(self, entries: Sequence[tuple[str, str, int, int]], now: int,
-               result: list[bool]) -> list[str]:
+               result: list[bool], holder: str) -> list[str]:
         db = self._db()
         db.execute("UPDATE entries SET next_use=? WHERE next_use<?", (UNKNOWN_USE, now))
         total = db.execute("SELECT value FROM meta WHERE name='total'").fetchone()[0]
         seq = db.execute("SELECT value FROM meta WHERE name='seq'").fetchone()[0]
         doomed: list[str] = []
-        pid = os.getpid()
+        pid = os.getpid()  # for whoever reads the index; liveness is the holder's lock
         for key, url, size, use in entries:
             use = UNKNOWN_USE if use < now else min(int(use), UNKNOWN_USE)
             if db.execute("UPDATE entries SET next_use=? WHERE key=?", (use, key)).rowcount:
@@ -480,8 +590,8 @@ class DiskCache:
             doomed += [k for k, _ in victims]
             total -= sum(s for _, s in victims)
             seq += 1
-            db.execute("INSERT INTO entries VALUES (?,?,?,?,?,0,?)",
-                       (key, url, size, use, seq, pid))
+            db.execute("INSERT INTO entries (key, url, size, next_use, seq, ready, pid, holder) "
+                       "VALUES (?,?,?,?,?,0,?,?)", (key, url, size, use, seq, pid, holder))
             total += size
             result.append(True)
         db.execute("UPDATE meta SET value=? WHERE name='total'", (total,))
@@ -491,36 +601,57 @@ class DiskCache:
     def fill(self, key: str, data: bytes) -> bool:
         """Write the bytes of reserved entry ``key`` and make it ready; whether it is kept
         (False when it was evicted meanwhile). When the file or the index cannot be written (a
-        full disk) the cache steps aside and the reservation is given up: nothing is raised."""
-        if self.aside is not None:
+        full disk) the cache steps aside and the reservation is given up: nothing is raised.
+        After :meth:`close`, nothing is kept."""
+        if self.aside is not None or self._closed:
             self.abandon([key])
             return False
         try:
-            self._files.write(key, data, tag=f"{os.getpid()}-{threading.get_ident()}")
+            holder = self._write(key, data)
         except OSError as exc:
-            self._step_aside(exc)
+            if not self._closed:
+                self._step_aside(exc)
             self.abandon([key])
             return False
         with self._lock:
-            try:
+            kept = [False]
+
+            def body() -> list[str]:
                 db = self._db()
-                kept = db.execute("UPDATE entries SET ready=1 WHERE key=? AND ready=0",
-                                  (key,)).rowcount or db.execute(
+                kept[0] = bool(db.execute("UPDATE entries SET ready=1 WHERE key=? AND ready=0",
+                                          (key,)).rowcount) or db.execute(
                     "SELECT 1 FROM entries WHERE key=?", (key,)).fetchone() is not None
-            except sqlite3.Error as exc:
-                failed: sqlite3.Error | None = exc
-                kept = False
-            else:
-                failed = None
-                if kept:
-                    self.counters.bytes_written += len(data)
-            if not kept:  # evicted while its bytes were on their way, or not made ready
+                if not kept[0]:  # evicted while its bytes were on their way: its file goes
+                    return [key]
+                db.execute("DELETE FROM stalled WHERE holder=?", (holder,))  # it moves again
+                return []
+
+            if self._transaction(body) is None:  # the index failed: the cache stepped aside
                 with contextlib.suppress(OSError):
                     self._files.remove(key)
-        if failed is not None:
-            self._step_aside(failed)
+            elif kept[0]:
+                self.counters.bytes_written += len(data)
+        if not kept[0]:
             self.abandon([key])
-        return bool(kept)
+        return kept[0]
+
+    def _write(self, key: str, data: bytes) -> str:
+        """Write entry ``key``'s file through this process's temp folder; its holder. A temp
+        folder swept meanwhile (its lock file was removed by hand, say) is made again once."""
+        for attempt in range(2):
+            holder = self._holder()
+            try:
+                self._files.write(key, data, temp=holder.temp)
+            except FileNotFoundError:
+                if attempt or self._closed:
+                    raise
+                with self._holder_lock:
+                    if self._owner is holder:
+                        self._owner = None
+                holder.release(remove=True)
+                continue
+            return holder.token
+        raise AssertionError("unreachable")
 
     def abandon(self, keys: Sequence[str]) -> None:
         """Drop reservations that will not be filled (their fetch failed). Where the index
@@ -557,7 +688,8 @@ class DiskCache:
                 "SELECT url, COUNT(*), SUM(size) FROM entries WHERE ready=1 GROUP BY url "
                 "ORDER BY SUM(size) DESC LIMIT ?", (objects,)).fetchall()
         return CacheSummary(str(self.path), int(entries), int(ready_bytes), self.max_bytes,
-                            int(reserved), [(u, int(n), int(b)) for u, n, b in rows])
+                            int(reserved), [(u, int(n), int(b)) for u, n, b in rows],
+                            temp_bytes=temp_bytes(self.path))
 
     def held(self, objects: Sequence[str]) -> list[tuple[int, int]]:
         """The entries and payload bytes ready under each object key of ``objects`` (what a
@@ -590,37 +722,54 @@ class DiskCache:
             self._transaction(self._delete_all, raising=True)
 
     def close(self) -> None:
-        """Close this process's connection. Idempotent."""
+        """Give up this process's reservations (others need not wait for them), remove its
+        lock file and temp folder, close its connection. Idempotent; what it holds can still
+        be read after, nothing more is kept."""
         with self._lock:
+            self._closed = True
+            owner = self._owner
+            mine = owner is not None and owner.pid == os.getpid()
+            if mine and self._conn is not None:
+                self._transaction(partial(self._drop_holders, [owner.token]))  # type: ignore[union-attr]
+            if mine:
+                self._owner = None
+                owner.release(remove=True)  # type: ignore[union-attr]
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {"path": self.path, "max_bytes": self.max_bytes}
+        return {"path": self.path, "max_bytes": self.max_bytes, "trust_folder": self._trusted}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["path"], max_bytes=state["max_bytes"])  # type: ignore[misc]
+        self.__init__(state["path"], max_bytes=state["max_bytes"],  # type: ignore[misc]
+                      trust_folder=state["trust_folder"])
 
     def __repr__(self) -> str:
         return f"DiskCache({str(self.path)!r}, max_bytes={self.max_bytes})"
+
+
+_OPEN: weakref.WeakSet[DiskCache] = weakref.WeakSet()
+"""The caches of this process: a forked child lets go of their holders (see _after_fork)."""
+
+
+def _after_fork() -> None:
+    # The child shares its parent's lock files' open descriptions: closing its copies leaves
+    # the parent's locks held; the child makes holders of its own when it writes.
+    for cache in list(_OPEN):
+        cache._forget_holder()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _is_full(exc: BaseException) -> bool:
     """True for a full disk or quota (ENOSPC, EDQUOT; SQLite's SQLITE_FULL)."""
     if isinstance(exc, OSError):
         return exc.errno in _FULL
+    if isinstance(exc.__cause__, OSError):  # the index could not be made (see _db)
+        return exc.__cause__.errno in _FULL
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 __all__ = [

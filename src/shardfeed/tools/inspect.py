@@ -164,7 +164,7 @@ def inspect(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, records: int = 0,
     windows: int | None = None, stride: int = 1, stride_seconds: float | None = None,
     max_gap_seconds: float | None = None, allow_outside_paths: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None, trust_cache_dir: bool = False,
 ) -> dict[str, Any]:
     """Describe a dataset as a JSON-serialisable dict.
 
@@ -177,7 +177,7 @@ def inspect(
     key span; None without groups), ``extra`` (class names, vocabularies), and with
     ``records=N`` the first N records, briefly (``first_records``). With ``cache_dir`` (a
     Dataset's disk cache folder), ``cache``: what that folder holds of these records
-    (:meth:`Dataset.cached_in`).
+    (:meth:`Dataset.cached_in`; ``trust_cache_dir``: a folder other users can write).
 
     ``windows=K`` (with ``stride`` records, or ``stride_seconds`` and ``max_gap_seconds``)
     adds ``windows``: the number of valid windows of K frames (``count``), the anchors that
@@ -217,7 +217,7 @@ def inspect(
         from shardfeed.dataset import Dataset
 
         with Dataset(source, allow_outside_paths=allow_outside_paths) as ds:
-            result["cache"] = ds.cached_in(cache_dir)
+            result["cache"] = ds.cached_in(cache_dir, trust_cache_dir=trust_cache_dir)
     return result
 
 

@@ -291,7 +291,7 @@ class ObstoreSource:
         if stand_in is not None:
             found: ObjectVersion | None = stand_in.pin(expected)
             return found
-        meta = self._call("get the version of", self._obstore.head)
+        meta = self._call("get the size and version of", self._obstore.head)
         found = obstore_version(meta)
         if expected is not None and found is not None and expected.differs(found):
             raise changed_error(self.url, expected, found)

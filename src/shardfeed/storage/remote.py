@@ -279,7 +279,7 @@ class RemoteSource:
             fs.invalidate_cache(path)
             return start_fs_call(fs, "info", path)
 
-        info = self._retrier.run([Job("get the version of", start)], url=self.url,
+        info = self._retrier.run([Job("get the size and version of", start)], url=self.url,
                                  group=self._calls)[0]
         found = object_version(info) if isinstance(info, Mapping) else None
         if expected is not None and found is not None and expected.differs(found):

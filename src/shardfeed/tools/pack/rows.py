@@ -230,24 +230,28 @@ def table_rows(source: Any, fields: RowFields, *,
                max_pixels: int = DEFAULT_MAX_PIXELS) -> TableRows:
     """The rows of ``source`` (see the module table), each a :class:`Row` naming where it
     came from, with a name for the input and the class names it carries. ``max_pixels``
-    bounds the images of an ``.npz`` archive before they are read."""
+    bounds the images of an ``.npz`` archive before they are read, and sets the limits
+    tables are read within (:class:`~shardfeed.tools.pack.limits.IngestLimits`)."""
     from shardfeed.tools.pack import tables
+    from shardfeed.tools.pack.limits import IngestLimits
     from shardfeed.tools.pack.npz import npz_rows
 
+    limits = IngestLimits.of(max_pixels)
     if isinstance(source, tuple) and source and isinstance(source[0], np.ndarray):
         return tables.TableRows(_array_rows(source, fields), "the arrays")
     kind = type(source).__module__.split(".")[0]
     if kind == "datasets" and hasattr(source, "features"):
-        return tables.hf_rows(source, fields)
+        return tables.hf_rows(source, fields, limits=limits)
     if kind == "pyarrow":
-        return tables.arrow_rows(source)
+        return tables.arrow_rows(source, limits)
     paths = paths_of(source)
     if paths is not None:
         many = len(paths) > 1
         if len(paths) == 1 and tables.data_folder(paths[0]) is not None:
-            return tables.folder_rows(paths[0], fields)
+            return tables.folder_rows(paths[0], fields, limits)
         if all(p.endswith(".parquet") for p in paths):
-            return tables.parquet_rows([(p, {}) for p in paths], name="the files")
+            return tables.parquet_rows([(p, {}) for p in paths], name="the files",
+                                       limits=limits)
         if all(is_tar(p) for p in paths):
             where = tars_name(paths)
             return tables.TableRows(

@@ -267,11 +267,17 @@ class _Reader:
 
     def _read(self, member: tarfile.TarInfo) -> bytes:
         self.guard.allowed = max(HEADER_BYTES, member.size)
+        out = io.BytesIO()  # grown in place and handed over whole: one copy of the member
         try:
             f = self.tar.extractfile(member)
-            data = f.read(member.size) if f is not None else b""
+            while f is not None and out.tell() < member.size:
+                chunk = f.read(min(HEADER_BYTES, member.size - out.tell()))
+                if not chunk:
+                    break
+                out.write(chunk)
         finally:
             self.guard.allowed = HEADER_BYTES
+        data = out.getvalue()
         if len(data) != member.size:
             raise PackError(f"{self.where(member)}: holds {len(data)} of the {member.size} "
                             "bytes its header says; the tar is cut short: re-fetch it")

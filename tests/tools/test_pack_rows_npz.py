@@ -156,3 +156,26 @@ def test_object_arrays_damaged_members_and_odd_headers_are_named(tmp_path: Path)
         pack(str(tmp_path / "flip.npz"), tmp_path / "f")
     for out in "oswf":
         assert os.listdir(tmp_path / out) == []
+
+
+@pytest.mark.parametrize("key", ["label", "image"])
+def test_an_array_in_fortran_order_is_refused_never_packed_with_its_rows_scrambled(
+    tmp_path: Path, key: str,
+) -> None:
+    """A 2-D label array (and a 3-D image array) saved from a Fortran-order array: read a
+    row at a time as if in C order, row 0 would hold values of several rows."""
+    images = np.arange(4 * 3 * 5, dtype=np.uint8).reshape(4, 3, 5)
+    labels = np.arange(8, dtype=np.int64).reshape(4, 2)
+    arrays = {"image": images, "label": labels}
+    arrays[key] = np.asfortranarray(arrays[key])
+    assert not arrays[key].flags.c_contiguous
+    np.savez(tmp_path / "fortran.npz", **arrays)
+    with pytest.raises(PackError) as caught:
+        pack(str(tmp_path / "fortran.npz"), tmp_path / "out")
+    text = str(caught.value)
+    assert "fortran.npz" in text and f"the array '{key}'" in text and "Fortran" in text
+    assert "numpy.ascontiguousarray" in text
+    assert os.listdir(tmp_path / "out") == []
+    np.savez(tmp_path / "c.npz", image=images, label=labels)  # the same in C order packs
+    pack(str(tmp_path / "c.npz"), tmp_path / "c")
+    assert [r["label"].tolist() for r in read_back(tmp_path / "c")] == labels.tolist()

@@ -7,8 +7,9 @@ mutated file into a private copy of the corpus, opens that dataset with
 :class:`shardfeed.Dataset`, reads every record (one at a time, then all at once), asks for
 the schema, fingerprint, manifest and sidecars, and calls the format readers directly
 (index loaders, ``scan``, ``Manifest.load``, ``decode_example``). A mutated pack input (a
-WebDataset tar, an ``.npz``, a Parquet file; :mod:`fuzz_ingest`) is packed, and what it
-wrote is read back the same way. A mutated or swapped cache entry file is read through a
+WebDataset tar or ``.tar.gz`` with JSON bombs, an ``.npz``, a hostile Parquet file, a damaged
+``.arrow`` file of a Hugging Face folder; :mod:`fuzz_ingest`) is packed in bounded memory, and
+what it wrote is read back. A mutated or swapped cache entry file is read through a
 cache that must serve its own record or nothing (:mod:`fuzz_cache`). A Hugging Face folder's
 mutated ``state.json`` (files outside the folder, planted links; :mod:`fuzz_hf`) is packed, and
 a pack holding the user's records from outside is a finding too. Any exception other than a
@@ -68,9 +69,11 @@ TARGETS = (
     Target("webdataset-tar", fuzz_ingest.FOLDER, fuzz_ingest.FILES["tar"], "tar"),
     Target("npz-archive", fuzz_ingest.FOLDER, fuzz_ingest.FILES["npz"], "npz"),
     Target("parquet-file", fuzz_ingest.FOLDER, fuzz_ingest.FILES["parquet"], "parquet"),
+    Target("webdataset-tar-gz", fuzz_ingest.FOLDER, fuzz_ingest.FILES["targz"], "targz"),
     Target("cache-entry", fuzz_cache.FOLDER, "entry-0.rec", "cache"),
     Target("cache-entry-swapped", fuzz_cache.FOLDER, "entry-1.rec", "cache"),
     *([Target("hf-state", fuzz_hf.FOLDER, "state.json", "hf")] if fuzz_hf.AVAILABLE else []),
+    *([Target("hf-arrow", fuzz_hf.FOLDER, fuzz_hf.DATA, "arrow")] if fuzz_hf.AVAILABLE else []),
 )
 PACK_INPUTS = frozenset(fuzz_ingest.FILES)
 """Families whose file is a pack input, packed and then read back."""
@@ -146,6 +149,9 @@ FAMILY_MUTATIONS: dict[str, Callable[[random.Random, bytes], bytes]] = {
     "example": M.mutate_example,
     "tar": fuzz_ingest.mutate_tar,
     "npz": fuzz_ingest.mutate_npz,
+    "targz": fuzz_ingest.mutate_targz,
+    "parquet": fuzz_ingest.mutate_parquet,
+    "arrow": fuzz_ingest.mutate_arrow,
     "cache": fuzz_cache.mutate_entry,
     "hf": fuzz_hf.mutate_state,
 }
@@ -218,6 +224,10 @@ def run_input(inp: Input, ws: Workspace) -> None:
             out = fuzz_hf.run(inp.data, ws.root)
             if out is not None:
                 exercise_dataset(out, verify_crc=inp.verify_crc)
+        elif target.family == "arrow":
+            packed = folder / "packed-out"
+            if _quietly(lambda: fuzz_ingest.pack_saved(folder, inp.data, packed)):
+                exercise_dataset(packed, verify_crc=inp.verify_crc)
         elif target.family in PACK_INPUTS:
             (folder / target.file).write_bytes(inp.data)
             out = folder / "packed-out"

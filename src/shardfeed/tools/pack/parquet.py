@@ -66,16 +66,23 @@ def file_rows(f: Any, path: str, limits: IngestLimits) -> Iterator[dict[str, Any
 
     metadata = f.metadata
     at = 0
-    with open(path, "rb") as raw:
-        for group in range(metadata.num_row_groups):
-            plan = plan_row_group(raw, path, metadata, group, limits)
-            reader = pq.ParquetFile(path, metadata=metadata, buffer_size=READ_BUFFER_BYTES,
-                                    read_dictionary=list(plan.dictionary) or None)
-            with reader:
+    readers: dict[tuple[str, ...], Any] = {}  # by the columns read as dictionaries
+    try:
+        with open(path, "rb") as raw:
+            for group in range(metadata.num_row_groups):
+                plan = plan_row_group(raw, path, metadata, group, limits)
+                reader = readers.get(plan.dictionary)
+                if reader is None:
+                    reader = readers[plan.dictionary] = pq.ParquetFile(
+                        path, metadata=metadata, buffer_size=READ_BUFFER_BYTES,
+                        read_dictionary=list(plan.dictionary) or None)
                 for batch in reader.iter_batches(batch_size=plan.rows, row_groups=[group]):
                     yield from bounded_rows(batch, limits=limits,
                                             where=f"'{path}', row {{}}".format, first=at)
                     at += batch.num_rows
+    finally:
+        for reader in readers.values():
+            reader.close()
 
 
 def plan_row_group(raw: IO[bytes], path: str, metadata: Any, group: int,

@@ -42,8 +42,6 @@ passed (``tarfile``'s list of members is emptied as it grows).
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
 import lzma
 import tarfile
@@ -56,6 +54,7 @@ from shardfeed.errors import PackError
 from shardfeed.format import spec
 from shardfeed.tools.pack.limits import IngestLimits
 from shardfeed.tools.pack.rowfields import RowFields
+from shardfeed.tools.pack.tarstream import HEADER_BYTES, Guarded, TooLarge, decompressed
 from shardfeed.tools.pack.tarvalues import member_columns, value_limit
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
@@ -70,9 +69,6 @@ MASK_PREFIXES = ("seg", "mask")
 
 KEY_COLUMN = "__key__"
 """The row's column that holds the sample's key (stored as ``image/filename``)."""
-
-HEADER_BYTES = 1 << 20
-"""The most bytes read at once for a tar header (a PAX header, a GNU long name)."""
 
 def member_limit(max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
     """The most bytes one tar member may hold: an image of ``max_pixels`` pixels stored
@@ -107,11 +103,11 @@ def tar_rows(paths: Sequence[str], fields: RowFields | None = None, *,
     limits = IngestLimits.of(max_pixels)
     for path in paths:
         try:
-            with open(path, "rb") as raw, _decompressed(raw) as inner:
-                guard = _Guarded(inner)
+            with open(path, "rb") as raw, decompressed(raw) as inner:
+                guard = Guarded(inner)
                 with tarfile.open(fileobj=guard, mode="r:") as tar:  # type: ignore[call-overload]
                     yield from _Reader(path, tar, guard, fields, limits).samples()
-        except _TooLarge as exc:
+        except TooLarge as exc:
             raise PackError(f"'{path}': a header at about byte {exc.at} of the tar claims "
                             f"{exc.size} bytes (over {HEADER_BYTES}); the tar is damaged "
                             "or hostile: re-write it with tarfile or WebDataset's TarWriter"
@@ -127,46 +123,6 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _decompressed(raw: io.BufferedIOBase) -> io.BufferedIOBase:
-    """``raw`` itself, or a decompressing reader over it (gzip, bzip2, xz: by magic)."""
-    magic = raw.read(6)
-    raw.seek(0)
-    if magic[:2] == spec.GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if magic[:3] == b"BZh":
-        return bz2.BZ2File(raw)
-    if magic == b"\xfd7zXZ\x00":
-        return lzma.LZMAFile(raw)  # type: ignore[arg-type]
-    return raw
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int, at: int) -> None:
-        super().__init__(size, at)
-        self.size, self.at = size, at
-
-
-class _Guarded:
-    """A file for ``tarfile`` whose reads are bounded: :data:`HEADER_BYTES` at once, or
-    the size of the member being read (``allow``), so that no header can make ``tarfile``
-    allocate what the tar claims."""
-
-    def __init__(self, inner: io.BufferedIOBase) -> None:
-        self._inner = inner
-        self.allowed = HEADER_BYTES
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0 or size > self.allowed:
-            raise _TooLarge(-1 if size is None else size, self._inner.tell())
-        return self._inner.read(size)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._inner.tell()
-
-
 @dataclass(slots=True)
 class _Sample:
     key: str
@@ -178,7 +134,7 @@ class _Sample:
 class _Reader:
     """The members of one tar, gathered into samples and made into rows."""
 
-    def __init__(self, path: str, tar: tarfile.TarFile, guard: _Guarded, fields: RowFields,
+    def __init__(self, path: str, tar: tarfile.TarFile, guard: Guarded, fields: RowFields,
                  limits: IngestLimits) -> None:
         self.path, self.tar, self.guard, self.fields = path, tar, guard, fields
         self.limits, self.limit, self.max_pixels = limits, limits.value_bytes, limits.max_pixels

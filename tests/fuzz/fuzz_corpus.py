@@ -11,6 +11,7 @@
       tf-bare/       mixed.tfrecord alone (its index is built when opened)
       ingest/        pack inputs: a WebDataset tar, an .npz, a Parquet file (fuzz_ingest)
       cache-seeds/   two entry files of the disk cache (fuzz_cache)
+      cache-plans/   plans of hostile cache folders and of stopped holders (fuzz_cache_folders)
       hf/            a Hugging Face save_to_disk folder; hf-private/ the user's data beside
                      it (fuzz_hf)
 """
@@ -22,6 +23,7 @@ import shutil
 from pathlib import Path
 
 import fuzz_cache
+import fuzz_cache_folders
 import fuzz_hf
 import fuzz_ingest
 import numpy as np
@@ -34,7 +36,7 @@ from shardfeed.format.writer import ShardWriter
 
 TF_FIXTURES = Path(__file__).resolve().parent.parent / "data" / "tf"
 FOLDERS = ("packed", "packed-text", "tf-text", "tf-binary", "tf-bare", fuzz_ingest.FOLDER,
-           fuzz_cache.FOLDER, *fuzz_hf.FOLDERS)
+           fuzz_cache.FOLDER, fuzz_cache_folders.FOLDER, *fuzz_hf.FOLDERS)
 
 
 def _packed(folder: Path) -> None:
@@ -97,6 +99,7 @@ def build(root: Path) -> Path:
     shutil.copy(TF_FIXTURES / "mixed.tfrecord", bare / "mixed.tfrecord")
     fuzz_ingest.build(root / fuzz_ingest.FOLDER)
     fuzz_cache.build(root / fuzz_cache.FOLDER)
+    fuzz_cache_folders.build(root / fuzz_cache_folders.FOLDER)
     fuzz_hf.build(root)
     return root
 

@@ -10,7 +10,10 @@ the schema, fingerprint, manifest and sidecars, and calls the format readers dir
 WebDataset tar or ``.tar.gz`` with JSON bombs, an ``.npz``, a hostile Parquet file, a damaged
 ``.arrow`` file of a Hugging Face folder; :mod:`fuzz_ingest`) is packed in bounded memory, and
 what it wrote is read back. A mutated or swapped cache entry file is read through a
-cache that must serve its own record or nothing (:mod:`fuzz_cache`). A Hugging Face folder's
+cache that must serve its own record or nothing (:mod:`fuzz_cache`); a cache folder changed as
+another local user could (planted links, forged entries and rows, its key, its mode) is used,
+and forked holders of its reservations are stopped or killed mid-write while a reader waits
+(:mod:`fuzz_cache_folders`). A Hugging Face folder's
 mutated ``state.json`` (files outside the folder, planted links; :mod:`fuzz_hf`) is packed, and
 a pack holding the user's records from outside is a finding too. Any exception other than a
 :class:`~shardfeed.errors.ShardfeedError` escapes: that is a finding.
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import fuzz_cache
+import fuzz_cache_folders
 import fuzz_corpus
 import fuzz_hf
 import fuzz_ingest
@@ -51,7 +55,8 @@ class Target:
     name: str
     folder: str
     file: str
-    family: str  # bytes | text | npy | json | example | tar | npz | parquet | cache | hf
+    family: str  # bytes | text | npy | json | example | tar | npz | parquet | cache | hf |
+    #              cache-folder | cache-holders
 
 
 TARGETS = (
@@ -72,6 +77,8 @@ TARGETS = (
     Target("webdataset-tar-gz", fuzz_ingest.FOLDER, fuzz_ingest.FILES["targz"], "targz"),
     Target("cache-entry", fuzz_cache.FOLDER, "entry-0.rec", "cache"),
     Target("cache-entry-swapped", fuzz_cache.FOLDER, "entry-1.rec", "cache"),
+    *(Target(name, fuzz_cache_folders.FOLDER, file, name)
+      for name, file in fuzz_cache_folders.FILES.items()),
     *([Target("hf-state", fuzz_hf.FOLDER, "state.json", "hf")] if fuzz_hf.AVAILABLE else []),
     *([Target("hf-arrow", fuzz_hf.FOLDER, fuzz_hf.DATA, "arrow")] if fuzz_hf.AVAILABLE else []),
 )
@@ -153,6 +160,8 @@ FAMILY_MUTATIONS: dict[str, Callable[[random.Random, bytes], bytes]] = {
     "parquet": fuzz_ingest.mutate_parquet,
     "arrow": fuzz_ingest.mutate_arrow,
     "cache": fuzz_cache.mutate_entry,
+    "cache-folder": fuzz_cache_folders.mutate_plan,
+    "cache-holders": fuzz_cache_folders.mutate_plan,
     "hf": fuzz_hf.mutate_state,
 }
 
@@ -220,6 +229,10 @@ def run_input(inp: Input, ws: Workspace) -> None:
             exercise_dataset(folder, verify_crc=inp.verify_crc)
         elif target.family == "cache":
             _quietly(lambda: fuzz_cache.read_back(inp.data, folder / "live"))
+        elif target.family == "cache-folder":
+            fuzz_cache_folders.hostile_folder(inp.data, folder / "live")
+        elif target.family == "cache-holders":
+            fuzz_cache_folders.holders(inp.data, folder / "live")
         elif target.family == "hf":
             out = fuzz_hf.run(inp.data, ws.root)
             if out is not None:

@@ -10,6 +10,8 @@ import os
 import sqlite3
 import stat
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,3 +215,26 @@ def test_a_folder_of_the_unkeyed_format_is_emptied_when_opened(tmp_path: Path) -
     assert [p for p in (folder / "data").rglob("*") if p.is_file()] == []
     put(cache, ["abc1"])
     assert cache.get_many(["abc1"]) == [value("abc1")]
+
+
+def test_fifos_and_folders_in_the_cache_s_places_neither_block_nor_break_it(
+    tmp_path: Path
+) -> None:
+    """Found by the fuzz target: a FIFO where a dead holder's temp folder was (opening it for
+    reading would wait for a writer forever), a folder where an entry's file was."""
+    folder = tmp_path / "c"
+    put(DiskCache(folder, max_bytes=10_000), ["abc1", "def1"])
+    (folder / "tmp").mkdir(exist_ok=True)
+    os.mkfifo(folder / "tmp" / "0123456789abcdef")
+    (folder / "locks" / "0123456789abcdef.lock").write_bytes(b"")  # its holder: dead
+    entry(folder, "abc1").unlink()
+    (entry(folder, "abc1") / "sub").mkdir(parents=True)
+    code = ("import sys; from shardfeed.storage.disk_cache import DiskCache; "
+            "c = DiskCache(sys.argv[1], max_bytes=10_000); print(c.verify(), c.summary().entries)")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["['abc1']", "1"]
+    assert not (folder / "tmp" / "0123456789abcdef").exists()
+    cache = DiskCache(folder, max_bytes=10_000)
+    put(cache, ["abc1"])
+    assert cache.get_many(["abc1", "def1"]) == [value("abc1"), value("def1")]

@@ -42,6 +42,7 @@ from shardfeed.storage.cache_folder import (
     NONBLOCK,
     FolderModes,
     open_folder,
+    remove_tree,
 )
 
 PRIVATE = FolderModes(group=False)
@@ -143,9 +144,10 @@ class EntryFiles:
             return None, True
         finally:
             os.close(sub)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a FIFO, a device
+            os.close(fd)
+            return None, True
         with open(fd, "rb", buffering=0, closefd=True) as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None, True
             head = f.read(HEADER.size)
             data = f.read(size + 1)  # +1: a file too long is damaged
             while len(data) <= size:  # a read may return less than asked: read on
@@ -182,7 +184,11 @@ class EntryFiles:
                     _write_all(fd, data)
                 finally:
                     os.close(fd)
-                os.replace(tmp, name, src_dir_fd=temp, dst_dir_fd=sub)
+                try:
+                    os.replace(tmp, name, src_dir_fd=temp, dst_dir_fd=sub)
+                except IsADirectoryError:  # a folder planted at its name: replaced too
+                    remove_tree(sub, name)
+                    os.replace(tmp, name, src_dir_fd=temp, dst_dir_fd=sub)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=temp)
@@ -192,7 +198,8 @@ class EntryFiles:
 
     def remove(self, key: str) -> None:
         """Remove entry ``key``'s file (a link there is removed, not what it leads to; so is
-        a link or a file that took the place of its folder)."""
+        a link or a file that took the place of its folder, or a folder that took the
+        file's). Never raises: what cannot be removed stays, and is damaged when read."""
         folder, name = entry_name(key)
         try:
             root = self._root()
@@ -209,8 +216,7 @@ class EntryFiles:
                     os.unlink(folder, dir_fd=root)
                 return
             try:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=sub)
+                remove_tree(sub, name)  # a folder planted there too
             finally:
                 os.close(sub)
         finally:
@@ -234,8 +240,7 @@ class EntryFiles:
                     continue
                 try:
                     for name in os.listdir(sub):
-                        with contextlib.suppress(OSError):
-                            os.unlink(name, dir_fd=sub)
+                        remove_tree(sub, name)
                 finally:
                     os.close(sub)
         finally:

@@ -216,10 +216,34 @@ def open_folder(parent: int, name: str, modes: FolderModes, *, create: bool) -> 
     return os.open(name, os.O_RDONLY | DIRECTORY | NOFOLLOW | CLOEXEC, dir_fd=parent)
 
 
+def remove_tree(parent: int, name: str, *, depth: int = 16) -> None:
+    """Remove ``name`` of the folder open as ``parent``, whatever it is: a file or a link
+    (the link, not what it leads to), or a folder and everything in it (links in it are
+    removed, never followed). Best effort: what cannot be removed stays."""
+    try:
+        os.unlink(name, dir_fd=parent)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:  # a folder (EISDIR, or EPERM on some systems)
+        pass
+    if depth <= 0:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(name, os.O_RDONLY | DIRECTORY | NOFOLLOW | CLOEXEC, dir_fd=parent)
+        try:
+            for entry in os.listdir(fd):
+                remove_tree(fd, entry, depth=depth - 1)
+        finally:
+            os.close(fd)
+        os.rmdir(name, dir_fd=parent)
+
+
 def open_root(path: Path) -> int:
     """The cache folder itself (the path the user gave; links in it were theirs)."""
     return os.open(path, os.O_RDONLY | DIRECTORY | CLOEXEC)
 
 
 __all__ = ["INDEX_FILES", "INDEX_NAME", "KEY_NAME", "FolderModes", "check_folder",
-           "check_index_files", "create_index", "load_key", "open_folder", "open_root"]
+           "check_index_files", "create_index", "load_key", "open_folder", "open_root",
+           "remove_tree"]

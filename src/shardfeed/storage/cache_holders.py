@@ -40,11 +40,13 @@ from pathlib import Path
 
 from shardfeed.storage.cache_folder import (
     CLOEXEC,
+    DIRECTORY,
     NOFOLLOW,
     NONBLOCK,
     FolderModes,
     open_folder,
     open_root,
+    remove_tree,
 )
 
 LOCKS = "locks"
@@ -158,66 +160,53 @@ def sweep(path: Path, tokens: Iterable[str]) -> None:
     except OSError:
         return
     try:
+        tokens = [token for token in tokens if is_token(token)]
         for token in tokens:
-            if is_token(token):
-                _remove_folder(root, TEMP, token)
+            _remove_folder(root, TEMP, token)
+        try:
+            locks = os.open(LOCKS, os.O_RDONLY | DIRECTORY | NOFOLLOW | CLOEXEC, dir_fd=root)
+        except OSError:  # none, or not the cache's (a link): nothing of the cache's there
+            return
+        try:
+            for token in tokens:
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(LOCKS, f"{token}.lock"), dir_fd=root)
-        _remove_stillborn(root)
+                    os.unlink(f"{token}.lock", dir_fd=locks)
+            _remove_stillborn(locks)
+        finally:
+            os.close(locks)
     finally:
         os.close(root)
 
 
 def _remove_folder(root: int, parent: str, name: str) -> None:
-    """Remove folder ``parent/name`` and the files in it (a link there: the link)."""
+    """Remove ``parent/name`` (a holder's temp folder, or whatever took its place)."""
     try:
-        up = os.open(parent, os.O_RDONLY | NOFOLLOW | CLOEXEC, dir_fd=root)
+        up = os.open(parent, os.O_RDONLY | DIRECTORY | NOFOLLOW | CLOEXEC, dir_fd=root)
     except OSError:
         return
     try:
-        try:
-            fd = os.open(name, os.O_RDONLY | NOFOLLOW | CLOEXEC, dir_fd=up)
-        except FileNotFoundError:
-            return
-        except OSError:  # a link or a file where the folder should be
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=up)
-            return
-        try:
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                for entry in os.listdir(fd):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry, dir_fd=fd)
-        finally:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.rmdir(name, dir_fd=up)
+        remove_tree(up, name)
     finally:
         os.close(up)
 
 
-def _remove_stillborn(root: int) -> None:
-    try:
-        locks = os.open(LOCKS, os.O_RDONLY | NOFOLLOW | CLOEXEC, dir_fd=root)
-    except OSError:
-        return
-    try:
-        now = time.time()
-        for name in os.listdir(locks):
-            if not (name.startswith(".") and name.endswith(".new")):
+def _remove_stillborn(locks: int) -> None:
+    """Remove the hidden lock files of the folder open as ``locks`` whose maker died before
+    naming them (unlocked, older than :data:`NEWBORN_SECONDS`)."""
+    now = time.time()
+    for name in os.listdir(locks):
+        if not (name.startswith(".") and name.endswith(".new")):
+            continue
+        with contextlib.suppress(OSError):
+            if now - os.stat(name, dir_fd=locks, follow_symlinks=False).st_mtime < \
+                    NEWBORN_SECONDS:
                 continue
-            with contextlib.suppress(OSError):
-                if now - os.stat(name, dir_fd=locks, follow_symlinks=False).st_mtime < \
-                        NEWBORN_SECONDS:
-                    continue
-                fd = os.open(name, os.O_RDONLY | NOFOLLOW | CLOEXEC | NONBLOCK, dir_fd=locks)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    os.unlink(name, dir_fd=locks)
-                finally:
-                    os.close(fd)
-    finally:
-        os.close(locks)
+            fd = os.open(name, os.O_RDONLY | NOFOLLOW | CLOEXEC | NONBLOCK, dir_fd=locks)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                os.unlink(name, dir_fd=locks)
+            finally:
+                os.close(fd)
 
 
 def temp_bytes(path: Path) -> int:
@@ -235,13 +224,13 @@ def temp_bytes(path: Path) -> int:
 
 
 def _names(folder: Path) -> list[str]:
-    """The names in ``folder`` (none when it is missing, or a link)."""
+    """The names in ``folder`` (none when it is missing, a link or not a folder)."""
     try:
-        fd = os.open(folder, os.O_RDONLY | NOFOLLOW | CLOEXEC)
+        fd = os.open(folder, os.O_RDONLY | DIRECTORY | NOFOLLOW | CLOEXEC)
     except OSError:
         return []
     try:
-        return os.listdir(fd) if stat.S_ISDIR(os.fstat(fd).st_mode) else []
+        return os.listdir(fd)
     finally:
         os.close(fd)
 

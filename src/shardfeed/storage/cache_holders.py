@@ -35,6 +35,7 @@ import re
 import secrets
 import stat
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -64,20 +65,22 @@ def is_token(text: object) -> bool:
 
 class Holder:
     """This process's mark on the cache folder ``path``: its lock file, locked while it is
-    open, and its temp folder (:attr:`temp`, an open folder descriptor)."""
+    open, and its temp folder (:attr:`temp`, an open folder descriptor). A holder dropped
+    without :meth:`release` (its cache never closed) closes both when collected: its lock
+    goes, and others take it for dead."""
 
     def __init__(self, path: Path, modes: FolderModes) -> None:
         self.path = path
         self.token = secrets.token_hex(8)
         self.pid = os.getpid()
-        self._lock = -1
-        self.temp = -1
+        self._fds = [-1, -1]  # the lock file, the temp folder
+        self._close = weakref.finalize(self, _close_all, self._fds)
         root = open_root(path)
         try:
-            self._lock = _locked_file(root, self.token, modes)
+            self._fds[0] = _locked_file(root, self.token, modes)
             temps = open_folder(root, TEMP, modes, create=True)
             try:
-                self.temp = open_folder(temps, self.token, modes, create=True)
+                self._fds[1] = open_folder(temps, self.token, modes, create=True)
             finally:
                 os.close(temps)
         except BaseException:
@@ -86,17 +89,26 @@ class Holder:
         finally:
             os.close(root)
 
+    @property
+    def temp(self) -> int:
+        """The temp folder, open (-1 once released)."""
+        return self._fds[1]
+
     def release(self, *, remove: bool) -> None:
         """Let go: with ``remove``, its temp folder and lock file are removed first (this
         process is done with the cache); without, only this process's descriptors are
         closed (a forked child's copies: the parent holds on). Idempotent."""
-        if remove and self._lock >= 0:
+        if remove and self._fds[0] >= 0:
             sweep(self.path, [self.token])
-        for fd in (self.temp, self._lock):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self.temp = self._lock = -1
+        self._close()
+
+
+def _close_all(fds: list[int]) -> None:
+    for n, fd in enumerate(fds):
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        fds[n] = -1
 
 
 def _locked_file(root: int, token: str, modes: FolderModes) -> int:

@@ -732,7 +732,8 @@ class DiskCache:
             if mine and self._conn is not None:
                 self._transaction(partial(self._drop_holders, [owner.token]))  # type: ignore[union-attr]
             if mine:
-                self._owner = None
+                with self._holder_lock:
+                    self._owner = None
                 owner.release(remove=True)  # type: ignore[union-attr]
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()

@@ -55,6 +55,8 @@ def test_a_folder_other_users_can_write_is_refused_unless_trusted(
     with Dataset(url, cache_dir=shared, trust_cache_dir=True) as ds, \
             Loader(ds, **OPTIONS) as loader:
         assert stream(loader) == expected
+    # entries are written behind the reads: closing the Dataset lands them
+    with Dataset(url, cache_dir=shared, trust_cache_dir=True) as ds:
         assert ds.cached_in(shared)["records"] == 64
     assert main(["inspect", url, "--cache-dir", str(shared), "--json"]) == 1
     capsys.readouterr()

@@ -121,3 +121,37 @@ def test_the_epoch_length_is_known_on_every_road(adapter_folder: Path) -> None:
             ds = sf_tf.dataset(loader, **options)
             assert int(ds.cardinality()) == len(loader) == 4
             assert _ids(ds) == expected
+
+
+def test_features_of_varying_length_are_ragged_tensors(tmp_path: Path) -> None:
+    from shardfeed.dataset import Dataset
+    from shardfeed.format.writer import ShardWriter
+    from shardfeed.tools.index import index_files
+
+    folder = tmp_path / "ragged"
+    folder.mkdir()
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for i in range(21):
+            writer.write_example({"ids": list(range(i % 4 + 1)), "name": f"n{i}".encode(),
+                                  "tags": [b"x"] * (i % 3 + 1)})
+    index_files(str(folder))
+
+    def loader() -> Loader:
+        return Loader(Dataset(str(folder)), batch_size=4, shuffle=True, seed=0, transform=None)
+
+    with loader() as reference:
+        expected = list(reference)
+    with loader() as bridged:
+        ds = sf_tf.dataset(bridged)
+        assert isinstance(ds.element_spec["ids"], tf.RaggedTensorSpec)
+        assert isinstance(ds.element_spec["tags"], tf.RaggedTensorSpec)
+        assert int(ds.cardinality()) == 6
+        got = list(ds)
+    assert len(got) == len(expected) == 6
+    def rows(column: Any) -> list[list[Any]]:  # a record of one value may be a scalar
+        return [np.atleast_1d(np.asarray(v, dtype=object)).tolist() for v in column]
+
+    for batch, want in zip(got, expected, strict=True):
+        assert batch["ids"].to_list() == rows(want["ids"])
+        assert batch["tags"].to_list() == rows(want["tags"])
+        assert batch["name"].numpy().tolist() == want["name"]

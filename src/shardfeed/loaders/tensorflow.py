@@ -282,7 +282,9 @@ class _Stream:
         for name, spec in self.specs.items():
             value = batch[name]
             if isinstance(spec, tf.RaggedTensorSpec):
-                rows = [np.asarray(v) for v in value]
+                kind = object if spec.dtype == tf.string else None
+                # a record of one value may come as a scalar: a row of one
+                rows = [np.atleast_1d(np.asarray(v, dtype=kind)) for v in value]
                 out.append(np.concatenate(rows) if rows else
                            np.zeros((0, *spec.shape[2:]), spec.dtype.as_numpy_dtype))
                 out.append(np.array([len(r) for r in rows], dtype=np.int64))
@@ -424,12 +426,19 @@ def _batches(stream: _Stream, specs: Mapping[str, tf.TypeSpec], prefetch: int
 def _endless_nothing(spec: Any) -> tf.data.Dataset:
     """A Dataset of ``spec``'s elements that gives none, of infinite cardinality to tf.data
     (a Dataset of unknown length, repeated: ``repeat`` ends when a round gives nothing)."""
-    def zeros(_: tf.Tensor) -> Any:
-        return tf.nest.map_structure(
-            lambda s: tf.zeros([0 if d is None else d for d in s.shape], s.dtype), spec)
+    def empty(part: tf.TypeSpec) -> Any:
+        if isinstance(part, tf.RaggedTensorSpec):  # (B, None, ...) rows of no values
+            inner = [0 if d is None else d for d in part.shape[2:]]
+            return tf.RaggedTensor.from_row_lengths(
+                tf.zeros([0, *inner], part.dtype), tf.zeros([0], part.row_splits_dtype),
+                validate=False)
+        return tf.zeros([0 if d is None else d for d in part.shape], part.dtype)
 
-    empty = _synchronous_map(tf.data.Dataset.range(0), zeros, preserve_cardinality=False)
-    return empty.repeat()
+    def zeros(_: tf.Tensor) -> Any:
+        return tf.nest.map_structure(empty, spec)
+
+    nothing = _synchronous_map(tf.data.Dataset.range(0), zeros, preserve_cardinality=False)
+    return nothing.repeat()
 
 
 def _counted(stream: _Stream, specs: Mapping[str, tf.TypeSpec]) -> Any:
@@ -445,7 +454,9 @@ def _counted(stream: _Stream, specs: Mapping[str, tf.TypeSpec]) -> Any:
         for name, spec in items:
             if isinstance(spec, tf.RaggedTensorSpec):
                 values, lengths = next(columns), next(columns)
-                out[name] = tf.RaggedTensor.from_row_lengths(values, lengths)
+                # lengths made here sum to the values: no check (its assert ops cannot run
+                # in the inline executor)
+                out[name] = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
             else:
                 out[name] = next(columns)
         return out

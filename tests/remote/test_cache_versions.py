@@ -3,83 +3,20 @@ over HTTP, Last-Modified; a server that says nothing gets no caching, and a warn
 
 from __future__ import annotations
 
-import email.utils
-import http.server
 import os
-import re
-import threading
 import warnings
 from pathlib import Path
 
 import pytest
+from folder_server import FolderServer
+from folder_server import write_shard as shared_write_shard
 
 from shardfeed import Dataset
-from shardfeed.format.writer import ShardWriter
 from shardfeed.storage.files import version_of
 
 
-class FolderServer:
-    """Serves a local folder over HTTP on 127.0.0.1 (HEAD, GET, one byte range), with
-    Last-Modified when ``validators``; counts the GETs of shard bytes."""
-
-    def __init__(self, root: Path, *, validators: bool) -> None:
-        self.gets = 0
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_HEAD(self) -> None:
-                self._answer(body=False)
-
-            def do_GET(self) -> None:
-                self._answer(body=True)
-
-            def _answer(self, *, body: bool) -> None:
-                path = root / self.path.lstrip("/")
-                if not path.is_file():
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                data = path.read_bytes()
-                found = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-                status, part = 200, data
-                if found:
-                    start = int(found[1])
-                    end = int(found[2]) if found[2] else len(data) - 1
-                    status, part = 206, data[start : end + 1]
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(part)))
-                self.send_header("Accept-Ranges", "bytes")
-                if found:
-                    self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-                if validators:
-                    self.send_header("Last-Modified", email.utils.formatdate(
-                        path.stat().st_mtime, usegmt=True))
-                self.end_headers()
-                if body:
-                    owner.gets += path.suffix == ".tfrecord"
-                    self.wfile.write(part)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/{name}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def write_shard(path: Path, prefix: str, n: int = 20) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with ShardWriter(str(path)) as writer:
-        for i in range(n):
-            writer.write_example({"index": [i], "name": f"{prefix}{i:03d}".encode()})
+    shared_write_shard(path, prefix, n)
 
 
 def names(ds: Dataset) -> list[bytes]:
@@ -91,7 +28,7 @@ def test_a_shard_rewritten_on_an_http_server_is_read_anew(tmp_path: Path) -> Non
     shard = site / "part-000.tfrecord"
     write_shard(shard, "a")
     os.utime(shard, (1_700_000_000, 1_700_000_000))
-    server = FolderServer(site, validators=True)
+    server = FolderServer(site, last_modified=True)
     try:
         url, cache = server.url("part-000.tfrecord"), tmp_path / "cache"
         with Dataset([url], cache_dir=cache) as ds:
@@ -110,7 +47,7 @@ def test_a_shard_rewritten_on_an_http_server_is_read_anew(tmp_path: Path) -> Non
 def test_a_server_that_names_no_version_gets_no_caching_and_a_warning(tmp_path: Path) -> None:
     site = tmp_path / "site"
     write_shard(site / "part-000.tfrecord", "a")
-    server = FolderServer(site, validators=False)
+    server = FolderServer(site, last_modified=False)
     try:
         url, cache = server.url("part-000.tfrecord"), tmp_path / "cache"
         with pytest.warns(RuntimeWarning, match="never from the disk cache"):

@@ -8,22 +8,18 @@ cached, so the bytes read are those there now."""
 
 from __future__ import annotations
 
-import email.utils
-import hashlib
-import http.server
 import os
-import re
-import threading
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from folder_server import FolderServer
+from folder_server import write_shard as shared_write_shard
 from s3_fixture import S3Server
 
 from shardfeed import Dataset, Loader, ShardChangedError
-from shardfeed.format.writer import ShardWriter
 from shardfeed.tools.index import index_files
 
 N = 64
@@ -31,11 +27,7 @@ SHARD = "part-000.tfrecord"
 
 
 def write_shard(path: Path, prefix: str) -> None:
-    """``N`` records named ``{prefix}000``...: the same size for any one-letter prefix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with ShardWriter(str(path)) as writer:
-        for i in range(N):
-            writer.write_example({"index": [i], "name": f"{prefix}{i:03d}".encode()})
+    shared_write_shard(path, prefix, N)
 
 
 def expected(prefix: str) -> list[bytes]:
@@ -132,80 +124,6 @@ def test_a_dataset_opened_after_the_rewrite_never_reads_the_old_records_cached(
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
-
-
-class FolderServer:
-    """A folder over HTTP on 127.0.0.1 as a plain web server serves it: HEAD, GET, one byte
-    range, ``Last-Modified`` (to the second), and an ``ETag`` of the content where
-    ``etags``; ``If-Match`` and ``If-Unmodified-Since`` honoured (HTTP 412)."""
-
-    def __init__(self, root: Path, *, etags: bool) -> None:
-        self.refused = 0
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_HEAD(self) -> None:
-                self._answer(body=False)
-
-            def do_GET(self) -> None:
-                self._answer(body=True)
-
-            def _answer(self, *, body: bool) -> None:
-                path = root / self.path.lstrip("/")
-                if not path.is_file():
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                data = path.read_bytes()
-                modified = int(path.stat().st_mtime)
-                etag = f'"{hashlib.md5(data).hexdigest()}"'
-                if self._refused(etag if etags else None, modified):
-                    owner.refused += 1
-                    self.send_response(412)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                found = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-                status, part = 200, data
-                if found:
-                    start = int(found[1])
-                    end = int(found[2]) if found[2] else len(data) - 1
-                    status, part = 206, data[start : end + 1]
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(part)))
-                self.send_header("Accept-Ranges", "bytes")
-                if found:
-                    self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-                self.send_header("Last-Modified", email.utils.formatdate(modified, usegmt=True))
-                if etags:
-                    self.send_header("ETag", etag)
-                self.end_headers()
-                if body:
-                    self.wfile.write(part)
-
-            def _refused(self, etag: str | None, modified: int) -> bool:
-                match = self.headers.get("If-Match")
-                if match is not None:
-                    return etag is None or match.strip() != etag
-                since = self.headers.get("If-Unmodified-Since")
-                if since is not None:
-                    return modified > email.utils.parsedate_to_datetime(since).timestamp()
-                return False
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/{name}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture()

@@ -45,14 +45,8 @@ class Transform(Protocol):
     def __call__(self, sample: Sample, rng: np.random.Generator, /) -> Sample: ...
 
 
-class ImageInfoLike(Protocol):
-    """What decode ops read from ``shardfeed.format.schema.ImageInfo``."""
-
-    @property
-    def key(self) -> str: ...
-
-    @property
-    def encoding(self) -> str: ...
+class ShapeKeysLike(Protocol):
+    """The features that hold a raw image's height, width and channels."""
 
     @property
     def height_key(self) -> str | None: ...
@@ -62,6 +56,16 @@ class ImageInfoLike(Protocol):
 
     @property
     def channels_key(self) -> str | None: ...
+
+
+class ImageInfoLike(ShapeKeysLike, Protocol):
+    """What decode ops read from ``shardfeed.format.schema.ImageInfo``."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def encoding(self) -> str: ...
 
 
 class SchemaLike(Protocol):

@@ -38,7 +38,7 @@ import numpy as np
 
 from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.format import spec
-from shardfeed.transforms.base import Sample
+from shardfeed.transforms.base import Sample, ShapeKeysLike
 from shardfeed.transforms.decode.image import (
     Where,
     decode_error,
@@ -49,16 +49,10 @@ from shardfeed.transforms.decode.image import (
 from shardfeed.transforms.decode.sizes import pixels_reason
 
 
-class RawField(Protocol):
+class RawField(ShapeKeysLike, Protocol):
     """What the raw decode reads of a field (``fields.ImageField`` has it all): where the
     shape is, the pixels' type, and for a mask the image it belongs to."""
 
-    @property
-    def height_key(self) -> str | None: ...
-    @property
-    def width_key(self) -> str | None: ...
-    @property
-    def channels_key(self) -> str | None: ...
     @property
     def shape(self) -> tuple[int, ...] | None: ...
     @property

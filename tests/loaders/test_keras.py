@@ -22,6 +22,7 @@ keras = pytest.importorskip("keras")
 
 from pipeline_helpers import open_dataset, train_transform
 
+from shardfeed.errors import StateError
 from shardfeed.loaders import keras as sf_keras
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import presets
@@ -277,3 +278,48 @@ def test_restore_puts_back_the_optimizers_state_into_a_fresh_model(
     assert int(fresh.optimizer.iterations) == 4  # 30 records, batch 8
     assert len(restored) == len(saved) > 2  # the step counter, rate and Adam's moments
     assert all(np.array_equal(a, b) for a, b in zip(saved, restored, strict=True))
+
+
+def test_a_plain_fit_after_a_mid_epoch_restore_is_refused_with_the_recipe(
+    adapter_folder: Path, tmp_path: Path,
+) -> None:
+    # 30 records, batch 8: 4 steps an epoch; stopped after step 2 of epoch 0
+    class Stop(Exception):
+        pass
+
+    class StopAfterStep2(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == 1:
+                raise Stop
+
+    class Count(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            Count.steps += 1
+
+    def compiled() -> Any:
+        model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Rescaling(1 / 255),
+                                  keras.layers.Flatten(), keras.layers.Dense(5)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with _loader(adapter_folder) as loader:
+        data = sf_keras.adapt(loader, inputs="image", targets="image/class/label")
+        checkpoint = sf_keras.LoaderCheckpoint(data, tmp_path / "ckpt", save_every_steps=2)
+        with pytest.raises(Stop):
+            compiled().fit(data, epochs=2, callbacks=[checkpoint, StopAfterStep2()], verbose=0)
+    with _loader(adapter_folder) as loader:
+        data = sf_keras.adapt(loader, inputs="image", targets="image/class/label")
+        checkpoint = sf_keras.LoaderCheckpoint(data, tmp_path / "ckpt", save_every_steps=2)
+        model = compiled()
+        assert checkpoint.restore(model) == (0, 2)
+        # Keras's own recipe would train 4 steps as the rest of epoch 0: refused, with the fix
+        with pytest.raises(StateError, match=r"step 2 of epoch 0.*fit_resumed.*"
+                                             r"steps_per_epoch=2"):
+            model.fit(data, initial_epoch=0, epochs=2, callbacks=[checkpoint, Count()],
+                      verbose=0)
+        assert Count.steps == 0
+        checkpoint.fit_resumed(model, epochs=2, callbacks=[Count()], verbose=0)
+        assert Count.steps == 2 + 4  # the rest of epoch 0, then epoch 1
+        assert (loader.state()["epoch"], loader.state()["consumed"]) == (2, 0)

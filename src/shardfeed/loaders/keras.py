@@ -40,6 +40,7 @@ from typing import Any
 
 import keras
 
+from shardfeed.errors import StateError
 from shardfeed.loaders.numpy import AdaptedLoader
 
 Names = str | Sequence[str] | Mapping[str, str] | None
@@ -276,11 +277,33 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
         self._taken = 0  # batches the model trained on since the stream's start/restore
         self._epoch = 0
         self._step_offset = self._next_offset = 0  # steps of the epoch done before a resume
+        self._resumed: tuple[int, int] | None = None  # (epoch, step) restored mid-epoch
 
     # -- Keras hooks ---------------------------------------------------------------------------
 
     def on_train_begin(self, logs: Any = None) -> None:
         self._taken = self.data.produced  # batches Keras read ahead are not counted there
+        self._check_resumed_steps()
+
+    def _check_resumed_steps(self) -> None:
+        """A fit right after a mid-epoch restore must be of the epoch's remaining steps:
+        Keras counts a whole epoch from where it starts, so a plain ``fit(initial_epoch=e)``
+        would train the next epoch's first batches as this one's and every epoch after it
+        off by as many (found by the steps Keras says it will take, ``params["steps"]``)."""
+        if self._resumed is None:
+            return
+        epoch, step = self._resumed
+        left = len(self.data) - step
+        steps = (self.params or {}).get("steps")
+        if steps is not None and steps != left:
+            raise StateError(
+                f"the loader was restored at step {step} of epoch {epoch} ({len(self.data)} "
+                f"steps an epoch) and this fit would take {steps} steps as that epoch: Keras "
+                f"counts a whole epoch from the resume point, so epochs would no longer be the "
+                f"loader's. Resume with checkpoint.fit_resumed(model, epochs=...), or first "
+                f"model.fit(data, initial_epoch={epoch}, epochs={epoch + 1}, "
+                f"steps_per_epoch={left}, callbacks=[checkpoint]) and then the epochs left"
+            )
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch, self._epoch_start = epoch, self._taken
@@ -293,6 +316,7 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
             self.save(step=step)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._resumed = None  # the interrupted epoch is done
         self.save(step=0, epoch_done=True)
 
     def on_train_end(self, logs: Any = None) -> None:
@@ -342,7 +366,9 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
             model.load_weights(self.directory / record.get("weights", _WEIGHTS_FILE))
         self.data.restore(record["loader"])
         self._taken = 0
-        return int(record["epoch"]), int(record["step"])
+        epoch, step = int(record["epoch"]), int(record["step"])
+        self._resumed = (epoch, step) if step else None
+        return epoch, step
 
     def fit_resumed(self, model: Any, *, epochs: int, **fit_options: Any) -> None:
         """``model.fit`` from the checkpoint: the weights and the stream are restored, the

@@ -16,6 +16,7 @@ LAYERS = ["storage", "format", "dataset", "sampling", "transforms", "pipeline", 
 ADAPTERS = {"loaders/torch.py": "torch", "loaders/torch_decode.py": "torch",
             "loaders/device_resize.py": "torch",
             "loaders/jax.py": "jax", "loaders/tensorflow.py": "tensorflow",
+            "loaders/tf_stream.py": "tensorflow",
             "loaders/keras.py": "keras"}
 
 

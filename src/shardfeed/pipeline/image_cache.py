@@ -17,8 +17,9 @@ working behind the clock may need an entry that expired a moment ago, never one 
 expired long before.
 
 Loads are deduplicated: two threads asking for the same missing key wait on one load (a
-per-key future), so an image is decoded once per residency. A failed load is not cached;
-every waiter then loads for itself and gets its own error.
+per-key future), so an image is decoded once per residency. A load may be started ahead
+on another thread (:meth:`ImageCache.load_ahead`): the key counts as being loaded from then
+on. A failed load is not cached; every waiter then loads for itself and gets its own error.
 
 Determinism: returns what ``load`` returns. State: the entries and counters (not part of any
 loader state). Memory: at most ``max_bytes`` of entries (as reported by ``load``), plus the
@@ -207,6 +208,38 @@ class ImageCache(Generic[V]):
             with self._lock:
                 self._hits += 1
             return value
+
+    def load_ahead(
+        self,
+        key: Hashable,
+        load: Callable[[], tuple[V, int]],
+        *,
+        expires: Clock,
+        run: Callable[[Callable[[], object]], object],
+    ) -> bool:
+        """Have ``run`` load ``key`` later (on another thread), unless it is cached or being
+        loaded; False then. The key counts as being loaded from this call on, so a :meth:`get`
+        meanwhile waits for that load instead of starting its own. The clock is left alone
+        (loading ahead is not a use); a failed load is not cached, and its waiters load for
+        themselves."""
+        with self._lock:
+            if key in self._entries or key in self._pending:
+                return False
+            future: Future[V] = Future()
+            self._pending[key] = future
+
+        def load_now() -> object:
+            return self._load(key, future, load, expires)
+
+        try:
+            run(load_now)
+        except BaseException:
+            with self._lock:
+                if self._pending.get(key) is future:
+                    del self._pending[key]
+            future.set_exception(_LoadFailed())
+            raise
+        return True
 
     def _load(
         self, key: Hashable, future: Future[V], load: Callable[[], tuple[V, int]],

@@ -30,12 +30,25 @@ thread count, ranks, restores or the cache (``cache=False`` gives the same bytes
 the dataset's fingerprint and the options that decide the patches (see
 :meth:`Patches.state`); a restore on other ones raises StateError naming the first that
 differs. Memory: the decoded-image cache,
-``cache_bytes`` (default: ``N + max(2, N // 8)`` decoded images of the largest image decoded
-so far: the bound grows when a larger image comes, so a small first image does not leave
-the others uncached), plus the dataset's index (8 bytes an image). Threads work up to ``prefetch_batches ×
-batch_size`` outputs ahead, which needs ``N + ceil(that / R)`` images at once; when ``R``
-is small next to the batch, pass a larger ``cache_bytes`` (or images are decoded again,
-with the same outputs).
+``cache_bytes`` (default: ``N + max(2, N // 8) + 2`` decoded images of the largest image
+decoded so far: the bound grows when a larger image comes, so a small first image does not
+leave the others uncached), plus the dataset's index (8 bytes an image). Threads work up to
+``prefetch_batches × batch_size`` outputs ahead, which needs ``N + ceil(that / R)`` images
+at once; when ``R`` is small next to the batch, pass a larger ``cache_bytes`` (or images are
+decoded again, with the same outputs).
+
+Decoding ahead. A slice starts the decodes of its images, and of the images the next
+outputs of its stride (its rank's) need up to ``LOOK_AHEAD_IMAGES`` (2) refreshes past it,
+on threads of their own, so decodes run while slices cut patches::
+
+    outputs   ... [ slice: p0 .. p1 ] p1+W ... up to the end of refresh p1 // R + 2
+    images        [ window(p0) ... window(p1) ] + up to 2 images that enter after p1
+
+The look-ahead takes only the room the bound leaves beyond the slice's images and the
+``max(2, N // 8)`` images of threads working ahead (the default bound has 2 images for it;
+a stated ``cache_bytes`` without room turns it off), so an image decoded ahead never pushes
+out one an output still needs: each image is still decoded once per residency (at an
+epoch's end, up to 2 images may be decoded for outputs a dropped last batch would have cut).
 """
 
 from __future__ import annotations
@@ -75,6 +88,8 @@ _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image
 DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
 """Threads decoding the images slices need next (see ``Patches._decode_ahead``), one image
 each at most: their images are counted in :attr:`Patches.cache_bytes`."""
+LOOK_AHEAD_IMAGES = 2
+"""Refreshes past a slice whose outputs' images are decoded ahead (see ``Patches._look_ahead``)."""
 _DECODERS = DaemonThreads("shardfeed-patch-decode", limit=DECODE_AHEAD_THREADS)
 """Kept for the process and shared by every Patches (no threads a sampler left behind)."""
 
@@ -102,8 +117,9 @@ class Patches(SamplerBase):
     ``refresh_every`` (R), the schedule; ``pick`` (``"stratified"`` or ``"uniform"``, see the
     module docstring); ``reduced_decode`` (decode at 1/2, 1/4, 1/8 when every crop is
     shrunk that much); ``cache`` (False decodes for every patch: same outputs, slower);
-    ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8)`` images of the largest
-    image decoded so far; pass it to fix the bound from the start); ``mask`` (None: cut the mask too when the dataset has one); ``max_pixels``
+    ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8) + 2`` images of the
+    largest image decoded so far; pass it to fix the bound from the start); ``mask`` (None:
+    cut the mask too when the dataset has one); ``max_pixels``
     (the most pixels an image may have, read from its header before decoding; default 2^27:
     see :class:`~shardfeed.transforms.decode.ops.DecoderBase`); ``exif_orientation``
     (``"ignore"``, the default: patches of the stored pixels; ``"apply"``: of the photo as its
@@ -163,7 +179,7 @@ class Patches(SamplerBase):
         n = self.schedule.max_resident
         self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
-            default = max(1, n) + self.options.slack_images()
+            default = max(1, n) + self.options.slack_images() + LOOK_AHEAD_IMAGES
             self.cache = ImageCache(max_bytes=self.options.cache_bytes, default_images=default)
 
     # -- the Sampler protocol -----------------------------------------------------------------
@@ -189,7 +205,15 @@ class Patches(SamplerBase):
         if self.options.pick == "uniform":
             return self.schedule.pick_many(ps, uniform_many(seed, epoch, ps, PATCH_SLOT))
         n = self.schedule.cache_images
+        if not len(ps):
+            return lo
         blocks = ps // n
+        first, last = int(blocks.min()), int(blocks.max())
+        if last - first < len(ps):  # a run of outputs: its blocks' permutations end to end
+            run = np.concatenate([_block_permutation(seed, epoch, block, n)
+                                  for block in range(first, last + 1)])
+            lo += run[ps - first * n]  # lo is a new array
+            return lo
         within = ps - blocks * n
         slots = np.empty_like(ps)
         for block in np.unique(blocks).tolist():
@@ -201,7 +225,7 @@ class Patches(SamplerBase):
         q = self.order_positions(ctx.seed, ctx.epoch, positions)
         units = np.asarray(ctx.order[q], dtype=np.int64)
         if self.cache is not None:
-            self._decode_ahead(ctx.epoch, np.asarray(positions, dtype=np.int64), q, units)
+            self._decode_ahead(ctx, np.asarray(positions, dtype=np.int64), q, units)
         return [(int(u),) for u in units]
 
     def read(self, records: Sequence[int]) -> list[Sample]:
@@ -279,34 +303,79 @@ class Patches(SamplerBase):
     def _decoded(self, key: SampleKey, rid: int, record: Sample) -> DecodedImage:
         if self.cache is None:
             return self._load(rid, record)[0]
-        q = int(self.order_positions(key.seed, key.epoch, np.array([key.position]))[0])
-        expires = (key.epoch, self.schedule.last_output(q))
+        q = self._order_position(key.seed, key.epoch, key.position)
+        expires = (key.epoch, self._last_output(q))
         return self.cache.get(rid, functools.partial(self._load, rid, record),
                               expires=expires, now=(key.epoch, key.position))
 
-    def _decode_ahead(self, epoch: int, positions: np.ndarray, q: np.ndarray,
+    def _order_position(self, seed: int, epoch: int, position: int) -> int:
+        """:meth:`order_positions` of one output, in plain integers (once a patch)."""
+        if self.options.pick == "uniform":
+            return int(self.order_positions(seed, epoch, np.array([position]))[0])
+        n = self.schedule.cache_images
+        block, within = divmod(position, n)
+        return position // self.schedule.refresh_every + int(
+            _block_permutation(seed, epoch, block, n)[within])
+
+    def _last_output(self, q: int) -> int:
+        """:meth:`PatchSchedule.last_output` of order position ``q``, in plain integers."""
+        return min((q + 1) * self.schedule.refresh_every, len(self.schedule)) - 1
+
+    def _decode_ahead(self, ctx: EpochContext, positions: np.ndarray, q: np.ndarray,
                       units: np.ndarray) -> None:
         """Start decoding, on :data:`DECODE_AHEAD_THREADS` threads of their own, each image a
-        slice needs that is neither cached nor on its way: the slice then waits for its new
-        images side by side instead of decoding them one after another, and the slices after
-        it find them decoding. Measured on 2 cores (``bench_light_work.py``'s Patches set,
-        medians of 5 interleaved runs): 2,825 -> 3,064 patches/s at 2 threads, 3,273 -> 3,243
-        at 16 (where the 2 cores are the limit); at 16 threads slices spent 17% of their time
-        waiting for an image another slice was decoding, the cost this removes on a node with
-        cores to spare (not yet measured there).
+        slice needs that is neither cached nor on its way, then those the next outputs of
+        the same stride need (:meth:`_look_ahead`): the slice waits for its new images side
+        by side instead of decoding them one after another, and the decodes of the images
+        after it run while this slice cuts its patches. Measured on 2 cores, against the
+        decodes of the slice's own images only (with the per-patch order position in plain
+        integers): ``bench_light_work.py``'s Patches set, medians of 3 runs of 5 windows,
+        4,459 -> 6,124 patches/s at 1 thread, 4,030 -> 6,518 at 2, 4,155 -> 7,900 at 16;
+        96 JPEGs of 1024x768, ``Patches(size=32, cache_images=8, refresh_every=32)``, batch
+        16 (``bench_tf_bridge.py``'s set), medians of 3 runs of 5 epochs, 3,847 -> 7,171 at
+        1 thread, 4,273 -> 6,937 at 2; decodes per epoch unchanged.
         The cache decides as for any load; a decode that fails here is decoded again by the
         sample that needs it, which names the record."""
         cache = self.cache
         assert cache is not None
-        started: set[int] = set()
-        for i, rid in enumerate(units.tolist()):
-            if rid in started or cache.known(rid):
-                continue
-            started.add(rid)
-            expires = (epoch, self.schedule.last_output(int(q[i])))
-            _DECODERS.submit(functools.partial(
-                cache.get, rid, functools.partial(self._load, rid, None), expires=expires,
-                now=(epoch, int(positions[i]))))
+        ahead_q, ahead_units = self._look_ahead(ctx, positions)
+        # each image once (it has one order position an epoch), in the order of first need
+        wanted = dict(zip(np.concatenate([units, ahead_units]).tolist(),
+                          np.concatenate([q, ahead_q]).tolist()))
+        for rid, order_position in wanted.items():
+            cache.load_ahead(rid, functools.partial(self._load, rid, None),
+                             expires=(ctx.epoch, self._last_output(order_position)),
+                             run=_DECODERS.submit)
+
+    def _look_ahead(self, ctx: EpochContext, positions: np.ndarray) -> tuple[
+            np.ndarray, np.ndarray]:
+        """The order positions and images of the outputs after ``positions`` (same stride)
+        up to the end of ``LOOK_AHEAD_IMAGES`` refreshes past the slice, fewer where the
+        cache's bound would not hold them beside the slice's images."""
+        empty = np.empty(0, dtype=np.int64)
+        cache = self.cache
+        if cache is None or len(positions) < 2 or not cache.largest_bytes:
+            return empty, empty
+        bound = cache.max_bytes
+        if bound is None:
+            return empty, empty
+        steps = np.diff(positions)
+        stride = int(steps[0])
+        if stride < 1 or not bool(np.all(steps == stride)):
+            return empty, empty  # not one rank's run of outputs (a wrap, a replacement)
+        r, n = self.schedule.refresh_every, self.schedule.cache_images
+        first, last = int(positions[0]), int(positions[-1])
+        held = n + last // r - first // r  # order positions the slice's outputs span
+        room = bound // cache.largest_bytes - held - self.options.slack_images()
+        images = min(LOOK_AHEAD_IMAGES, room)
+        if images < 1:
+            return empty, empty
+        end = min((last // r + images + 1) * r, len(self.schedule), ctx.total)
+        ahead = np.arange(last + stride, end, stride, dtype=np.int64)
+        if not len(ahead):
+            return empty, empty
+        aq = self.order_positions(ctx.seed, ctx.epoch, ahead)
+        return aq, np.asarray(ctx.order[aq], dtype=np.int64)
 
     # -- pickling (process workers) -------------------------------------------------------------
 

@@ -1,0 +1,99 @@
+"""Patches decodes the images of the next outputs of a slice's stride ahead of the slices
+that need them, within the cache's bound: each image is still decoded once per residency,
+on one rank or several, and the outputs are those of decoding every patch."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from shardfeed.dataset import Dataset
+from shardfeed.format.writer import ShardWriter
+from shardfeed.pipeline import Loader
+from shardfeed.pipeline.patches import Patches
+from shardfeed.pipeline.samplers import EpochContext
+
+IMAGES, CACHE_IMAGES, REFRESH, BATCH = 24, 4, 8, 6  # 168 outputs: 84 a rank of 2
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("pictures")
+    rng = np.random.default_rng(5)
+    with ShardWriter(str(folder / "pictures.tfrecord")) as writer:
+        for i in range(IMAGES):
+            ok, data = cv2.imencode(".png", rng.integers(0, 256, (40, 48, 3), np.uint8))
+            assert ok
+            writer.write_example({"image/encoded": data.tobytes(), "label": [i]})
+    return folder
+
+
+class Watch:
+    """Counts the decodes of images no slice had planned an output of yet (decoded ahead)."""
+
+    def __init__(self, patches: Patches) -> None:
+        self._patches = patches
+        self._plan, self._load = patches.plan, patches._load
+        self._lock = threading.Lock()
+        self.planned: set[int] = set()
+        self.ahead = 0
+        patches.plan = self.plan  # type: ignore[method-assign]
+        patches._load = self.load  # type: ignore[method-assign]
+
+    def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
+        q = self._patches.order_positions(ctx.seed, ctx.epoch, positions)
+        with self._lock:  # before the plan starts any decode
+            self.planned.update(int(r) for r in ctx.order[q])
+        return self._plan(ctx, positions)
+
+    def load(self, rid: int, record: Any) -> Any:
+        with self._lock:
+            self.ahead += rid not in self.planned
+        return self._load(rid, record)
+
+
+def _epoch(patches: Patches, rank: int, threads: int) -> list[dict[str, Any]]:
+    with Loader(patches, batch_size=BATCH, seed=1, shuffle=True, rank=rank, world_size=2,
+                num_threads=threads, transform=None) as loader:
+        return list(loader)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_images_decoded_ahead_are_decoded_once_and_change_no_output(
+        pictures: Path, rank: int, threads: int) -> None:
+    with Dataset(str(pictures)) as ds:
+        patches = Patches(ds, size=8, cache_images=CACHE_IMAGES, refresh_every=REFRESH)
+        watch = Watch(patches)
+        batches = _epoch(patches, rank, threads)
+        stats = patches.cache_stats()
+        uncached = _epoch(Patches(ds, size=8, cache_images=CACHE_IMAGES,
+                                  refresh_every=REFRESH, cache=False), rank, threads)
+    used = {int(i) for b in batches for i in b["patch/record"]}
+    assert stats is not None and stats.uncached == 0
+    assert watch.ahead > 0  # images decoded before any slice needed them
+    assert stats.loads == len(used)  # each once: none decoded ahead was pushed out, or unused
+    assert len(batches) == len(uncached) == 84 // BATCH
+    for got, want in zip(batches, uncached):
+        for key in ("image", "patch/box", "patch/record"):
+            assert np.array_equal(got[key], want[key])
+
+
+def test_a_stated_bound_without_room_decodes_nothing_ahead(pictures: Path) -> None:
+    with Dataset(str(pictures)) as ds:
+        probe = Patches(ds, size=8, cache_images=CACHE_IMAGES, refresh_every=REFRESH)
+        _epoch(probe, 0, 1)
+        assert probe.cache is not None
+        image_bytes = probe.cache.largest_bytes
+        # N images and the 2 of threads working ahead: no room for the look-ahead
+        patches = Patches(ds, size=8, cache_images=CACHE_IMAGES, refresh_every=REFRESH,
+                          cache_bytes=(CACHE_IMAGES + 2) * image_bytes)
+        watch = Watch(patches)
+        _epoch(patches, 0, 1)
+    assert watch.ahead == 0

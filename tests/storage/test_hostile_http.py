@@ -8,13 +8,15 @@ test_obstore_hostile.py."""
 from __future__ import annotations
 
 import time
+import tracemalloc
 from typing import Any
 
 import pytest
 from hostile_server import OBJECT_BYTES, HostileServer, hostile_server, object_bytes
 
 from shardfeed.errors import StorageError
-from shardfeed.storage.remote import RemoteSource, ShortAnswer, WrongLength, _checked
+from shardfeed.storage.ranges import checked_answer as _checked
+from shardfeed.storage.remote import RemoteSource, ShortAnswer, WrongLength
 
 __all__ = ["hostile_server"]
 
@@ -22,15 +24,24 @@ SLACK_SECONDS = 2.0
 """Allowed past a stated deadline on a loaded machine."""
 
 
-def test_a_whole_object_answered_for_a_range_gives_the_range(
-    hostile_server: HostileServer,
+@pytest.mark.parametrize("start", [40 << 20, OBJECT_BYTES - 1000])
+def test_a_whole_object_answered_for_a_range_is_refused_unread(
+    hostile_server: HostileServer, start: int,
 ) -> None:
+    """Memory follows the ranges asked: a 512 KiB read of a 48 MiB object a server answers
+    whole (it ignores Range) is refused from the answer's headers, not read, not retried."""
+    RemoteSource("s3://hostile/good.bin").read(0, 10)  # the client made (its models loaded)
     remote = RemoteSource("s3://hostile/whole.bin")
-    start, length = 40 << 20, 512 << 10
-    assert remote.read(start, length) == object_bytes(start, start + length)
-    # a range past the end, longer than the whole object: the object's last bytes
-    start = OBJECT_BYTES - 1000
-    assert remote.read(start, OBJECT_BYTES + 10) == object_bytes(start, OBJECT_BYTES)
+    tracemalloc.start()
+    try:
+        with pytest.raises(StorageError, match="ignores Range requests") as info:
+            remote.read(start, 512 << 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "s3://hostile/whole.bin" in str(info.value)
+    assert peak < 8 << 20, f"{peak:,} bytes held for a 512 KiB read"
+    assert remote.stats()["retries"] == 0
 
 
 @pytest.mark.parametrize(("answer", "start", "end", "size", "want"), [

@@ -11,9 +11,11 @@ import os
 from shardfeed.storage import files
 
 
-def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """The whole content of a local file or URL (StorageError naming it if missing)."""
-    return files.read_bytes(path)
+def read_bytes(path: str | os.PathLike[str], *,
+               max_bytes: int = files.DEFAULT_READ_LIMIT_BYTES) -> bytes:
+    """The whole content of a local file or URL (StorageError naming it if missing, or if
+    it is larger than ``max_bytes``)."""
+    return files.read_bytes(path, max_bytes=max_bytes)
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:

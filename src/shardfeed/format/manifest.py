@@ -171,7 +171,8 @@ class Manifest:
         ``root`` is always usable as it is (and saving elsewhere stores it right again).
         """
         where = os.fspath(url)
-        data = manifest_check.parse_document(_fileio.read_bytes(url), where=where)
+        data = manifest_check.parse_document(
+            _fileio.read_bytes(url, max_bytes=S.MAX_MANIFEST_BYTES), where=where)
         manifest = cls.from_json(data, where=where)
         root = manifest.root
         if root is not None and not is_remote(root) and not os.path.isabs(root):

@@ -65,6 +65,10 @@ GROUPS_NAME: Final = "groups.npy"
 ORDER_NAME: Final = "order.npy"
 FORMAT_VERSION: Final = 1
 MAX_MANIFEST_DEPTH: Final = 64
+
+MAX_MANIFEST_BYTES: Final = 256 << 20
+"""The largest manifest read (a million shards take some 200 MB): a larger answer is
+refused before its body is read."""
 """Deepest nesting of arrays and objects accepted in a manifest (pack writes 4 levels;
 ``extra`` is free-form JSON)."""
 FORMAT_NAME: Final = "shardfeed"

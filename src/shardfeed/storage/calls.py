@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from shardfeed.storage.inflight import is_async, start_coroutine, start_fs_call, start_in_thread
 from shardfeed.storage.options import filesystem
+from shardfeed.storage.ranges import current_read_limit, too_large
 from shardfeed.storage.retry import Job, Retrier, RetryPolicy
 
 T = TypeVar("T")
@@ -44,6 +45,7 @@ def retry_policy(policy: RetryPolicy | None, /) -> Iterator[None]:
 
 
 Start = Callable[[Any, str], "Future[T]"]
+
 
 
 def current_policy() -> RetryPolicy:
@@ -93,21 +95,22 @@ def in_thread(fn: Callable[[Any, str], T]) -> Start[T]:
 
 
 def start_cat_whole(fs: Any, path: str) -> Future[bytes]:
+    limit = current_read_limit()  # read here: the caller's context, not the event loop's
     if is_async(fs):
-        return start_coroutine(fs, _cat_whole_async(fs, path))
-    return start_in_thread(lambda: _cat_whole(fs, path))
+        return start_coroutine(fs, _cat_whole_async(fs, path, limit))
+    return start_in_thread(lambda: _cat_whole(fs, path, limit))
 
 
-async def _cat_whole_async(fs: Any, path: str) -> bytes:
-    try:
-        return bytes(await fs._cat_file(path, start=0))
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        return bytes(await fs._cat_file(path))
+async def _cat_whole_async(fs: Any, path: str, limit: int) -> bytes:
+    from shardfeed.storage.remote import bounded_get
+
+    return await bounded_get(fs, path, 0, None, limit=limit)
 
 
-def _cat_whole(fs: Any, path: str) -> bytes:
+def _cat_whole(fs: Any, path: str, limit: int) -> bytes:
+    size = fs.size(path)
+    if size is not None and int(size) > limit:
+        raise too_large(int(size), limit)
     try:
         return bytes(fs.cat_file(path, start=0))
     except OSError as exc:

@@ -49,12 +49,15 @@ from shardfeed.storage.calls import (
 )
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.inflight import start_fs_call
+from shardfeed.storage.ranges import DEFAULT_READ_LIMIT_BYTES, read_limit, too_large
+from shardfeed.storage.retry import storage_error
 
 T = TypeVar("T")
 PathLike = str | os.PathLike[str]
 Options = Mapping[str, Any] | None
 
 __all__ = [
+    "DEFAULT_READ_LIMIT_BYTES",
     "exists",
     "glob",
     "is_remote",
@@ -102,12 +105,16 @@ def _local_errors(path: str, action: str) -> Iterator[None]:
 
 
 def read_bytes(
-    url: PathLike, *, storage_options: Options = None, cache: ByteCache | None = None
+    url: PathLike, *, storage_options: Options = None, cache: ByteCache | None = None,
+    max_bytes: int = DEFAULT_READ_LIMIT_BYTES,
 ) -> bytes:
     """The whole content of a file or object; for object stores one GET (no HEAD first).
 
     With ``cache``, a cached copy is returned if there is one, and what is read is cached
-    (if it fits ``cache.max_item_bytes``).
+    (if it fits ``cache.max_item_bytes``). An object larger than ``max_bytes`` raises
+    StorageError, refused before its body is read where the store says its size (a local
+    file, obstore's stores, HTTP and S3 through fsspec), and never held past ``max_bytes``
+    on those.
     """
     text = os.fspath(url)
     if cache is not None:
@@ -118,18 +125,26 @@ def read_bytes(
     backend = backend_for(text, storage_options)
     if local is not None:
         with _local_errors(local, "read"), open(local, "rb") as handle:
-            data = handle.read()
-    elif backend is not None and backend.read_bytes is not None:
-        data = backend.read_bytes(text, storage_options)
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                raise storage_error(text, too_large(size, max_bytes), action="read")
+            data = handle.read(max_bytes + 1)
     else:
-        data = remote_call(text, storage_options, "read", start_cat_whole)
+        with read_limit(max_bytes):
+            if backend is not None and backend.read_bytes is not None:
+                data = backend.read_bytes(text, storage_options)
+            else:
+                data = remote_call(text, storage_options, "read", start_cat_whole)
+    if len(data) > max_bytes:  # a file that grew, or a backend that does not bound its reads
+        raise storage_error(text, too_large(len(data), max_bytes), action="read")
     if cache is not None:
         cache.put(text, data)
     return data
 
 
 def read_if_exists(
-    url: PathLike, *, storage_options: Options = None, cache: ByteCache | None = None
+    url: PathLike, *, storage_options: Options = None, cache: ByteCache | None = None,
+    max_bytes: int = DEFAULT_READ_LIMIT_BYTES,
 ) -> bytes | None:
     """:func:`read_bytes`, or None when ``url`` does not exist: one request either way.
 
@@ -137,7 +152,8 @@ def read_if_exists(
     object store). Other failures (access denied, a server that stays down) still raise.
     """
     try:
-        return read_bytes(url, storage_options=storage_options, cache=cache)
+        return read_bytes(url, storage_options=storage_options, cache=cache,
+                          max_bytes=max_bytes)
     except StorageError as exc:
         if isinstance(exc.__cause__, FileNotFoundError):
             return None

@@ -58,6 +58,7 @@ from shardfeed.storage.backends import Backend, register_backend
 from shardfeed.storage.calls import current_policy
 from shardfeed.storage.inflight import CallGroup, start_in_thread
 from shardfeed.storage.obstore_stores import (
+    REFUSED_MARK,
     ObstoreRefused,
     _first_line,
     _learn_region,
@@ -65,15 +66,22 @@ from shardfeed.storage.obstore_stores import (
     _store,
     forked_after_use,
     installed,
+    is_panic,
     serves,
 )
 from shardfeed.storage.options import storage_options_for
 from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
     DEFAULT_MAX_REQUEST_BYTES,
+    RangeIgnored,
+    RangeRequest,
+    ShortAnswer,
     check_range,
+    checked_answer,
     coalesce_ranges,
+    current_read_limit,
     split_answers,
+    too_large,
 )
 from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Job, Retrier, RetryPolicy
 from shardfeed.storage.versions import ObjectVersion, changed_error, obstore_version
@@ -140,15 +148,6 @@ class ServerAnswer(Exception):
         self.status = status
 
 
-class RangeIgnored(Exception):
-    """The server answered a ranged GET with the whole object: not retried (it would answer
-    the same), and not read (it could be far larger than the range)."""
-
-    advice = ("the server ignores Range requests; serve the shards from a store that "
-              "honours them, or read them through fsspec (SHARDFEED_OBSTORE=0; it reads such "
-              "answers whole and cuts the range from them)")
-
-
 # what obstore says when no answer came, or a short one: worth another attempt
 _NO_ANSWER = ("error sending request", "timed out", "timeout", "connection", "Connection",
               "error decoding response body", "end of file", "IncompleteBody", "broken pipe",
@@ -167,7 +166,32 @@ def _judged(fn: Callable[[], T]) -> Callable[[], T]:
     """``fn`` with obstore's failures as the storage layer judges them: a missing object a
     FileNotFoundError, refused access a PermissionError, an error status a
     :class:`ServerAnswer`, a whole object for a range :class:`RangeIgnored`, no answer
-    (refused, reset, timed out) a ConnectionError."""
+    (refused, reset, timed out) a ConnectionError; a redirect to another host refused (see
+    :mod:`~shardfeed.storage.obstore_stores`) and a panic of obstore's Rust code (pyo3's
+    PanicException, a BaseException) an :class:`ObstoreRefused`."""
+
+    def guarded() -> T:
+        try:
+            return fn()
+        except BaseException as exc:
+            text = str(exc)
+            if REFUSED_MARK in text:
+                where = text.split(REFUSED_MARK, 1)[1].split("\n", 1)[0].strip()
+                raise ObstoreRefused(
+                    f"the server redirected the request {where}; a signed request is never "
+                    "followed to another host (it would carry the credentials there): check "
+                    "the endpoint, or give the host the data is on as the endpoint") from None
+            if is_panic(exc):  # a BaseException: judged here, or nothing upstream catches it
+                raise ObstoreRefused(f"obstore failed on this request: {_first_line(exc)}; "
+                                     "check the endpoint, region and credentials") from None
+            raise
+
+    return _named(guarded)
+
+
+def _named(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn`` with obstore's exceptions as the kinds the storage layer judges (see
+    :func:`_judged`)."""
     errors = _module().exceptions
 
     def attempt() -> T:
@@ -322,17 +346,32 @@ class ObstoreSource:
         elif self.coalesce_gap_bytes < 0:  # obstore would merge touching ranges: one call each
 
             def each(store: Any, path: str) -> list[Any]:
-                return [self._obstore.get_range(store, path, start=r.start, end=r.end)
-                        for r in plan]
+                return self._whole(store, path, plan, [
+                    self._obstore.get_range(store, path, start=r.start, end=r.end)
+                    for r in plan])
             blobs = self._call(action, each)
         else:
-            blobs = self._call(action, lambda store, path: self._obstore.get_ranges(
-                store, path, starts=[r.start for r in plan], ends=[r.end for r in plan],
-                coalesce=0))
+            blobs = self._call(action, lambda store, path: self._whole(
+                store, path, plan, self._obstore.get_ranges(
+                    store, path, starts=[r.start for r in plan], ends=[r.end for r in plan],
+                    coalesce=0)))
         with self._lock:
             self.requests += len(plan)
             self.bytes_fetched += sum(len(b) for b in blobs)
         return split_answers(ranges, plan, blobs)
+
+    def _whole(self, store: Any, path: str, plan: Sequence[RangeRequest],
+               blobs: Sequence[Any]) -> list[Any]:
+        """``blobs``, the answers to ``plan``, each checked against its range (one HEAD for
+        the size where one is shorter: a short answer where the object has the bytes is a
+        :class:`ShortAnswer`, retried)."""
+        if all(len(b) == r.end - r.start for r, b in zip(plan, blobs)):
+            return list(blobs)
+        size = self._size if self._size is not None else int(
+            self._obstore.head(store, path)["size"])
+        return [b if len(b) == r.end - r.start else
+                checked_answer(memoryview(b), r.start, r.end, size)  # type: ignore[arg-type]
+                for r, b in zip(plan, blobs)]
 
     def _pinned_get(self, pinned: ObjectVersion, start: int, end: int) -> Callable[[], Any]:
         """A job's start: one attempt at bytes ``[start, end)`` of version ``pinned`` only,
@@ -353,7 +392,11 @@ class ObstoreSource:
             found = obstore_version(answer.meta)
             if found is not None and pinned.differs(found):  # a store that ignores If-Match
                 raise changed_error(self.url, pinned, found)
-            return answer.bytes()
+            data = answer.bytes()
+            if len(data) == end - start:
+                return data
+            return checked_answer(memoryview(data), start, end,  # type: ignore[arg-type]
+                                  int(answer.meta["size"]))
 
         attempt = _in_region(self.url, self._storage_options, self.deadline_seconds, get,
                              opened=self._opened, moved=self._moved)
@@ -388,10 +431,21 @@ def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
                                   "max_backoff_seconds": policy.max_backoff_seconds}) as source:
             return bytes(source.read(0, source.size()))
     _store(url, storage_options, policy.deadline_seconds)  # a wrong configuration: at once
+    limit = current_read_limit()
+
+    def whole(store: Any, path: str) -> bytes:
+        answer = obstore.get(store, path)
+        size = int(answer.meta["size"])
+        if size > limit:  # refused before its body is read
+            raise too_large(size, limit)
+        data = bytes(answer.bytes())
+        if len(data) != size:
+            raise ShortAnswer(f"{len(data)} bytes answered for an object of {size} bytes")
+        return data
+
     return Retrier(policy, key=url).call(
-        _in_region(url, storage_options, policy.deadline_seconds,
-                   lambda store, path: bytes(obstore.get(store, path).bytes())),
-        url=url, action="read")
+        _in_region(url, storage_options, policy.deadline_seconds, whole), url=url,
+        action="read")
 
 
 def _fsspec_source(url: str, options: Mapping[str, Any]) -> Any:

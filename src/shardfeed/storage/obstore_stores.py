@@ -16,8 +16,12 @@ State: the stores and the regions learnt, for the process. Memory: one client a 
 
 from __future__ import annotations
 
+import collections
 import math
 import os
+import re
+import socket
+import socketserver
 import threading
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +32,8 @@ from urllib.parse import urlsplit
 from shardfeed.errors import StorageError
 from shardfeed.storage.options import storage_options_for
 
-__all__ = ["ObstoreRefused", "forked_after_use", "installed", "serves"]
+__all__ = ["REFUSED", "REFUSED_MARK", "ObstoreRefused", "forked_after_use", "installed",
+           "is_panic", "is_region", "serves"]
 
 
 def _module() -> Any:
@@ -54,6 +59,12 @@ def installed() -> bool:
         except StorageError:
             _INSTALLED = False
     return _INSTALLED
+
+
+def is_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is pyo3's PanicException (obstore's Rust code failed an assertion):
+    a BaseException, not an Exception."""
+    return type(exc).__name__ == "PanicException"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -88,6 +99,7 @@ def _forked() -> None:
     _FORKED_AFTER_USE = _FORKED_AFTER_USE or _USED
     _STORES.clear()
     _PROBES.clear()
+    _REFUSER.clear()  # its thread stayed in the parent
     _STORES_LOCK, _REGIONS_LOCK = threading.Lock(), threading.Lock()  # none held in the child
 
 
@@ -125,10 +137,13 @@ def _options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, A
 
 def serves(url: str, storage_options: Mapping[str, Any] | None) -> bool:
     """Whether every option for ``url`` has an obstore counterpart (else fsspec reads it, so
-    that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, ...), and
-    obstore can run in this process (see :func:`_forked`)."""
+    that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, ...), ``url``
+    has no query (obstore would drop it, and read another object), and obstore can run in
+    this process (see :func:`_forked`)."""
     if _FORKED_AFTER_USE:
         return False
+    if urlsplit(url).query:  # a query names the object too (presigned URLs, version ids),
+        return False         # and obstore's paths cannot carry one: fsspec reads it whole
     options = {k: v for k, v in _options(url, storage_options).items() if v is not None}
     if urlsplit(url).scheme != "s3":  # s3fs's words only map to S3: others in obstore's own
         return set(options) <= {"obstore_config"}
@@ -239,6 +254,142 @@ def _attempt_seconds(deadline_seconds: float, asked: Mapping[str, float]
             min(15.0, quarter, asked.get("read_timeout", math.inf)))
 
 
+# -- what obstore is never given ------------------------------------------------------------
+# obstore panics (pyo3's PanicException: a BaseException, which neither ``except Exception``
+# nor on_error="skip" catches) when it signs a request whose endpoint is not a URL, or whose
+# region or credentials cannot be sent in a header. So they are checked before a store is
+# made, the ones it reads from the environment too, and a panic that still happens is a
+# StorageError (see ``obstore_backend._judged``).
+
+_REGION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_HEADER_TEXT = re.compile(r"[\x21-\x7e]{1,16384}")
+_CREDENTIAL_WORDS = frozenset({"access_key_id", "aws_access_key_id", "secret_access_key",
+                               "aws_secret_access_key", "session_token", "aws_session_token",
+                               "token", "aws_token"})
+_ENV_CHECKED = {"AWS_ENDPOINT_URL": "endpoint", "AWS_ENDPOINT": "endpoint",
+                "AWS_ENDPOINT_URL_S3": "endpoint", "AWS_REGION": "region",
+                "AWS_DEFAULT_REGION": "region", "AWS_ACCESS_KEY_ID": "access_key_id",
+                "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+                "AWS_SESSION_TOKEN": "session_token"}
+
+
+def is_region(text: object) -> bool:
+    """Whether ``text`` can be a bucket's region (letters, digits, ``-``, ``_``, ``.``)."""
+    return isinstance(text, str) and _REGION_TEXT.fullmatch(text) is not None
+
+
+def _endpoint_ok(value: object) -> bool:
+    if not isinstance(value, str) or any(ord(c) <= 32 or ord(c) == 127 for c in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _refuse_unsendable(url: str, config: Mapping[str, Any], scheme: str) -> None:
+    """StorageError for an endpoint, region or credential obstore would panic on (the
+    options' and, for S3, the environment's), naming the option, never a secret's value."""
+    found = [(word, value, f"the storage option {word!r}") for word, value in config.items()]
+    if scheme == "s3":
+        found += [(word, os.environ[name], f"the environment variable {name}")
+                  for name, word in _ENV_CHECKED.items() if os.environ.get(name)]
+    for word, value, where in found:
+        low = word.lower()
+        if low in _ENDPOINT_WORDS and not _endpoint_ok(value):
+            raise StorageError(
+                f"cannot open '{url}': {where} is {value!r:.120}, not an http:// or https:// "
+                "URL with a host; give it whole, e.g. 'http://127.0.0.1:9000'")
+        if low in _REGION_WORDS and not is_region(value):
+            raise StorageError(
+                f"cannot open '{url}': {where} is {value!r:.60}, which is not a region name "
+                "(letters, digits, '-', '_', '.'); e.g. 'us-east-1'")
+        if low in _CREDENTIAL_WORDS and not (isinstance(value, str)
+                                             and _HEADER_TEXT.fullmatch(value)):
+            raise StorageError(
+                f"cannot open '{url}': {where} holds characters no HTTP header can carry "
+                "(spaces, line breaks or other control characters); check how it was copied")
+
+
+# -- redirects to another host --------------------------------------------------------------
+# obstore's client follows a redirect (301/302/307/308 with a Location) wherever it leads, and
+# sends the request's x-amz-security-token there again. Its requests are therefore given a
+# proxy that forwards nothing (:class:`_Refuser`, in this process), with the hosts the store
+# may talk to excluded from it: its endpoint, the cloud's own domains (S3's redirects between
+# its regional hosts stay as they are) and the credential services. A request for any other
+# host reaches the refuser, which answers 421 and names it; nothing leaves the machine.
+# Where the user has a proxy of their own (HTTPS_PROXY, ..., or obstore's proxy_url), it is
+# kept and redirects are not guarded. The guard is by host: a redirect to another port of
+# the endpoint's own host is not caught (the proxy's exclusions name hosts only).
+
+REFUSED_MARK = "shardfeed-refused-redirect"
+"""In the body of the refuser's answers (obstore puts the body in its error)."""
+_OWN_HOSTS = {"s3": ("amazonaws.com", "amazonaws.com.cn"),
+              "gs": ("googleapis.com", "metadata.google.internal"),
+              "az": ("core.windows.net", "microsoftonline.com", "azure.com")}
+_CREDENTIAL_ADDRESSES = ("169.254.169.254", "169.254.170.2", "fd00:ec2::254")
+_PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+
+
+class _Refuse(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.settimeout(5)
+        head = b""
+        try:
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            words = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            target = words[1] if len(words) > 1 else "?"
+            host = urlsplit(target).netloc or target  # GET http://host/... or CONNECT host:port
+            REFUSED.append(host[:200])  # the host only: the request carries credentials
+            body = f"{REFUSED_MARK} to {host[:200]}".encode("latin-1", "replace")
+            sock.sendall(b"HTTP/1.1 421 Misdirected Request\r\nContent-Type: text/plain\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        except OSError:
+            pass
+
+
+REFUSED: collections.deque[str] = collections.deque(maxlen=16)
+"""The hosts of the last requests refused (for tests and messages)."""
+_REFUSER: list[int] = []  # its port, once started in this process
+
+
+def _refuser_port() -> int:
+    with _REFUSER_LOCK:
+        if not _REFUSER:
+            server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Refuse)
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, name="shardfeed-refuse-redirects",
+                             daemon=True).start()
+            _REFUSER.append(int(server.server_address[1]))
+        return _REFUSER[0]
+
+
+_REFUSER_LOCK = threading.Lock()
+
+
+def _redirect_guard(scheme: str, netloc: str, endpoint: str,
+                    config: Mapping[str, Any]) -> dict[str, Any]:
+    """obstore client options that send requests for hosts other than the store's own to
+    the refuser (none where the user has a proxy)."""
+    if "proxy_url" in config or any(os.environ.get(n) or os.environ.get(n.lower())
+                                    for n in _PROXY_VARIABLES):
+        return {}
+    hosts = [*_OWN_HOSTS.get(scheme, ()), *_CREDENTIAL_ADDRESSES]
+    for where in (endpoint, f"{scheme}://{netloc}" if scheme in ("http", "https") else ""):
+        host = urlsplit(where).hostname if where else None
+        if host:
+            hosts.append(host)
+    return {"proxy_url": f"http://127.0.0.1:{_refuser_port()}",
+            "proxy_excludes": ",".join(dict.fromkeys(hosts))}
+
+
 def _store(url: str, storage_options: Mapping[str, Any] | None,
            deadline_seconds: float) -> tuple[Any, str]:
     """The store of ``url``'s bucket (made once a bucket, configuration and timeouts) and
@@ -270,6 +421,8 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
                               "read_timeout": timedelta(seconds=idle)}
     if endpoint.startswith("http://") or parts.scheme == "http":
         client["allow_http"] = True
+    _refuse_unsendable(url, config, parts.scheme)
+    client.update(_redirect_guard(parts.scheme, parts.netloc, endpoint, config))
     authorities = [os.environ[n] for n in _CA_VARIABLES if os.environ.get(n)]
     key = (parts.scheme, parts.netloc, repr(sorted(config.items())),
            repr(sorted(client.items())) + f" roots {authorities}"
@@ -294,7 +447,10 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
                     client_options=client, credential_provider=provider,
                     retry_config={"max_retries": 0,
                                   "retry_timeout": timedelta(seconds=deadline_seconds)})
-            except (_module().exceptions.BaseError, ValueError, TypeError) as exc:
+            except BaseException as exc:
+                if not isinstance(exc, (_module().exceptions.BaseError, ValueError,
+                                        TypeError)) and not is_panic(exc):
+                    raise
                 raise StorageError(
                     f"cannot open '{url}' with obstore: {_first_line(exc)}; check its "
                     "storage options, or read it through s3fs (SHARDFEED_OBSTORE=0)") from exc
@@ -342,6 +498,11 @@ def _learn_region(url: str, storage_options: Mapping[str, Any] | None,
                 f"the bucket '{parts.netloc}' is in another region than the one asked, and "
                 f"the server did not name it (no x-amz-bucket-region from {probe}); give the "
                 "region: storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION")
+        if not is_region(region):  # never remembered: every store of the bucket would panic
+            raise ObstoreRefused(
+                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
+                f"the server named its region {region!r:.60}, which is not a region name; "
+                "give the region: storage_options={'client_kwargs': {'region_name': ...}}")
         _REGIONS[(endpoint, parts.netloc)] = str(region)
         return str(region)
 

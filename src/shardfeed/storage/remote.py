@@ -49,10 +49,16 @@ from shardfeed.storage.options import (
 from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
     DEFAULT_MAX_REQUEST_BYTES,
+    RangeIgnored,
     RangeRequest,
+    ShortAnswer,
+    WrongLength,
     check_range,
+    checked_answer,
     coalesce_ranges,
+    current_read_limit,
     split_answers,
+    too_large,
 )
 from shardfeed.storage.retry import (
     DEFAULT_DEADLINE_SECONDS,
@@ -76,6 +82,8 @@ __all__ = [
     "RemoteSource",
     "Retrier",
     "RetryPolicy",
+    "ShortAnswer",
+    "WrongLength",
     "clear_storage_options",
     "coalesce_ranges",
     "filesystem",
@@ -431,9 +439,12 @@ class _Pinned:
     async def get_range(self, fs: Any, path: str, start: int, end: int) -> bytes:
         try:
             if self.kind == "s3":
-                return await self._s3_range(fs, path, start, end)
-            headers = {**(fs.kwargs.get("headers") or {}), **self._condition(s3=False)}
-            out = bytes(await fs._cat_file(path, start=start, end=end, headers=headers))
+                out, etag = await _s3_get(fs, path, start, end, self._condition(s3=True), None)
+                found = object_version({"ETag": etag})
+                if found is not None and self.version.differs(found):  # IfMatch ignored
+                    raise changed_error(self.url, self.version, found)
+            else:
+                out = await bounded_get(fs, path, start, end, headers=self._condition(s3=False))
         except Exception as exc:
             if _refused_version(exc):
                 raise changed_error(self.url, self.version, None) from None
@@ -443,24 +454,7 @@ class _Pinned:
             raise
         if len(out) == end - start:
             return out
-        return _checked(out, start, end, _size_or_none(await fs._size(path)))
-
-    async def _s3_range(self, fs: Any, path: str, start: int, end: int) -> bytes:
-        bucket, key, version_id = fs.split_path(path)
-        extra = {"VersionId": version_id} if version_id else {}
-        answer = await fs._call_s3("get_object", Bucket=bucket, Key=key,
-                                   Range=f"bytes={start}-{end - 1}", **extra,
-                                   **self._condition(s3=True))
-        try:
-            out = bytes(await answer["Body"].read())
-        finally:
-            answer["Body"].close()
-        found = object_version({"ETag": answer.get("ETag")})
-        if found is not None and self.version.differs(found):  # a store that ignores IfMatch
-            raise changed_error(self.url, self.version, found)
-        if len(out) == end - start:
-            return out
-        return _checked(out, start, end, _size_or_none(await fs._size(path)))
+        return checked_answer(out, start, end, _size_or_none(await fs._size(path)))
 
 
 def _refused_version(exc: BaseException) -> bool:
@@ -483,40 +477,79 @@ def _refused_version(exc: BaseException) -> bool:
     return False
 
 
-# A range that starts at or past the end is an error for S3 (HTTP 416, EINVAL from s3fs);
-# the ByteSource contract says: an empty read. The answer is checked against the range
-# asked: a short answer where the object has the bytes is the server's (retried), and a
-# whole object answered for a range (a server that ignores Range) gives the range cut from
-# it; any other length is an error, never bytes handed back.
+async def bounded_get(fs: Any, path: str, start: int, end: int | None, *,
+                      headers: Mapping[str, str] | None = None,
+                      limit: int | None = None) -> bytes:
+    """Bytes ``[start, end)`` of ``path`` (``end`` None: the whole object, at most ``limit``
+    bytes) on fsspec's HTTP or S3 filesystem, never holding more than that in memory: an
+    answer that says (or turns out) to be longer is refused before (or while) its body is
+    read: a whole object answered for a range is :class:`RangeIgnored`, a whole object over
+    ``limit`` TooLarge, another length :class:`WrongLength`. Other filesystems: their
+    ``_cat_file``."""
+    if callable(getattr(fs, "_call_s3", None)):
+        return (await _s3_get(fs, path, start, end, headers or {}, limit))[0]
+    if type(fs).__name__ != "HTTPFileSystem":
+        return bytes(await fs._cat_file(path, start=start, end=end))
+    kw = fs.kwargs.copy()
+    sent = {**(kw.pop("headers", None) or {}), **(headers or {})}
+    if end is not None:
+        sent["Range"] = f"bytes={start}-{end - 1}"
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=sent, **kw) as answer:
+        fs._raise_not_found_for_status(answer, path)
+        if answer.status == 416:
+            raise OSError(errno.EINVAL, "range not satisfiable")
+        if answer.status not in (200, 206):  # e.g. a redirect without a Location
+            raise WrongLength(f"HTTP {answer.status} answered, not the bytes asked")
+        cap = _cap(answer.status == 206, answer.content_length, start, end, limit)
+        chunks, total = [], 0
+        async for chunk in answer.content.iter_chunked(1 << 20):
+            total += len(chunk)
+            if total > cap:
+                raise WrongLength(f"more than the {cap} bytes asked were answered")
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
-class ShortAnswer(ConnectionError):
-    """Fewer bytes than asked where the object has them: the server's answer is short, not
-    the object (transient: retried)."""
+def _cap(partial: bool, declared: int | None, start: int, end: int | None,
+         limit: int | None) -> int:
+    """The most bytes an answer to ``[start, end)`` may bring (see :func:`bounded_get`),
+    judged from its headers before its body is read."""
+    if end is None:  # a whole object
+        cap = limit if limit is not None else current_read_limit()
+        if declared is not None and declared > cap:
+            raise too_large(declared, cap)
+        return cap
+    if not partial and (start > 0 or (declared is not None and declared > end - start)):
+        raise RangeIgnored(f"HTTP 200 with {'an unsaid number of' if declared is None else declared}"
+                           f" bytes for bytes {start}..{end}")
+    return end - start
 
-    advice = ("the server (or a proxy before it) answered with fewer bytes than asked; the "
-              "object itself may be whole: check the server")
 
-
-class WrongLength(OSError):
-    """More bytes than asked, and not the whole object: not retried."""
-
-    advice = "the server's answers do not match the ranges asked: check the server"
-
-
-def _checked(out: bytes, start: int, end: int, size: int | None) -> bytes:
-    """``out``, of another length than asked, as the answer to bytes ``[start, end)`` of an
-    object of ``size`` bytes (None: the store does not say; a shorter answer is then taken
-    as the object's end, as fsspec takes it, and the records' own checks judge it)."""
-    if size is not None and len(out) == size:  # the whole object (or bytes 0.. of it)
-        return out[start:end]
-    if len(out) < end - start:
-        if size is None or start + len(out) == size:  # the object ends inside the range
-            return out
-        raise ShortAnswer(f"{len(out)} bytes answered for bytes {start}..{end} of an object of "
-                          f"{size} bytes")
-    raise WrongLength(f"{len(out)} bytes answered for bytes {start}..{end} of an object of "
-                      f"{'unknown' if size is None else size} bytes")
+async def _s3_get(fs: Any, path: str, start: int, end: int | None, condition: Mapping[str, Any],
+                  limit: int | None) -> tuple[bytes, str | None]:
+    """:func:`bounded_get` on s3fs (``condition``: IfMatch and the like), and the ETag of
+    the answer."""
+    bucket, key, version_id = fs.split_path(path)
+    extra = {"VersionId": version_id} if version_id else {}
+    if end is not None:
+        extra["Range"] = f"bytes={start}-{end - 1}"
+    answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra, **condition)
+    try:
+        partial = answer.get("ContentRange") is not None or end is None
+        cap = _cap(partial, answer.get("ContentLength"), start, end, limit)
+        chunks, total = [], 0
+        while total <= cap:  # a read gives what has arrived: up to the cap, then one more
+            chunk = await answer["Body"].read(cap + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        answer["Body"].close()
+    if total > cap:
+        raise WrongLength(f"more than the {cap} bytes asked were answered")
+    return b"".join(chunks), answer.get("ETag")
 
 
 def _size_or_none(size: Any) -> int | None:
@@ -525,14 +558,14 @@ def _size_or_none(size: Any) -> int | None:
 
 async def _get_range_async(fs: Any, path: str, start: int, end: int) -> bytes:
     try:
-        out = bytes(await fs._cat_file(path, start=start, end=end))
+        out = await bounded_get(fs, path, start, end)
     except OSError as exc:
         if exc.errno == errno.EINVAL and start >= int(await fs._size(path)):
             return b""
         raise
     if len(out) == end - start:
         return out
-    return _checked(out, start, end, _size_or_none(await fs._size(path)))
+    return checked_answer(out, start, end, _size_or_none(await fs._size(path)))
 
 
 def _get_range(fs: Any, path: str, start: int, end: int) -> bytes:
@@ -544,4 +577,4 @@ def _get_range(fs: Any, path: str, start: int, end: int) -> bytes:
         raise
     if len(out) == end - start:
         return out
-    return _checked(out, start, end, _size_or_none(fs.size(path)))
+    return checked_answer(out, start, end, _size_or_none(fs.size(path)))

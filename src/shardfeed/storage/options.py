@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardfeed.errors import StorageError
+from shardfeed.storage.failures import redact, redacted_exception
 
 _OPTIONS: dict[str, dict[str, Any]] = {}
 _OPTIONS_LOCK = threading.Lock()
@@ -112,12 +113,12 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None, *,
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
-        raise StorageError(
+        raise StorageError(redact(
             f"cannot open '{url}': the package for this protocol is missing ({exc}); install "
             "it, e.g. pip install 'shardfeed[s3]' for s3:// or gcsfs for gs://"
-        ) from exc
+        )) from redacted_exception(exc)
     except ValueError as exc:
-        raise StorageError(f"cannot open '{url}': {exc}") from exc
+        raise StorageError(redact(f"cannot open '{url}': {exc}")) from redacted_exception(exc)
     return fs, str(path)
 
 

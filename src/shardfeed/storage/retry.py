@@ -37,7 +37,14 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from shardfeed.errors import StorageError
-from shardfeed.storage.failures import deadline_error, describe, is_transient, storage_error
+from shardfeed.storage.failures import (
+    deadline_error,
+    describe,
+    is_transient,
+    redact,
+    redacted_exception,
+    storage_error,
+)
 from shardfeed.storage.inflight import (
     CallGroup,
     ClosedError,
@@ -155,9 +162,9 @@ class Retrier:
             wake = group.enter()
         except ClosedError:
             action = jobs[0].action if jobs else "read"
-            raise StorageError(
+            raise StorageError(redact(
                 f"cannot {action} '{url}': it was closed; open it again with open_source(url)"
-            ) from None
+            )) from None
         try:
             return _Call(self, jobs, url=url, wake=wake, group=group,
                          max_in_flight=max_in_flight).run()
@@ -252,21 +259,24 @@ class _Call(Generic[T]):
             self.results[i] = future.result()
             return
         action = self.jobs[i].action
-        if isinstance(exc, StorageError) or not isinstance(exc, Exception):
+        if not isinstance(exc, Exception):
             raise exc
+        if isinstance(exc, StorageError):  # built by a backend: its text may hold a URL too
+            raise redacted_exception(exc)
         if not is_transient(exc):
-            raise storage_error(self.url, exc, action=action) from exc
+            raise storage_error(self.url, exc, action=action) from redacted_exception(exc)
         self.errors[i] = exc
         now = time.monotonic()
         retries = self.policy.retries
         if retries is not None and self.attempts[i] > retries:
             raise storage_error(self.url, exc, action=action, attempts=self.attempts[i],
-                                elapsed_seconds=self._elapsed(i, now)) from exc
+                                elapsed_seconds=self._elapsed(i, now)
+                                ) from redacted_exception(exc)
         wait_seconds = self.policy.delay(self.attempts[i] - 1, self.retrier._jitter())
         if now + wait_seconds >= self.deadlines[i]:
-            raise self._too_late(i, now, still_waiting=False) from exc
+            raise self._too_late(i, now, still_waiting=False) from redacted_exception(exc)
         logger.debug(
-            "%s '%s' failed (%s); retry %d in %.2f s", action, self.url, describe(exc),
+            "%s '%s' failed (%s); retry %d in %.2f s", action, redact(self.url), describe(exc),
             self.attempts[i], wait_seconds,
         )
         self.retrier._count_retry()
@@ -294,10 +304,10 @@ class _Call(Generic[T]):
             why = "interrupted (Ctrl-C)"
         else:
             why = "the call was cancelled"
-        return StorageError(
+        return StorageError(redact(
             f"cannot {self.jobs[i].action} '{self.url}' ({self.attempts[i]} attempt(s) in "
             f"{time.monotonic() - self.began:.1f} s): {why}"
-        )
+        ))
 
 
 __all__ = [

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shardfeed.errors import ShardChangedError
+from shardfeed.storage.failures import redact
 
 __all__ = ["WEAK_SECONDS", "LocalFiles", "ObjectVersion", "changed_error", "object_version",
            "obstore_version"]
@@ -165,14 +166,15 @@ def obstore_version(meta: Mapping[str, object], *, read_at: float | None = None
 def changed_error(url: str, opened: object, found: object | None, *,
                   gone: bool = False) -> ShardChangedError:
     """The error for a shard that changed since a reader opened it: ``found`` is what is
-    there now (None: unknown, the store refused the version asked); ``gone``: removed."""
+    there now (None: unknown, the store refused the version asked); ``gone``: removed. Its
+    message has the secrets of ``url`` redacted; its ``path`` is ``url`` as given."""
     now = ("it is gone" if gone else "the store refuses that version now" if found is None
            else f"it is now {found}")
-    return ShardChangedError(
+    return ShardChangedError(redact(
         f"shard '{url}' changed since this Dataset opened it (it was {opened}; {now}), so "
         "its bytes are no longer those its index and the records read so far describe; "
         "open the Dataset again to read the new version (after `shardfeed index` if its "
-        "records changed)", path=url, opened=str(opened),
+        "records changed)"), path=url, opened=str(opened),
         found=None if found is None else str(found))
 
 

@@ -78,15 +78,23 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Server]]:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
                  "all_proxy", "AWS_ENDPOINT_URL", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
+    from shardfeed.storage import options as registry
+
+    saved = dict(registry._OPTIONS)  # e.g. the S3 test server's "s3://" options
+    registry._OPTIONS.clear()
     made: list[Server] = []
 
     def make(answer: Handler, host: str = "127.0.0.1") -> Server:
         made.append(Server(answer, host))
         return made[-1]
 
-    yield make
-    for server in made:
-        server.close()
+    try:
+        yield make
+    finally:
+        registry._OPTIONS.clear()
+        registry._OPTIONS.update(saved)
+        for server in made:
+            server.close()
 
 
 def _ranged(handler: BaseHTTPRequestHandler, *, short: bool = False) -> None:

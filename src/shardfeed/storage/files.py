@@ -128,7 +128,7 @@ def read_bytes(
             size = os.fstat(handle.fileno()).st_size
             if size > max_bytes:
                 raise storage_error(text, too_large(size, max_bytes), action="read")
-            data = handle.read(max_bytes + 1)
+            data = handle.read()  # (a read(n) would allocate n bytes first)
     else:
         with read_limit(max_bytes):
             if backend is not None and backend.read_bytes is not None:

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shardfeed.errors import StorageError
+from shardfeed.storage.failures import redact
 from shardfeed.storage.options import storage_options_for
 
 __all__ = ["REFUSED", "REFUSED_MARK", "ObstoreRefused", "forked_after_use", "installed",
@@ -70,7 +71,7 @@ def is_panic(exc: BaseException) -> bool:
 def _first_line(exc: BaseException) -> str:
     """obstore's message without its debug dump (the request and retry state)."""
     text = str(exc).split("\n", 1)[0].split("Debug source:", 1)[0].strip()
-    return text[:300] or type(exc).__name__
+    return redact(text)[:300] or type(exc).__name__
 
 
 class ObstoreRefused(Exception):
@@ -300,7 +301,8 @@ def _refuse_unsendable(url: str, config: Mapping[str, Any], scheme: str) -> None
         low = word.lower()
         if low in _ENDPOINT_WORDS and not _endpoint_ok(value):
             raise StorageError(
-                f"cannot open '{url}': {where} is {value!r:.120}, not an http:// or https:// "
+                f"cannot open '{url}': {where} is {redact(repr(value)):.120}, not an http:// "
+                "or https:// "
                 "URL with a host; give it whole, e.g. 'http://127.0.0.1:9000'")
         if low in _REGION_WORDS and not is_region(value):
             raise StorageError(

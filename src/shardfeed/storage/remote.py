@@ -268,7 +268,7 @@ class RemoteSource:
     def size(self) -> int:
         if self._size is None:
             fs, path = self._client()
-            job: Job[Any] = Job("get the size of", lambda: start_fs_call(fs, "size", path))
+            job: Job[Any] = Job("get the size of", lambda: _start_info(fs, path, "size"))
             info_size = self._retrier.run([job], url=self.url, group=self._calls)[0]
             if info_size is None:
                 raise StorageError(
@@ -285,7 +285,7 @@ class RemoteSource:
 
         def start() -> Future[Any]:
             fs.invalidate_cache(path)
-            return start_fs_call(fs, "info", path)
+            return _start_info(fs, path, "info")
 
         info = self._retrier.run([Job("get the size and version of", start)], url=self.url,
                                  group=self._calls)[0]
@@ -397,6 +397,30 @@ class RemoteSource:
             self._requests += len(blobs)
             self._bytes_fetched += sum(len(b) for b in blobs)
         return blobs
+
+
+def _start_info(fs: Any, path: str, what: str) -> Future[Any]:
+    """``fs.info(path)`` (``what="info"``) or ``fs.size(path)``; on HTTP one HEAD whose
+    status is checked (fsspec takes any answer under 400, a redirect without a Location
+    too, as the object's)."""
+    if type(fs).__name__ != "HTTPFileSystem" or not is_async(fs):
+        return start_fs_call(fs, what, path)
+
+    async def head() -> Any:
+        kw = fs.kwargs.copy()
+        headers = kw.pop("headers", None) or {}
+        session = await fs.set_session()
+        async with session.head(fs.encode_url(path), headers=headers, allow_redirects=True,
+                                **kw) as answer:
+            fs._raise_not_found_for_status(answer, path)
+            if answer.status != 200:
+                raise WrongLength(f"HTTP {answer.status} answered a HEAD, not the object")
+            info = {"name": path, "size": answer.content_length, "type": "file",
+                    **{k: answer.headers[k] for k in ("ETag", "Last-Modified")
+                       if k in answer.headers}}
+        return info["size"] if what == "size" else info
+
+    return start_coroutine(fs, head())
 
 
 def _start_range(fs: Any, path: str, start: int, end: int, known_size: int | None,

@@ -242,6 +242,7 @@ def test_a_process_forked_after_obstore_ran_reads_the_same_records(
     """A Dataset opened (through obstore) before a fork: a worker forked from it (torch's
     DataLoader and multiprocessing on Linux fork by default) reads the same records,
     through fsspec (obstore's threads do not follow a fork: a call there waited for ever)."""
+    pytest.importorskip("s3fs")  # fsspec's road to S3
     import multiprocessing
 
     url = obstore_s3.upload_folder(records_dataset(40, 2))

@@ -240,7 +240,6 @@ class HostileServer:
 def hostile_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[HostileServer]:
     """A hostile endpoint; ``s3://hostile/`` is registered to point at it (no request leaves
     127.0.0.1: the credentials are given, instance metadata look-ups are off)."""
-    pytest.importorskip("s3fs")
     from shardfeed.storage.remote import set_storage_options
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -362,10 +362,10 @@ class S3Server:
             },
         }
 
-    def filesystem(self) -> Any:
-        import s3fs
-
-        return s3fs.S3FileSystem(**self.storage_options())
+    def filesystem(self) -> S3Files:
+        """The objects of this server for a test to set up and look at (boto3: no s3fs, so
+        the suites run where only shardfeed's own road to S3 is installed)."""
+        return S3Files(self.endpoint_url)
 
     def new_bucket(self, prefix: str = "bucket") -> str:
         """Create a fresh bucket (``prefix-1``, ``prefix-2``, ...) and return its name."""
@@ -389,13 +389,84 @@ class S3Server:
                 rel = path.relative_to(root).as_posix()
                 key = f"{bucket}/{prefix}/{rel}" if prefix else f"{bucket}/{rel}"
                 fs.put_file(str(path), key)
-        fs.invalidate_cache()
         return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
 
-def clear_s3fs_instances() -> None:
-    import s3fs
+class S3Files:
+    """The few file-system calls tests make on the server (``bucket/key`` paths, as s3fs
+    names them), through boto3."""
 
+    def __init__(self, endpoint_url: str) -> None:
+        import boto3
+
+        self._s3 = boto3.client("s3", endpoint_url=endpoint_url, aws_access_key_id=KEY,
+                                aws_secret_access_key=SECRET, region_name=REGION)
+
+    @staticmethod
+    def _split(path: str) -> tuple[str, str]:
+        bucket, _, key = path.removeprefix("s3://").partition("/")
+        return bucket, key
+
+    def mkdir(self, bucket: str) -> None:
+        self._s3.create_bucket(Bucket=bucket)
+
+    def put_file(self, local: str, path: str) -> None:
+        bucket, key = self._split(path)
+        self._s3.upload_file(str(local), bucket, key)
+
+    def pipe_file(self, path: str, data: bytes) -> None:
+        bucket, key = self._split(path)
+        self._s3.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        bucket, key = self._split(path)
+        extra = {} if start is None else {"Range": f"bytes={start}-{'' if end is None else end - 1}"}
+        return bytes(self._s3.get_object(Bucket=bucket, Key=key, **extra)["Body"].read())
+
+    def find(self, path: str) -> list[str]:
+        """Every object under ``path``, as ``bucket/key``."""
+        bucket, key = self._split(path)
+        prefix = key.rstrip("/") + "/" if key else ""
+        found = []
+        for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                         Prefix=prefix):
+            found += [f"{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        return sorted(found)
+
+    def ls(self, path: str, detail: bool = False, refresh: bool = False) -> list[str]:
+        """The objects and folders directly under ``path``, as ``bucket/key``."""
+        bucket, key = self._split(path)
+        prefix = key.rstrip("/") + "/" if key else ""
+        page = self._s3.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/")
+        names = [f"{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        names += [f"{bucket}/{p['Prefix'].rstrip('/')}" for p in page.get("CommonPrefixes", [])]
+        return sorted(names)
+
+    def exists(self, path: str) -> bool:
+        bucket, key = self._split(path)
+        try:
+            self._s3.head_object(Bucket=bucket, Key=key)
+            return True
+        except self._s3.exceptions.ClientError:
+            return bool(self.find(path))
+
+    def rm(self, path: str | list[str], recursive: bool = False) -> None:
+        for one in [path] if isinstance(path, str) else path:
+            bucket, key = self._split(one)
+            keys = [p.split("/", 1)[1] for p in self.find(one)] if recursive else []
+            for k in keys or [key]:
+                self._s3.delete_object(Bucket=bucket, Key=k)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """(nothing is cached)"""
+
+
+def clear_s3fs_instances() -> None:
+    """Forget s3fs's clients (each test gets fresh ones), where s3fs is installed."""
+    try:
+        import s3fs
+    except ImportError:
+        return
     s3fs.S3FileSystem.clear_instance_cache()
 
 
@@ -403,7 +474,6 @@ def clear_s3fs_instances() -> None:
 def s3_server_session() -> Iterator[S3Server]:
     """One moto S3 server for the session, with a safe environment (see module docstring)."""
     pytest.importorskip("moto")
-    pytest.importorskip("s3fs")
     from shardfeed.storage.remote import set_storage_options
 
     server = S3Server()

@@ -20,6 +20,14 @@ from shardfeed.storage.remote import RemoteSource, ShortAnswer, WrongLength
 
 __all__ = ["hostile_server"]
 
+
+@pytest.fixture(autouse=True)
+def _s3fs_reads_s3_here(request: pytest.FixtureRequest) -> None:
+    """RemoteSource on s3:// is fsspec's road to S3: s3fs's (tests without a server run
+    anyway)."""
+    if {"hostile_server", "s3_server"} & set(request.fixturenames):
+        pytest.importorskip("s3fs")
+
 SLACK_SECONDS = 2.0
 """Allowed past a stated deadline on a loaded machine."""
 

@@ -42,7 +42,7 @@ from shardfeed.format.columns import decode_columns, feature_names
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar
 from shardfeed.format.schema import Schema, infer_schema, schema_as_read
-from shardfeed.storage.files import retry_policy
+from shardfeed.storage.files import retry_policy, storage_scope
 from shardfeed.storage.remote import RemoteOptions
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class Dataset:
             raise TypeError(
                 f"read_options must be a ReadOptions, got {type(read_options).__name__}"
             )
-        options = check_source_options(source_options)
+        options = check_source_options(source_options, source=source)
         self._args = (source, verify_crc, features, root, build_index, read_options,
                       source_options, allow_partial, allow_outside_paths, cache_dir,
                       cache_bytes, trust_cache_dir)
@@ -156,9 +156,12 @@ class Dataset:
         self._read_schema: Schema | None = None  # see schema
         self._fingerprint: str | None = None
         # manifest, indexes and sidecars on object storage: the deadline of source_options
-        self._file_policy = RemoteOptions(**options).policy()
+        self._file_policy = RemoteOptions(**{  # (a registered backend's own options aside)
+            k: v for k, v in options.items() if k in RemoteOptions.__dataclass_fields__
+        }).policy()
 
-        with retry_policy(self._file_policy):
+        # ... and its storage options: every read of the Dataset's files, not its shards only
+        with retry_policy(self._file_policy), storage_scope(options.get("storage_options")):
             resolved = resolve_source(source, allow_partial=allow_partial,
                                       allow_outside_paths=allow_outside_paths)
             self._resolved = resolved

@@ -47,13 +47,33 @@ MAPPED_RESIDENT_BYTES = 64 << 20
 process's resident memory, which would otherwise grow to the dataset's size."""
 
 
-def check_source_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+def check_source_options(options: Mapping[str, Any] | None, *, source: Any = None
+                         ) -> dict[str, Any]:
     """``source_options=`` checked now (a TypeError/ValueError naming the bad option), as a
-    plain dict for ``open_source(url, **options)``."""
+    plain dict for ``open_source(url, **options)``: by the backend that reads ``source``'s
+    scheme where one is registered (the options it declares), else as fsspec's
+    :class:`~shardfeed.storage.remote.RemoteOptions`."""
     if options is None:
         return {}
+    from shardfeed.storage.backends import backend_for
     from shardfeed.storage.remote import RemoteOptions
 
+    listed = source if isinstance(source, (list, tuple)) else [source]
+    first = next((os.fspath(s) for s in listed if isinstance(s, (str, os.PathLike))), None)
+    backend = None if first is None or not is_remote(first) else backend_for(
+        first, options.get("storage_options") if isinstance(options, Mapping) else None)
+    if backend is not None and isinstance(options, Mapping):
+        unknown = sorted(set(options) - set(backend.options))
+        if unknown:
+            raise TypeError(
+                f"source_options has option(s) {unknown} that the {backend.name} backend of "
+                f"'{first}' does not take (it takes: {', '.join(backend.options) or 'none'})")
+        if "storage_options" not in backend.options:  # its own options, checked by it
+            return dict(options)
+        policy_options = {k: v for k, v in options.items()
+                          if k in RemoteOptions.__dataclass_fields__}
+        RemoteOptions.from_mapping(policy_options, what="source_options")
+        return dict(options)
     RemoteOptions.from_mapping(options, what="source_options")
     return dict(options)
 

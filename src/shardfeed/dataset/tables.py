@@ -28,7 +28,8 @@ from shardfeed.dataset.shards import (
 )
 from shardfeed.errors import FormatError
 from shardfeed.format.manifest import Manifest
-from shardfeed.storage.files import retry_policy
+from shardfeed.storage.calls import scoped
+from shardfeed.storage.files import retry_policy, storage_scope
 from shardfeed.storage.retry import RetryPolicy
 
 PROGRESS_AFTER_BYTES = 64 << 20
@@ -53,9 +54,11 @@ def table_from_manifest(
                 f"shard changed after indexing: {RERUN_HINT}"
             )
 
+    storage_options = scoped(None)  # the Dataset's: an index is loaded later, elsewhere
+
     def load(k: int) -> np.ndarray:
         url, info = urls[k], shards[k]
-        with retry_policy(policy):
+        with retry_policy(policy), storage_scope(storage_options):
             offsets = find_index(url, mmap=mmap)
         if offsets is None:
             if not build:

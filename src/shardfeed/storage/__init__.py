@@ -18,9 +18,13 @@ _INDEX_CACHE: list[ByteCache | None] = [None]
 
 def _obstore() -> Backend | None:
     """The obstore backend where obstore is installed (imported on first use)."""
-    from shardfeed.storage import obstore_backend
+    from shardfeed.storage import obstore_stores
 
-    return obstore_backend.OBSTORE if obstore_backend.installed() else None
+    if not obstore_stores.installed():
+        return None
+    from shardfeed.storage.obstore_ops import OBSTORE
+
+    return OBSTORE
 
 
 set_obstore_provider(_obstore)
@@ -45,6 +49,10 @@ def open_source(url: str | os.PathLike[str], /, **options: Any) -> ByteSource:
     text = os.fspath(url)
     text = text.removeprefix("file://")
     from shardfeed.storage.backends import backend_for
+    from shardfeed.storage.calls import scoped
+
+    if is_remote(text) and options.get("storage_options") is None and scoped(None):
+        options["storage_options"] = scoped(None)  # a Dataset's, for its files' reads
 
     backend = backend_for(text, options.get("storage_options"))
     if backend is not None:

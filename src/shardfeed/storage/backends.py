@@ -70,6 +70,21 @@ class Backend:
     serves: Callable[[str, Options], bool] | None = None
     """Whether it can read ``url`` with these ``storage_options`` (None: always); where
     not, the URL goes to fsspec, as without a registration."""
+    operations: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    """The other operations of ``storage.files`` it does, by name (each left out goes to
+    fsspec): ``exists(url, so)``, ``listdir(url, so)``, ``glob(pattern, so)``,
+    ``infos(folder, so)`` / ``info(url, so)`` (listing entries: ``name``, ``size``, and
+    ``ETag`` / ``LastModified`` where the store names a version), ``write(url, data, so)``,
+    ``upload(local_path, url, so)``, ``rename(src, dst, so)``, ``remove(url, so, *,
+    missing_ok)``, ``remove_tree(url, so)``; ``so`` is the storage options."""
+
+    def operation(self, name: str) -> Callable[..., Any] | None:
+        """The operation ``name`` (``read_bytes``, ``size``, ``exists`` or one of
+        ``operations``), or None: fsspec's."""
+        found = self.operations.get(name)
+        if found is None and name in ("read_bytes", "size", "exists"):
+            found = getattr(self, name)
+        return found
 
     def opened(self, url: str, options: Mapping[str, Any]) -> ByteSource:
         """``open(url, **options)`` after checking the options are ones it takes."""

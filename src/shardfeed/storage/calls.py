@@ -46,6 +46,27 @@ def retry_policy(policy: RetryPolicy | None, /) -> Iterator[None]:
 
 Start = Callable[[Any, str], "Future[T]"]
 
+_SCOPE: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "shardfeed_storage_options", default=None)
+
+
+@contextlib.contextmanager
+def storage_scope(storage_options: Mapping[str, Any] | None, /) -> Iterator[None]:
+    """Operations of ``storage.files`` inside the block (in this thread or task) that are
+    given no ``storage_options`` use these (a Dataset opens its manifest, indexes, listings
+    and versions inside one, with its own ``source_options``' storage options). None changes
+    nothing."""
+    token = _SCOPE.set(storage_options if storage_options is not None else _SCOPE.get())
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def scoped(storage_options: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``storage_options``, else those of the innermost :func:`storage_scope` block."""
+    return storage_options if storage_options is not None else _SCOPE.get()
+
 
 
 def current_policy() -> RetryPolicy:
@@ -68,7 +89,7 @@ def remote_call(url: str, options: Options, action: str, start: Start[T], *,
     """The result of ``start(fs, path)``'s attempts for a remote URL, retried within the
     deadline of the current policy (longer by ``send_bytes / TRANSFER_BYTES_PER_SECOND``),
     with StorageError naming ``url``."""
-    fs, path = remote_filesystem(url, options)
+    fs, path = remote_filesystem(url, scoped(options))
     policy = current_policy()
     if send_bytes > 0:
         policy = dataclasses.replace(
@@ -127,5 +148,7 @@ __all__ = [
     "remote_call",
     "remote_filesystem",
     "retry_policy",
+    "scoped",
     "start_cat_whole",
+    "storage_scope",
 ]

@@ -45,7 +45,9 @@ from shardfeed.storage.calls import (
     remote_call,
     remote_filesystem,
     retry_policy,
+    scoped,
     start_cat_whole,
+    storage_scope,
 )
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.inflight import start_fs_call
@@ -72,11 +74,18 @@ __all__ = [
     "rename",
     "retry_policy",
     "size",
+    "storage_scope",
     "upload_file_atomic",
     "version_of",
     "versions",
     "write_bytes_atomic",
 ]
+
+
+def _operation(text: str, storage_options: Options, name: str) -> Callable[..., Any] | None:
+    """The operation ``name`` of the backend that serves ``text`` (None: fsspec does it)."""
+    backend = backend_for(text, storage_options)
+    return None if backend is None else backend.operation(name)
 
 
 def _local(url: PathLike) -> str | None:
@@ -122,7 +131,7 @@ def read_bytes(
         if hit is not None:
             return hit
     local = _local(text)
-    backend = backend_for(text, storage_options)
+    storage_options = scoped(storage_options)
     if local is not None:
         with _local_errors(local, "read"), open(local, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -130,9 +139,10 @@ def read_bytes(
                 raise storage_error(text, too_large(size, max_bytes), action="read")
             data = handle.read()  # (a read(n) would allocate n bytes first)
     else:
+        read = _operation(text, storage_options, "read_bytes")
         with read_limit(max_bytes):
-            if backend is not None and backend.read_bytes is not None:
-                data = backend.read_bytes(text, storage_options)
+            if read is not None:
+                data = read(text, storage_options)
             else:
                 data = remote_call(text, storage_options, "read", start_cat_whole)
     if len(data) > max_bytes:  # a file that grew, or a backend that does not bound its reads
@@ -225,6 +235,11 @@ def write_bytes_atomic(
             _atomic_local(local, fill)
         return
     payload = bytes(data)
+    storage_options = scoped(storage_options)
+    write = _operation(text, storage_options, "write")
+    if write is not None:
+        write(text, payload, storage_options)
+        return
     remote_call(text, storage_options, "write", op("pipe_file", payload),
                 send_bytes=len(payload))
 
@@ -257,6 +272,11 @@ def upload_file_atomic(
         with _local_errors(local, "write"):
             _atomic_local(local, copy)
         return
+    storage_options = scoped(storage_options)
+    upload = _operation(text, storage_options, "upload")
+    if upload is not None:
+        upload(source, text, storage_options)
+        return
     remote_call(text, storage_options, "upload to",
                 lambda fs, p: start_fs_call(fs, "put_file", source, p),
                 send_bytes=os.path.getsize(source))
@@ -268,9 +288,10 @@ def exists(url: PathLike, *, storage_options: Options = None) -> bool:
     local = _local(text)
     if local is not None:
         return os.path.exists(local)
-    backend = backend_for(text, storage_options)
-    if backend is not None and backend.exists is not None:
-        return bool(backend.exists(text, storage_options))
+    storage_options = scoped(storage_options)
+    check_exists = _operation(text, storage_options, "exists")
+    if check_exists is not None:
+        return bool(check_exists(text, storage_options))
 
     def check(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
@@ -286,9 +307,10 @@ def size(url: PathLike, *, storage_options: Options = None) -> int:
     if local is not None:
         with _local_errors(local, "get the size of"):
             return os.path.getsize(local)
-    backend = backend_for(text, storage_options)
-    if backend is not None and backend.size is not None:
-        return int(backend.size(text, storage_options))
+    storage_options = scoped(storage_options)
+    get_size = _operation(text, storage_options, "size")
+    if get_size is not None:
+        return int(get_size(text, storage_options))
 
     def get(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
@@ -338,6 +360,7 @@ def object_infos(urls: list[str], *, storage_options: Options = None
     """What the store says of each object of ``urls`` (an fsspec listing entry, else its
     ``info()``; None for a local path): one listing a folder (fresh), one ``info()`` for an
     object its listing lacks or names no version of."""
+    storage_options = scoped(storage_options)
     found: list[Mapping[str, Any] | None] = [None] * len(urls)
     folders: dict[str, list[int]] = {}
     for k, url in enumerate(urls):
@@ -370,6 +393,14 @@ _INFO_THREADS = DaemonThreads("shardfeed-info", limit=INFO_IN_FLIGHT)
 
 def _listed_infos(folder: str, storage_options: Options) -> dict[str, Mapping[str, Any]]:
     """Name -> listing entry of the objects in ``folder`` (empty when it cannot be listed)."""
+    listed = _operation(folder, storage_options, "infos")
+    if listed is not None:
+        try:
+            entries = listed(folder, storage_options)
+        except StorageError:
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e for e in entries}
+
     def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
         return start_fs_call(fs, "ls", path, detail=True)
@@ -383,6 +414,10 @@ def _listed_infos(folder: str, storage_options: Options) -> dict[str, Mapping[st
 
 
 def _info(url: str, storage_options: Options) -> Mapping[str, Any] | None:
+    info = _operation(url, storage_options, "info")
+    if info is not None:
+        found: Mapping[str, Any] = info(url, storage_options)
+        return found
     def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
         return start_fs_call(fs, "info", path)
@@ -398,6 +433,10 @@ def glob(pattern: PathLike, *, storage_options: Options = None) -> list[str]:
     if local is not None:
         found = sorted(_glob.glob(local, recursive=True))
         return [f"file://{p}" for p in found] if text.startswith("file://") else found
+    storage_options = scoped(storage_options)
+    matching = _operation(text, storage_options, "glob")
+    if matching is not None:
+        return sorted(matching(text, storage_options))
 
     def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache()
@@ -415,6 +454,10 @@ def listdir(url: PathLike, *, storage_options: Options = None) -> list[str]:
     if local is not None:
         with _local_errors(local, "list"):
             return sorted(os.listdir(local))
+    storage_options = scoped(storage_options)
+    listing = _operation(text, storage_options, "listdir")
+    if listing is not None:
+        return sorted(listing(text, storage_options))
 
     def run(fs: Any, path: str) -> Future[Any]:
         fs.invalidate_cache(path)
@@ -457,6 +500,11 @@ def remove(
         with _local_errors(local, "remove"):
             os.remove(local)
         return
+    storage_options = scoped(storage_options)
+    removal = _operation(text, storage_options, "remove")
+    if removal is not None:
+        removal(text, storage_options, missing_ok=missing_ok)
+        return
 
     def run(fs: Any, path: str) -> None:
         fs.invalidate_cache(path)
@@ -478,6 +526,11 @@ def remove_tree(url: PathLike, *, storage_options: Options = None) -> None:
         if os.path.isdir(local):
             with _local_errors(local, "remove"):
                 shutil.rmtree(local)
+        return
+    storage_options = scoped(storage_options)
+    removal = _operation(text, storage_options, "remove_tree")
+    if removal is not None:
+        removal(text, storage_options)
         return
 
     def run(fs: Any, path: str) -> None:
@@ -513,6 +566,11 @@ def rename(
         with _local_errors(local_src, "rename"):
             os.replace(local_src, local_dst)
         return
+    storage_options = scoped(storage_options)
+    moving = _operation(source, storage_options, "rename")
+    if moving is not None:
+        moving(source, target, storage_options)
+        return
     from shardfeed.storage.options import filesystem
 
     _, dst_path = filesystem(target, storage_options)
@@ -532,4 +590,7 @@ def makedirs(url: PathLike, *, storage_options: Options = None) -> None:
         with _local_errors(local, "create the folder"):
             os.makedirs(local, exist_ok=True)
         return
+    storage_options = scoped(storage_options)
+    if backend_for(text, storage_options) is not None:
+        return  # an object store served by a backend: folders are prefixes, made by writes
     remote_call(text, storage_options, "create the folder", op("makedirs", exist_ok=True))

@@ -54,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardfeed.errors import StorageError
-from shardfeed.storage.backends import Backend, register_backend
+from shardfeed.storage.backends import register_backend
 from shardfeed.storage.calls import current_policy
 from shardfeed.storage.inflight import CallGroup, start_in_thread
 from shardfeed.storage.obstore_stores import (
@@ -90,7 +90,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
-    "OBSTORE",
     "SCHEMES",
     "ObstoreRefused",
     "ObstoreSource",
@@ -238,7 +237,8 @@ class ObstoreSource:
                  max_backoff_seconds: float = 10.0,
                  coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP_BYTES,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 storage_options: Mapping[str, Any] | None = None, **_ignored: Any) -> None:
+                 storage_options: Mapping[str, Any] | None = None,
+                 max_concurrency: int | None = None) -> None:
         self.url = url
         self.policy = RetryPolicy(retries=retries, backoff_seconds=backoff_seconds,
                                   max_backoff_seconds=max_backoff_seconds,
@@ -470,16 +470,9 @@ def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
                          deadline_seconds=policy.deadline_seconds).size()
 
 
-OBSTORE = Backend(
-    "obstore", open=ObstoreSource, read_bytes=_read_bytes, size=_size,
-    options=("deadline_seconds", "coalesce_gap_bytes", "max_request_bytes", "storage_options",
-             "max_concurrency", "retries", "backoff_seconds", "max_backoff_seconds", "cache"),
-    serves=serves)
-"""The backend (the options of RemoteSource are taken, those obstore has no use for ignored,
-so a Dataset's ``source_options`` work with either)."""
-
-
 def use_obstore(schemes: Sequence[str] = SCHEMES) -> None:
     """Read URLs of ``schemes`` through obstore from now on, in this process."""
     _module()
+    from shardfeed.storage.obstore_ops import OBSTORE
+
     register_backend(schemes, OBSTORE)

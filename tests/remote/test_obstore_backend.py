@@ -257,5 +257,5 @@ def test_a_process_forked_after_obstore_ran_reads_the_same_records(
             got = out.get(timeout=60)
         finally:
             child.join(timeout=10)
-    assert got == want
+    assert got == want, got
     assert data_gets(obstore_s3) > 0

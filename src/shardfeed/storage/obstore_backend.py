@@ -14,13 +14,13 @@ sent again, once, to the store of the region it names::
     use_obstore()                      # s3://, gs://, az://, http(s):// through obstore
     ds = shardfeed.Dataset("s3://bucket/dataset")
 
-Ranged reads of an object are one ``get_ranges`` call (the ranges merged where their holes
-are small, as :mod:`~shardfeed.storage.ranges` merges them, then fetched concurrently by
-obstore's runtime, outside the GIL; ``coalesce_gap_bytes=-1`` keeps touching ranges apart,
-one request each); sizes are one HEAD, remembered; whole objects one GET. Once pinned
-(:meth:`ObstoreSource.pin`, as a Dataset pins its shards), each merged range is one GET
-asking for that version (``If-Match`` of its ETag, else ``If-Unmodified-Since`` of its
-modification time), :data:`PINNED_IN_FLIGHT` at once, and the version of each answer is
+Ranged reads of an object merge ranges whose holes are small (as
+:mod:`~shardfeed.storage.ranges` merges them); each merged range is one GET, :data:`IN_FLIGHT`
+at once, its body streamed and refused as soon as it runs past the range (memory follows the
+ranges asked, whatever length the server says). Sizes are one HEAD, remembered; whole objects
+one GET, refused from their size past the read's limit. Once pinned (:meth:`ObstoreSource.pin`,
+as a Dataset pins its shards), each GET asks for that version (``If-Match`` of its ETag, else
+``If-Unmodified-Since`` of its modification time) and the version of each answer is
 compared: a rewritten object raises :class:`~shardfeed.errors.ShardChangedError`.
 Credentials and the endpoint come from the environment as obstore reads them
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...), and from ``storage_options`` (given, or
@@ -74,8 +74,8 @@ from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
     DEFAULT_MAX_REQUEST_BYTES,
     RangeIgnored,
-    RangeRequest,
     ShortAnswer,
+    WrongLength,
     check_range,
     checked_answer,
     coalesce_ranges,
@@ -100,9 +100,9 @@ __all__ = [
 
 T = TypeVar("T")
 SCHEMES = ("s3", "gs", "az", "http", "https")
-PINNED_IN_FLIGHT = 10
-"""Requests of one read of a pinned source in flight at once (obstore's own ``get_ranges``
-keeps as many: its ranges are then one ``get`` each, each with the version asked)."""
+IN_FLIGHT = 10
+"""Requests of one ``read_ranges`` in flight at once (as many as obstore's own
+``get_ranges`` keeps): each a ``get`` of its own, streamed and bounded by its range."""
 
 
 def _in_region(url: str, storage_options: Mapping[str, Any] | None, deadline_seconds: float,
@@ -337,63 +337,49 @@ class ObstoreSource:
                                max_request_bytes=self.max_request_bytes)
         if not plan:  # nothing asked, or only empty ranges
             return [b""] * len(ranges)
-        action = f"read bytes {plan[0].start}..{plan[-1].end} of"
         pinned = self._pinned
-        if pinned is not None:
-            blobs = self._retrier.run(
-                [Job(f"read bytes {r.start}..{r.end} of", self._pinned_get(pinned, r.start, r.end))
-                 for r in plan], url=self.url, max_in_flight=PINNED_IN_FLIGHT, group=self._calls)
-        elif self.coalesce_gap_bytes < 0:  # obstore would merge touching ranges: one call each
-
-            def each(store: Any, path: str) -> list[Any]:
-                return self._whole(store, path, plan, [
-                    self._obstore.get_range(store, path, start=r.start, end=r.end)
-                    for r in plan])
-            blobs = self._call(action, each)
-        else:
-            blobs = self._call(action, lambda store, path: self._whole(
-                store, path, plan, self._obstore.get_ranges(
-                    store, path, starts=[r.start for r in plan], ends=[r.end for r in plan],
-                    coalesce=0)))
+        blobs = self._retrier.run(
+            [Job(f"read bytes {r.start}..{r.end} of", self._ranged_get(pinned, r.start, r.end))
+             for r in plan], url=self.url, max_in_flight=IN_FLIGHT, group=self._calls)
         with self._lock:
             self.requests += len(plan)
             self.bytes_fetched += sum(len(b) for b in blobs)
         return split_answers(ranges, plan, blobs)
 
-    def _whole(self, store: Any, path: str, plan: Sequence[RangeRequest],
-               blobs: Sequence[Any]) -> list[Any]:
-        """``blobs``, the answers to ``plan``, each checked against its range (one HEAD for
-        the size where one is shorter: a short answer where the object has the bytes is a
-        :class:`ShortAnswer`, retried)."""
-        if all(len(b) == r.end - r.start for r, b in zip(plan, blobs)):
-            return list(blobs)
-        size = self._size if self._size is not None else int(
-            self._obstore.head(store, path)["size"])
-        return [b if len(b) == r.end - r.start else
-                checked_answer(memoryview(b), r.start, r.end, size)  # type: ignore[arg-type]
-                for r, b in zip(plan, blobs)]
-
-    def _pinned_get(self, pinned: ObjectVersion, start: int, end: int) -> Callable[[], Any]:
-        """A job's start: one attempt at bytes ``[start, end)`` of version ``pinned`` only,
-        on a thread of its own."""
+    def _ranged_get(self, pinned: ObjectVersion | None, start: int, end: int
+                    ) -> Callable[[], Any]:
+        """A job's start: one attempt at bytes ``[start, end)`` (of version ``pinned`` only,
+        where given), on a thread of its own. The body is read as a stream and refused as
+        soon as it runs past the range (a server may say any Content-Length): memory
+        follows the range asked."""
         options: dict[str, Any] = {"range": (start, end)}
-        if pinned.etag is not None:
+        if pinned is not None and pinned.etag is not None:
             options["if_match"] = pinned.etag
-        elif pinned.modified is not None:  # what a store without ETags can check
+        elif pinned is not None and pinned.modified is not None:  # a store without ETags
             options["if_unmodified_since"] = datetime.datetime.fromtimestamp(
                 pinned.modified, tz=datetime.timezone.utc)
         refused = self._obstore.exceptions.PreconditionError
+        want = end - start
 
         def get(store: Any, path: str) -> Any:
             try:
                 answer = self._obstore.get(store, path, options=options)
             except refused:
+                if pinned is None:
+                    raise
                 raise changed_error(self.url, pinned, None) from None
             found = obstore_version(answer.meta)
-            if found is not None and pinned.differs(found):  # a store that ignores If-Match
-                raise changed_error(self.url, pinned, found)
-            data = answer.bytes()
-            if len(data) == end - start:
+            if pinned is not None and found is not None and pinned.differs(found):
+                raise changed_error(self.url, pinned, found)  # a store ignoring If-Match
+            chunks, got = [], 0
+            for chunk in answer.stream(min_chunk_size=want):
+                got += len(chunk)
+                if got > want:
+                    raise WrongLength(f"more than the {want} bytes asked for bytes "
+                                      f"{start}..{end} were answered")
+                chunks.append(chunk)
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if got == want:
                 return data
             return checked_answer(memoryview(data), start, end,  # type: ignore[arg-type]
                                   int(answer.meta["size"]))

@@ -86,3 +86,43 @@ def test_the_datasets_storage_options_reach_every_read_of_its_files(
         with Dataset(url, source_options=own) as ds:
             assert [r["name"] for r in ds.read_many(range(20))] == [
                 f"r{i}".encode() for i in range(20)]
+
+
+def test_a_forked_worker_without_s3fs_is_told_to_spawn_and_a_spawned_one_reads(
+        s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path) -> None:
+    """A store is the process's: a worker forked after obstore ran cannot use obstore, and
+    with no s3fs it is told what to do (start workers with spawn or forkserver); a spawned
+    worker opens its own store and reads the same records."""
+    url = s3_server.upload_folder(records_dataset(20, 2))
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["s3fs"] = None
+        import multiprocessing
+        import shardfeed
+
+        def read(ds, out):
+            try:
+                out.put([r["name"] for r in ds.read_many([1, 12])])
+            except BaseException as exc:
+                out.put(f"{{type(exc).__name__}}: {{exc}}")
+
+        if __name__ == "__main__":
+            ds = shardfeed.Dataset({url!r})
+            assert [r["name"] for r in ds.read_many([1, 12])] == [b"r1", b"r12"]
+            for method in ("fork", "spawn"):
+                context = multiprocessing.get_context(method)
+                out = context.Queue()
+                child = context.Process(target=read, args=(ds, out))
+                child.start()
+                print(method, out.get(timeout=120))
+                child.join(timeout=30)
+    """)
+    path = tmp_path / "workers.py"  # a file: spawned workers import their __main__
+    path.write_text(script)
+    env = {**os.environ, "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(path)], check=False, capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fork, spawn = done.stdout.strip().splitlines()[-2:]
+    assert fork.startswith("fork StorageError") and "'spawn' or" in fork, fork
+    assert spawn == "spawn [b'r1', b'r12']", spawn

@@ -31,6 +31,7 @@ from shardfeed.format import native
 from shardfeed.storage import is_remote, open_source
 from shardfeed.storage.base import ByteSource, PinnedSource
 from shardfeed.storage.local import LocalSource
+from shardfeed.storage.versions import ObjectVersion
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -94,6 +95,8 @@ class OpenShards:
         self.versions = versions  # None: no version is pinned or checked
         self._options = dict(source_options)
         self._sources: dict[int, ByteSource] = {}
+        self._pins: dict[int, ObjectVersion | None] = {}  # what each remote source pinned
+        self._pid = os.getpid()  # remote sources are this process's (see _forked)
         self._users: dict[int, int] = {}  # reads running on each source
         self._local_lru: OrderedDict[int, None] = OrderedDict()
         self.max_open_local = MAX_OPEN_LOCAL
@@ -216,6 +219,8 @@ class OpenShards:
 
     def read_ranges(self, k: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """``read_ranges`` of shard ``k``'s source (ValueError once closed)."""
+        if self._pid != os.getpid():
+            self._forked()
         if not self._bounded:  # every shard may stay open: no use counts needed
             src = self._sources.get(k) or self._acquire(k)
             return src.read_ranges(ranges)
@@ -224,6 +229,19 @@ class OpenShards:
             return src.read_ranges(ranges)
         finally:
             self._release(k)
+
+    def _forked(self) -> None:
+        """In a process forked from the one that opened them, the remote sources are
+        dropped (their clients, threads and connections stayed in the parent; obstore's
+        would wait for ever): each shard is opened again here, on first use, pinned to the
+        version the parent read (a rewrite since raises ShardChangedError)."""
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            for k in [k for k in self._sources if is_remote(self._table.urls[k])]:
+                del self._sources[k]
+                self._users.pop(k, None)
+            self._pid = os.getpid()
 
     def _acquire(self, k: int) -> ByteSource:
         src = self._use_open(k)
@@ -291,7 +309,8 @@ class OpenShards:
         src = open_source(url, **self._options)
         try:  # local shards were checked at open; remote ones on first use
             if isinstance(src, PinnedSource):  # its version from now on (and its size)
-                src.pin(None if self.versions is None else self.versions.listed[k])
+                listed = None if self.versions is None else self.versions.listed[k]
+                self._pins[k] = src.pin(self._pins.get(k) or listed)
             check_offsets(url, self._table.offsets(k), size=src.size())
         except BaseException:
             src.close()

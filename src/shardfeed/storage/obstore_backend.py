@@ -69,7 +69,6 @@ from shardfeed.storage.obstore_stores import (
     is_panic,
     serves,
 )
-from shardfeed.storage.options import storage_options_for
 from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -248,16 +247,9 @@ class ObstoreSource:
         self.max_request_bytes = int(max_request_bytes)
         self._obstore = _module()
         self._storage_options = storage_options
-        self._options = {"deadline_seconds": deadline_seconds, "retries": retries,
-                         "backoff_seconds": backoff_seconds,
-                         "max_backoff_seconds": max_backoff_seconds,
-                         "coalesce_gap_bytes": coalesce_gap_bytes,
-                         "max_request_bytes": max_request_bytes,
-                         "storage_options": storage_options}
-        self._fsspec: Any = None  # in a process forked after obstore ran (see _forked)
         self._store: Any = None
         self._path = ""
-        if not forked_after_use():
+        if not forked_after_use():  # (a source of a forked child's is refused at its reads)
             self._store, self._path = _store(url, storage_options, self.deadline_seconds)
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
@@ -279,30 +271,26 @@ class ObstoreSource:
     def _moved(self, store: Any, path: str) -> None:
         self._store, self._path = store, path
 
-    def _stand_in(self) -> Any:
-        """fsspec's reader of the URL, in a process forked after obstore ran; else None."""
-        if not forked_after_use():
-            return None
-        with self._lock:
-            if self._fsspec is None:
-                self._fsspec = _fsspec_source(self.url, self._options)
-        return self._fsspec
+    def _here(self) -> None:
+        """StorageError in a process forked after obstore ran: a source (its store, its
+        runtime's threads) belongs to the process that opened it; a call here would wait for
+        ever. A Dataset opens its shards again in the child (see ``OpenShards``)."""
+        if forked_after_use():
+            raise StorageError(
+                f"cannot read '{self.url}' with a source opened before this process was "
+                "forked (obstore's threads do not follow a fork); open it again here with "
+                "open_source(url), or start worker processes with 'spawn' or 'forkserver'")
 
     def stats(self) -> dict[str, int]:
         """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries``, as
         RemoteSource counts them."""
-        stand_in = self._stand_in()
-        if stand_in is not None:
-            return dict(stand_in.stats())
         with self._lock:
             return {"requests": self.requests, "bytes_fetched": self.bytes_fetched,
                     "retries": self._retrier.retries_done}
 
     def size(self) -> int:
         """The object's size: one HEAD, remembered."""
-        stand_in = self._stand_in()
-        if stand_in is not None:
-            return int(stand_in.size())
+        self._here()
         if self._size is None:
             meta = self._call("get the size of", self._obstore.head)
             self._size = int(meta["size"])
@@ -311,10 +299,7 @@ class ObstoreSource:
     def pin(self, expected: ObjectVersion | None = None) -> ObjectVersion | None:
         """Read only the version there now (one HEAD, which gives the size too); see
         :class:`~shardfeed.storage.base.PinnedSource`."""
-        stand_in = self._stand_in()
-        if stand_in is not None:
-            found: ObjectVersion | None = stand_in.pin(expected)
-            return found
+        self._here()
         meta = self._call("get the size and version of", self._obstore.head)
         found = obstore_version(meta)
         if expected is not None and found is not None and expected.differs(found):
@@ -328,9 +313,7 @@ class ObstoreSource:
         return self.read_ranges([(offset, length)])[0]
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        stand_in = self._stand_in()
-        if stand_in is not None:
-            return list(stand_in.read_ranges(ranges))
+        self._here()
         for offset, length in ranges:
             check_range(offset, length)
         plan = coalesce_ranges(ranges, gap_bytes=self.coalesce_gap_bytes,
@@ -391,8 +374,6 @@ class ObstoreSource:
     def close(self) -> None:
         """Idempotent; a read waiting in another thread ends at once with a StorageError."""
         self._calls.cancel_all()
-        if self._fsspec is not None:
-            self._fsspec.close()
 
     def __enter__(self) -> Self:
         return self
@@ -409,13 +390,6 @@ def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
     within its own ``deadline_seconds``)."""
     obstore = _module()
     policy = current_policy()
-    if forked_after_use():
-        with _fsspec_source(url, {"storage_options": storage_options,
-                                  "deadline_seconds": policy.deadline_seconds,
-                                  "retries": policy.retries,
-                                  "backoff_seconds": policy.backoff_seconds,
-                                  "max_backoff_seconds": policy.max_backoff_seconds}) as source:
-            return bytes(source.read(0, source.size()))
     _store(url, storage_options, policy.deadline_seconds)  # a wrong configuration: at once
     limit = current_read_limit()
 
@@ -432,20 +406,6 @@ def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
     return Retrier(policy, key=url).call(
         _in_region(url, storage_options, policy.deadline_seconds, whole), url=url,
         action="read")
-
-
-def _fsspec_source(url: str, options: Mapping[str, Any]) -> Any:
-    """fsspec's reader of ``url`` with ``options`` (a RemoteSource's), for a process forked
-    after obstore ran; a StorageError that says what to do where fsspec cannot read it."""
-    from shardfeed.storage.remote import RemoteSource
-
-    if "obstore_config" in (storage_options_for(url, options.get("storage_options")) or {}):
-        raise StorageError(
-            f"cannot read '{url}' in this process: it was forked from one that read through "
-            "obstore (whose threads do not follow a fork), and its storage options are "
-            "obstore's (obstore_config), which fsspec cannot read; start worker processes "
-            "with the 'spawn' or 'forkserver' method, or open the dataset in the worker")
-    return RemoteSource(url, **options)
 
 
 def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:

@@ -35,6 +35,12 @@ from xml.sax.saxutils import escape
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 
 
+def _etag(stat: os.stat_result) -> str:
+    """The object's ETag, the same in a HEAD, a GET and a listing (a client that pins the
+    version a listing gave takes any other for a changed object)."""
+    return f'"{stat.st_size:x}-{int(stat.st_mtime_ns):x}"'
+
+
 class LightS3(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -105,7 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start + 1))
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
-        self.send_header("ETag", f'"{stat.st_size:x}-{int(stat.st_mtime_ns):x}"')
+        self.send_header("ETag", _etag(stat))
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{stat.st_size}")
@@ -131,7 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
             stat = (base / key).stat()
             modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(stat.st_mtime))
             contents.append(f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}"
-                            f"</LastModified><Size>{stat.st_size}</Size><ETag>\"{stat.st_size:x}\""
+                            f"</LastModified><Size>{stat.st_size}</Size><ETag>{escape(_etag(stat))}"
                             f"</ETag><StorageClass>STANDARD</StorageClass></Contents>")
         common = "".join(f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>"
                          for p in sorted(prefixes))

@@ -234,10 +234,7 @@ class ImageCache(Generic[V]):
         try:
             run(load_now)
         except BaseException:
-            with self._lock:
-                if self._pending.get(key) is future:
-                    del self._pending[key]
-            future.set_exception(_LoadFailed())
+            self._failed(key, future)
             raise
         return True
 
@@ -248,10 +245,7 @@ class ImageCache(Generic[V]):
         try:
             value, nbytes = load()
         except BaseException:
-            with self._lock:
-                if self._pending.get(key) is future:
-                    del self._pending[key]
-            future.set_exception(_LoadFailed())
+            self._failed(key, future)
             raise
         with self._lock:
             if self._pending.get(key) is future:
@@ -260,6 +254,13 @@ class ImageCache(Generic[V]):
             self._insert(key, value, int(nbytes), expires)
         future.set_result(value)
         return value
+
+    def _failed(self, key: Hashable, future: Future[V]) -> None:
+        """The load of ``key`` failed: nothing cached, its waiters load for themselves."""
+        with self._lock:
+            if self._pending.get(key) is future:
+                del self._pending[key]
+        future.set_exception(_LoadFailed())
 
     def _insert(self, key: Hashable, value: V, nbytes: int, expires: Clock) -> None:
         # Called with the lock held.

@@ -142,6 +142,11 @@ def set_obstore_provider(provider: Callable[[], Backend | None]) -> None:
     _OBSTORE[:] = [provider]
 
 
+def obstore_backend() -> Backend | None:
+    """The obstore backend (None: obstore is not installed)."""
+    return _OBSTORE[0]() if _OBSTORE else None
+
+
 def _default_for(scheme: str) -> Backend | None:
     """obstore for the object stores' schemes where it is installed (unless
     ``SHARDFEED_OBSTORE=0``), else None: fsspec."""

@@ -54,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardfeed.errors import StorageError
-from shardfeed.storage.backends import register_backend
+from shardfeed.storage.backends import obstore_backend, register_backend
 from shardfeed.storage.calls import current_policy
 from shardfeed.storage.inflight import CallGroup, start_in_thread
 from shardfeed.storage.obstore_stores import (
@@ -419,6 +419,6 @@ def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
 def use_obstore(schemes: Sequence[str] = SCHEMES) -> None:
     """Read URLs of ``schemes`` through obstore from now on, in this process."""
     _module()
-    from shardfeed.storage.obstore_ops import OBSTORE
-
-    register_backend(schemes, OBSTORE)
+    backend = obstore_backend()
+    assert backend is not None  # obstore imports: the provider gives its backend
+    register_backend(schemes, backend)

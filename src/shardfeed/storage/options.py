@@ -113,19 +113,13 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None, *,
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
-        from shardfeed.storage.obstore_stores import forked_after_use
-
-        if forked_after_use():
-            raise StorageError(redact(
-                f"cannot open '{url}' in this process: it was forked from one that used "
-                "obstore, whose threads do not follow a fork, and fsspec's package for it is "
-                f"not installed ({exc}); start worker processes with the 'spawn' or "
-                "'forkserver' method (or open the dataset in the worker), or pip install "
-                "'shardfeed[s3fs]'")) from redacted_exception(exc)
         raise StorageError(redact(
-            f"cannot open '{url}': the package for this protocol is missing ({exc}); s3://, "
-            "gs:// and az:// need pip install 'shardfeed[s3]' (obstore; with "
-            "SHARDFEED_OBSTORE=0: s3fs or gcsfs)")) from redacted_exception(exc)
+            f"cannot open '{url}' through fsspec: its package for this protocol is missing "
+            f"({exc}). s3://, gs:// and az:// are read by obstore (pip install "
+            "'shardfeed[s3]'); fsspec reads them with SHARDFEED_OBSTORE=0 and in a worker "
+            "process forked after obstore ran (its threads do not follow a fork): start such "
+            "workers with the 'spawn' or 'forkserver' method, or pip install "
+            "'shardfeed[s3fs]'")) from redacted_exception(exc)
     except ValueError as exc:
         raise StorageError(redact(f"cannot open '{url}': {exc}")) from redacted_exception(exc)
     return fs, str(path)

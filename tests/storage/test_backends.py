@@ -141,4 +141,5 @@ def test_obstore_reads_object_stores_for_options_it_can_honour(
     assert backend_for("s3://bucket/x", {**options, "requester_pays": True}) is None
     assert backend_for("s3://bucket/x", {"client_kwargs": {"verify": False}}) is None
     assert backend_for("gs://bucket/x", {"token": "creds.json"}) is None  # gcsfs's word
-    assert backend_for("https://host/ds/x") is None  # http(s) only with use_obstore()
+    assert backend_for("https://host/ds/x").name == "obstore"  # type: ignore[union-attr]
+    assert backend_for("https://host/ds/x?v=2") is None  # a query: fsspec keeps it

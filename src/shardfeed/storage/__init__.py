@@ -16,15 +16,16 @@ from shardfeed.storage.local import LocalSource
 _INDEX_CACHE: list[ByteCache | None] = [None]
 
 
-def _obstore() -> Backend | None:
-    """The obstore backend where obstore is installed (imported on first use)."""
+def _obstore(scheme: str) -> Backend | None:
+    """The obstore backend of ``scheme`` where obstore is installed (imported on first
+    use): http(s) lists through fsspec (web servers' index pages)."""
     from shardfeed.storage import obstore_stores
 
     if not obstore_stores.installed():
         return None
-    from shardfeed.storage.obstore_ops import OBSTORE
+    from shardfeed.storage.obstore_ops import OBSTORE, OBSTORE_HTTP
 
-    return OBSTORE
+    return OBSTORE_HTTP if scheme in ("http", "https") else OBSTORE
 
 
 set_obstore_provider(_obstore)

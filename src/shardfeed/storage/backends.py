@@ -130,21 +130,21 @@ def unregister_backend(schemes: Iterable[str]) -> None:
             _REGISTRY.pop(str(scheme).lower().removesuffix("://"), None)
 
 
-DEFAULT_OBSTORE_SCHEMES = ("s3", "gs", "az")
+DEFAULT_OBSTORE_SCHEMES = ("s3", "gs", "az", "http", "https")
 """Schemes read through obstore without a registration (unless ``SHARDFEED_OBSTORE=0``)."""
 
-_OBSTORE: list[Callable[[], Backend | None]] = []  # set by the storage package (see below)
+_OBSTORE: list[Callable[[str], Backend | None]] = []  # set by the storage package (see below)
 
 
-def set_obstore_provider(provider: Callable[[], Backend | None]) -> None:
-    """How the obstore backend is found (None: not installed); set once by
+def set_obstore_provider(provider: Callable[[str], Backend | None]) -> None:
+    """How the obstore backend of a scheme is found (None: not installed); set once by
     ``shardfeed.storage`` at import, which knows its module (this one does not import it)."""
     _OBSTORE[:] = [provider]
 
 
-def obstore_backend() -> Backend | None:
-    """The obstore backend (None: obstore is not installed)."""
-    return _OBSTORE[0]() if _OBSTORE else None
+def obstore_backend(scheme: str) -> Backend | None:
+    """The obstore backend of ``scheme`` (None: obstore is not installed)."""
+    return _OBSTORE[0](scheme) if _OBSTORE else None
 
 
 def _default_for(scheme: str) -> Backend | None:
@@ -152,7 +152,7 @@ def _default_for(scheme: str) -> Backend | None:
     ``SHARDFEED_OBSTORE=0``), else None: fsspec."""
     if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") == "0":
         return None
-    return _OBSTORE[0]() if _OBSTORE else None
+    return _OBSTORE[0](scheme) if _OBSTORE else None
 
 
 def backend_for(url: str | os.PathLike[str], storage_options: Options = None

@@ -87,7 +87,8 @@ def is_transient(exc: BaseException) -> bool:
     for item in chain:
         status = _http_status(item)
         if status is not None:
-            return status >= 500 or status == 429
+            # 501 and 505: the server does not do what was asked; it will not later either
+            return (status >= 500 and status not in (501, 505)) or status == 429
     if isinstance(exc, _PERMANENT_OS_ERRORS):
         return False
     if isinstance(exc, _optional_transient_types()):

@@ -1,9 +1,9 @@
 """obstore (Rust ``object_store``) as the backend of s3://, gs://, az:// and http(s):// URLs.
 
-The reader of ``s3://``, ``gs://`` and ``az://`` URLs where obstore is installed (``pip
-install 'shardfeed[s3]'`` or ``[obstore]``), unless ``SHARDFEED_OBSTORE=0`` (in every
-process, workers included: fsspec reads them then); :func:`use_obstore` registers it for the
-process, ``http(s)://`` included. It reads the URLs whose options it has a counterpart of
+The reader of ``s3://``, ``gs://``, ``az://`` and ``http(s)://`` URLs where obstore is
+installed (``pip install 'shardfeed[s3]'`` or ``[obstore]``), unless ``SHARDFEED_OBSTORE=0``
+(in every process, workers included: fsspec reads them then); :func:`use_obstore` registers
+it for the process whatever that says. It reads the URLs whose options it has a counterpart of
 (:func:`serves`; others, e.g. ``requester_pays``, go to fsspec). The store of a URL (its
 configuration, credentials, bucket's region and certificate authorities) is made by
 :mod:`~shardfeed.storage.obstore_stores`; a request S3 refuses for the bucket's region is
@@ -419,6 +419,7 @@ def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
 def use_obstore(schemes: Sequence[str] = SCHEMES) -> None:
     """Read URLs of ``schemes`` through obstore from now on, in this process."""
     _module()
-    backend = obstore_backend()
-    assert backend is not None  # obstore imports: the provider gives its backend
-    register_backend(schemes, backend)
+    for scheme in schemes:
+        backend = obstore_backend(scheme)
+        assert backend is not None  # obstore imports: the provider gives its backend
+        register_backend([scheme], backend)

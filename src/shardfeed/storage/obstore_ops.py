@@ -30,11 +30,12 @@ from shardfeed.storage.calls import TRANSFER_BYTES_PER_SECOND, current_policy
 from shardfeed.storage.obstore_backend import ObstoreSource, _in_region, _read_bytes, _size
 from shardfeed.storage.obstore_stores import _module, _store, serves
 from shardfeed.storage.retry import Retrier
+from shardfeed.storage.versions import written
 
 T = TypeVar("T")
 Options = Mapping[str, Any] | None
 
-__all__ = ["OBSTORE", "OPERATIONS", "WriteConflict"]
+__all__ = ["OBSTORE", "OBSTORE_HTTP", "OPERATIONS", "WriteConflict"]
 
 
 class WriteConflict(Exception):
@@ -116,7 +117,8 @@ def infos(url: str, options: Options) -> list[dict[str, Any]]:
         return [{"name": f"{root}/{o['path']}", "size": o["size"], "type": "file",
                  **({"ETag": o["e_tag"]} if o.get("e_tag") else {}),
                  **({"VersionId": o["version"]} if o.get("version") else {}),
-                 "LastModified": o["last_modified"]} for o in listed["objects"]]
+                 **({"LastModified": written(o)} if written(o) is not None else {})}
+                for o in listed["objects"]]
 
     return _call(url, options, "list", run)
 
@@ -128,7 +130,7 @@ def info(url: str, options: Options) -> dict[str, Any]:
         return {"name": url, "size": meta["size"], "type": "file",
                 **({"ETag": meta["e_tag"]} if meta.get("e_tag") else {}),
                 **({"VersionId": meta["version"]} if meta.get("version") else {}),
-                "LastModified": meta["last_modified"]}
+                **({"LastModified": written(meta)} if written(meta) is not None else {})}
 
     return _call(url, options, "get the version of", run)
 
@@ -262,3 +264,10 @@ OBSTORE = Backend(
 """The backend of s3://, gs://, az:// (and http(s):// with ``use_obstore``): every operation
 of ``storage.files`` through obstore. Of RemoteSource's options it takes those it honours
 (``max_concurrency``: a Dataset's shards read at once); ``cache`` is refused."""
+
+OBSTORE_HTTP = Backend(
+    "obstore", open=ObstoreSource, read_bytes=_read_bytes, size=_size, options=OBSTORE.options,
+    serves=serves, operations={k: v for k, v in OPERATIONS.items()
+                               if k not in ("listdir", "glob", "infos", "exists")})
+"""The backend of http(s)://: obstore's, but a web server's listings (HTML index pages) are
+fsspec's to read; obstore lists by WebDAV only, which few servers answer."""

@@ -160,7 +160,16 @@ def obstore_version(meta: Mapping[str, object], *, read_at: float | None = None
     identity = [(name, str(meta[key])) for key, name in (("e_tag", "etag"),
                                                          ("version", "version_id"))
                 if meta.get(key) not in (None, "")]
-    return _version(sorted(identity), meta.get("last_modified"), read_at)
+    return _version(sorted(identity), written(meta), read_at)
+
+
+def written(meta: Mapping[str, object]) -> object:
+    """An obstore ``ObjectMeta``'s modification time; None where the server gave none
+    (obstore then says 1970-01-01, which names no version)."""
+    value = meta.get("last_modified")
+    if isinstance(value, _dt.datetime) and value.timestamp() == 0:
+        return None
+    return value
 
 
 def changed_error(url: str, opened: object, found: object | None, *,

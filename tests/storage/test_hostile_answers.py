@@ -29,7 +29,7 @@ from shardfeed.storage.remote import set_storage_options
 
 pytest.importorskip("obstore")
 
-from shardfeed.storage import obstore_stores
+from shardfeed.storage import obstore_stores, redirect_guard
 from shardfeed.storage.backends import unregister_backend
 from shardfeed.storage.obstore_backend import ObstoreSource, use_obstore
 
@@ -256,11 +256,11 @@ def test_a_query_in_an_http_url_names_the_object(serve: Callable[..., Server]) -
 
 
 def test_the_refuser_answers_what_it_is_sent_and_keeps_no_credentials() -> None:
-    port = obstore_stores._refuser_port()
+    port = redirect_guard.refuser_port()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(b"GET http://elsewhere.example/x HTTP/1.1\r\nHost: elsewhere.example\r\n"
                      b"x-amz-security-token: SECRET\r\n\r\n")
         answer = sock.recv(4096)
     assert answer.startswith(b"HTTP/1.1 421 ")
-    assert obstore_stores.REFUSED[-1] == "elsewhere.example"
-    assert "SECRET" not in repr(list(obstore_stores.REFUSED))
+    assert redirect_guard.REFUSED[-1] == "elsewhere.example"
+    assert "SECRET" not in repr(list(redirect_guard.REFUSED))

@@ -90,13 +90,18 @@ def remote_call(url: str, options: Options, action: str, start: Start[T], *,
     deadline of the current policy (longer by ``send_bytes / TRANSFER_BYTES_PER_SECOND``),
     with StorageError naming ``url``."""
     fs, path = remote_filesystem(url, scoped(options))
-    policy = current_policy()
-    if send_bytes > 0:
-        policy = dataclasses.replace(
-            policy, deadline_seconds=policy.deadline_seconds
-            + send_bytes / TRANSFER_BYTES_PER_SECOND)
     job = Job(action, lambda: start(fs, path))
-    return Retrier(policy, key=url).run([job], url=url)[0]
+    return Retrier(call_policy(send_bytes), key=url).run([job], url=url)[0]
+
+
+def call_policy(send_bytes: int = 0) -> RetryPolicy:
+    """The current policy, its deadline longer by ``send_bytes / TRANSFER_BYTES_PER_SECOND``
+    for a call that sends that many bytes."""
+    policy = current_policy()
+    if send_bytes <= 0:
+        return policy
+    return dataclasses.replace(policy, deadline_seconds=policy.deadline_seconds
+                               + send_bytes / TRANSFER_BYTES_PER_SECOND)
 
 
 def op(method: str, *args: Any, **kwargs: Any) -> Start[Any]:
@@ -142,6 +147,7 @@ def _cat_whole(fs: Any, path: str, limit: int) -> bytes:
 
 __all__ = [
     "TRANSFER_BYTES_PER_SECOND",
+    "call_policy",
     "current_policy",
     "in_thread",
     "op",

@@ -55,10 +55,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.backends import obstore_backend, register_backend
-from shardfeed.storage.calls import current_policy
+from shardfeed.storage.calls import call_policy
 from shardfeed.storage.inflight import CallGroup, start_in_thread
 from shardfeed.storage.obstore_stores import (
-    REFUSED_MARK,
     ObstoreRefused,
     _first_line,
     _learn_region,
@@ -82,6 +81,7 @@ from shardfeed.storage.ranges import (
     split_answers,
     too_large,
 )
+from shardfeed.storage.redirect_guard import REFUSED_MARK
 from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS, Job, Retrier, RetryPolicy
 from shardfeed.storage.versions import ObjectVersion, changed_error, obstore_version
 
@@ -388,13 +388,10 @@ class ObstoreSource:
 def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
     """The whole object, under the current policy (a Dataset opens its manifest and indexes
     within its own ``deadline_seconds``)."""
-    obstore = _module()
-    policy = current_policy()
-    _store(url, storage_options, policy.deadline_seconds)  # a wrong configuration: at once
     limit = current_read_limit()
 
     def whole(store: Any, path: str) -> bytes:
-        answer = obstore.get(store, path)
+        answer = _module().get(store, path)
         size = int(answer.meta["size"])
         if size > limit:  # refused before its body is read
             raise too_large(size, limit)
@@ -403,17 +400,23 @@ def _read_bytes(url: str, storage_options: Mapping[str, Any] | None) -> bytes:
             raise ShortAnswer(f"{len(data)} bytes answered for an object of {size} bytes")
         return data
 
-    return Retrier(policy, key=url).call(
-        _in_region(url, storage_options, policy.deadline_seconds, whole), url=url,
-        action="read")
+    return store_call(url, storage_options, "read", whole)
 
 
 def _size(url: str, storage_options: Mapping[str, Any] | None) -> int:
-    policy = current_policy()
-    return ObstoreSource(url, storage_options=storage_options, retries=policy.retries,
-                         backoff_seconds=policy.backoff_seconds,
-                         max_backoff_seconds=policy.max_backoff_seconds,
-                         deadline_seconds=policy.deadline_seconds).size()
+    return store_call(url, storage_options, "get the size of",
+                      lambda store, path: int(_module().head(store, path)["size"]))
+
+
+def store_call(url: str, storage_options: Mapping[str, Any] | None, action: str,
+               op: Callable[[Any, str], T], *, send_bytes: int = 0) -> T:
+    """``op(store, path)`` for ``url``: one call of ``storage.files`` (a whole read, a size,
+    a listing, a write), retried under the current policy (its deadline longer for the
+    bytes sent), in the bucket's region; a wrong configuration raises at once."""
+    policy = call_policy(send_bytes)
+    _store(url, storage_options, policy.deadline_seconds)
+    attempt = _in_region(url, storage_options, policy.deadline_seconds, op)
+    return Retrier(policy, key=url).call(attempt, url=url, action=action)
 
 
 def use_obstore(schemes: Sequence[str] = SCHEMES) -> None:

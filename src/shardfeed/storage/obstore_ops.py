@@ -21,18 +21,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.backends import Backend
-from shardfeed.storage.calls import TRANSFER_BYTES_PER_SECOND, current_policy
-from shardfeed.storage.obstore_backend import ObstoreSource, _in_region, _read_bytes, _size
-from shardfeed.storage.obstore_stores import _module, _store, serves
-from shardfeed.storage.retry import Retrier
+from shardfeed.storage.obstore_backend import ObstoreSource, _read_bytes, _size, store_call
+from shardfeed.storage.obstore_stores import _module, serves
 from shardfeed.storage.versions import written
 
-T = TypeVar("T")
 Options = Mapping[str, Any] | None
 
 __all__ = ["OBSTORE", "OBSTORE_HTTP", "OPERATIONS", "WriteConflict"]
@@ -44,21 +41,6 @@ class WriteConflict(Exception):
 
     advice = ("another writer got there first: read the object again and decide, or write "
               "without the condition")
-
-
-def _call(url: str, options: Options, action: str, op: Callable[[Any, str], T], *,
-          send_bytes: int = 0) -> T:
-    """``op(store, path)`` for ``url``, retried under the current policy, in the bucket's
-    region."""
-    policy = current_policy()
-    if send_bytes:
-        from dataclasses import replace
-
-        policy = replace(policy, deadline_seconds=policy.deadline_seconds
-                         + send_bytes / TRANSFER_BYTES_PER_SECOND)
-    _store(url, options, policy.deadline_seconds)  # a wrong configuration: at once
-    attempt = _in_region(url, options, policy.deadline_seconds, op)
-    return Retrier(policy, key=url).call(attempt, url=url, action=action)
 
 
 def _root(url: str) -> str:
@@ -87,7 +69,7 @@ def exists(url: str, options: Options) -> bool:
         listed = obstore.list_with_delimiter(store, _prefix(path) or None)
         return bool(listed["objects"] or listed["common_prefixes"])
 
-    return _call(url, options, "check", check)
+    return store_call(url, options, "check", check)
 
 
 def listdir(url: str, options: Options) -> list[str]:
@@ -104,7 +86,7 @@ def listdir(url: str, options: Options) -> list[str]:
             obstore.head(store, path)  # an object lists as nothing; else: not found
         return sorted(names)
 
-    return _call(url, options, "list", run)
+    return store_call(url, options, "list", run)
 
 
 def infos(url: str, options: Options) -> list[dict[str, Any]]:
@@ -120,7 +102,7 @@ def infos(url: str, options: Options) -> list[dict[str, Any]]:
                  **({"LastModified": written(o)} if written(o) is not None else {})}
                 for o in listed["objects"]]
 
-    return _call(url, options, "list", run)
+    return store_call(url, options, "list", run)
 
 
 def info(url: str, options: Options) -> dict[str, Any]:
@@ -132,7 +114,7 @@ def info(url: str, options: Options) -> dict[str, Any]:
                 **({"VersionId": meta["version"]} if meta.get("version") else {}),
                 **({"LastModified": written(meta)} if written(meta) is not None else {})}
 
-    return _call(url, options, "get the version of", run)
+    return store_call(url, options, "get the version of", run)
 
 
 _MAGIC = re.compile(r"[*?\[]")
@@ -153,7 +135,7 @@ def glob(pattern: str, options: Options) -> list[str]:
         return sorted(f"{root}/{o['path']}" for o in _pages(store, listed_from)
                       if rule.fullmatch(o["path"]))
 
-    return _call(pattern, options, "list", run)
+    return store_call(pattern, options, "list", run)
 
 
 def _glob_rule(pattern: str) -> re.Pattern[str]:
@@ -210,14 +192,14 @@ def write(url: str, data: bytes, options: Options, *, mode: Any = None) -> None:
         except (errors.AlreadyExistsError, errors.PreconditionError) as exc:
             raise WriteConflict(str(exc).split("\n", 1)[0][:300]) from None
 
-    _call(url, options, "write", run, send_bytes=len(data))
+    store_call(url, options, "write", run, send_bytes=len(data))
 
 
 def upload(local_path: str, url: str, options: Options) -> None:
     """The local file as the object (a multipart upload where large: the object appears
     whole, when complete)."""
     size = Path(local_path).stat().st_size
-    _call(url, options, "upload to",
+    store_call(url, options, "upload to",
           lambda store, path: _module().put(store, path, Path(local_path)), send_bytes=size)
 
 
@@ -227,7 +209,7 @@ def rename(src: str, dst: str, options: Options) -> None:
         raise StorageError(f"cannot rename '{src}' to '{dst}': they are in different buckets; "
                            "copy it, then remove the source")
     target = urlsplit(dst).path.lstrip("/")
-    _call(src, options, "rename", lambda store, path: _module().rename(store, path, target))
+    store_call(src, options, "rename", lambda store, path: _module().rename(store, path, target))
 
 
 def remove(url: str, options: Options, *, missing_ok: bool) -> None:
@@ -238,7 +220,7 @@ def remove(url: str, options: Options, *, missing_ok: bool) -> None:
             _module().head(store, path)
         _module().delete(store, path)
 
-    _call(url, options, "remove", run)
+    store_call(url, options, "remove", run)
 
 
 def remove_tree(url: str, options: Options) -> None:
@@ -248,7 +230,7 @@ def remove_tree(url: str, options: Options) -> None:
         for start in range(0, len(paths), 1000):
             _module().delete(store, paths[start:start + 1000])
 
-    _call(url, options, "remove", run)
+    store_call(url, options, "remove", run)
 
 
 OPERATIONS: dict[str, Callable[..., Any]] = {"exists": exists, "listdir": listdir, "infos": infos, "info": info,

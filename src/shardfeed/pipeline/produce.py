@@ -93,6 +93,11 @@ class SliceBuilder:
                               and isinstance(sampler, ReadsColumnsSampler) else None)
         # features the transform's batch form copies as they are: the reader puts them there
         self._bytes_into = bytes_into_of(transform) if transform is not None else None
+        # a sampler whose samples are a fixed number of frames stacks their columns
+        stack = getattr(sampler, "stack_columns", None)
+        self._frames: int = int(getattr(sampler, "frames_per_sample", 1)) if stack else 1
+        self._stack_columns: Callable[[dict[str, Any], int], dict[str, Any]] = (
+            stack if stack is not None else _unstacked)
         # a sampler whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
             sampler.single_records if isinstance(sampler, SingleRecordSampler) else None)
@@ -270,17 +275,22 @@ class SliceBuilder:
         False (nothing promised about the rows) when the columns or transform do not allow it.
         """
         single = self._single_records
+        frames = self._frames  # records a sample where the sampler stacks them (windows)
         if single is not None:
             records = single(ctx, positions)
         else:
             plans = self.sampler.plan(ctx, positions)
-            if any(len(ids) != 1 for ids in plans):
+            if any(len(ids) != frames for ids in plans):
                 return False
-            records = np.array([int(ids[0]) for ids in plans], dtype=np.int64)
-        rows = len(records)
-        out = {f.name: buffer.arrays[f.name][first_row : first_row + rows]
-               for f in buffer.layout.fields
-               if f.name == "image" and f.is_array and not f.squeeze}
+            records = np.array(plans, dtype=np.int64).reshape(-1)
+        samples = len(positions)
+        windows = {f.name: buffer.arrays[f.name][first_row : first_row + samples]
+                   for f in buffer.layout.fields
+                   if f.name == "image" and f.is_array and not f.squeeze}
+        # each frame a row of its own: the transform's batch form sees rows of one record
+        out = windows if frames == 1 else {
+            name: rows.reshape(samples * frames, *rows.shape[2:])
+            for name, rows in windows.items() if rows.shape[1:2] == (frames,)}
         bytes_into = self._bytes_into
         if bytes_into is not None and out:
             columns = read_columns(records, into=lambda names: bytes_into(names, out))
@@ -290,7 +300,9 @@ class SliceBuilder:
             return False
         transform = self.transform
         if transform is not None:
-            rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None
+            # a window's frames share its key: each frame draws what the sample path draws
+            keyed = positions if frames == 1 else np.repeat(positions, frames)
+            rngs = RowKeys(ctx.seed, ctx.epoch, keyed) if transform.draws_random else None
             try:
                 columns = transform.apply_batch(columns, rngs, out)
             except BATCH_PATH_RETRIED:
@@ -300,6 +312,12 @@ class SliceBuilder:
             if columns is None:
                 self._read_columns = None  # no batch form for this data: stop trying
                 return False
+        if frames != 1:
+            in_place = [name for name, rows in out.items() if columns.get(name) is rows]
+            columns = self._stack_columns(columns, samples)
+            out = {name: windows[name] for name in in_place
+                   if np.shape(columns[name]) == windows[name].shape}
+            columns.update(out)  # frames written in place: their windows' rows
         buffer.write_columns(first_row, columns, written=out)
         return True
 
@@ -330,6 +348,10 @@ class SliceBuilder:
             write(row, sample, written=slots, where=_Where(self, position, ids))
             row += 1
         return skipped
+
+
+def _unstacked(columns: dict[str, Any], samples: int) -> dict[str, Any]:
+    return columns
 
 
 class _Where:

@@ -37,7 +37,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from shardfeed.dataset.data_source import DataSource, check_data_source
+from shardfeed.dataset.data_source import DataSource, Into, check_data_source
 from shardfeed.errors import SchemaError
 from shardfeed.format import spec
 from shardfeed.pipeline.sampler_state import check_sampler_state
@@ -192,6 +192,49 @@ class Windows:
     def read(self, records: Sequence[int]) -> list[Sample]:
         return self._frames.read(records)
 
+    @property
+    def frames_per_sample(self) -> int:
+        """Records a sample: every window has ``length`` frames (the batch path's plan)."""
+        return self.options.length
+
+    def read_columns(self, records: Sequence[int] | np.ndarray, *,
+                     into: Into | None = None) -> dict[str, Any] | None:
+        """The frames ``records`` as columns (see :meth:`RecordSampler.read_columns`)."""
+        return self._frames.read_columns(records, into=into)
+
+    def stack_columns(self, columns: Mapping[str, Any], samples: int) -> dict[str, Any]:
+        """The columns of ``samples`` windows from the transformed columns of their frames
+        (``samples × length`` rows, each window's frames in a row): what :meth:`stack` makes
+        of each window's frames, a column at a time. A label feature keeps the last frame's
+        rows; any other is stacked on a new axis after the window's, a length-1 value a
+        frame giving one value a frame (``(samples, length)``), as :meth:`stack` does."""
+        k = self.options.length
+        take_last = self.options.labels == "last"
+        stacked: dict[str, Any] = {}
+        for name, column in columns.items():
+            if len(column) != samples * k:
+                raise SchemaError(f"column {name!r} does not hold {k} frames a window")
+            if not isinstance(column, np.ndarray):
+                column = list(column)
+                if column and _numeric(column[0]):
+                    try:  # numbers a frame: stacked as the sample path's np.stack does
+                        column = np.stack([np.asarray(v) for v in column])
+                    except ValueError:
+                        raise SchemaError(f"feature {name!r} has frames of other shapes") from None
+            first = column[0]
+            if take_last and self.is_label(name, first):
+                stacked[name] = column[k - 1 :: k]
+            elif isinstance(column, np.ndarray):
+                rest = column.shape[1:]
+                if not _numeric(first):
+                    stacked[name] = [list(column[i * k : (i + 1) * k]) for i in range(samples)]
+                    continue
+                shape = (samples, k) if rest == (1,) else (samples, k, *rest)
+                stacked[name] = column.reshape(shape)
+            else:
+                stacked[name] = [column[i * k : (i + 1) * k] for i in range(samples)]
+        return stacked
+
     def make_sample(
         self,
         key: SampleKey,
@@ -290,13 +333,15 @@ class Windows:
         return f"Windows({self.index!r}, labels={self.options.labels!r})"
 
 
+def _numeric(value: Any) -> bool:
+    """Whether frames holding ``value`` are stacked into an array (a numeric array or number)."""
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "biufc"
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
 def _stack_values(name: str, values: list[Any]) -> Any:
-    first = values[0]
-    numeric = isinstance(first, np.ndarray) and first.dtype.kind in "biufc"
-    scalar = isinstance(first, (int, float, np.integer, np.floating)) and not isinstance(
-        first, bool
-    )
-    if not (numeric or scalar):
+    if not _numeric(values[0]):
         return list(values)
     try:
         stacked = np.stack([np.asarray(v) for v in values])

@@ -23,16 +23,19 @@ a decode holds at most :attr:`PatchOptions.decode_bytes` while it runs.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from shardfeed.pipeline.samplers import Sample
+from shardfeed.sampling.crop_draws import PatchParams, compiled, compiled_patch_boxes
+from shardfeed.sampling.keys import PATCH_CROP, sample_rng
 from shardfeed.transforms import arrays
-from shardfeed.transforms.boxes import parse_size
+from shardfeed.transforms.boxes import parse_size, uniform_is_affine
 from shardfeed.transforms.decode.orientation import ExifOrientation, check_exif_orientation
 from shardfeed.transforms.decode.patches import DecodedImage
 from shardfeed.transforms.decode.sizes import (
@@ -41,7 +44,8 @@ from shardfeed.transforms.decode.sizes import (
     decode_peak_bytes,
 )
 
-__all__ = ["PICKS", "PatchOptions", "Pick", "cut_patch"]
+__all__ = ["PICKS", "PatchOptions", "Pick", "cut_patch", "cut_rows", "draw_patch_box",
+           "patch_boxes", "stacked_features"]
 
 Pick = Literal["stratified", "uniform"]
 PICKS: tuple[Pick, ...] = get_args(Pick)
@@ -129,16 +133,8 @@ def cut_patch(
     ph, pw = options.size
     d = options.denominator
     image = decoded.image
-    height, width = int(image.shape[0]), int(image.shape[1])
     scale = options.scale
-    if scale is None:
-        ch, cw = ph, pw
-    else:
-        s = float(rng.uniform(scale[0], scale[1]))
-        ch, cw = max(1, round(ph * s / d)), max(1, round(pw * s / d))
-    ch, cw = min(ch, height), min(cw, width)
-    y = int(rng.integers(0, height - ch + 1))
-    x = int(rng.integers(0, width - cw + 1))
+    y, x, ch, cw = draw_patch_box(rng, int(image.shape[0]), int(image.shape[1]), options)
     region = image[y : y + ch, x : x + cw]
     if scale is None:
         patch = _pad(region, (ph, pw))
@@ -161,6 +157,119 @@ def cut_patch(
     sample["patch/box"] = np.array([fy, fx, fh, fw], dtype=np.int64)
     sample["patch/record"] = np.int64(rid)
     return sample
+
+
+def draw_patch_box(rng: np.random.Generator, height: int, width: int,
+                   options: PatchOptions) -> tuple[int, int, int, int]:
+    """The crop ``(y, x, h, w)`` of a patch in a ``height``×``width`` image as decoded (at
+    scale ``1/d``), drawn from ``rng``: the scale (``uniform``) where ``options.scale`` is
+    set, then the position (``integers``), each within the image."""
+    ph, pw = options.size
+    d = options.denominator
+    scale = options.scale
+    if scale is None:
+        ch, cw = ph, pw
+    else:
+        s = float(rng.uniform(scale[0], scale[1]))
+        ch, cw = max(1, round(ph * s / d)), max(1, round(pw * s / d))
+    ch, cw = min(ch, height), min(cw, width)
+    y = int(rng.integers(0, height - ch + 1))
+    x = int(rng.integers(0, width - cw + 1))
+    return y, x, ch, cw
+
+
+def patch_boxes(seed: int, epoch: int, positions: np.ndarray, heights: np.ndarray,
+                widths: np.ndarray, options: PatchOptions) -> np.ndarray:
+    """:func:`draw_patch_box` of each output ``positions[i]`` (an image as decoded
+    ``heights[i]``×``widths[i]``) from its generator keyed ``PATCH_CROP``: an ``n×4`` int64
+    array, drawn in one compiled call where that build is known to agree with NumPy
+    (:func:`compiled_patch_draws_agree`), else output by output."""
+    if compiled_patch_draws_agree():
+        boxes = compiled_patch_boxes(seed, PATCH_CROP, epoch, positions, heights, widths,
+                                     _patch_params(options))
+        if boxes is not None:
+            return boxes
+    return np.array([draw_patch_box(sample_rng(seed, epoch, int(p), PATCH_CROP), int(h),
+                                    int(w), options)
+                     for p, h, w in zip(positions.tolist(), heights, widths)],
+                    dtype=np.int64).reshape(-1, 4)
+
+
+def _patch_params(options: PatchOptions) -> PatchParams:
+    ph, pw = options.size
+    scale = options.scale
+    lo, hi = (0.0, 0.0) if scale is None else (float(scale[0]), float(scale[1]))
+    return PatchParams(ph, pw, options.denominator, lo, hi - lo, scale is not None)
+
+
+@functools.cache
+def compiled_patch_draws_agree() -> bool:
+    """Whether the compiled patch draws give :func:`draw_patch_box`'s from NumPy generators
+    on this build: checked once a process on 512 outputs of assorted image sizes (images
+    smaller than the patch among them), without and with scales (reduced decode too)."""
+    if not compiled() or not uniform_is_affine():
+        return False
+    sizes = np.random.Generator(np.random.Philox(9)).integers(1, 3000, (512, 2))
+    sizes[:16] = 1
+    positions = np.arange(2**40, 2**40 + 512, dtype=np.int64)
+    for options in (PatchOptions(size=(32, 32)),
+                    PatchOptions(size=(24, 40), scale=(0.5, 3.0)),
+                    PatchOptions(size=(16, 16), scale=(2.0, 9.5))):
+        boxes = compiled_patch_boxes(2**63 + 5, PATCH_CROP, 7, positions, sizes[:, 0],
+                                     sizes[:, 1], _patch_params(options))
+        if boxes is None:
+            return False
+        for row, (height, width) in enumerate(sizes.tolist()):
+            rng = sample_rng(2**63 + 5, 7, int(positions[row]), PATCH_CROP)
+            if draw_patch_box(rng, height, width, options) != tuple(boxes[row].tolist()):
+                return False
+    return True
+
+
+def cut_rows(images: Sequence[np.ndarray], boxes: np.ndarray, out: np.ndarray,
+             options: PatchOptions) -> bool:
+    """Each patch ``images[i][box i]`` written into ``out[i]`` as :func:`cut_patch` makes it
+    (padded with zeros, or resized where ``options.scale`` is set); False, nothing promised
+    about ``out``, where a patch would not fit its row as it is (another dtype or channel
+    count: the caller cuts those patches one by one)."""
+    ph, pw = options.size
+    scaled = options.scale is not None
+    for row, (image, (y, x, ch, cw)) in enumerate(zip(images, boxes.tolist())):
+        target = out[row]
+        if image.dtype != target.dtype or image.shape[2:] != target.shape[2:]:
+            return False
+        region = image[y : y + ch, x : x + cw]
+        if scaled:
+            patch = arrays.resize(region, (ph, pw), is_mask=False)
+            if patch.shape != target.shape:
+                return False
+            target[...] = patch
+        elif (ch, cw) == (ph, pw):
+            target[...] = region
+        else:
+            target[...] = 0
+            target[:ch, :cw] = region
+    return True
+
+
+def stacked_features(metas: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The records' other features as columns (numeric arrays stacked, anything else a
+    list), or None where they are not alike (other names, or arrays of other shapes)."""
+    names = metas[0].keys()
+    columns: dict[str, Any] = {}
+    for name in names:
+        values = [m.get(name) for m in metas]  # None where another record lacks it
+        first = values[0]
+        if isinstance(first, np.ndarray) and first.dtype.kind in "biufc":
+            if not all(isinstance(v, np.ndarray) and v.shape == first.shape
+                       and v.dtype == first.dtype for v in values):
+                return None
+            columns[name] = np.stack(values)  # type: ignore[arg-type]
+        else:
+            columns[name] = values
+    if any(m.keys() != names for m in metas):
+        return None
+    return columns
 
 
 def _pad(region: np.ndarray, size: tuple[int, int]) -> np.ndarray:

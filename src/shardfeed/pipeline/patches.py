@@ -61,9 +61,18 @@ import numpy as np
 
 from shardfeed.dataset.data_source import DataSource
 from shardfeed.format.schema import ImageInfo
+from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.concurrency import usable_cores
 from shardfeed.pipeline.image_cache import CacheStats, ImageCache
-from shardfeed.pipeline.patch_crops import PICKS, PatchOptions, Pick, cut_patch
+from shardfeed.pipeline.patch_crops import (
+    PICKS,
+    PatchOptions,
+    Pick,
+    cut_patch,
+    cut_rows,
+    patch_boxes,
+    stacked_features,
+)
 from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.pipeline.samplers import (
     EpochContext,
@@ -252,6 +261,56 @@ class Patches(SamplerBase):
             return sample
         return transform(sample, key.rng())
 
+    def build_rows(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
+                   first_row: int) -> bool:
+        """The outputs of ``positions`` written into rows ``first_row...`` of ``buffer`` a
+        slice at a time, for a loader without a transform: the images from the cache as
+        :meth:`make_sample` gets them, every crop drawn in one call
+        (:func:`~.patch_crops.patch_boxes`), the patches cut straight into the batch rows
+        and the other features stored a column at a time: the bytes of the sample path.
+        False (rows unspecified) where the slice is for that path: images with masks, a
+        patch or feature that does not fit the batch as it is. Data errors propagate (the
+        sample path then names or skips the record)."""
+        field = next((f for f in buffer.layout.fields if f.name == "image"), None)
+        if field is None or not field.is_array or field.squeeze or not len(positions):
+            return False
+        positions = np.asarray(positions, dtype=np.int64)
+        records = [int(ids[0]) for ids in self.plan(ctx, positions)]  # decodes start ahead
+        q = self.order_positions(ctx.seed, ctx.epoch, positions)
+        read = dict(zip(*self._unique(records)))
+        decoded = []
+        for position, rid, order_position in zip(positions.tolist(), records, q.tolist()):
+            key = SampleKey(ctx.seed, ctx.epoch, position)
+            image = self._decoded(key, rid, read[rid], order_position)
+            if image.mask is not None:
+                return False
+            decoded.append(image)
+        images = [d.image for d in decoded]
+        heights = np.array([i.shape[0] for i in images], dtype=np.int64)
+        widths = np.array([i.shape[1] for i in images], dtype=np.int64)
+        boxes = patch_boxes(ctx.seed, ctx.epoch, positions, heights, widths, self.options)
+        out = buffer.arrays["image"][first_row : first_row + len(positions)]
+        if not cut_rows(images, boxes, out, self.options):
+            return False
+        columns = stacked_features([d.meta for d in decoded])
+        if columns is None:
+            return False
+        d = self.options.denominator
+        full = np.array([dec.full_hw for dec in decoded], dtype=np.int64)
+        fy = np.minimum(boxes[:, 0] * d, full[:, 0] - 1)
+        fx = np.minimum(boxes[:, 1] * d, full[:, 1] - 1)
+        columns["image"] = out
+        columns["patch/box"] = np.stack(
+            [fy, fx, np.minimum(boxes[:, 2] * d, full[:, 0] - fy),
+             np.minimum(boxes[:, 3] * d, full[:, 1] - fx)], axis=1)
+        columns["patch/record"] = np.array(records, dtype=np.int64)
+        buffer.write_columns(first_row, columns, written={"image": out})
+        return True
+
+    def _unique(self, records: list[int]) -> tuple[list[int], list[Sample]]:
+        unique = list(dict.fromkeys(records))
+        return unique, self.read(unique)
+
     def state(self) -> dict[str, Any]:
         """What decides the patches: the dataset and the options (not the cache settings)."""
         o = self.options
@@ -300,10 +359,13 @@ class Patches(SamplerBase):
             require_mask=options.mask)
         return decoded, decoded.nbytes
 
-    def _decoded(self, key: SampleKey, rid: int, record: Sample) -> DecodedImage:
+    def _decoded(self, key: SampleKey, rid: int, record: Sample,
+                 q: int | None = None) -> DecodedImage:
+        """Image ``rid`` for output ``key`` (order position ``q``, found where None)."""
         if self.cache is None:
             return self._load(rid, record)[0]
-        q = self._order_position(key.seed, key.epoch, key.position)
+        if q is None:
+            q = self._order_position(key.seed, key.epoch, key.position)
         expires = (key.epoch, self._last_output(q))
         return self.cache.get(rid, functools.partial(self._load, rid, record),
                               expires=expires, now=(key.epoch, key.position))

@@ -101,6 +101,9 @@ class SliceBuilder:
         # a sampler whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
             sampler.single_records if isinstance(sampler, SingleRecordSampler) else None)
+        # a sampler that writes a slice's rows itself, where no transform follows (Patches)
+        self._build_rows: Callable[[EpochContext, np.ndarray, BatchBuffer, int], bool] | None = (
+            getattr(sampler, "build_rows", None) if transform is None else None)
         # light records: a whole slice in one compiled call without the GIL, where it applies
         self._native = NativeSlices.of(sampler, transform) if self._read_columns else None
 
@@ -259,6 +262,15 @@ class SliceBuilder:
         if native is not None and native.enabled and native.build(ctx, positions, buffer,
                                                                   first_row):
             return 0
+        build_rows = self._build_rows
+        if build_rows is not None:
+            try:
+                if build_rows(ctx, positions, buffer, first_row):
+                    return 0
+            except DATA_ERRORS:
+                pass  # the sample-by-sample path below meets it again and says where
+            except SchemaError:
+                self._build_rows = None  # rows this sampler cannot write: stop trying
         read_columns = self._read_columns  # once: another thread may turn the path off
         if read_columns is not None:
             try:

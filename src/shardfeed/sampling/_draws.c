@@ -246,7 +246,89 @@ static PyObject *resized_crops(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* patch_boxes(key0, key1, epoch, positions, heights, widths, params, boxes)
+ *
+ * positions, heights, widths: n int64 each (heights and widths >= 1, < 2^31);
+ * params: (patch_h, patch_w, denominator, scale_lo, scale_range, has_scale);
+ * boxes: n x 4 int64 out (y, x, h, w): the crop of a patch in the image as decoded, drawn
+ * as shardfeed.pipeline.patch_crops.draw_patch_box draws it (a scale from uniform() where
+ * has_scale, the crop's size from it, then integers() for y and x). */
+static PyObject *patch_boxes(PyObject *self, PyObject *args)
+{
+    unsigned long long key0, key1, epoch;
+    long long ph, pw, d;
+    double scale_lo, scale_range;
+    int has_scale;
+    PyObject *pos_obj, *h_obj, *w_obj, *box_obj;
+    if (!PyArg_ParseTuple(args, "KKKOOO(LLLddp)O", &key0, &key1, &epoch, &pos_obj, &h_obj,
+                          &w_obj, &ph, &pw, &d, &scale_lo, &scale_range, &has_scale, &box_obj))
+        return NULL;
+    if (ph < 1 || pw < 1 || d < 1) {
+        PyErr_SetString(PyExc_ValueError, "patch sizes and the denominator must be >= 1");
+        return NULL;
+    }
+    Py_buffer v[4];
+    int got = 0;
+    Py_ssize_t n = 0;
+    int ok = PyObject_GetBuffer(pos_obj, &v[0], PyBUF_C_CONTIGUOUS) == 0;
+    if (ok) {
+        got = 1;
+        n = v[0].len / 8;
+        if (v[0].len % 8 != 0) {
+            PyErr_SetString(PyExc_ValueError, "positions must hold 64-bit items");
+            ok = 0;
+        }
+    }
+    PyObject *objs[3] = {h_obj, w_obj, box_obj};
+    const Py_ssize_t items[3] = {n, n, 4 * n};
+    const char *names[3] = {"heights", "widths", "boxes"};
+    for (int k = 0; k < 3 && ok; k++) {
+        ok = get_buffer(objs[k], &v[k + 1], items[k], k == 2, names[k]) == 0;
+        got += ok;
+    }
+    const int64_t *hv = v[1].buf, *wv = v[2].buf;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        if (hv[i] < 1 || wv[i] < 1 || hv[i] >= ((int64_t)1 << 31) || wv[i] >= ((int64_t)1 << 31)) {
+            PyErr_SetString(PyExc_ValueError, "heights and widths must be in [1, 2**31)");
+            ok = 0;
+        }
+    }
+    if (ok) {
+        const uint64_t *pv = v[0].buf;
+        int64_t *bv = v[3].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            stream s = {{0, 0, pv[i], epoch}, {key0, key1}, {0, 0, 0, 0}, 4, 0, 0};
+            int64_t ch = ph, cw = pw;
+            if (has_scale) {
+                double sc = scale_lo + scale_range * next_double(&s);
+                double rh = py_round((double)ph * sc / (double)d);
+                double rw = py_round((double)pw * sc / (double)d);
+                ch = rh < 1 ? 1 : (rh > 2147483647.0 ? 2147483647 : (int64_t)rh);
+                cw = rw < 1 ? 1 : (rw > 2147483647.0 ? 2147483647 : (int64_t)rw);
+            }
+            if (ch > hv[i])
+                ch = hv[i];
+            if (cw > wv[i])
+                cw = wv[i];
+            int64_t *box = bv + 4 * i;
+            box[0] = below(&s, hv[i] - ch + 1);
+            box[1] = below(&s, wv[i] - cw + 1);
+            box[2] = ch;
+            box[3] = cw;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (int k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef draws_methods[] = {
+    {"patch_boxes", patch_boxes, METH_VARARGS,
+     "Patch crops of a slice's outputs from their keyed Philox streams."},
     {"resized_crops", resized_crops, METH_VARARGS,
      "Random-resized-crop boxes and flips of a slice's rows from their keyed Philox streams."},
     {NULL, NULL, 0, NULL},

@@ -142,9 +142,40 @@ def compiled_resized_crops(
     return boxes
 
 
+class PatchParams(NamedTuple):
+    """A patch crop's terms as the compiled draws take them (see
+    :func:`shardfeed.pipeline.patch_crops.draw_patch_box`)."""
+
+    patch_h: int
+    patch_w: int
+    denominator: int
+    scale_lo: float
+    scale_range: float
+    has_scale: bool
+
+
+def compiled_patch_boxes(
+    seed: int, purpose: int, epoch: int, positions: npt.NDArray[np.int64],
+    heights: npt.NDArray[np.int64], widths: npt.NDArray[np.int64], params: PatchParams,
+) -> npt.NDArray[np.int64] | None:
+    """The patch crops ``(y, x, h, w)`` of outputs ``positions`` (images as decoded
+    ``heights``×``widths``, each in ``[1, 2^31)``), each drawn from the output's fresh stream
+    keyed ``(seed, purpose)``, by the compiled module in one call: an ``n×4`` array. None
+    where the module was not compiled."""
+    if _draws is None:
+        return None
+    n = len(positions)
+    boxes = np.empty((n, 4), dtype=np.int64)
+    _draws.patch_boxes(seed, purpose, epoch, np.ascontiguousarray(positions, dtype=np.uint64),
+                       np.ascontiguousarray(heights, dtype=np.int64),
+                       np.ascontiguousarray(widths, dtype=np.int64), tuple(params), boxes)
+    return boxes
+
+
 def compiled() -> bool:
     """Whether the compiled draws are present in this build."""
     return _draws is not None
 
 
-__all__ = ["STATE_WORDS", "CropParams", "RowKeys", "compiled", "compiled_resized_crops"]
+__all__ = ["STATE_WORDS", "CropParams", "PatchParams", "RowKeys", "compiled",
+           "compiled_patch_boxes", "compiled_resized_crops"]

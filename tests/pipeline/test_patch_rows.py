@@ -1,0 +1,119 @@
+"""Patches without a transform on the batch path (a slice's crops drawn in one call and cut
+straight into the batch rows, the other features stored a column at a time): the very
+batches of the sample-by-sample path, for every crop option, thread count and pick, with and
+without the cache; a bad image is still named or skipped as before; the compiled draws agree
+with NumPy's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pipeline_helpers import assert_same_batches, collect
+from test_patches import write_photos
+
+from shardfeed.dataset import Dataset
+from shardfeed.errors import DecodeError
+from shardfeed.pipeline import Loader, patch_crops
+from shardfeed.pipeline.patch_crops import (
+    PatchOptions,
+    compiled_patch_draws_agree,
+    draw_patch_box,
+    patch_boxes,
+)
+from shardfeed.sampling.keys import PATCH_CROP, sample_rng
+
+
+def _pair(folder: Path, patches: dict[str, Any], **options: Any) -> tuple[
+        list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Batches of the batch path, of the sample path (a plain function as transform), and
+    the patches the batch path's run cut one by one."""
+    from shardfeed.pipeline.patches import Patches
+
+    options = {"batch_size": 8, "shuffle": True, "seed": 5, **options}
+    cut = 0
+    original = patch_crops.cut_patch
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal cut
+        cut += 1
+        return original(*args, **kwargs)
+
+    import shardfeed.pipeline.patches as module
+
+    module.cut_patch = counting  # type: ignore[assignment]
+    try:
+        fast = collect(Loader(Patches(Dataset(str(folder)), **patches), **options))
+    finally:
+        module.cut_patch = original  # type: ignore[assignment]
+    slow = collect(Loader(Patches(Dataset(str(folder)), **patches),
+                          transform=lambda sample: sample, **options))
+    return fast, slow, cut
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_photos(tmp_path_factory.mktemp("jpegs"), 12, masks=False, jpeg_size=(70, 90))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("patches", [
+    {"size": 16, "cache_images": 3, "refresh_every": 5},
+    {"size": (12, 20), "scale": (0.5, 3.0), "cache_images": 4, "refresh_every": 3},
+    {"size": 8, "scale": (2.0, 4.5), "cache_images": 2, "refresh_every": 4},  # 1/2 decode
+    {"size": 100, "cache_images": 2, "refresh_every": 3},  # larger than the images: padded
+    {"size": 16, "cache_images": 3, "refresh_every": 5, "pick": "uniform"},
+    {"size": 16, "cache_images": 3, "refresh_every": 5, "cache": False},
+])
+def test_rows_are_the_sample_paths(jpegs: Path, patches: dict[str, Any], threads: int) -> None:
+    fast, slow, cut = _pair(jpegs, patches, num_threads=threads)
+    assert_same_batches(fast, slow)
+    assert cut <= 1  # one sample sizes the batch; every other patch was cut in rows
+    assert len(fast) > 2
+    size = patches["size"]
+    h, w = (size, size) if isinstance(size, int) else size
+    assert fast[0]["image"].shape == (8, h, w, 3)
+    # the features of the patch's own record: its box lies in that image
+    for batch in fast:
+        assert batch["patch/record"].tolist() == batch["index"].tolist()
+        y, x, bh, bw = batch["patch/box"].T
+        assert np.all((y >= 0) & (x >= 0) & (y + bh <= 70) & (x + bw <= 90))
+
+
+def test_masks_and_lossless_images_are_the_sample_paths(tmp_path: Path) -> None:
+    folder = write_photos(tmp_path / "png", 8)  # PNG images with masks: the sample path
+    fast, slow, _ = _pair(folder, {"size": 16, "cache_images": 2, "refresh_every": 3})
+    assert_same_batches(fast, slow)
+    assert "mask" in fast[0]
+
+
+def test_a_bad_image_is_named_or_skipped_as_before(tmp_path: Path) -> None:
+    folder = write_photos(tmp_path / "bad", 6, masks=False, jpeg_size=(40, 50), bad=(2,))
+    from shardfeed.pipeline.patches import Patches
+
+    with pytest.raises(DecodeError, match=r"photos-00\.tfrecord', record 2"):
+        collect(Loader(Patches(Dataset(str(folder)), size=8, cache_images=2, refresh_every=3),
+                       batch_size=4, seed=1, num_threads=2))
+    fast, slow, _ = _pair(folder, {"size": 8, "cache_images": 2, "refresh_every": 3},
+                          on_error="skip", max_skipped=100, batch_size=4)
+    assert_same_batches(fast, slow)
+    assert 2 not in {int(i) for b in fast for i in b["index"]}
+
+
+@pytest.mark.parametrize("options", [
+    PatchOptions(size=32), PatchOptions(size=(5, 9), scale=(0.25, 7.0)),
+    PatchOptions(size=64, scale=(4.0, 8.0)),
+])
+def test_batch_draws_are_numpys(options: PatchOptions) -> None:
+    assert compiled_patch_draws_agree()  # the build here has them, and they agree
+    rng = np.random.default_rng(3)
+    heights = rng.integers(1, 2000, 300)
+    widths = rng.integers(1, 2000, 300)
+    positions = rng.integers(0, 2**40, 300)
+    boxes = patch_boxes(17, 2, positions, heights, widths, options)
+    for row in range(300):
+        expected = draw_patch_box(sample_rng(17, 2, int(positions[row]), PATCH_CROP),
+                                  int(heights[row]), int(widths[row]), options)
+        assert tuple(boxes[row].tolist()) == expected

@@ -1,0 +1,255 @@
+"""Predict the training node's 16-thread figures from this (small) machine, calibrated
+against the node's own table in README.
+
+A process on many cores is bounded two ways: by its cores (the one-thread rate times the
+threads, times how well the node's cores scale: its JPEG decode made 7,510 images/s on 16
+threads against 596 on one, ``eff`` = 0.79 of 16×), and by what one thread at a time can do
+(the GIL: Python, NumPy's small operations, the record parser, every hand-over). For each of
+the node bench's cases this script measures, on one loader thread:
+
+    r1   items/s
+    g    µs of CPU an item in code that holds the GIL: ``perf record -g`` samples of the
+         process, each put on the side of the first library on its stack whose calls hold
+         the GIL (libpython, NumPy, the compiled parser) or release it (the JPEG and PNG
+         decoders, OpenCV, nvImageCodec, zlib, the compiled slice); C-library samples whose
+         caller cannot be told are counted apart (``libc``)
+    d1   the full JPEG decode on one thread: ``k`` = 596 / d1 scales this machine's core to
+         the node's
+
+and predicts ``min(16 · eff · r1 · k, u · k / g)``. ``u`` is the one fitted constant: the
+share of a core's time in which a process of 16 threads gets its serial part done, hand-
+overs and waits included. Fitted on the node table in README (train 4,633, 28² PNG 355,553,
+Patches 4,974 images/s at 16 threads), with this script run here on the code of that run
+(f4c1452): the ``u`` each case implies, ``node · g / k``, was 0.46 / 0.43 / 0.50 in one run
+and 0.44 / 0.47 / 0.49 in another; ``u`` = 0.46 (about their geometric mean) then predicts
+the three within 8% (1.00 / 1.08 / 0.92 and 1.04 / 0.98 / 0.95 of the node). A probe thread that
+waits for the GIL was tried first and read 97 µs for a thread known to hold it 10 µs (this
+virtual machine's thread wake-ups): not a measure.
+
+    .venv/bin/python bench/predict_node.py                 # ~3 minutes on 2 cores
+    .venv/bin/python bench/predict_node.py --cases train   # one case
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_node  # the node bench's data and cases
+
+NODE_DECODE_1 = 596.0  # the node, full decode (simplejpeg), one thread (README)
+NODE_DECODE_16 = 7510.0  # the same, 16 threads
+NODE_SEEN = {"train": 4633.0, "png28": 355553.0, "patches": 4974.0}
+"""The node's 16-thread figures (README), of the code at f4c1452: other code is compared to
+them as a change, not a check."""
+U = 0.46
+"""The share of a core's time in which a process of 16 threads gets its serial part done,
+fitted on the node table (see the module doc)."""
+CORES = 16
+HZ = 1999  # perf's samples a second of a thread's CPU time
+BIG_IMAGES, CACHE_IMAGES, REFRESH = 200, 64, 100  # the node bench's Patches set
+
+RELEASES = ("libjpeg_turbo", "_jpeg.cpython", "cv2.abi3", "libnvimgcodec", "nvimgcodec_impl",
+            "_png.cpython", "_slice.cpython", "_jpeg_frames", "libz.so", "libdeflate")
+"""Libraries whose work runs with the GIL released (their calls let it go)."""
+HOLDS = ("libpython", "_multiarray", "_umath", "_wire.cpython", "_draws", "_generator",
+         "_philox", "bit_generator", "_bounded", "math.cpython", "_struct", "crc32c",
+         "_queue", "_bisect")
+"""Libraries whose work runs holding the GIL."""
+
+
+def classify(stack: list[str]) -> str:
+    """``held``, ``released``, or ``libc`` / ``other`` where no library on the stack says."""
+    for dso in stack:
+        if any(name in dso for name in RELEASES):
+            return "released"
+        if any(name in dso for name in HOLDS):
+            return "held"
+    first = stack[0] if stack else "?"
+    return "libc" if "libc.so" in first else "other"
+
+
+def samples(perf_data: Path) -> dict[str, int]:
+    script = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "ip,dso"],
+                            capture_output=True, text=True, check=True).stdout
+    counts: collections.Counter[str] = collections.Counter()
+    stack: list[str] = []
+    for line in [*script.splitlines(), ""]:
+        text = line.strip()
+        if not text:
+            if stack:
+                counts[classify(stack)] += 1
+            stack = []
+        elif "(" in text:
+            stack.append(text[text.rfind("(") + 1 : -1].rsplit("/", 1)[-1])
+    return dict(counts)
+
+
+# -- the child: one case on one thread ----------------------------------------------------------
+
+
+def _loader(case: str, root: Path) -> Any:
+    from shardfeed.dataset import Dataset
+    from shardfeed.pipeline import Loader
+    from shardfeed.pipeline.patches import Patches
+    from shardfeed.transforms import DecodeImage, presets
+
+    sizes = bench_node.Sizes.quick()
+    if case == "train":
+        source: Any = Dataset(str(root / "jpeg500"))
+        transform: Any = presets.train(size=224)
+        batch = sizes.batch
+    elif case == "png28":
+        source, transform, batch = Dataset(str(root / "png28")), DecodeImage(channels="gray"), 256
+    else:
+        source = Patches(Dataset(str(root / "big200")), size=32, cache_images=CACHE_IMAGES,
+                         refresh_every=REFRESH)
+        transform, batch = None, sizes.patch_batch
+    return Loader(source, batch_size=batch, shuffle=True, seed=0, transform=transform,
+                  num_threads=1, prefetch_batches=4, drop_last=True)
+
+
+def child(case: str, root: Path, seconds: float, ready: Path) -> None:
+    """Run ``case`` on one thread: warm up, say so in ``ready``, count items for
+    ``seconds``, print ``{"rate": items/s}``."""
+    with _loader(case, root) as loader:
+        batches = bench_node.endless(loader, bench_node._labels)
+        warm = time.perf_counter()
+        while time.perf_counter() - warm < min(seconds, 3.0):
+            next(batches)
+        ready.write_text(str(os.getpid()))
+        items, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            items += next(batches)
+        print(json.dumps({"rate": items / (time.perf_counter() - start)}))
+
+
+def measure(case: str, root: Path, seconds: float) -> tuple[float, dict[str, int]]:
+    """(items/s on one thread, its CPU samples by kind, at ``HZ`` a busy thread) of
+    ``case``, in a child process sampled by perf for ``seconds``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ready = Path(tmp) / "ready"
+        run = subprocess.Popen(
+            [sys.executable, __file__, "--child", case, "--data", str(root),
+             "--seconds", str(seconds + 2), "--ready", str(ready)],
+            stdout=subprocess.PIPE, text=True)
+        while not ready.exists():
+            if run.poll() is not None:
+                raise RuntimeError(f"the {case} case ended before it was measured")
+            time.sleep(0.05)
+        data = Path(tmp) / "perf.data"
+        subprocess.run(["perf", "record", "-q", "-F", str(HZ), "-g", "-p", ready.read_text(),
+                        "-o", str(data), "--", "sleep", str(seconds)],
+                       check=True, capture_output=True)
+        out, _ = run.communicate(timeout=seconds + 120)
+        return float(json.loads(out.strip().splitlines()[-1])["rate"]), samples(data)
+
+
+def decode_rate(folder: Path, seconds: float) -> float:
+    import simplejpeg
+
+    from shardfeed.dataset import Dataset
+
+    with Dataset(str(folder)) as ds:
+        payloads = [bytes(cast(bytes, r["image/encoded"]))
+                    for r in ds.read_many(list(range(min(256, len(ds)))))]
+
+    def batches() -> Iterator[int]:
+        with ThreadPoolExecutor(1) as pool:
+            while True:
+                for _ in pool.map(simplejpeg.decode_jpeg, payloads):
+                    pass
+                yield len(payloads)
+
+    made = batches()
+    next(made)
+    rates = []
+    for _ in range(3):
+        items, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 3:
+            items += next(made)
+        rates.append(items / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def build(root: Path) -> None:
+    """The node bench's data, small (``Sizes.quick``), and its Patches set at full size."""
+    if not (root / "built").exists():
+        bench_node.build_data(root, bench_node.Sizes.quick(), threads=2)
+        (root / "built").write_text("ok")
+    if not (root / "big200" / "built").exists():
+        side = bench_node.Sizes.node().big_side
+        big = bench_node.make_jpegs(BIG_IMAGES, side, side, threads=2, seed=11)
+        bench_node.write_jpeg_shards(root / "big200", big, side, side, shards=4, files=False)
+        (root / "big200" / "built").write_text("ok")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--cases", default="train,png28,patches")
+    parser.add_argument("--seconds", type=float, default=6.0, help="perf's window a run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs a case (medians)")
+    parser.add_argument("--data", help="folder for the generated data (kept between runs)")
+    parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--ready", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    root = Path(args.data or Path(tempfile.gettempdir()) / "shardfeed-predict")
+    if args.child:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        child(args.child, root, args.seconds, Path(args.ready))
+        return 0
+    if shutil.which("perf") is None:
+        parser.error("needs Linux perf (`perf record`): apt install linux-perf")
+    root.mkdir(parents=True, exist_ok=True)
+    build(root)
+    d1 = decode_rate(root / "jpeg500", 3.0)
+    k = NODE_DECODE_1 / d1
+    eff = NODE_DECODE_16 / (CORES * NODE_DECODE_1)
+    print(f"full decode, 1 thread: {d1:,.0f} images/s here; k = {k:.2f} (node / here); "
+          f"eff = {eff:.2f} (node's decode at {CORES} threads / {CORES}x one); u = {U}")
+    print(f"{'case':<9}{'1 thread':>10}{'GIL us':>8}{'libc us':>9}{'cores bound':>13}"
+          f"{'GIL bound':>11}{'predicted':>11}{'node f4c1452':>14}{'ratio':>8}")
+    rows = []
+    for case in args.cases.split(","):
+        runs = [measure(case, root, args.seconds) for _ in range(args.repeats)]
+        r1 = statistics.median(rate for rate, _ in runs)
+        # CPU µs an item, every thread: the median of the runs
+        held = statistics.median(part.get("held", 0) / HZ / (rate * args.seconds) * 1e6
+                                 for rate, part in runs)
+        libc = statistics.median(part.get("libc", 0) / HZ / (rate * args.seconds) * 1e6
+                                 for rate, part in runs)
+        part = runs[0][1]
+        cores_bound = CORES * eff * r1 * k
+        gil_bound = U * k / (held * 1e-6)
+        predicted = min(cores_bound, gil_bound)
+        seen = NODE_SEEN.get(case)
+        ratio = f"{predicted / seen:>7.2f}x" if seen else f"{'':>8}"
+        print(f"{case:<9}{r1:>10,.0f}{held:>8.2f}{libc:>9.2f}{cores_bound:>13,.0f}"
+              f"{gil_bound:>11,.0f}{predicted:>11,.0f}{seen or 0:>14,.0f}{ratio}")
+        rows.append({"case": case, "one_thread": r1, "gil_us": held, "libc_us": libc,
+                     "samples": part, "cores_bound": cores_bound, "gil_bound": gil_bound,
+                     "predicted": predicted, "node": seen})
+    if args.json:
+        Path(args.json).write_text(json.dumps({"k": k, "eff": eff, "u": U, "rows": rows},
+                                              indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shardfeed import Dataset
-from shardfeed.storage import options as registry
+from shardfeed.storage.process_state import SETTINGS
 
 pytest.importorskip("obstore")
 
@@ -79,7 +79,7 @@ def test_the_datasets_storage_options_reach_every_read_of_its_files(
     s3_server.filesystem().rm(f"{folder.removeprefix('s3://')}/shardfeed.json")
     own = {"storage_options": s3_server.storage_options(), "retries": 0,
            "deadline_seconds": 5}
-    monkeypatch.setattr(registry, "_OPTIONS", {})
+    monkeypatch.setattr(SETTINGS, "storage_options", {})
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     for url in (with_manifest, folder):

@@ -29,9 +29,10 @@ from shardfeed.storage.remote import set_storage_options
 
 pytest.importorskip("obstore")
 
-from shardfeed.storage import obstore_stores, redirect_guard
+from shardfeed.storage import redirect_guard
 from shardfeed.storage.backends import unregister_backend
 from shardfeed.storage.obstore_backend import ObstoreSource, use_obstore
+from shardfeed.storage.process_state import PROCESS
 
 SIZE = 1 << 20
 DATA = bytes(range(256)) * (SIZE // 256)
@@ -78,10 +79,10 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Server]]:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
                  "all_proxy", "AWS_ENDPOINT_URL", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
-    from shardfeed.storage import options as registry
+    from shardfeed.storage.process_state import SETTINGS
 
-    saved = dict(registry._OPTIONS)  # e.g. the S3 test server's "s3://" options
-    registry._OPTIONS.clear()
+    saved = dict(SETTINGS.storage_options)  # e.g. the S3 test server's "s3://" options
+    SETTINGS.storage_options.clear()
     made: list[Server] = []
 
     def make(answer: Handler, host: str = "127.0.0.1") -> Server:
@@ -91,8 +92,8 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Server]]:
     try:
         yield make
     finally:
-        registry._OPTIONS.clear()
-        registry._OPTIONS.update(saved)
+        SETTINGS.storage_options.clear()
+        SETTINGS.storage_options.update(saved)
         for server in made:
             server.close()
 
@@ -163,7 +164,7 @@ def test_a_region_a_server_names_that_is_no_region_is_refused_and_not_remembered
     for _ in range(2):  # and again: the bad region was not kept for the bucket
         with pytest.raises(StorageError, match="not a region name"):
             source.size()
-    assert all(r != "\x7f" for r in obstore_stores._REGIONS.values())
+    assert all(r != "\x7f" for r in PROCESS.regions.values())
 
 
 @pytest.mark.parametrize("status", [301, 302, 307, 308])

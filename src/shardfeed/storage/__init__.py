@@ -12,8 +12,7 @@ from shardfeed.storage.backends import Backend, set_obstore_provider
 from shardfeed.storage.base import ByteSource
 from shardfeed.storage.cache import ByteCache
 from shardfeed.storage.local import LocalSource
-
-_INDEX_CACHE: list[ByteCache | None] = [None]
+from shardfeed.storage.process_state import SETTINGS
 
 
 def _obstore(scheme: str) -> Backend | None:
@@ -85,12 +84,13 @@ def set_index_cache(cache: ByteCache | None, /) -> None:
             f"cache must be a storage.ByteCache or None, got {type(cache).__name__}; e.g. "
             "ByteCache(max_bytes=256 << 20)"
         )
-    _INDEX_CACHE[0] = cache
+    with SETTINGS.lock:
+        SETTINGS.index_cache = cache
 
 
 def index_cache() -> ByteCache | None:
     """The cache set with :func:`set_index_cache`, or None."""
-    return _INDEX_CACHE[0]
+    return SETTINGS.index_cache
 
 
 __all__ = [

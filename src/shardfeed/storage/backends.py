@@ -32,18 +32,19 @@ manifest is then known to be absent), and honours the storage layer's rule of on
 read.
 
 Determinism: the bytes of a URL do not depend on the backend. State: the registry (process
-wide, set at import or start-up). Memory: what each backend keeps.
+wide, set at import or start-up), kept by
+:data:`~shardfeed.storage.process_state.SETTINGS`. Memory: what each backend keeps.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardfeed.storage.base import ByteSource
+from shardfeed.storage.process_state import SETTINGS
 
 __all__ = ["DEFAULT_OBSTORE_SCHEMES", "Backend", "backend_for", "register_backend", "registered",
            "set_obstore_provider", "unregister_backend"]
@@ -98,10 +99,6 @@ class Backend:
         return self.open(url, **options)
 
 
-_REGISTRY: dict[str, Backend] = {}
-_LOCK = threading.Lock()
-
-
 def _scheme(url: str | os.PathLike[str]) -> str | None:
     text = os.fspath(url)
     return text.split("://", 1)[0].lower() if "://" in text else None
@@ -118,33 +115,34 @@ def register_backend(schemes: Iterable[str], backend: Backend) -> None:
         raise ValueError(f"schemes must be names such as 's3' or 'mem', got {list(schemes)!r}")
     if "file" in names:
         raise ValueError("'file' URLs are local files: they cannot go to another backend")
-    with _LOCK:
+    with SETTINGS.lock:
         for name in names:
-            _REGISTRY[name] = backend
+            SETTINGS.backends[name] = backend
 
 
 def unregister_backend(schemes: Iterable[str]) -> None:
     """Send URLs of ``schemes`` back to the default (fsspec)."""
-    with _LOCK:
+    with SETTINGS.lock:
         for scheme in schemes:
-            _REGISTRY.pop(str(scheme).lower().removesuffix("://"), None)
+            SETTINGS.backends.pop(str(scheme).lower().removesuffix("://"), None)
 
 
 DEFAULT_OBSTORE_SCHEMES = ("s3", "gs", "az", "http", "https")
 """Schemes read through obstore without a registration (unless ``SHARDFEED_OBSTORE=0``)."""
 
-_OBSTORE: list[Callable[[str], Backend | None]] = []  # set by the storage package (see below)
-
 
 def set_obstore_provider(provider: Callable[[str], Backend | None]) -> None:
     """How the obstore backend of a scheme is found (None: not installed); set once by
     ``shardfeed.storage`` at import, which knows its module (this one does not import it)."""
-    _OBSTORE[:] = [provider]
+    with SETTINGS.lock:
+        SETTINGS.obstore_provider = provider
 
 
 def obstore_backend(scheme: str) -> Backend | None:
     """The obstore backend of ``scheme`` (None: obstore is not installed)."""
-    return _OBSTORE[0](scheme) if _OBSTORE else None
+    provider = SETTINGS.obstore_provider
+    found: Backend | None = provider(scheme) if provider is not None else None
+    return found
 
 
 def _default_for(scheme: str) -> Backend | None:
@@ -152,7 +150,7 @@ def _default_for(scheme: str) -> Backend | None:
     ``SHARDFEED_OBSTORE=0``), else None: fsspec."""
     if scheme not in DEFAULT_OBSTORE_SCHEMES or os.environ.get("SHARDFEED_OBSTORE") == "0":
         return None
-    return _OBSTORE[0](scheme) if _OBSTORE else None
+    return obstore_backend(scheme)
 
 
 def backend_for(url: str | os.PathLike[str], storage_options: Options = None
@@ -164,7 +162,9 @@ def backend_for(url: str | os.PathLike[str], storage_options: Options = None
     scheme = _scheme(url)
     if scheme is None:
         return None
-    backend = _REGISTRY.get(scheme) or _default_for(scheme)
+    with SETTINGS.lock:
+        chosen: Backend | None = SETTINGS.backends.get(scheme)
+    backend = chosen or _default_for(scheme)
     if backend is None or backend.serves is None:
         return backend
     return backend if backend.serves(os.fspath(url), storage_options) else None
@@ -172,5 +172,5 @@ def backend_for(url: str | os.PathLike[str], storage_options: Options = None
 
 def registered() -> dict[str, str]:
     """``scheme -> backend name`` of every registration."""
-    with _LOCK:
-        return {scheme: backend.name for scheme, backend in _REGISTRY.items()}
+    with SETTINGS.lock:
+        return {scheme: backend.name for scheme, backend in SETTINGS.backends.items()}

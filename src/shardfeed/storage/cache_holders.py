@@ -72,7 +72,6 @@ class Holder:
     def __init__(self, path: Path, modes: FolderModes) -> None:
         self.path = path
         self.token = secrets.token_hex(8)
-        self.pid = os.getpid()
         self._fds = [-1, -1]  # the lock file, the temp folder
         self._close = weakref.finalize(self, _close_all, self._fds)
         root = open_root(path)

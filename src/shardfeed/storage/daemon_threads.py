@@ -14,20 +14,22 @@ for every fresh page. Kept threads keep their arenas, whose free memory the next
 Why daemon: a call to a server that stalls may never return, and a non-daemon thread would
 hold the interpreter's exit until it does (see :mod:`shardfeed.storage.inflight`).
 
-Determinism: none needed. State: the idle threads and the calls queued for them. Memory: a
-thread's stack (reserved, mostly untouched) for each thread ever busy at once.
+Determinism: none needed. State: the idle threads and the calls queued for them (a forked
+child starts with none: the parent's threads did not follow, see
+:mod:`~shardfeed.storage.process_state`). Memory: a thread's stack (reserved, mostly
+untouched) for each thread ever busy at once.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
+
+from shardfeed.storage.process_state import PROCESS
 
 T = TypeVar("T")
 
@@ -42,9 +44,11 @@ class DaemonThreads:
         self.name = name
         self.limit = limit
         self._reset()
-        _ALL.add(self)
+        PROCESS.at_fork(self, DaemonThreads._reset)
 
     def _reset(self) -> None:
+        """No threads, no calls: when made, and in a forked child (the parent's threads did
+        not follow the fork)."""
         self._lock = threading.Lock()
         self._handed: queue.SimpleQueue[_Call] = queue.SimpleQueue()  # each promised an idle thread
         self._backlog: collections.deque[_Call] = collections.deque()  # waiting for a thread
@@ -104,15 +108,5 @@ def run_into(future: Future[T], fn: Callable[[], T]) -> None:
         except InvalidStateError:
             pass
 
-
-_ALL: weakref.WeakSet[DaemonThreads] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for pool in list(_ALL):
-        pool._reset()  # the parent's threads do not exist in the child
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
 
 __all__ = ["DaemonThreads", "run_into"]

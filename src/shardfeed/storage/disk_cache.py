@@ -57,7 +57,6 @@ import sqlite3
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -74,6 +73,7 @@ from shardfeed.storage.cache_folder import (
     load_key,
 )
 from shardfeed.storage.cache_holders import Holder, alive, dead_holders, sweep, temp_bytes
+from shardfeed.storage.process_state import PROCESS
 
 UNKNOWN_USE = 1 << 62
 """The next use of an entry put without one: evicted before any entry with a known use."""
@@ -170,12 +170,12 @@ class DiskCache:
         self._aside_lock = threading.Lock()
         self._holder_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._pid = -1
+        self._parents_conn: sqlite3.Connection | None = None  # see _after_fork
         self._owner: Holder | None = None  # this process's holder, made when it first writes
         self._closed = False
         self._modes = PRIVATE
         self._files = EntryFiles(self.path / "data", secret=None)
-        _OPEN.add(self)
+        PROCESS.at_fork(self, DiskCache._after_fork)
         try:
             self._modes = check_folder(self.path, trusted=trust_folder)
             self._files = EntryFiles(self.path / "data", secret=load_key(self.path, self._modes),
@@ -209,7 +209,7 @@ class DiskCache:
     def _db(self) -> sqlite3.Connection:
         """This process's connection (a forked child opens its own). The index's files are
         checked before and after SQLite opens them: never a link (see :mod:`.cache_folder`)."""
-        if self._conn is None or self._pid != os.getpid():
+        if self._conn is None:
             check_index_files(self.path)
             try:
                 create_index(self.path, self._modes)
@@ -231,7 +231,7 @@ class DiskCache:
             except BaseException:
                 conn.close()
                 raise
-            self._conn, self._pid = conn, os.getpid()
+            self._conn, self._parents_conn = conn, None
         return self._conn
 
     def _holder(self) -> Holder:
@@ -239,15 +239,19 @@ class DiskCache:
         lock file or temp folder cannot be made)."""
         with self._holder_lock:
             owner = self._owner
-            if owner is None or owner.pid != os.getpid():
+            if owner is None:
                 owner = self._owner = Holder(self.path, self._modes)
             return owner
 
-    def _forget_holder(self) -> None:
-        """Let go of a holder inherited over a fork (the parent keeps it locked)."""
+    def _after_fork(self) -> None:
+        """In a forked child: let go of the parent's holder (the parent keeps it locked: the
+        child shares its lock file's open description, and closing the child's copies leaves
+        the lock held); the child makes holders of its own when it writes. The parent's
+        connection is set aside unused, and dropped when the child opens its own or closes."""
         owner, self._owner = self._owner, None
         if owner is not None:
             owner.release(remove=False)
+        self._parents_conn, self._conn = self._conn, None
 
     def _step_aside(self, exc: BaseException) -> None:
         """Keep nothing more (the bytes are read from storage); say why, once."""
@@ -728,16 +732,15 @@ class DiskCache:
         with self._lock:
             self._closed = True
             owner = self._owner
-            mine = owner is not None and owner.pid == os.getpid()
-            if mine and self._conn is not None:
-                self._transaction(partial(self._drop_holders, [owner.token]))  # type: ignore[union-attr]
-            if mine:
+            if owner is not None and self._conn is not None:
+                self._transaction(partial(self._drop_holders, [owner.token]))
+            if owner is not None:
                 with self._holder_lock:
                     self._owner = None
-                owner.release(remove=True)  # type: ignore[union-attr]
-            if self._conn is not None and self._pid == os.getpid():
+                owner.release(remove=True)
+            if self._conn is not None:
                 self._conn.close()
-            self._conn = None
+            self._conn = self._parents_conn = None
 
     def __getstate__(self) -> dict[str, object]:
         return {"path": self.path, "max_bytes": self.max_bytes, "trust_folder": self._trusted}
@@ -748,20 +751,6 @@ class DiskCache:
 
     def __repr__(self) -> str:
         return f"DiskCache({str(self.path)!r}, max_bytes={self.max_bytes})"
-
-
-_OPEN: weakref.WeakSet[DiskCache] = weakref.WeakSet()
-"""The caches of this process: a forked child lets go of their holders (see _after_fork)."""
-
-
-def _after_fork() -> None:
-    # The child shares its parent's lock files' open descriptions: closing its copies leaves
-    # the parent's locks held; the child makes holders of its own when it writes.
-    for cache in list(_OPEN):
-        cache._forget_holder()
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 def _is_full(exc: BaseException) -> bool:

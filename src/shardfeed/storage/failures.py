@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardfeed.errors import StorageError
+from shardfeed.storage.process_state import PROCESS
 
 _TRANSIENT_ERRNOS = frozenset(
     {
@@ -41,13 +42,12 @@ _PERMANENT_OS_ERRORS = (
     NotADirectoryError,
     FileExistsError,
 )
-_transient_types: tuple[type[BaseException], ...] | None = None
 
 
 def _optional_transient_types() -> tuple[type[BaseException], ...]:
-    """Network error types of the optional client packages, imported only if installed."""
-    global _transient_types
-    if _transient_types is None:
+    """Network error types of the optional client packages, imported only if installed
+    (looked up once a process)."""
+    if PROCESS.transient_types is None:
         found: list[type[BaseException]] = [ConnectionError, TimeoutError]
         try:
             import botocore.exceptions as boto
@@ -61,8 +61,8 @@ def _optional_transient_types() -> tuple[type[BaseException], ...]:
             found += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError]
         except ImportError:
             pass
-        _transient_types = tuple(found)
-    return _transient_types
+        PROCESS.transient_types = tuple(found)
+    return PROCESS.transient_types
 
 
 def _http_status(exc: BaseException) -> int | None:

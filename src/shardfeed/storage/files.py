@@ -51,6 +51,7 @@ from shardfeed.storage.calls import (
 )
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.storage.inflight import start_fs_call
+from shardfeed.storage.process_state import PROCESS
 from shardfeed.storage.ranges import DEFAULT_READ_LIMIT_BYTES, read_limit, too_large
 from shardfeed.storage.retry import storage_error
 
@@ -205,13 +206,14 @@ def _atomic_local(path: str, fill: Callable[[BinaryIO], None]) -> None:
     fsync_folder(folder)
 
 
-@functools.cache
 def _umask() -> int:
     # os.umask can only be read by setting it; read it once, so no other thread's file
     # creation can fall inside the moment it is changed.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    with PROCESS.lock:
+        if PROCESS.umask is None:
+            PROCESS.umask = os.umask(0o022)
+            os.umask(PROCESS.umask)
+        return PROCESS.umask
 
 
 def write_bytes_atomic(

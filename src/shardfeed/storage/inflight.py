@@ -25,7 +25,8 @@ not mean waiting on a dead server), and :func:`abandon_all_calls` for every call
 when the interpreter exits, before it joins the threads of thread pools, so a pool thread
 that is waiting on a dead server does not hold the exit.
 
-Determinism: none needed (no data decided here). State: the sets of calls in flight.
+Determinism: none needed (no data decided here). State: the calls in flight, kept by
+:data:`~shardfeed.storage.process_state.PROCESS` (a forked child has none of its parent's).
 Memory: one future per attempt in flight; on a synchronous filesystem, a daemon thread for
 each attempt ever in flight at once (kept for the next: see
 :mod:`shardfeed.storage.daemon_threads`).
@@ -36,13 +37,13 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook first (see the end)
 import contextlib
 import inspect
-import os
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from shardfeed.storage.daemon_threads import DaemonThreads
+from shardfeed.storage.process_state import PROCESS
 
 T = TypeVar("T")
 
@@ -151,9 +152,9 @@ class CallGroup:
             if self.closed:
                 raise ClosedError
             self._wakes.add(wake)
-        with _ALL_LOCK:
-            _ALL_WAKES.add(wake)
-        if _EXITING.is_set():
+        with PROCESS.lock:
+            PROCESS.wakes.add(wake)
+        if PROCESS.exiting.is_set():
             _ring(wake)
         return wake
 
@@ -161,8 +162,8 @@ class CallGroup:
         """The call is over."""
         with self._lock:
             self._wakes.discard(wake)
-        with _ALL_LOCK:
-            _ALL_WAKES.discard(wake)
+        with PROCESS.lock:
+            PROCESS.wakes.discard(wake)
 
     def cancel_all(self) -> None:
         """Close the group: every call running on it stops waiting now, later ones fail."""
@@ -180,51 +181,34 @@ def _ring(wake: Future[None]) -> None:
         wake.set_result(None)
 
 
-_ALL_LOCK = threading.Lock()
-_ALL_WAKES: set[Future[None]] = set()
-_EXITING = threading.Event()
-_INTERRUPTS = [0]
-
-
 def interrupt_calls() -> None:
     """Make every storage call in flight in the process stop waiting and fail now (calls
     started later run as usual). For Ctrl-C: threads waiting on a dead server end at once."""
-    _INTERRUPTS[0] += 1
-    with _ALL_LOCK:
-        wakes = list(_ALL_WAKES)
+    with PROCESS.lock:
+        PROCESS.interrupts += 1
+        wakes = list(PROCESS.wakes)
     for wake in wakes:
         _ring(wake)
 
 
 def interrupts() -> int:
     """How many times :func:`interrupt_calls` ran (a call compares before and after)."""
-    return _INTERRUPTS[0]
+    return PROCESS.interrupts
 
 
 def abandon_all_calls() -> None:
     """Make every storage call in the process stop waiting and fail now (and any started
     later). Runs when the interpreter exits."""
-    _EXITING.set()
-    with _ALL_LOCK:
-        wakes = list(_ALL_WAKES)
+    PROCESS.exiting.set()
+    with PROCESS.lock:
+        wakes = list(PROCESS.wakes)
     for wake in wakes:
         _ring(wake)
 
 
-def _reset_after_fork() -> None:
-    # A forked child has none of its parent's calls (their threads do not exist there), and
-    # the lock may have been held by one of those threads at the fork.
-    global _ALL_LOCK
-    _ALL_LOCK = threading.Lock()
-    _ALL_WAKES.clear()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
 def exiting() -> bool:
     """True once :func:`abandon_all_calls` ran."""
-    return _EXITING.is_set()
+    return PROCESS.exiting.is_set()
 
 
 # The interpreter joins the threads of every ThreadPoolExecutor (a Dataset's shard readers, a

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -233,9 +234,10 @@ def remove_tree(url: str, options: Options) -> None:
     store_call(url, options, "remove", run)
 
 
-OPERATIONS: dict[str, Callable[..., Any]] = {"exists": exists, "listdir": listdir, "infos": infos, "info": info,
-              "glob": glob, "write": write, "upload": upload, "rename": rename,
-              "remove": remove, "remove_tree": remove_tree}
+OPERATIONS: Mapping[str, Callable[..., Any]] = MappingProxyType({
+    "exists": exists, "listdir": listdir, "infos": infos, "info": info, "glob": glob,
+    "write": write, "upload": upload, "rename": rename, "remove": remove,
+    "remove_tree": remove_tree})
 """The operations by the name ``storage.files`` asks for (see ``Backend.operations``)."""
 
 OBSTORE = Backend(
@@ -249,7 +251,7 @@ of ``storage.files`` through obstore. Of RemoteSource's options it takes those i
 
 OBSTORE_HTTP = Backend(
     "obstore", open=ObstoreSource, read_bytes=_read_bytes, size=_size, options=OBSTORE.options,
-    serves=serves, operations={k: v for k, v in OPERATIONS.items()
-                               if k not in ("listdir", "glob", "infos", "exists")})
+    serves=serves, operations=MappingProxyType({
+        k: v for k, v in OPERATIONS.items() if k not in ("listdir", "glob", "infos", "exists")}))
 """The backend of http(s)://: obstore's, but a web server's listings (HTML index pages) are
 fsspec's to read; obstore lists by WebDAV only, which few servers answer."""

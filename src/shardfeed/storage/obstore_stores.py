@@ -11,7 +11,9 @@ refused by S3; its region is then asked of the server (:func:`_learn_region`), o
 bucket. The certificate authorities of ``AWS_CA_BUNDLE`` and ``SSL_CERT_FILE`` are trusted
 beside the usual roots.
 
-State: the stores and the regions learnt, for the process. Memory: one client a store.
+State: the stores and the regions learnt, kept by
+:data:`~shardfeed.storage.process_state.PROCESS` (a forked child starts with no stores).
+Memory: one client a store.
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ from __future__ import annotations
 import math
 import os
 import re
-import threading
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.failures import redact
 from shardfeed.storage.options import storage_options_for
+from shardfeed.storage.process_state import PROCESS
 from shardfeed.storage.redirect_guard import redirect_guard
 
 __all__ = ["ObstoreRefused", "forked_after_use", "installed", "is_panic", "is_region",
@@ -45,19 +48,15 @@ def _module() -> Any:
     return obstore
 
 
-_INSTALLED: bool | None = None
-
-
 def installed() -> bool:
     """Whether obstore can be imported (looked up once)."""
-    global _INSTALLED
-    if _INSTALLED is None:
+    if PROCESS.obstore_installed is None:
         try:
             _module()
-            _INSTALLED = True
+            PROCESS.obstore_installed = True
         except StorageError:
-            _INSTALLED = False
-    return _INSTALLED
+            PROCESS.obstore_installed = False
+    return PROCESS.obstore_installed
 
 
 def is_panic(exc: BaseException) -> bool:
@@ -80,33 +79,11 @@ class ObstoreRefused(Exception):
               "through fsspec (SHARDFEED_OBSTORE=0)")
 
 
-_STORES: dict[tuple[str, str, str, str], Any] = {}
-_STORES_LOCK = threading.Lock()
-_USED = False
-"""A store was made in this process (obstore's runtime may run)."""
-_FORKED_AFTER_USE = False
-"""This process was forked from one that had used obstore: obstore's runtime threads did not
-follow the fork, and a call here would wait for them for ever. fsspec reads instead."""
-_REGIONS: dict[tuple[str, str], str] = {}
-"""``(endpoint, bucket) -> region``: buckets found in another region than the one asked."""
-_REGIONS_LOCK = threading.Lock()
-_PROBES: dict[tuple[str, str], threading.Lock] = {}
-
-
-def _forked() -> None:
-    global _FORKED_AFTER_USE, _STORES_LOCK, _REGIONS_LOCK
-    _FORKED_AFTER_USE = _FORKED_AFTER_USE or _USED
-    _STORES.clear()
-    _PROBES.clear()
-    _STORES_LOCK, _REGIONS_LOCK = threading.Lock(), threading.Lock()  # none held in the child
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
 def forked_after_use() -> bool:
-    """Whether this process was forked from one that had used obstore (then fsspec reads)."""
-    return _FORKED_AFTER_USE
+    """Whether this process was forked from one that had used obstore: obstore's runtime
+    threads did not follow the fork, and a call here would wait for them for ever, so fsspec
+    reads instead (see :mod:`~shardfeed.storage.process_state` for the fork rule)."""
+    return PROCESS.forked_after_obstore
 
 
 # s3fs's words obstore is given (see _config); config_kwargs' botocore timeouts bound the
@@ -137,8 +114,8 @@ def serves(url: str, storage_options: Mapping[str, Any] | None) -> bool:
     """Whether every option for ``url`` has an obstore counterpart (else fsspec reads it, so
     that no option is dropped: ``requester_pays``, ``s3_additional_kwargs``, ...), ``url``
     has no query (obstore would drop it, and read another object), and obstore can run in
-    this process (see :func:`_forked`)."""
-    if _FORKED_AFTER_USE:
+    this process (see :func:`forked_after_use`)."""
+    if PROCESS.forked_after_obstore:
         return False
     if urlsplit(url).query:  # a query names the object too (presigned URLs, version ids),
         return False         # and obstore's paths cannot carry one: fsspec reads it whole
@@ -264,11 +241,11 @@ _HEADER_TEXT = re.compile(r"[\x21-\x7e]{1,16384}")
 _CREDENTIAL_WORDS = frozenset({"access_key_id", "aws_access_key_id", "secret_access_key",
                                "aws_secret_access_key", "session_token", "aws_session_token",
                                "token", "aws_token"})
-_ENV_CHECKED = {"AWS_ENDPOINT_URL": "endpoint", "AWS_ENDPOINT": "endpoint",
-                "AWS_ENDPOINT_URL_S3": "endpoint", "AWS_REGION": "region",
-                "AWS_DEFAULT_REGION": "region", "AWS_ACCESS_KEY_ID": "access_key_id",
-                "AWS_SECRET_ACCESS_KEY": "secret_access_key",
-                "AWS_SESSION_TOKEN": "session_token"}
+_ENV_CHECKED = MappingProxyType({
+    "AWS_ENDPOINT_URL": "endpoint", "AWS_ENDPOINT": "endpoint",
+    "AWS_ENDPOINT_URL_S3": "endpoint", "AWS_REGION": "region", "AWS_DEFAULT_REGION": "region",
+    "AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+    "AWS_SESSION_TOKEN": "session_token"})
 
 
 def is_region(text: object) -> bool:
@@ -316,7 +293,6 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
            deadline_seconds: float) -> tuple[Any, str]:
     """The store of ``url``'s bucket (made once a bucket, configuration and timeouts) and
     the object path."""
-    global _USED
     parts = urlsplit(url)
     options = _options(url, storage_options)
     config, asked = _config(options)
@@ -328,7 +304,8 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     chain = (parts.scheme == "s3" and not signed
              and not any(os.environ.get(k) for k in _ENV_KEYS))
     profile = options.get("profile") or None
-    learnt = _REGIONS.get((endpoint, parts.netloc)) if parts.scheme == "s3" else None
+    with PROCESS.lock:
+        learnt = PROCESS.regions.get((endpoint, parts.netloc)) if parts.scheme == "s3" else None
     if learnt is not None:  # the bucket's own region, as S3 named it (see _learn_region)
         for word in [w for w in config if w.lower() in _REGION_WORDS]:
             del config[word]
@@ -349,84 +326,84 @@ def _store(url: str, storage_options: Mapping[str, Any] | None,
     key = (parts.scheme, parts.netloc, repr(sorted(config.items())),
            repr(sorted(client.items())) + f" roots {authorities}"
            + (f" chain {profile or os.environ.get('AWS_PROFILE')}" if chain else ""))
-    with _STORES_LOCK:
-        store = _STORES.get(key)
-        if store is None:
-            from obstore.store import from_url
 
-            if authorities:  # added to obstore's roots, as botocore and ssl trust them
-                client["root_certificate"] = _certificates(authorities)
+    def make() -> Any:
+        from obstore.store import from_url
 
-            provider = None
-            if chain:  # once a store: botocore reads its files (and may ask a server)
-                provider, region = _botocore_chain(profile)
-                if region and "region" not in config and not os.environ.get("AWS_REGION") \
-                        and not os.environ.get("AWS_DEFAULT_REGION"):
-                    config["region"] = region
-            try:
-                store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
-                    f"{parts.scheme}://{parts.netloc}", config=config or None,
-                    client_options=client, credential_provider=provider,
-                    retry_config={"max_retries": 0,
-                                  "retry_timeout": timedelta(seconds=deadline_seconds)})
-            except BaseException as exc:
-                if not isinstance(exc, (_module().exceptions.BaseError, ValueError,
-                                        TypeError)) and not is_panic(exc):
-                    raise
-                raise StorageError(
-                    f"cannot open '{url}' with obstore: {_first_line(exc)}; check its "
-                    "storage options, or read it through s3fs (SHARDFEED_OBSTORE=0)") from exc
-            _STORES[key] = store
-            _USED = True
-    return store, parts.path.lstrip("/")
+        if authorities:  # added to obstore's roots, as botocore and ssl trust them
+            client["root_certificate"] = _certificates(authorities)
+        provider = None
+        if chain:  # once a store: botocore reads its files (and may ask a server)
+            provider, region = _botocore_chain(profile)
+            if region and "region" not in config and not os.environ.get("AWS_REGION") \
+                    and not os.environ.get("AWS_DEFAULT_REGION"):
+                config["region"] = region
+        try:
+            store = from_url(  # type: ignore[call-overload]  # obstore's TypedDicts
+                f"{parts.scheme}://{parts.netloc}", config=config or None,
+                client_options=client, credential_provider=provider,
+                retry_config={"max_retries": 0,
+                              "retry_timeout": timedelta(seconds=deadline_seconds)})
+        except BaseException as exc:
+            if not isinstance(exc, (_module().exceptions.BaseError, ValueError,
+                                    TypeError)) and not is_panic(exc):
+                raise
+            raise StorageError(
+                f"cannot open '{url}' with obstore: {_first_line(exc)}; check its "
+                "storage options, or read it through s3fs (SHARDFEED_OBSTORE=0)") from exc
+        with PROCESS.lock:
+            PROCESS.obstore_used = True
+        return store
+
+    return PROCESS.once(PROCESS.stores, key, make), parts.path.lstrip("/")
 
 
 def _learn_region(url: str, storage_options: Mapping[str, Any] | None,
                   deadline_seconds: float) -> str:
-    """The region of ``url``'s bucket, asked of the server (once a bucket and endpoint) after
-    a request signed for another region was refused; later stores of the bucket use it.
+    """The region of ``url``'s bucket, asked of the server (once a bucket and endpoint, one
+    question at a time: other buckets do not wait) after a request signed for another region
+    was refused; later stores of the bucket use it.
 
     S3 names a bucket's region in the ``x-amz-bucket-region`` header of its answer to a HEAD
     of the bucket, signed or not, whatever the status (200, 301 or 403): botocore's redirect
     reads the same header. Raises :class:`ObstoreRefused` where the answer names none."""
-    import urllib.error
-    import urllib.request
-
     parts = urlsplit(url)
     config, _ = _config(_options(url, storage_options))
     endpoint = _endpoint(config)
-    with _REGIONS_LOCK:  # one question at a time a bucket; other buckets do not wait
-        lock = _PROBES.setdefault((endpoint, parts.netloc), threading.Lock())
-    with lock:
-        known = _REGIONS.get((endpoint, parts.netloc))
-        if known is not None:
-            return known
-        probe = f"{(endpoint or 'https://s3.amazonaws.com').rstrip('/')}/{parts.netloc}"
-        opener = urllib.request.build_opener(_NoRedirect)
-        try:
-            with opener.open(urllib.request.Request(probe, method="HEAD"),
-                             timeout=min(10.0, deadline_seconds / 2)) as answer:
-                region = answer.headers.get("x-amz-bucket-region")
-        except urllib.error.HTTPError as exc:  # 301 and 403 name the region too
-            region = exc.headers.get("x-amz-bucket-region")
-        except OSError as exc:
-            raise ObstoreRefused(
-                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
-                f"asking {probe} for its region failed ({exc}); give the region: "
-                "storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION"
-            ) from None
-        if not region:
-            raise ObstoreRefused(
-                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
-                f"the server did not name it (no x-amz-bucket-region from {probe}); give the "
-                "region: storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION")
-        if not is_region(region):  # never remembered: every store of the bucket would panic
-            raise ObstoreRefused(
-                f"the bucket '{parts.netloc}' is in another region than the one asked, and "
-                f"the server named its region {region!r:.60}, which is not a region name; "
-                "give the region: storage_options={'client_kwargs': {'region_name': ...}}")
-        _REGIONS[(endpoint, parts.netloc)] = str(region)
-        return str(region)
+    return PROCESS.once(PROCESS.regions, (endpoint, parts.netloc),
+                        lambda: _ask_region(endpoint, parts.netloc, deadline_seconds))
+
+
+def _ask_region(endpoint: str, bucket: str, deadline_seconds: float) -> str:
+    """The region the server names for ``bucket`` (see :func:`_learn_region`)."""
+    import urllib.error
+    import urllib.request
+
+    probe = f"{(endpoint or 'https://s3.amazonaws.com').rstrip('/')}/{bucket}"
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(probe, method="HEAD"),
+                         timeout=min(10.0, deadline_seconds / 2)) as answer:
+            region = answer.headers.get("x-amz-bucket-region")
+    except urllib.error.HTTPError as exc:  # 301 and 403 name the region too
+        region = exc.headers.get("x-amz-bucket-region")
+    except OSError as exc:
+        raise ObstoreRefused(
+            f"the bucket '{bucket}' is in another region than the one asked, and "
+            f"asking {probe} for its region failed ({exc}); give the region: "
+            "storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION"
+        ) from None
+    if not region:
+        raise ObstoreRefused(
+            f"the bucket '{bucket}' is in another region than the one asked, and "
+            f"the server did not name it (no x-amz-bucket-region from {probe}); give the "
+            "region: storage_options={'client_kwargs': {'region_name': ...}} or AWS_REGION")
+    if not is_region(region):  # never remembered: every store of the bucket would panic
+        raise ObstoreRefused(
+            f"the bucket '{bucket}' is in another region than the one asked, and "
+            f"the server named its region {region!r:.60}, which is not a region name; "
+            "give the region: storage_options={'client_kwargs': {'region_name': ...}}")
+    return str(region)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

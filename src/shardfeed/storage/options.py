@@ -16,19 +16,18 @@ later ones overriding earlier ones:
 
 On top of these, :func:`filesystem` fits the client's own timeouts and retries inside the
 deadline of a call (:func:`client_options`), for every setting the user left unset.
+
+State: the registry, kept by :data:`~shardfeed.storage.process_state.SETTINGS`.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from shardfeed.errors import StorageError
 from shardfeed.storage.failures import redact, redacted_exception
-
-_OPTIONS: dict[str, dict[str, Any]] = {}
-_OPTIONS_LOCK = threading.Lock()
+from shardfeed.storage.process_state import SETTINGS
 
 
 def set_storage_options(prefix: str, /, **options: Any) -> None:
@@ -42,17 +41,17 @@ def set_storage_options(prefix: str, /, **options: Any) -> None:
         raise ValueError(
             f"prefix must be a URL prefix such as 's3://' or 's3://bucket/', got {prefix!r}"
         )
-    with _OPTIONS_LOCK:
+    with SETTINGS.lock:
         if options:
-            _OPTIONS[prefix] = dict(options)
+            SETTINGS.storage_options[prefix] = dict(options)
         else:
-            _OPTIONS.pop(prefix, None)
+            SETTINGS.storage_options.pop(prefix, None)
 
 
 def clear_storage_options() -> None:
     """Forget every option set with :func:`set_storage_options`."""
-    with _OPTIONS_LOCK:
-        _OPTIONS.clear()
+    with SETTINGS.lock:
+        SETTINGS.storage_options.clear()
 
 
 def storage_options_for(
@@ -60,10 +59,10 @@ def storage_options_for(
 ) -> dict[str, Any]:
     """The options for ``url``: registered prefixes (shortest first), then ``storage_options``."""
     merged: dict[str, Any] = {}
-    with _OPTIONS_LOCK:
-        matches = sorted((p for p in _OPTIONS if url.startswith(p)), key=len)
+    with SETTINGS.lock:
+        matches = sorted((p for p in SETTINGS.storage_options if url.startswith(p)), key=len)
         for prefix in matches:
-            merged.update(_OPTIONS[prefix])
+            merged.update(SETTINGS.storage_options[prefix])
     if storage_options:
         merged.update(storage_options)
     return merged

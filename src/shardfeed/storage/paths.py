@@ -29,13 +29,13 @@ from a dataset to the transforms that read its referenced images.
 
 from __future__ import annotations
 
-import functools
 import os
 import posixpath
 from collections.abc import Sequence
 from urllib.parse import unquote
 
 from shardfeed.errors import UnsafePathError
+from shardfeed.storage.process_state import PROCESS, REAL_FOLDERS
 
 OPT_IN = (
     "open it with allow_outside_paths=True (on the command line: --allow-outside-paths)"
@@ -118,13 +118,21 @@ def _remote_reason(base: str, path: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=4096)
 def _real_folder(folder: str) -> str:
     """``os.path.realpath`` of a folder, once a process (resolving costs an ``lstat`` a
-    component: more than reading a small image). Links are taken as they were when a folder
-    was first seen: a dataset is not rewritten under a reader by the hostile party whose
-    download it is, and whoever can rewrite it could write the files themselves."""
-    return os.path.realpath(folder)
+    component: more than reading a small image; past :data:`REAL_FOLDERS` folders, the
+    first kept is dropped, and resolved again when next met). Links are taken as they were when a folder was first seen: a dataset
+    is not rewritten under a reader by the hostile party whose download it is, and whoever
+    can rewrite it could write the files themselves."""
+    with PROCESS.lock:
+        found = PROCESS.real_folders.get(folder)
+    if found is None:
+        resolved = os.path.realpath(folder)
+        with PROCESS.lock:
+            if len(PROCESS.real_folders) >= REAL_FOLDERS:
+                del PROCESS.real_folders[next(iter(PROCESS.real_folders))]
+            found = PROCESS.real_folders.setdefault(folder, resolved)
+    return found
 
 
 def _real(path: str) -> str:

@@ -11,28 +11,31 @@ Where the user has a proxy of their own (HTTPS_PROXY, ..., or obstore's proxy_ur
 kept and redirects are not guarded. The guard is by host: a redirect to another port of
 the endpoint's own host is not caught (the proxy's exclusions name hosts only).
 
-Determinism: none needed. State: the refuser's port and the hosts it refused last, for the
-process (a forked child starts its own). Memory: a thread a refused connection, briefly.
+Determinism: none needed. State: the refuser's port and the hosts it refused last, kept by
+:data:`~shardfeed.storage.process_state.PROCESS` (a forked child starts a refuser of its
+own). Memory: a thread a refused connection, briefly.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import socket
 import socketserver
 import threading
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
+
+from shardfeed.storage.process_state import PROCESS
 
 __all__ = ["REFUSED", "REFUSED_MARK", "redirect_guard", "refuser_port"]
 
 REFUSED_MARK = "shardfeed-refused-redirect"
 """In the body of the refuser's answers (obstore puts the body in its error)."""
-_OWN_HOSTS = {"s3": ("amazonaws.com", "amazonaws.com.cn"),
-              "gs": ("googleapis.com", "metadata.google.internal"),
-              "az": ("core.windows.net", "microsoftonline.com", "azure.com")}
+_OWN_HOSTS = MappingProxyType({"s3": ("amazonaws.com", "amazonaws.com.cn"),
+                               "gs": ("googleapis.com", "metadata.google.internal"),
+                               "az": ("core.windows.net", "microsoftonline.com", "azure.com")})
 _CREDENTIAL_ADDRESSES = ("169.254.169.254", "169.254.170.2", "fd00:ec2::254")
 _PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
 
@@ -51,7 +54,8 @@ class _Refuse(socketserver.BaseRequestHandler):
             words = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
             target = words[1] if len(words) > 1 else "?"
             host = urlsplit(target).netloc or target  # GET http://host/... or CONNECT host:port
-            REFUSED.append(host[:200])  # the host only: the request carries credentials
+            with PROCESS.lock:  # the host only: the request carries credentials
+                PROCESS.refused.append(host[:200])
             body = f"{REFUSED_MARK} to {host[:200]}".encode("latin-1", "replace")
             sock.sendall(b"HTTP/1.1 421 Misdirected Request\r\nContent-Type: text/plain\r\n"
                          b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
@@ -59,23 +63,21 @@ class _Refuse(socketserver.BaseRequestHandler):
             pass
 
 
-REFUSED: collections.deque[str] = collections.deque(maxlen=16)
+REFUSED = PROCESS.refused
 """The hosts of the last requests refused (for tests and messages)."""
-_REFUSER: list[int] = []  # its port, once started in this process
 
 
 def refuser_port() -> int:
-    with _REFUSER_LOCK:
-        if not _REFUSER:
-            server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Refuse)
-            server.daemon_threads = True
-            threading.Thread(target=server.serve_forever, name="shardfeed-refuse-redirects",
-                             daemon=True).start()
-            _REFUSER.append(int(server.server_address[1]))
-        return _REFUSER[0]
+    """The refuser's port (started the first time, once a process)."""
+    return PROCESS.once(PROCESS.ports, "refuser", _start_refuser)
 
 
-_REFUSER_LOCK = threading.Lock()
+def _start_refuser() -> int:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Refuse)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="shardfeed-refuse-redirects",
+                     daemon=True).start()
+    return int(server.server_address[1])
 
 
 def redirect_guard(scheme: str, netloc: str, endpoint: str,
@@ -92,12 +94,3 @@ def redirect_guard(scheme: str, netloc: str, endpoint: str,
             hosts.append(host)
     return {"proxy_url": f"http://127.0.0.1:{refuser_port()}",
             "proxy_excludes": ",".join(dict.fromkeys(hosts))}
-
-
-def _forked() -> None:
-    global _REFUSER_LOCK
-    _REFUSER.clear()  # its thread stayed in the parent
-    _REFUSER_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forked)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime
 import email.utils
 import errno
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -46,6 +45,7 @@ from shardfeed.storage.options import (
     set_storage_options,
     storage_options_for,
 )
+from shardfeed.storage.process_state import PROCESS
 from shardfeed.storage.ranges import (
     DEFAULT_COALESCE_GAP_BYTES,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -241,13 +241,13 @@ class RemoteSource:
         self.max_request_bytes = max_request_bytes
         self.policy = options.policy()
         self.cache = cache
-        self._fs, self._path = self._filesystem()
-        self._fs_pid = os.getpid()
+        self._fs, self._path = self._filesystem()  # again in a forked child (see _client)
         self._retrier = Retrier(self.policy, key=url)
         self._calls = CallGroup()
         self._size: int | None = None
         self._pinned: ObjectVersion | None = None
         self._lock = threading.Lock()
+        PROCESS.at_fork(self, RemoteSource._after_fork)
         self._requests = 0
         self._bytes_fetched = 0
 
@@ -346,12 +346,14 @@ class RemoteSource:
         connections belong to the process that made them)."""
         if self._calls.closed:
             raise StorageError(f"'{self.url}' was closed; open it again with open_source(url)")
-        if self._fs_pid != os.getpid():
+        if self._fs is None:
             with self._lock:
-                if self._fs_pid != os.getpid():
+                if self._fs is None:
                     self._fs, self._path = self._filesystem()
-                    self._fs_pid = os.getpid()
         return self._fs, self._path
+
+    def _after_fork(self) -> None:
+        self._fs = None  # the parent's (see _client)
 
     def _checked_by(self, fs: Any, pinned: ObjectVersion | None) -> _Pinned | None:
         """How a request of ``fs`` asks for version ``pinned`` (None: it cannot, or there is

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from shardfeed.errors import ShardChangedError
 from shardfeed.storage.failures import redact
@@ -45,9 +46,10 @@ SETTLED_SECONDS = 2.0
 gets another modification time, whatever the file system's timestamp granularity (1 ns to
 2 s). An unsettled folder has each of its files looked at on every check."""
 
-_IDENTITY = {"ETag": "etag", "etag": "etag", "generation": "generation",
-             "VersionId": "version_id", "version_id": "version_id", "md5Hash": "md5",
-             "Content-MD5": "md5", "crc32c": "crc32c", "Digest": "digest"}
+_IDENTITY = MappingProxyType({
+    "ETag": "etag", "etag": "etag", "generation": "generation", "VersionId": "version_id",
+    "version_id": "version_id", "md5Hash": "md5", "Content-MD5": "md5", "crc32c": "crc32c",
+    "Digest": "digest"})
 """fsspec's names (as ``storage.files.version_of`` reads them) of what names the content."""
 
 _MODIFIED = ("LastModified", "Last-Modified", "last_modified", "updated", "mtime", "created")

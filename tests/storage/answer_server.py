@@ -11,22 +11,18 @@ path well: the other origin a redirect points at, which records the headers it w
 
 Bytes are slices of one random buffer (an object ``[0, size)`` of a case starts at its own
 ``base`` in it): bodies up to 64 MiB cost no memory here. One thread serves every connection
-(non-blocking sockets and ``poll``), as tests/storage/hostile_server.py does.
+(:class:`poll_sockets.PollServer`), as in tests/storage/hostile_server.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
 import re
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from poll_sockets import ready
+from poll_sockets import Connection, PollServer
 
 _PERIOD = 1_000_003  # not a power of two: an offset error shows in the bytes read
 _BLOCK = random.Random(20240611).randbytes(_PERIOD)
@@ -117,50 +113,26 @@ class Request:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class _Client:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.request = bytearray()
-        self.pieces: Iterator[tuple[float, bytes | memoryview]] | None = None
-        self.current: memoryview | None = None
-        self.due = 0.0
-        self.opened = time.monotonic()
-
-
 MAX_CONNECTION_SECONDS = 8.0
 """A connection held longer is closed (a client that stopped reading a huge body)."""
 
 
-class AnswerServer:
+class AnswerServer(PollServer):
     """Listens on ``host:port`` (another host than 127.0.0.1 is another origin: all of
     127/8 is this machine); ``cases`` by bucket name; ``requests`` every request received,
     in order."""
 
+    max_connection_seconds = MAX_CONNECTION_SECONDS
+
     def __init__(self, *, honest: bool = False, lifetime_seconds: float = 600.0,
                  host: str = "127.0.0.1") -> None:
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind((host, 0))
-        self._listener.listen(256)
-        self._listener.setblocking(False)
-        self.port = int(self._listener.getsockname()[1])
-        self.endpoint_url = f"http://{host}:{self.port}"
+        super().__init__(host=host, lifetime_seconds=lifetime_seconds,
+                         thread_name="answer-server")
         self.honest = honest
         self.other_url = ""  # where a redirect to another origin points
         self.cases: dict[str, Case] = {}
         self.requests: list[Request] = []
-        self._clients: list[_Client] = []
-        self._lifetime_seconds = lifetime_seconds
-        self._stop = threading.Event()
-        self.failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name="answer-server", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop serving; raise what ended the serving thread early, if anything did."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        if self.failure is not None:
-            raise AssertionError(f"the test server failed: {self.failure!r}") from self.failure
+        self.start()
 
     # -- answers ----------------------------------------------------------------------------
 
@@ -194,66 +166,13 @@ class AnswerServer:
         return {"same": f"{self.endpoint_url}{path}-moved", "other": f"{self.other_url}{path}",
                 "relative": f"{path}-moved", "refused": f"http://127.0.0.1:1{path}"}
 
-    # -- the loop ---------------------------------------------------------------------------
+    # -- what the loop asks ----------------------------------------------------------------
 
-    def _serve(self) -> None:
-        ends = time.monotonic() + self._lifetime_seconds
-        try:
-            while not self._stop.is_set() and time.monotonic() < ends:
-                self._turn()
-        except BaseException as exc:  # noqa: BLE001 - raised again by stop()
-            self.failure = exc
-        finally:
-            for client in self._clients:
-                client.sock.close()
-            self._listener.close()
-
-    def _turn(self) -> None:
-        now = time.monotonic()
-        clients = self._clients
-        for client in [c for c in clients if now - c.opened > MAX_CONNECTION_SECONDS]:
-            self._drop(client)
-        writers = [c.sock for c in clients if c.current is not None and c.due <= now]
-        waits = [c.due - now for c in clients if c.current is not None and c.due > now]
-        readable, writable = ready([self._listener, *(c.sock for c in clients)], writers,
-                                   min([0.05, *waits]))
-        for sock in readable:
-            if sock is self._listener:
-                with contextlib.suppress(BlockingIOError):
-                    conn, _ = self._listener.accept()
-                    conn.setblocking(False)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    clients.append(_Client(conn))
-                continue
-            reader = next((c for c in clients if c.sock is sock), None)
-            if reader is not None:
-                self._read(reader)
-        for sock in writable:
-            writer = next((c for c in clients if c.sock is sock), None)
-            if writer is not None:
-                self._write(writer)
-
-    def _drop(self, client: _Client) -> None:
-        if client in self._clients:
-            self._clients.remove(client)
-        client.sock.close()
-
-    def _read(self, client: _Client) -> None:
-        try:
-            data = client.sock.recv(65536)
-        except OSError:
-            data = b""
-        if not data:  # the client closed its end
-            self._drop(client)
+    def received(self, conn: Connection) -> None:
+        if conn.pieces is not None or b"\r\n\r\n" not in conn.request:
             return
-        client.request += data
-        self._start_answer(client)
-
-    def _start_answer(self, client: _Client) -> None:
-        if client.pieces is not None or b"\r\n\r\n" not in client.request:
-            return
-        head, _, rest = bytes(client.request).partition(b"\r\n\r\n")
-        client.request = bytearray(rest)
+        head, _, rest = bytes(conn.request).partition(b"\r\n\r\n")
+        conn.request = bytearray(rest)
         lines = head.decode("latin-1").split("\r\n")
         method, path = (lines[0].split(" ") + ["", ""])[:2]
         headers = {}
@@ -262,34 +181,10 @@ class AnswerServer:
             headers[name.strip().lower()] = value.strip()
         request = Request(method, path, headers)
         self.requests.append(request)
-        client.pieces = self._answer(request)
-        self._next_piece(client, time.monotonic())
+        self.answer(conn, self._answer(request))
 
-    def _next_piece(self, client: _Client, now: float) -> None:
-        assert client.pieces is not None
-        piece = next(client.pieces, None)
-        if piece is None:  # the answer is sent: the next request on this connection
-            client.pieces, client.current = None, None
-            self._start_answer(client)
-            return
-        delay, data = piece
-        if not len(data):
-            self._drop(client)
-            return
-        client.current, client.due = memoryview(data), now + delay
-
-    def _write(self, client: _Client) -> None:
-        assert client.current is not None
-        try:
-            sent = client.sock.send(client.current)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._drop(client)
-            return
-        client.current = client.current[sent:]
-        if not len(client.current):
-            self._next_piece(client, time.monotonic())
+    def answered(self, conn: Connection) -> None:
+        self.received(conn)  # the next request on this connection
 
 
 _REASONS = {200: "OK", 206: "Partial Content", 301: "Moved Permanently", 302: "Found",

@@ -14,7 +14,7 @@ depends on the object's name (the last part of the path, e.g. ``/bucket/trickle.
 ``length.bin``   ``206`` whose Content-Length header is ``content_length``
 ==============  =============================================================================
 
-One thread serves every connection (non-blocking sockets and ``poll``), so hundreds of
+One thread serves every connection (:class:`poll_sockets.PollServer`), so hundreds of
 trickling answers cost nothing; it stops by itself after ``lifetime_seconds``, or at
 :meth:`HostileServer.stop`, closing every connection. ``answering(name)`` counts the
 connections still in the middle of an answer for ``name``: a client that gives up and closes
@@ -23,17 +23,13 @@ its socket is seen at once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from poll_sockets import ready
+from poll_sockets import Connection, PollServer
 
 OBJECT_BYTES = 48 << 20
 """The size of every object served."""
@@ -66,37 +62,17 @@ def _stream(start: int, end: int, piece: int = 256 << 10) -> Iterator[tuple[floa
         start += take
 
 
-class _Client:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.request = bytearray()
-        self.name = ""
-        self.pieces: Iterator[tuple[float, Any]] | None = None  # the answer being sent
-        self.current: memoryview | None = None
-        self.due = 0.0
-
-
-class HostileServer:
+class HostileServer(PollServer):
     """Listens on ``127.0.0.1:port``; ``requests`` lists the names asked for, in order."""
 
     def __init__(self, *, lifetime_seconds: float = 60.0, trickle_seconds: float = 0.05) -> None:
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(256)
-        self._listener.setblocking(False)
-        self.port = int(self._listener.getsockname()[1])
-        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        super().__init__(lifetime_seconds=lifetime_seconds, thread_name="hostile-server")
         self.trickle_seconds = trickle_seconds
         self.short_answers = 2
         self.chunk_size_line = b"-5"
         self.content_length = "10"
         self.requests: list[str] = []
-        self._clients: list[_Client] = []
-        self._lifetime_seconds = lifetime_seconds
-        self._stop = threading.Event()
-        self.failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name="hostile-server", daemon=True)
-        self._thread.start()
+        self.start()
 
     def answering(self, name: str) -> int:
         """Connections in the middle of an answer for ``name``."""
@@ -110,14 +86,6 @@ class HostileServer:
             "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
             "config_kwargs": dict(config),
         }
-
-    def stop(self) -> None:
-        """Stop serving; raise what ended the serving thread early, if anything did (a
-        test that saw no answer must not pass or fail for the server's own fault)."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        if self.failure is not None:
-            raise AssertionError(f"the test server failed: {self.failure!r}") from self.failure
 
     # -- answers ----------------------------------------------------------------------------
 
@@ -150,90 +118,24 @@ class HostileServer:
             return
         yield from _stream(start, end)
 
-    # -- the loop ---------------------------------------------------------------------------
+    # -- what the loop asks ----------------------------------------------------------------
 
-    def _serve(self) -> None:
-        ends = time.monotonic() + self._lifetime_seconds
-        try:
-            while not self._stop.is_set() and time.monotonic() < ends:
-                self._turn()
-        except BaseException as exc:  # noqa: BLE001 - raised again by stop()
-            self.failure = exc
-        finally:
-            for client in self._clients:
-                client.sock.close()
-            self._listener.close()
-
-    def _turn(self) -> None:
-        now = time.monotonic()
-        clients = self._clients
-        writers = [c.sock for c in clients if c.current is not None and c.due <= now]
-        waits = [c.due - now for c in clients if c.current is not None and c.due > now]
-        timeout = min([0.05, *waits])
-        readable, writable = ready([self._listener, *(c.sock for c in clients)], writers,
-                                   timeout)
-        for sock in readable:
-            if sock is self._listener:
-                with contextlib.suppress(BlockingIOError):
-                    conn, _ = self._listener.accept()
-                    conn.setblocking(False)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms waits
-                    clients.append(_Client(conn))
-                continue
-            self._read(next(c for c in clients if c.sock is sock))
-        for sock in writable:
-            client = next((c for c in clients if c.sock is sock), None)
-            if client is not None:
-                self._write(client)
-
-    def _drop(self, client: _Client) -> None:
-        if client in self._clients:
-            self._clients.remove(client)
-        client.sock.close()
-
-    def _read(self, client: _Client) -> None:
-        try:
-            data = client.sock.recv(65536)
-        except OSError:
-            data = b""
-        if not data:  # the client closed its end
-            self._drop(client)
+    def received(self, conn: Connection) -> None:
+        if conn.pieces is not None or b"\r\n\r\n" not in conn.request:
             return
-        client.request += data
-        if client.pieces is None and b"\r\n\r\n" in client.request:
-            head, _, rest = bytes(client.request).partition(b"\r\n\r\n")
-            client.request = bytearray(rest)
-            lines = head.decode("latin-1").split("\r\n")
-            path = lines[0].split(" ")[1].split("?")[0]
-            rng = next((line.split(":", 1)[1].strip() for line in lines[1:]
-                        if line.lower().startswith("range:")), "")
-            client.name = path.rsplit("/", 1)[-1]
-            self.requests.append(client.name)
-            client.pieces = (self._head() if lines[0].startswith("HEAD ")
-                             else self._answer(client.name, rng))
-            self._next_piece(client, time.monotonic())
+        head, _, rest = bytes(conn.request).partition(b"\r\n\r\n")
+        conn.request = bytearray(rest)
+        lines = head.decode("latin-1").split("\r\n")
+        path = lines[0].split(" ")[1].split("?")[0]
+        rng = next((line.split(":", 1)[1].strip() for line in lines[1:]
+                    if line.lower().startswith("range:")), "")
+        conn.name = path.rsplit("/", 1)[-1]
+        self.requests.append(conn.name)
+        self.answer(conn, self._head() if lines[0].startswith("HEAD ")
+                    else self._answer(conn.name, rng))
 
-    def _next_piece(self, client: _Client, now: float) -> None:
-        assert client.pieces is not None
-        piece = next(client.pieces, None)
-        if piece is None:
-            client.pieces, client.current, client.name = None, None, ""
-            return
-        delay, data = piece
-        client.current, client.due = memoryview(data), now + delay
-
-    def _write(self, client: _Client) -> None:
-        assert client.current is not None
-        try:
-            sent = client.sock.send(client.current)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._drop(client)
-            return
-        client.current = client.current[sent:]
-        if not len(client.current):
-            self._next_piece(client, time.monotonic())
+    def answered(self, conn: Connection) -> None:
+        conn.name = ""
 
 
 @pytest.fixture()

@@ -35,6 +35,7 @@ class StalledServer:
         self.port = int(self._listener.getsockname()[1])
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.connections = 0
+        self.open_connections = 0  # accepted and not yet closed by their client
         self._lifetime_seconds = lifetime_seconds
         self._stop = threading.Event()
         self.failure: BaseException | None = None
@@ -53,6 +54,7 @@ class StalledServer:
                             conn, _ = self._listener.accept()
                             clients.append(conn)
                             self.connections += 1
+                            self.open_connections = len(clients)
                         continue
                     try:
                         data = sock.recv(65536)  # read the request, never answer it
@@ -61,6 +63,7 @@ class StalledServer:
                     if not data:  # the client gave up
                         clients.remove(sock)
                         sock.close()
+                        self.open_connections = len(clients)
         except BaseException as exc:  # noqa: BLE001 - raised again by stop()
             self.failure = exc
         finally:

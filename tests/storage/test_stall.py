@@ -282,3 +282,23 @@ def test_writes_get_more_time_for_more_bytes(monkeypatch: pytest.MonkeyPatch) ->
             files.write_bytes_atomic("slowmem://b/small.bin", b"tiny")
     monkeypatch.setattr(SlowMemoryFileSystem, "delay_seconds", 0.0)
     assert files.size("slowmem://b/big.bin") == 2 << 20
+
+
+def test_an_obstore_request_past_its_deadline_is_ended_by_the_client(
+    stalled_server: StalledServer,
+) -> None:
+    """The caller gets its StorageError at the deadline; the request it left behind is not
+    left running: obstore's client, whose timeout is the deadline and one second, drops its
+    connection to the stalled server soon after (no thread or socket kept per stall)."""
+    pytest.importorskip("obstore")
+    from shardfeed.storage.obstore_backend import ObstoreSource
+
+    source = ObstoreSource(URL, deadline_seconds=1,
+                           storage_options=stalled_server.storage_options())
+    elapsed, message = _timed_error(lambda: source.read(0, 100))
+    assert elapsed < 1 + SLACK_SECONDS, message
+    assert stalled_server.connections > 0
+    ends = time.monotonic() + 1 + 1 + SLACK_SECONDS  # the client's own timeout, and slack
+    while stalled_server.open_connections and time.monotonic() < ends:
+        time.sleep(0.05)
+    assert stalled_server.open_connections == 0, "the abandoned request still holds its socket"

@@ -22,7 +22,7 @@ from PIL import Image, ImageOps
 from shardfeed.dataset import Dataset
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import presets
-from shardfeed.transforms.decode import crop, region
+from shardfeed.transforms.decode import crop, crop_rows, region
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.image import decode_image
 from shardfeed.transforms.decode.ops import DecodeImage
@@ -119,7 +119,15 @@ def test_the_region_decoder_takes_the_turned_images_boxes(
         used.append(result is not None)
         return result
 
-    monkeypatch.setattr(crop, "decode_region", counted)
+    real_batch = crop_rows.decode_regions
+
+    def counted_batch(*args: Any, **kwargs: Any) -> list[np.ndarray | None]:
+        results = real_batch(*args, **kwargs)
+        used.extend(r is not None for r in results)
+        return results
+
+    monkeypatch.setattr(crop, "decode_region", counted)  # a row at a time
+    monkeypatch.setattr(crop_rows, "decode_regions", counted_batch)  # a slice's rows at once
     _batches(packed["tagged"], presets.train(size=384, exif_orientation="apply"))
     assert sum(used) >= len(TURNS)
 

@@ -237,11 +237,11 @@ class CropDecoderBase(DecoderBase):
         turn = orientation_of(data, self.image_field.exif_orientation)
         stored_h, stored_w = oriented_size(height, width, turn)
         stored = stored_box(box, height, width, turn)
-        if self.channels == "rgb" and region_pays(stored_h, stored_w, stored, d):
+        if self._region_pays(d, stored_h, stored_w, stored):
             region = decode_region(data, stored, fast_dct=self.fast_dct,
                                    fast_upsample=self.fast_upsample)
             if region is not None:  # the very pixels of the whole decode, sliced
-                return self._resize_flip(self._widened(orient(region, turn)), flip, out)
+                return self._from_region(region, turn, flip, out)
         decoded = decode_jpeg_scratch(
             data,
             height=stored_h,
@@ -266,6 +266,28 @@ class CropDecoderBase(DecoderBase):
         # The region views the thread's scratch buffer: resize copies it out before any
         # other decode on this thread can overwrite it.
         return self._resize_flip(region, flip, out, force_copy=True)
+
+    def _region_pays(self, d: int, stored_h: int, stored_w: int, stored: Box) -> bool:
+        """Whether the crop ``stored`` (of the stored image, at DCT scale ``1/d``) is decoded
+        as a region (see :func:`~shardfeed.transforms.decode.region.region_pays`)."""
+        return self.channels == "rgb" and region_pays(stored_h, stored_w, stored, d)
+
+    def _region_box(self, data: bytes | memoryview, box: Box, height: int,
+                    width: int) -> tuple[Box, int] | None:
+        """The box of the stored image to decode as a region for crop ``box`` (of the
+        ``height``×``width`` image as the op sees it) and the image's turn, or None where
+        :meth:`_jpeg_crop` decodes it otherwise: its rule, for a batch of rows."""
+        out_h, out_w = self.size
+        d = scale_denominator(box.h, box.w, out_h, out_w, max_denominator=self.max_denominator)
+        turn = orientation_of(data, self.image_field.exif_orientation)
+        stored_h, stored_w = oriented_size(height, width, turn)
+        stored = stored_box(box, height, width, turn)
+        return (stored, turn) if self._region_pays(d, stored_h, stored_w, stored) else None
+
+    def _from_region(self, region: np.ndarray, turn: int, flip: bool,
+                     out: np.ndarray | None) -> np.ndarray:
+        """The output of a decoded region (turned, widened, resized, flipped)."""
+        return self._resize_flip(self._widened(orient(region, turn)), flip, out)
 
     def _widened(self, decoded: np.ndarray) -> np.ndarray:
         """A JPEG's 8-bit pixels as the op's images: as they are for ``image_dtype="uint8"``,

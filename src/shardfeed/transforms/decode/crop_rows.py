@@ -47,7 +47,7 @@ from shardfeed.transforms.decode.image import (
     sniff_format,
 )
 from shardfeed.transforms.decode.orientation import orientation_of, oriented_size
-from shardfeed.transforms.decode.region import REGION_MIN_PIXELS, backend
+from shardfeed.transforms.decode.region import REGION_MIN_PIXELS, backend, decode_regions
 
 
 class CropRowsOp(Protocol):
@@ -95,6 +95,12 @@ class CropRowsOp(Protocol):
     def _jpeg_crop(self, data: bytes | memoryview, box: Box, height: int, width: int,
                    where: Any, flip: bool, out: np.ndarray | None) -> np.ndarray: ...
 
+    def _region_box(self, data: bytes | memoryview, box: Box, height: int,
+                    width: int) -> tuple[Box, int] | None: ...
+
+    def _from_region(self, region: np.ndarray, turn: int, flip: bool,
+                     out: np.ndarray | None) -> np.ndarray: ...
+
 _frames = compiled_module("shardfeed.transforms.decode._jpeg_frames")
 """The compiled frame-size reader (``_jpeg_frames.c``); None where built without a C
 compiler."""
@@ -114,6 +120,8 @@ def crop_rows_into(
     values = columns[key]
     drawn = draw_rows(op, values, rngs, where)
     done = _whole_rows_into(op, values, drawn, image_out) if drawn is not None else 0
+    if drawn is not None:
+        done |= _region_rows_into(op, values, drawn, image_out, done)
     for row, data in enumerate(values):
         if done >> row & 1:
             continue
@@ -187,6 +195,43 @@ def _whole_rows_into(
             flip(target, 1, dst=target)
         done |= 1 << row
     return done
+
+
+def _region_rows_into(
+    op: CropRowsOp, values: list[bytes], drawn: list[tuple[int, ...] | None],
+    image_out: np.ndarray, done: int,
+) -> int:
+    """The rows (not in ``done``) whose crop :meth:`CropDecoderBase._jpeg_crop` decodes as a
+    region, decoded in one call of the region decoder (:func:`decode_regions`: one hand-over
+    and one release of the GIL for the slice's regions, the pixels of one at a time), then
+    turned, resized and flipped into their rows as one by one. Returns a bit mask of the
+    rows done; a row the call does not decode is left to the caller."""
+    if image_out.dtype != np.uint8:
+        return 0
+    rows, boxes, turns = [], [], []  # (region_pays asks for the backend only for large images)
+    for row, known in enumerate(drawn):
+        if known is None or done >> row & 1:
+            continue
+        height, width, y, x, h, w, _ = known
+        planned = op._region_box(values[row], Box(y, x, h, w), height, width)
+        if planned is not None:
+            rows.append(row)
+            boxes.append(planned[0])
+            turns.append(planned[1])
+    if len(rows) < 2:
+        return 0  # one region: the row's own path decodes it the same way
+    regions = decode_regions([values[r] for r in rows], boxes, fast_dct=op.fast_dct,
+                             fast_upsample=op.fast_upsample)
+    made = 0
+    for row, turn, region in zip(rows, turns, regions):
+        if region is None:
+            continue
+        target = image_out[row]
+        image = op._from_region(region, turn, drawn[row][6] != 0, target)  # type: ignore[index]
+        if image is not target:
+            target[...] = image
+        made |= 1 << row
+    return made
 
 
 def frame_sizes(values: list[bytes]) -> np.ndarray:

@@ -46,6 +46,7 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -254,6 +255,47 @@ def decode_region(data: bytes | memoryview, box: Box, *, fast_dct: bool,
     return pixels
 
 
+def decode_regions(datas: Sequence[bytes | memoryview], boxes: Sequence[Box], *,
+                   fast_dct: bool, fast_upsample: bool) -> list[np.ndarray | None]:
+    """:func:`decode_region` of each ``(data, box)``, the regions decoded in one call of the
+    decoder (one hand-over and one GIL release for them all; the pixels are those of one at
+    a time): a list with None for each that it does not decode (the caller decodes that one
+    as without), all None where the backend is absent or the call fails."""
+    out: list[np.ndarray | None] = [None] * len(datas)
+    module = backend()
+    if module is None:
+        return out
+    streams, rows = [], []
+    for row, (data, box) in enumerate(zip(datas, boxes)):
+        if bytes(data[-2:]) != b"\xff\xd9":
+            continue
+        try:
+            streams.append(module.CodeStream(bytes(data)).get_sub_code_stream(
+                region=module.Region(start=(box.y, box.x),
+                                     end=(box.y + box.h, box.x + box.w))))
+        except Exception:  # noqa: BLE001, S112 - that one is decoded the usual way
+            continue
+        rows.append(row)
+    if not streams:
+        return out
+    try:
+        images = _decoder(module, fast_dct, fast_upsample).decode(streams,
+                                                                 params=_params(module))
+    except Exception:  # noqa: BLE001 - every one decoded the usual way
+        return out
+    for row, image in zip(rows, images):
+        if image is None:
+            continue
+        box = boxes[row]
+        try:
+            pixels = np.asarray(image.cpu())
+        except Exception:  # noqa: BLE001, S112 - that one is decoded the usual way
+            continue
+        if pixels.shape == (box.h, box.w, 3) and pixels.dtype == np.uint8:
+            out[row] = pixels
+    return out
+
+
 def _params(module: Any) -> Any:
     """This thread's :func:`no_turn` parameters (made once a thread)."""
     params = getattr(_local, "params", None)
@@ -279,4 +321,5 @@ def _decoder(module: Any, fast_dct: bool, fast_upsample: bool) -> Any:
 
 
 __all__ = ["ENTROPY_SHARE", "NVJPEG_FOLDERS", "Libraries", "backend", "decode_region",
+           "decode_regions",
            "install_hint", "libraries", "no_turn", "nvjpeg_hint", "region_pays"]

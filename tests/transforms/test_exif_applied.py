@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 from exif_photos import assert_same, batches, encode, pack_csv, photo, png, with_orientation
 from PIL import Image, ImageOps
+from transforms_helpers import count_region_decodes
 
 from shardfeed.dataset import Dataset
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import presets
-from shardfeed.transforms.decode import crop, crop_rows, region
+from shardfeed.transforms.decode import crop, region
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.image import decode_image
 from shardfeed.transforms.decode.ops import DecodeImage
@@ -111,23 +112,7 @@ def test_a_tagged_photo_gives_the_turned_photos_batches(
 def test_the_region_decoder_takes_the_turned_images_boxes(
         packed: dict[str, Dataset], monkeypatch: pytest.MonkeyPatch) -> None:
     """The region path is taken for tagged photos too (not a silent whole decode)."""
-    used: list[bool] = []
-    real = crop.decode_region
-
-    def counted(*args: object, **kwargs: bool) -> np.ndarray | None:
-        result = real(*args, **kwargs)  # type: ignore[arg-type]
-        used.append(result is not None)
-        return result
-
-    real_batch = crop_rows.decode_regions
-
-    def counted_batch(*args: Any, **kwargs: Any) -> list[np.ndarray | None]:
-        results = real_batch(*args, **kwargs)
-        used.extend(r is not None for r in results)
-        return results
-
-    monkeypatch.setattr(crop, "decode_region", counted)  # a row at a time
-    monkeypatch.setattr(crop_rows, "decode_regions", counted_batch)  # a slice's rows at once
+    used = count_region_decodes(monkeypatch)
     _batches(packed["tagged"], presets.train(size=384, exif_orientation="apply"))
     assert sum(used) >= len(TURNS)
 

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import simplejpeg
+from transforms_helpers import count_region_decodes
 
 from shardfeed.dataset import Dataset
 from shardfeed.errors import DecodeError
@@ -19,7 +20,7 @@ from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import presets
 from shardfeed.transforms.boxes import Box
-from shardfeed.transforms.decode import crop, crop_rows, region
+from shardfeed.transforms.decode import region
 
 
 def test_the_region_decoder_is_installed_for_the_tests() -> None:
@@ -113,23 +114,7 @@ def _batches(ds: Dataset, **options: Any) -> list[np.ndarray]:
 def test_the_train_preset_gives_the_same_bytes_with_it_and_without(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = _shard(tmp_path / "d", 40)
-    used: list[bool] = []
-    real = crop.decode_region
-
-    def counted(*args: Any, **kwargs: Any) -> np.ndarray | None:
-        result = real(*args, **kwargs)
-        used.append(result is not None)
-        return result
-
-    real_batch = crop_rows.decode_regions
-
-    def counted_batch(*args: Any, **kwargs: Any) -> list[np.ndarray | None]:
-        results = real_batch(*args, **kwargs)
-        used.extend(r is not None for r in results)
-        return results
-
-    monkeypatch.setattr(crop, "decode_region", counted)  # a row at a time
-    monkeypatch.setattr(crop_rows, "decode_regions", counted_batch)  # a slice's rows at once
+    used = count_region_decodes(monkeypatch)
     runs = {t: _batches(ds, num_threads=t) for t in (1, 2, 4)}
     assert sum(used) > 40, "the region path was not taken"
     monkeypatch.setattr(region, "_loaded", [None])  # as without the extra

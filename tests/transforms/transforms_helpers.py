@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import simplejpeg
 
@@ -21,3 +23,26 @@ def smooth_image(height: int, width: int, seed: int = 0) -> np.ndarray:
 
 def jpeg_bytes(image: np.ndarray, quality: int = 92) -> bytes:
     return bytes(simplejpeg.encode_jpeg(np.ascontiguousarray(image), quality=quality))
+
+
+def count_region_decodes(monkeypatch: Any) -> list[bool]:
+    """A list that gets, for every region the crop ops ask the region decoder for (a row at
+    a time or a slice's rows at once), whether it was decoded."""
+    from shardfeed.transforms.decode import crop, crop_rows
+
+    used: list[bool] = []
+    one, many = crop.decode_region, crop_rows.decode_regions
+
+    def counted(*args: Any, **kwargs: Any) -> np.ndarray | None:
+        result = one(*args, **kwargs)
+        used.append(result is not None)
+        return result
+
+    def counted_many(*args: Any, **kwargs: Any) -> list[np.ndarray | None]:
+        results = many(*args, **kwargs)
+        used.extend(r is not None for r in results)
+        return results
+
+    monkeypatch.setattr(crop, "decode_region", counted)
+    monkeypatch.setattr(crop_rows, "decode_regions", counted_many)
+    return used

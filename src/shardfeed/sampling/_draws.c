@@ -179,6 +179,44 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t items, int writ
     return 0;
 }
 
+/* The views of a slice's arrays: positions (n 64-bit items, n from its length), heights and
+ * widths (n each, in [1, 2^31)), then ``outs`` writable arrays of widths[k] * n items each.
+ * Returns the views held (``*got``; all five held when it returns 1), 0 with an exception
+ * set; the caller releases the first ``*got`` views either way. */
+static int open_views(PyObject *pos_obj, PyObject *h_obj, PyObject *w_obj, PyObject **outs,
+                      const Py_ssize_t *out_widths, const char **out_names, int out_count,
+                      Py_buffer *v, int *got, Py_ssize_t *n)
+{
+    *got = 0;
+    if (PyObject_GetBuffer(pos_obj, &v[0], PyBUF_C_CONTIGUOUS) != 0)
+        return 0;
+    *got = 1;
+    *n = v[0].len / 8;
+    if (v[0].len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "positions must hold 64-bit items");
+        return 0;
+    }
+    if (get_buffer(h_obj, &v[1], *n, 0, "heights") != 0)
+        return 0;
+    *got = 2;
+    if (get_buffer(w_obj, &v[2], *n, 0, "widths") != 0)
+        return 0;
+    *got = 3;
+    for (int k = 0; k < out_count; k++) {
+        if (get_buffer(outs[k], &v[3 + k], out_widths[k] * *n, 1, out_names[k]) != 0)
+            return 0;
+        *got = 4 + k;
+    }
+    const int64_t *hv = v[1].buf, *wv = v[2].buf;
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        if (hv[i] < 1 || wv[i] < 1 || hv[i] >= ((int64_t)1 << 31) || wv[i] >= ((int64_t)1 << 31)) {
+            PyErr_SetString(PyExc_ValueError, "heights and widths must be in [1, 2**31)");
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* resized_crops(key0, key1, epoch, positions, heights, widths, params, boxes, states)
  *
  * positions, heights, widths: n int64 each (heights and widths >= 1, < 2^31);
@@ -199,30 +237,12 @@ static PyObject *resized_crops(PyObject *self, PyObject *args)
     Py_buffer v[5];
     int got = 0;
     Py_ssize_t n = 0;
-    int ok = PyObject_GetBuffer(pos_obj, &v[0], PyBUF_C_CONTIGUOUS) == 0;
+    PyObject *outs[2] = {box_obj, state_obj};
+    const Py_ssize_t widths[2] = {5, 11};
+    const char *names[2] = {"boxes", "states"};
+    int ok = open_views(pos_obj, h_obj, w_obj, outs, widths, names, 2, v, &got, &n);
     if (ok) {
-        got = 1;
-        n = v[0].len / 8;
-        if (v[0].len % 8 != 0) {
-            PyErr_SetString(PyExc_ValueError, "positions must hold 64-bit items");
-            ok = 0;
-        }
-    }
-    PyObject *objs[4] = {h_obj, w_obj, box_obj, state_obj};
-    const Py_ssize_t items[4] = {n, n, 5 * n, 11 * n};
-    const char *names[4] = {"heights", "widths", "boxes", "states"};
-    for (int k = 0; k < 4 && ok; k++) {
-        ok = get_buffer(objs[k], &v[k + 1], items[k], k >= 2, names[k]) == 0;
-        got += ok;
-    }
-    const int64_t *hv = v[1].buf, *wv = v[2].buf;
-    for (Py_ssize_t i = 0; ok && i < n; i++) {
-        if (hv[i] < 1 || wv[i] < 1 || hv[i] >= ((int64_t)1 << 31) || wv[i] >= ((int64_t)1 << 31)) {
-            PyErr_SetString(PyExc_ValueError, "heights and widths must be in [1, 2**31)");
-            ok = 0;
-        }
-    }
-    if (ok) {
+        const int64_t *hv = v[1].buf, *wv = v[2].buf;
         const uint64_t *pv = v[0].buf;
         int64_t *bv = v[3].buf;
         uint64_t *sv = v[4].buf;
@@ -270,30 +290,12 @@ static PyObject *patch_boxes(PyObject *self, PyObject *args)
     Py_buffer v[4];
     int got = 0;
     Py_ssize_t n = 0;
-    int ok = PyObject_GetBuffer(pos_obj, &v[0], PyBUF_C_CONTIGUOUS) == 0;
+    PyObject *outs[1] = {box_obj};
+    const Py_ssize_t widths[1] = {4};
+    const char *names[1] = {"boxes"};
+    int ok = open_views(pos_obj, h_obj, w_obj, outs, widths, names, 1, v, &got, &n);
     if (ok) {
-        got = 1;
-        n = v[0].len / 8;
-        if (v[0].len % 8 != 0) {
-            PyErr_SetString(PyExc_ValueError, "positions must hold 64-bit items");
-            ok = 0;
-        }
-    }
-    PyObject *objs[3] = {h_obj, w_obj, box_obj};
-    const Py_ssize_t items[3] = {n, n, 4 * n};
-    const char *names[3] = {"heights", "widths", "boxes"};
-    for (int k = 0; k < 3 && ok; k++) {
-        ok = get_buffer(objs[k], &v[k + 1], items[k], k == 2, names[k]) == 0;
-        got += ok;
-    }
-    const int64_t *hv = v[1].buf, *wv = v[2].buf;
-    for (Py_ssize_t i = 0; ok && i < n; i++) {
-        if (hv[i] < 1 || wv[i] < 1 || hv[i] >= ((int64_t)1 << 31) || wv[i] >= ((int64_t)1 << 31)) {
-            PyErr_SetString(PyExc_ValueError, "heights and widths must be in [1, 2**31)");
-            ok = 0;
-        }
-    }
-    if (ok) {
+        const int64_t *hv = v[1].buf, *wv = v[2].buf;
         const uint64_t *pv = v[0].buf;
         int64_t *bv = v[3].buf;
         Py_BEGIN_ALLOW_THREADS

@@ -217,6 +217,16 @@ static int open_views(PyObject *pos_obj, PyObject *h_obj, PyObject *w_obj, PyObj
     return 1;
 }
 
+/* Releases the first ``got`` views; None where ``ok``, else NULL (the exception stands). */
+static PyObject *close_views(Py_buffer *v, int got, int ok)
+{
+    for (int k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* resized_crops(key0, key1, epoch, positions, heights, widths, params, boxes, states)
  *
  * positions, heights, widths: n int64 each (heights and widths >= 1, < 2^31);
@@ -259,11 +269,7 @@ static PyObject *resized_crops(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
     }
-    for (int k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return close_views(v, got, ok);
 }
 
 /* patch_boxes(key0, key1, epoch, positions, heights, widths, params, boxes)
@@ -321,11 +327,7 @@ static PyObject *patch_boxes(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
     }
-    for (int k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return close_views(v, got, ok);
 }
 
 static PyMethodDef draws_methods[] = {

@@ -237,3 +237,24 @@ def test_a_package_built_without_a_c_compiler_gives_the_same_batches(
     monkeypatch.setattr(png_rows, "compiled", None)
     assert_same_batches(compiled, run())
     assert 9 not in record_ids(compiled)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_flip_after_the_decode_gives_the_sample_paths_batches(tmp_path: Path,
+                                                                threads: int) -> None:
+    """RandomHorizontalFlip has a batch form: a decode then a flip give the batches of the
+    same pipeline made sample by sample (the flip drawn from each row's generator)."""
+    from shardfeed.transforms import RandomHorizontalFlip
+
+    ds = _write(tmp_path / "d", "rgb-png")
+    pipeline = [DecodeImage(channels="rgb"), RandomHorizontalFlip(0.5)]
+    fast = collect(Loader(ds, transform=Compose(pipeline), batch_size=16, seed=3,
+                          shuffle=True, num_threads=threads))
+    slow = collect(Loader(ds, transform=Compose([*pipeline, lambda sample, rng: sample]),
+                          batch_size=16, seed=3, shuffle=True, num_threads=threads))
+    assert_same_batches(fast, slow)
+    plain = collect(Loader(ds, transform=DecodeImage(channels="rgb"), batch_size=16, seed=3,
+                           shuffle=True, num_threads=threads))
+    flipped = sum(not np.array_equal(a["image"][i], b["image"][i])
+                  for a, b in zip(fast, plain) for i in range(len(a["image"])))
+    assert 0 < flipped < sum(len(a["image"]) for a in fast)

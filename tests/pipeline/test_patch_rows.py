@@ -24,12 +24,13 @@ from shardfeed.pipeline.patch_crops import (
     patch_boxes,
 )
 from shardfeed.sampling.keys import PATCH_CROP, sample_rng
+from shardfeed.transforms import Compose, RandomHorizontalFlip
 
 
-def _pair(folder: Path, patches: dict[str, Any], **options: Any) -> tuple[
-        list[dict[str, Any]], list[dict[str, Any]], int]:
-    """Batches of the batch path, of the sample path (a plain function as transform), and
-    the patches the batch path's run cut one by one."""
+def _pair(folder: Path, patches: dict[str, Any], transform: Any = None, **options: Any
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Batches of the batch path, of the sample path (``transform`` behind a plain
+    function), and the patches the batch path's run cut one by one."""
     from shardfeed.pipeline.patches import Patches
 
     options = {"batch_size": 8, "shuffle": True, "seed": 5, **options}
@@ -45,11 +46,14 @@ def _pair(folder: Path, patches: dict[str, Any], **options: Any) -> tuple[
 
     module.cut_patch = counting  # type: ignore[assignment]
     try:
-        fast = collect(Loader(Patches(Dataset(str(folder)), **patches), **options))
+        fast = collect(Loader(Patches(Dataset(str(folder)), **patches), transform=transform,
+                              **options))
     finally:
         module.cut_patch = original  # type: ignore[assignment]
-    slow = collect(Loader(Patches(Dataset(str(folder)), **patches),
-                          transform=lambda sample: sample, **options))
+    plain: Any = (lambda sample: sample) if transform is None else Compose(
+        [transform, lambda sample, rng: sample])
+    slow = collect(Loader(Patches(Dataset(str(folder)), **patches), transform=plain,
+                          **options))
     return fast, slow, cut
 
 
@@ -80,6 +84,21 @@ def test_rows_are_the_sample_paths(jpegs: Path, patches: dict[str, Any], threads
         assert batch["patch/record"].tolist() == batch["index"].tolist()
         y, x, bh, bw = batch["patch/box"].T
         assert np.all((y >= 0) & (x >= 0) & (y + bh <= 70) & (x + bw <= 90))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("p", [0.5, 1.0])
+def test_a_flip_after_the_cut_is_the_sample_paths(jpegs: Path, p: float, threads: int) -> None:
+    """The docs' Patches recipe (a random flip as the transform) takes the rows path too."""
+    patches = {"size": 16, "cache_images": 3, "refresh_every": 5}
+    fast, slow, cut = _pair(jpegs, patches, RandomHorizontalFlip(p), num_threads=threads)
+    assert_same_batches(fast, slow)
+    assert cut <= 1
+    unflipped, _, _ = _pair(jpegs, patches, num_threads=threads)
+    changed = sum(not np.array_equal(a["image"][i], b["image"][i])
+                  for a, b in zip(fast, unflipped) for i in range(len(a["image"])))
+    total = sum(len(a["image"]) for a in fast)
+    assert (changed == total) if p == 1.0 else (0 < changed < total)
 
 
 def test_masks_and_lossless_images_are_the_sample_paths(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.dataset.data_source import DataSource
+from shardfeed.errors import SchemaError
 from shardfeed.format.schema import ImageInfo
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.concurrency import usable_cores
@@ -82,6 +83,7 @@ from shardfeed.pipeline.samplers import (
     Transform,
     bind_transform,
 )
+from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
 from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.storage.daemon_threads import DaemonThreads
@@ -262,15 +264,17 @@ class Patches(SamplerBase):
         return transform(sample, key.rng())
 
     def build_rows(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
-                   first_row: int) -> bool:
+                   first_row: int, transform: Transform | None = None) -> bool:
         """The outputs of ``positions`` written into rows ``first_row...`` of ``buffer`` a
-        slice at a time, for a loader without a transform: the images from the cache as
-        :meth:`make_sample` gets them, every crop drawn in one call
-        (:func:`~.patch_crops.patch_boxes`), the patches cut straight into the batch rows
-        and the other features stored a column at a time: the bytes of the sample path.
-        False (rows unspecified) where the slice is for that path: images with masks, a
-        patch or feature that does not fit the batch as it is. Data errors propagate (the
-        sample path then names or skips the record)."""
+        slice at a time: the images from the cache as :meth:`make_sample` gets them, every
+        crop drawn in one call (:func:`~.patch_crops.patch_boxes`), the patches cut straight
+        into the batch rows, the other features stored a column at a time, then
+        ``transform``'s batch form over the rows (each row's generator the one
+        :meth:`make_sample` hands it): the bytes of the sample path. False (rows
+        unspecified) where the slice is for that path: images with masks, a patch or feature
+        that does not fit the batch as it is. SchemaError where ``transform`` has no batch
+        form for these rows (the caller stops asking). Data errors propagate (the sample
+        path then names or skips the record)."""
         field = next((f for f in buffer.layout.fields if f.name == "image"), None)
         if field is None or not field.is_array or field.squeeze or not len(positions):
             return False
@@ -304,6 +308,12 @@ class Patches(SamplerBase):
             [fy, fx, np.minimum(boxes[:, 2] * d, full[:, 0] - fy),
              np.minimum(boxes[:, 3] * d, full[:, 1] - fx)], axis=1)
         columns["patch/record"] = np.array(records, dtype=np.int64)
+        if transform is not None:
+            rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None
+            done = transform.apply_batch(columns, rngs, {"image": out})
+            if done is None or done.get("image") is not out:
+                raise SchemaError(f"{transform!r} has no batch form for patches")
+            columns = done
         buffer.write_columns(first_row, columns, written={"image": out})
         return True
 

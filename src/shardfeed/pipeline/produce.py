@@ -101,9 +101,10 @@ class SliceBuilder:
         # a sampler whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
             sampler.single_records if isinstance(sampler, SingleRecordSampler) else None)
-        # a sampler that writes a slice's rows itself, where no transform follows (Patches)
-        self._build_rows: Callable[[EpochContext, np.ndarray, BatchBuffer, int], bool] | None = (
-            getattr(sampler, "build_rows", None) if transform is None else None)
+        # a sampler that writes a slice's rows itself (Patches), where no transform follows
+        # or the transform has a batch form
+        self._build_rows: Callable[..., bool] | None = (
+            getattr(sampler, "build_rows", None) if has_form else None)
         # light records: a whole slice in one compiled call without the GIL, where it applies
         self._native = NativeSlices.of(sampler, transform) if self._read_columns else None
 
@@ -265,7 +266,7 @@ class SliceBuilder:
         build_rows = self._build_rows
         if build_rows is not None:
             try:
-                if build_rows(ctx, positions, buffer, first_row):
+                if build_rows(ctx, positions, buffer, first_row, self.transform):
                     return 0
             except DATA_ERRORS:
                 pass  # the sample-by-sample path below meets it again and says where

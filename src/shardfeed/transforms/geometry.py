@@ -11,7 +11,8 @@ with the pixels: each op states its placement (:mod:`shardfeed.transforms.placem
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -318,6 +319,32 @@ class RandomHorizontalFlip(GeometricBase):
                 np.copyto(dst, arr, casting="unsafe")
                 return dst
         return self._apply(sample, op, out, moved)
+
+    def apply_batch(
+        self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
+        out: Mapping[str, np.ndarray],
+    ) -> dict[str, Any] | None:
+        """The batch form (see :meth:`TransformBase.apply_batch`) where the rows hold one
+        decoded image each under ``keys``' only key, as one array of the batch rows' shape,
+        and no mask or boxes: each row's draw from its generator, the row mirrored into
+        ``out["image"]`` (in place where it is already there) or copied as it is. None for
+        anything else (the rows then go one by one)."""
+        target = out.get("image")
+        image = columns.get(self.keys[0])
+        if (rngs is None or target is None or len(self.keys) != 1
+                or not isinstance(image, np.ndarray) or image.shape != target.shape
+                or image.dtype != target.dtype or image.ndim != 4
+                or any(k in columns for k in self.mask_keys)
+                or place.has_boxes(columns, self.boxes) or len(rngs) != len(image)):
+            return None
+        for row in range(len(image)):
+            if bool(rngs[row].random() < self.p):
+                arrays.hflip(image[row], is_mask=False, out=target[row])
+            elif image is not target:
+                target[row] = image[row]
+        result = dict(columns)
+        result[self.keys[0]] = target
+        return result
 
     def output_spec(self, specs: Specs) -> Specs:
         return dict(specs)

@@ -16,7 +16,10 @@ the node bench's cases this script measures, on one loader thread:
     d1   the full JPEG decode on one thread: ``k`` = 596 / d1 scales this machine's core to
          the node's
 
-and predicts ``min(16 · eff · r1 · k, u · k / g)``. ``u`` is the one fitted constant: the
+(the node bench's cases at ``Sizes.quick``'s batches: the train preset at 64 a batch, not
+the node's 256; 28² PNG at 256; Patches 32² of 200 images of 1566² at 256), and predicts
+``min(16 · eff · r1 · k, u · k / g)``. NumPy is counted as holding the GIL (it lets go only
+for large arrays: a patch's copy is small); perf's rate is taken as asked (``HZ``). ``u`` is the one fitted constant: the
 share of a core's time in which a process of 16 threads gets its serial part done, hand-
 overs and waits included. Fitted on the node table in README (train 4,633, 28² PNG 355,553,
 Patches 4,974 images/s at 16 threads), with this script run here on the code of that run
@@ -65,9 +68,10 @@ HZ = 1999  # perf's samples a second of a thread's CPU time
 BIG_IMAGES, CACHE_IMAGES, REFRESH = 200, 64, 100  # the node bench's Patches set
 
 RELEASES = ("libjpeg_turbo", "_jpeg.cpython", "cv2.abi3", "libnvimgcodec", "nvimgcodec_impl",
-            "_png.cpython", "_slice.cpython", "_jpeg_frames", "libz.so", "libdeflate")
+            "_png.cpython", "_slice.cpython", "_jpeg_frames", "libz.so", "libdeflate",
+            "_draws.cpython")
 """Libraries whose work runs with the GIL released (their calls let it go)."""
-HOLDS = ("libpython", "_multiarray", "_umath", "_wire.cpython", "_draws", "_generator",
+HOLDS = ("libpython", "_multiarray", "_umath", "_wire.cpython", "_generator",
          "_philox", "bit_generator", "_bounded", "math.cpython", "_struct", "crc32c",
          "_queue", "_bisect")
 """Libraries whose work runs holding the GIL."""

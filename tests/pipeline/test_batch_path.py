@@ -240,20 +240,31 @@ def test_a_package_built_without_a_c_compiler_gives_the_same_batches(
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_flip_after_the_decode_gives_the_sample_paths_batches(tmp_path: Path,
-                                                                threads: int) -> None:
-    """RandomHorizontalFlip has a batch form: a decode then a flip give the batches of the
-    same pipeline made sample by sample (the flip drawn from each row's generator)."""
-    from shardfeed.transforms import RandomHorizontalFlip
+def test_a_flip_after_a_fixed_size_decode_gives_the_sample_paths_batches(
+        tmp_path: Path, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RandomHorizontalFlip has a batch form: after an op of fixed-size output (a centre
+    crop) the rows are flipped a slice at a time, each row's flip drawn from its generator,
+    and the batches are those of the same pipeline made sample by sample."""
+    from shardfeed.transforms import RandomHorizontalFlip, presets
 
-    ds = _write(tmp_path / "d", "rgb-png")
-    pipeline = [DecodeImage(channels="rgb"), RandomHorizontalFlip(0.5)]
+    batched: list[bool] = []
+    form = RandomHorizontalFlip.apply_batch
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = form(self, *args, **kwargs)
+        batched.append(result is not None)
+        return result
+
+    monkeypatch.setattr(RandomHorizontalFlip, "apply_batch", counted)
+    ds = _write(tmp_path / "d", "jpeg")
+    pipeline = [presets.eval(size=24), RandomHorizontalFlip(0.5)]
     fast = collect(Loader(ds, transform=Compose(pipeline), batch_size=16, seed=3,
                           shuffle=True, num_threads=threads))
+    assert batched and all(batched)  # every slice flipped by the batch form
     slow = collect(Loader(ds, transform=Compose([*pipeline, lambda sample, rng: sample]),
                           batch_size=16, seed=3, shuffle=True, num_threads=threads))
     assert_same_batches(fast, slow)
-    plain = collect(Loader(ds, transform=DecodeImage(channels="rgb"), batch_size=16, seed=3,
+    plain = collect(Loader(ds, transform=presets.eval(size=24), batch_size=16, seed=3,
                            shuffle=True, num_threads=threads))
     flipped = sum(not np.array_equal(a["image"][i], b["image"][i])
                   for a, b in zip(fast, plain) for i in range(len(a["image"])))

@@ -136,3 +136,52 @@ def test_batch_draws_are_numpys(options: PatchOptions) -> None:
         expected = draw_patch_box(sample_rng(17, 2, int(positions[row]), PATCH_CROP),
                                   int(heights[row]), int(widths[row]), options)
         assert tuple(boxes[row].tolist()) == expected
+
+
+def test_one_image_is_held_at_a_time_without_a_cache(jpegs: Path) -> None:
+    """Without a cache every output decodes an image of its own: the rows path holds one of
+    them at a time, as the sample path does (not a slice's worth)."""
+    import weakref
+
+    from shardfeed.pipeline.patches import Patches
+
+    source = Patches(Dataset(str(jpegs)), size=16, cache_images=3, refresh_every=5,
+                     cache=False)
+    alive: list[weakref.ref[Any]] = []
+    most = 0
+    load = source._load
+
+    def watched(rid: int, record: Any) -> Any:
+        nonlocal most
+        held = sum(ref() is not None for ref in alive)
+        most = max(most, held)
+        made = load(rid, record)
+        alive.append(weakref.ref(made[0].image))  # the decoded pixels
+        return made
+
+    source._load = watched  # type: ignore[method-assign]
+    collect(Loader(source, batch_size=16, seed=1, num_threads=1))
+    assert most <= 1
+
+
+def test_a_failing_batch_form_falls_back_to_the_sample_path(jpegs: Path) -> None:
+    """A bug in a transform's batch form does not stop the loader: the slice is made
+    sample by sample, which gives the transform's own outputs."""
+
+    class Flaky(RandomHorizontalFlip):
+        def apply_batch(self, *args: Any, **kwargs: Any) -> Any:
+            raise KeyError("a bug in the batch form")
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__(*args, **kwargs)
+
+    from shardfeed.pipeline.patches import Patches
+
+    patches = {"size": 16, "cache_images": 3, "refresh_every": 5}
+    got = collect(Loader(Patches(Dataset(str(jpegs)), **patches), transform=Flaky(),
+                         batch_size=8, seed=5, shuffle=True))
+    want = collect(Loader(Patches(Dataset(str(jpegs)), **patches),
+                          transform=Compose([RandomHorizontalFlip(),
+                                             lambda sample, rng: sample]),
+                          batch_size=8, seed=5, shuffle=True))
+    assert_same_batches(got, want)

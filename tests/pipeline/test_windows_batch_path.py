@@ -124,3 +124,13 @@ def test_a_damaged_frame_is_named_or_skipped_as_before(tmp_path: Path) -> None:
     assert "frames-00.tfrecord" in str(raised.value)
     fast, slow, _ = _pair(folder, presets.train(32), on_error="skip", max_skipped=8)
     assert_same_batches(fast, slow)
+
+
+@pytest.mark.parametrize("transform", [None, presets.train(32)], ids=["none", "train"])
+def test_windows_of_one_frame_are_the_sample_paths(tmp_path: Path, transform: Any) -> None:
+    """A window of one frame is still a window: its bytes features a list of one value."""
+    folder = write_frames(tmp_path / "frames")
+    fast, slow, made = _pair(folder, transform, windows={"length": 1})
+    assert_same_batches(fast, slow)
+    assert made <= 1
+    assert all(len(names) == 1 for names in fast[0]["image/filename"])

@@ -56,12 +56,12 @@ from shardfeed.pipeline.options import (
     empty_share_message,
 )
 from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
-from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder
+from shardfeed.pipeline.produce import SliceBuilder
 from shardfeed.pipeline.progress import Progress
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.read_ahead import Carry, read_ahead_for, staging_bytes
 from shardfeed.pipeline.run_ahead import RunAhead, ahead_depth
-from shardfeed.pipeline.samplers import EpochContext, Sample, Sampler, as_sampler
+from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext, Sample, Sampler, as_sampler
 from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.permutation import EpochOrder

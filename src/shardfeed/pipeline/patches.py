@@ -76,6 +76,8 @@ from shardfeed.pipeline.patch_crops import (
 )
 from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.pipeline.samplers import (
+    DATA_ERRORS,
+    BatchFormFailed,
     EpochContext,
     Sample,
     SampleKey,
@@ -271,10 +273,12 @@ class Patches(SamplerBase):
         into the batch rows, the other features stored a column at a time, then
         ``transform``'s batch form over the rows (each row's generator the one
         :meth:`make_sample` hands it): the bytes of the sample path. False (rows
-        unspecified) where the slice is for that path: images with masks, a patch or feature
-        that does not fit the batch as it is. SchemaError where ``transform`` has no batch
-        form for these rows (the caller stops asking). Data errors propagate (the sample
-        path then names or skips the record)."""
+        unspecified) where the slice is for that path: a patch or feature that does not fit
+        the batch as it is. SchemaError where these rows are never for it (images with
+        masks, ``transform`` without a batch form for them: the caller stops asking);
+        :class:`BatchFormFailed` where the transform's batch form raised (a bug in it). Data
+        errors propagate (the sample path then names or skips the record). One image is
+        held at a time, as on the sample path."""
         field = next((f for f in buffer.layout.fields if f.name == "image"), None)
         if field is None or not field.is_array or field.squeeze or not len(positions):
             return False
@@ -282,25 +286,33 @@ class Patches(SamplerBase):
         records = [int(ids[0]) for ids in self.plan(ctx, positions)]  # decodes start ahead
         q = self.order_positions(ctx.seed, ctx.epoch, positions)
         read = dict(zip(*self._unique(records)))
-        decoded = []
-        for position, rid, order_position in zip(positions.tolist(), records, q.tolist()):
-            key = SampleKey(ctx.seed, ctx.epoch, position)
-            image = self._decoded(key, rid, read[rid], order_position)
-            if image.mask is not None:
+        n = len(positions)
+        out = buffer.arrays["image"][first_row : first_row + n]
+        boxes = np.empty((n, 4), dtype=np.int64)
+        full = np.empty((n, 2), dtype=np.int64)
+        metas = []
+        # one image held at a time, as on the sample path (without a cache, or with one
+        # too small to keep them, every output decodes an image of its own)
+        for row, (position, rid, order_position) in enumerate(
+                zip(positions.tolist(), records, q.tolist())):
+            decoded = self._decoded(SampleKey(ctx.seed, ctx.epoch, position), rid, read[rid],
+                                    order_position)
+            if decoded.mask is not None:
+                raise SchemaError("patches with masks are cut one by one")
+            image = decoded.image
+            box = patch_boxes(ctx.seed, ctx.epoch, positions[row : row + 1],
+                              np.array(image.shape[:1], dtype=np.int64),
+                              np.array(image.shape[1:2], dtype=np.int64), self.options)
+            if not cut_rows([image], box, out[row : row + 1], self.options):
                 return False
-            decoded.append(image)
-        images = [d.image for d in decoded]
-        heights = np.array([i.shape[0] for i in images], dtype=np.int64)
-        widths = np.array([i.shape[1] for i in images], dtype=np.int64)
-        boxes = patch_boxes(ctx.seed, ctx.epoch, positions, heights, widths, self.options)
-        out = buffer.arrays["image"][first_row : first_row + len(positions)]
-        if not cut_rows(images, boxes, out, self.options):
-            return False
-        columns = stacked_features([d.meta for d in decoded])
+            boxes[row] = box[0]
+            full[row] = decoded.full_hw
+            metas.append(decoded.meta)
+            del decoded, image
+        columns = stacked_features(metas)
         if columns is None:
             return False
         d = self.options.denominator
-        full = np.array([dec.full_hw for dec in decoded], dtype=np.int64)
         fy = np.minimum(boxes[:, 0] * d, full[:, 0] - 1)
         fx = np.minimum(boxes[:, 1] * d, full[:, 1] - 1)
         columns["image"] = out
@@ -310,7 +322,12 @@ class Patches(SamplerBase):
         columns["patch/record"] = np.array(records, dtype=np.int64)
         if transform is not None:
             rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None
-            done = transform.apply_batch(columns, rngs, {"image": out})
+            try:
+                done = transform.apply_batch(columns, rngs, {"image": out})
+            except DATA_ERRORS:
+                raise
+            except Exception as exc:  # a bug in it: the sample path names the record
+                raise BatchFormFailed from exc
             if done is None or done.get("image") is not out:
                 raise SchemaError(f"{transform!r} has no batch form for patches")
             columns = done

@@ -43,6 +43,8 @@ from shardfeed.errors import (
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.native_slices import NativeSlices
 from shardfeed.pipeline.samplers import (
+    DATA_ERRORS,
+    BatchFormFailed,
     EpochContext,
     ReadsColumnsSampler,
     Sample,
@@ -55,18 +57,15 @@ from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
 from shardfeed.transforms.base import bytes_into_of, has_batch_form
 
-DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
 BATCH_PATH_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, SchemaError)
 """What makes the batch path hand its rows to the sample-by-sample path (see build_slice)."""
 PURPOSE_REPLACE = int(SKIP_REPLACEMENT)
 MAX_REPLACEMENT_TRIES = 16
 
 
-class _TransformFailed(Exception):
-    """A transform's batch form raised something other than a data error (chained)."""
-
-
-_RETRY_SAMPLE_BY_SAMPLE: tuple[type[Exception], ...] = (*BATCH_PATH_RETRIED, _TransformFailed)
+_RETRY_SAMPLE_BY_SAMPLE: tuple[type[Exception], ...] = (*BATCH_PATH_RETRIED, BatchFormFailed)
+_ROWS_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, BatchFormFailed)
+"""What makes a sampler's own rows (``build_rows``) hand the slice to the sample path."""
 
 
 class TooManyBadSamples(ShardfeedError):
@@ -96,8 +95,7 @@ class SliceBuilder:
         # a sampler whose samples are a fixed number of frames stacks their columns
         stack = getattr(sampler, "stack_columns", None)
         self._frames: int = int(getattr(sampler, "frames_per_sample", 1)) if stack else 1
-        self._stack_columns: Callable[[dict[str, Any], int], dict[str, Any]] = (
-            stack if stack is not None else _unstacked)
+        self._stack_columns: Callable[[dict[str, Any], int], dict[str, Any]] | None = stack
         # a sampler whose samples are one record each gives them as one array
         self._single_records: Callable[[EpochContext, np.ndarray], np.ndarray] | None = (
             sampler.single_records if isinstance(sampler, SingleRecordSampler) else None)
@@ -268,7 +266,7 @@ class SliceBuilder:
             try:
                 if build_rows(ctx, positions, buffer, first_row, self.transform):
                     return 0
-            except DATA_ERRORS:
+            except _ROWS_RETRIED:
                 pass  # the sample-by-sample path below meets it again and says where
             except SchemaError:
                 self._build_rows = None  # rows this sampler cannot write: stop trying
@@ -301,7 +299,8 @@ class SliceBuilder:
                    for f in buffer.layout.fields
                    if f.name == "image" and f.is_array and not f.squeeze}
         # each frame a row of its own: the transform's batch form sees rows of one record
-        out = windows if frames == 1 else {
+        stack = self._stack_columns
+        out = windows if stack is None else {
             name: rows.reshape(samples * frames, *rows.shape[2:])
             for name, rows in windows.items() if rows.shape[1:2] == (frames,)}
         bytes_into = self._bytes_into
@@ -314,20 +313,20 @@ class SliceBuilder:
         transform = self.transform
         if transform is not None:
             # a window's frames share its key: each frame draws what the sample path draws
-            keyed = positions if frames == 1 else np.repeat(positions, frames)
+            keyed = positions if stack is None else np.repeat(positions, frames)
             rngs = RowKeys(ctx.seed, ctx.epoch, keyed) if transform.draws_random else None
             try:
                 columns = transform.apply_batch(columns, rngs, out)
             except BATCH_PATH_RETRIED:
                 raise
             except Exception as exc:  # a bug in a transform: the sample path names the record
-                raise _TransformFailed from exc
+                raise BatchFormFailed from exc
             if columns is None:
                 self._read_columns = None  # no batch form for this data: stop trying
                 return False
-        if frames != 1:
+        if stack is not None:
             in_place = [name for name, rows in out.items() if columns.get(name) is rows]
-            columns = self._stack_columns(columns, samples)
+            columns = stack(columns, samples)
             out = {name: windows[name] for name in in_place
                    if np.shape(columns[name]) == windows[name].shape}
             columns.update(out)  # frames written in place: their windows' rows
@@ -361,10 +360,6 @@ class SliceBuilder:
             write(row, sample, written=slots, where=_Where(self, position, ids))
             row += 1
         return skipped
-
-
-def _unstacked(columns: dict[str, Any], samples: int) -> dict[str, Any]:
-    return columns
 
 
 class _Where:

@@ -70,6 +70,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from shardfeed.dataset.data_source import DataSource, Into, ReadsColumns, check_data_source
+from shardfeed.errors import CorruptRecordError, DecodeError
 from shardfeed.format.schema import Schema
 from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.sampling.keys import sample_rng
@@ -171,6 +172,16 @@ class Sampler(Protocol):
     def restore(self, state: Mapping[str, Any]) -> None:
         """Check a state from :meth:`state`; raise StateError if it is not this sampler's."""
         ...
+
+
+DATA_ERRORS: tuple[type[Exception], ...] = (CorruptRecordError, DecodeError)
+"""Every failure what one record holds can cause in the read and decode path (see
+:mod:`~shardfeed.pipeline.produce`)."""
+
+
+class BatchFormFailed(Exception):
+    """A transform's batch form raised something other than a data error (chained): a bug
+    in it, which the sample-by-sample path then meets again and names with the record."""
 
 
 @runtime_checkable

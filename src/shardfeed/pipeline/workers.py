@@ -38,8 +38,8 @@ import numpy as np
 
 from shardfeed.errors import ShardfeedError
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
-from shardfeed.pipeline.produce import DATA_ERRORS, SliceBuilder, in_place_keys
-from shardfeed.pipeline.samplers import EpochContext, Sample, SampleKey
+from shardfeed.pipeline.produce import SliceBuilder, in_place_keys
+from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext, Sample, SampleKey
 from shardfeed.transforms.wrap import DeclaredTransform, FunctionTransform
 
 __all__ = ["ProcessWorkers", "WorkerStartError", "check_payload"]

@@ -74,10 +74,16 @@ class PollServer:
         self.port = int(self._listener.getsockname()[1])
         self.endpoint_url = f"http://{host}:{self.port}"
         self._clients: list[Connection] = []
+        self.connections = 0  # accepted so far
         self._lifetime_seconds = lifetime_seconds
         self._stop = threading.Event()
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections accepted and not yet closed (by either end)."""
+        return len(self._clients)
 
     def start(self) -> None:
         """Start serving (a subclass calls it once its own attributes are set)."""
@@ -136,6 +142,7 @@ class PollServer:
                     accepted.setblocking(False)
                     accepted.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms
                     clients.append(Connection(accepted))
+                    self.connections += 1
                 continue
             reader = next((c for c in clients if c.sock is sock), None)
             if reader is not None:

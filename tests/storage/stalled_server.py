@@ -8,68 +8,30 @@ one thread is bounded in time: it stops by itself after ``lifetime_seconds``, or
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from poll_sockets import ready
+from poll_sockets import Connection, PollServer
 
 KEY = "stalled-key"
 SECRET = "stalled-secret"
 
 
-class StalledServer:
-    """Listens on ``127.0.0.1:port``; ``connections`` counts the connections accepted."""
+class StalledServer(PollServer):
+    """Listens on ``127.0.0.1:port``; ``connections`` counts the connections accepted,
+    ``open_connections`` those not yet closed by their client. Reads what clients send and
+    never answers."""
 
     def __init__(self, *, lifetime_seconds: float = 120.0) -> None:
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self._listener.setblocking(False)
-        self.port = int(self._listener.getsockname()[1])
-        self.endpoint_url = f"http://127.0.0.1:{self.port}"
-        self.connections = 0
-        self.open_connections = 0  # accepted and not yet closed by their client
-        self._lifetime_seconds = lifetime_seconds
-        self._stop = threading.Event()
-        self.failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name="stalled-server", daemon=True)
-        self._thread.start()
+        super().__init__(lifetime_seconds=lifetime_seconds, thread_name="stalled-server")
+        self.start()
 
-    def _serve(self) -> None:
-        ends = time.monotonic() + self._lifetime_seconds
-        clients: list[socket.socket] = []
-        try:
-            while not self._stop.is_set() and time.monotonic() < ends:
-                readable, _ = ready([self._listener, *clients], [], 0.05)
-                for sock in readable:
-                    if sock is self._listener:
-                        with contextlib.suppress(BlockingIOError):
-                            conn, _ = self._listener.accept()
-                            clients.append(conn)
-                            self.connections += 1
-                            self.open_connections = len(clients)
-                        continue
-                    try:
-                        data = sock.recv(65536)  # read the request, never answer it
-                    except OSError:
-                        data = b""
-                    if not data:  # the client gave up
-                        clients.remove(sock)
-                        sock.close()
-                        self.open_connections = len(clients)
-        except BaseException as exc:  # noqa: BLE001 - raised again by stop()
-            self.failure = exc
-        finally:
-            for sock in clients:
-                sock.close()
-            self._listener.close()
+    def received(self, conn: Connection) -> None:
+        conn.request.clear()  # read the request, never answer it
 
     def wait_for_connection(self, timeout_seconds: float = 30.0) -> None:
         """Return once a client has connected (the read under test is waiting)."""
@@ -98,14 +60,6 @@ class StalledServer:
             "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
             "config_kwargs": {},
         }
-
-    def stop(self) -> None:
-        """Stop serving; raise what ended the serving thread early, if anything did (a
-        test that saw no answer must not pass or fail for the server's own fault)."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        if self.failure is not None:
-            raise AssertionError(f"the test server failed: {self.failure!r}") from self.failure
 
 
 

@@ -233,10 +233,7 @@ class CropDecoderBase(DecoderBase):
         """The output of JPEG ``data`` for ``box`` (of the ``height``×``width`` image as the
         op sees it: turned where ``exif_orientation="apply"`` and the JPEG is tagged)."""
         out_h, out_w = self.size
-        d = scale_denominator(box.h, box.w, out_h, out_w, max_denominator=self.max_denominator)
-        turn = orientation_of(data, self.image_field.exif_orientation)
-        stored_h, stored_w = oriented_size(height, width, turn)
-        stored = stored_box(box, height, width, turn)
+        d, turn, stored_h, stored_w, stored = self._stored(data, box, height, width)
         if self._region_pays(d, stored_h, stored_w, stored):
             region = decode_region(data, stored, fast_dct=self.fast_dct,
                                    fast_upsample=self.fast_upsample)
@@ -267,6 +264,17 @@ class CropDecoderBase(DecoderBase):
         # other decode on this thread can overwrite it.
         return self._resize_flip(region, flip, out, force_copy=True)
 
+    def _stored(self, data: bytes | memoryview, box: Box, height: int,
+                width: int) -> tuple[int, int, int, int, Box]:
+        """For crop ``box`` of the ``height``×``width`` image as the op sees it: the DCT
+        scale ``d`` it decodes at, the image's turn, the stored image's height and width,
+        and the box in the stored image."""
+        out_h, out_w = self.size
+        d = scale_denominator(box.h, box.w, out_h, out_w, max_denominator=self.max_denominator)
+        turn = orientation_of(data, self.image_field.exif_orientation)
+        stored_h, stored_w = oriented_size(height, width, turn)
+        return d, turn, stored_h, stored_w, stored_box(box, height, width, turn)
+
     def _region_pays(self, d: int, stored_h: int, stored_w: int, stored: Box) -> bool:
         """Whether the crop ``stored`` (of the stored image, at DCT scale ``1/d``) is decoded
         as a region (see :func:`~shardfeed.transforms.decode.region.region_pays`)."""
@@ -277,11 +285,7 @@ class CropDecoderBase(DecoderBase):
         """The box of the stored image to decode as a region for crop ``box`` (of the
         ``height``×``width`` image as the op sees it) and the image's turn, or None where
         :meth:`_jpeg_crop` decodes it otherwise: its rule, for a batch of rows."""
-        out_h, out_w = self.size
-        d = scale_denominator(box.h, box.w, out_h, out_w, max_denominator=self.max_denominator)
-        turn = orientation_of(data, self.image_field.exif_orientation)
-        stored_h, stored_w = oriented_size(height, width, turn)
-        stored = stored_box(box, height, width, turn)
+        d, turn, stored_h, stored_w, stored = self._stored(data, box, height, width)
         return (stored, turn) if self._region_pays(d, stored_h, stored_w, stored) else None
 
     def _from_region(self, region: np.ndarray, turn: int, flip: bool,

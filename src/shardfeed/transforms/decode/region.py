@@ -238,29 +238,16 @@ def decode_region(data: bytes | memoryview, box: Box, *, fast_dct: bool,
     """The RGB pixels of ``box`` (box.h×box.w×3 uint8, in the stored image's pixels: the
     EXIF tag is not applied) of JPEG ``data``, decoded alone; None where the backend is
     absent or does not decode it (the caller then decodes as without)."""
-    module = backend()
-    if module is None or bytes(data[-2:]) != b"\xff\xd9":
-        return None
-    try:
-        stream = module.CodeStream(bytes(data)).get_sub_code_stream(
-            region=module.Region(start=(box.y, box.x), end=(box.y + box.h, box.x + box.w)))
-        image = _decoder(module, fast_dct, fast_upsample).decode(stream, params=_params(module))
-        if image is None:
-            return None
-        pixels = np.asarray(image.cpu())
-    except Exception:  # noqa: BLE001 - anything it refuses is decoded the usual way
-        return None
-    if pixels.shape != (box.h, box.w, 3) or pixels.dtype != np.uint8:
-        return None
-    return pixels
+    return decode_regions([data], [box], fast_dct=fast_dct, fast_upsample=fast_upsample)[0]
 
 
 def decode_regions(datas: Sequence[bytes | memoryview], boxes: Sequence[Box], *,
                    fast_dct: bool, fast_upsample: bool) -> list[np.ndarray | None]:
-    """:func:`decode_region` of each ``(data, box)``, the regions decoded in one call of the
-    decoder (one hand-over and one GIL release for them all; the pixels are those of one at
-    a time): a list with None for each that it does not decode (the caller decodes that one
-    as without), all None where the backend is absent or the call fails."""
+    """The RGB pixels of each ``box`` of JPEG ``data`` (as :func:`decode_region`), the
+    regions decoded in one call of the decoder (one hand-over and one GIL release for them
+    all; the pixels are those of one at a time): a list with None for each that it does not
+    decode (a JPEG without its end-of-image marker, one it refuses: the caller decodes that
+    one as without), all None where the backend is absent or the call fails."""
     out: list[np.ndarray | None] = [None] * len(datas)
     module = backend()
     if module is None:

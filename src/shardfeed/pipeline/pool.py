@@ -19,6 +19,7 @@ from typing import Any
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
 from shardfeed.pipeline.options import LoaderOptions
 from shardfeed.pipeline.produce import SliceBuilder
+from shardfeed.transforms.arrays import opencv_on_callers
 
 
 class LoaderPool(ThreadPoolExecutor):
@@ -54,7 +55,9 @@ class LoaderPool(ThreadPoolExecutor):
 
 def thread_pool(options: LoaderOptions) -> LoaderPool:
     """The loader's thread pool: ``num_threads`` threads named ``shardfeed-loader`` (and the
-    lane, see :class:`LoaderPool`)."""
+    lane, see :class:`LoaderPool`); OpenCV's own pool is turned off for the process
+    (:func:`~shardfeed.transforms.arrays.opencv_on_callers`)."""
+    opencv_on_callers()
     return LoaderPool(options.num_threads)
 
 

@@ -40,6 +40,7 @@ from shardfeed.errors import ShardfeedError
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout
 from shardfeed.pipeline.produce import SliceBuilder, in_place_keys
 from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext, Sample, SampleKey
+from shardfeed.transforms.arrays import opencv_on_callers
 from shardfeed.transforms.wrap import DeclaredTransform, FunctionTransform
 
 __all__ = ["ProcessWorkers", "WorkerStartError", "check_payload"]
@@ -140,6 +141,7 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 
 
 def _init_worker(payload: bytes, layout: BatchLayout, names: list[str]) -> None:
+    opencv_on_callers()  # a spawned worker starts with OpenCV's pool on
     try:
         source, transform = pickle.loads(payload)
     except Exception as exc:  # noqa: BLE001 - e.g. a class defined under a __main__ guard

@@ -16,6 +16,17 @@ from shardfeed.transforms.boxes import Box
 AREA_SHRINK = 2.0
 
 
+def opencv_on_callers() -> None:
+    """Run OpenCV's operations on the thread that calls them (``cv2.setNumThreads(0)``, for
+    the process): the loader's threads are the parallelism. OpenCV's own pool splits each
+    resize over a worker a core, and its workers wait for the next one by spinning
+    (``sched_yield``): beside one loader thread building ``presets.train(64)`` batches of
+    160-427 px JPEGs on 2 cores they burnt 717 CPU µs an image against 444 with the pool
+    off, for no more images (``bench/bench_opencv_pool.py``); on a node they would spin a
+    worker a core beside the loader's threads. The pixels are the same either way."""
+    cv2.setNumThreads(0)
+
+
 def spatial_shape(arr: np.ndarray, *, is_mask: bool) -> tuple[int, int]:
     """``(height, width)`` of an image or mask array (frames leading, channels trailing)."""
     if is_mask:

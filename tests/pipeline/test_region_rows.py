@@ -17,6 +17,7 @@ from shardfeed.errors import DecodeError
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import Compose, presets
+from shardfeed.transforms.boxes import Box
 from shardfeed.transforms.decode import crop_rows, region
 
 pytestmark = pytest.mark.skipif(region.backend() is None,
@@ -77,3 +78,36 @@ def test_a_damaged_image_among_regions_is_named(tmp_path: Path) -> None:
     with pytest.raises(DecodeError, match=r"big\.tfrecord', record 7"):
         collect(Loader(Dataset(str(folder)), transform=presets.train(size=160), batch_size=8,
                        shuffle=False, num_threads=2))
+
+
+@pytest.mark.parametrize("reduced", [True, False])
+def test_the_slices_choice_of_regions_is_the_one_row_rule(reduced: bool) -> None:
+    """plain_region_rows picks, for a slice at once, exactly the rows (and boxes) the op's
+    one-row rule (_region_box) decodes as regions: random images of sizes around the
+    smallest region size and random boxes, including ones a DCT scale takes."""
+    op = presets.train(size=112, reduced_decode=reduced)
+    crop = next(part for part in op.transforms if hasattr(part, "_region_box"))
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        rows = int(rng.integers(2, 12))
+        drawn: list[tuple[int, ...] | None] = []
+        for _ in range(rows):
+            if rng.random() < 0.1:
+                drawn.append(None)
+                continue
+            if rng.random() < 0.3:  # at the smallest region size: 256 x 256 = 2**16
+                height, width = 256, 256 + int(rng.integers(-1, 2))
+            else:
+                height, width = (int(v) for v in rng.integers(150, 700, size=2))
+            h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+            if rng.random() < 0.3:  # at a DCT scale's edge: 2 x 112
+                h = min(height, 224 + int(rng.integers(-1, 2)))
+                w = min(width, 224 + int(rng.integers(-1, 2)))
+            y, x = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+            drawn.append((height, width, y, x, h, w, int(rng.integers(0, 2))))
+        one_by_one = [(row, Box(*known[2:6])) for row, known in enumerate(drawn)
+                      if known is not None
+                      and crop._region_box(b"\xff\xd8\xff\xd9", Box(*known[2:6]), known[0],
+                                           known[1]) is not None]
+        picked, boxes = crop_rows.plain_region_rows(crop, drawn)
+        assert list(zip(picked, boxes)) == one_by_one

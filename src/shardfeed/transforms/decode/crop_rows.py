@@ -9,9 +9,12 @@ Where the op has a batch form of its draws (the random-resized crop's, see
 :class:`~shardfeed.sampling.crop_draws.RowKeys`, every JPEG row's header is read first and
 the boxes and flips of all of them are drawn in one call; the rows' generators then go on
 from after those draws for the ops that follow. The headers are read by one compiled call
-for the slice (:func:`frame_sizes`); the rows of the common case (an RGB JPEG decoded whole
-at full scale) are then decoded, cut, resized and flipped in one tight loop, the other rows
-one by one through the op's own methods.
+for the slice (:func:`frame_sizes`); the rows whose crop is decoded as a region are then
+decoded in one call (:func:`decode_regions`), those of the common case (an RGB JPEG decoded
+whole at full scale) decoded, cut, resized and flipped in one tight loop, the other rows one
+by one through the op's own methods. With ``exif_orientation="ignore"`` (the default) the
+slice's choice of region rows is made at once (:func:`plain_region_rows`), so that the tight
+loop also takes the large images whose crop is not a region.
 
 Only for one embedded image a row (``encoding="auto"``), no mask, and batch rows of the
 output's shape and dtype (the op's ``image_dtype``); else None (the loader goes sample by
@@ -35,6 +38,7 @@ import simplejpeg
 from shardfeed.errors import SchemaError
 from shardfeed.format.native import compiled_module
 from shardfeed.sampling.crop_draws import RowKeys
+from shardfeed.transforms.arrays import AREA_SHRINK
 from shardfeed.transforms.base import NO_RANDOMNESS
 from shardfeed.transforms.boxes import Box
 from shardfeed.transforms.decode.fields import ImageField
@@ -47,7 +51,12 @@ from shardfeed.transforms.decode.image import (
     sniff_format,
 )
 from shardfeed.transforms.decode.orientation import orientation_of, oriented_size
-from shardfeed.transforms.decode.region import REGION_MIN_PIXELS, backend, decode_regions
+from shardfeed.transforms.decode.region import (
+    REGION_MIN_PIXELS,
+    backend,
+    decode_regions,
+    region_cost_pays,
+)
 
 
 class CropRowsOp(Protocol):
@@ -78,6 +87,9 @@ class CropRowsOp(Protocol):
 
     @property
     def image_field(self) -> ImageField: ...
+
+    @property
+    def max_denominator(self) -> int: ...
 
     @property
     def mask_field(self) -> ImageField: ...
@@ -119,9 +131,10 @@ def crop_rows_into(
     where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
     values = columns[key]
     drawn = draw_rows(op, values, rngs, where)
-    done = _whole_rows_into(op, values, drawn, image_out) if drawn is not None else 0
+    done = 0
     if drawn is not None:
-        done |= _region_rows_into(op, values, drawn, image_out, done)
+        regions, done = _region_rows_into(op, values, drawn, image_out)
+        done |= _whole_rows_into(op, values, drawn, image_out, done, regions)
     for row, data in enumerate(values):
         if done >> row & 1:
             continue
@@ -150,15 +163,17 @@ def crop_rows_into(
 
 def _whole_rows_into(
     op: CropRowsOp, values: list[bytes], drawn: list[tuple[int, ...] | None],
-    image_out: np.ndarray,
+    image_out: np.ndarray, done: int, regions: int | None,
 ) -> int:
-    """The rows of the common case written in one tight loop: an RGB JPEG decoded whole at
-    full scale (no DCT scale, no region decode), its box cut, resized linearly into its row
-    and flipped there, as :meth:`CropDecoderBase._jpeg_crop` does for it, without its
-    per-call checks (made once for the slice here). Returns a bit mask of the rows done; the
-    others, and every row from the first that does not decode, are left to the caller.
-    uint8 rows only (none done for uint16 rows); a JPEG that ``exif_orientation="apply"``
-    turns is left to the caller too."""
+    """The rows (not in ``done``) of the common case written in one tight loop: an RGB JPEG
+    decoded whole at full scale (no DCT scale, no region decode), its box cut, resized
+    linearly into its row and flipped there, as :meth:`CropDecoderBase._jpeg_crop` does for
+    it, without its per-call checks (made once for the slice here). ``regions``: the bit
+    mask of the rows the region rule picks, where known for the slice; where None, no image
+    of ``REGION_MIN_PIXELS`` or more is taken while the region decoder is installed. Returns
+    a bit mask of the rows done; the others, and every row from the first that does not
+    decode, are left to the caller. uint8 rows only (none done for uint16 rows); a JPEG that
+    ``exif_orientation="apply"`` turns is left to the caller too."""
     if (op.channels != "rgb" or image_out.dtype != np.uint8
             or not image_out.flags.c_contiguous):
         return 0
@@ -172,12 +187,14 @@ def _whole_rows_into(
     fast_dct, fast_upsample = op.fast_dct, op.fast_upsample
     policy = op.image_field.exif_orientation
     buf: np.ndarray | None = None
-    done = 0
+    skip = done | (regions or 0)
+    made = 0
     for row, known in enumerate(drawn):
-        if known is None:
+        if known is None or skip >> row & 1:
             continue
         height, width, y, x, h, w, flipped = known
-        if (h >= large_h and w >= large_w) or (height * width >= REGION_MIN_PIXELS
+        if (h >= large_h and w >= large_w) or (regions is None
+                                                and height * width >= REGION_MIN_PIXELS
                                                 and backend() is not None):
             continue
         if policy != "ignore" and orientation_of(values[row], policy) != 1:
@@ -193,45 +210,92 @@ def _whole_rows_into(
         resize(image[y:y + h, x:x + w], size, dst=target, interpolation=linear)
         if flipped:
             flip(target, 1, dst=target)
-        done |= 1 << row
-    return done
+        made |= 1 << row
+    return made
 
 
 def _region_rows_into(
     op: CropRowsOp, values: list[bytes], drawn: list[tuple[int, ...] | None],
-    image_out: np.ndarray, done: int,
-) -> int:
-    """The rows (not in ``done``) whose crop :meth:`CropDecoderBase._jpeg_crop` decodes as a
-    region, decoded in one call of the region decoder (:func:`decode_regions`: one hand-over
-    and one release of the GIL for the slice's regions, the pixels of one at a time), then
-    turned, resized and flipped into their rows as one by one. Returns a bit mask of the
-    rows done; a row the call does not decode is left to the caller."""
+    image_out: np.ndarray,
+) -> tuple[int | None, int]:
+    """The rows whose crop :meth:`CropDecoderBase._jpeg_crop` decodes as a region, decoded
+    in one call of the region decoder (:func:`decode_regions`: one hand-over and one release
+    of the GIL for the slice's regions, the pixels of one at a time), then turned, resized
+    and flipped into their rows as one by one. Returns the bit mask of the rows the region
+    rule picks (None where not known for the slice) and that of the rows done; a row the
+    call does not decode, and a slice's one region, are left to the caller.
+
+    Where nothing is turned (``exif_orientation="ignore"``, the default) the choice of rows
+    is made for the slice at once (:func:`plain_region_rows`) and the regions are resized
+    and flipped into their rows here, as :meth:`CropDecoderBase._resize_flip` does for
+    them; else row by row through the op's own methods."""
     if image_out.dtype != np.uint8:
-        return 0
-    rows, boxes, turns = [], [], []  # (region_pays asks for the backend only for large images)
-    for row, known in enumerate(drawn):
-        if known is None or done >> row & 1:
-            continue
-        height, width, y, x, h, w, _ = known
-        planned = op._region_box(values[row], Box(y, x, h, w), height, width)
-        if planned is not None:
-            rows.append(row)
-            boxes.append(planned[0])
-            turns.append(planned[1])
+        return None, 0
+    plain = (op.image_field.exif_orientation == "ignore" and op.channels == "rgb"
+             and image_out.flags.c_contiguous)
+    picked: int | None = None
+    if plain:
+        rows, boxes = plain_region_rows(op, drawn)
+        turns = [1] * len(rows)
+        picked = sum(1 << row for row in rows)
+    else:
+        rows, boxes, turns = [], [], []  # (_region_box asks for the backend only when large)
+        for row, known in enumerate(drawn):
+            if known is None:
+                continue
+            height, width, y, x, h, w, _ = known
+            planned = op._region_box(values[row], Box(y, x, h, w), height, width)
+            if planned is not None:
+                rows.append(row)
+                boxes.append(planned[0])
+                turns.append(planned[1])
     if len(rows) < 2:
-        return 0  # one region: the row's own path decodes it the same way
+        return picked, 0  # one region: the row's own path decodes it the same way
     regions = decode_regions([values[r] for r in rows], boxes, fast_dct=op.fast_dct,
                              fast_upsample=op.fast_upsample)
+    out_h, out_w = op.size
+    size, area_h, area_w = (out_w, out_h), AREA_SHRINK * out_h, AREA_SHRINK * out_w
+    resize, flip, linear, area = cv2.resize, cv2.flip, cv2.INTER_LINEAR, cv2.INTER_AREA
     made = 0
     for row, turn, region in zip(rows, turns, regions):
         if region is None:
             continue
         target = image_out[row]
-        image = op._from_region(region, turn, drawn[row][6] != 0, target)  # type: ignore[index]
-        if image is not target:
-            target[...] = image
+        flipped = drawn[row][6] != 0  # type: ignore[index]
+        if plain:
+            rh, rw = region.shape[:2]
+            resize(region, size, dst=target,
+                   interpolation=area if rh >= area_h and rw >= area_w else linear)
+            if flipped:
+                flip(target, 1, dst=target)
+        else:
+            image = op._from_region(region, turn, flipped, target)
+            if image is not target:
+                target[...] = image
         made |= 1 << row
-    return made
+    return picked, made
+
+
+def plain_region_rows(op: CropRowsOp, drawn: list[tuple[int, ...] | None]
+                      ) -> tuple[list[int], list[Box]]:
+    """The rows whose crop an op that turns nothing decodes as a region, and their boxes:
+    :meth:`CropDecoderBase._region_box`'s rule (a DCT scale of 1, an image of
+    ``REGION_MIN_PIXELS`` or more, :func:`region_cost_pays`) for the slice at once."""
+    picked = [row for row, known in enumerate(drawn) if known is not None]
+    if not picked:
+        return [], []
+    table = np.array([drawn[row] for row in picked], dtype=np.int64)
+    height, width, y, _, h, w = (table[:, k] for k in range(6))
+    out_h, out_w = op.size
+    d = op.max_denominator
+    scaled = (d >= 2) & (h >= 2 * out_h) & (w >= 2 * out_w)  # scale_denominator(...) > 1
+    chosen = (~scaled & (height * width >= REGION_MIN_PIXELS)
+              & region_cost_pays(height, width, np.minimum(height, y + h), h, w))
+    keep = np.flatnonzero(chosen).tolist()
+    if not keep or backend() is None:  # asked only for large images: loading it costs
+        return [], []
+    return ([picked[k] for k in keep],
+            [Box(*box) for box in table[keep][:, 2:6].tolist()])
 
 
 def frame_sizes(values: list[bytes]) -> np.ndarray:
@@ -302,4 +366,4 @@ def batch_key(
     return found[0]
 
 
-__all__ = ["batch_key", "crop_rows_into", "draw_rows", "frame_sizes"]
+__all__ = ["batch_key", "crop_rows_into", "draw_rows", "frame_sizes", "plain_region_rows"]

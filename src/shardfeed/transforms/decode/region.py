@@ -222,8 +222,14 @@ def region_pays(height: int, width: int, box: Box, denominator: int) -> bool:
     image; never where a DCT scale ``1/denominator`` applies (see the module doc)."""
     if denominator > 1 or height * width < REGION_MIN_PIXELS or backend() is None:
         return False
-    rows = min(height, box.y + box.h)
-    region = ENTROPY_SHARE * rows * width + (1.0 - ENTROPY_SHARE) * box.h * box.w
+    return bool(region_cost_pays(height, width, min(height, box.y + box.h), box.h, box.w))
+
+
+def region_cost_pays(height: Any, width: Any, bottom: Any, h: Any, w: Any) -> Any:
+    """The cost rule of :func:`region_pays` for a crop ``h``×``w`` whose last row is
+    ``bottom`` (exclusive) of a ``height``×``width`` image: on integers, or elementwise on
+    int64 arrays of rows (the same operations in the same order: the same answers)."""
+    region = ENTROPY_SHARE * bottom * width + (1.0 - ENTROPY_SHARE) * h * w
     return region <= REGION_GAIN * height * width
 
 
@@ -253,13 +259,15 @@ def decode_regions(datas: Sequence[bytes | memoryview], boxes: Sequence[Box], *,
     if module is None:
         return out
     streams, rows = [], []
+    code_stream, region = module.CodeStream, module.Region
     for row, (data, box) in enumerate(zip(datas, boxes)):
-        if bytes(data[-2:]) != b"\xff\xd9":
+        encoded = data if type(data) is bytes else bytes(data)
+        if not encoded.endswith(b"\xff\xd9"):
             continue
+        y, x = box.y, box.x
         try:
-            streams.append(module.CodeStream(bytes(data)).get_sub_code_stream(
-                region=module.Region(start=(box.y, box.x),
-                                     end=(box.y + box.h, box.x + box.w))))
+            streams.append(code_stream(encoded).get_sub_code_stream(
+                region=region(start=(y, x), end=(y + box.h, x + box.w))))
         except Exception:  # noqa: BLE001, S112 - that one is decoded the usual way
             continue
         rows.append(row)
@@ -308,5 +316,5 @@ def _decoder(module: Any, fast_dct: bool, fast_upsample: bool) -> Any:
 
 
 __all__ = ["ENTROPY_SHARE", "NVJPEG_FOLDERS", "Libraries", "backend", "decode_region",
-           "decode_regions",
-           "install_hint", "libraries", "no_turn", "nvjpeg_hint", "region_pays"]
+           "decode_regions", "install_hint", "libraries", "no_turn", "nvjpeg_hint",
+           "region_cost_pays", "region_pays"]

@@ -57,15 +57,21 @@ CACHE_READ_RECORDS = 16
 """Records of the disk cache read in one call: the reads of a chunk (and their CRC32C checks)
 run on several threads, beside the decoder, not on the scheduling one."""
 
-_CACHE_READS = DaemonThreads("shardfeed-cache-read", limit=FETCH_THREADS)
+_CACHE_READS = DaemonThreads("shardfeed-cache-read", limit=FETCH_THREADS,
+                             why="reads of the disk cache's records, CACHE_READ_RECORDS a call")
 """The threads that read the disk cache: not the fetch threads, whose requests take a cloud
 store's latency (a hit must not wait behind a miss); kept, as every thread a pass uses."""
 
-_CACHE_WAITS = DaemonThreads("shardfeed-cache-wait")
+CACHE_WAITS = 64
+"""Waits for records another fetch is writing into the disk cache at once in a process;
+beyond, waits queue (each ends within its deadline, so a queued one starts in bounded time)."""
+_CACHE_WAITS = DaemonThreads(
+    "shardfeed-cache-wait", limit=CACHE_WAITS,
+    why="waits for records another fetch is writing into the disk cache, each within its "
+        "deadline")
 """The threads that wait for records another fetch is writing into the cache: neither the
 fetch threads (two processes whose fetch threads all waited for each other's records would
-both stall until the deadline) nor the cache-read threads; no limit, so a wait never holds
-up another."""
+both stall until the deadline) nor the cache-read threads."""
 
 _Read = tuple["Future[list[bytes | None]]", int]
 """A read of the disk cache and a record's place in its result."""

@@ -62,6 +62,7 @@ from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.read_ahead import Carry, read_ahead_for, staging_bytes
 from shardfeed.pipeline.run_ahead import RunAhead, ahead_depth
 from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext, Sample, Sampler, as_sampler
+from shardfeed.pipeline.thread_budget import ThreadBudget, thread_budget
 from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
 from shardfeed.sampling.permutation import EpochOrder
@@ -375,6 +376,26 @@ class Loader:
     def transform(self) -> Any:
         """The transform the loader applies (bound to the dataset's schema), or None."""
         return self._transform
+
+    def thread_budget(self) -> ThreadBudget:
+        """Every pool this loader may run threads (or worker processes) in, with the most each
+        runs and those it runs now: the loader's own, its datasets', and the process's
+        shared pools (see :mod:`shardfeed.pipeline.thread_budget`); ``print`` it for a
+        table."""
+        return thread_budget(
+            num_threads=self.options.num_threads, workers=self.options.workers,
+            executor=self._executor, processes=self._processes,
+            run_ahead=self._ahead is not None, datasets=self._datasets())
+
+    def _datasets(self) -> list[Any]:
+        """The datasets the sampler reads (a mixture's several)."""
+        mixed = getattr(self.sampler, "_sources", None)
+        if mixed is not None:
+            return [source.data for source in mixed]
+        get = getattr(self.sampler, "_ds", None)
+        with contextlib.suppress(Exception):  # a sampler copy without its data source
+            return [get()] if get is not None else []
+        return []
 
     def memory_budget(self) -> MemoryBudget:
         """The most memory the loader holds, by part; builds one sample to learn its size."""

@@ -103,7 +103,10 @@ DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
 each at most: their images are counted in :attr:`Patches.cache_bytes`."""
 LOOK_AHEAD_IMAGES = 2
 """Refreshes past a slice whose outputs' images are decoded ahead (see ``Patches._look_ahead``)."""
-_DECODERS = DaemonThreads("shardfeed-patch-decode", limit=DECODE_AHEAD_THREADS)
+_DECODERS = DaemonThreads(
+    "shardfeed-patch-decode", limit=DECODE_AHEAD_THREADS,
+    why="Patches' decodes of the images slices need next, one image each (cache_bytes counts "
+        "them)")
 """Kept for the process and shared by every Patches (no threads a sampler left behind)."""
 
 

@@ -59,7 +59,12 @@ CHUNK_TARGET_BYTES = 64 << 20
 MAX_CHUNK_BATCHES = 16
 CHUNKS_AHEAD = 2
 _EPOCH_SHIFT = 24  # a session's chunk ids: epoch << _EPOCH_SHIFT | chunk, increasing in time
-_THREADS = DaemonThreads("shardfeed-read-ahead")
+READ_AHEAD_PASSES = 64
+"""Passes reading ahead at once in a process (one scheduling thread each): a pass started
+beyond them reads its records as its batches need them."""
+_THREADS = DaemonThreads(
+    "shardfeed-read-ahead", limit=READ_AHEAD_PASSES,
+    why="one a loader's pass reading ahead; a pass beyond the limit reads as its batches need")
 """The threads passes schedule on: one a pass in flight, kept for the next pass (a thread a
 pass would take a new malloc arena each epoch: see :mod:`shardfeed.storage.daemon_threads`)."""
 
@@ -268,7 +273,11 @@ class ReadAhead:
                 return
         with self._cond:
             if self._job is None and not self._closed:
-                self._job = _THREADS.submit(self._run)
+                self._job = _THREADS.try_submit(self._run)
+                if self._job is None:  # READ_AHEAD_PASSES passes already: read on demand
+                    log.info("read-ahead off for this pass: %d passes read ahead already",
+                             READ_AHEAD_PASSES)
+                    self._closed = True
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._closed or self._done >= own)
 

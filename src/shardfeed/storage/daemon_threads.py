@@ -38,13 +38,20 @@ _Call = tuple["Future[Any]", "Callable[[], Any]"]
 
 class DaemonThreads:
     """Daemon threads named ``name`` running submitted calls, at most ``limit`` at once
-    (None: no limit, so a call never waits behind one that is stuck). Thread-safe."""
+    (beyond it calls wait in order, or :meth:`try_submit` says no); ``why`` says what the
+    threads do and what keeps them under the limit (the thread inventory shows it: see
+    :func:`pools`). Thread-safe."""
 
-    def __init__(self, name: str, limit: int | None = None) -> None:
+    def __init__(self, name: str, *, limit: int, why: str) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
         self.name = name
         self.limit = limit
+        self.why = why
         self._reset()
         PROCESS.at_fork(self, DaemonThreads._reset)
+        with PROCESS.lock:
+            PROCESS.pools[self] = name
 
     def _reset(self) -> None:
         """No threads, no calls: when made, and in a forked child (the parent's threads did
@@ -58,14 +65,26 @@ class DaemonThreads:
     def submit(self, fn: Callable[[], T], *, future: Future[T] | None = None) -> Future[T]:
         """Run ``fn()`` on one of the threads; its future (cancelling it before the call
         starts drops the call). ``future``: a new one of the caller's (e.g. one whose
-        ``cancel`` also ends the call), instead of a plain Future."""
-        future = Future() if future is None else future
+        ``cancel`` also ends the call), instead of a plain Future. At the limit, the call
+        waits for a thread, after the calls that waited before it."""
+        started = self._start(fn, Future() if future is None else future, wait=True)
+        assert started is not None
+        return started
+
+    def try_submit(self, fn: Callable[[], T]) -> Future[T] | None:
+        """:meth:`submit`, or None (nothing started) where every thread is busy and the
+        limit is reached: for work the caller can do without (a look-ahead)."""
+        return self._start(fn, Future(), wait=False)
+
+    def _start(self, fn: Callable[[], T], future: Future[T], *, wait: bool) -> Future[T] | None:
         with self._lock:
             if self._idle:
                 self._idle -= 1  # this call is that idle thread's: none waits behind another
                 self._handed.put((future, fn))
                 return future
-            if self.limit is not None and self._threads >= self.limit:
+            if self._threads >= self.limit:
+                if not wait:
+                    return None
                 self._backlog.append((future, fn))
                 return future
             self._threads += 1
@@ -90,6 +109,20 @@ class DaemonThreads:
         """Threads started so far (busy or idle)."""
         return self._threads
 
+    @property
+    def busy(self) -> int:
+        """Threads running a call now."""
+        with self._lock:
+            return self._threads - self._idle  # a call handed to an idle thread counts
+
+
+def pools() -> list[DaemonThreads]:
+    """Every kept thread pool of the package in this process (those of modules imported so
+    far), by name."""
+    with PROCESS.lock:
+        found = list(PROCESS.pools)
+    return sorted(found, key=lambda pool: pool.name)
+
 
 def run_into(future: Future[T], fn: Callable[[], T]) -> None:
     """Run ``fn()`` and hand its result or exception to ``future``. The caller may have
@@ -109,4 +142,4 @@ def run_into(future: Future[T], fn: Callable[[], T]) -> None:
             pass
 
 
-__all__ = ["DaemonThreads", "run_into"]
+__all__ = ["DaemonThreads", "pools", "run_into"]

@@ -390,7 +390,8 @@ def object_infos(urls: list[str], *, storage_options: Options = None
 INFO_IN_FLIGHT = 16
 """``info()`` calls of :func:`object_infos` in flight at once."""
 
-_INFO_THREADS = DaemonThreads("shardfeed-info", limit=INFO_IN_FLIGHT)
+_INFO_THREADS = DaemonThreads("shardfeed-info", limit=INFO_IN_FLIGHT,
+                              why="object_infos' info() calls in flight")
 
 
 def _listed_infos(folder: str, storage_options: Options) -> dict[str, Mapping[str, Any]]:

@@ -76,7 +76,13 @@ def start_in_thread(fn: Callable[[], T]) -> Future[T]:
     return _CALL_THREADS.submit(fn)
 
 
-_CALL_THREADS = DaemonThreads("shardfeed-storage")
+STORAGE_CALLS = 256
+"""Blocking storage calls in flight at once in a process (a thread each); beyond, calls wait
+in order. Each call is a leaf (it starts no other call on these threads) and is left at its
+deadline: obstore's client ends its request then (see ``obstore_backend``)."""
+_CALL_THREADS = DaemonThreads(
+    "shardfeed-storage", limit=STORAGE_CALLS,
+    why="blocking storage calls in flight, each left at its deadline; beyond, calls wait")
 
 
 def start_fs_call(fs: Any, method: str, /, *args: Any, **kwargs: Any) -> Future[Any]:

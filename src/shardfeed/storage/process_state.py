@@ -105,6 +105,9 @@ class ProcessState:
         """The process's umask, read once (reading it means setting it)."""
         self.real_folders: dict[str, str] = {}
         """``folder -> os.path.realpath(folder)``, as first seen (see ``paths``)."""
+        self.pools: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        """The package's kept thread pools (``DaemonThreads``) and their names: the thread
+        inventory (a forked child keeps the pools, emptied by their own reset)."""
         self._making: dict[tuple[int, Hashable], threading.Lock] = {}
         self._resets: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = (
             weakref.WeakKeyDictionary())

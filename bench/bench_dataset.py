@@ -6,7 +6,8 @@ Builds two synthetic datasets in a temporary folder (kept in the page cache by t
   read in order and in a shuffled order, in batches of ``--batch``, plus a plain sequential
   read of the same files for reference;
 - ``tiny``: ``--tiny`` records of a few bytes (default 1M), opened from the manifest and as
-  a list of bare TFRecord files, to time opening and measure index bytes per record.
+  a list of bare TFRecord files, to time opening and measure index bytes per record, and
+  ``Loader.records_at`` of a step of epoch 3 (8 ranks, batch 256) from a fresh loader.
 
 Prints a table and ``csv,`` lines (``csv,name,value,unit``). Run smaller with e.g.
 ``python bench/bench_dataset.py --records 5000 --tiny 100000``.
@@ -148,6 +149,20 @@ def main(argv: list[str] | None = None) -> int:
         report("open_manifest_s", t_open, "s")
         report("open_manifest_plus_index_load_s", t_open + t_touch, "s")
         report("index_bytes_per_record", ds.index_bytes() / len(ds), "B")
+        # which records a late step held, from a fresh loader: one batch's work
+        from shardfeed.pipeline import Loader
+
+        t0 = time.perf_counter()
+        loader = Loader(ds, batch_size=256, shuffle=True, seed=0, transform=None, rank=0,
+                        world_size=8, num_threads=1)
+        step = 3 * len(loader) + len(loader) // 2
+        found = loader.records_at(step)
+        report("records_at_fresh_loader_s", time.perf_counter() - t0, "s")
+        t0 = time.perf_counter()
+        loader.records_at(step + 1)
+        report("records_at_next_step_s", time.perf_counter() - t0, "s")
+        assert len(found.samples) == 8 * 256
+        loader.close()
         ds.close()
         t0 = time.perf_counter()
         ds = Dataset(files)

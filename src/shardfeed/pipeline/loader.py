@@ -62,6 +62,7 @@ from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.read_ahead import Carry, read_ahead_for, staging_bytes
 from shardfeed.pipeline.run_ahead import RunAhead, ahead_depth
 from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext, Sample, Sampler, as_sampler
+from shardfeed.pipeline.step_records import StepRecords, records_at, where_record
 from shardfeed.pipeline.thread_budget import ThreadBudget, thread_budget
 from shardfeed.pipeline.workers import check_payload
 from shardfeed.sampling.partition import RankShare
@@ -376,6 +377,24 @@ class Loader:
     def transform(self) -> Any:
         """The transform the loader applies (bound to the dataset's schema), or None."""
         return self._transform
+
+    def records_at(self, step: int, *, rank: int | None = None,
+                   after: tuple[Mapping[str, Any], int] | None = None) -> StepRecords:
+        """Which records the batch of ``step`` held, on every rank (or ``rank``): for each
+        sample its row, epoch position, shard, record in shard, byte offset and small
+        features (labels, file name); a window's every frame, a patch's image and box, a
+        mixture's dataset, and a bad sample's replacement (``on_error="skip"``). Steps
+        count each rank's batches from the run's start; after a restore that changed the
+        batch size or ranks, pass ``after=(that state, its step)``. Computed (the work of
+        one batch), so any step, past or future; see :mod:`shardfeed.pipeline.step_records`.
+        """
+        return records_at(self, step, rank=rank, after=after)
+
+    def where_record(self, record: int, epoch: int) -> list[tuple[int, int, int]]:
+        """The ``(step, rank, row)`` at which ``record`` is in epoch ``epoch``'s batches (a
+        loader over records), steps counted from the run's start; empty where a dropped
+        remainder leaves it out."""
+        return where_record(self, record, epoch)
 
     def thread_budget(self) -> ThreadBudget:
         """Every pool this loader may run threads (or worker processes) in, with the most each

@@ -1,0 +1,120 @@
+"""Which records a training step held, on every rank: shard, record, byte offset, label.
+
+The batch of any step is computed from a loader state the run saved (loader.state()
+written as JSON) and the run's batch size and ranks: nothing was logged, and any step, past
+or future, is found in the time of one batch. The state names the sampler (records, windows,
+patches) and its options, the seed and the order; what it does not hold is asked here.
+
+examples:
+  shardfeed which out/ --state ckpt/loader_state.json --step 41237 --batch-size 256
+  shardfeed which out/ --state s.json --step 900 --batch-size 64 --world-size 8 --rank 3
+  shardfeed which out/ --state s.json --step 900 --batch-size 64 --json
+  shardfeed which out/ --state s.json --step 900 --batch-size 32 --state-step 500
+      (the run restored s.json at step 500 with another batch size or world size: steps
+       are counted from there)
+  shardfeed which out/ --state s.json --step 10 --batch-size 8 --preset train --size 224 \\
+      --on-error skip     (a run that skipped bad images: their replacements are shown)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from shardfeed.cli import common
+
+NAME = "which"
+HELP = "show which records the batch of a training step held, on every rank"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="the dataset the run read (folder, manifest, URL)")
+    parser.add_argument("--state", required=True, metavar="STATE.json",
+                        help="a loader state the run saved (loader.state() as JSON; a "
+                             "LoaderCheckpoint's loader_state.json)")
+    parser.add_argument("--step", required=True, type=common.non_negative_int, metavar="N",
+                        help="the step: batches each rank took since the run's start")
+    parser.add_argument("--batch-size", required=True, type=common.positive_int, metavar="B",
+                        help="the run's batch size (a rank's)")
+    parser.add_argument("--world-size", type=common.positive_int, default=1, metavar="W",
+                        help="the run's ranks (default 1)")
+    parser.add_argument("--rank", type=common.non_negative_int, default=None, metavar="R",
+                        help="show this rank only (default: every rank)")
+    parser.add_argument("--state-step", type=common.non_negative_int, default=None,
+                        metavar="S", help="the step at which the run saved or restored the "
+                        "state, when it changed its batch size or ranks there: steps are then "
+                        "counted from the state")
+    parser.add_argument("--preset", choices=("train", "eval"), default=None,
+                        help="the run's decode preset (decides which images are bad)")
+    parser.add_argument("--size", type=common.positive_int, default=224,
+                        help="the preset's output size (default 224)")
+    parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                        help="the run's on_error: 'skip' shows each bad sample's replacement")
+    parser.add_argument("--drop-last", action="store_true",
+                        help="the run dropped an epoch's last, shorter batch (drop_last=True)")
+    parser.add_argument("--remainder", choices=("pad", "drop"), default="pad",
+                        help="the run's remainder: how ranks share an epoch's last samples "
+                             "(default pad, the Loader's)")
+    parser.add_argument("--json", action="store_true", help="print the batch as JSON")
+    common.add_dataset_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import shardfeed
+    from shardfeed.errors import ShardfeedError
+
+    try:
+        state = json.loads(Path(args.state).read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"shardfeed which: cannot read the state {args.state}: {exc} "
+                         "(pass the JSON of loader.state() the run saved)") from None
+    if isinstance(state, dict) and isinstance(state.get("loader"), dict):
+        state = state["loader"]  # a LoaderCheckpoint's loader_state.json holds it
+    if not isinstance(state, dict) or not isinstance(state.get("source"), dict):
+        raise SystemExit(f"shardfeed which: {args.state} is not a loader state (a JSON object "
+                         "with 'seed', 'epoch', 'consumed' and 'source', from loader.state())")
+    transform = None
+    if args.preset is not None:
+        transform = getattr(shardfeed.presets, args.preset)(size=args.size)
+    try:
+        with shardfeed.Dataset(args.source, **common.dataset_options(args)) as ds:
+            source = _sampler(ds, state["source"])
+            found = shardfeed.records_at(
+                source, state, args.step, batch_size=args.batch_size,
+                world_size=args.world_size, rank=args.rank, state_step=args.state_step,
+                transform=transform, on_error=args.on_error, drop_last=args.drop_last,
+                remainder=args.remainder)
+    except (ShardfeedError, ValueError) as exc:
+        raise SystemExit(f"shardfeed which: {exc}") from None
+    if args.json:
+        common.print_json(found.to_json())
+    else:
+        print(found)
+    return 0
+
+
+def _sampler(ds: Any, source: dict[str, Any]) -> Any:
+    """The sampler the state names, over ``ds``, with the state's options."""
+    import shardfeed
+
+    kind = source.get("kind", "records")
+    if kind == "records":
+        return ds
+    if kind == "windows":
+        return shardfeed.Windows(
+            ds, length=int(source["length"]), stride=int(source["stride"] or 1),
+            stride_seconds=source.get("stride_seconds"),
+            tolerance_seconds=source.get("tolerance_seconds"),
+            max_gap_seconds=source.get("max_gap_seconds"), labels=source.get("labels", "last"),
+            label_keys=source.get("label_keys"))
+    if kind == "patches":
+        return shardfeed.Patches(
+            ds, size=tuple(source["size"]), scale=source.get("scale"),
+            cache_images=int(source["cache_images"]),
+            refresh_every=int(source["refresh_every"]), pick=source.get("pick", "stratified"),
+            reduced_decode=bool(source.get("reduced_decode", True)))
+    raise SystemExit(f"shardfeed which: the state is of a {kind} sampler, which this command "
+                     "does not rebuild; call shardfeed.records_at(source, state, step, ...) "
+                     "in Python with the run's source")

@@ -1,0 +1,336 @@
+"""Which records a step trained on, computed, not logged: :meth:`Loader.records_at`.
+
+An epoch is a pure function of ``(seed, epoch)`` and the data, and a loader's state is where
+its stream stands in it, so the batch of any step, past or future, is found by arithmetic and
+the one batch's records read (the work and memory of one batch, whatever the dataset's size)::
+
+    step ──► (epoch, pass start, batch in the pass) ──► each rank's epoch positions
+         ──► the sampler's plan (a record, a window's frames, a patch's image)
+         ──► the sample built as the loader builds it: a bad record's replacement (skip)
+         ──► shard, record in shard, byte offset, and the record's small features
+
+Steps count the batches each rank takes. From the start of a run (``after=None``): step
+``s`` is batch ``s % len(loader)`` of epoch ``s // len(loader)``, for a run that kept this
+loader's batch size and ranks. After a restore that changed them (an elastic restart): pass
+``after=(state, step)``, the state the run restored and the step it was restored at; steps
+from it are counted from that state's position with this loader's batch size and ranks (the
+rest of the state's epoch, then whole epochs), as the restored loader runs them.
+
+The inverse, :func:`where_record`: the steps, ranks and rows at which a record is in the
+batches of an epoch (a record sampler's: its one position; windows and patches use a record
+in many samples and are not inverted here).
+
+Determinism: the loader's (the same positions, records and replacements as its batches).
+State: none. Memory: one batch's records and samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardfeed.pipeline.options import OnError, Remainder
+from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext
+from shardfeed.sampling.partition import RankShare
+
+if TYPE_CHECKING:
+    from shardfeed.pipeline.loader import Loader
+
+SMALL_TEXT = 256
+"""Bytes features up to this size that are UTF-8 text are shown (a file name, a key); larger
+ones (the image) are not."""
+SMALL_ARRAY = 64
+"""Numeric features of up to this many values are shown (labels, boxes, ids)."""
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """One record: its id in the loader's source, where it is stored, and its small features
+    (numbers as lists, short UTF-8 texts as strings)."""
+
+    record: int
+    shard: str
+    index: int
+    offset: int
+    features: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SampleRecords:
+    """One sample of a step's batch: its rank and row, its epoch position, the position whose
+    sample the batch held (another where the sample was bad and replaced, ``on_error="skip"``;
+    None where it was bad and the loader raises), and its records (a window: every frame, in
+    order; a patch: its image). ``box``: a patch's ``(y, x, h, w)`` in the image's full-size
+    pixels; ``dataset``: a mixture's source number; ``error``: why the sample was bad."""
+
+    rank: int
+    row: int
+    position: int
+    held: int | None
+    records: tuple[RecordRef, ...]
+    box: tuple[int, int, int, int] | None = None
+    dataset: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepRecords:
+    """The batch of ``step`` on every rank asked: its epoch, the pass's first epoch position
+    (0, or a restored state's), the batch's number in the pass, and its samples."""
+
+    step: int
+    epoch: int
+    start: int
+    batch: int
+    samples: tuple[SampleRecords, ...]
+
+    def records(self, rank: int | None = None) -> list[list[int]]:
+        """The record ids of each sample held (in row order; one rank's, or every rank's)."""
+        return [[r.record for r in s.records] for s in self.samples
+                if rank is None or s.rank == rank]
+
+    def to_json(self) -> dict[str, Any]:
+        def sample(s: SampleRecords) -> dict[str, Any]:
+            return {"rank": s.rank, "row": s.row, "position": s.position, "held": s.held,
+                    "box": None if s.box is None else list(s.box), "dataset": s.dataset,
+                    "error": s.error,
+                    "records": [{"record": r.record, "shard": r.shard, "index": r.index,
+                                 "offset": r.offset, "features": r.features}
+                                for r in s.records]}
+
+        return {"step": self.step, "epoch": self.epoch, "start": self.start,
+                "batch": self.batch, "samples": [sample(s) for s in self.samples]}
+
+    def __str__(self) -> str:
+        head = (f"step {self.step}: epoch {self.epoch}, batch {self.batch} of the pass from "
+                f"epoch position {self.start}")
+        lines = [head]
+        for s in self.samples:
+            held = ("bad, the loader raises" if s.held is None else
+                    "" if s.held == s.position else f"replaced by position {s.held}")
+            where = "; ".join(f"{r.shard}#{r.index} @{r.offset} (record {r.record})"
+                              f"{_shown(r.features)}"
+                              for r in s.records)
+            extra = "".join([f" box {list(s.box)}" if s.box is not None else "",
+                             f" dataset {s.dataset}" if s.dataset is not None else ""])
+            lines.append(f"  rank {s.rank} row {s.row:>3}  position {s.position}"
+                         f"{' ' + held if held else ''}{extra}: {where}")
+        return "\n".join(lines)
+
+
+def _shown(features: Mapping[str, Any]) -> str:
+    return "" if not features else " " + " ".join(f"{k}={v}" for k, v in features.items())
+
+
+def step_position(loader: Loader, step: int, after: tuple[Mapping[str, Any], int] | None
+                  ) -> tuple[int, int, int]:
+    """``(epoch, pass start, batch in the pass)`` of ``step`` (see the module doc)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    epoch, start, first = 0, 0, 0
+    if after is not None:
+        state, first = after
+        epoch, start = int(state["epoch"]), int(state["consumed"])
+        if step < first:
+            raise ValueError(
+                f"step {step} is before the state's step {first}: steps before a restore are "
+                f"counted from the state the run restored then (pass after=(that state, its "
+                f"step)), or from the run's start for a run that never changed its batch "
+                f"size or ranks (after=None)")
+    per_epoch = len(loader)
+    if per_epoch == 0:
+        raise ValueError("an epoch of this loader has no batch: no step holds records")
+    k = step - first
+    in_pass = _batches(loader, start)
+    if k < in_pass:
+        return epoch, start, k
+    k -= in_pass
+    return epoch + 1 + k // per_epoch, 0, k % per_epoch
+
+
+def _batches(loader: Loader, start: int) -> int:
+    opts = loader.options
+    count = len(RankShare(loader.samples_per_epoch, rank=0, world_size=opts.world_size,
+                          start=start, remainder=opts.remainder))
+    bs = opts.batch_size
+    return count // bs if opts.drop_last else -(-count // bs)
+
+
+def records_at(loader: Loader, step: int, *, rank: int | None = None,
+               after: tuple[Mapping[str, Any], int] | None = None) -> StepRecords:
+    """The records of ``step``'s batch on rank ``rank`` (None: every rank of the loader's
+    world); see :meth:`Loader.records_at`."""
+    opts = loader.options
+    epoch, start, batch = step_position(loader, step, after)
+    ranks = range(opts.world_size) if rank is None else [rank]
+    if rank is not None and not 0 <= rank < opts.world_size:
+        raise ValueError(f"rank must be in [0, {opts.world_size}), got {rank}")
+    ctx = loader._context(epoch)
+    builder = loader._builder
+    sampler = loader.sampler
+    places: list[tuple[int, int, int]] = []  # (rank, row, position)
+    for r in ranks:
+        share = RankShare(loader.samples_per_epoch, rank=r, world_size=opts.world_size,
+                          start=start, remainder=opts.remainder)
+        lo = batch * opts.batch_size
+        positions = share[lo : min(lo + opts.batch_size, len(share))]
+        places += [(r, row, int(p)) for row, p in enumerate(np.asarray(positions).tolist())]
+    planned = [[int(i) for i in ids] for ids in sampler.plan(
+        ctx, np.array([p for _, _, p in places], dtype=np.int64))]
+    wanted = list(dict.fromkeys(i for ids in planned for i in ids))
+    try:  # the batch's records in one read; a bad one: each sample read on its own
+        read: dict[int, Any] | None = builder.read(wanted)
+    except DATA_ERRORS:
+        read = None
+    shown = _features(sampler, wanted, read)
+    samples = [_sample(builder, sampler, ctx, place, ids, read, shown)
+               for place, ids in zip(places, planned)]
+    return StepRecords(step=step, epoch=epoch, start=start, batch=batch, samples=tuple(samples))
+
+
+def _sample(builder: Any, sampler: Any, ctx: EpochContext, place: tuple[int, int, int],
+            ids: list[int], read: dict[int, Any] | None, shown: dict[int, dict[str, Any]]
+            ) -> SampleRecords:
+    """One sample as the loader builds it: its position's, or its replacement's."""
+    rank, row, position = place
+    held: int | None = position
+    error = None
+    try:
+        if read is not None:
+            built = builder.make(ctx.key(position), ids, [read[i] for i in ids])
+        else:
+            built = builder._build_one(ctx, position)
+    except DATA_ERRORS as exc:
+        error = str(exc).splitlines()[0]
+        if builder.skip:
+            built, _, held = builder.replacement(ctx, position)
+            ids = [int(i) for i in sampler.plan(ctx, np.array([held], dtype=np.int64))[0]]
+        else:
+            built, held = None, None
+    box = None
+    if built is not None and "patch/box" in built:
+        box = tuple(int(v) for v in np.asarray(built["patch/box"]).tolist())
+    dataset = None
+    split = getattr(sampler, "_split", None)
+    if split is not None:
+        dataset = int(split(ids[0])[0])
+    missing = [i for i in ids if i not in shown]
+    if missing:
+        shown.update(_features(sampler, missing, None))
+    return SampleRecords(rank=rank, row=row, position=position, held=held,
+                         records=tuple(_refs(sampler, ids, shown)), box=box,  # type: ignore[arg-type]
+                         dataset=dataset, error=error)
+
+
+def _features(sampler: Any, ids: list[int], read: dict[int, Any] | None
+              ) -> dict[int, dict[str, Any]]:
+    """The small features of records ``ids`` (from ``read`` where it holds them)."""
+    if read is None or getattr(sampler, "kind", "") == "patches":  # patches: cached markers
+        reader = (sampler._ds().read_many if getattr(sampler, "kind", "") == "patches"
+                  else sampler.read)
+        out: dict[int, dict[str, Any]] = {}
+        for i in ids:  # one by one: a damaged record shows nothing, the others their features
+            try:
+                out[i] = small_features(reader([i])[0])
+            except DATA_ERRORS:
+                out[i] = {}
+        return out
+    return {i: small_features(read[i]) for i in ids}
+
+
+def _refs(sampler: Any, ids: list[int], shown: dict[int, dict[str, Any]]) -> list[RecordRef]:
+    out = []
+    for record in ids:
+        shard, index, offset = sampler.locate(record)
+        out.append(RecordRef(record=record, shard=str(shard), index=int(index),
+                             offset=int(offset), features=shown.get(record, {})))
+    return out
+
+
+def small_features(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's features a person reads: numbers (up to ``SMALL_ARRAY`` values) and short
+    UTF-8 texts; not the image or other large values."""
+    shown: dict[str, Any] = {}
+    for name, value in sample.items():
+        if name.startswith("__"):
+            continue
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            data = bytes(value)
+            if len(data) <= SMALL_TEXT:
+                try:
+                    shown[name] = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+        elif isinstance(value, list) and value and all(isinstance(v, bytes) for v in value):
+            if sum(len(v) for v in value) <= SMALL_TEXT:
+                try:
+                    shown[name] = [v.decode("utf-8") for v in value]
+                except UnicodeDecodeError:
+                    continue
+        else:
+            array = np.asarray(value)
+            if array.dtype.kind in "biuf" and array.size <= SMALL_ARRAY:
+                shown[name] = array.tolist()
+    return shown
+
+
+def records_of_run(source: Any, state: Mapping[str, Any], step: int, *, batch_size: int,
+                   world_size: int = 1, rank: int | None = None, state_step: int | None = None,
+                   transform: Any = None, on_error: OnError = "raise", drop_last: bool = False,
+                   remainder: Remainder = "pad") -> StepRecords:
+    """:meth:`Loader.records_at` from a saved loader state, without the run's loader:
+    ``source`` as the run gave its Loader (a Dataset, Windows, Patches, Mixture), ``state``
+    one of its saved states (``loader.state()``, its JSON), and the run's batch size, ranks,
+    transform, ``on_error``, ``drop_last`` and ``remainder`` (what decides its batches and
+    which samples are bad; the defaults are the Loader's). ``state_step``: the step at which the run saved (or restored)
+    ``state``: steps are then counted from it (a run that changed its batch size or ranks
+    at that restore); None: from the run's start. The state is checked against ``source``
+    (StateError naming what differs)."""
+    from shardfeed.pipeline.loader import Loader
+
+    with Loader(source, batch_size=batch_size, seed=int(state["seed"]),
+                shuffle=bool(state["shuffle"]), order_method=state["order_method"],
+                world_size=world_size, rank=0, transform=transform, on_error=on_error,
+                drop_last=drop_last, remainder=remainder, num_threads=1) as loader:
+        loader.restore(state)
+        after = None if state_step is None else (state, state_step)
+        return loader.records_at(step, rank=rank, after=after)
+
+
+def where_record(loader: Loader, record: int, epoch: int) -> list[tuple[int, int, int]]:
+    """The ``(step, rank, row)`` at which ``record`` is in epoch ``epoch``'s batches, counted
+    from the start of a run that kept this loader's batch size and ranks (see
+    :meth:`Loader.where_record`); empty where the epoch leaves it out (a dropped
+    remainder)."""
+    kind = getattr(loader.sampler, "kind", "")
+    if kind != "records":
+        raise ValueError(
+            f"where_record inverts a loader over records; a {kind} sampler "
+            f"uses a record in many samples: call records_at for the steps you look at")
+    opts = loader.options
+    if not 0 <= record < loader.num_units:
+        raise ValueError(f"record must be in [0, {loader.num_units}), got {record}")
+    ctx = loader._context(epoch)
+    position = int(ctx.order.positions_of([record])[0])
+    found = []
+    per_epoch = len(loader)
+    for r in range(opts.world_size):
+        share = RankShare(loader.samples_per_epoch, rank=r, world_size=opts.world_size,
+                          remainder=opts.remainder)
+        # share[k] = r + k·W, wrapping past the epoch's end with remainder="pad"
+        ks = [(p - r) // opts.world_size for p in (position, position + ctx.total)
+              if p >= r and (p - r) % opts.world_size == 0]
+        for k in ks:
+            if k >= len(share) or int(share[k]) != position:
+                continue
+            batch, row = divmod(k, opts.batch_size)
+            if batch < per_epoch:
+                found.append((epoch * per_epoch + batch, r, row))
+    return sorted(found)
+
+
+__all__ = ["RecordRef", "SampleRecords", "StepRecords", "records_at", "records_of_run",
+           "small_features", "step_position", "where_record"]

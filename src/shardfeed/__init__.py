@@ -49,7 +49,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "presets": ("shardfeed.transforms.presets", None),
     "transforms": ("shardfeed.transforms", None),
     "pack": ("shardfeed.tools.pack", "pack"),
-    "records_at": ("shardfeed.pipeline.step_records", "records_of_run"),
+    "records_at": ("shardfeed.tools.which", "records_of_run"),
     "RowFields": ("shardfeed.tools.pack.rows", "RowFields"),
     "torch": ("shardfeed.loaders.torch", None),
     "jax": ("shardfeed.loaders.jax", None),
@@ -75,10 +75,10 @@ if TYPE_CHECKING:  # the same names, seen by type checkers without importing at 
     from shardfeed.pipeline.mixture import Mixture as Mixture
     from shardfeed.pipeline.mixture import Subset as Subset
     from shardfeed.pipeline.patches import Patches as Patches
-    from shardfeed.pipeline.step_records import records_of_run as records_at
     from shardfeed.pipeline.windows import Windows as Windows
     from shardfeed.tools.pack import pack as pack
     from shardfeed.tools.pack.rows import RowFields as RowFields
+    from shardfeed.tools.which import records_of_run as records_at
     from shardfeed.transforms import presets as presets
 
 

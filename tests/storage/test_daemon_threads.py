@@ -144,4 +144,4 @@ def test_every_pool_of_the_package_is_in_the_inventory_with_a_bound() -> None:
     assert {"shardfeed-patch-decode", "shardfeed-read-ahead", "shardfeed-storage",
             "shardfeed-info", "shardfeed-cache-read", "shardfeed-cache-wait"} <= set(found)
     for pool in found.values():
-        assert 1 <= pool.limit <= 256 and pool.why, pool.name
+        assert 1 <= pool.limit <= 1024 and pool.why, pool.name

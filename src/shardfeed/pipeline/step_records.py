@@ -16,7 +16,8 @@ loader's batch size and ranks. After a restore that changed them (an elastic res
 from it are counted from that state's position with this loader's batch size and ranks (the
 rest of the state's epoch, then whole epochs), as the restored loader runs them.
 
-The inverse, :func:`where_record`: the steps, ranks and rows at which a record is in the
+From a saved state without the run's loader: ``shardfeed.records_at``
+(:func:`shardfeed.tools.which.records_of_run`). The inverse, :func:`where_record`: the steps, ranks and rows at which a record is in the
 batches of an epoch (a record sampler's: its one position; windows and patches use a record
 in many samples and are not inverted here).
 
@@ -28,16 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from shardfeed.pipeline.options import OnError, Remainder
 from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext
 from shardfeed.sampling.partition import RankShare
-
-if TYPE_CHECKING:
-    from shardfeed.pipeline.loader import Loader
 
 SMALL_TEXT = 256
 """Bytes features up to this size that are UTF-8 text are shown (a file name, a key); larger
@@ -125,7 +122,7 @@ def _shown(features: Mapping[str, Any]) -> str:
     return "" if not features else " " + " ".join(f"{k}={v}" for k, v in features.items())
 
 
-def step_position(loader: Loader, step: int, after: tuple[Mapping[str, Any], int] | None
+def step_position(loader: Any, step: int, after: tuple[Mapping[str, Any], int] | None
                   ) -> tuple[int, int, int]:
     """``(epoch, pass start, batch in the pass)`` of ``step`` (see the module doc)."""
     if step < 0:
@@ -151,15 +148,15 @@ def step_position(loader: Loader, step: int, after: tuple[Mapping[str, Any], int
     return epoch + 1 + k // per_epoch, 0, k % per_epoch
 
 
-def _batches(loader: Loader, start: int) -> int:
+def _batches(loader: Any, start: int) -> int:
     opts = loader.options
     count = len(RankShare(loader.samples_per_epoch, rank=0, world_size=opts.world_size,
                           start=start, remainder=opts.remainder))
-    bs = opts.batch_size
+    bs = int(opts.batch_size)
     return count // bs if opts.drop_last else -(-count // bs)
 
 
-def records_at(loader: Loader, step: int, *, rank: int | None = None,
+def records_at(loader: Any, step: int, *, rank: int | None = None,
                after: tuple[Mapping[str, Any], int] | None = None) -> StepRecords:
     """The records of ``step``'s batch on rank ``rank`` (None: every rank of the loader's
     world); see :meth:`Loader.records_at`."""
@@ -277,30 +274,7 @@ def small_features(sample: Mapping[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def records_of_run(source: Any, state: Mapping[str, Any], step: int, *, batch_size: int,
-                   world_size: int = 1, rank: int | None = None, state_step: int | None = None,
-                   transform: Any = None, on_error: OnError = "raise", drop_last: bool = False,
-                   remainder: Remainder = "pad") -> StepRecords:
-    """:meth:`Loader.records_at` from a saved loader state, without the run's loader:
-    ``source`` as the run gave its Loader (a Dataset, Windows, Patches, Mixture), ``state``
-    one of its saved states (``loader.state()``, its JSON), and the run's batch size, ranks,
-    transform, ``on_error``, ``drop_last`` and ``remainder`` (what decides its batches and
-    which samples are bad; the defaults are the Loader's). ``state_step``: the step at which the run saved (or restored)
-    ``state``: steps are then counted from it (a run that changed its batch size or ranks
-    at that restore); None: from the run's start. The state is checked against ``source``
-    (StateError naming what differs)."""
-    from shardfeed.pipeline.loader import Loader
-
-    with Loader(source, batch_size=batch_size, seed=int(state["seed"]),
-                shuffle=bool(state["shuffle"]), order_method=state["order_method"],
-                world_size=world_size, rank=0, transform=transform, on_error=on_error,
-                drop_last=drop_last, remainder=remainder, num_threads=1) as loader:
-        loader.restore(state)
-        after = None if state_step is None else (state, state_step)
-        return loader.records_at(step, rank=rank, after=after)
-
-
-def where_record(loader: Loader, record: int, epoch: int) -> list[tuple[int, int, int]]:
+def where_record(loader: Any, record: int, epoch: int) -> list[tuple[int, int, int]]:
     """The ``(step, rank, row)`` at which ``record`` is in epoch ``epoch``'s batches, counted
     from the start of a run that kept this loader's batch size and ranks (see
     :meth:`Loader.where_record`); empty where the epoch leaves it out (a dropped
@@ -332,5 +306,5 @@ def where_record(loader: Loader, record: int, epoch: int) -> list[tuple[int, int
     return sorted(found)
 
 
-__all__ = ["RecordRef", "SampleRecords", "StepRecords", "records_at", "records_of_run",
-           "small_features", "step_position", "where_record"]
+__all__ = ["RecordRef", "SampleRecords", "StepRecords", "records_at", "small_features",
+           "step_position", "where_record"]

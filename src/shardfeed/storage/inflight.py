@@ -76,7 +76,7 @@ def start_in_thread(fn: Callable[[], T]) -> Future[T]:
     return _CALL_THREADS.submit(fn)
 
 
-STORAGE_CALLS = 256
+STORAGE_CALLS = 1024
 """Blocking storage calls in flight at once in a process (a thread each); beyond, calls wait
 in order. Each call is a leaf (it starts no other call on these threads) and is left at its
 deadline: obstore's client ends its request then (see ``obstore_backend``)."""

@@ -172,7 +172,7 @@ def test_read_rate_counts_the_records_of_memory_mapped_shards(
     patches = bench(data["highres"], patches=32, cache_images=2, refresh_every=8,
                     batch_size=8, **FAST)
     # patches read a record only to decode it: far fewer records than patches (none at all
-    # once the 3 images stay in the cache, which holds 2 + 2 spare + 2 decoded ahead)
+    # once the 3 images stay in the cache, which holds 2 + 2 spare + L decoded ahead)
     assert 0 <= patches["records_read_per_s"] < patches["patches_per_s"]
     assert patches["read_mb_per_s"] == pytest.approx(
         patches["records_read_per_s"] * _mean_file_record_bytes(

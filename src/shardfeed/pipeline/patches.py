@@ -29,26 +29,26 @@ Determinism: output ``p`` depends only on ``(seed, epoch, p)`` and the data: not
 thread count, ranks, restores or the cache (``cache=False`` gives the same bytes). State:
 the dataset's fingerprint and the options that decide the patches (see
 :meth:`Patches.state`); a restore on other ones raises StateError naming the first that
-differs. Memory: the decoded-image cache,
-``cache_bytes`` (default: ``N + max(2, N // 8) + 2`` decoded images of the largest image
-decoded so far: the bound grows when a larger image comes, so a small first image does not
-leave the others uncached), plus the dataset's index (8 bytes an image). Threads work up to
-``prefetch_batches × batch_size`` outputs ahead, which needs ``N + ceil(that / R)`` images
-at once; when ``R`` is small next to the batch, pass a larger ``cache_bytes`` (or images are
-decoded again, with the same outputs).
+differs. Memory: the decoded-image cache, ``cache_bytes`` (default: ``N + max(2, N // 8) +
+LOOK_AHEAD_IMAGES`` decoded images of the largest image decoded so far: the bound grows when a
+larger image comes, so a small first image does not leave the others uncached), plus the
+dataset's index (8 bytes an image). Threads work up to ``prefetch_batches × batch_size``
+outputs ahead, which needs ``N + ceil(that / R)`` images at once; when ``R`` is small next to
+the batch, pass a larger ``cache_bytes`` (or images are decoded again, with the same outputs).
 
 Decoding ahead. A slice starts the decodes of its images, and of the images the next
-outputs of its stride (its rank's) need up to ``LOOK_AHEAD_IMAGES`` (2) refreshes past it,
-on threads of their own, so decodes run while slices cut patches::
+outputs of its stride (its rank's) need up to ``LOOK_AHEAD_IMAGES`` (L: 6 on 2 cores, 10
+from 4) refreshes past it, on threads of their own, so decodes run while slices cut
+patches::
 
-    outputs   ... [ slice: p0 .. p1 ] p1+W ... up to the end of refresh p1 // R + 2
-    images        [ window(p0) ... window(p1) ] + up to 2 images that enter after p1
+    outputs   ... [ slice: p0 .. p1 ] p1+W ... up to the end of refresh p1 // R + L
+    images        [ window(p0) ... window(p1) ] + up to L images that enter after p1
 
 The look-ahead takes only the room the bound leaves beyond the slice's images and the
-``max(2, N // 8)`` images of threads working ahead (the default bound has 2 images for it;
+``max(2, N // 8)`` images of threads working ahead (the default bound has L images for it;
 a stated ``cache_bytes`` without room turns it off), so an image decoded ahead never pushes
 out one an output still needs: each image is still decoded once per residency (at an
-epoch's end, up to 2 images may be decoded for outputs a dropped last batch would have cut).
+epoch's end, up to L images may be decoded for outputs a dropped last batch would have cut).
 """
 
 from __future__ import annotations
@@ -101,8 +101,13 @@ _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image
 DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
 """Threads decoding the images slices need next (see ``Patches._decode_ahead``), one image
 each at most: their images are counted in :attr:`Patches.cache_bytes`."""
-LOOK_AHEAD_IMAGES = 2
-"""Refreshes past a slice whose outputs' images are decoded ahead (see ``Patches._look_ahead``)."""
+LOOK_AHEAD_IMAGES = 2 * DECODE_AHEAD_THREADS + 2
+"""Refreshes past a slice whose outputs' images are decoded ahead (see ``Patches._look_ahead``):
+enough to keep every decode thread busy while slices wait for none (6 on 2 cores, 10 from 4).
+``bench_tf_bridge.py``'s patch set (96 JPEGs of 1024x768, N=8, R=32, batch 16, 2 threads, 2
+cores), three interleaved rounds of 5 s: 2 refreshes 8,799 / 8,604 / 8,624 patches/s, 4
+8,787 / 9,548 / 8,932, 6 9,841 / 9,666 / 9,549 (1.5 -> 1.66 cores busy); 10 beyond 6 within
+the noise."""
 _DECODERS = DaemonThreads(
     "shardfeed-patch-decode", limit=DECODE_AHEAD_THREADS,
     why="Patches' decodes of the images slices need next, one image each (cache_bytes counts "
@@ -133,7 +138,8 @@ class Patches(SamplerBase):
     ``refresh_every`` (R), the schedule; ``pick`` (``"stratified"`` or ``"uniform"``, see the
     module docstring); ``reduced_decode`` (decode at 1/2, 1/4, 1/8 when every crop is
     shrunk that much); ``cache`` (False decodes for every patch: same outputs, slower);
-    ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8) + 2`` images of the
+    ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8) + LOOK_AHEAD_IMAGES``
+    images of the
     largest image decoded so far; pass it to fix the bound from the start); ``mask`` (None:
     cut the mask too when the dataset has one); ``max_pixels``
     (the most pixels an image may have, read from its header before decoding; default 2^27:

@@ -204,3 +204,49 @@ def test_which_in_a_fresh_process_matches(tmp_path: Path, records_folder: Path) 
          str(tmp_path / "none.json"), "--step", "1", "--batch-size", "4"],
         capture_output=True, text=True, env=env, timeout=120, check=False)
     assert wrong.returncode != 0 and "cannot read the state" in wrong.stderr
+
+
+FRESH = """\
+import json, sys
+import shardfeed
+folder, state_file, steps_file = sys.argv[1:4]
+state = json.loads(open(state_file).read())
+steps = json.loads(open(steps_file).read())
+ds = shardfeed.Dataset(folder)
+out = {}
+for step in steps:
+    found = shardfeed.records_at(ds, state, step, batch_size=4, world_size=2,
+                                 transform=shardfeed.transforms.DecodeImage(),
+                                 on_error="skip")
+    out[str(step)] = [[s.rank, s.records[0].features["index"][0]] for s in found.samples]
+print(json.dumps(out))
+"""
+
+
+def test_a_hundred_random_steps_from_a_saved_state_in_a_fresh_process(tmp_path: Path) -> None:
+    """Two ranks over 6 epochs with bad images skipped: the state saved mid-run, then a fresh
+    process (no loader of the run) finds what 100 random steps, past and future, held."""
+    folder = write_dataset(tmp_path / "bad", 30, bad_jpeg=(4, 17))
+    options = {"batch_size": 4, "shuffle": True, "seed": 21, "on_error": "skip",
+               "max_skipped": 10, "transform": DecodeImage(), "world_size": 2}
+    held: list[list[list[int]]] = []
+    for rank in range(2):
+        with Loader(Dataset(str(folder)), rank=rank, **options) as loader:
+            batches = [b["index"].ravel().tolist() for _ in range(6) for b in loader]
+            held.append(batches)
+            if rank == 0:
+                state = loader.state()  # after 6 epochs: steps before it are past
+    steps = sorted(np.random.default_rng(0).choice(len(held[0]), 100, replace=True).tolist())
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    (tmp_path / "steps.json").write_text(json.dumps(steps))
+    (tmp_path / "fresh.py").write_text(FRESH)
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run([sys.executable, str(tmp_path / "fresh.py"), str(folder),
+                           str(tmp_path / "state.json"), str(tmp_path / "steps.json")],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    for step in steps:
+        rows = found[str(step)]
+        for rank in range(2):
+            assert [i for r, i in rows if r == rank] == held[rank][step], (step, rank)

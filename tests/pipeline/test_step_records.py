@@ -250,3 +250,40 @@ def test_a_hundred_random_steps_from_a_saved_state_in_a_fresh_process(tmp_path: 
         rows = found[str(step)]
         for rank in range(2):
             assert [i for r, i in rows if r == rank] == held[rank][step], (step, rank)
+
+
+class Same(shardfeed.BatchStageBase):
+    def __call__(self, batch: Any, keys: Any, /) -> Any:
+        return batch
+
+
+@pytest.mark.parametrize(("drop_last", "remainder"), [(True, None), (False, "drop"),
+                                                       (True, "pad")])
+def test_a_saved_state_with_the_runs_options_gives_its_steps(
+    records_folder: Path, drop_last: bool, remainder: Any
+) -> None:
+    """drop_last and remainder change an epoch's batches on several ranks: the tools take the
+    Loader's defaults for them; a state with batch stages is read without them."""
+    options: dict[str, Any] = {"batch_size": 3, "shuffle": True, "seed": 2, "transform": None,
+                               "drop_last": drop_last, "remainder": remainder,
+                               "batch_stages": [Same()]}
+    held = run_ranks(records_folder, 4, 2, **options)
+    with Loader(Dataset(str(records_folder)), rank=0, world_size=4, **options) as loader:
+        state = json.loads(json.dumps(loader.state()))
+        assert "batch_stages" in state
+    for step in range(len(held[0])):
+        alone = shardfeed.records_at(Dataset(str(records_folder)), state, step, batch_size=3,
+                                     world_size=4, transform=None, drop_last=drop_last,
+                                     remainder=remainder)
+        assert [index_of(alone, r) for r in range(4)] == [held[r][step] for r in range(4)]
+
+
+def test_where_record_with_fewer_samples_than_ranks(tmp_path: Path) -> None:
+    folder = write_records(tmp_path / "two", 2, shards=1)
+    with Loader(Dataset(str(folder)), batch_size=1, shuffle=True, seed=0, transform=None,
+                rank=0, world_size=5) as loader:  # remainder="pad": positions wrap twice
+        found = loader.records_at(0)
+        for record in range(2):
+            placed = loader.where_record(record, 0)
+            assert sorted((rank, row) for _, rank, row in placed) == sorted(
+                (s.rank, s.row) for s in found.samples if s.records[0].record == record)

@@ -54,9 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the run's on_error: 'skip' shows each bad sample's replacement")
     parser.add_argument("--drop-last", action="store_true",
                         help="the run dropped an epoch's last, shorter batch (drop_last=True)")
-    parser.add_argument("--remainder", choices=("pad", "drop"), default="pad",
+    parser.add_argument("--remainder", choices=("pad", "drop"), default=None,
                         help="the run's remainder: how ranks share an epoch's last samples "
-                             "(default pad, the Loader's)")
+                             "(default the Loader's: drop with --drop-last, else pad)")
+    parser.add_argument("--exif-orientation", choices=("ignore", "apply"), default="ignore",
+                        help="the run's exif_orientation, for patches and presets (a state "
+                             "does not hold it; default ignore, the Loader's)")
     parser.add_argument("--json", action="store_true", help="print the batch as JSON")
     common.add_dataset_options(parser)
 
@@ -77,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
                          "with 'seed', 'epoch', 'consumed' and 'source', from loader.state())")
     transform = None
     if args.preset is not None:
-        transform = getattr(shardfeed.presets, args.preset)(size=args.size)
+        transform = getattr(shardfeed.presets, args.preset)(
+            size=args.size, exif_orientation=args.exif_orientation)
     try:
         with shardfeed.Dataset(args.source, **common.dataset_options(args)) as ds:
-            source = _sampler(ds, state["source"])
+            source = _sampler(ds, state["source"], args.exif_orientation)
             found = shardfeed.records_at(
                 source, state, args.step, batch_size=args.batch_size,
                 world_size=args.world_size, rank=args.rank, state_step=args.state_step,
@@ -95,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sampler(ds: Any, source: dict[str, Any]) -> Any:
-    """The sampler the state names, over ``ds``, with the state's options."""
+def _sampler(ds: Any, source: dict[str, Any], exif_orientation: Any) -> Any:
+    """The sampler the state names, over ``ds``, with the state's options (and the
+    ``exif_orientation`` asked, which a Patches state does not hold)."""
     import shardfeed
 
     kind = source.get("kind", "records")
@@ -114,7 +119,8 @@ def _sampler(ds: Any, source: dict[str, Any]) -> Any:
             ds, size=tuple(source["size"]), scale=source.get("scale"),
             cache_images=int(source["cache_images"]),
             refresh_every=int(source["refresh_every"]), pick=source.get("pick", "stratified"),
-            reduced_decode=bool(source.get("reduced_decode", True)))
+            reduced_decode=bool(source.get("reduced_decode", True)),
+            exif_orientation=exif_orientation)
     raise SystemExit(f"shardfeed which: the state is of a {kind} sampler, which this command "
                      "does not rebuild; call shardfeed.records_at(source, state, step, ...) "
                      "in Python with the run's source")

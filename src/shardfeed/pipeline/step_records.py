@@ -21,6 +21,9 @@ From a saved state without the run's loader: ``shardfeed.records_at``
 batches of an epoch (a record sampler's: its one position; windows and patches use a record
 in many samples and are not inverted here).
 
+A Patches loader's image cache is the one its batches use: ask a loader that is not
+iterating (or a fresh one) to leave a running pass's cache as it is.
+
 Determinism: the loader's (the same positions, records and replacements as its batches).
 State: none. Memory: one batch's records and samples.
 """
@@ -294,8 +297,11 @@ def where_record(loader: Any, record: int, epoch: int) -> list[tuple[int, int, i
     for r in range(opts.world_size):
         share = RankShare(loader.samples_per_epoch, rank=r, world_size=opts.world_size,
                           remainder=opts.remainder)
-        # share[k] = r + k·W, wrapping past the epoch's end with remainder="pad"
-        ks = [(p - r) // opts.world_size for p in (position, position + ctx.total)
+        # share[k] = r + k·W, wrapping past the epoch's end (remainder="pad"), as many times
+        # as the ranks' share reaches past it
+        wraps = (r + len(share) * opts.world_size) // ctx.total + 1
+        ks = [(p - r) // opts.world_size
+              for p in (position + m * ctx.total for m in range(wraps))
               if p >= r and (p - r) % opts.world_size == 0]
         for k in ks:
             if k >= len(share) or int(share[k]) != position:

@@ -115,7 +115,8 @@ def thread_budget(*, num_threads: int, workers: str, executor: Any, processes: A
     if "refuser" in PROCESS.ports:
         rows.append(ThreadPoolRow(
             "shardfeed-refuse-redirects", "process", 1, 1,
-            "refuse obstore's requests for other hosts (redirects), a short thread each"))
+            "refuse obstore's requests for other hosts (redirects); each refused request "
+            "also runs a short unnamed thread of its own while it is answered"))
     return ThreadBudget(tuple(rows))
 
 

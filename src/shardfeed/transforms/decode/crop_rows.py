@@ -199,9 +199,9 @@ def _whole_rows_into(
             continue
         if policy != "ignore" and orientation_of(values[row], policy) != 1:
             continue
-        if buf is None or buf.size < height * width * 3:
-            buf = scratch_buffer(height * width * 3)  # this thread's, as the general path's
         try:
+            if buf is None or buf.size < height * width * 3:
+                buf = scratch_buffer(height * width * 3)  # this thread's, as the general path's
             image = decode(values[row], colorspace="RGB", fastdct=fast_dct,
                            fastupsample=fast_upsample, buffer=buf)
         except (ValueError, MemoryError):

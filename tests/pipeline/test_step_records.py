@@ -199,6 +199,15 @@ def test_which_in_a_fresh_process_matches(tmp_path: Path, records_folder: Path) 
          "--step", "17", "--batch-size", "4", "--world-size", "2", "--rank", "1"],
         capture_output=True, text=True, env=env, timeout=120, check=False)
     assert table.returncode == 0 and "rank 1 row   0" in table.stdout, table.stderr
+    with Loader(Dataset(str(records_folder)), rank=0, world_size=2, **options) as loader:
+        expected_places = loader.where_record(31, 2)
+    where = subprocess.run(
+        [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state", str(path),
+         "--record", "31", "--epoch", "2", "--batch-size", "4", "--world-size", "2", "--json"],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert where.returncode == 0, where.stderr
+    assert [(p["step"], p["rank"], p["row"]) for p in json.loads(where.stdout)["places"]] == (
+        expected_places) and expected_places
     wrong = subprocess.run(
         [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state",
          str(tmp_path / "none.json"), "--step", "1", "--batch-size", "4"],

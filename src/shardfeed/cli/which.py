@@ -34,8 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", required=True, metavar="STATE.json",
                         help="a loader state the run saved (loader.state() as JSON; a "
                              "LoaderCheckpoint's loader_state.json)")
-    parser.add_argument("--step", required=True, type=common.non_negative_int, metavar="N",
-                        help="the step: batches each rank took since the run's start")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--step", type=common.non_negative_int, metavar="N",
+                      help="the step: batches each rank took since the run's start")
+    what.add_argument("--record", type=common.non_negative_int, metavar="X",
+                      help="the other way round: the steps, ranks and rows at which record X "
+                           "is in an epoch's batches (a run over records)")
+    parser.add_argument("--epoch", type=common.non_negative_int, default=None, metavar="E",
+                        help="with --record: the epoch (default the state's)")
     parser.add_argument("--batch-size", required=True, type=common.positive_int, metavar="B",
                         help="the run's batch size (a rank's)")
     parser.add_argument("--world-size", type=common.positive_int, default=1, metavar="W",
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with shardfeed.Dataset(args.source, **common.dataset_options(args)) as ds:
             source = _sampler(ds, state["source"], args.exif_orientation)
+            if args.record is not None:
+                return _where(source, state, args)
             found = shardfeed.records_at(
                 source, state, args.step, batch_size=args.batch_size,
                 world_size=args.world_size, rank=args.rank, state_step=args.state_step,
@@ -96,6 +104,25 @@ def run(args: argparse.Namespace) -> int:
         common.print_json(found.to_json())
     else:
         print(found)
+    return 0
+
+
+def _where(source: Any, state: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print where record ``args.record`` is in an epoch's batches."""
+    from shardfeed.tools.which import record_steps
+
+    epoch = int(state["epoch"]) if args.epoch is None else args.epoch
+    places = record_steps(source, state, args.record, epoch, batch_size=args.batch_size,
+                          world_size=args.world_size, drop_last=args.drop_last,
+                          remainder=args.remainder)
+    if args.json:
+        common.print_json({"record": args.record, "epoch": epoch,
+                           "places": [{"step": s, "rank": r, "row": w} for s, r, w in places]})
+    elif not places:
+        print(f"record {args.record} is in no batch of epoch {epoch} (a dropped remainder)")
+    else:
+        for step, rank, row in places:
+            print(f"record {args.record}: epoch {epoch}, step {step}, rank {rank}, row {row}")
     return 0
 
 

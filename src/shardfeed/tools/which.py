@@ -7,7 +7,8 @@ Determinism: the run's. State: none. Memory: one batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardfeed.pipeline.loader import Loader
@@ -29,14 +30,40 @@ def records_of_run(source: Any, state: Mapping[str, Any], step: int, *, batch_si
     or ranks at that restore); None: from the run's start. The state is checked against
     ``source`` (StateError naming what differs); its batch stages' states, which decide
     nothing of which records a step holds, are not."""
-    with Loader(source, batch_size=batch_size, seed=int(state["seed"]),
-                shuffle=bool(state["shuffle"]), order_method=state["order_method"],
-                world_size=world_size, rank=0, transform=transform, on_error=on_error,
-                drop_last=drop_last, remainder=remainder, num_threads=1) as loader:
-        state = {k: v for k, v in state.items() if k != "batch_stages"}
-        loader.restore(state)
+    state = _plain(state)
+    with _run_loader(source, state, batch_size=batch_size, world_size=world_size,
+                     transform=transform, on_error=on_error, drop_last=drop_last,
+                     remainder=remainder) as loader:
         after = None if state_step is None else (state, state_step)
         return loader.records_at(step, rank=rank, after=after)
 
 
-__all__ = ["records_of_run"]
+def record_steps(source: Any, state: Mapping[str, Any], record: int, epoch: int | None = None,
+                 *, batch_size: int, world_size: int = 1, drop_last: bool = False,
+                 remainder: Remainder | None = None) -> list[tuple[int, int, int]]:
+    """:meth:`Loader.where_record` from a saved state: the ``(step, rank, row)`` at which
+    ``record`` is in epoch ``epoch``'s batches (None: the state's epoch), steps from the
+    run's start; the run's options as for :func:`records_of_run`."""
+    state = _plain(state)
+    with _run_loader(source, state, batch_size=batch_size, world_size=world_size,
+                     transform=None, on_error="raise", drop_last=drop_last,
+                     remainder=remainder) as loader:
+        return loader.where_record(record, int(state["epoch"]) if epoch is None else epoch)
+
+
+def _plain(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != "batch_stages"}
+
+
+@contextlib.contextmanager
+def _run_loader(source: Any, state: Mapping[str, Any], **options: Any) -> Iterator[Loader]:
+    """A one-thread Loader over ``source`` with the state's seed and order and ``options``,
+    restored to ``state`` (checked against ``source``)."""
+    with Loader(source, seed=int(state["seed"]), shuffle=bool(state["shuffle"]),
+                order_method=state["order_method"], rank=0, num_threads=1,
+                **options) as loader:
+        loader.restore(state)
+        yield loader
+
+
+__all__ = ["record_steps", "records_of_run"]

@@ -296,3 +296,61 @@ def test_where_record_with_fewer_samples_than_ranks(tmp_path: Path) -> None:
             placed = loader.where_record(record, 0)
             assert sorted((rank, row) for _, rank, row in placed) == sorted(
                 (s.rank, s.row) for s in found.samples if s.records[0].record == record)
+
+
+def test_what_a_run_saved_is_read_and_checked(tmp_path: Path, records_folder: Path) -> None:
+    """A state as the run saved it (its JSON text, a file, a LoaderCheckpoint's wrapper or
+    folder) is read; one of another source, or whose position is not on a step of the batch
+    size and ranks given, is refused with what differs; a step that is not a count is too."""
+    options = {"batch_size": 4, "shuffle": True, "seed": 6, "transform": None}
+    with Loader(Dataset(str(records_folder)), rank=0, world_size=2, **options) as loader:
+        batches = iter(loader)
+        for _ in range(3):
+            next(batches)
+        state = loader.state()  # at epoch position 24 = 3 steps of 4 x 2
+        expected = loader.records_at(9).records()
+        checkpoint = tmp_path / "ckpt"
+        checkpoint.mkdir()
+        (checkpoint / "loader_state.json").write_text(
+            json.dumps({"loader": state, "step": 3, "epoch": 0, "serial": 1}))
+        for given in (json.dumps(state), tmp_path / "none", checkpoint,
+                      checkpoint / "loader_state.json"):
+            if given == tmp_path / "none":
+                (tmp_path / "none").write_text(json.dumps(state))
+            found = shardfeed.records_at(Dataset(str(records_folder)), given, 9, batch_size=4,
+                                         world_size=2, transform=None)
+            assert found.records() == expected
+        with pytest.raises(ValueError, match="not at a step of batch_size=5 x world_size=2"):
+            shardfeed.records_at(Dataset(str(records_folder)), state, 9, batch_size=5,
+                                 world_size=2, transform=None)
+        with pytest.raises(ValueError, match="step must be an int"):
+            loader.records_at(1.5)  # type: ignore[arg-type]
+        other = write_records(tmp_path / "other", 50, shards=2)
+        with (Loader(Dataset(str(other)), rank=0, world_size=2, **options) as stranger,
+              pytest.raises(shardfeed.StateError, match="another source")):
+            stranger.records_at(5, after=(state, 3))
+        with pytest.raises(ValueError, match="a loader state is what loader.state"):
+            loader.records_at(5, after=({"epoch": 0}, 3))
+
+
+def test_which_prints_the_same_whatever_the_hash_seed(tmp_path: Path,
+                                                      records_folder: Path) -> None:
+    with Loader(Dataset(str(records_folder)), batch_size=4, shuffle=True, seed=3,
+                transform=None) as loader:
+        (tmp_path / "s.json").write_text(json.dumps(loader.state()))
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state",
+             str(tmp_path / "s.json"), "--step", "3", "--batch-size", "4", "--json"],
+            capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        outs.append(done.stdout)
+    assert outs[0] == outs[1]
+    mixed = subprocess.run(
+        [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state",
+         str(tmp_path / "s.json"), "--step", "3", "--epoch", "1", "--batch-size", "4"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)},
+        timeout=120, check=False)
+    assert mixed.returncode != 0 and "--epoch goes with --record" in mixed.stderr

@@ -19,7 +19,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="the dataset the run read (folder, manifest, URL)")
     parser.add_argument("--state", required=True, metavar="STATE.json",
                         help="a loader state the run saved (loader.state() as JSON; a "
-                             "LoaderCheckpoint's loader_state.json)")
+                             "LoaderCheckpoint's loader_state.json, or its folder)")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--step", type=common.non_negative_int, metavar="N",
                       help="the step: batches each rank took since the run's start")
@@ -73,15 +72,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import shardfeed
     from shardfeed.errors import ShardfeedError
+    from shardfeed.pipeline.step_records import loader_state_of
 
+    if args.epoch is not None and args.record is None:
+        raise SystemExit("shardfeed which: --epoch goes with --record (a step names its epoch)")
     try:
-        state = json.loads(Path(args.state).read_text())
+        state = loader_state_of(Path(args.state))
     except (OSError, ValueError) as exc:
         raise SystemExit(f"shardfeed which: cannot read the state {args.state}: {exc} "
-                         "(pass the JSON of loader.state() the run saved)") from None
-    if isinstance(state, dict) and isinstance(state.get("loader"), dict):
-        state = state["loader"]  # a LoaderCheckpoint's loader_state.json holds it
-    if not isinstance(state, dict) or not isinstance(state.get("source"), dict):
+                         "(pass the JSON of loader.state() the run saved, or a "
+                         "LoaderCheckpoint's loader_state.json or folder)") from None
+    if not isinstance(state.get("source"), dict):
         raise SystemExit(f"shardfeed which: {args.state} is not a loader state (a JSON object "
                          "with 'seed', 'epoch', 'consumed' and 'source', from loader.state())")
     transform = None

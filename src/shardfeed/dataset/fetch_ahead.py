@@ -58,7 +58,7 @@ CACHE_READ_RECORDS = 16
 run on several threads, beside the decoder, not on the scheduling one."""
 
 _CACHE_READS = DaemonThreads("shardfeed-cache-read", limit=FETCH_THREADS,
-                             why="reads of the disk cache's records, CACHE_READ_RECORDS a call")
+                             why="reads of records the disk cache holds")
 """The threads that read the disk cache: not the fetch threads, whose requests take a cloud
 store's latency (a hit must not wait behind a miss); kept, as every thread a pass uses."""
 

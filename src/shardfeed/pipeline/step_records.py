@@ -30,12 +30,17 @@ State: none. Memory: one batch's records and samples.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from shardfeed.errors import StateError
+from shardfeed.pipeline.loader_state import check_state
 from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext
 from shardfeed.sampling.partition import RankShare
 
@@ -93,6 +98,8 @@ class StepRecords:
                 if rank is None or s.rank == rank]
 
     def to_json(self) -> dict[str, Any]:
+        """The batch as a dict of JSON types (``json.dumps`` writes it)."""
+
         def sample(s: SampleRecords) -> dict[str, Any]:
             return {"rank": s.rank, "row": s.row, "position": s.position, "held": s.held,
                     "box": None if s.box is None else list(s.box), "dataset": s.dataset,
@@ -105,8 +112,9 @@ class StepRecords:
                 "batch": self.batch, "samples": [sample(s) for s in self.samples]}
 
     def __str__(self) -> str:
-        head = (f"step {self.step}: epoch {self.epoch}, batch {self.batch} of the pass from "
-                f"epoch position {self.start}")
+        head = (f"step {self.step}: epoch {self.epoch}, batch {self.batch}" if not self.start
+                else f"step {self.step}: epoch {self.epoch}, batch {self.batch} after the "
+                     f"restored state's epoch position {self.start}")
         lines = [head]
         for s in self.samples:
             held = ("bad, the loader raises" if s.held is None else
@@ -122,24 +130,83 @@ class StepRecords:
 
 
 def _shown(features: Mapping[str, Any]) -> str:
-    return "" if not features else " " + " ".join(f"{k}={v}" for k, v in features.items())
+    def value(v: Any) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+    return "" if not features else " " + " ".join(f"{k}={value(v)}"
+                                                 for k, v in features.items())
+
+
+def loader_state_of(state: Any) -> dict[str, Any]:
+    """A loader state from what a run saved: ``loader.state()`` (or its JSON text, or the path
+    of a file holding it), or a Keras ``LoaderCheckpoint``'s ``loader_state.json`` (which
+    holds it under ``"loader"``); ValueError naming what it is otherwise."""
+    if isinstance(state, (str, os.PathLike)):
+        text = str(state)
+        if isinstance(state, str) and text.lstrip().startswith("{"):
+            state = json.loads(text)
+        else:
+            path = Path(text)
+            if path.is_dir():
+                path = path / "loader_state.json"  # a LoaderCheckpoint's folder
+            state = json.loads(path.read_text())
+    if isinstance(state, Mapping) and isinstance(state.get("loader"), Mapping) and (
+            "seed" not in state):
+        state = state["loader"]
+    if not isinstance(state, Mapping) or not {"seed", "epoch", "consumed", "source"} <= set(
+            state):
+        raise ValueError("a loader state is what loader.state() returns (a dict with 'seed', "
+                         "'epoch', 'consumed' and 'source'), its JSON, or a LoaderCheckpoint's "
+                         "loader_state.json")
+    return {k: v for k, v in state.items() if k != "batch_stages"}
+
+
+def check_run_state(loader: Any, state: Mapping[str, Any], *, on_step: bool) -> None:
+    """StateError unless ``state`` is one of this loader's runs (seed, order, source); with
+    ``on_step`` (a run that kept this loader's batch size and ranks from its start), also
+    ValueError unless its position falls on a step of them (a run with other ones would give
+    other batches)."""
+    opts = loader.options
+    check_state(state, seed=opts.seed, samples_per_epoch=loader.samples_per_epoch,
+                shuffle=opts.shuffle, order_method=opts.order_method)
+    saved = json.loads(json.dumps(state["source"]))
+    ours = json.loads(json.dumps(loader.sampler.state()))
+    if saved != ours:
+        differ = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
+        raise StateError(
+            f"the state is of another source than this loader's ({', '.join(differ)} differ: "
+            f"the state's {[saved.get(k) for k in differ]}, this loader's "
+            f"{[ours.get(k) for k in differ]}): ask with the dataset and the sampler options "
+            f"the run used")
+    consumed, step = int(state["consumed"]), opts.batch_size * opts.world_size
+    if on_step and consumed % step and consumed < loader.samples_per_epoch:
+        raise ValueError(
+            f"the state stands at epoch position {consumed}, which is not at a step of "
+            f"batch_size={opts.batch_size} x world_size={opts.world_size} ({step} samples "
+            f"a step): give the run's batch size and number of ranks")
 
 
 def step_position(loader: Any, step: int, after: tuple[Mapping[str, Any], int] | None
                   ) -> tuple[int, int, int]:
     """``(epoch, pass start, batch in the pass)`` of ``step`` (see the module doc)."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step must be an int >= 0 (batches a rank took), got {step!r}")
     epoch, start, first = 0, 0, 0
     if after is not None:
-        state, first = after
+        state, first = loader_state_of(after[0]), after[1]
+        if not isinstance(first, (int, np.integer)) or first < 0:
+            raise ValueError(f"the state's step must be an int >= 0, got {first!r}")
+        check_run_state(loader, state, on_step=False)
         epoch, start = int(state["epoch"]), int(state["consumed"])
         if step < first:
             raise ValueError(
                 f"step {step} is before the state's step {first}: steps before a restore are "
-                f"counted from the state the run restored then (pass after=(that state, its "
-                f"step)), or from the run's start for a run that never changed its batch "
-                f"size or ranks (after=None)")
+                f"counted from the state the run restored then (Python: after=(that state, "
+                f"its step); shardfeed which: --state that state --state-step its step), or "
+                f"from the run's start for a run that never changed its batch size or ranks "
+                f"(after=None; no --state-step)")
     per_epoch = len(loader)
     if per_epoch == 0:
         raise ValueError("an epoch of this loader has no batch: no step holds records")
@@ -251,10 +318,10 @@ def _refs(sampler: Any, ids: list[int], shown: dict[int, dict[str, Any]]) -> lis
 
 
 def small_features(sample: Mapping[str, Any]) -> dict[str, Any]:
-    """A record's features a person reads: numbers (up to ``SMALL_ARRAY`` values) and short
-    UTF-8 texts; not the image or other large values."""
+    """A record's features a person reads, by name: numbers (up to ``SMALL_ARRAY`` values)
+    and short UTF-8 texts; not the image or other large values."""
     shown: dict[str, Any] = {}
-    for name, value in sample.items():
+    for name, value in sorted(sample.items()):
         if name.startswith("__"):
             continue
         if isinstance(value, (bytes, bytearray, memoryview)):
@@ -285,8 +352,8 @@ def where_record(loader: Any, record: int, epoch: int) -> list[tuple[int, int, i
     kind = getattr(loader.sampler, "kind", "")
     if kind != "records":
         raise ValueError(
-            f"where_record inverts a loader over records; a {kind} sampler "
-            f"uses a record in many samples: call records_at for the steps you look at")
+            f"where_record inverts a loader over records; a {kind} sampler uses a record in "
+            f"many samples: ask for the steps you look at (records_at; shardfeed which --step)")
     opts = loader.options
     if not 0 <= record < loader.num_units:
         raise ValueError(f"record must be in [0, {loader.num_units}), got {record}")

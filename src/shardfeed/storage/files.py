@@ -391,7 +391,7 @@ INFO_IN_FLIGHT = 16
 """``info()`` calls of :func:`object_infos` in flight at once."""
 
 _INFO_THREADS = DaemonThreads("shardfeed-info", limit=INFO_IN_FLIGHT,
-                              why="object_infos' info() calls in flight")
+                              why="look-ups of objects' sizes and versions in flight")
 
 
 def _listed_infos(folder: str, storage_options: Options) -> dict[str, Mapping[str, Any]]:

@@ -150,6 +150,18 @@ def test_fit_killed_mid_epoch_resumes_the_identical_stream(
     saved = json.loads((directory / "loader_state.json").read_text())
     assert (saved["epoch"], saved["step"]) == (1, 2)
     assert (directory / saved["weights"]).exists()
+    # which records steps 5 and 9 held, from the checkpoint's folder alone (it records the
+    # batch size and ranks): what the model trained on
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    for step in (5, 9):
+        which = subprocess.run(
+            [sys.executable, "-m", "shardfeed", "which", str(adapter_folder), "--state",
+             str(directory), "--step", str(step), "--json"],
+            capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert which.returncode == 0, which.stderr
+        held = [s["records"][0]["features"]["index"][0]
+                for s in json.loads(which.stdout)["samples"]]
+        assert held == before[step]
     # resumed on another thread count: the rest of epoch 1, then epoch 2
     _, after = _fit(tmp_path, adapter_folder, "torch", "resumed", mode="resume",
                     directory=directory, threads=1)

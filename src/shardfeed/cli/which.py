@@ -19,6 +19,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "is in an epoch's batches (a run over records)")
     parser.add_argument("--epoch", type=common.non_negative_int, default=None, metavar="E",
                         help="with --record: the epoch (default the state's)")
-    parser.add_argument("--batch-size", required=True, type=common.positive_int, metavar="B",
-                        help="the run's batch size (a rank's)")
-    parser.add_argument("--world-size", type=common.positive_int, default=1, metavar="W",
-                        help="the run's ranks (default 1)")
+    parser.add_argument("--batch-size", type=common.positive_int, default=None, metavar="B",
+                        help="the run's batch size (a rank's); a LoaderCheckpoint's file "
+                             "says it, a plain state does not")
+    parser.add_argument("--world-size", type=common.positive_int, default=None, metavar="W",
+                        help="the run's ranks (default: the checkpoint's, else 1)")
     parser.add_argument("--rank", type=common.non_negative_int, default=None, metavar="R",
                         help="show this rank only (default: every rank)")
     parser.add_argument("--state-step", type=common.non_negative_int, default=None,
@@ -57,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the preset's output size (default 224)")
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                         help="the run's on_error: 'skip' shows each bad sample's replacement")
-    parser.add_argument("--drop-last", action="store_true",
-                        help="the run dropped an epoch's last, shorter batch (drop_last=True)")
+    parser.add_argument("--drop-last", action="store_true", default=None,
+                        help="the run dropped an epoch's last, shorter batch (drop_last=True; "
+                             "default: the checkpoint's, else not)")
     parser.add_argument("--remainder", choices=("pad", "drop"), default=None,
                         help="the run's remainder: how ranks share an epoch's last samples "
                              "(default the Loader's: drop with --drop-last, else pad)")
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("shardfeed which: --epoch goes with --record (a step names its epoch)")
     try:
         state = loader_state_of(Path(args.state))
+        _run_options(args, Path(args.state))
     except (OSError, ValueError) as exc:
         raise SystemExit(f"shardfeed which: cannot read the state {args.state}: {exc} "
                          "(pass the JSON of loader.state() the run saved, or a "
@@ -106,6 +110,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(found)
     return 0
+
+
+def _run_options(args: argparse.Namespace, path: Path) -> None:
+    """The run's batch size, ranks, drop_last and remainder: as given, else as a
+    LoaderCheckpoint's file records them, else the Loader's defaults (a batch size must be
+    known)."""
+    if path.is_dir():
+        path = path / "loader_state.json"
+    saved = json.loads(path.read_text())
+    run = saved.get("run") if isinstance(saved, dict) else None
+    run = run if isinstance(run, dict) else {}
+    if args.batch_size is None:
+        if "batch_size" not in run:
+            raise SystemExit("shardfeed which: pass --batch-size, the run's batch size (a "
+                             "plain loader state does not hold it)")
+        args.batch_size = int(run["batch_size"])
+    if args.world_size is None:
+        args.world_size = int(run.get("world_size", 1))
+    if args.drop_last is None:
+        args.drop_last = bool(run.get("drop_last", False))
+    if args.remainder is None:
+        args.remainder = run.get("remainder")
 
 
 def _where(source: Any, state: dict[str, Any], args: argparse.Namespace) -> int:

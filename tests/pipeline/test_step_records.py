@@ -117,6 +117,15 @@ def test_windows_give_every_frame(tmp_path: Path) -> None:
             assert [[r.features["index"][0] for r in s.records] for s in found.samples] == [
                 [int(v) for v in np.ravel(row)] for row in rows]
             assert found.samples[0].records[0].features["image/filename"].endswith(".jpg")
+        # the inverse: every window that holds a frame, where it is in epoch 1
+        per = len(loader)
+        held = [[int(v) for v in np.ravel(row)] for rows in batches[per:] for row in rows]
+        for frame in range(len(ds)):
+            places = loader.where_record(frame, 1)
+            assert len(places) == sum(frame in window for window in held), frame
+            for step, rank, row in places:
+                window = loader.records_at(step, rank=rank).samples[row].records
+                assert frame in [r.record for r in window]
 
 
 def _big(folder: Path, n: int, *, bad: tuple[int, ...] = ()) -> Path:
@@ -354,3 +363,13 @@ def test_which_prints_the_same_whatever_the_hash_seed(tmp_path: Path,
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)},
         timeout=120, check=False)
     assert mixed.returncode != 0 and "--epoch goes with --record" in mixed.stderr
+
+
+@pytest.mark.parametrize("how", [{"stride": 2}, {"stride_seconds": 16.0}])
+def test_the_windows_that_hold_a_frame(tmp_path: Path, how: dict[str, Any]) -> None:
+    ds = Dataset(str(write_frames(tmp_path / "frames")))
+    index = Windows(ds, length=3, **how).index
+    every = index.frames_many(np.arange(len(index)))
+    for frame in range(len(ds)):
+        assert index.windows_with(frame).tolist() == np.flatnonzero(
+            (every == frame).any(axis=1)).tolist()

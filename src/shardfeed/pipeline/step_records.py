@@ -347,18 +347,24 @@ def small_features(sample: Mapping[str, Any]) -> dict[str, Any]:
 def where_record(loader: Any, record: int, epoch: int) -> list[tuple[int, int, int]]:
     """The ``(step, rank, row)`` at which ``record`` is in epoch ``epoch``'s batches, counted
     from the start of a run that kept this loader's batch size and ranks (see
-    :meth:`Loader.where_record`); empty where the epoch leaves it out (a dropped
+    :meth:`Loader.where_record`): a record sampler's one sample, a Windows sampler's every
+    window with the record among its frames; empty where the epoch leaves it out (a dropped
     remainder)."""
-    kind = getattr(loader.sampler, "kind", "")
-    if kind != "records":
+    sampler = loader.sampler
+    kind = getattr(sampler, "kind", "")
+    if kind not in ("records", "windows"):
         raise ValueError(
-            f"where_record inverts a loader over records; a {kind} sampler uses a record in "
-            f"many samples: ask for the steps you look at (records_at; shardfeed which --step)")
+            f"where_record inverts a loader over records or windows; a {kind} sampler's "
+            f"samples follow from a cache's schedule: ask for the steps you look at "
+            f"(records_at; shardfeed which --step)")
     opts = loader.options
-    if not 0 <= record < loader.num_units:
+    if not 0 <= record < loader.num_units and kind == "records":
         raise ValueError(f"record must be in [0, {loader.num_units}), got {record}")
+    units = [record] if kind == "records" else sampler.index.windows_with(record).tolist()
+    if not units:
+        return []
     ctx = loader._context(epoch)
-    position = int(ctx.order.positions_of([record])[0])
+    positions = ctx.order.positions_of(units).tolist()
     found = []
     per_epoch = len(loader)
     for r in range(opts.world_size):
@@ -367,15 +373,16 @@ def where_record(loader: Any, record: int, epoch: int) -> list[tuple[int, int, i
         # share[k] = r + k·W, wrapping past the epoch's end (remainder="pad"), as many times
         # as the ranks' share reaches past it
         wraps = (r + len(share) * opts.world_size) // ctx.total + 1
-        ks = [(p - r) // opts.world_size
-              for p in (position + m * ctx.total for m in range(wraps))
-              if p >= r and (p - r) % opts.world_size == 0]
-        for k in ks:
-            if k >= len(share) or int(share[k]) != position:
-                continue
-            batch, row = divmod(k, opts.batch_size)
-            if batch < per_epoch:
-                found.append((epoch * per_epoch + batch, r, row))
+        for position in positions:
+            ks = [(p - r) // opts.world_size
+                  for p in (position + m * ctx.total for m in range(wraps))
+                  if p >= r and (p - r) % opts.world_size == 0]
+            for k in ks:
+                if k >= len(share) or int(share[k]) != position:
+                    continue
+                batch, row = divmod(k, opts.batch_size)
+                if batch < per_epoch:
+                    found.append((epoch * per_epoch + batch, r, row))
     return sorted(found)
 
 

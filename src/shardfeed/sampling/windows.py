@@ -194,6 +194,17 @@ class WindowIndex:
             return starts[:, None] + self._offsets[None, :]
         return self._table[index].astype(np.int64)
 
+    def windows_with(self, record: int) -> IntArray:
+        """The windows that hold frame ``record``, increasing (at most ``length``)."""
+        if self._table.ndim == 1:
+            anchors = record - self._offsets  # the anchor of a window holding it at frame j
+            found = np.searchsorted(self._table, anchors)
+            inside = found < len(self._table)
+            hit = found[inside][self._table[found[inside]] == anchors[inside]]
+            return np.unique(hit).astype(np.int64)
+        rows = np.flatnonzero((self._table == record).any(axis=1))
+        return rows.astype(np.int64)
+
     def last_frame(self, w: int) -> int:
         """The record index of the last frame of window ``w`` (whose label a window carries)."""
         return int(self.frames(w)[-1])

@@ -148,6 +148,11 @@ def test_patches_give_the_image_and_its_box(tmp_path: Path) -> None:
             found = loader.records_at(step)
             assert [s.records[0].record for s in found.samples] == records
             assert [list(s.box) for s in found.samples] == boxes  # type: ignore[arg-type]
+        # the inverse: every patch cut from an image, where it is in the epoch
+        for image in range(12):
+            places = loader.where_record(image, 0)
+            assert len(places) == sum(records.count(image) for records, _ in batches)
+            assert all(batches[step][0][row] == image for step, _, row in places)
 
 
 def test_a_mixture_names_the_dataset(tmp_path: Path, records_folder: Path) -> None:

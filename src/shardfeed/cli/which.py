@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the step: batches each rank took since the run's start")
     what.add_argument("--record", type=common.non_negative_int, metavar="X",
                       help="the other way round: the steps, ranks and rows at which record X "
-                           "is in an epoch's batches (a run over records, or every window "
-                           "with X among its frames)")
+                           "is in an epoch's batches (a run over records; over windows every "
+                           "window with X among its frames; over patches every patch of X)")
     parser.add_argument("--epoch", type=common.non_negative_int, default=None, metavar="E",
                         help="with --record: the epoch (default the state's)")
     parser.add_argument("--batch-size", type=common.positive_int, default=None, metavar="B",

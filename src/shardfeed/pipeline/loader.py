@@ -391,9 +391,10 @@ class Loader:
         return records_at(self, step, rank=rank, after=after)
 
     def where_record(self, record: int, epoch: int) -> list[tuple[int, int, int]]:
-        """The ``(step, rank, row)`` at which ``record`` is in epoch ``epoch``'s batches (a
-        loader over records, or over windows: every window with it among its frames), steps
-        counted from the run's start; empty where a dropped remainder leaves it out."""
+        """The ``(step, rank, row)`` at which ``record`` is in epoch ``epoch``'s batches: a
+        loader over records, over windows (every window with it among its frames) or patches
+        (every patch cut from the image); steps counted from the run's start; empty where a
+        dropped remainder leaves it out."""
         return where_record(self, record, epoch)
 
     def thread_budget(self) -> ThreadBudget:

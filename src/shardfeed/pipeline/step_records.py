@@ -348,23 +348,31 @@ def where_record(loader: Any, record: int, epoch: int) -> list[tuple[int, int, i
     """The ``(step, rank, row)`` at which ``record`` is in epoch ``epoch``'s batches, counted
     from the start of a run that kept this loader's batch size and ranks (see
     :meth:`Loader.where_record`): a record sampler's one sample, a Windows sampler's every
-    window with the record among its frames; empty where the epoch leaves it out (a dropped
-    remainder)."""
+    window with the record among its frames, a Patches sampler's every patch cut from the
+    image; empty where the epoch leaves it out (a dropped remainder)."""
     sampler = loader.sampler
     kind = getattr(sampler, "kind", "")
-    if kind not in ("records", "windows"):
+    if kind not in ("records", "windows", "patches"):
         raise ValueError(
-            f"where_record inverts a loader over records or windows; a {kind} sampler's "
-            f"samples follow from a cache's schedule: ask for the steps you look at "
-            f"(records_at; shardfeed which --step)")
+            f"where_record inverts a loader over records, windows or patches, not a {kind} "
+            f"sampler: ask for the steps you look at (records_at; shardfeed which --step)")
     opts = loader.options
-    if not 0 <= record < loader.num_units and kind == "records":
+    if not 0 <= record < loader.num_units and kind != "windows":
         raise ValueError(f"record must be in [0, {loader.num_units}), got {record}")
-    units = [record] if kind == "records" else sampler.index.windows_with(record).tolist()
-    if not units:
-        return []
     ctx = loader._context(epoch)
-    positions = ctx.order.positions_of(units).tolist()
+    if kind == "records":
+        positions = ctx.order.positions_of([record]).tolist()
+    elif kind == "windows":
+        windows = sampler.index.windows_with(record)
+        positions = ctx.order.positions_of(windows).tolist() if len(windows) else []
+    else:  # the outputs cut from the image while it is resident
+        q = int(ctx.order.positions_of([record])[0])
+        first, last = sampler.schedule.resident_spans(np.array([q]))
+        outputs = np.arange(int(first[0]), int(last[0]) + 1, dtype=np.int64)
+        outputs = outputs[outputs < ctx.total]
+        positions = outputs[sampler.order_positions(ctx.seed, ctx.epoch, outputs) == q].tolist()
+    if not positions:
+        return []
     found = []
     per_epoch = len(loader)
     for r in range(opts.world_size):

@@ -117,6 +117,10 @@ def holder_mid_fetch(server: Any, url: str, cache: Path, stop: Callable[[int], N
                 assert time.monotonic() < end, "the holder never reserved its records"
                 time.sleep(0.05)
             stop(proc.pid)
+            # the stop lands before the held GETs are answered: a signal returns before every
+            # thread of its target has stopped (or died), and on a busy machine a holder
+            # still running could fill entries with the answers the stall lets go
+            settled({proc.pid, *_children(proc.pid)})
         yield proc
     finally:
         for pid in {proc.pid, *_children(proc.pid)}:
@@ -125,6 +129,24 @@ def holder_mid_fetch(server: Any, url: str, cache: Path, stop: Callable[[int], N
             except ProcessLookupError:
                 pass
         proc.wait(30)
+
+
+def settled(pids: set[int], *, seconds: float = 30.0) -> None:
+    """Wait until every thread of ``pids`` is stopped, or gone (the state field of
+    ``/proc/PID/task/TID/stat``: T, t, Z, X, or no such task)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        states = []
+        for pid in pids:
+            for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+                try:
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+                except (OSError, IndexError):
+                    continue
+        if all(state in "TtZX" for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the holder's threads did not stop within {seconds} s")
 
 
 def kill(pid: int) -> None:

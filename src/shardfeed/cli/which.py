@@ -81,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     if args.epoch is not None and args.record is None:
         raise SystemExit("shardfeed which: --epoch goes with --record (a step names its epoch)")
     try:
-        state = loader_state_of(Path(args.state))
-        _run_options(args, Path(args.state))
+        saved = _saved(Path(args.state))
+        state = loader_state_of(saved)
+        _run_options(args, saved)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"shardfeed which: cannot read the state {args.state}: {exc} "
                          "(pass the JSON of loader.state() the run saved, or a "
@@ -113,13 +114,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_options(args: argparse.Namespace, path: Path) -> None:
-    """The run's batch size, ranks, drop_last and remainder: as given, else as a
-    LoaderCheckpoint's file records them, else the Loader's defaults (a batch size must be
-    known)."""
+def _saved(path: Path) -> Any:
+    """The JSON of a state file (a LoaderCheckpoint's folder: its ``loader_state.json``)."""
     if path.is_dir():
         path = path / "loader_state.json"
-    saved = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def _run_options(args: argparse.Namespace, saved: Any) -> None:
+    """The run's batch size, ranks, drop_last and remainder: as given, else as a
+    LoaderCheckpoint's file records them (``saved``), else the Loader's defaults (a batch
+    size must be known)."""
     run = saved.get("run") if isinstance(saved, dict) else None
     run = run if isinstance(run, dict) else {}
     if args.batch_size is None:

@@ -298,6 +298,10 @@ def _features(sampler: Any, ids: list[int], read: dict[int, Any] | None
     if read is None or getattr(sampler, "kind", "") == "patches":  # patches: cached markers
         reader = (sampler._ds().read_many if getattr(sampler, "kind", "") == "patches"
                   else sampler.read)
+        try:
+            return {i: small_features(r) for i, r in zip(ids, reader(ids))}
+        except DATA_ERRORS:
+            pass
         out: dict[int, dict[str, Any]] = {}
         for i in ids:  # one by one: a damaged record shows nothing, the others their features
             try:

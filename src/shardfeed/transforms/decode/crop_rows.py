@@ -38,7 +38,7 @@ import simplejpeg
 from shardfeed.errors import SchemaError
 from shardfeed.format.native import compiled_module
 from shardfeed.sampling.crop_draws import RowKeys
-from shardfeed.transforms.arrays import AREA_SHRINK
+from shardfeed.transforms.arrays import interpolation_for
 from shardfeed.transforms.base import NO_RANDOMNESS
 from shardfeed.transforms.boxes import Box
 from shardfeed.transforms.decode.fields import ImageField
@@ -254,8 +254,7 @@ def _region_rows_into(
     regions = decode_regions([values[r] for r in rows], boxes, fast_dct=op.fast_dct,
                              fast_upsample=op.fast_upsample)
     out_h, out_w = op.size
-    size, area_h, area_w = (out_w, out_h), AREA_SHRINK * out_h, AREA_SHRINK * out_w
-    resize, flip, linear, area = cv2.resize, cv2.flip, cv2.INTER_LINEAR, cv2.INTER_AREA
+    size, resize, flip = (out_w, out_h), cv2.resize, cv2.flip
     made = 0
     for row, turn, region in zip(rows, turns, regions):
         if region is None:
@@ -263,9 +262,8 @@ def _region_rows_into(
         target = image_out[row]
         flipped = drawn[row][6] != 0  # type: ignore[index]
         if plain:
-            rh, rw = region.shape[:2]
-            resize(region, size, dst=target,
-                   interpolation=area if rh >= area_h and rw >= area_w else linear)
+            resize(region, size, dst=target, interpolation=interpolation_for(
+                region.shape[:2], op.size, is_mask=False))
             if flipped:
                 flip(target, 1, dst=target)
         else:

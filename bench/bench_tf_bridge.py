@@ -387,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=4.0,
+                        help="records made, times each workload's base count (default 4: "
+                             "epochs of about 1-3 s on 2 cores, so a pass's start and end "
+                             "weigh as they do in training)")
     parser.add_argument("--only", default=",".join(BUILDERS),
                         help="workloads, comma-separated (default: all five)")
     args = parser.parse_args(argv)
@@ -404,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="shardfeed-tfbridge-") as tmp:
         for name in names:
             build, count = BUILDERS[name]
-            work = build(Path(tmp), count, args.threads)
+            work = build(Path(tmp), max(1, round(count * args.scale)), args.threads)
             epochs = contenders(tf, work, args.threads, args.batch)
             rates: dict[str, list[float]] = {k: [] for k in epochs}
             cpu: dict[str, list[float]] = {k: [] for k in epochs}

@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
-from pipeline_helpers import open_dataset, train_transform
+from pipeline_helpers import open_dataset, train_transform, write_dataset
 
 from shardfeed.loaders import tensorflow as sf_tf
 from shardfeed.pipeline import Loader
@@ -88,6 +88,25 @@ def test_batches_prefetched_but_not_taken_are_not_lost(adapter_folder: Path) -> 
         ds = sf_tf.dataset(loader, prefetch=3)
         first = next(iter(ds))["index"].numpy().tolist()  # the iterator and its buffer dropped
         assert [first, *_ids(ds)] == expected
+
+
+def test_a_pass_left_early_with_blocks_in_flight_loses_nothing(tmp_path: Path) -> None:
+    # small batches go over in blocks of 16: a pass left after one batch (``take``, Keras's
+    # steps_per_epoch) has blocks in the consumer's hands, in the prefetch buffer and in the
+    # making; the next pass goes on right after the batch taken
+    folder = write_dataset(tmp_path / "small", 160, shards=2)
+
+    def loader() -> Loader:
+        return Loader(open_dataset(folder), batch_size=2, seed=3, num_threads=2,
+                      transform=train_transform(8), drop_last=True)
+
+    with loader() as reference:
+        expected = [b["index"].tolist() for b in reference]
+    with loader() as made:
+        ds = sf_tf.dataset(made, features=["index"])
+        taken = [b["index"].numpy().tolist() for b in ds.take(1)]
+        taken += [b["index"].numpy().tolist() for b in ds.take(3)]
+        assert taken + _ids(ds) == expected and len(expected) == 80
 
 
 def test_checkpoint_mid_epoch_resumes_the_identical_stream(adapter_folder: Path,

@@ -67,7 +67,9 @@ class Stream:
         self.loader = loader
         self.specs = dict(specs)
         self.block = block
-        self.keep = keep + block  # batches that may sit between this and the consumer
+        # batches that may sit between this and the consumer: besides ``keep``, the block
+        # being split for it, the block in the prefetch buffer and the block being made
+        self.keep = keep + 3 * block
         self.produced = 0
         self.history: dict[int, dict[str, Any]] = {0: loader.state()}
         self.taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_taken")

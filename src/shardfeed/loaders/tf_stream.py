@@ -52,7 +52,9 @@ class Stream:
     state after each batch taken.
 
     ``fetch(call)`` runs in tf.data (a ``numpy_function``): call 0 starts a pass, each call
-    gives the next ``block`` batches of the loader, stacked, with their numbers in the stream;
+    gives the next batches of the loader, stacked, with their numbers in the stream (a pass's
+    first block is one batch, each next one twice the last, up to ``block``: the consumer's
+    first batch of a pass waits for one batch, not for a block);
     ``StopIteration`` ends the pass where the loader's epoch ends (the loader goes on to its
     next epoch after the last batch of one). A map after the prefetch
     buffer stores the number of the batch the consumer takes in ``taken`` (a
@@ -75,6 +77,7 @@ class Stream:
         self.taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_taken")
         self._batches: Iterator[dict[str, Any]] | None = None
         self._pending: dict[str, Any] | None = None  # a shorter last batch, for its own block
+        self._size = 1  # batches the next block holds (up to ``block``)
         self._lock = threading.Lock()  # tf.data's threads and the consumer's
 
     def state(self) -> dict[str, Any]:
@@ -102,13 +105,15 @@ class Stream:
                 del self.history[number]
         self._pending = None
         self._batches = iter(self.loader)
+        self._size = 1  # the pass's first block is one batch, the next ones twice as many
 
     def _next_batches(self) -> list[dict[str, Any]]:
         """Up to ``block`` batches of one row count (a shorter last batch waits for the next
         call), each with the loader's state after it recorded."""
         out: list[dict[str, Any]] = []
         assert self._batches is not None
-        while len(out) < self.block:
+        size, self._size = self._size, min(self.block, 2 * self._size)
+        while len(out) < size:
             if self._pending is not None:
                 batch, self._pending = self._pending, None
             else:

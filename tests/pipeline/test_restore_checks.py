@@ -179,6 +179,10 @@ def test_the_fingerprint_is_computed_once(folders: dict[str, Path]) -> None:
     ({"shuffle": "yes"}, "state['shuffle'] must be true or false, got 'yes'"),
     ({"shuffle": 1}, "state['shuffle'] must be true or false, got 1"),
     ({"order_method": "random"}, "state['order_method'] must be 'exact' or 'bijection'"),
+    ({"run": {"batch_size": 0, "world_size": 1, "drop_last": False, "remainder": "pad"}},
+     "state['run'] must be {'batch_size': int >= 1"),
+    ({"run": {"batch_size": 4}}, "state['run'] must be"),
+    ({"run": None}, "state['run'] must be"),
 ])
 def test_values_out_of_range_are_refused_at_restore(folders: dict[str, Path],
                                                     change: dict[str, Any], words: str) -> None:
@@ -189,6 +193,23 @@ def test_values_out_of_range_are_refused_at_restore(folders: dict[str, Path],
     assert words in str(info.value)
     assert loader.state() == state  # the position is kept
     assert len(indices(loader)) == 32  # and the loader still reads the rest of the epoch
+
+
+def test_the_run_options_are_recorded_and_restore_on_other_ones(folders: dict[str, Path]
+                                                                 ) -> None:
+    loader = Loader(Dataset(str(folders["train"])), batch_size=4, seed=0, rank=0,
+                    world_size=2, drop_last=True)
+    state = saved_after(loader, 2)
+    assert state["run"] == {"batch_size": 4, "world_size": 2, "drop_last": True,
+                            "remainder": "drop"}
+    again = Loader(Dataset(str(folders["train"])), batch_size=2, seed=0, rank=0, world_size=1)
+    again.restore(state)  # another batch size and world size: the stream continues
+    assert again.state()["consumed"] == state["consumed"]
+    assert again.state()["run"]["batch_size"] == 2  # the run is the loader's own
+    older = Loader(Dataset(str(folders["train"])), batch_size=4, seed=0, rank=0,
+                   world_size=2, drop_last=True)
+    older.restore({k: v for k, v in state.items() if k != "run"})  # saved before "run"
+    assert older.state() == state
 
 
 def test_set_epoch_refuses_an_epoch_past_64_bits(folders: dict[str, Path]) -> None:

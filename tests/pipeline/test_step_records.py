@@ -202,9 +202,10 @@ def test_which_in_a_fresh_process_matches(tmp_path: Path, records_folder: Path) 
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run(
         [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state", str(path),
-         "--step", "17", "--batch-size", "4", "--world-size", "2", "--json"],
+         "--step", "17", "--json"],  # the state holds the run's batch size and ranks
         capture_output=True, text=True, env=env, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and state["run"]["world_size"] == 2, done.stderr
+    assert "note" not in done.stderr
     got = json.loads(done.stdout)
     assert got["step"] == 17 and got["epoch"] == expected.epoch
     assert [[r["record"] for r in s["records"]] for s in got["samples"]] == expected.records()
@@ -217,11 +218,25 @@ def test_which_in_a_fresh_process_matches(tmp_path: Path, records_folder: Path) 
         expected_places = loader.where_record(31, 2)
     where = subprocess.run(
         [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state", str(path),
-         "--record", "31", "--epoch", "2", "--batch-size", "4", "--world-size", "2", "--json"],
+         "--record", "31", "--epoch", "2", "--json"],
         capture_output=True, text=True, env=env, timeout=120, check=False)
     assert where.returncode == 0, where.stderr
     assert [(p["step"], p["rank"], p["row"]) for p in json.loads(where.stdout)["places"]] == (
         expected_places) and expected_places
+    # another world size asked for is answered as such, and said
+    other = subprocess.run(
+        [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state", str(path),
+         "--step", "20", "--world-size", "1", "--json"],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert other.returncode == 0 and "world_size=2; answering for world_size=1" in other.stderr
+    assert {s["rank"] for s in json.loads(other.stdout)["samples"]} == {0}
+    # a state saved before states held the run's options asks for the batch size
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({k: v for k, v in state.items() if k != "run"}))
+    asked = subprocess.run(
+        [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state", str(older),
+         "--step", "17"], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert asked.returncode != 0 and "pass --batch-size" in asked.stderr
     wrong = subprocess.run(
         [sys.executable, "-m", "shardfeed", "which", str(records_folder), "--state",
          str(tmp_path / "none.json"), "--step", "1", "--batch-size", "4"],

@@ -1,18 +1,19 @@
 """Which records a training step held, on every rank: shard, record, byte offset, label.
 
 The batch of any step is computed from a loader state the run saved (loader.state()
-written as JSON) and the run's batch size and ranks: nothing was logged, and any step, past
-or future, is found in the time of one batch. The state names the sampler (records, windows,
-patches) and its options, the seed and the order; what it does not hold is asked here.
+written as JSON): nothing was logged, and any step, past or future, is found in the time of
+one batch. The state names the sampler (records, windows, patches) and its options, the
+seed, the order and the run's batch size and ranks; what it does not hold (the decode
+preset, on_error) is asked here.
 
 examples:
-  shardfeed which out/ --state ckpt/loader_state.json --step 41237 --batch-size 256
-  shardfeed which out/ --state s.json --step 900 --batch-size 64 --world-size 8 --rank 3
-  shardfeed which out/ --state s.json --step 900 --batch-size 64 --json
+  shardfeed which out/ --state ckpt/loader_state.json --step 41237
+  shardfeed which out/ --state s.json --step 900 --rank 3
+  shardfeed which out/ --state s.json --step 900 --json
   shardfeed which out/ --state s.json --step 900 --batch-size 32 --state-step 500
       (the run restored s.json at step 500 with another batch size or world size: steps
        are counted from there)
-  shardfeed which out/ --state s.json --step 10 --batch-size 8 --preset train --size 224 \\
+  shardfeed which out/ --state s.json --step 10 --preset train --size 224 \\
       --on-error skip     (a run that skipped bad images: their replacements are shown)
 """
 
@@ -44,10 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epoch", type=common.non_negative_int, default=None, metavar="E",
                         help="with --record: the epoch (default the state's)")
     parser.add_argument("--batch-size", type=common.positive_int, default=None, metavar="B",
-                        help="the run's batch size (a rank's); a LoaderCheckpoint's file "
-                             "says it, a plain state does not")
+                        help="the run's batch size (a rank's; default: the state's)")
     parser.add_argument("--world-size", type=common.positive_int, default=None, metavar="W",
-                        help="the run's ranks (default: the checkpoint's, else 1)")
+                        help="the run's ranks (default: the state's)")
     parser.add_argument("--rank", type=common.non_negative_int, default=None, metavar="R",
                         help="show this rank only (default: every rank)")
     parser.add_argument("--state-step", type=common.non_negative_int, default=None,
@@ -62,10 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the run's on_error: 'skip' shows each bad sample's replacement")
     parser.add_argument("--drop-last", action="store_true", default=None,
                         help="the run dropped an epoch's last, shorter batch (drop_last=True; "
-                             "default: the checkpoint's, else not)")
+                             "default: the state's)")
     parser.add_argument("--remainder", choices=("pad", "drop"), default=None,
                         help="the run's remainder: how ranks share an epoch's last samples "
-                             "(default the Loader's: drop with --drop-last, else pad)")
+                             "(default: the state's)")
     parser.add_argument("--exif-orientation", choices=("ignore", "apply"), default="ignore",
                         help="the run's exif_orientation, for patches and presets (a state "
                              "does not hold it; default ignore, the Loader's)")
@@ -81,9 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.epoch is not None and args.record is None:
         raise SystemExit("shardfeed which: --epoch goes with --record (a step names its epoch)")
     try:
-        saved = _saved(Path(args.state))
-        state = loader_state_of(saved)
-        _run_options(args, saved)
+        state = loader_state_of(_saved(Path(args.state)))
     except (OSError, ValueError) as exc:
         raise SystemExit(f"shardfeed which: cannot read the state {args.state}: {exc} "
                          "(pass the JSON of loader.state() the run saved, or a "
@@ -91,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(state.get("source"), dict):
         raise SystemExit(f"shardfeed which: {args.state} is not a loader state (a JSON object "
                          "with 'seed', 'epoch', 'consumed' and 'source', from loader.state())")
+    _run_options(args, state)
     transform = None
     if args.preset is not None:
         transform = getattr(shardfeed.presets, args.preset)(
@@ -121,23 +120,30 @@ def _saved(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
-def _run_options(args: argparse.Namespace, saved: Any) -> None:
-    """The run's batch size, ranks, drop_last and remainder: as given, else as a
-    LoaderCheckpoint's file records them (``saved``), else the Loader's defaults (a batch
-    size must be known)."""
-    run = saved.get("run") if isinstance(saved, dict) else None
-    run = run if isinstance(run, dict) else {}
-    if args.batch_size is None:
-        if "batch_size" not in run:
-            raise SystemExit("shardfeed which: pass --batch-size, the run's batch size (a "
-                             "plain loader state does not hold it)")
-        args.batch_size = int(run["batch_size"])
-    if args.world_size is None:
-        args.world_size = int(run.get("world_size", 1))
-    if args.drop_last is None:
-        args.drop_last = bool(run.get("drop_last", False))
-    if args.remainder is None:
-        args.remainder = run.get("remainder")
+def _run_options(args: argparse.Namespace, state: dict[str, Any]) -> None:
+    """The run's batch size, ranks, drop_last and remainder: as given, else as the state
+    records them (``state["run"]``), else the Loader's defaults (a batch size must be known).
+    One given against the state's is said on stderr: the answer is then for a run with it."""
+    import sys
+
+    from shardfeed.tools.which import run_options
+
+    saved = state.get("run")
+    run: dict[str, Any] = saved if isinstance(saved, dict) else {}
+    for name in ("batch_size", "world_size", "drop_last"):
+        given = getattr(args, name)
+        if given is not None and name in run and given != run[name]:
+            print(f"shardfeed which: note: the state was saved by a run with "
+                  f"{name}={run[name]!r}; answering for {name}={given!r}, as a run with "
+                  "it trains", file=sys.stderr)
+    try:
+        found = run_options(state, batch_size=args.batch_size, world_size=args.world_size,
+                            drop_last=args.drop_last, remainder=args.remainder)
+    except ValueError:
+        raise SystemExit("shardfeed which: pass --batch-size, the run's batch size (this "
+                         "state was saved before states recorded it)") from None
+    for name, value in found.items():
+        setattr(args, name, value)
 
 
 def _where(source: Any, state: dict[str, Any], args: argparse.Namespace) -> int:

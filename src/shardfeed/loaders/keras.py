@@ -331,15 +331,11 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         serial = _committed(self.directory).get("serial", 0) + 1
-        options = self.data.loader.options
         record: dict[str, Any] = {
             "loader": self.data.state_after(self._taken),
             "epoch": self._epoch + 1 if epoch_done else self._epoch,
             "step": step,
             "serial": serial,
-            # what decides the batches beyond the state, for `shardfeed which`
-            "run": {"batch_size": options.batch_size, "world_size": options.world_size,
-                    "drop_last": options.drop_last, "remainder": options.remainder},
         }
         if self.save_weights and self.model is not None:
             weights = f"model.{serial:06d}{_WEIGHTS_SUFFIX}"

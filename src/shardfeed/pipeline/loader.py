@@ -43,7 +43,13 @@ from shardfeed.pipeline.batch_stage import (
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
 from shardfeed.pipeline.concurrency import SliceGate
 from shardfeed.pipeline.epoch import EpochRun, HandOut
-from shardfeed.pipeline.loader_state import STATE_KEYS, LoaderStats, check_state, state_to_json
+from shardfeed.pipeline.loader_state import (
+    STATE_KEYS,
+    LoaderStats,
+    check_state,
+    run_of,
+    state_to_json,
+)
 from shardfeed.pipeline.memory import MemoryBudget, decode_bytes_per_thread, loader_budget
 from shardfeed.pipeline.options import (
     COPY_DEPRECATED,
@@ -264,6 +270,9 @@ class Loader:
         """Where the stream stands, after the batches handed out so far (JSON-serialisable).
 
         With batch stages, their states too (``"batch_stages"``, one a stage, in order).
+        ``"run"``: this loader's batch size, ranks, ``drop_last`` and ``remainder``, which decide
+        what each step's batches hold (``shardfeed which`` reads them); the state restores on a
+        loader with other ones.
         """
         epoch, consumed, skipped = (self._ahead.handed if self._ahead is not None else
                                     (self._progress.epoch, self._progress.consumed,
@@ -276,6 +285,7 @@ class Loader:
             "shuffle": self.options.shuffle,
             "order_method": self.options.order_method,
             "source": self.sampler.state(),
+            "run": run_of(self.options),
         }
         if self.batch_stages:
             state["batch_stages"] = save_stages(self.batch_stages)

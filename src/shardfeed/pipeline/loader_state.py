@@ -23,6 +23,10 @@ STATE_KEYS = frozenset(
 )
 _EARLIER_KEYS = frozenset({"seed", "epoch", "consumed", "skipped", "source"})
 """The keys of a state saved before the order options were recorded."""
+RUN_KEYS = ("batch_size", "world_size", "drop_last", "remainder")
+"""``state["run"]``: the options of the run that saved the state which decide its steps'
+batches beyond the stream (``shardfeed which`` reads them). A state restores on other ones
+(it is checked, not compared), and one saved before they were recorded has no ``"run"``."""
 _MAX_WORD = (1 << 64) - 1  # seeds and epochs key the generators as 64-bit words
 
 
@@ -48,7 +52,9 @@ def check_state(
     """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict from Loader.state(), got {type(state)}")
-    _check_keys(set(state))
+    _check_keys(set(state) - {"run"})
+    if "run" in state:
+        check_run(state["run"])
     _check_counters(state, samples_per_epoch=samples_per_epoch)
     if state["seed"] != seed:
         raise StateError(
@@ -60,6 +66,25 @@ def check_state(
     if not isinstance(source_state, Mapping):
         raise StateError(f"state['source'] must be a dict, got {source_state!r}")
     return state
+
+
+def run_of(options: Any) -> dict[str, Any]:
+    """``state["run"]`` of a Loader with ``options`` (see ``RUN_KEYS``)."""
+    return {"batch_size": options.batch_size, "world_size": options.world_size,
+            "drop_last": options.drop_last, "remainder": options.remainder}
+
+
+def check_run(run: Any) -> None:
+    """StateError unless ``run`` is a state's ``"run"`` part (see ``RUN_KEYS``)."""
+    ok = (isinstance(run, Mapping) and set(run) == set(RUN_KEYS)
+          and all(type(run[k]) is int and run[k] >= 1 for k in ("batch_size", "world_size"))
+          and type(run["drop_last"]) is bool and run["remainder"] in ("pad", "drop"))
+    if not ok:
+        raise StateError(
+            f"state['run'] must be {{'batch_size': int >= 1, 'world_size': int >= 1, "
+            f"'drop_last': bool, 'remainder': 'pad' or 'drop'}} (the options of the run that "
+            f"saved it), got {run!r}: pass the state Loader.state() returned, unchanged"
+        )
 
 
 def _check_keys(keys: set[Any]) -> None:

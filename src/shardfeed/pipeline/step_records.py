@@ -142,7 +142,8 @@ def _shown(features: Mapping[str, Any]) -> str:
 def loader_state_of(state: Any) -> dict[str, Any]:
     """A loader state from what a run saved: ``loader.state()`` (or its JSON text, or the path
     of a file holding it), or a Keras ``LoaderCheckpoint``'s ``loader_state.json`` (which
-    holds it under ``"loader"``); ValueError naming what it is otherwise."""
+    holds it under ``"loader"``); ValueError naming what it is otherwise. Batch stages'
+    states are left out (they decide nothing of which records a step holds)."""
     if isinstance(state, (str, os.PathLike)):
         text = str(state)
         if isinstance(state, str) and text.lstrip().startswith("{"):
@@ -154,7 +155,10 @@ def loader_state_of(state: Any) -> dict[str, Any]:
             state = json.loads(path.read_text())
     if isinstance(state, Mapping) and isinstance(state.get("loader"), Mapping) and (
             "seed" not in state):
-        state = state["loader"]
+        saved, state = state, state["loader"]
+        if "run" not in state and isinstance(saved.get("run"), Mapping):
+            # a LoaderCheckpoint file written before states held "run" kept it beside them
+            state = {**state, "run": dict(saved["run"])}
     if not isinstance(state, Mapping) or not {"seed", "epoch", "consumed", "source"} <= set(
             state):
         raise ValueError("a loader state is what loader.state() returns (a dict with 'seed', "

@@ -16,40 +16,69 @@ from shardfeed.pipeline.options import OnError, Remainder
 from shardfeed.pipeline.step_records import StepRecords, check_run_state, loader_state_of
 
 
-def records_of_run(source: Any, state: Any, step: int, *, batch_size: int,
-                   world_size: int = 1, rank: int | None = None, state_step: int | None = None,
-                   transform: Any = None, on_error: OnError = "raise", drop_last: bool = False,
+def records_of_run(source: Any, state: Any, step: int, *, batch_size: int | None = None,
+                   world_size: int | None = None, rank: int | None = None,
+                   state_step: int | None = None, transform: Any = None,
+                   on_error: OnError = "raise", drop_last: bool | None = None,
                    remainder: Remainder | None = None) -> StepRecords:
     """:meth:`Loader.records_at` from a saved loader state, without the run's loader:
     ``source`` as the run gave its Loader (a Dataset, or the Windows, Patches or Mixture
     over it), ``state`` one of its saved states (``loader.state()``, its JSON text or file,
     a LoaderCheckpoint's ``loader_state.json`` or folder), and the run's batch size, ranks,
     transform, ``on_error``, ``drop_last`` and ``remainder`` (what decides its batches and
-    which samples are bad; the defaults are the Loader's: ``remainder`` None is ``"drop"``
-    with ``drop_last``, else ``"pad"``). ``state_step``: the step at which the run saved (or
+    which samples are bad). Batch size, ranks, ``drop_last`` and ``remainder`` left None are
+    the state's (``state["run"]``, recorded by the loader that saved it); a state saved
+    before it held them needs ``batch_size``, and the others are then the Loader's defaults
+    (``remainder`` None: ``"drop"`` with ``drop_last``, else ``"pad"``). ``state_step``: the step at which the run saved (or
     restored) ``state``: steps are then counted from it (a run that changed its batch size
     or ranks at that restore); None: from the run's start. The state is checked against
     ``source`` (StateError naming what differs); its batch stages' states, which decide
     nothing of which records a step holds, are not."""
     state = loader_state_of(state)
-    with _run_loader(source, state, batch_size=batch_size, world_size=world_size,
-                     transform=transform, on_error=on_error, drop_last=drop_last,
-                     remainder=remainder, on_step=state_step is None) as loader:
+    options = run_options(state, batch_size=batch_size, world_size=world_size,
+                          drop_last=drop_last, remainder=remainder)
+    with _run_loader(source, state, transform=transform, on_error=on_error,
+                     on_step=state_step is None, **options) as loader:
         after = None if state_step is None else (state, state_step)
         return loader.records_at(step, rank=rank, after=after)
 
 
 def record_steps(source: Any, state: Any, record: int, epoch: int | None = None,
-                 *, batch_size: int, world_size: int = 1, drop_last: bool = False,
-                 remainder: Remainder | None = None) -> list[tuple[int, int, int]]:
+                 *, batch_size: int | None = None, world_size: int | None = None,
+                 drop_last: bool | None = None, remainder: Remainder | None = None
+                 ) -> list[tuple[int, int, int]]:
     """:meth:`Loader.where_record` from a saved state: the ``(step, rank, row)`` at which
     ``record`` is in epoch ``epoch``'s batches (None: the state's epoch), steps from the
     run's start; the run's options as for :func:`records_of_run`."""
     state = loader_state_of(state)
-    with _run_loader(source, state, batch_size=batch_size, world_size=world_size,
-                     transform=None, on_error="raise", drop_last=drop_last,
-                     remainder=remainder, on_step=True) as loader:
+    options = run_options(state, batch_size=batch_size, world_size=world_size,
+                          drop_last=drop_last, remainder=remainder)
+    with _run_loader(source, state, transform=None, on_error="raise", on_step=True,
+                     **options) as loader:
         return loader.where_record(record, int(state["epoch"]) if epoch is None else epoch)
+
+
+def run_options(state: Mapping[str, Any], *, batch_size: int | None = None,
+                world_size: int | None = None, drop_last: bool | None = None,
+                remainder: Remainder | None = None) -> dict[str, Any]:
+    """The run's batch size, ranks, ``drop_last`` and ``remainder``: each as given, else as
+    the state records it (``state["run"]``), else the Loader's default; ValueError when no
+    batch size is known (a state saved before states held the run's options)."""
+    run = state.get("run")
+    run = run if isinstance(run, Mapping) else {}
+    if batch_size is None:
+        if "batch_size" not in run:
+            raise ValueError("this state does not hold the run's batch size (it was saved "
+                             "before states recorded it): pass the run's batch size")
+        batch_size = int(run["batch_size"])
+    if world_size is None:
+        world_size = int(run.get("world_size", 1))
+    if drop_last is None:
+        drop_last = bool(run.get("drop_last", False))
+    if remainder is None and "remainder" in run and run.get("drop_last") == drop_last:
+        remainder = run["remainder"]  # the run's, unless drop_last was changed from it
+    return {"batch_size": batch_size, "world_size": world_size, "drop_last": drop_last,
+            "remainder": remainder}
 
 
 @contextlib.contextmanager
@@ -69,4 +98,4 @@ def _run_loader(source: Any, state: Mapping[str, Any], *, on_step: bool,
         yield loader
 
 
-__all__ = ["record_steps", "records_of_run"]
+__all__ = ["record_steps", "records_of_run", "run_options"]

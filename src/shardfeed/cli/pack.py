@@ -26,6 +26,7 @@ examples:
   shardfeed pack frames.csv out/ --csv-group day --csv-order t_ms --time-unit ms
   shardfeed pack labels.csv out/ --csv-labels label --csv-onehot root,leaf --csv-mask mask
   shardfeed pack frames.csv out/ ... --resume            # finish an interrupted pack
+  shardfeed pack day258.csv out/ ... --append            # a new day: version 2 of out/
   shardfeed pack old/*.tfrecord.gz out/ --from-tfrecord  # re-pack (GZIP) TFRecord files
   shardfeed pack export/*.parquet out/ --image-column jpeg --label-columns label
   shardfeed pack export/ out/ --image-column path --root /data/images  # a Parquet folder
@@ -120,6 +121,11 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
     again.add_argument("--overwrite", action="store_true",
                        help="replace what an earlier pack wrote into OUTPUT (the files its "
                             "manifest or plan names); other files stay")
+    parser.add_argument("--append", action="store_true",
+                        help="add the input to the dataset in OUTPUT as its next version: "
+                             "only new shards are written (OUTPUT/vN/), earlier versions stay "
+                             "readable, class ids are kept (a new class gets the next); with "
+                             "--resume, finish an append that was stopped")
     parser.add_argument("--from-tfrecord", action="store_true",
                         help="the sources are TFRecord files (plain, GZIP or ZLIB) to re-pack")
     classes = parser.add_mutually_exclusive_group()
@@ -224,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             skip_bad=args.skip_bad,
             max_pixels=args.max_pixels,
             fields=_row_fields(args),  # type: ignore[arg-type]
+            append=args.append,
         )
     except BadInputsError as exc:
         return _report_bad(exc, as_json=args.json)
@@ -272,11 +279,20 @@ def _print_summary(result: PackResult) -> None:
         )
         return
     kept = f" ({result.kept_shards} kept from the interrupted run)" if result.kept_shards else ""
-    print(
-        f"packed {common.count(result.records, 'record')} into "
-        f"{common.count(result.shards, 'shard')}{kept}, "
-        f"{common.human_bytes(result.bytes)}: {result.manifest}"
-    )
+    if result.version is not None:
+        added = (f"appended {common.count(result.added[0], 'record')} in "
+                 f"{common.count(result.added[1], 'shard')}{kept}" if result.added is not None
+                 else "finished the append")
+        print(f"{added}: version {result.version} of {result.output} holds "
+              f"{common.count(result.records, 'record')} in "
+              f"{common.count(result.shards, 'shard')}, {common.human_bytes(result.bytes)} "
+              f"(earlier versions: Dataset(..., version=k))")
+    else:
+        print(
+            f"packed {common.count(result.records, 'record')} into "
+            f"{common.count(result.shards, 'shard')}{kept}, "
+            f"{common.human_bytes(result.bytes)}: {result.manifest}"
+        )
     if result.skipped_list:
         parts = []
         if result.skipped:

@@ -30,7 +30,7 @@ from shardfeed.dataset.opening import (
     SourceArg,
     parse_features,
     referenced_root,
-    resolve_source,
+    resolve_version,
 )
 from shardfeed.dataset.reading import GATHER_FROM, ReadOptions, read_gathered, read_payloads
 from shardfeed.dataset.shard_versions import ShardVersions
@@ -109,6 +109,10 @@ class Dataset:
     saying how to finish it, however its files are named (folder, glob, list);
     ``allow_partial=True`` reads the complete shards that are there instead.
 
+    ``version``: the dataset version to read (each ``pack --append`` adds one and keeps the
+    earlier ones readable; default the newest). A Dataset sent to another process reopens
+    the version it read.
+
     ``allow_outside_paths=True`` opts in to a dataset whose manifest or records name files
     outside it; by default such paths raise :class:`~shardfeed.errors.UnsafePathError`
     (see :mod:`shardfeed.storage.paths`). A ``root`` passed here is trusted.
@@ -134,6 +138,7 @@ class Dataset:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int | None = None,
         trust_cache_dir: bool = False,
+        version: int | None = None,
     ) -> None:
         _check_flags(verify_crc=verify_crc, build_index=build_index,
                      allow_partial=allow_partial, allow_outside_paths=allow_outside_paths,
@@ -145,7 +150,7 @@ class Dataset:
         options = check_source_options(source_options, source=source)
         self._args = (source, verify_crc, features, root, build_index, read_options,
                       source_options, allow_partial, allow_outside_paths, cache_dir,
-                      cache_bytes, trust_cache_dir)
+                      cache_bytes, trust_cache_dir, version)
         self._trust_cache_dir = trust_cache_dir
         self._outside = allow_outside_paths
         self.verify_crc = verify_crc
@@ -162,10 +167,13 @@ class Dataset:
 
         # ... and its storage options: every read of the Dataset's files, not its shards only
         with retry_policy(self._file_policy), storage_scope(options.get("storage_options")):
-            resolved = resolve_source(source, allow_partial=allow_partial,
-                                      allow_outside_paths=allow_outside_paths)
+            resolved = resolve_version(source, version, allow_partial=allow_partial,
+                                       allow_outside_paths=allow_outside_paths)
             self._resolved = resolved
             self._manifest = resolved.manifest
+            if resolved.manifest is not None:  # another process reopens this version, even
+                # after an append made a newer one
+                self._args = (*self._args[:-1], resolved.manifest.dataset_version)
             # many shards: read the indexes rather than map them, to bound open descriptors
             mmap = len(resolved.urls) <= MAX_MAPPED_INDEXES
             if resolved.manifest is not None:
@@ -198,9 +206,11 @@ class Dataset:
         if m is None or base is None:
             return None, None
         groups = None if m.group_key is None else load_sidecar(
-            base, S.GROUPS_NAME, records=len(self), allow_outside=self._outside)
+            base, S.GROUPS_NAME, records=len(self), allow_outside=self._outside,
+            file=m.sidecar_file(S.GROUPS_NAME))
         order = None if m.order_key is None else load_sidecar(
-            base, S.ORDER_NAME, records=len(self), allow_outside=self._outside)
+            base, S.ORDER_NAME, records=len(self), allow_outside=self._outside,
+            file=m.sidecar_file(S.ORDER_NAME))
         return groups, order
 
     def _check_names_in_schema(self, schema: Schema) -> None:
@@ -287,6 +297,12 @@ class Dataset:
         ]
         return Manifest(shards=shards, schema=self._stored_schema(), mode="tfrecord",
                         root=self._root)
+
+    @property
+    def version(self) -> int | None:
+        """The dataset version read (``version=`` or the newest; each ``pack --append``
+        adds one, see :mod:`shardfeed.tools.pack.append`); None without a manifest."""
+        return None if self._manifest is None else self._manifest.dataset_version
 
     @property
     def fingerprint(self) -> str:
@@ -558,12 +574,13 @@ def _reopen(source: SourceArg, verify_crc: bool, features: Features,
             source_options: Mapping[str, Any] | None = None,
             allow_partial: bool = False, allow_outside_paths: bool = False,
             cache_dir: str | os.PathLike[str] | None = None,
-            cache_bytes: int | None = None, trust_cache_dir: bool = False) -> Dataset:
+            cache_bytes: int | None = None, trust_cache_dir: bool = False,
+            version: int | None = None) -> Dataset:
     return Dataset(source, verify_crc=verify_crc, features=features, root=root,
                    build_index=build_index, read_options=read_options,
                    source_options=source_options, allow_partial=allow_partial,
                    allow_outside_paths=allow_outside_paths, cache_dir=cache_dir,
-                   cache_bytes=cache_bytes, trust_cache_dir=trust_cache_dir)
+                   cache_bytes=cache_bytes, trust_cache_dir=trust_cache_dir, version=version)
 
 
 __all__ = ["PROGRESS_AFTER_BYTES", "SCHEMA_SAMPLE_RECORDS", "Dataset", "Record"]

@@ -35,7 +35,7 @@ from shardfeed.dataset import unfinished
 from shardfeed.errors import FormatError, StorageError, UnsafePathError
 from shardfeed.format import spec as S
 from shardfeed.format.example import FeatureSpec
-from shardfeed.format.manifest import Manifest, dataset_dir
+from shardfeed.format.manifest import Manifest, dataset_dir, version_file
 from shardfeed.storage import files, is_remote
 from shardfeed.storage.paths import OPT_IN, UnconfinedRoot, contained, contained_all
 
@@ -240,6 +240,50 @@ def _from_files(urls: Sequence[str], rules: _Rules) -> Resolved:
     if rules.check:
         unfinished.check_folders_of(urls)
     return Resolved(urls=tuple(urls))
+
+
+def resolve_version(source: SourceArg, version: int | None, *, allow_partial: bool = False,
+                    allow_outside_paths: bool = False) -> Resolved:
+    """:func:`resolve_source`, at dataset version ``version`` (None: the newest): the newest
+    manifest if it is that version, else the manifest the dataset keeps for it
+    (``shardfeed.vK.json`` beside it); FormatError naming the versions there are."""
+    resolved = resolve_source(source, allow_partial=allow_partial,
+                              allow_outside_paths=allow_outside_paths)
+    if version is None:
+        return resolved
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"version must be an int >= 1 (a dataset version), got {version!r}")
+    manifest, base = resolved.manifest, resolved.base
+    if manifest is None or base is None:
+        raise ValueError(f"version={version}: '{source}' has no manifest, so no versions; "
+                         "open it without version=")
+    if manifest.dataset_version == version:
+        return resolved
+    rules = _Rules(check=not allow_partial, outside=allow_outside_paths)
+    found = _try_manifest(files.join(base, version_file(version)), rules)
+    if found is None or found.manifest is None or found.manifest.dataset_version != version:
+        kept = sorted({manifest.dataset_version, *_kept_versions(base)})
+        raise FormatError(
+            f"dataset '{base}' has no version {version}: it keeps versions "
+            f"{', '.join(map(str, kept))} (the newest is {manifest.dataset_version}): "
+            "open one of those with version=k, or the newest without version=")
+    return found
+
+
+def _kept_versions(base: str) -> list[int]:
+    """The versions whose manifests the dataset folder ``base`` keeps (a listing)."""
+    try:
+        names = files.listdir(base)
+    except (OSError, StorageError):
+        return []
+    found = []
+    for name in names:
+        stem = name.rsplit("/", 1)[-1]
+        if stem.startswith("shardfeed.v") and stem.endswith(".json"):
+            number = stem[len("shardfeed.v"):-len(".json")]
+            if number.isdigit() and not number.startswith("0"):
+                found.append(int(number))
+    return found
 
 
 def resolve_source(source: SourceArg, *, allow_partial: bool = False,

@@ -43,6 +43,18 @@ from shardfeed.format.schema import Schema
 from shardfeed.storage import is_remote
 from shardfeed.storage.paths import contained
 
+DATASET_VERSION_KEY = "dataset_version"
+"""The manifest's ``extra`` field numbering the dataset's version (see ``tools/pack/append``)."""
+SIDECARS_KEY = "sidecars"
+"""The manifest's ``extra`` field naming its sidecar files, where not ``groups.npy`` and
+``order.npy`` (each version of an appended dataset has its own)."""
+
+
+def version_file(version: int) -> str:
+    """The file name that keeps dataset version ``version``'s manifest, beside the newest
+    (``shardfeed.json``)."""
+    return f"shardfeed.v{version}.json"
+
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
@@ -107,6 +119,22 @@ class Manifest:
     def num_records(self) -> int:
         """Total records over all shards."""
         return sum(s.records for s in self.shards)
+
+    @property
+    def dataset_version(self) -> int:
+        """The dataset version this manifest is (``extra.dataset_version``: each append adds
+        one; 1 for a dataset never appended to). Not :attr:`version`, the format's."""
+        value = self.extra.get(DATASET_VERSION_KEY, 1)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        return int(value) if ok else 1
+
+    def sidecar_file(self, kind: Literal["groups.npy", "order.npy"]) -> str:
+        """The file of the ``kind`` sidecar (``extra.sidecars`` names a version's own, e.g.
+        ``groups.v2.npy``; by default the file is named ``kind``)."""
+        named = self.extra.get(SIDECARS_KEY)
+        if isinstance(named, Mapping) and isinstance(named.get(kind), str):
+            return str(named[kind])
+        return kind
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document written to ``shardfeed.json``."""
@@ -271,15 +299,16 @@ def _save_sidecar(
 
 def load_sidecar(
     base: str, name: Literal["groups.npy", "order.npy"], *, records: int,
-    allow_outside: bool = False,
+    allow_outside: bool = False, file: str | None = None,
 ) -> np.ndarray:
     """Load one sidecar (memory-mapped when local) and check its type and that it has one
     value per record (:func:`manifest_check.load_sidecar_array`).
 
-    A local sidecar that is a link leading out of ``base`` is refused
+    ``file``: its file name where not ``name`` (:meth:`Manifest.sidecar_file`). A local
+    sidecar that is a link leading out of ``base`` is refused
     (:class:`~shardfeed.errors.UnsafePathError`) unless ``allow_outside``.
     """
-    url = contained(base, name, where=f"the dataset in '{base}'", what="sidecar",
+    url = contained(base, file or name, where=f"the dataset in '{base}'", what="sidecar",
                     allow_outside=allow_outside)
     try:
         data = _fileio.read_bytes(url) if is_remote(url) else None

@@ -99,7 +99,7 @@ def pack(
     on_shard: Callable[[str], object] | None = None, classes: Sequence[str] | None = None,
     classes_from: str | os.PathLike[str] | None = None, check: CheckLevel = "header",
     skip_bad: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS,
-    fields: RowFields | None = None,
+    fields: RowFields | None = None, append: bool = False,
 ) -> PackResult:
     """Pack images into indexed shards in ``output``; see the module docstring.
 
@@ -131,6 +131,13 @@ def pack(
     image (or mask) whose header claims more pixels is a bad input, as a loader with that
     limit would refuse it (default 2^27; raise it for larger images, and the loader's too).
 
+    ``append``: add the input to the dataset in ``output`` as its next version: only new
+    shards are written (in ``output/vN/``), the earlier versions stay readable
+    (``Dataset(output, version=k)``), a folder of classes keeps the dataset's class ids (a
+    new class gets the next), records that do not match the dataset are refused with the
+    difference named, and ``resume`` finishes an append that was stopped
+    (:mod:`shardfeed.tools.pack.append`).
+
     ``output`` may be an object-storage URL (``s3://bucket/ds``): shards are built in a local
     temporary folder and uploaded as each completes, the manifest last (see
     :mod:`shardfeed.tools.pack.remote`). ``on_shard(path)`` is called after each shard written
@@ -141,7 +148,7 @@ def pack(
         records_per_shard=records_per_shard, workers=workers, executor=executor, prefix=prefix,
         resume=resume, overwrite=overwrite, from_tfrecord=from_tfrecord, progress=progress,
         on_shard=on_shard, classes=classes, classes_from=classes_from, check=check,
-        skip_bad=skip_bad, max_pixels=max_pixels, fields=fields,
+        skip_bad=skip_bad, max_pixels=max_pixels, fields=fields, append=append,
     ))
 
 
@@ -170,12 +177,15 @@ class _PackCall:
     skip_bad: bool
     max_pixels: int
     fields: RowFields | None = None
+    append: bool = False
 
 
 def _run(call: _PackCall) -> PackResult:
     """Check the arguments, then pack to a URL, re-pack TFRecords, or pack images."""
     if call.classes is not None and call.classes_from is not None:
         raise ValueError("give classes or classes_from, not both")
+    if call.append:
+        return _append(call)
     if call.check not in ("header", "decode"):
         raise ValueError(f"check must be 'header' or 'decode', got {call.check!r}")
     output = os.fspath(call.output)
@@ -202,6 +212,27 @@ def _run(call: _PackCall) -> PackResult:
         classes=call.classes, classes_from=os.fspath(classes_from) if classes_from else None,
     )
     return _pack_images(call, out, data, options)
+
+
+def _append(call: _PackCall) -> PackResult:
+    """The input packed as the next version of the dataset in ``call.output``."""
+    from shardfeed.tools.pack.append import append
+
+    if call.overwrite:
+        raise ValueError("append and overwrite exclude each other: append adds a version and "
+                         "keeps every record there; overwrite replaces them")
+    output = os.fspath(call.output)
+    if is_remote(output):
+        raise PackError(f"cannot append to '{output}': appends are made to a dataset on local "
+                        "disk for now; append to a local copy and upload its new files")
+
+    def pack_into(folder: str, classes: Sequence[str] | None) -> PackResult:
+        given = replace(call, output=folder, append=False)
+        if classes is not None and call.classes is None:
+            given = replace(given, classes=classes, classes_from=None)
+        return _run(given)
+
+    return append(os.path.abspath(output), pack_into, source=call.source, resume=call.resume)
 
 
 def _is_rows(call: _PackCall) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,10 +151,18 @@ def _ledger(head: Any, rest: Sequence[Any]) -> Ledger:
 
 
 def plain_names(names: Iterable[str]) -> list[str]:
-    """The names that are plain file names inside the folder (no separators, not ``..``):
-    nothing a record names can reach outside its folder."""
-    return [n for n in names
-            if n and n not in (".", "..") and "/" not in n and "\\" not in n and "\0" not in n]
+    """The names that are plain file names inside the folder (no separators, not ``..``), or
+    plain names inside an append's version folder (``v2/name``): nothing a record names can
+    reach outside its folder."""
+    return [n for n in names if _plain(n) or (
+        n.count("/") == 1 and _VERSION_FOLDER.match(n.split("/")[0]) and _plain(n.split("/")[1]))]
+
+
+_VERSION_FOLDER = re.compile(r"^v[1-9][0-9]*$")
+
+
+def _plain(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
 def manifest_files(data: bytes | None) -> list[str]:
@@ -209,10 +218,12 @@ def ownership(entries: Iterable[str], *, manifest: bytes | None, ledger: Ledger 
     if ledger is not None:
         written |= ledger.files
     names = written | set(planned) | set(COMMIT_NAMES)
+    folders = {name.split("/", 1)[0] for name in written if "/" in name}  # an append's vN/
     owned: list[str] = []
     others: list[str] = []
     for entry in sorted(entries):
-        (owned if entry in written or is_pack_temp(entry, names) else others).append(entry)
+        mine = entry in written or entry in folders or is_pack_temp(entry, names)
+        (owned if mine else others).append(entry)
     wanted = set(planned) | {PLAN_NAME}
     return Ownership(tuple(owned), tuple(others), tuple(e for e in others if e in wanted))
 

@@ -38,6 +38,7 @@ from shardfeed.tools.pack.ledger import (
     PLAN_NAME,
     SKIPPED_NAME,
     Ledger,
+    manifest_files,
     ownership,
     parse_ledger,
     refuse_in_the_way,
@@ -56,7 +57,9 @@ log = logging.getLogger(__name__)
 class PackResult:
     """What ``pack`` wrote: the manifest path, shard count, record count, bytes, and how many
     complete shards an interrupted run had left that were kept (``resume``);
-    ``already_complete``: ``resume`` found the pack finished and checked, and wrote nothing."""
+    ``already_complete``: ``resume`` found the pack finished and checked, and wrote nothing.
+    An append: ``version`` made, and the records and shards it ``added`` (the other counts
+    are the whole version's)."""
 
     output: str
     manifest: str
@@ -69,6 +72,8 @@ class PackResult:
     order_unit: str | None = None
     ignored: tuple[str, ...] = ()
     already_complete: bool = False
+    version: int | None = None
+    added: tuple[int, int] | None = None  # an append's (records, shards)
 
     def to_json(self) -> dict[str, Any]:
         """A plain summary (``shardfeed pack --json``)."""
@@ -80,6 +85,9 @@ class PackResult:
             ],
             "ignored": list(self.ignored), "skipped_list": self.skipped_list,
             "order_unit": self.order_unit, "already_complete": self.already_complete,
+            "version": self.version,
+            "added": None if self.added is None else {"records": self.added[0],
+                                                      "shards": self.added[1]},
         }
 
 
@@ -184,9 +192,13 @@ def prepare(
         # the new plan names the old files too until they are gone: an interrupted
         # overwrite leaves a folder whose every file pack wrote is still on record
         write_ledger(out, plan, files=[*planned, *found.owned])
+        listed = manifest_files(_read(os.path.join(out, spec.MANIFEST_NAME)))
         for name in sorted(found.owned, key=lambda n: n != spec.MANIFEST_NAME):
-            if name != PLAN_NAME and os.path.isfile(os.path.join(out, name)):
-                os.remove(os.path.join(out, name))
+            path = os.path.join(out, name)
+            if name != PLAN_NAME and os.path.isfile(path):
+                os.remove(path)
+            elif os.path.isdir(path):  # a version folder of an append: the files it listed
+                _remove_listed(out, name, listed)
         if found.others:
             shown = ", ".join(found.others[:5]) + (", ..." if len(found.others) > 5 else "")
             log.warning(
@@ -202,6 +214,19 @@ def prepare(
         if (name in COMMIT_NAMES or name.endswith(spec.TEMP_SUFFIX)) and os.path.isfile(path):
             os.remove(path)
     return saved
+
+
+def _remove_listed(out: str, folder: str, listed: Sequence[str]) -> None:
+    """Remove the files of ``out/folder`` that the manifest lists, then the folder if that
+    left it empty (a file no pack wrote keeps it)."""
+    for name in listed:
+        path = os.path.join(out, name)
+        if name.startswith(f"{folder}/") and os.path.isfile(path):
+            os.remove(path)
+    try:
+        os.rmdir(os.path.join(out, folder))
+    except OSError:
+        log.warning("output '%s' keeps files pack did not write in '%s'", out, folder)
 
 
 def save_plan(out: str, plan: PackPlan, *, planned: Sequence[str],

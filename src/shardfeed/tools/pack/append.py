@@ -1,0 +1,276 @@
+"""``pack(..., append=True)``: a dataset grows by new shards and a new manifest version; no
+shard it had is read or written again.
+
+::
+
+    dataset/
+      shardfeed.json             the newest version (the same document as its shardfeed.vN.json)
+      shardfeed.v1.json, ...     every version, never changed once written
+      shard-00000.tfrecord ...   version 1's shards
+      v2/                        what version 2 added: a pack of its own (plan, resume)
+        shard-00000.tfrecord ...
+      groups.v2.npy, order.v2.npy    version 2's sidecars (every record of it)
+
+Steps: read the newest version N (``shardfeed.json``) -> reserve ``v{N+1}/`` (one ``mkdir``:
+of two appends at once, the second stops here, before it writes anything) -> pack the new
+input into it (a folder of class sub-folders keeps the dataset's class ids; a new class gets
+the next one) -> check it against the dataset (mode, group and order keys and units, root,
+schema: a difference is named) -> the version's sidecars, for all its records (a group
+already there keeps its id: frames appended to a day continue its windows) -> keep version N
+as ``shardfeed.vN.json`` -> create ``shardfeed.v{N+1}.json`` (exclusively: the commit) ->
+replace ``shardfeed.json``. A kill anywhere before the commit leaves version N as it was, read
+as before; ``resume=True`` finishes the append (its pack resumes, then the commit). Each
+version is a dataset of its own (``Dataset(folder, version=k)``): an epoch of it is an exact
+permutation of its records.
+
+Determinism: the version's bytes are a function of the dataset's and the input's. State: the
+files above. Memory: the sidecars of one version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from shardfeed.errors import PackError
+from shardfeed.format import _fileio
+from shardfeed.format import spec as S
+from shardfeed.format.manifest import (
+    DATASET_VERSION_KEY,
+    SIDECARS_KEY,
+    Manifest,
+    ShardInfo,
+    load_sidecar,
+    version_file,
+)
+from shardfeed.tools.pack.output import PackResult
+
+_VERSION_FILE = re.compile(r"^shardfeed\.v([1-9][0-9]*)\.json$")
+
+
+def versions(folder: str) -> list[int]:
+    """The versions a local dataset folder keeps (its ``shardfeed.vK.json`` files, and the
+    newest's number), ascending."""
+    found = {int(m.group(1)) for e in os.listdir(folder) if (m := _VERSION_FILE.match(e))}
+    newest = os.path.join(folder, S.MANIFEST_NAME)
+    if os.path.isfile(newest):
+        found.add(Manifest.load(newest).dataset_version)
+    return sorted(found)
+
+
+def append(out: str, pack_into: Callable[[str, Sequence[str] | None], PackResult], *,
+           source: Any, resume: bool) -> PackResult:
+    """Append to the dataset in the local folder ``out``: ``pack_into(folder, classes)``
+    packs the new input into ``folder`` (resuming there with ``resume``) with the class list
+    ``classes`` (None: the input's own). See the module docstring."""
+    newest = os.path.join(out, S.MANIFEST_NAME)
+    if not os.path.isfile(newest):
+        raise PackError(f"there is no dataset to append to in '{out}' (no {S.MANIFEST_NAME}): "
+                        "pack it first, without --append")
+    base = Manifest.load(newest)
+    old = base.dataset_version
+    new = old + 1
+    name = f"v{new}"
+    folder = os.path.join(out, name)
+    if os.path.exists(os.path.join(out, version_file(new))):
+        return _finish_commit(out, new, resume=resume)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        if not resume:
+            raise PackError(
+                f"'{folder}' exists: another append to '{out}' is writing version {new}, or one "
+                "was stopped. Wait for the other to finish; if it was stopped, run the same "
+                "append again with --resume (it finishes that one)") from None
+    classes = _classes(base, source)
+    made = pack_into(folder, classes)
+    added = Manifest.load(made.manifest)
+    merged = _merged(out, base, added, name=name, version=new)
+    _commit(out, base, merged, old=old, new=new)
+    return dataclasses.replace(
+        made, output=out, manifest=newest, shards=len(merged.shards),
+        records=merged.num_records, bytes=sum(s.bytes for s in merged.shards), version=new,
+        already_complete=False,
+        added=(added.num_records, len(added.shards)))
+
+
+def _classes(base: Manifest, source: Any) -> list[str] | None:
+    """The class list of the appended pack: the dataset's classes, then the input's new ones
+    (sorted); None where the dataset has none or the input is no folder of classes."""
+    vocabularies = base.extra.get("vocabularies") or {}
+    known = vocabularies.get(S.IMAGE_LABEL) if isinstance(vocabularies, Mapping) else None
+    if not known or not isinstance(source, (str, os.PathLike)) or not os.path.isdir(source):
+        return None
+    text = os.fspath(source)
+    folders = sorted(e for e in os.listdir(text)
+                     if os.path.isdir(os.path.join(text, e)) and not e.startswith("."))
+    names = [str(n) for n in known]
+    return names + [f for f in folders if f not in set(names)]
+
+
+def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
+            version: int) -> Manifest:
+    """The manifest of the new version: ``base``'s shards, then ``added``'s (under ``name``),
+    with sidecars for all their records; PackError naming what does not match."""
+    _check_matches(out, base, added)
+    extra: dict[str, Any] = dict(base.extra)
+    for key in ("vocabularies", "order_key_unit", "order_column_unit"):
+        if key in added.extra:
+            extra[key] = added.extra[key]
+    sub_files = [f"{name}/{f}" for f in added.extra.get("pack_files", [])]
+    files = [*base.extra.get("pack_files", []), *sub_files, f"{name}/{S.MANIFEST_NAME}",
+             version_file(version - 1), version_file(version)]
+    sidecars: dict[str, str] = {}
+    groups: np.ndarray | None = None
+    order: np.ndarray | None = None
+    if base.group_key is not None:
+        groups, names = _group_ids(out, base, added, name)
+        extra["group_names"] = names
+        sidecars[S.GROUPS_NAME] = f"groups.v{version}.npy"
+    if base.order_key is not None:
+        order = np.concatenate([_sidecar(out, base, S.ORDER_NAME),
+                                _sidecar(os.path.join(out, name), added, S.ORDER_NAME)])
+        sidecars[S.ORDER_NAME] = f"order.v{version}.npy"
+    for kind, values in ((S.GROUPS_NAME, groups), (S.ORDER_NAME, order)):
+        if values is not None:
+            _fileio.write_bytes_atomic(os.path.join(out, sidecars[kind]), _npy(values))
+    files += list(sidecars.values())
+    extra.update({DATASET_VERSION_KEY: version, SIDECARS_KEY: sidecars, "pack_files": files})
+    shards = [*base.shards, *(ShardInfo(path=f"{name}/{s.path}", records=s.records,
+                                        bytes=s.bytes, crc32c=s.crc32c,
+                                        records_hash=s.records_hash) for s in added.shards)]
+    return dataclasses.replace(base, shards=shards, extra=extra)
+
+
+def _check_matches(out: str, base: Manifest, added: Manifest) -> None:
+    """PackError unless ``added`` can join ``base``: the same mode, group and order keys and
+    units, root, and schema (the first difference named)."""
+    differences: list[str] = []
+    for what, a, b in (
+            ("mode", base.mode, added.mode), ("group key", base.group_key, added.group_key),
+            ("order key", base.order_key, added.order_key),
+            ("order key unit", base.extra.get("order_column_unit"),
+             added.extra.get("order_column_unit")),
+            ("root", base.root, added.root)):
+        if a != b:
+            differences.append(f"its {what} is {b!r} where the dataset's is {a!r}")
+    if base.schema is not None and added.schema is not None:
+        differences += _schema_differences(base.schema.to_json(), added.schema.to_json())
+    if differences:
+        raise PackError(
+            f"the new records do not match the dataset in '{out}': {'; '.join(differences)}. "
+            "Nothing was added (the new shards are in its version folder); pack them with the "
+            "dataset's options and features, or as a dataset of their own")
+
+
+def _schema_differences(base: Mapping[str, Any], added: Mapping[str, Any]) -> list[str]:
+    """The features of two schema documents that differ, named."""
+    a, b = base.get("features") or {}, added.get("features") or {}
+    out = [f"feature {k!r} is missing" for k in sorted(set(a) - set(b))]
+    out += [f"feature {k!r} is new" for k in sorted(set(b) - set(a))]
+    out += [f"feature {k!r} is {b[k]} where the dataset's is {a[k]}"
+            for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+    for key in sorted((set(base) | set(added)) - {"features"}):
+        if base.get(key) != added.get(key):
+            out.append(f"the schema's {key} is {added.get(key)!r} where the dataset's is "
+                       f"{base.get(key)!r}")
+    return out
+
+
+def _sidecar(folder: str, manifest: Manifest, kind: Literal["groups.npy", "order.npy"]
+             ) -> np.ndarray:
+    return np.array(load_sidecar(folder, kind, records=manifest.num_records,
+                                 file=manifest.sidecar_file(kind)))
+
+
+def _group_ids(out: str, base: Manifest, added: Manifest, name: str
+               ) -> tuple[np.ndarray, list[str]]:
+    """Every record's group id in the new version, and the group names by id: the dataset's
+    groups keep their ids, a group new to it gets the next one."""
+    names = [str(n) for n in base.extra.get("group_names") or []]
+    new_names = [str(n) for n in added.extra.get("group_names") or []]
+    base_ids = _sidecar(out, base, S.GROUPS_NAME)
+    added_ids = _sidecar(os.path.join(out, name), added, S.GROUPS_NAME)
+    if not names or not new_names:
+        raise PackError(f"the dataset in '{out}' or its new records do not name their groups "
+                        "(manifest extra.group_names): repack the dataset to append to it")
+    ids = {n: k for k, n in enumerate(names)}
+    for n in new_names:
+        if n not in ids:
+            ids[n] = len(names)
+            names.append(n)
+    mapping = np.array([ids[n] for n in new_names], dtype=np.int64)
+    return np.concatenate([base_ids.astype(np.int64), mapping[added_ids]]), names
+
+
+def _npy(values: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, values, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _commit(out: str, base: Manifest, merged: Manifest, *, old: int, new: int) -> None:
+    """Keep version ``old`` under its own name, create version ``new``'s file (the commit:
+    it fails if another append created it first), then make it the newest."""
+    kept = os.path.join(out, version_file(old))
+    if not os.path.exists(kept):
+        base_text = _fileio.read_bytes(os.path.join(out, S.MANIFEST_NAME))
+        _fileio.write_bytes_atomic(kept, base_text)
+    text = _manifest_text(merged, os.path.join(out, version_file(new)))
+    try:
+        _create(os.path.join(out, version_file(new)), text)
+    except FileExistsError:
+        raise PackError(
+            f"another append committed version {new} of '{out}' first; yours is not lost: "
+            f"its records are packed in '{os.path.join(out, f'v{new}')}'. Move that folder "
+            "away and append its input again (it becomes the next version)") from None
+    _fileio.write_bytes_atomic(os.path.join(out, S.MANIFEST_NAME), text)
+
+
+def _finish_commit(out: str, new: int, *, resume: bool) -> PackResult:
+    """Version ``new`` was committed but ``shardfeed.json`` not yet replaced (a kill between
+    the two): with ``resume``, replace it."""
+    committed = os.path.join(out, version_file(new))
+    if not resume:
+        raise PackError(f"an append to '{out}' was stopped while it committed version {new}: "
+                        "run it again with --resume to finish it")
+    text = _fileio.read_bytes(committed)
+    manifest = Manifest.from_json(json.loads(text), where=committed)
+    _fileio.write_bytes_atomic(os.path.join(out, S.MANIFEST_NAME), text)
+    return PackResult(output=out, manifest=os.path.join(out, S.MANIFEST_NAME),
+                      shards=len(manifest.shards), records=manifest.num_records,
+                      bytes=sum(s.bytes for s in manifest.shards), kept_shards=0,
+                      version=new)
+
+
+def _manifest_text(manifest: Manifest, path: str) -> bytes:
+    """The bytes ``Manifest.save`` writes for ``manifest`` at ``path``."""
+    from shardfeed.format.manifest import portable_root
+
+    data = manifest.to_json()
+    data["root"] = portable_root(manifest.root, path)
+    return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
+
+
+def _create(path: str, data: bytes) -> None:
+    """Write ``path`` whole, only if no file has that name (FileExistsError otherwise)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(temporary, path)  # fails if it exists: no append is ever overwritten
+    finally:
+        os.unlink(temporary)
+
+
+__all__ = ["append", "versions"]

@@ -1,0 +1,259 @@
+"""pack --append: a dataset grows by new shards and a manifest version, as a user grows it:
+new classes, new days and frames of a day already there, versions that stay readable, an
+append stopped anywhere, two appends at once, records that do not match."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardfeed
+from shardfeed.errors import PackError
+from shardfeed.tools.pack import append as packappend
+from shardfeed.tools.pack import pack
+from shardfeed.tools.pack.csvinput import CsvColumns
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+COLUMNS = CsvColumns(labels=("label",), floats="VF", group="day", order="timestamp")
+
+
+def _photos(root: Path, counts: dict[str, int], seed: int, make_image: Any) -> Path:
+    for name, n in counts.items():
+        for i in range(n):
+            make_image(root / name / f"{name}{seed}-{i}.jpg", seed * 100 + i)
+    return root
+
+
+def _frames(root: Path, name: str, days: dict[str, range], make_image: Any) -> Path:
+    """A CSV of frames: for each day, the frames numbered by its range (8 s apart)."""
+    rows = []
+    for day, numbers in days.items():
+        for j in numbers:
+            image = f"img/{day}_{j}.jpg"
+            make_image(root / image, hash((day, j)) % 10_000, size=(16, 20))
+            rows.append({"path": image, "day": day, "timestamp": f"{day}T12:{j:02d}:00",
+                         "label": str(j % 3), "VF": str(j * 0.5)})
+    path = root / name
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _filenames(ds: shardfeed.Dataset) -> list[str]:
+    return [ds[i]["image/filename"].decode() for i in range(len(ds))]
+
+
+def test_a_new_class_and_more_images_become_version_2(tmp_path: Path, make_image: Any) -> None:
+    first = _photos(tmp_path / "first", {"cat": 3, "dog": 2}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 1, "fox": 2}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out, records_per_shard=2)
+    before = _files(out)
+    result = pack(more, out, append=True, records_per_shard=2)
+    assert (result.records, result.shards) == (8, 5)
+    after = _files(out)
+    assert all(after[name] == kept for name, kept in before.items()
+               if name != "shardfeed.json")  # no shard, index or sidecar written again
+    with shardfeed.Dataset(str(out)) as ds:
+        assert len(ds) == 8 and ds.version == 2
+        labels = {n: int(ds[i]["image/class/label"][0]) for i, n in enumerate(_filenames(ds))}
+        assert ds.manifest.extra["vocabularies"]["image/class/label"] == ["cat", "dog", "fox"]
+    assert {n.split("/")[0]: v for n, v in labels.items()} == {"cat": 0, "dog": 1, "fox": 2}
+    with shardfeed.Dataset(str(out), version=1) as old:
+        assert len(old) == 5 and old.version == 1
+        assert sorted(_filenames(old)) == sorted(str(p.relative_to(first)) for p in
+                                                 first.rglob("*.jpg"))
+    assert packappend.versions(str(out)) == [1, 2]
+    with pytest.raises(Exception, match=r"no version 3: it keeps versions 1, 2 .*version=k"):
+        shardfeed.Dataset(str(out), version=3)
+    # an epoch of version 2 is an exact permutation of all its records
+    with shardfeed.Loader(shardfeed.Dataset(str(out)), batch_size=3, seed=1,
+                          transform=None) as loader:
+        seen = [n.decode() for b in loader for n in b["image/filename"]]
+    assert sorted(seen) == sorted(labels)
+
+
+def test_days_grow_and_windows_continue_across_versions(tmp_path: Path,
+                                                        make_image: Any) -> None:
+    root = tmp_path / "frames"
+    first = _frames(root, "first.csv", {"2024-05-01": range(4), "2024-05-02": range(3)},
+                    make_image)
+    more = _frames(root, "more.csv", {"2024-05-02": range(3, 6), "2024-05-03": range(4)},
+                   make_image)
+    out = tmp_path / "days"
+    pack(first, out, csv=COLUMNS, records_per_shard=3)
+    pack(more, out, csv=COLUMNS, records_per_shard=3, append=True)
+    with shardfeed.Dataset(str(out)) as ds:
+        assert len(ds) == 14
+        names = ds.manifest.extra["group_names"]
+        days = [names[int(g)] for g in ds.group_ids]  # type: ignore[index]
+        assert days.count("2024-05-02") == 6 and days.count("2024-05-03") == 4
+        windows = shardfeed.Windows(ds, length=3)
+        with shardfeed.Loader(windows, batch_size=1, shuffle=False, transform=None) as loader:
+            found = [[n.decode() for n in window] for b in loader
+                     for window in b["image/filename"]]
+    # the day packed in two versions is one group: its frames 1, 2 (version 1) and 3
+    # (version 2) make a window
+    assert ["img/2024-05-02_1.jpg", "img/2024-05-02_2.jpg", "img/2024-05-02_3.jpg"] in found
+    assert len(found) == 2 + 4 + 2  # windows of 3 in days of 4, 6 and 4 frames
+    with shardfeed.Dataset(str(out), version=1) as old:
+        assert len(old) == 7 and len(shardfeed.Windows(old, length=3)) == 3
+
+
+def test_records_that_do_not_match_are_refused_and_nothing_changes(
+        tmp_path: Path, make_image: Any) -> None:
+    first = _photos(tmp_path / "first", {"cat": 2}, 1, make_image)
+    root = tmp_path / "frames"
+    other = _frames(root, "more.csv", {"2024-05-01": range(2)}, make_image)
+    out = tmp_path / "out"
+    pack(first, out)
+    before = (out / "shardfeed.json").read_bytes()
+    with pytest.raises(PackError, match=r"do not match the dataset.*group key is 'day'"):
+        pack(other, out, csv=COLUMNS, append=True)
+    assert (out / "shardfeed.json").read_bytes() == before
+    with shardfeed.Dataset(str(out)) as ds:
+        assert len(ds) == 2
+
+
+def test_no_dataset_to_append_to(tmp_path: Path, make_image: Any) -> None:
+    more = _photos(tmp_path / "more", {"cat": 1}, 2, make_image)
+    with pytest.raises(PackError, match="no dataset to append to.*pack it first"):
+        pack(more, tmp_path / "empty", append=True)
+
+
+def test_an_append_stopped_before_its_commit_leaves_the_version_and_resumes(
+        tmp_path: Path, make_image: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _photos(tmp_path / "first", {"cat": 3}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 2, "dog": 1}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out, records_per_shard=2)
+
+    def killed(*_: Any, **__: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packappend, "_commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pack(more, out, append=True, records_per_shard=2)
+    monkeypatch.undo()
+    with shardfeed.Dataset(str(out)) as ds:  # version 1, read as before
+        assert len(ds) == 3 and ds.version == 1
+    with pytest.raises(PackError, match="another append .* is writing version 2.*--resume"):
+        pack(more, out, append=True, records_per_shard=2)  # a second append at once
+    pack(more, out, append=True, records_per_shard=2, resume=True)
+    with shardfeed.Dataset(str(out)) as ds:
+        assert len(ds) == 6 and ds.version == 2
+
+
+def test_a_stop_between_the_version_file_and_the_newest_is_finished_by_resume(
+        tmp_path: Path, make_image: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _photos(tmp_path / "first", {"cat": 3}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 2}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out)
+    real = packappend._fileio.write_bytes_atomic
+
+    def stop_at_the_newest(path: Any, data: bytes) -> None:
+        if os.fspath(path) == str(out / "shardfeed.json"):  # the newest, not the new pack's
+            raise KeyboardInterrupt
+        real(path, data)
+
+    monkeypatch.setattr(packappend._fileio, "write_bytes_atomic", stop_at_the_newest)
+    with pytest.raises(KeyboardInterrupt):
+        pack(more, out, append=True)
+    monkeypatch.undo()
+    assert (out / "shardfeed.v2.json").is_file()
+    with shardfeed.Dataset(str(out)) as ds:
+        assert len(ds) == 3  # shardfeed.json still names version 1
+    with pytest.raises(PackError, match="stopped while it committed version 2.*--resume"):
+        pack(more, out, append=True)
+    pack(more, out, append=True, resume=True)
+    with shardfeed.Dataset(str(out)) as ds:
+        assert len(ds) == 5 and ds.version == 2
+    assert (out / "shardfeed.json").read_bytes() == (out / "shardfeed.v2.json").read_bytes()
+
+
+def test_the_loser_of_two_commits_gets_a_clear_error(tmp_path: Path, make_image: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _photos(tmp_path / "first", {"cat": 2}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 1}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out)
+    real = packappend._create
+
+    def other_first(path: str, data: bytes) -> None:  # another append commits meanwhile
+        real(path, b"{}")
+        real(path, data)
+
+    monkeypatch.setattr(packappend, "_create", other_first)
+    with pytest.raises(PackError, match="another append committed version 2 .* not lost"):
+        pack(more, out, append=True)
+    assert (out / "v2").is_dir() and any((out / "v2").glob("*.tfrecord"))
+
+
+def test_the_command_line_appends_in_a_fresh_process(tmp_path: Path, make_image: Any) -> None:
+    first = _photos(tmp_path / "first", {"cat": 2}, 1, make_image)
+    more = _photos(tmp_path / "more", {"owl": 2}, 2, make_image)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "shardfeed", *args], capture_output=True,
+                              text=True, env=env, timeout=120, check=False)
+
+    assert cli("pack", str(first), str(out)).returncode == 0
+    done = cli("pack", str(more), str(out), "--append", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["records"] == 4
+    manifest = json.loads((out / "shardfeed.json").read_text())
+    assert manifest["extra"]["dataset_version"] == 2
+    assert sorted(p.name for p in out.glob("shardfeed.v*.json")) == [
+        "shardfeed.v1.json", "shardfeed.v2.json"]
+    both = cli("pack", str(more), str(out), "--append", "--overwrite")
+    assert both.returncode != 0 and "append and overwrite" in both.stderr
+
+
+def test_a_dataset_sent_to_another_process_reads_the_version_it_read(
+        tmp_path: Path, make_image: Any) -> None:
+    import pickle
+
+    first = _photos(tmp_path / "first", {"cat": 2}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 3}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out)
+    with shardfeed.Dataset(str(out)) as opened:  # a training run's, before the append
+        pack(more, out, append=True)  # a new day comes in while it trains
+        with pickle.loads(pickle.dumps(opened)) as worker:  # a worker process's copy
+            assert len(worker) == 2 and worker.fingerprint == opened.fingerprint
+    with shardfeed.Dataset(str(out)) as newest:
+        assert len(newest) == 5
+
+
+def test_overwrite_removes_the_versions_an_append_wrote(tmp_path: Path,
+                                                        make_image: Any) -> None:
+    first = _photos(tmp_path / "first", {"cat": 2}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 1}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out)
+    pack(more, out, append=True)
+    pack(more, out, append=True)
+    (out / "v3" / "notes.txt").write_text("mine")  # a file no pack wrote
+    pack(first, out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("shard-")) == [
+        "shardfeed.json", "v3"]
+    assert [p.name for p in (out / "v3").iterdir()] == ["notes.txt"]
+    with shardfeed.Dataset(str(out)) as ds:
+        assert len(ds) == 2 and ds.version == 1

@@ -257,3 +257,42 @@ def test_overwrite_removes_the_versions_an_append_wrote(tmp_path: Path,
     assert [p.name for p in (out / "v3").iterdir()] == ["notes.txt"]
     with shardfeed.Dataset(str(out)) as ds:
         assert len(ds) == 2 and ds.version == 1
+
+
+def test_a_run_goes_on_across_an_append(tmp_path: Path, make_image: Any) -> None:
+    from shardfeed.errors import StateError
+
+    first = _photos(tmp_path / "first", {"cat": 4, "dog": 3}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 2, "fox": 3}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out, records_per_shard=3)
+
+    def loader(version: int | None = None) -> shardfeed.Loader:
+        return shardfeed.Loader(shardfeed.Dataset(str(out), version=version), batch_size=2,
+                                seed=5, transform=None)
+
+    def names(batch: dict[str, Any]) -> list[str]:
+        return [n.decode() for n in batch["image/filename"]]
+
+    with loader() as run:
+        batches = iter(run)
+        for _ in range(2):
+            next(batches)
+        middle = json.loads(json.dumps(run.state()))  # saved mid-epoch 0
+        rest_of_epoch = [names(b) for b in batches]
+        end = json.loads(json.dumps(run.state()))  # saved at the end of epoch 0
+    pack(more, out, append=True, records_per_shard=3)  # a new day comes in
+    with loader(version=1) as exact:  # the state restores exactly on its own version
+        exact.restore(middle)
+        assert [names(b) for b in exact] == rest_of_epoch
+    with loader() as newest:
+        with pytest.raises(StateError, match=r"saved on version 1 .* version=1"):
+            newest.restore(middle)
+        with pytest.raises(StateError, match=r"middle of epoch 0 of version 1 .*version=1"):
+            newest.restore(middle, to_latest=True)
+        newest.restore(end, to_latest=True)  # the next epoch is one of version 2
+        moved = [names(b) for b in newest]
+    with loader() as fresh:
+        fresh.set_epoch(1)
+        expected = [names(b) for b in fresh]
+    assert moved == expected and len({n for b in moved for n in b}) == 12

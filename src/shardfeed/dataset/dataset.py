@@ -310,12 +310,16 @@ class Dataset:
 
         From the manifest's shard list (names, record counts, sizes, CRC32Cs) or, for bare
         TFRecord files, their names and record offsets: see
-        :mod:`shardfeed.dataset.fingerprint`. A loader state carries it, so ``restore``
+        :mod:`shardfeed.dataset.fingerprint`; ``v2:...`` for version 2 of an appended dataset.
+        A loader state carries it, so ``restore``
         refuses a state saved on another dataset.
         """
         if self._fingerprint is None:
             if self._manifest is not None:
                 self._fingerprint = manifest_fingerprint(self._manifest.shards)
+                version = self._manifest.dataset_version
+                if version > 1:  # a state names the version it read (1: as before versions)
+                    self._fingerprint = f"v{version}:{self._fingerprint}"
             else:  # every index was loaded at opening
                 table = self._table
                 self._fingerprint = files_fingerprint(

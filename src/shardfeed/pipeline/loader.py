@@ -47,6 +47,7 @@ from shardfeed.pipeline.loader_state import (
     STATE_KEYS,
     LoaderStats,
     check_state,
+    onto_newer_version,
     run_of,
     state_to_json,
 )
@@ -291,8 +292,14 @@ class Loader:
             state["batch_stages"] = save_stages(self.batch_stages)
         return state
 
-    def restore(self, state: Mapping[str, Any]) -> None:
+    def restore(self, state: Mapping[str, Any], *, to_latest: bool = False) -> None:
         """Continue the stream that ``state`` was saved from (any thread or rank count).
+
+        ``to_latest``: a state saved at an epoch's end on an earlier version of this loader's
+        dataset (before ``pack --append`` made the version it reads) goes on with the next
+        epoch, an exact permutation of this version's records; a state in the middle of an
+        epoch is refused (finish that epoch on ``Dataset(folder, version=k)``). A state of
+        this version restores as without it.
 
         Raises StateError, changing nothing, when the state is not one this loader can
         continue (another seed, order, dataset or source options, other batch stages;
@@ -302,6 +309,8 @@ class Loader:
         saved_stages = state.get("batch_stages") if isinstance(state, Mapping) else None
         if isinstance(state, Mapping):
             state = {k: v for k, v in state.items() if k != "batch_stages"}
+            if to_latest:
+                state = onto_newer_version(state, self.sampler.state())
         state = check_state(
             state, seed=opts.seed, samples_per_epoch=self.samples_per_epoch,
             shuffle=opts.shuffle, order_method=opts.order_method,

@@ -17,6 +17,7 @@ from typing import Any
 
 from shardfeed.errors import StateError
 from shardfeed.pipeline.produce import MAX_REPLACEMENT_TRIES
+from shardfeed.pipeline.sampler_state import DATA_KEYS, dataset_version_of
 
 STATE_KEYS = frozenset(
     {"seed", "epoch", "consumed", "skipped", "shuffle", "order_method", "source"}
@@ -85,6 +86,39 @@ def check_run(run: Any) -> None:
             f"'drop_last': bool, 'remainder': 'pad' or 'drop'}} (the options of the run that "
             f"saved it), got {run!r}: pass the state Loader.state() returned, unchanged"
         )
+
+
+def onto_newer_version(state: dict[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` (saved on an earlier version of a dataset) as the state of the next epoch's
+    start on the version that ``source`` (this loader's sampler state) reads; ``state``
+    itself when it is of that version. StateError when it is in the middle of an epoch, of a
+    later version, or its sampler options are not ``source``'s."""
+    saved = state.get("source")
+    if not isinstance(saved, Mapping):
+        return state  # check_state names what is wrong
+    old, new = dataset_version_of(saved.get("dataset")), dataset_version_of(source.get("dataset"))
+    if old == new:
+        return state
+    if old > new:
+        raise StateError(f"the state was saved on version {old} of its dataset, newer than the "
+                         f"version {new} this loader reads: open Dataset(folder, version={old})")
+    for key in source:
+        if key not in DATA_KEYS and saved.get(key) != source[key]:
+            raise StateError(f"state['source'][{key!r}] is {saved.get(key)!r}, this loader's "
+                             f"is {source[key]!r}: build the loader as the state's was")
+    epoch, consumed = state.get("epoch"), state.get("consumed")
+    size = saved.get("windows", saved.get("records"))
+    if type(epoch) is not int or type(consumed) is not int:
+        return state  # check_state names what is wrong
+    if consumed != 0 and consumed != size:
+        raise StateError(
+            f"the state is in the middle of epoch {epoch} of version {old} of its dataset "
+            f"({consumed} of {size} positions taken), and a version's epoch is a permutation "
+            f"of its own records: finish that epoch on a loader over Dataset(folder, "
+            f"version={old}) restored with it, then restore its state at the epoch's end with "
+            "to_latest=True")
+    return {**state, "epoch": epoch + (1 if consumed else 0), "consumed": 0, "skipped": 0,
+            "source": dict(source)}
 
 
 def _check_keys(keys: set[Any]) -> None:

@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
 def _print_text(info: dict[str, Any], *, all_shards: bool) -> None:
     hb = common.human_bytes
     print(f"dataset   {info['manifest'] or info['source']}")
+    if (info.get("dataset_version") or 1) > 1:
+        print(f"version   {info['dataset_version']} (each pack --append adds one; an earlier "
+              "one: Dataset(..., version=k))")
     print(f"mode      {info['mode']}" + (f"  (root {info['root']})" if info["root"] else ""))
     shards_text = common.count(len(info["shards"]), "shard")
     print(f"records   {info['records']:,} in {shards_text}, {hb(info['bytes'])}")

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         transform = getattr(shardfeed.presets, args.preset)(
             size=args.size, exif_orientation=args.exif_orientation)
     try:
-        with shardfeed.Dataset(args.source, **common.dataset_options(args)) as ds:
+        with _dataset(args, state) as ds:
             source = _sampler(ds, state["source"], args.exif_orientation)
             if args.record is not None:
                 return _where(source, state, args)
@@ -111,6 +111,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(found)
     return 0
+
+
+def _dataset(args: argparse.Namespace, state: dict[str, Any]) -> Any:
+    """The dataset at the version the state read (a state of version 1 of a dataset appended
+    to since opens version 1)."""
+    import shardfeed
+    from shardfeed.pipeline.sampler_state import dataset_version_of
+
+    options = common.dataset_options(args)
+    ds = shardfeed.Dataset(args.source, **options)
+    saved = dataset_version_of(state["source"].get("dataset"))
+    if ds.version is None or ds.version == saved:
+        return ds
+    ds.close()
+    return shardfeed.Dataset(args.source, version=saved, **options)
 
 
 def _saved(path: Path) -> Any:

@@ -40,7 +40,7 @@ from shardfeed.errors import SchemaError, location
 from shardfeed.format import spec as S
 from shardfeed.format.columns import decode_columns, feature_names
 from shardfeed.format.example import Value, decode_example
-from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecar
+from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecars
 from shardfeed.format.schema import Schema, infer_schema, schema_as_read
 from shardfeed.storage.files import retry_policy, storage_scope
 from shardfeed.storage.remote import RemoteOptions
@@ -205,13 +205,7 @@ class Dataset:
         m, base = self._manifest, self._resolved.base
         if m is None or base is None:
             return None, None
-        groups = None if m.group_key is None else load_sidecar(
-            base, S.GROUPS_NAME, records=len(self), allow_outside=self._outside,
-            file=m.sidecar_file(S.GROUPS_NAME))
-        order = None if m.order_key is None else load_sidecar(
-            base, S.ORDER_NAME, records=len(self), allow_outside=self._outside,
-            file=m.sidecar_file(S.ORDER_NAME))
-        return groups, order
+        return load_sidecars(m, base, allow_outside=self._outside)
 
     def _check_names_in_schema(self, schema: Schema) -> None:
         if not schema.features:

@@ -297,6 +297,20 @@ def _save_sidecar(
     _fileio.write_bytes_atomic(resolve(folder, filename), _array_bytes(arr.astype(dtype)))
 
 
+def load_sidecars(manifest: Manifest, base: str, *, allow_outside: bool = False
+                  ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The group ids and order keys of ``manifest``'s records (None for a key it does not
+    name), from its sidecar files in the dataset folder ``base`` (:func:`load_sidecar`)."""
+    records = manifest.num_records
+    groups = None if manifest.group_key is None else load_sidecar(
+        base, S.GROUPS_NAME, records=records, allow_outside=allow_outside,
+        file=manifest.sidecar_file(S.GROUPS_NAME))
+    order = None if manifest.order_key is None else load_sidecar(
+        base, S.ORDER_NAME, records=records, allow_outside=allow_outside,
+        file=manifest.sidecar_file(S.ORDER_NAME))
+    return groups, order
+
+
 def load_sidecar(
     base: str, name: Literal["groups.npy", "order.npy"], *, records: int,
     allow_outside: bool = False, file: str | None = None,

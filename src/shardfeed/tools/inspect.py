@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardfeed.dataset.opening import Resolved, referenced_root, resolve_sources
-from shardfeed.format import spec
 
 if TYPE_CHECKING:
     from shardfeed.format.manifest import Manifest
@@ -246,23 +245,17 @@ def _check_arguments(*, records: int, windows: int | None) -> None:
 def _from_manifest(resolved: Resolved, manifest: Manifest, base: str, *,
                    allow_outside_paths: bool) -> _Contents:
     """A packed or indexed dataset: everything from its manifest and sidecars."""
-    from shardfeed.format.manifest import load_sidecar
+    from shardfeed.format.manifest import load_sidecars
 
-    groups: np.ndarray | None = None
-    order: np.ndarray | None = None
     shards = [{"path": s.path, "records": s.records, "bytes": s.bytes}
               for s in manifest.shards]
-    if manifest.group_key:
-        groups = load_sidecar(base, spec.GROUPS_NAME, records=manifest.num_records,
-                              allow_outside=allow_outside_paths)
-    if manifest.order_key:
-        order = load_sidecar(base, spec.ORDER_NAME, records=manifest.num_records,
-                             allow_outside=allow_outside_paths)
+    groups, order = load_sidecars(manifest, base, allow_outside=allow_outside_paths)
     header = {
         "manifest": resolved.manifest_url, "mode": manifest.mode,
         "root": None if manifest.root is None else str(referenced_root(
             resolved, None, allow_outside_paths=allow_outside_paths)),
         "group_key": manifest.group_key, "order_key": manifest.order_key,
+        "dataset_version": manifest.dataset_version,
     }
     return _Contents(header=header, shards=shards, schema=manifest.schema,
                      extra=dict(manifest.extra), groups=groups, order=order,

@@ -131,7 +131,8 @@ def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
     order: np.ndarray | None = None
     if base.group_key is not None:
         groups, names = _group_ids(out, base, added, name)
-        extra["group_names"] = names
+        if names:
+            extra["group_names"] = names
         sidecars[S.GROUPS_NAME] = f"groups.v{version}.npy"
     if base.order_key is not None:
         order = np.concatenate([_sidecar(out, base, S.ORDER_NAME),
@@ -192,21 +193,26 @@ def _sidecar(folder: str, manifest: Manifest, kind: Literal["groups.npy", "order
 def _group_ids(out: str, base: Manifest, added: Manifest, name: str
                ) -> tuple[np.ndarray, list[str]]:
     """Every record's group id in the new version, and the group names by id: the dataset's
-    groups keep their ids, a group new to it gets the next one."""
+    groups keep their ids, a group new to it gets the next one (integer keys are their own
+    ids: no names)."""
     names = [str(n) for n in base.extra.get("group_names") or []]
     new_names = [str(n) for n in added.extra.get("group_names") or []]
-    base_ids = _sidecar(out, base, S.GROUPS_NAME)
-    added_ids = _sidecar(os.path.join(out, name), added, S.GROUPS_NAME)
+    base_ids = _sidecar(out, base, S.GROUPS_NAME).astype(np.int64)
+    added_ids = _sidecar(os.path.join(out, name), added, S.GROUPS_NAME).astype(np.int64)
+    if not names and not new_names:  # integer group keys: the id is the key's value
+        return np.concatenate([base_ids, added_ids]), []
     if not names or not new_names:
-        raise PackError(f"the dataset in '{out}' or its new records do not name their groups "
-                        "(manifest extra.group_names): repack the dataset to append to it")
+        raise PackError(
+            f"the dataset in '{out}' and its new records key their groups differently (one by "
+            f"integers, the other by names: {(names or new_names)[:3]}...): give the new "
+            "records the dataset's group values")
     ids = {n: k for k, n in enumerate(names)}
     for n in new_names:
         if n not in ids:
             ids[n] = len(names)
             names.append(n)
     mapping = np.array([ids[n] for n in new_names], dtype=np.int64)
-    return np.concatenate([base_ids.astype(np.int64), mapping[added_ids]]), names
+    return np.concatenate([base_ids, mapping[added_ids]]), names
 
 
 def _npy(values: np.ndarray) -> bytes:

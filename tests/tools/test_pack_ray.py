@@ -68,6 +68,24 @@ def test_a_ray_pack_holds_the_records_of_a_single_machine_pack(
     assert not (tmp_path / "ray" / PARTS_FOLDER).exists()
 
 
+def test_a_ray_append_adds_a_version_with_the_records_of_a_single_machine_pack(
+    local_ray: None, tmp_path: Path,
+) -> None:
+    from shardfeed.tools.ray import pack_ray
+
+    rows = small_rows(3_000)
+    pack(rows[:2_000], tmp_path / "one", fields=FIELDS, records_per_shard=500)
+    pack(rows, tmp_path / "whole", fields=FIELDS, records_per_shard=500)
+    manifest = pack_ray(ray.data.from_items(rows[2_000:], override_num_blocks=2),
+                        tmp_path / "one", fields=FIELDS, records_per_shard=500, append=True)
+    assert manifest == str(tmp_path / "one" / "shardfeed.json")
+    with Dataset(str(tmp_path / "one")) as grown, Dataset(str(tmp_path / "whole")) as whole:
+        assert grown.version == 2 and len(grown) == 3_000
+        assert grown.read_payloads(range(3_000)) == whole.read_payloads(range(3_000))
+    with Dataset(str(tmp_path / "one"), version=1) as old:
+        assert len(old) == 2_000
+
+
 def test_a_ray_pack_into_object_storage_holds_the_same_records(
     local_ray: None, s3_server: Any, tmp_path: Path,
 ) -> None:

@@ -124,7 +124,8 @@ def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
              fields: RowFields | None = None, shard_size: int | str | None = None,
              records_per_shard: int | None = None, prefix: str = "shard",
              verify: bool = True, concurrency: int | None = None,
-             storage_options: Mapping[str, Any] | None = None, overwrite: bool = False) -> str:
+             storage_options: Mapping[str, Any] | None = None, overwrite: bool = False,
+             append: bool = False, resume: bool = False) -> str:
     """Pack ``dataset`` (a ``ray.data.Dataset`` of rows) into the empty folder ``output``
     with one partition a write task, in the Dataset's order; return the manifest's path.
 
@@ -136,6 +137,9 @@ def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
         storage_options: see :class:`PackSink`.
         overwrite: remove what an earlier pack wrote in ``output`` first (its manifest names
             it; other files stay).
+        append: add the rows to the dataset in the local folder ``output`` as its next
+            version (see ``shardfeed.pack(..., append=True)``); ``resume``: finish such an
+            append that was stopped (its version folder is packed again, then committed).
 
     Raises:
         TypeError: ``dataset`` is not a ``ray.data.Dataset``.
@@ -148,6 +152,11 @@ def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
     if not isinstance(dataset, ray.data.Dataset):
         raise TypeError(f"pack_ray packs a ray.data.Dataset (e.g. ray.data.read_parquet(...)), "
                         f"got {type(dataset).__name__}; for rows in memory use shardfeed.pack")
+    if append:
+        return _append(dataset, os.fspath(output), resume=resume, overwrite=overwrite,
+                       fields=fields, shard_size=shard_size, records_per_shard=records_per_shard,
+                       prefix=prefix, verify=verify, concurrency=concurrency,
+                       storage_options=storage_options)
     if shard_size is None and records_per_shard is None:
         shard_size = "64MB"
     sizes = PartSizes(records=records_per_shard,
@@ -164,6 +173,30 @@ def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
         options.preserve_order = before
     assert sink.manifest is not None
     return sink.manifest
+
+
+def _append(dataset: Any, output: str, *, resume: bool, overwrite: bool,
+            **options: Any) -> str:
+    """:func:`pack_ray` of ``dataset`` as the next version of the dataset in ``output``."""
+    from shardfeed.format.manifest import Manifest
+    from shardfeed.tools.pack.append import append
+    from shardfeed.tools.pack.output import PackResult
+
+    if overwrite:
+        raise ValueError("append and overwrite exclude each other: append adds a version and "
+                         "keeps every record there; overwrite replaces them")
+    if is_remote(output):
+        raise PackError(f"cannot append to '{output}': appends are made to a dataset on local "
+                        "disk for now; append to a local copy and upload its new files")
+
+    def pack_into(folder: str, classes: Sequence[str] | None) -> PackResult:
+        path = pack_ray(dataset, folder, overwrite=resume, **options)
+        made = Manifest.load(path)
+        return PackResult(output=folder, manifest=path, shards=len(made.shards),
+                          records=made.num_records, bytes=sum(s.bytes for s in made.shards),
+                          kept_shards=0)
+
+    return append(os.path.abspath(output), pack_into, source=None, resume=resume).manifest
 
 
 def ray_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:

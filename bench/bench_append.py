@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         opened = {"grown": _open_seconds(root / "grown"), "one": _open_seconds(root / "one")}
         rates: dict[str, list[float]] = {"grown": [], "one": []}
         for epoch in range(3):
-            for name in rates:
-                rates[name].append(_epoch_rate(root / name, epoch))
+            for name, found in rates.items():
+                found.append(_epoch_rate(root / name, epoch))
         grown_rate, one_rate = (statistics.median(rates[k]) for k in ("grown", "one"))
         print(f"open            grown {opened['grown'] * 1e3:7.1f} ms, one pack "
               f"{opened['one'] * 1e3:7.1f} ms ({opened['grown'] / opened['one']:.2f}x)")

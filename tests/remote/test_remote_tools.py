@@ -147,3 +147,40 @@ def test_interrupted_pack_to_s3_is_cleared_by_overwrite(s3_server: Any, tmp_path
     assert "notes.txt" in names and ".shardfeed-pack.json" not in names
     with Dataset(url) as ds:
         assert len(ds) == 10
+
+
+def test_append_to_s3_commits_a_version_and_two_at_once_keep_one(
+        s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardfeed.errors import PackError
+    from shardfeed.tools.pack import append as packappend
+    from shardfeed.tools.pack import pack
+
+    first = _photos(tmp_path / "first", per_class=2)
+    more = tmp_path / "more"
+    more.mkdir()
+    shutil.move(str(_photos(tmp_path / "m", per_class=1) / "cat"), str(more / "fox"))  # new
+    url = f"s3://{s3_server.new_bucket()}/ds"
+    assert main(["pack", str(first), url, "--no-progress"]) == 0
+    assert main(["pack", str(more), url, "--append", "--no-progress"]) == 0
+    with Dataset(url) as grown, Dataset(url, version=1) as old:
+        assert (grown.version, len(grown), len(old)) == (2, 5, 4)
+        assert grown.manifest.extra["vocabularies"]["image/class/label"] == ["cat", "dog", "fox"]
+        folder = grown.manifest.shards[-1].path.split("/")[0]
+        assert folder.startswith("v2-")  # a folder of its own: no other append writes there
+    puts = [r.path.rsplit("/", 1)[-1] for r in s3_server.requests("PUT")]
+    assert puts[-1] == "shardfeed.json" and "shardfeed.v2.json" in puts
+    # another append commits version 3 while this one packs: the conditional PUT refuses
+    real = packappend._merged
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+        made = real(*args, **kwargs)
+        s3_server.filesystem().pipe_file(url.removeprefix("s3://") + "/shardfeed.v3.json",
+                                          b"{}")
+        return made
+
+    monkeypatch.setattr(packappend, "_merged", meanwhile)
+    with pytest.raises(PackError, match="another append committed version 3 .* not lost"):
+        pack(str(more), url, append=True)
+    monkeypatch.undo()
+    with Dataset(url) as still:
+        assert (still.version, len(still)) == (2, 5)

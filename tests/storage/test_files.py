@@ -137,3 +137,29 @@ def test_atomic_write_gives_the_mode_of_a_plain_open(tmp_path: Path) -> None:
     atomic = tmp_path / "atomic"
     files.write_bytes_atomic(str(atomic), b"x")
     assert stat.S_IMODE(os.stat(atomic).st_mode) == stat.S_IMODE(os.stat(plain).st_mode)
+
+
+def test_create_bytes_writes_only_a_new_name(base: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    files.makedirs(base)
+    if base.startswith("memory://"):  # fsspec's backend: no conditional write, said so
+        with pytest.raises(StorageError, match="no conditional write"):
+            files.create_bytes(files.join(base, "v.json"), b"one")
+        return
+    target = files.join(base, "v.json")
+
+    def attempt(k: int) -> bool:
+        try:
+            files.create_bytes(target, f"writer {k}".encode())
+        except FileExistsError:
+            return False
+        return True
+
+    with ThreadPoolExecutor(4) as pool:  # of writers at once, exactly one succeeds
+        won = list(pool.map(attempt, range(4)))
+    assert won.count(True) == 1
+    assert files.read_bytes(target) == f"writer {won.index(True)}".encode()
+    with pytest.raises(FileExistsError):
+        files.create_bytes(target, b"again")
+    assert [n for n in files.listdir(base) if n.rstrip("/").rsplit("/", 1)[-1] != "v.json"] == []

@@ -23,6 +23,11 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     files.write_bytes_atomic(path, data)
 
 
+def create_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` as ``path`` only if nothing has that name (FileExistsError otherwise)."""
+    files.create_bytes(path, data)
+
+
 def exists(path: str | os.PathLike[str]) -> bool:
     """True if the local file or URL exists."""
     return files.exists(path)

@@ -61,6 +61,7 @@ Options = Mapping[str, Any] | None
 
 __all__ = [
     "DEFAULT_READ_LIMIT_BYTES",
+    "create_bytes",
     "exists",
     "glob",
     "is_remote",
@@ -244,6 +245,62 @@ def write_bytes_atomic(
         return
     remote_call(text, storage_options, "write", op("pipe_file", payload),
                 send_bytes=len(payload))
+
+
+def create_bytes(url: PathLike, data: bytes | bytearray | memoryview, *,
+                 storage_options: Options = None) -> None:
+    """Write ``data`` as the whole content of ``url`` only if nothing has that name yet
+    (readers see no file or the whole one): :class:`FileExistsError` otherwise, so of two
+    writers of one name exactly one succeeds. Local: a complete temporary file linked to the
+    name. Object storage: one PUT with ``If-None-Match: *`` (obstore's backends); a backend
+    without conditional writes raises StorageError saying so."""
+    text = os.fspath(url)
+    local = _local(text)
+    if local is not None:
+        def fill(handle: BinaryIO) -> None:
+            handle.write(data)
+
+        folder = os.path.dirname(os.path.abspath(local))
+        with _local_errors(local, "create"):
+            os.makedirs(folder, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(local)}.", suffix=".tmp",
+                                        dir=folder)
+        try:
+            with _local_errors(local, "create"):
+                with os.fdopen(fd, "wb") as handle:
+                    fill(handle)
+                    handle.flush()
+                    os.fchmod(handle.fileno(), 0o666 & ~_umask())
+                    os.fsync(handle.fileno())
+            try:
+                os.link(temp, local)  # fails if the name exists: nothing is written over
+            except FileExistsError:
+                raise FileExistsError(f"'{local}' exists") from None
+            except OSError as exc:
+                raise StorageError(f"cannot create '{local}': {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+        fsync_folder(folder)
+        return
+    storage_options = scoped(storage_options)
+    write = _operation(text, storage_options, "write")
+    if write is None:
+        raise StorageError(
+            f"cannot create '{text}' only if it is absent: its storage backend (fsspec) has no "
+            "conditional write; use obstore's (the default for s3://, gs:// and az://; unset "
+            "SHARDFEED_OBSTORE=0)")
+    from shardfeed.storage.obstore_ops import WriteConflict
+
+    try:
+        write(text, bytes(data), storage_options, mode="create")
+    except (WriteConflict, StorageError) as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, WriteConflict):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise FileExistsError(f"'{text}' exists (the store refused a write over it)") from None
 
 
 def upload_file_atomic(

@@ -137,7 +137,7 @@ def pack_ray(dataset: Any, output: str | os.PathLike[str], *,
         storage_options: see :class:`PackSink`.
         overwrite: remove what an earlier pack wrote in ``output`` first (its manifest names
             it; other files stay).
-        append: add the rows to the dataset in the local folder ``output`` as its next
+        append: add the rows to the dataset in ``output`` as its next
             version (see ``shardfeed.pack(..., append=True)``); ``resume``: finish such an
             append that was stopped (its version folder is packed again, then committed).
 
@@ -185,10 +185,6 @@ def _append(dataset: Any, output: str, *, resume: bool, overwrite: bool,
     if overwrite:
         raise ValueError("append and overwrite exclude each other: append adds a version and "
                          "keeps every record there; overwrite replaces them")
-    if is_remote(output):
-        raise PackError(f"cannot append to '{output}': appends are made to a dataset on local "
-                        "disk for now; append to a local copy and upload its new files")
-
     def pack_into(folder: str, classes: Sequence[str] | None) -> PackResult:
         path = pack_ray(dataset, folder, overwrite=resume, **options)
         made = Manifest.load(path)
@@ -196,7 +192,8 @@ def _append(dataset: Any, output: str, *, resume: bool, overwrite: bool,
                           records=made.num_records, bytes=sum(s.bytes for s in made.shards),
                           kept_shards=0)
 
-    return append(os.path.abspath(output), pack_into, source=None, resume=resume).manifest
+    where = output if is_remote(output) else os.path.abspath(output)
+    return append(where, pack_into, source=None, resume=resume).manifest
 
 
 def ray_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:

@@ -222,9 +222,8 @@ def _append(call: _PackCall) -> PackResult:
         raise ValueError("append and overwrite exclude each other: append adds a version and "
                          "keeps every record there; overwrite replaces them")
     output = os.fspath(call.output)
-    if is_remote(output):
-        raise PackError(f"cannot append to '{output}': appends are made to a dataset on local "
-                        "disk for now; append to a local copy and upload its new files")
+    if not is_remote(output):
+        output = os.path.abspath(output)
 
     def pack_into(folder: str, classes: Sequence[str] | None) -> PackResult:
         given = replace(call, output=folder, append=False)
@@ -232,7 +231,7 @@ def _append(call: _PackCall) -> PackResult:
             given = replace(given, classes=classes, classes_from=None)
         return _run(given)
 
-    return append(os.path.abspath(output), pack_into, source=call.source, resume=call.resume)
+    return append(output, pack_into, source=call.source, resume=call.resume)
 
 
 def _is_rows(call: _PackCall) -> bool:

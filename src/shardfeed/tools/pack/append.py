@@ -12,13 +12,15 @@ shard it had is read or written again.
       groups.v2.npy, order.v2.npy    version 2's sidecars (every record of it)
 
 Steps: read the newest version N (``shardfeed.json``) -> reserve ``v{N+1}/`` (one ``mkdir``:
-of two appends at once, the second stops here, before it writes anything) -> pack the new
+of two appends at once, the second stops here, before it writes anything; on object storage,
+which has no such guard, ``v{N+1}-<random>/``, a folder no other append writes) -> pack the new
 input into it (a folder of class sub-folders keeps the dataset's class ids; a new class gets
 the next one) -> check it against the dataset (mode, group and order keys and units, root,
 schema: a difference is named) -> the version's sidecars, for all its records (a group
 already there keeps its id: frames appended to a day continue its windows) -> keep version N
-as ``shardfeed.vN.json`` -> create ``shardfeed.v{N+1}.json`` (exclusively: the commit) ->
-replace ``shardfeed.json``. A kill anywhere before the commit leaves version N as it was, read
+as ``shardfeed.vN.json`` -> create ``shardfeed.v{N+1}.json`` (exclusively: a link of a
+complete file, or a PUT with ``If-None-Match: *``; of two commits one succeeds, the other is
+told and keeps its records) -> replace ``shardfeed.json``. A kill anywhere before the commit leaves version N as it was, read
 as before; ``resume=True`` finishes the append (its pack resumes, then the commit). Each
 version is a dataset of its own (``Dataset(folder, version=k)``): an epoch of it is an exact
 permutation of its records.
@@ -29,16 +31,18 @@ files above. Memory: the sidecars of one version.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
-from shardfeed.errors import PackError
+from shardfeed.errors import PackError, StorageError
 from shardfeed.format import _fileio
 from shardfeed.format import spec as S
 from shardfeed.format.manifest import (
@@ -49,6 +53,7 @@ from shardfeed.format.manifest import (
     load_sidecar,
     version_file,
 )
+from shardfeed.storage import files, is_remote
 from shardfeed.tools.pack.output import PackResult
 
 _VERSION_FILE = re.compile(r"^shardfeed\.v([1-9][0-9]*)\.json$")
@@ -66,38 +71,50 @@ def versions(folder: str) -> list[int]:
 
 def append(out: str, pack_into: Callable[[str, Sequence[str] | None], PackResult], *,
            source: Any, resume: bool) -> PackResult:
-    """Append to the dataset in the local folder ``out``: ``pack_into(folder, classes)``
-    packs the new input into ``folder`` (resuming there with ``resume``) with the class list
-    ``classes`` (None: the input's own). See the module docstring."""
-    newest = os.path.join(out, S.MANIFEST_NAME)
-    if not os.path.isfile(newest):
+    """Append to the dataset in ``out`` (a local folder or an object-storage URL):
+    ``pack_into(folder, classes)`` packs the new input into ``folder`` (resuming there with
+    ``resume``) with the class list ``classes`` (None: the input's own). See the module
+    docstring."""
+    newest = files.join(out, S.MANIFEST_NAME)
+    try:
+        base = Manifest.load(newest)
+    except StorageError:
+        if _fileio.exists(newest):
+            raise
         raise PackError(f"there is no dataset to append to in '{out}' (no {S.MANIFEST_NAME}): "
-                        "pack it first, without --append")
-    base = Manifest.load(newest)
+                        "pack it first, without --append") from None
     old = base.dataset_version
     new = old + 1
-    name = f"v{new}"
-    folder = os.path.join(out, name)
-    if os.path.exists(os.path.join(out, version_file(new))):
+    if _fileio.exists(files.join(out, version_file(new))):
         return _finish_commit(out, new, resume=resume)
+    name = _reserve(out, new, resume=resume)
+    made = pack_into(files.join(out, name), _classes(base, source))
+    added = Manifest.load(made.manifest)
+    merged = _merged(out, base, added, name=name, version=new)
+    _commit(out, merged, old=old, new=new, name=name)
+    return dataclasses.replace(
+        made, output=out, manifest=newest, shards=len(merged.shards),
+        records=merged.num_records, bytes=sum(s.bytes for s in merged.shards), version=new,
+        already_complete=False, added=(added.num_records, len(added.shards)))
+
+
+def _reserve(out: str, version: int, *, resume: bool) -> str:
+    """The folder the new version's shards go to. Local: ``v{version}``, made here (of two
+    appends at once, the second stops here, before it writes anything; ``resume`` takes the
+    folder of one that was stopped). Object storage has no such guard: ``v{version}-{token}``,
+    a folder no other append writes to (two appends at once both upload, the commit keeps one)."""
+    if is_remote(out):
+        return f"v{version}-{secrets.token_hex(4)}"
+    folder = os.path.join(out, f"v{version}")
     try:
         os.mkdir(folder)
     except FileExistsError:
         if not resume:
             raise PackError(
-                f"'{folder}' exists: another append to '{out}' is writing version {new}, or one "
-                "was stopped. Wait for the other to finish; if it was stopped, run the same "
-                "append again with --resume (it finishes that one)") from None
-    classes = _classes(base, source)
-    made = pack_into(folder, classes)
-    added = Manifest.load(made.manifest)
-    merged = _merged(out, base, added, name=name, version=new)
-    _commit(out, base, merged, old=old, new=new)
-    return dataclasses.replace(
-        made, output=out, manifest=newest, shards=len(merged.shards),
-        records=merged.num_records, bytes=sum(s.bytes for s in merged.shards), version=new,
-        already_complete=False,
-        added=(added.num_records, len(added.shards)))
+                f"'{folder}' exists: another append to '{out}' is writing version {version}, "
+                "or one was stopped. Wait for the other to finish; if it was stopped, run the "
+                "same append again with --resume (it finishes that one)") from None
+    return f"v{version}"
 
 
 def _classes(base: Manifest, source: Any) -> list[str] | None:
@@ -124,8 +141,8 @@ def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
         if key in added.extra:
             extra[key] = added.extra[key]
     sub_files = [f"{name}/{f}" for f in added.extra.get("pack_files", [])]
-    files = [*base.extra.get("pack_files", []), *sub_files, f"{name}/{S.MANIFEST_NAME}",
-             version_file(version - 1), version_file(version)]
+    written = [*base.extra.get("pack_files", []), *sub_files, f"{name}/{S.MANIFEST_NAME}",
+               version_file(version - 1), version_file(version)]
     sidecars: dict[str, str] = {}
     groups: np.ndarray | None = None
     order: np.ndarray | None = None
@@ -136,13 +153,13 @@ def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
         sidecars[S.GROUPS_NAME] = f"groups.v{version}.npy"
     if base.order_key is not None:
         order = np.concatenate([_sidecar(out, base, S.ORDER_NAME),
-                                _sidecar(os.path.join(out, name), added, S.ORDER_NAME)])
+                                _sidecar(files.join(out, name), added, S.ORDER_NAME)])
         sidecars[S.ORDER_NAME] = f"order.v{version}.npy"
     for kind, values in ((S.GROUPS_NAME, groups), (S.ORDER_NAME, order)):
         if values is not None:
-            _fileio.write_bytes_atomic(os.path.join(out, sidecars[kind]), _npy(values))
-    files += list(sidecars.values())
-    extra.update({DATASET_VERSION_KEY: version, SIDECARS_KEY: sidecars, "pack_files": files})
+            _fileio.write_bytes_atomic(files.join(out, sidecars[kind]), _npy(values))
+    written += list(sidecars.values())
+    extra.update({DATASET_VERSION_KEY: version, SIDECARS_KEY: sidecars, "pack_files": written})
     shards = [*base.shards, *(ShardInfo(path=f"{name}/{s.path}", records=s.records,
                                         bytes=s.bytes, crc32c=s.crc32c,
                                         records_hash=s.records_hash) for s in added.shards)]
@@ -198,7 +215,7 @@ def _group_ids(out: str, base: Manifest, added: Manifest, name: str
     names = [str(n) for n in base.extra.get("group_names") or []]
     new_names = [str(n) for n in added.extra.get("group_names") or []]
     base_ids = _sidecar(out, base, S.GROUPS_NAME).astype(np.int64)
-    added_ids = _sidecar(os.path.join(out, name), added, S.GROUPS_NAME).astype(np.int64)
+    added_ids = _sidecar(files.join(out, name), added, S.GROUPS_NAME).astype(np.int64)
     if not names and not new_names:  # integer group keys: the id is the key's value
         return np.concatenate([base_ids, added_ids]), []
     if not names or not new_names:
@@ -223,35 +240,36 @@ def _npy(values: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _commit(out: str, base: Manifest, merged: Manifest, *, old: int, new: int) -> None:
+def _commit(out: str, merged: Manifest, *, old: int, new: int, name: str) -> None:
     """Keep version ``old`` under its own name, create version ``new``'s file (the commit:
     it fails if another append created it first), then make it the newest."""
-    kept = os.path.join(out, version_file(old))
-    if not os.path.exists(kept):
-        base_text = _fileio.read_bytes(os.path.join(out, S.MANIFEST_NAME))
-        _fileio.write_bytes_atomic(kept, base_text)
-    text = _manifest_text(merged, os.path.join(out, version_file(new)))
+    kept = files.join(out, version_file(old))
+    if not _fileio.exists(kept):
+        with contextlib.suppress(FileExistsError):  # another append kept it meanwhile
+            _fileio.create_bytes(kept, _fileio.read_bytes(files.join(out, S.MANIFEST_NAME)))
+    text = _manifest_text(merged, files.join(out, version_file(new)))
     try:
-        _create(os.path.join(out, version_file(new)), text)
+        _fileio.create_bytes(files.join(out, version_file(new)), text)
     except FileExistsError:
         raise PackError(
             f"another append committed version {new} of '{out}' first; yours is not lost: "
-            f"its records are packed in '{os.path.join(out, f'v{new}')}'. Move that folder "
-            "away and append its input again (it becomes the next version)") from None
-    _fileio.write_bytes_atomic(os.path.join(out, S.MANIFEST_NAME), text)
+            f"its records are packed in '{files.join(out, name)}'. Move that folder away (on "
+            "object storage: leave it) and append its input again (it becomes the next "
+            "version)") from None
+    _fileio.write_bytes_atomic(files.join(out, S.MANIFEST_NAME), text)
 
 
 def _finish_commit(out: str, new: int, *, resume: bool) -> PackResult:
     """Version ``new`` was committed but ``shardfeed.json`` not yet replaced (a kill between
     the two): with ``resume``, replace it."""
-    committed = os.path.join(out, version_file(new))
+    committed = files.join(out, version_file(new))
     if not resume:
         raise PackError(f"an append to '{out}' was stopped while it committed version {new}: "
                         "run it again with --resume to finish it")
     text = _fileio.read_bytes(committed)
     manifest = Manifest.from_json(json.loads(text), where=committed)
-    _fileio.write_bytes_atomic(os.path.join(out, S.MANIFEST_NAME), text)
-    return PackResult(output=out, manifest=os.path.join(out, S.MANIFEST_NAME),
+    _fileio.write_bytes_atomic(files.join(out, S.MANIFEST_NAME), text)
+    return PackResult(output=out, manifest=files.join(out, S.MANIFEST_NAME),
                       shards=len(manifest.shards), records=manifest.num_records,
                       bytes=sum(s.bytes for s in manifest.shards), kept_shards=0,
                       version=new)
@@ -264,19 +282,6 @@ def _manifest_text(manifest: Manifest, path: str) -> bytes:
     data = manifest.to_json()
     data["root"] = portable_root(manifest.root, path)
     return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
-
-
-def _create(path: str, data: bytes) -> None:
-    """Write ``path`` whole, only if no file has that name (FileExistsError otherwise)."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(temporary, path)  # fails if it exists: no append is ever overwritten
-    finally:
-        os.unlink(temporary)
 
 
 __all__ = ["append", "versions"]

@@ -158,7 +158,7 @@ def plain_names(names: Iterable[str]) -> list[str]:
         n.count("/") == 1 and _VERSION_FOLDER.match(n.split("/")[0]) and _plain(n.split("/")[1]))]
 
 
-_VERSION_FOLDER = re.compile(r"^v[1-9][0-9]*$")
+_VERSION_FOLDER = re.compile(r"^v[1-9][0-9]*(-[0-9a-f]{8})?$")  # local v2/, remote v2-<token>/
 
 
 def _plain(name: str) -> bool:

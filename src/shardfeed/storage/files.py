@@ -266,12 +266,11 @@ def create_bytes(url: PathLike, data: bytes | bytearray | memoryview, *,
             fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(local)}.", suffix=".tmp",
                                         dir=folder)
         try:
-            with _local_errors(local, "create"):
-                with os.fdopen(fd, "wb") as handle:
-                    fill(handle)
-                    handle.flush()
-                    os.fchmod(handle.fileno(), 0o666 & ~_umask())
-                    os.fsync(handle.fileno())
+            with _local_errors(local, "create"), os.fdopen(fd, "wb") as handle:
+                fill(handle)
+                handle.flush()
+                os.fchmod(handle.fileno(), 0o666 & ~_umask())
+                os.fsync(handle.fileno())
             try:
                 os.link(temp, local)  # fails if the name exists: nothing is written over
             except FileExistsError:

@@ -145,7 +145,7 @@ def test_an_append_stopped_before_its_commit_leaves_the_version_and_resumes(
     def killed(*_: Any, **__: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packappend, "_commit", killed)
+    monkeypatch.setattr(packappend, "commit_version", killed)
     with pytest.raises(KeyboardInterrupt):
         pack(more, out, append=True, records_per_shard=2)
     monkeypatch.undo()

@@ -117,13 +117,15 @@ def _dataset(args: argparse.Namespace, state: dict[str, Any]) -> Any:
     """The dataset at the version the state read (a state of version 1 of a dataset appended
     to since opens version 1)."""
     import shardfeed
-    from shardfeed.pipeline.sampler_state import dataset_version_of
 
     options = common.dataset_options(args)
     ds = shardfeed.Dataset(args.source, **options)
-    saved = dataset_version_of(state["source"].get("dataset"))
-    if ds.version is None or ds.version == saved:
+    fingerprint = state["source"].get("dataset")
+    if not isinstance(fingerprint, str) or fingerprint == ds.fingerprint:
         return ds
+    saved = ds.version_with(fingerprint)
+    if saved is None or saved == ds.version:
+        return ds  # the check of the state names what differs
     ds.close()
     return shardfeed.Dataset(args.source, version=saved, **options)
 

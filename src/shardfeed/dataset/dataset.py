@@ -31,6 +31,7 @@ from shardfeed.dataset.opening import (
     parse_features,
     referenced_root,
     resolve_version,
+    version_with,
 )
 from shardfeed.dataset.reading import GATHER_FROM, ReadOptions, read_gathered, read_payloads
 from shardfeed.dataset.shard_versions import ShardVersions
@@ -298,22 +299,29 @@ class Dataset:
         adds one, see :mod:`shardfeed.tools.pack.append`); None without a manifest."""
         return None if self._manifest is None else self._manifest.dataset_version
 
+    def version_with(self, fingerprint: str) -> int | None:
+        """The newest version of this dataset whose fingerprint is ``fingerprint`` (a loader
+        state's ``source.dataset``), from the manifests it keeps; None if none is."""
+        if self._manifest is None or self._resolved.base is None:
+            return None
+        if fingerprint == self.fingerprint:
+            return self._manifest.dataset_version
+        return version_with(self._resolved.base, fingerprint)
+
     @property
     def fingerprint(self) -> str:
         """A short digest that changes when the records do (computed once, on first use).
 
         From the manifest's shard list (names, record counts, sizes, CRC32Cs) or, for bare
         TFRecord files, their names and record offsets: see
-        :mod:`shardfeed.dataset.fingerprint`; ``v2:...`` for version 2 of an appended dataset.
-        A loader state carries it, so ``restore``
+        :mod:`shardfeed.dataset.fingerprint` (the versions of an appended dataset have their
+        own; a compacted version has its previous version's). A loader state carries it, so
+        ``restore``
         refuses a state saved on another dataset.
         """
         if self._fingerprint is None:
             if self._manifest is not None:
                 self._fingerprint = manifest_fingerprint(self._manifest.shards)
-                version = self._manifest.dataset_version
-                if version > 1:  # a state names the version it read (1: as before versions)
-                    self._fingerprint = f"v{version}:{self._fingerprint}"
             else:  # every index was loaded at opening
                 table = self._table
                 self._fingerprint = files_fingerprint(

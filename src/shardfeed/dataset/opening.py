@@ -270,6 +270,21 @@ def resolve_version(source: SourceArg, version: int | None, *, allow_partial: bo
     return found
 
 
+def version_with(base: str, fingerprint: str) -> int | None:
+    """The newest version the dataset folder ``base`` keeps whose shards have
+    ``fingerprint`` (:func:`~shardfeed.dataset.fingerprint.manifest_fingerprint`); None."""
+    from shardfeed.dataset.fingerprint import manifest_fingerprint
+
+    for version in sorted(_kept_versions(base), reverse=True):
+        try:
+            manifest = Manifest.load(files.join(base, version_file(version)))
+        except (OSError, StorageError, FormatError):
+            continue
+        if manifest_fingerprint(manifest.shards) == fingerprint:
+            return version
+    return None
+
+
 def _kept_versions(base: str) -> list[int]:
     """The versions whose manifests the dataset folder ``base`` keeps (a listing)."""
     try:

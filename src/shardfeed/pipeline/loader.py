@@ -46,8 +46,8 @@ from shardfeed.pipeline.epoch import EpochRun, HandOut
 from shardfeed.pipeline.loader_state import (
     STATE_KEYS,
     LoaderStats,
+    across_versions,
     check_state,
-    onto_newer_version,
     run_of,
     state_to_json,
 )
@@ -309,8 +309,7 @@ class Loader:
         saved_stages = state.get("batch_stages") if isinstance(state, Mapping) else None
         if isinstance(state, Mapping):
             state = {k: v for k, v in state.items() if k != "batch_stages"}
-            if to_latest:
-                state = onto_newer_version(state, self.sampler.state())
+            state = self._across_versions(state, to_latest=to_latest)
         state = check_state(
             state, seed=opts.seed, samples_per_epoch=self.samples_per_epoch,
             shuffle=opts.shuffle, order_method=opts.order_method,
@@ -322,6 +321,22 @@ class Loader:
         progress.epoch = int(state["epoch"])
         progress.consumed = int(state["consumed"])
         progress.skipped = int(state["skipped"])
+
+    def _across_versions(self, state: dict[str, Any], *, to_latest: bool) -> dict[str, Any]:
+        """``state`` as :func:`across_versions` takes it where it was saved on another version
+        of this loader's dataset (found by its fingerprint among the versions the dataset
+        keeps); else as it is (the checks that follow name what differs)."""
+        saved, own = state.get("source"), self.sampler.state()
+        if not isinstance(saved, Mapping) or not isinstance(saved.get("dataset"), str) or (
+                saved.get("dataset") == own.get("dataset")):
+            return state
+        datasets = self._datasets()
+        version_with = getattr(datasets[0], "version_with", None) if len(datasets) == 1 else None
+        found = version_with(saved["dataset"]) if version_with is not None else None
+        if found is None or datasets[0].version is None:
+            return state
+        return across_versions(state, own, saved=found, own=int(datasets[0].version),
+                               to_latest=to_latest)
 
     # -- sizes -----------------------------------------------------------------------------------
 
@@ -432,8 +447,11 @@ class Loader:
         if mixed is not None:
             return [source.data for source in mixed]
         get = getattr(self.sampler, "_ds", None)
+        if get is None:  # windows: the dataset their frames are read from
+            data = getattr(self.sampler, "dataset", None)
+            return [data] if data is not None else []
         with contextlib.suppress(Exception):  # a sampler copy without its data source
-            return [get()] if get is not None else []
+            return [get()]
         return []
 
     def memory_budget(self) -> MemoryBudget:

@@ -17,7 +17,7 @@ from typing import Any
 
 from shardfeed.errors import StateError
 from shardfeed.pipeline.produce import MAX_REPLACEMENT_TRIES
-from shardfeed.pipeline.sampler_state import DATA_KEYS, dataset_version_of
+from shardfeed.pipeline.sampler_state import DATA_KEYS
 
 STATE_KEYS = frozenset(
     {"seed", "epoch", "consumed", "skipped", "shuffle", "order_method", "source"}
@@ -88,35 +88,40 @@ def check_run(run: Any) -> None:
         )
 
 
-def onto_newer_version(state: dict[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
-    """``state`` (saved on an earlier version of a dataset) as the state of the next epoch's
-    start on the version that ``source`` (this loader's sampler state) reads; ``state``
-    itself when it is of that version. StateError when it is in the middle of an epoch, of a
-    later version, or its sampler options are not ``source``'s."""
-    saved = state.get("source")
-    if not isinstance(saved, Mapping):
-        return state  # check_state names what is wrong
-    old, new = dataset_version_of(saved.get("dataset")), dataset_version_of(source.get("dataset"))
-    if old == new:
-        return state
-    if old > new:
-        raise StateError(f"the state was saved on version {old} of its dataset, newer than the "
-                         f"version {new} this loader reads: open Dataset(folder, version={old})")
+def across_versions(state: dict[str, Any], source: Mapping[str, Any], *, saved: int,
+                    own: int, to_latest: bool) -> dict[str, Any]:
+    """``state``, saved on version ``saved`` of the dataset whose version ``own`` this loader
+    reads (``source``: its sampler state): with ``to_latest``, at an epoch's end, the state
+    of the next epoch's start on version ``own``; else StateError saying how to continue it.
+    StateError too for a state in the middle of an epoch, of a newer version, or of other
+    sampler options."""
+    if not to_latest:
+        raise StateError(
+            f"the state was saved on version {saved} of this loader's dataset, which reads "
+            f"version {own}: open Dataset(folder, version={saved}) to continue the state "
+            "exactly (each version's epoch is its own permutation), or at an epoch's end "
+            "restore(state, to_latest=True) on this loader: its next epoch is one of version "
+            f"{own}")
+    if saved > own:
+        raise StateError(f"the state was saved on version {saved} of its dataset, newer than "
+                         f"the version {own} this loader reads: open Dataset(folder, "
+                         f"version={saved})")
+    kept = state["source"]
     for key in source:
-        if key not in DATA_KEYS and saved.get(key) != source[key]:
-            raise StateError(f"state['source'][{key!r}] is {saved.get(key)!r}, this loader's "
+        if key not in DATA_KEYS and kept.get(key) != source[key]:
+            raise StateError(f"state['source'][{key!r}] is {kept.get(key)!r}, this loader's "
                              f"is {source[key]!r}: build the loader as the state's was")
     epoch, consumed = state.get("epoch"), state.get("consumed")
-    size = saved.get("windows", saved.get("records"))
+    size = kept.get("windows", kept.get("records"))
     if type(epoch) is not int or type(consumed) is not int:
         return state  # check_state names what is wrong
     if consumed != 0 and consumed != size:
         raise StateError(
-            f"the state is in the middle of epoch {epoch} of version {old} of its dataset "
+            f"the state is in the middle of epoch {epoch} of version {saved} of its dataset "
             f"({consumed} of {size} positions taken), and a version's epoch is a permutation "
             f"of its own records: finish that epoch on a loader over Dataset(folder, "
-            f"version={old}) restored with it, then restore its state at the epoch's end with "
-            "to_latest=True")
+            f"version={saved}) restored with it, then restore its state at the epoch's end "
+            "with to_latest=True")
     return {**state, "epoch": epoch + (1 if consumed else 0), "consumed": 0, "skipped": 0,
             "source": dict(source)}
 

@@ -32,16 +32,6 @@ def check_sampler_state(
             f"state['source']['kind'] is {kind!r}, but this loader reads {expected['kind']}: "
             f"the state was saved by a Loader over {kind}; restore it on one like that"
         )
-    saved_version = dataset_version_of(state.get("dataset"))
-    own_version = dataset_version_of(expected.get("dataset"))
-    if "dataset" in state and saved_version != own_version:
-        raise StateError(
-            f"the state was saved on version {saved_version} of its dataset, and this "
-            f"loader's {sampler} reads version {own_version} (state['source']['dataset'] is "
-            f"{state['dataset']!r}, this loader's {expected.get('dataset')!r}): open "
-            f"Dataset(folder, version={saved_version}) to continue the state exactly (each "
-            "version's epoch is its own permutation), or at an epoch's end restore(state, "
-            "to_latest=True) on this loader: its next epoch is one of the newer version")
     for key, want in expected.items():
         got = state.get(key, want)  # a missing key is reported below
         if _same(got, want):
@@ -80,13 +70,6 @@ def check_sampler_state(
 
 DATA_KEYS = frozenset({"dataset", "records", "windows", "index"})
 """The keys of a sampler state that describe its data (every other key is an option)."""
-
-
-def dataset_version_of(fingerprint: Any) -> int:
-    """The dataset version a fingerprint names (``v2:...``; 1 without a tag)."""
-    text = str(fingerprint)
-    head = text.split(":", 1)[0]
-    return int(head[1:]) if head[:1] == "v" and head[1:].isdigit() else 1
 
 
 def _same(got: Any, want: Any) -> bool:

@@ -87,18 +87,18 @@ def append(out: str, pack_into: Callable[[str, Sequence[str] | None], PackResult
     new = old + 1
     if _fileio.exists(files.join(out, version_file(new))):
         return _finish_commit(out, new, resume=resume)
-    name = _reserve(out, new, resume=resume)
+    name = reserve_version(out, new, resume=resume)
     made = pack_into(files.join(out, name), _classes(base, source))
     added = Manifest.load(made.manifest)
     merged = _merged(out, base, added, name=name, version=new)
-    _commit(out, merged, old=old, new=new, name=name)
+    commit_version(out, merged, old=old, new=new, name=name)
     return dataclasses.replace(
         made, output=out, manifest=newest, shards=len(merged.shards),
         records=merged.num_records, bytes=sum(s.bytes for s in merged.shards), version=new,
         already_complete=False, added=(added.num_records, len(added.shards)))
 
 
-def _reserve(out: str, version: int, *, resume: bool) -> str:
+def reserve_version(out: str, version: int, *, resume: bool = False) -> str:
     """The folder the new version's shards go to. Local: ``v{version}``, made here (of two
     appends at once, the second stops here, before it writes anything; ``resume`` takes the
     folder of one that was stopped). Object storage has no such guard: ``v{version}-{token}``,
@@ -240,7 +240,7 @@ def _npy(values: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _commit(out: str, merged: Manifest, *, old: int, new: int, name: str) -> None:
+def commit_version(out: str, merged: Manifest, *, old: int, new: int, name: str) -> None:
     """Keep version ``old`` under its own name, create version ``new``'s file (the commit:
     it fails if another append created it first), then make it the newest."""
     kept = files.join(out, version_file(old))
@@ -284,4 +284,4 @@ def _manifest_text(manifest: Manifest, path: str) -> bytes:
     return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
 
 
-__all__ = ["append", "versions"]
+__all__ = ["append", "commit_version", "reserve_version", "versions"]

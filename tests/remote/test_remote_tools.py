@@ -179,8 +179,22 @@ def test_append_to_s3_commits_a_version_and_two_at_once_keep_one(
         return made
 
     monkeypatch.setattr(packappend, "_merged", meanwhile)
-    with pytest.raises(PackError, match="another append committed version 3 .* not lost"):
+    with pytest.raises(PackError, match="another append committed version 3 .* your input "
+                                        "was not added"):
         pack(str(more), url, append=True)
     monkeypatch.undo()
     with Dataset(url) as still:
         assert (still.version, len(still)) == (2, 5)
+    from shardfeed.storage import files
+
+    files.remove(url + "/shardfeed.v3.json")
+    # a stopped append run again with --resume: a new folder, the commit
+    assert main(["pack", str(more), url, "--append", "--resume", "--no-progress"]) == 0
+    with Dataset(url) as third:
+        assert (third.version, len(third)) == (3, 6)
+    # --overwrite removes every object the appends wrote (their folders too)
+    assert main(["pack", str(first), url, "--overwrite", "--no-progress"]) == 0
+    left = s3_server.filesystem().find(url.removeprefix("s3://"))
+    assert not [k for k in left if "/v2-" in k or "/v3-" in k or ".v" in k.rsplit("/", 1)[-1]]
+    with Dataset(url) as again:
+        assert (again.version, len(again)) == (1, 4)

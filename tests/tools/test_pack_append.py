@@ -22,6 +22,7 @@ from shardfeed.tools.pack.csvinput import CsvColumns
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 COLUMNS = CsvColumns(labels=("label",), floats="VF", group="day", order="timestamp")
+SKY = CsvColumns(labels=("label",), onehot=("sky",), group="day", order="timestamp")
 
 
 def _photos(root: Path, counts: dict[str, int], seed: int, make_image: Any) -> Path:
@@ -31,15 +32,17 @@ def _photos(root: Path, counts: dict[str, int], seed: int, make_image: Any) -> P
     return root
 
 
-def _frames(root: Path, name: str, days: dict[str, range], make_image: Any) -> Path:
-    """A CSV of frames: for each day, the frames numbered by its range (8 s apart)."""
+def _frames(root: Path, name: str, days: dict[str, range], make_image: Any,
+            skies: tuple[str, ...] = ("clear", "rain")) -> Path:
+    """A CSV of frames: for each day, the frames numbered by its range (a minute apart)."""
     rows = []
     for day, numbers in days.items():
         for j in numbers:
             image = f"img/{day}_{j}.jpg"
             make_image(root / image, hash((day, j)) % 10_000, size=(16, 20))
             rows.append({"path": image, "day": day, "timestamp": f"{day}T12:{j:02d}:00",
-                         "label": str(j % 3), "VF": str(j * 0.5)})
+                         "label": str(j % 3), "VF": str(j * 0.5),
+                         "sky": skies[j % len(skies)]})
     path = root / name
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -200,7 +203,8 @@ def test_the_loser_of_two_commits_gets_a_clear_error(tmp_path: Path, make_image:
         real(path, data)
 
     monkeypatch.setattr(packappend._fileio, "create_bytes", other_first)
-    with pytest.raises(PackError, match="another append committed version 2 .* not lost"):
+    with pytest.raises(PackError, match="another append committed version 2 .* your input was "
+                                        "not added"):
         pack(more, out, append=True)
     assert (out / "v2").is_dir() and any((out / "v2").glob("*.tfrecord"))
 
@@ -297,3 +301,67 @@ def test_a_run_goes_on_across_an_append(tmp_path: Path, make_image: Any) -> None
         fresh.set_epoch(1)
         expected = [names(b) for b in fresh]
     assert moved == expected and len({n for b in moved for n in b}) == 12
+
+
+def test_frames_of_a_day_that_is_not_the_last_are_refused(tmp_path: Path,
+                                                          make_image: Any) -> None:
+    root = tmp_path / "frames"
+    first = _frames(root, "first.csv", {"2024-05-01": range(3), "2024-05-02": range(3)},
+                    make_image)
+    late = _frames(root, "late.csv", {"2024-05-01": range(3, 5)}, make_image)
+    earlier = _frames(root, "earlier.csv", {"2024-05-02": range(1)}, make_image)
+    out = tmp_path / "days"
+    pack(first, out, csv=COLUMNS)
+    with pytest.raises(PackError, match="group '2024-05-01' would not follow its records"):
+        pack(late, out, csv=COLUMNS, append=True)
+    assert not (out / "v2").exists()  # a refused append leaves nothing behind
+    with pytest.raises(PackError, match="group '2024-05-02' would not follow"):
+        pack(earlier, out, csv=COLUMNS, append=True)  # an earlier time
+    with shardfeed.Dataset(str(out)) as ds:
+        assert ds.version == 1 and len(ds) == 6
+
+
+def test_category_numbers_that_would_change_are_refused(tmp_path: Path,
+                                                        make_image: Any) -> None:
+    root = tmp_path / "frames"
+    first = _frames(root, "first.csv", {"2024-05-01": range(2)}, make_image,
+                    skies=("clear", "rain"))
+    other = _frames(root, "other.csv", {"2024-05-02": range(2)}, make_image,
+                    skies=("clear", "fog"))
+    out = tmp_path / "days"
+    pack(first, out, csv=SKY)
+    with pytest.raises(PackError, match=r"values of 'image/label/sky' are numbered \['clear', 'fog'\]"):
+        pack(other, out, csv=SKY, append=True)
+
+
+def test_a_commit_whose_answer_was_lost_is_ours(tmp_path: Path, make_image: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _photos(tmp_path / "first", {"cat": 2}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 1}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out)
+    real = packappend._fileio.create_bytes
+
+    def answer_lost(path: Any, data: bytes) -> None:  # written, then a retry finds it
+        real(path, data)
+        if str(path).endswith("shardfeed.v2.json"):
+            raise FileExistsError(path)
+
+    monkeypatch.setattr(packappend._fileio, "create_bytes", answer_lost)
+    pack(more, out, append=True)
+    with shardfeed.Dataset(str(out)) as ds:
+        assert ds.version == 2 and len(ds) == 3
+
+
+def test_overwrite_follows_no_link_out_of_the_dataset(tmp_path: Path, make_image: Any) -> None:
+    first = _photos(tmp_path / "first", {"cat": 2}, 1, make_image)
+    more = _photos(tmp_path / "more", {"cat": 1}, 2, make_image)
+    out = tmp_path / "out"
+    pack(first, out)
+    pack(more, out, append=True)
+    elsewhere = tmp_path / "elsewhere"
+    (out / "v2").rename(elsewhere)
+    (out / "v2").symlink_to(elsewhere)  # a version folder that leads elsewhere
+    kept = sorted(p.name for p in elsewhere.iterdir())
+    pack(first, out, overwrite=True)
+    assert sorted(p.name for p in elsewhere.iterdir()) == kept  # nothing removed through it

@@ -91,3 +91,23 @@ def test_compact_from_the_command_line_and_its_refusals(tmp_path: Path,
     assert "compacted" in done.stdout and "version 5" in done.stdout
     with pytest.raises(PackError, match="no dataset to compact"):
         compact(tmp_path / "nothing", target=8, by_records=True)
+
+
+def test_a_compact_that_fails_leaves_no_folder_and_can_run_again(
+        tmp_path: Path, make_image: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardfeed.format.writer import ShardWriter
+
+    out = _grown(tmp_path, make_image, appends=3)
+    real = ShardWriter.write
+
+    def full_disk(self: Any, payload: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ShardWriter, "write", full_disk)
+    with pytest.raises(OSError):
+        compact(out, target=8, by_records=True)
+    monkeypatch.setattr(ShardWriter, "write", real)
+    assert not (out / "v5").exists()
+    with shardfeed.Dataset(str(out)) as ds:
+        assert ds.version == 4
+    assert compact(out, target=8, by_records=True).version == 5

@@ -147,7 +147,7 @@ def _run_options(args: argparse.Namespace, state: dict[str, Any]) -> None:
 
     saved = state.get("run")
     run: dict[str, Any] = saved if isinstance(saved, dict) else {}
-    for name in ("batch_size", "world_size", "drop_last"):
+    for name in ("batch_size", "world_size", "drop_last", "remainder"):
         given = getattr(args, name)
         if given is not None and name in run and given != run[name]:
             print(f"shardfeed which: note: the state was saved by a run with "

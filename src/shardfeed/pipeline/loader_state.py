@@ -95,6 +95,10 @@ def across_versions(state: dict[str, Any], source: Mapping[str, Any], *, saved: 
     of the next epoch's start on version ``own``; else StateError saying how to continue it.
     StateError too for a state in the middle of an epoch, of a newer version, or of other
     sampler options."""
+    if saved > own:
+        raise StateError(f"the state was saved on version {saved} of its dataset, newer than "
+                         f"the version {own} this loader reads: open Dataset(folder, "
+                         f"version={saved})")
     if not to_latest:
         raise StateError(
             f"the state was saved on version {saved} of this loader's dataset, which reads "

@@ -40,6 +40,7 @@ from ray.data.block import BlockAccessor
 
 from shardfeed.errors import PackError
 from shardfeed.storage import is_remote
+from shardfeed.storage.files import storage_scope
 from shardfeed.storage.options import set_storage_options
 from shardfeed.tools.pack.partition import (
     Partial,
@@ -193,7 +194,8 @@ def _append(dataset: Any, output: str, *, resume: bool, overwrite: bool,
                           kept_shards=0)
 
     where = output if is_remote(output) else os.path.abspath(output)
-    return append(where, pack_into, source=None, resume=resume).manifest
+    with storage_scope(options.get("storage_options")):
+        return append(where, pack_into, source=None, resume=resume).manifest
 
 
 def ray_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:

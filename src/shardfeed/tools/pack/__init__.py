@@ -226,7 +226,9 @@ def _append(call: _PackCall) -> PackResult:
         output = os.path.abspath(output)
 
     def pack_into(folder: str, classes: Sequence[str] | None) -> PackResult:
-        given = replace(call, output=folder, append=False)
+        # object storage: a stopped append's folder is never read; a new one is written
+        given = replace(call, output=folder, append=False,
+                        resume=call.resume and not is_remote(folder))
         if classes is not None and call.classes is None:
             given = replace(given, classes=classes, classes_from=None)
         return _run(given)

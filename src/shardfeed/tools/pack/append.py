@@ -77,12 +77,13 @@ def append(out: str, pack_into: Callable[[str, Sequence[str] | None], PackResult
     docstring."""
     newest = files.join(out, S.MANIFEST_NAME)
     try:
-        base = Manifest.load(newest)
+        base_bytes = _fileio.read_bytes(newest, max_bytes=S.MAX_MANIFEST_BYTES)
     except StorageError:
         if _fileio.exists(newest):
             raise
         raise PackError(f"there is no dataset to append to in '{out}' (no {S.MANIFEST_NAME}): "
                         "pack it first, without --append") from None
+    base = Manifest.load(newest)
     old = base.dataset_version
     new = old + 1
     if _fileio.exists(files.join(out, version_file(new))):
@@ -90,8 +91,12 @@ def append(out: str, pack_into: Callable[[str, Sequence[str] | None], PackResult
     name = reserve_version(out, new, resume=resume)
     made = pack_into(files.join(out, name), _classes(base, source))
     added = Manifest.load(made.manifest)
-    merged = _merged(out, base, added, name=name, version=new)
-    commit_version(out, merged, old=old, new=new, name=name)
+    try:
+        merged = _merged(out, base, added, name=name, version=new)
+    except PackError:  # refused: the version's folder is this append's own, and goes
+        files.remove_tree(files.join(out, name))
+        raise
+    commit_version(out, merged, old=old, new=new, name=name, base=base_bytes)
     return dataclasses.replace(
         made, output=out, manifest=newest, shards=len(merged.shards),
         records=merged.num_records, bytes=sum(s.bytes for s in merged.shards), version=new,
@@ -150,11 +155,13 @@ def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
         groups, names = _group_ids(out, base, added, name)
         if names:
             extra["group_names"] = names
-        sidecars[S.GROUPS_NAME] = f"groups.v{version}.npy"
+        sidecars[S.GROUPS_NAME] = f"{name}/groups.v{version}.npy"
     if base.order_key is not None:
         order = np.concatenate([_sidecar(out, base, S.ORDER_NAME),
                                 _sidecar(files.join(out, name), added, S.ORDER_NAME)])
-        sidecars[S.ORDER_NAME] = f"order.v{version}.npy"
+        sidecars[S.ORDER_NAME] = f"{name}/order.v{version}.npy"
+    if groups is not None:
+        _check_groups_continue(out, groups, order, base.num_records, extra.get("group_names"))
     for kind, values in ((S.GROUPS_NAME, groups), (S.ORDER_NAME, order)):
         if values is not None:
             _fileio.write_bytes_atomic(files.join(out, sidecars[kind]), _npy(values))
@@ -164,6 +171,28 @@ def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
                                         bytes=s.bytes, crc32c=s.crc32c,
                                         records_hash=s.records_hash) for s in added.shards)]
     return dataclasses.replace(base, shards=shards, extra=extra)
+
+
+def _check_groups_continue(out: str, groups: np.ndarray, order: np.ndarray | None,
+                           before: int, names: Any) -> None:
+    """PackError unless every group's records stay together and in order (what windows
+    need): a group of the dataset gets new records only if it is its last one, and only
+    from its last time on."""
+    runs = 1 + int(np.count_nonzero(groups[1:] != groups[:-1])) if len(groups) else 0
+    bad = None
+    if runs != len(np.unique(groups)):
+        reused = sorted(set(groups[:before].tolist()) & set(groups[before:].tolist()))
+        bad = next((g for g in reused if g != groups[before - 1]), groups[before])
+    elif order is not None and 0 < before < len(groups) and (
+            groups[before] == groups[before - 1] and order[before] < order[before - 1]):
+        bad = groups[before]
+    if bad is not None:
+        shown = names[int(bad)] if isinstance(names, list) and 0 <= int(bad) < len(names) else bad
+        raise PackError(
+            f"the new records of group {shown!r} would not follow its records in '{out}': a "
+            "group of the dataset gets new records only if it is its last group, and only "
+            "from its last time on (windows read a group's frames in order). Nothing was "
+            "added; append them with a new group, or pack the dataset again")
 
 
 def _check_matches(out: str, base: Manifest, added: Manifest) -> None:
@@ -180,11 +209,19 @@ def _check_matches(out: str, base: Manifest, added: Manifest) -> None:
             differences.append(f"its {what} is {b!r} where the dataset's is {a!r}")
     if base.schema is not None and added.schema is not None:
         differences += _schema_differences(base.schema.to_json(), added.schema.to_json())
+    kept, new = base.extra.get("vocabularies") or {}, added.extra.get("vocabularies") or {}
+    for column, names in kept.items():
+        grown = list(new.get(column) or [])
+        if grown[:len(names)] != list(names):
+            differences.append(
+                f"its values of {column!r} are numbered {grown[:6]}... where the dataset's are "
+                f"{list(names)[:6]}... (pass classes_from / --classes-from the dataset, so "
+                "they keep its numbers)")
     if differences:
         raise PackError(
             f"the new records do not match the dataset in '{out}': {'; '.join(differences)}. "
-            "Nothing was added (the new shards are in its version folder); pack them with the "
-            "dataset's options and features, or as a dataset of their own")
+            "Nothing was added; pack them with the dataset's options and features, or as a "
+            "dataset of their own")
 
 
 def _schema_differences(base: Mapping[str, Any], added: Mapping[str, Any]) -> list[str]:
@@ -240,22 +277,31 @@ def _npy(values: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def commit_version(out: str, merged: Manifest, *, old: int, new: int, name: str) -> None:
-    """Keep version ``old`` under its own name, create version ``new``'s file (the commit:
-    it fails if another append created it first), then make it the newest."""
+def commit_version(out: str, merged: Manifest, *, old: int, new: int, name: str,
+                   base: bytes) -> None:
+    """Keep version ``old`` (``base``, its manifest as read) under its own name, create
+    version ``new``'s file (the commit: it fails if another writer created it first), then
+    make it the newest."""
     kept = files.join(out, version_file(old))
     if not _fileio.exists(kept):
         with contextlib.suppress(FileExistsError):  # another append kept it meanwhile
-            _fileio.create_bytes(kept, _fileio.read_bytes(files.join(out, S.MANIFEST_NAME)))
-    text = _manifest_text(merged, files.join(out, version_file(new)))
+            _fileio.create_bytes(kept, base)
+    path = files.join(out, version_file(new))
+    text = _manifest_text(merged, path)
     try:
-        _fileio.create_bytes(files.join(out, version_file(new)), text)
+        _fileio.create_bytes(path, text)
     except FileExistsError:
-        raise PackError(
-            f"another append committed version {new} of '{out}' first; yours is not lost: "
-            f"its records are packed in '{files.join(out, name)}'. Move that folder away (on "
-            "object storage: leave it) and append its input again (it becomes the next "
-            "version)") from None
+        if _fileio.read_bytes(path, max_bytes=S.MAX_MANIFEST_BYTES) != text:  # not a retry of
+            # our own PUT whose answer was lost: another writer's version
+            if is_remote(out):  # the folder is this append's alone, and nothing reads it
+                files.remove_tree(files.join(out, name))
+                where = "run this append again"
+            else:
+                where = ("its shards went to the folder the other one committed: leave it, "
+                         "and run this append again without --resume")
+            raise PackError(
+                f"another append committed version {new} of '{out}' first; your input was not "
+                f"added ({where}; it becomes the next version)") from None
     _fileio.write_bytes_atomic(files.join(out, S.MANIFEST_NAME), text)
 
 
@@ -264,8 +310,9 @@ def _finish_commit(out: str, new: int, *, resume: bool) -> PackResult:
     the two): with ``resume``, replace it."""
     committed = files.join(out, version_file(new))
     if not resume:
-        raise PackError(f"an append to '{out}' was stopped while it committed version {new}: "
-                        "run it again with --resume to finish it")
+        raise PackError(f"an append to '{out}' was stopped while it committed version {new} "
+                        "(its shardfeed.json still names the version before): run it again with "
+                        "--resume to finish that commit; this input was not appended")
     text = _fileio.read_bytes(committed)
     manifest = Manifest.from_json(json.loads(text), where=committed)
     _fileio.write_bytes_atomic(files.join(out, S.MANIFEST_NAME), text)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable, Sequence
 
 from shardfeed.errors import PackError
+from shardfeed.format import _fileio
 from shardfeed.format import spec as S
 from shardfeed.format.manifest import DATASET_VERSION_KEY, Manifest, ShardInfo, version_file
 from shardfeed.storage import is_remote
@@ -67,10 +69,6 @@ def compact(output: str | os.PathLike[str], *, target: int, by_records: bool = F
     its next version (see the module docstring); ``target``: the merged shards' size (bytes,
     or records with ``by_records``). A dataset with nothing to merge is left as it is
     (``PackResult.already_complete``)."""
-    from shardfeed.dataset import Dataset
-    from shardfeed.dataset.fingerprint import manifest_fingerprint
-    from shardfeed.format.writer import ShardWriter
-
     out = os.fspath(output)
     if is_remote(out):
         raise PackError(f"cannot compact '{out}' in place: compact works on a local dataset; "
@@ -79,6 +77,7 @@ def compact(output: str | os.PathLike[str], *, target: int, by_records: bool = F
     newest = os.path.join(out, S.MANIFEST_NAME)
     if not os.path.isfile(newest):
         raise PackError(f"there is no dataset to compact in '{out}' (no {S.MANIFEST_NAME})")
+    base_bytes = _fileio.read_bytes(newest, max_bytes=S.MAX_MANIFEST_BYTES)
     base = Manifest.load(newest)
     if any(s.records_hash is None for s in base.shards):
         raise PackError(f"the shards of '{out}' have no records hash (they were indexed, not "
@@ -89,6 +88,22 @@ def compact(output: str | os.PathLike[str], *, target: int, by_records: bool = F
         return _result(out, base, already=True)
     version = base.dataset_version + 1
     name = reserve_version(out, version)
+    try:
+        return _write(out, base, base_bytes, runs, name=name, version=version, prefix=prefix,
+                      on_shard=on_shard)
+    except BaseException:  # nothing committed: the new version's folder goes
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        raise
+
+
+def _write(out: str, base: Manifest, base_bytes: bytes, runs: list[range], *, name: str,
+           version: int, prefix: str, on_shard: Callable[[str], object] | None
+           ) -> PackResult:
+    """Write the merged shards into ``out/name`` and commit version ``version``."""
+    from shardfeed.dataset import Dataset
+    from shardfeed.dataset.fingerprint import manifest_fingerprint
+    from shardfeed.format.writer import ShardWriter
+
     starts = [0]
     for shard in base.shards:
         starts.append(starts[-1] + shard.records)
@@ -120,7 +135,7 @@ def compact(output: str | os.PathLike[str], *, target: int, by_records: bool = F
                version_file(version)]
     extra = {**base.extra, DATASET_VERSION_KEY: version, "pack_files": written}
     compacted = dataclasses.replace(base, shards=shards, extra=extra)
-    commit_version(out, compacted, old=version - 1, new=version, name=name)
+    commit_version(out, compacted, old=version - 1, new=version, name=name, base=base_bytes)
     return _result(out, compacted, already=False)
 
 

@@ -228,6 +228,20 @@ def ownership(entries: Iterable[str], *, manifest: bytes | None, ledger: Ledger 
     return Ownership(tuple(owned), tuple(others), tuple(e for e in others if e in wanted))
 
 
+def owned_files(owned: Iterable[str], listed: Iterable[str]) -> list[str]:
+    """The files to remove for the owned entries ``owned`` of a folder: each plain name, and
+    for an owned version folder of an append (``v2``) the names under it that ``listed``
+    (what the manifest or plan says pack wrote) holds; never the folder itself."""
+    names = list(listed)
+    out: list[str] = []
+    for entry in owned:
+        if _VERSION_FOLDER.match(entry):
+            out += [n for n in names if n.startswith(f"{entry}/")]
+        else:
+            out.append(entry)
+    return out
+
+
 def refuse_in_the_way(where: str, found: Ownership) -> None:
     """Raise PackError when a new pack would write over a file no pack wrote."""
     if not found.in_the_way:

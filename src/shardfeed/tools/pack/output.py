@@ -39,6 +39,7 @@ from shardfeed.tools.pack.ledger import (
     SKIPPED_NAME,
     Ledger,
     manifest_files,
+    owned_files,
     ownership,
     parse_ledger,
     refuse_in_the_way,
@@ -191,14 +192,17 @@ def prepare(
     if overwrite:
         # the new plan names the old files too until they are gone: an interrupted
         # overwrite leaves a folder whose every file pack wrote is still on record
-        write_ledger(out, plan, files=[*planned, *found.owned])
-        listed = manifest_files(_read(os.path.join(out, spec.MANIFEST_NAME)))
-        for name in sorted(found.owned, key=lambda n: n != spec.MANIFEST_NAME):
+        listed = [*manifest_files(_read(os.path.join(out, spec.MANIFEST_NAME))),
+                  *(saved.files if saved is not None else ())]
+        gone = owned_files(found.owned, listed)
+        write_ledger(out, plan, files=[*planned, *found.owned, *gone])
+        for name in sorted(gone, key=lambda n: n != spec.MANIFEST_NAME):
             path = os.path.join(out, name)
-            if name != PLAN_NAME and os.path.isfile(path):
+            if name != PLAN_NAME and os.path.isfile(path) and not _through_link(out, name):
                 os.remove(path)
-            elif os.path.isdir(path):  # a version folder of an append: the files it listed
-                _remove_listed(out, name, listed)
+        for name in found.owned:  # an append's version folder, emptied: removed
+            if os.path.isdir(os.path.join(out, name)):
+                _remove_folder(out, name)
         if found.others:
             shown = ", ".join(found.others[:5]) + (", ..." if len(found.others) > 5 else "")
             log.warning(
@@ -216,15 +220,20 @@ def prepare(
     return saved
 
 
-def _remove_listed(out: str, folder: str, listed: Sequence[str]) -> None:
-    """Remove the files of ``out/folder`` that the manifest lists, then the folder if that
-    left it empty (a file no pack wrote keeps it)."""
-    for name in listed:
-        path = os.path.join(out, name)
-        if name.startswith(f"{folder}/") and os.path.isfile(path):
-            os.remove(path)
+def _through_link(out: str, name: str) -> bool:
+    """Whether the file ``name`` of ``out`` lies in a version folder that is a link (never
+    followed: it may lead anywhere)."""
+    return "/" in name and os.path.islink(os.path.join(out, name.split("/", 1)[0]))
+
+
+def _remove_folder(out: str, folder: str) -> None:
+    """Remove an append's version folder once emptied (a file no pack wrote keeps it)."""
+    path = os.path.join(out, folder)
+    if os.path.islink(path):
+        log.warning("output '%s': '%s' is a link; pack removes nothing through it", out, folder)
+        return
     try:
-        os.rmdir(os.path.join(out, folder))
+        os.rmdir(path)
     except OSError:
         log.warning("output '%s' keeps files pack did not write in '%s'", out, folder)
 

@@ -45,6 +45,8 @@ from shardfeed.tools.pack.ledger import (
     SKIPPED_NAME,
     Ledger,
     ledger_bytes,
+    manifest_files,
+    owned_files,
     ownership,
     parse_ledger,
     refuse_in_the_way,
@@ -102,10 +104,13 @@ class RemoteOutput:
         found = ownership(self._entries, manifest=self._manifest, ledger=self._ledger,
                           planned=ledger.files)
         refuse_in_the_way(self.url, found)
+        listed = [*manifest_files(self._manifest),
+                  *(self._ledger.files if self._ledger is not None else ())]
+        gone = owned_files(found.owned, listed)
         files.write_bytes_atomic(files.join(self.url, PLAN_NAME),
-                                 ledger_bytes(ledger.plan, [*ledger.files, *found.owned]))
+                                 ledger_bytes(ledger.plan, [*ledger.files, *found.owned, *gone]))
         # the manifest goes first: from then on the prefix no longer reads as a dataset
-        for name in sorted(found.owned, key=lambda n: n != spec.MANIFEST_NAME):
+        for name in sorted(gone, key=lambda n: n != spec.MANIFEST_NAME):
             if name != PLAN_NAME:
                 files.remove(files.join(self.url, name), missing_ok=True)
         if found.others:

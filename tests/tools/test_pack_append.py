@@ -365,3 +365,79 @@ def test_overwrite_follows_no_link_out_of_the_dataset(tmp_path: Path, make_image
     kept = sorted(p.name for p in elsewhere.iterdir())
     pack(first, out, overwrite=True)
     assert sorted(p.name for p in elsewhere.iterdir()) == kept  # nothing removed through it
+
+
+ACROSS = """\
+import json, sys
+import shardfeed
+folder, states_file, steps_file = sys.argv[1:4]
+states = json.loads(open(states_file).read())
+steps = json.loads(open(steps_file).read())
+out = {}
+for phase, state in states.items():
+    first = state["from_step"]
+    with shardfeed.Dataset(folder) as newest:  # the version whose records the state read
+        version = newest.version_with(state["state"]["source"]["dataset"])
+    ds = shardfeed.Dataset(folder, version=version)
+    windows = shardfeed.Windows(ds, length=2)
+    for step in steps[phase]:
+        found = shardfeed.records_at(windows, state["state"], step, state_step=first)
+        out[str(step)] = [[s.rank, [r.features["image/filename"] for r in s.records]]
+                          for s in found.samples]
+print(json.dumps(out))
+"""
+
+
+def test_which_frames_trained_any_step_of_a_run_across_an_append(tmp_path: Path,
+                                                                 make_image: Any) -> None:
+    """Two ranks train windows of 2 frames; a day is appended after epoch 0 and the run goes
+    on with to_latest: a fresh process finds what random steps of both epochs held, each
+    from the state the run saved in that epoch."""
+    root = tmp_path / "frames"
+    first = _frames(root, "first.csv", {"2024-05-01": range(0, 12), "2024-05-02": range(0, 12)},
+                    make_image)
+    more = _frames(root, "more.csv", {"2024-05-02": range(12, 18), "2024-05-03": range(0, 12)},
+                   make_image)
+    out = tmp_path / "days"
+    pack(first, out, csv=COLUMNS, records_per_shard=4)
+    options = {"batch_size": 2, "seed": 4, "transform": None, "world_size": 2}
+
+    def loaders() -> list[shardfeed.Loader]:
+        return [shardfeed.Loader(shardfeed.Windows(shardfeed.Dataset(str(out)), length=2),
+                                 rank=rank, **options) for rank in range(2)]
+
+    def names(batch: dict[str, Any]) -> list[list[str]]:
+        return [[n.decode() for n in w] for w in batch["image/filename"]]
+
+    held: list[list[list[list[str]]]] = [[], []]
+    before = loaders()
+    for rank, loader in enumerate(before):
+        held[rank] += [names(b) for b in loader]  # epoch 0 on version 1
+    end = json.loads(json.dumps(before[0].state()))
+    switch = len(held[0])
+    pack(more, out, csv=COLUMNS, records_per_shard=4, append=True)
+    after = loaders()
+    for rank, loader in enumerate(after):
+        loader.restore(end, to_latest=True)
+        if rank == 0:
+            moved = json.loads(json.dumps(loader.state()))  # epoch 1's start, version 2
+        held[rank] += [names(b) for b in loader]
+    for loader in before + after:
+        loader.close()
+    steps = {"v1": list(range(switch)), "v2": list(range(switch, len(held[0])))}  # every step
+    states = {"v1": {"state": end, "from_step": None},  # from the run's start
+              "v2": {"state": moved, "from_step": switch}}
+    (tmp_path / "states.json").write_text(json.dumps(states))
+    (tmp_path / "steps.json").write_text(json.dumps(steps))
+    (tmp_path / "across.py").write_text(ACROSS)
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run([sys.executable, str(tmp_path / "across.py"), str(out),
+                           str(tmp_path / "states.json"), str(tmp_path / "steps.json")],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    for step in steps["v1"] + steps["v2"]:
+        for rank in range(2):
+            got = [frames for r, frames in found[str(step)] if r == rank]
+            assert got == held[rank][step], (step, rank)
+    assert any("2024-05-03" in f for step in steps["v2"] for w in held[0][step] for f in w)

@@ -11,6 +11,7 @@ records a shard). "One pack" packs all the records with that same shard size.
     grown       the dataset after ``--appends`` appends of 1%, against one pack of the same
                 records: opening it (``Dataset(out)``, median of 5) and a shuffled epoch of
                 a Loader reading every record (no decode; median of 3 interleaved epochs)
+    compacted   the grown dataset after ``compact`` (to the dataset's shard size), the same
 
 Targets (issue 44): an append of 1% at most 3% of the pack; after 100 appends, opening at
 most 2x and shuffled reads at least 0.9x one pack's. One run::
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from shardfeed.tools.pack import pack
+    from shardfeed.tools.pack.compact import compact
 
     step = max(1, args.records // 100)
     with tempfile.TemporaryDirectory(prefix="shardfeed-append-") as tmp:
@@ -114,16 +117,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{appended[-1]:.3f} s)")
         print(f"pack of all     {once:8.2f} s  ({args.records + step * args.appends:,} records)")
 
-        opened = {"grown": _open_seconds(root / "grown"), "one": _open_seconds(root / "one")}
-        rates: dict[str, list[float]] = {"grown": [], "one": []}
+        shutil.copytree(root / "grown", root / "compacted", symlinks=True)
+        squeezed = _timed(lambda: compact(root / "compacted", target=size, by_records=True))
+        names = ("grown", "compacted", "one")
+        opened = {k: _open_seconds(root / k) for k in names}
+        rates: dict[str, list[float]] = {k: [] for k in names}
         for epoch in range(3):
             for name, found in rates.items():
                 found.append(_epoch_rate(root / name, epoch))
-        grown_rate, one_rate = (statistics.median(rates[k]) for k in ("grown", "one"))
-        print(f"open            grown {opened['grown'] * 1e3:7.1f} ms, one pack "
-              f"{opened['one'] * 1e3:7.1f} ms ({opened['grown'] / opened['one']:.2f}x)")
-        print(f"shuffled epoch  grown {grown_rate:9,.0f} records/s, one pack "
-              f"{one_rate:9,.0f} ({grown_rate / one_rate:.2f}x)")
+        rate = {k: statistics.median(v) for k, v in rates.items()}
+        print(f"compact         {squeezed:8.2f} s  (the grown dataset's small shards merged)")
+        for name in ("grown", "compacted"):
+            print(f"open {name:<10} {opened[name] * 1e3:7.1f} ms, one pack "
+                  f"{opened['one'] * 1e3:7.1f} ms ({opened[name] / opened['one']:.2f}x)")
+        for name in ("grown", "compacted"):
+            print(f"epoch {name:<9} {rate[name]:9,.0f} records/s, one pack "
+                  f"{rate['one']:9,.0f} ({rate[name] / rate['one']:.2f}x)")
     return 0
 
 

@@ -394,9 +394,9 @@ def test_which_frames_trained_any_step_of_a_run_across_an_append(tmp_path: Path,
     on with to_latest: a fresh process finds what random steps of both epochs held, each
     from the state the run saved in that epoch."""
     root = tmp_path / "frames"
-    first = _frames(root, "first.csv", {"2024-05-01": range(0, 12), "2024-05-02": range(0, 12)},
+    first = _frames(root, "first.csv", {"2024-05-01": range(12), "2024-05-02": range(12)},
                     make_image)
-    more = _frames(root, "more.csv", {"2024-05-02": range(12, 18), "2024-05-03": range(0, 12)},
+    more = _frames(root, "more.csv", {"2024-05-02": range(12, 18), "2024-05-03": range(12)},
                    make_image)
     out = tmp_path / "days"
     pack(first, out, csv=COLUMNS, records_per_shard=4)

@@ -391,7 +391,7 @@ print(json.dumps(out))
 def test_which_frames_trained_any_step_of_a_run_across_an_append(tmp_path: Path,
                                                                  make_image: Any) -> None:
     """Two ranks train windows of 2 frames; a day is appended after epoch 0 and the run goes
-    on with to_latest: a fresh process finds what random steps of both epochs held, each
+    on with to_latest: a fresh process finds what every step of both epochs held, each
     from the state the run saved in that epoch."""
     root = tmp_path / "frames"
     first = _frames(root, "first.csv", {"2024-05-01": range(12), "2024-05-02": range(12)},

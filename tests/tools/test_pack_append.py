@@ -73,6 +73,11 @@ def test_a_new_class_and_more_images_become_version_2(tmp_path: Path, make_image
                if name != "shardfeed.json")  # no shard, index or sidecar written again
     with shardfeed.Dataset(str(out)) as ds:
         assert len(ds) == 8 and ds.version == 2
+        # the new shards are named beside the first ones (one folder for a read to check)
+        assert [s.path for s in ds.manifest.shards][3:] == [
+            "v2-shard-00000-of-00002.tfrecord", "v2-shard-00001-of-00002.tfrecord"]
+        assert os.path.samefile(out / "v2-shard-00000-of-00002.tfrecord",
+                                out / "v2" / "shard-00000-of-00002.tfrecord")
         labels = {n: int(ds[i]["image/class/label"][0]) for i, n in enumerate(_filenames(ds))}
         assert ds.manifest.extra["vocabularies"]["image/class/label"] == ["cat", "dog", "fox"]
     assert {n.split("/")[0]: v for n, v in labels.items()} == {"cat": 0, "dog": 1, "fox": 2}

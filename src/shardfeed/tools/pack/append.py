@@ -9,6 +9,8 @@ shard it had is read or written again.
       shard-00000.tfrecord ...   version 1's shards
       v2/                        what version 2 added: a pack of its own (plan, resume)
         shard-00000.tfrecord ...
+      v2-shard-00000.tfrecord    the same files, hard-linked beside version 1's (what the
+                                 manifest names: a read checks one folder, not one a version)
       groups.v2.npy, order.v2.npy    version 2's sidecars (every record of it)
 
 Steps: read the newest version N (``shardfeed.json``) -> reserve ``v{N+1}/`` (one ``mkdir``:
@@ -166,11 +168,42 @@ def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
         if values is not None:
             _fileio.write_bytes_atomic(files.join(out, sidecars[kind]), _npy(values))
     written += list(sidecars.values())
-    extra.update({DATASET_VERSION_KEY: version, SIDECARS_KEY: sidecars, "pack_files": written})
-    shards = [*base.shards, *(ShardInfo(path=f"{name}/{s.path}", records=s.records,
-                                        bytes=s.bytes, crc32c=s.crc32c,
-                                        records_hash=s.records_hash) for s in added.shards)]
+    extra.update({DATASET_VERSION_KEY: version, SIDECARS_KEY: sidecars})
+    placed = [_place(out, name, s.path) for s in added.shards]
+    extra["pack_files"] = [*written, *(p + ext for p in placed if "/" not in p
+                                       for ext in _SHARD_FILES)]
+    shards = [*base.shards, *(ShardInfo(path=path, records=s.records, bytes=s.bytes,
+                                        crc32c=s.crc32c, records_hash=s.records_hash)
+                              for path, s in zip(placed, added.shards))]
     return dataclasses.replace(base, shards=shards, extra=extra)
+
+
+_SHARD_FILES = ("", ".idx", ".idx.npy")  # a shard and its indexes
+
+
+def _place(out: str, name: str, path: str) -> str:
+    """Where the manifest names a shard of the new version: on local disk, beside the
+    dataset's own shards as ``{name}-{path}`` (hard links to the version folder's files: a
+    read checks the folders its shards lie in, one ``stat`` a folder, so a hundred appends
+    must not make a hundred folders); in its version folder on object storage (nothing
+    there is checked by folder) or where the file system has no hard links."""
+    if is_remote(out):
+        return f"{name}/{path}"
+    made: list[str] = []
+    for ext in _SHARD_FILES:
+        source, target = os.path.join(out, name, path + ext), os.path.join(out, f"{name}-{path}{ext}")
+        try:
+            os.link(source, target)
+            made.append(target)
+        except FileExistsError:  # an append resumed after it linked: the same file, or refused
+            if not os.path.samefile(source, target):
+                raise PackError(f"'{target}' exists and is not this append's shard: move it "
+                                "away (pack never writes over a file it did not write)") from None
+        except OSError:  # no hard links here: the version folder's own files
+            for done in made:
+                os.unlink(done)
+            return f"{name}/{path}"
+    return f"{name}-{path}"
 
 
 def _check_groups_continue(out: str, groups: np.ndarray, order: np.ndarray | None,

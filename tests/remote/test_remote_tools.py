@@ -198,3 +198,23 @@ def test_append_to_s3_commits_a_version_and_two_at_once_keep_one(
     assert not [k for k in left if "/v2-" in k or "/v3-" in k or ".v" in k.rsplit("/", 1)[-1]]
     with Dataset(url) as again:
         assert (again.version, len(again)) == (1, 4)
+
+
+def test_compact_on_s3_keeps_the_records_and_the_fingerprint(s3_server: Any,
+                                                             tmp_path: Path) -> None:
+    first = _photos(tmp_path / "first", per_class=2)
+    url = f"s3://{s3_server.new_bucket()}/ds"
+    assert main(["pack", str(first), url, "--records-per-shard", "2", "--no-progress"]) == 0
+    for k in range(3):
+        more = tmp_path / f"more{k}"
+        more.mkdir()
+        shutil.move(str(_photos(tmp_path / f"m{k}", per_class=1) / "cat"), str(more / "cat"))
+        assert main(["pack", str(more), url, "--append", "--no-progress"]) == 0
+    with Dataset(url) as before:
+        fingerprint, payloads = before.fingerprint, before.read_payloads(range(len(before)))
+        shards, version = before.num_shards, before.version
+    assert main(["compact", url, "--records-per-shard", "8"]) == 0
+    with Dataset(url) as after:
+        assert after.version == version + 1 and after.num_shards < shards
+        assert after.fingerprint == fingerprint
+        assert after.read_payloads(range(len(after))) == payloads

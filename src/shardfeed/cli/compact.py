@@ -3,12 +3,15 @@ in the same order, so its fingerprint is unchanged and every loader state restor
 
 Runs of consecutive shards under half the target size are merged, in order, into shards of
 at most the target (default 64MB, or --records-per-shard); the new shards go to OUTPUT/vN/,
-the earlier versions and their shards stay readable (Dataset(..., version=k)).
+the earlier versions and their shards stay readable (Dataset(..., version=k)). On object
+storage each merged shard is built locally and uploaded, then the version is committed by a
+conditional PUT, as an append is.
 
 examples:
   shardfeed compact timelapse/                       # after many appends of a day each
   shardfeed compact timelapse/ --shard-size 256MB
   shardfeed compact timelapse/ --records-per-shard 5000
+  shardfeed compact s3://bucket/timelapse/
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ HELP = "merge an appended dataset's small shards (same records, order and finger
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", help="the local dataset folder (its shardfeed.json)")
+    parser.add_argument("dataset", help="the dataset folder or URL (s3://bucket/ds)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--shard-size", default=None, metavar="SIZE",
                       help="the merged shards' size, e.g. 64MB (default)")

@@ -12,7 +12,9 @@ shards hold the same payloads byte for byte (read through the Dataset, CRC-check
 written again with their framing), so the records hash, and with it the dataset's
 fingerprint, is unchanged: every loader state of version k restores on version k+1 and
 gives the same stream. The version is committed as an append's is (its manifest created
-exclusively, then made the newest); earlier versions and their shards stay, readable.
+exclusively, then made the newest); earlier versions and their shards stay, readable. On
+object storage each merged shard is built in a local staging folder and uploaded (the shard
+before its indexes) into a folder of its own.
 
 Determinism: the new shards' bytes are a function of the records and the target size.
 State: the files above. Memory: one chunk of payloads (``CHUNK_RECORDS``).
@@ -23,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 
 from shardfeed.errors import PackError
 from shardfeed.format import _fileio
 from shardfeed.format import spec as S
 from shardfeed.format.manifest import DATASET_VERSION_KEY, Manifest, ShardInfo, version_file
-from shardfeed.storage import is_remote
+from shardfeed.storage import files, is_remote
 from shardfeed.tools.pack.append import commit_version, reserve_version
 from shardfeed.tools.pack.output import PackResult
 
@@ -65,17 +68,15 @@ def plan_runs(shards: Sequence[ShardInfo], target: int, *, by_records: bool) -> 
 def compact(output: str | os.PathLike[str], *, target: int, by_records: bool = False,
             prefix: str = "shard", on_shard: Callable[[str], object] | None = None
             ) -> PackResult:
-    """Merge the newest version's small shards in the local dataset folder ``output`` into
-    its next version (see the module docstring); ``target``: the merged shards' size (bytes,
-    or records with ``by_records``). A dataset with nothing to merge is left as it is
-    (``PackResult.already_complete``)."""
+    """Merge the newest version's small shards of the dataset in ``output`` (a folder or an
+    object-storage URL) into its next version (see the module docstring); ``target``: the
+    merged shards' size (bytes, or records with ``by_records``). A dataset with nothing to
+    merge is left as it is (``PackResult.already_complete``)."""
     out = os.fspath(output)
-    if is_remote(out):
-        raise PackError(f"cannot compact '{out}' in place: compact works on a local dataset; "
-                        "compact a local copy, then upload its new files (v*/ and the manifests)")
-    out = os.path.abspath(out)
-    newest = os.path.join(out, S.MANIFEST_NAME)
-    if not os.path.isfile(newest):
+    if not is_remote(out):
+        out = os.path.abspath(out)
+    newest = files.join(out, S.MANIFEST_NAME)
+    if not _fileio.exists(newest):
         raise PackError(f"there is no dataset to compact in '{out}' (no {S.MANIFEST_NAME})")
     base_bytes = _fileio.read_bytes(newest, max_bytes=S.MAX_MANIFEST_BYTES)
     base = Manifest.load(newest)
@@ -89,17 +90,23 @@ def compact(output: str | os.PathLike[str], *, target: int, by_records: bool = F
     version = base.dataset_version + 1
     name = reserve_version(out, version)
     try:
-        return _write(out, base, base_bytes, runs, name=name, version=version, prefix=prefix,
-                      on_shard=on_shard)
+        with tempfile.TemporaryDirectory(prefix="shardfeed-compact-") as staging:
+            return _write(out, base, base_bytes, runs, name=name, version=version,
+                          prefix=prefix, on_shard=on_shard, staging=staging)
     except BaseException:  # nothing committed: the new version's folder goes
-        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        if is_remote(out):
+            files.remove_tree(files.join(out, name))
+        else:
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
         raise
 
 
 def _write(out: str, base: Manifest, base_bytes: bytes, runs: list[range], *, name: str,
-           version: int, prefix: str, on_shard: Callable[[str], object] | None
-           ) -> PackResult:
-    """Write the merged shards into ``out/name`` and commit version ``version``."""
+           version: int, prefix: str, on_shard: Callable[[str], object] | None,
+           staging: str) -> PackResult:
+    """Write the merged shards into ``out/name`` (on object storage: each built in the local
+    ``staging`` folder, then uploaded with its indexes, the shard first) and commit version
+    ``version``."""
     from shardfeed.dataset import Dataset
     from shardfeed.dataset.fingerprint import manifest_fingerprint
     from shardfeed.format.writer import ShardWriter
@@ -110,15 +117,21 @@ def _write(out: str, base: Manifest, base_bytes: bytes, runs: list[range], *, na
     merged: dict[int, ShardInfo] = {}  # first shard of a run -> the run's new shard
     with Dataset(out, version=base.dataset_version) as ds:
         for number, run in enumerate(runs):
-            path = os.path.join(out, name, f"{prefix}-{number:05d}.tfrecord")
-            with ShardWriter(path, name=f"{name}/{os.path.basename(path)}") as writer:
+            file = f"{prefix}-{number:05d}.tfrecord"
+            remote = is_remote(out)
+            path = os.path.join(staging if remote else os.path.join(out, name), file)
+            with ShardWriter(path, name=f"{name}/{file}") as writer:
                 for lo in range(starts[run.start], starts[run.stop], CHUNK_RECORDS):
                     hi = min(lo + CHUNK_RECORDS, starts[run.stop])
                     for payload in ds.read_payloads(range(lo, hi)):
                         writer.write(payload)
                 merged[run.start] = writer.close()
+            if remote:
+                for ext in ("", ".idx", ".idx.npy"):  # the shard before its indexes
+                    files.upload_file_atomic(path + ext, files.join(out, name, file + ext))
+                    os.remove(path + ext)
             if on_shard is not None:
-                on_shard(path)
+                on_shard(files.join(out, name, file))
     shards: list[ShardInfo] = []
     skip: set[int] = {k for run in runs for k in run if k != run.start}
     for k, shard in enumerate(base.shards):
@@ -129,9 +142,9 @@ def _write(out: str, base: Manifest, base_bytes: bytes, runs: list[range], *, na
     if manifest_fingerprint(shards) != manifest_fingerprint(base.shards):
         raise PackError(f"compacting '{out}' would change its records (the records hash of the "
                         f"merged shards differs); nothing was committed, '{name}/' can be removed")
-    files = [f"{name}/{os.path.basename(s.path)}{ext}" for s in merged.values()
-             for ext in ("", ".idx", ".idx.npy")]
-    written = [*base.extra.get("pack_files", []), *files, version_file(version - 1),
+    made = [f"{name}/{os.path.basename(s.path)}{ext}" for s in merged.values()
+            for ext in ("", ".idx", ".idx.npy")]
+    written = [*base.extra.get("pack_files", []), *made, version_file(version - 1),
                version_file(version)]
     extra = {**base.extra, DATASET_VERSION_KEY: version, "pack_files": written}
     compacted = dataclasses.replace(base, shards=shards, extra=extra)
@@ -140,7 +153,7 @@ def _write(out: str, base: Manifest, base_bytes: bytes, runs: list[range], *, na
 
 
 def _result(out: str, manifest: Manifest, *, already: bool) -> PackResult:
-    return PackResult(output=out, manifest=os.path.join(out, S.MANIFEST_NAME),
+    return PackResult(output=out, manifest=files.join(out, S.MANIFEST_NAME),
                       shards=len(manifest.shards), records=manifest.num_records,
                       bytes=sum(s.bytes for s in manifest.shards), kept_shards=0,
                       already_complete=already, version=manifest.dataset_version)

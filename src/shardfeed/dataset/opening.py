@@ -262,7 +262,7 @@ def resolve_version(source: SourceArg, version: int | None, *, allow_partial: bo
     rules = _Rules(check=not allow_partial, outside=allow_outside_paths)
     found = _try_manifest(files.join(base, version_file(version)), rules)
     if found is None or found.manifest is None or found.manifest.dataset_version != version:
-        kept = sorted({manifest.dataset_version, *_kept_versions(base)})
+        kept = dataset_versions(base, manifest)
         raise FormatError(
             f"dataset '{base}' has no version {version}: it keeps versions "
             f"{', '.join(map(str, kept))} (the newest is {manifest.dataset_version}): "
@@ -283,6 +283,12 @@ def version_with(base: str, fingerprint: str) -> int | None:
         if manifest_fingerprint(manifest.shards) == fingerprint:
             return version
     return None
+
+
+def dataset_versions(base: str, newest: Manifest) -> list[int]:
+    """The versions of the dataset in the folder ``base`` (``newest``: its manifest) that can
+    be opened, ascending: the newest's and those whose manifests it keeps."""
+    return sorted({newest.dataset_version, *_kept_versions(base)})
 
 
 def _kept_versions(base: str) -> list[int]:

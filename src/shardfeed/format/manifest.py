@@ -186,22 +186,27 @@ class Manifest:
         A local absolute ``root`` inside the folder that holds the manifest's folder is
         written relative to the manifest's folder (``..``, ``../photos``, ``images``).
         """
+        _fileio.write_bytes_atomic(url, self.to_bytes(url))
+
+    def to_bytes(self, url: str | os.PathLike[str]) -> bytes:
+        """The bytes :meth:`save` writes at ``url`` (its ``root`` made portable there)."""
         data = self.to_json()
         data["root"] = portable_root(self.root, os.fspath(url))
-        text = json.dumps(data, indent=1, sort_keys=False) + "\n"
-        _fileio.write_bytes_atomic(url, text.encode("utf-8"))
+        return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
 
     @classmethod
-    def load(cls, url: str | os.PathLike[str]) -> Manifest:
-        """Read a manifest file (a path or URL to ``shardfeed.json``).
+    def load(cls, url: str | os.PathLike[str], *, data: bytes | None = None) -> Manifest:
+        """Read a manifest file (a path or URL to ``shardfeed.json``; ``data``: its bytes,
+        where already read).
 
         A relative ``root`` is resolved against the manifest's folder where it is now, so
         ``root`` is always usable as it is (and saving elsewhere stores it right again).
         """
         where = os.fspath(url)
-        data = manifest_check.parse_document(
-            _fileio.read_bytes(url, max_bytes=S.MAX_MANIFEST_BYTES), where=where)
-        manifest = cls.from_json(data, where=where)
+        if data is None:
+            data = _fileio.read_bytes(url, max_bytes=S.MAX_MANIFEST_BYTES)
+        document = manifest_check.parse_document(data, where=where)
+        manifest = cls.from_json(document, where=where)
         root = manifest.root
         if root is not None and not is_remote(root) and not os.path.isabs(root):
             manifest = dataclasses.replace(manifest, root=resolve(dataset_dir(where), root))
@@ -272,15 +277,19 @@ def save_sidecars(
     *,
     group_ids: np.ndarray | None = None,
     order_keys: np.ndarray | None = None,
+    files: Mapping[str, str] | None = None,
 ) -> None:
-    """Write ``groups.npy`` (int64) and/or ``order.npy`` (float64) into the folder ``base``."""
+    """Write ``groups.npy`` (int64) and/or ``order.npy`` (float64) into the folder ``base``
+    (``files``: another file name for either, e.g. a version's own, see
+    :meth:`Manifest.sidecar_file`)."""
     folder = os.fspath(base)
+    named = dict(files or {})
     if group_ids is not None:
-        _save_sidecar(folder, S.GROUPS_NAME, group_ids, name="group_ids", kinds="iu",
-                      what="integer", dtype=np.int64)
+        _save_sidecar(folder, named.get(S.GROUPS_NAME, S.GROUPS_NAME), group_ids,
+                      name="group_ids", kinds="iu", what="integer", dtype=np.int64)
     if order_keys is not None:
-        _save_sidecar(folder, S.ORDER_NAME, order_keys, name="order_keys", kinds="iuf",
-                      what="numeric", dtype=np.float64)
+        _save_sidecar(folder, named.get(S.ORDER_NAME, S.ORDER_NAME), order_keys,
+                      name="order_keys", kinds="iuf", what="numeric", dtype=np.float64)
 
 
 def _save_sidecar(

@@ -187,7 +187,10 @@ def fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
-def _atomic_local(path: str, fill: Callable[[BinaryIO], None]) -> None:
+def _atomic_local(path: str, fill: Callable[[BinaryIO], None], *,
+                  exclusive: bool = False) -> None:
+    """Write ``path`` whole through a temporary file: renamed over it, or with
+    ``exclusive`` linked to it (FileExistsError if the name exists: nothing written over)."""
     folder, name = os.path.split(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
@@ -199,7 +202,11 @@ def _atomic_local(path: str, fill: Callable[[BinaryIO], None]) -> None:
             # datasets stay readable by the other users of the machine.
             os.fchmod(handle.fileno(), 0o666 & ~_umask())
             os.fsync(handle.fileno())
-        os.replace(temp, path)
+        if exclusive:
+            os.link(temp, path)
+            os.remove(temp)
+        else:
+            os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(temp)
@@ -260,27 +267,13 @@ def create_bytes(url: PathLike, data: bytes | bytearray | memoryview, *,
         def fill(handle: BinaryIO) -> None:
             handle.write(data)
 
-        folder = os.path.dirname(os.path.abspath(local))
-        with _local_errors(local, "create"):
-            os.makedirs(folder, exist_ok=True)
-            fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(local)}.", suffix=".tmp",
-                                        dir=folder)
         try:
-            with _local_errors(local, "create"), os.fdopen(fd, "wb") as handle:
-                fill(handle)
-                handle.flush()
-                os.fchmod(handle.fileno(), 0o666 & ~_umask())
-                os.fsync(handle.fileno())
-            try:
-                os.link(temp, local)  # fails if the name exists: nothing is written over
-            except FileExistsError:
+            with _local_errors(local, "create"):
+                _atomic_local(local, fill, exclusive=True)
+        except StorageError as exc:
+            if isinstance(exc.__cause__, FileExistsError):
                 raise FileExistsError(f"'{local}' exists") from None
-            except OSError as exc:
-                raise StorageError(f"cannot create '{local}': {exc}") from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(temp)
-        fsync_folder(folder)
+            raise
         return
     storage_options = scoped(storage_options)
     write = _operation(text, storage_options, "write")

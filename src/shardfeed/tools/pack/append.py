@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -53,22 +52,11 @@ from shardfeed.format.manifest import (
     Manifest,
     ShardInfo,
     load_sidecar,
+    save_sidecars,
     version_file,
 )
 from shardfeed.storage import files, is_remote
 from shardfeed.tools.pack.output import PackResult
-
-_VERSION_FILE = re.compile(r"^shardfeed\.v([1-9][0-9]*)\.json$")
-
-
-def versions(folder: str) -> list[int]:
-    """The versions a local dataset folder keeps (its ``shardfeed.vK.json`` files, and the
-    newest's number), ascending."""
-    found = {int(m.group(1)) for e in os.listdir(folder) if (m := _VERSION_FILE.match(e))}
-    newest = os.path.join(folder, S.MANIFEST_NAME)
-    if os.path.isfile(newest):
-        found.add(Manifest.load(newest).dataset_version)
-    return sorted(found)
 
 
 def append(out: str, pack_into: Callable[[str, Sequence[str] | None], PackResult], *,
@@ -85,7 +73,7 @@ def append(out: str, pack_into: Callable[[str, Sequence[str] | None], PackResult
             raise
         raise PackError(f"there is no dataset to append to in '{out}' (no {S.MANIFEST_NAME}): "
                         "pack it first, without --append") from None
-    base = Manifest.load(newest)
+    base = Manifest.load(newest, data=base_bytes)
     old = base.dataset_version
     new = old + 1
     if _fileio.exists(files.join(out, version_file(new))):
@@ -164,9 +152,7 @@ def _merged(out: str, base: Manifest, added: Manifest, *, name: str,
         sidecars[S.ORDER_NAME] = f"{name}/order.v{version}.npy"
     if groups is not None:
         _check_groups_continue(out, groups, order, base.num_records, extra.get("group_names"))
-    for kind, values in ((S.GROUPS_NAME, groups), (S.ORDER_NAME, order)):
-        if values is not None:
-            _fileio.write_bytes_atomic(files.join(out, sidecars[kind]), _npy(values))
+    save_sidecars(out, group_ids=groups, order_keys=order, files=sidecars)
     written += list(sidecars.values())
     extra.update({DATASET_VERSION_KEY: version, SIDECARS_KEY: sidecars})
     placed = [_place(out, name, s.path) for s in added.shards]
@@ -302,14 +288,6 @@ def _group_ids(out: str, base: Manifest, added: Manifest, name: str
     return np.concatenate([base_ids, mapping[added_ids]]), names
 
 
-def _npy(values: np.ndarray) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, values, allow_pickle=False)
-    return buffer.getvalue()
-
-
 def commit_version(out: str, merged: Manifest, *, old: int, new: int, name: str,
                    base: bytes) -> None:
     """Keep version ``old`` (``base``, its manifest as read) under its own name, create
@@ -320,7 +298,7 @@ def commit_version(out: str, merged: Manifest, *, old: int, new: int, name: str,
         with contextlib.suppress(FileExistsError):  # another append kept it meanwhile
             _fileio.create_bytes(kept, base)
     path = files.join(out, version_file(new))
-    text = _manifest_text(merged, path)
+    text = merged.to_bytes(path)
     try:
         _fileio.create_bytes(path, text)
     except FileExistsError:
@@ -355,13 +333,4 @@ def _finish_commit(out: str, new: int, *, resume: bool) -> PackResult:
                       version=new)
 
 
-def _manifest_text(manifest: Manifest, path: str) -> bytes:
-    """The bytes ``Manifest.save`` writes for ``manifest`` at ``path``."""
-    from shardfeed.format.manifest import portable_root
-
-    data = manifest.to_json()
-    data["root"] = portable_root(manifest.root, path)
-    return (json.dumps(data, indent=1, sort_keys=False) + "\n").encode("utf-8")
-
-
-__all__ = ["append", "commit_version", "reserve_version", "versions"]
+__all__ = ["append", "commit_version", "reserve_version"]

@@ -79,7 +79,7 @@ def compact(output: str | os.PathLike[str], *, target: int, by_records: bool = F
     if not _fileio.exists(newest):
         raise PackError(f"there is no dataset to compact in '{out}' (no {S.MANIFEST_NAME})")
     base_bytes = _fileio.read_bytes(newest, max_bytes=S.MAX_MANIFEST_BYTES)
-    base = Manifest.load(newest)
+    base = Manifest.load(newest, data=base_bytes)
     if any(s.records_hash is None for s in base.shards):
         raise PackError(f"the shards of '{out}' have no records hash (they were indexed, not "
                         "packed by shardfeed): compact could not keep the dataset's fingerprint, "

@@ -1,5 +1,5 @@
 """The compiled parts of shardfeed (see src/shardfeed/format/native.py,
-src/shardfeed/transforms/decode/png_rows.py, .../decode/crop_rows.py,
+src/shardfeed/transforms/decode/png_rows.py, .../decode/crop_rows.py, .../decode/native_rows.py,
 src/shardfeed/pipeline/produce.py and
 src/shardfeed/sampling/crop_draws.py); the rest of the build is declared in pyproject.toml.
 ``optional``: where one cannot be compiled (no C compiler, no zlib headers), the package
@@ -38,6 +38,16 @@ setup(
             libraries=["z"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-Wno-unused-function"],
+            optional=True,
+        ),
+        Extension(
+            # libjpeg (libjpeg-turbo's libjpeg62 API) decodes; the resize is OpenCV's arithmetic
+            "shardfeed.transforms.decode._jpeg_rows",
+            ["src/shardfeed/transforms/decode/_jpeg_rows.c"],
+            libraries=["jpeg", "m"],
+            # -O3: the resize's row loops are vectorised
+            extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                "-Wno-clobbered", "-ffp-contract=off"],
             optional=True,
         ),
         Extension(

@@ -69,7 +69,7 @@ BIG_IMAGES, CACHE_IMAGES, REFRESH = 200, 64, 100  # the node bench's Patches set
 
 RELEASES = ("libjpeg_turbo", "_jpeg.cpython", "cv2.abi3", "libnvimgcodec", "nvimgcodec_impl",
             "_png.cpython", "_slice.cpython", "_jpeg_frames", "libz.so", "libdeflate",
-            "_draws.cpython")
+            "_draws.cpython", "_jpeg_rows.cpython", "libjpeg.so")
 """Libraries whose work runs with the GIL released (their calls let it go)."""
 HOLDS = ("libpython", "_multiarray", "_umath", "_wire.cpython", "_generator",
          "_philox", "bit_generator", "_bounded", "math.cpython", "_struct", "crc32c",

@@ -27,7 +27,7 @@ from shardfeed.format import native
 from shardfeed.format.columns import decode_columns
 from shardfeed.format.example import encode_example
 from shardfeed.format.framing import frame
-from shardfeed.transforms.decode import png_rows
+from shardfeed.transforms.decode import native_rows, png_rows
 
 WIRE = native.wire
 
@@ -54,6 +54,10 @@ def test_the_compiled_parts_are_built() -> None:
     assert WIRE is not None, "shardfeed.format._wire was not compiled: re-run `make`"
     assert png_rows.compiled is not None, (
         "shardfeed.transforms.decode._png was not compiled: re-run `make`"
+    )
+    assert native_rows.compiled is not None, (
+        "shardfeed.transforms.decode._jpeg_rows was not compiled (it needs libjpeg's headers: "
+        "Debian's libjpeg-dev): re-run `make`"
     )
 
 

@@ -26,7 +26,7 @@ from shardfeed.pipeline.produce import SliceBuilder
 from shardfeed.sampling import crop_draws
 from shardfeed.transforms import Compose, DecodeImage, boxes, presets
 from shardfeed.transforms.base import Sample, Specs, TransformBase
-from shardfeed.transforms.decode import crop_rows
+from shardfeed.transforms.decode import crop_rows, native_rows
 from shardfeed.transforms.decode.crop import DecodeCenterCrop, DecodeRandomResizedCrop
 
 N = 40
@@ -288,6 +288,7 @@ def test_small_images_do_not_load_the_region_decoder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[int] = []
     monkeypatch.setattr(crop_rows, "backend", lambda: asked.append(1))
+    monkeypatch.setattr(native_rows, "compiled", None)  # the Python path asks for it
     ds = _write(tmp_path / "small", "jpeg", SIZES)  # all under REGION_MIN_PIXELS
     _batches(ds, PRESETS["train"]())
     assert not asked

@@ -1,4 +1,5 @@
-"""A slice's region crops decoded in one call of the region decoder: the very batches of the
+"""A slice's region crops decoded in one call of the region decoder (the Python path, where
+the compiled call of native_rows is absent or leaves a row): the very batches of the
 sample-by-sample path (and of one region at a time), on 1 and 2 threads, with EXIF turns
 applied; a damaged image in the slice is still named."""
 
@@ -18,10 +19,17 @@ from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import Compose, presets
 from shardfeed.transforms.boxes import Box
-from shardfeed.transforms.decode import crop_rows, region
+from shardfeed.transforms.decode import crop_rows, native_rows, region
 
 pytestmark = pytest.mark.skipif(region.backend() is None,
                                 reason="nvImageCodec's CPU decoder is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _python_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows the compiled call takes go the Python path here (the one these tests are
+    about; tests/transforms/test_native_rows.py compares the two)."""
+    monkeypatch.setattr(native_rows, "compiled", None)
 
 
 def _photo(i: int, h: int, w: int) -> np.ndarray:

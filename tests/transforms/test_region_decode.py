@@ -20,7 +20,7 @@ from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import presets
 from shardfeed.transforms.boxes import Box
-from shardfeed.transforms.decode import region
+from shardfeed.transforms.decode import native_rows, region
 
 
 def test_the_region_decoder_is_installed_for_the_tests() -> None:
@@ -114,12 +114,14 @@ def _batches(ds: Dataset, **options: Any) -> list[np.ndarray]:
 def test_the_train_preset_gives_the_same_bytes_with_it_and_without(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = _shard(tmp_path / "d", 40)
+    native = _batches(ds, num_threads=2)  # the compiled call's rows, where it is built
+    monkeypatch.setattr(native_rows, "compiled", None)  # the Python path's
     used = count_region_decodes(monkeypatch)
     runs = {t: _batches(ds, num_threads=t) for t in (1, 2, 4)}
     assert sum(used) > 40, "the region path was not taken"
     monkeypatch.setattr(region, "_loaded", [None])  # as without the extra
     without = _batches(ds, num_threads=2)
-    for images in runs.values():
+    for images in [*runs.values(), native]:
         assert len(images) == len(without)
         for a, b in zip(images, without):
             np.testing.assert_array_equal(a, b)

@@ -3,7 +3,10 @@ and flipped straight into their batch rows.
 
 :func:`crop_rows_into` runs, for each row, what
 :meth:`~shardfeed.transforms.decode.crop.CropDecoderBase.__call__` runs for a sample, in the
-same order and from the same generator: the same bytes, without a sample dict per image.
+same order and from the same generator: the same bytes, without a sample dict per image. The rows whose
+crop is resized linearly at full scale are made first, a slice in one compiled call that holds
+no GIL (:func:`~shardfeed.transforms.decode.native_rows.native_rows_into`); what follows is
+for the rest, and for every row where the package was built without that call.
 Where the op has a batch form of its draws (the random-resized crop's, see
 :func:`~shardfeed.transforms.boxes.resized_boxes`) and the rows' generators are a
 :class:`~shardfeed.sampling.crop_draws.RowKeys`, every JPEG row's header is read first and
@@ -50,6 +53,7 @@ from shardfeed.transforms.decode.image import (
     scratch_buffer,
     sniff_format,
 )
+from shardfeed.transforms.decode.native_rows import native_rows_into
 from shardfeed.transforms.decode.orientation import orientation_of, oriented_size
 from shardfeed.transforms.decode.region import (
     REGION_MIN_PIXELS,
@@ -133,8 +137,13 @@ def crop_rows_into(
     drawn = draw_rows(op, values, rngs, where)
     done = 0
     if drawn is not None:
-        regions, done = _region_rows_into(op, values, drawn, image_out)
-        done |= _whole_rows_into(op, values, drawn, image_out, done, regions)
+        done = native_rows_into(op, values, drawn, image_out,
+                                plain_region_rows(op, drawn)[0])
+        pending = drawn if not done else [None if done >> row & 1 else known
+                                          for row, known in enumerate(drawn)]
+        regions, made = _region_rows_into(op, values, pending, image_out)
+        done |= made
+        done |= _whole_rows_into(op, values, pending, image_out, done, regions)
     for row, data in enumerate(values):
         if done >> row & 1:
             continue

@@ -1,0 +1,519 @@
+/* shardfeed.transforms.decode._jpeg_rows: a slice's JPEG crops decoded, resized and flipped
+ * into their batch rows in one call that holds no GIL.
+ *
+ *   crop_rows(values, table, out, out_h, out_w, fast_dct, fast_upsample) -> bytes
+ *       values: a list of bytes, one JPEG a batch row; table: int64 rows of (row, height,
+ *       width, y, x, h, w, flip, whole); out: the batch's images, a writable C-contiguous uint8
+ *       buffer of len(values) x out_h x out_w x 3. For each table row, the box (y, x, h, w)
+ *       of the row's image (``height`` x ``width``, as its frame header says) is decoded to
+ *       RGB (libjpeg: ``fast_dct`` its fast integer IDCT, ``fast_upsample`` chroma by
+ *       replication), resized to out_h x out_w as OpenCV's ``cv2.resize(...,
+ *       interpolation=cv2.INTER_LINEAR)`` resizes 8-bit images (the same fixed-point
+ *       arithmetic: the same bytes) and, where ``flip``, mirrored left to right, into batch
+ *       row ``row``. Returns one byte a table row: 1 where it was written, 0 where it was
+ *       left for the caller: any libjpeg error or warning, a frame of another size than the
+ *       table's, a JPEG without its end-of-image marker, a box outside the image or shrunk
+ *       2x or more both ways (which OpenCV resizes by area), a value that is not bytes.
+ *
+ *   resize(src, out, out_h, out_w, flip) -> None
+ *       The resize alone, from a (h, w, 3) uint8 buffer (pixels contiguous, rows any stride)
+ *       into a contiguous out_h x out_w x 3 one: for the tests.
+ *
+ * The pixels of a box are those of the whole image decoded and sliced: with ``fast_upsample``
+ * only the box's iMCU columns are decoded (jpeg_crop_scanline) and the rows above it skipped
+ * (jpeg_skip_scanlines), which give the whole decode's pixels when chroma is replicated;
+ * with libjpeg's smooth upsampling (whose filter reads neighbouring chroma) every column is
+ * decoded and the rows above the box read and dropped. Rows below the box: where ``whole``,
+ * decoded (the box's columns) and the stream read to its end marker
+ * (jpeg_finish_decompress), so that damage anywhere in it leaves the row to the caller as a
+ * whole decode would fail; else not read at all, as a region decode reads them (the row
+ * must still end with its end-of-image marker).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#define COEF_SCALE 2048 /* OpenCV's INTER_RESIZE_COEF_SCALE: 11 fractional bits */
+#define CHANNELS 3
+#define COLUMNS 9 /* int64s a table row */
+
+/* ---- the resize: cv2.resize(src, (out_w, out_h), interpolation=INTER_LINEAR), uint8 ---- */
+
+typedef struct {
+    int *xofs;     /* a destination column's first source column (times CHANNELS) */
+    int16_t *alpha; /* its two weights */
+    int xmin, xmax; /* columns outside [xmin, xmax) take one source pixel, weight COEF_SCALE */
+    int flip;
+    int32_t *rows[2]; /* two horizontally resized source rows */
+    int have[2];      /* which source row each holds, -1 none */
+} Resizer;
+
+static int16_t coef(float c)
+{
+    long v = lrintf(c * (float)COEF_SCALE); /* cvRound: to nearest, ties to even */
+    return (int16_t)(v < INT16_MIN ? INT16_MIN : v > INT16_MAX ? INT16_MAX : v);
+}
+
+/* The horizontal plan for ``sw`` source columns to ``dw``: OpenCV's, source columns before
+ * the first or past the last clamped to the edge with weights (1, 0). ``flip``: the plan of
+ * the mirrored output (its column dx is column dw - 1 - dx of the plain one); the columns
+ * that take one source pixel are then those before ``xmin``, else those from ``xmax`` on. */
+static void plan_columns(Resizer *r, int sw, int dw, int flip)
+{
+    double scale = 1.0 / ((double)dw / sw);
+    int xmax = dw;
+    for (int dx = 0; dx < dw; dx++) {
+        float fx = (float)((dx + 0.5) * scale - 0.5);
+        int sx = (int)floorf(fx);
+        fx -= (float)sx;
+        if (sx < 0) {
+            fx = 0.f;
+            sx = 0;
+        }
+        if (sx + 1 >= sw) {
+            if (dx < xmax)
+                xmax = dx;
+            if (sx >= sw - 1) {
+                fx = 0.f;
+                sx = sw - 1;
+            }
+        }
+        int at = flip ? dw - 1 - dx : dx;
+        r->xofs[at] = sx * CHANNELS;
+        r->alpha[2 * at] = coef(1.f - fx);
+        r->alpha[2 * at + 1] = coef(fx);
+    }
+    r->flip = flip;
+    r->xmin = flip ? dw - xmax : 0;
+    r->xmax = flip ? dw : xmax;
+}
+
+/* One source row resized horizontally (OpenCV's 8-bit step: ``p[c] * a0 + p[c + 3] * a1``
+ * into int32). ``readable``: bytes that may be read from ``s`` on (the vector step reads 8 at
+ * a pixel); ``d`` has room for one int32 past the row (the vector step writes 4 at a time). */
+static void resize_row(const Resizer *r, const uint8_t *restrict s, size_t readable, int dw,
+                       int32_t *restrict d)
+{
+    const int *xofs = r->xofs;
+    const int16_t *alpha = r->alpha;
+    for (int dx = 0; dx < r->xmin; dx++) {
+        const uint8_t *p = s + xofs[dx];
+        d[3 * dx] = p[0] * COEF_SCALE;
+        d[3 * dx + 1] = p[1] * COEF_SCALE;
+        d[3 * dx + 2] = p[2] * COEF_SCALE;
+    }
+    for (int dx = r->xmin; dx < r->xmax; dx++) {
+        const uint8_t *p = s + xofs[dx];
+        int a0 = alpha[2 * dx], a1 = alpha[2 * dx + 1];
+#ifdef __SSE2__
+        if ((size_t)xofs[dx] + 8 <= readable) {
+            /* [p0..p7] as 16 bits, paired (p0, p3), (p1, p4), (p2, p5), (p3, p6) */
+            __m128i v = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)p),
+                                          _mm_setzero_si128());
+            __m128i pairs = _mm_unpacklo_epi16(v, _mm_srli_si128(v, 6));
+            __m128i w = _mm_set1_epi32((int32_t)(((uint32_t)(uint16_t)a1 << 16)
+                                                 | (uint16_t)a0));
+            _mm_storeu_si128((__m128i *)(d + 3 * dx), _mm_madd_epi16(pairs, w));
+            continue;
+        }
+#endif
+        d[3 * dx] = p[0] * a0 + p[3] * a1;
+        d[3 * dx + 1] = p[1] * a0 + p[4] * a1;
+        d[3 * dx + 2] = p[2] * a0 + p[5] * a1;
+    }
+    for (int dx = r->xmax; dx < dw; dx++) {
+        const uint8_t *p = s + xofs[dx];
+        d[3 * dx] = p[0] * COEF_SCALE;
+        d[3 * dx + 1] = p[1] * COEF_SCALE;
+        d[3 * dx + 2] = p[2] * COEF_SCALE;
+    }
+}
+
+/* Source row ``sy`` resized horizontally, in one of the two row buffers (the other kept). */
+static const int32_t *source_row(Resizer *r, const uint8_t *src, ptrdiff_t stride, int sh,
+                                 int sw, int sy, int dw, int keep)
+{
+    for (int k = 0; k < 2; k++)
+        if (r->have[k] == sy)
+            return r->rows[k];
+    int k = r->have[0] == keep ? 1 : 0;
+    /* the rows below this one may be read, and the last row's own pixels */
+    size_t readable = (size_t)(sh - 1 - sy) * (size_t)stride + (size_t)sw * CHANNELS;
+    resize_row(r, src + (ptrdiff_t)sy * stride, readable, dw, r->rows[k]);
+    r->have[k] = sy;
+    return r->rows[k];
+}
+
+/* One output row from two horizontally resized rows: OpenCV's 8-bit vertical step, each
+ * term ``(b * (s >> 4)) >> 16`` (s >> 4 < 2^15: a 16-bit high multiply, as OpenCV's own
+ * vector code computes it), their sum rounded off by 2 bits. */
+static void vertical(const int32_t *restrict s0, const int32_t *restrict s1, int32_t b0,
+                     int32_t b1, uint8_t *restrict out, int n)
+{
+    int i = 0;
+#ifdef __SSE2__
+    const __m128i w0 = _mm_set1_epi16((int16_t)b0), w1 = _mm_set1_epi16((int16_t)b1);
+    const __m128i two = _mm_set1_epi16(2);
+    for (; i + 16 <= n; i += 16) {
+        __m128i r[2];
+        for (int k = 0; k < 2; k++) {
+            const int32_t *a = s0 + i + 8 * k, *b = s1 + i + 8 * k;
+            __m128i x0 = _mm_packs_epi32(_mm_srai_epi32(_mm_loadu_si128((const __m128i *)a), 4),
+                                         _mm_srai_epi32(_mm_loadu_si128((const __m128i *)(a + 4)), 4));
+            __m128i x1 = _mm_packs_epi32(_mm_srai_epi32(_mm_loadu_si128((const __m128i *)b), 4),
+                                         _mm_srai_epi32(_mm_loadu_si128((const __m128i *)(b + 4)), 4));
+            __m128i sum = _mm_add_epi16(_mm_mulhi_epi16(x0, w0), _mm_mulhi_epi16(x1, w1));
+            r[k] = _mm_srai_epi16(_mm_add_epi16(sum, two), 2);
+        }
+        _mm_storeu_si128((__m128i *)(out + i), _mm_packus_epi16(r[0], r[1]));
+    }
+#endif
+    for (; i < n; i++) {
+        int32_t v = (((b0 * (s0[i] >> 4)) >> 16) + ((b1 * (s1[i] >> 4)) >> 16) + 2) >> 2;
+        out[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+    }
+}
+
+/* src: sh x sw x 3 (rows ``stride`` bytes apart) -> dst: dh x dw x 3, contiguous. Vertically,
+ * OpenCV keeps the weights of a row above the first or below the last and reads the edge row
+ * for it (so an edge output row mixes the edge row with itself, with two roundings). */
+static void resize_linear(Resizer *r, const uint8_t *src, ptrdiff_t stride, int sh, int sw,
+                          uint8_t *dst, int dh, int dw, int flip)
+{
+    plan_columns(r, sw, dw, flip);
+    r->have[0] = r->have[1] = -1;
+    double scale = 1.0 / ((double)dh / sh);
+    for (int dy = 0; dy < dh; dy++) {
+        float fy = (float)((dy + 0.5) * scale - 0.5);
+        int sy = (int)floorf(fy);
+        fy -= (float)sy;
+        int b0 = coef(1.f - fy), b1 = coef(fy);
+        int y0 = sy < 0 ? 0 : sy > sh - 1 ? sh - 1 : sy;
+        int y1 = sy + 1 < 0 ? 0 : sy + 1 > sh - 1 ? sh - 1 : sy + 1;
+        const int32_t *s0 = source_row(r, src, stride, sh, sw, y0, dw, -2);
+        const int32_t *s1 = source_row(r, src, stride, sh, sw, y1, dw, y0);
+        vertical(s0, s1, b0, b1, dst + (size_t)dy * dw * CHANNELS, dw * CHANNELS);
+    }
+}
+
+static int resizer_init(Resizer *r, int dw)
+{
+    r->xofs = malloc(sizeof(int) * (size_t)dw);
+    r->alpha = malloc(sizeof(int16_t) * 2 * (size_t)dw);
+    r->rows[0] = malloc(sizeof(int32_t) * (CHANNELS * (size_t)dw + 1));
+    r->rows[1] = malloc(sizeof(int32_t) * (CHANNELS * (size_t)dw + 1));
+    return r->xofs && r->alpha && r->rows[0] && r->rows[1];
+}
+
+static void resizer_free(Resizer *r)
+{
+    free(r->xofs);
+    free(r->alpha);
+    free(r->rows[0]);
+    free(r->rows[1]);
+}
+
+/* ---- the decode ---- */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+} Errors;
+
+static void on_error(j_common_ptr cinfo)
+{
+    longjmp(((Errors *)cinfo->err)->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level)
+{
+    if (level < 0) /* a warning (corrupt data): the row is left to the caller */
+        cinfo->err->num_warnings++;
+}
+
+static void no_output(j_common_ptr cinfo) {}
+
+typedef struct {
+    uint8_t *pixels; /* the box's decoded rows */
+    size_t size;
+    JSAMPROW *rows;
+    size_t nrows;
+} Scratch;
+
+static int scratch_fit(Scratch *s, size_t bytes, size_t rows)
+{
+    if (bytes > s->size) {
+        uint8_t *p = realloc(s->pixels, bytes);
+        if (p == NULL)
+            return 0;
+        s->pixels = p;
+        s->size = bytes;
+    }
+    if (rows > s->nrows) {
+        JSAMPROW *p = realloc(s->rows, rows * sizeof(JSAMPROW));
+        if (p == NULL)
+            return 0;
+        s->rows = p;
+        s->nrows = rows;
+    }
+    return 1;
+}
+
+typedef struct {
+    int height, width, y, x, h, w, flip, whole;
+} Box;
+
+/* Decodes ``box`` of one JPEG and resizes it into ``dst``; 1 done, 0 left to the caller. */
+static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint8_t *data,
+                    size_t n, const Box *box, int fast_dct, int fast_upsample, Scratch *s,
+                    Resizer *r, uint8_t *dst, int dh, int dw)
+{
+    if (n < 4 || data[n - 2] != 0xFF || data[n - 1] != 0xD9)
+        return 0;
+    if (setjmp(errors->jump) != 0) {
+        jpeg_abort_decompress(d);
+        return 0;
+    }
+    errors->pub.num_warnings = 0;
+    jpeg_mem_src(d, data, (unsigned long)n);
+    if (jpeg_read_header(d, TRUE) != JPEG_HEADER_OK || (int)d->image_height != box->height
+            || (int)d->image_width != box->width) {
+        jpeg_abort_decompress(d);
+        return 0;
+    }
+    d->out_color_space = JCS_RGB;
+    d->dct_method = fast_dct ? JDCT_IFAST : JDCT_ISLOW;
+    d->do_fancy_upsampling = fast_upsample ? FALSE : TRUE;
+    d->scale_num = d->scale_denom = 1;
+    jpeg_start_decompress(d);
+    if (d->output_components != CHANNELS) {
+        jpeg_abort_decompress(d);
+        return 0;
+    }
+    JDIMENSION left = (JDIMENSION)box->x, across = (JDIMENSION)box->w;
+    if (fast_upsample) {
+        jpeg_crop_scanline(d, &left, &across); /* widened to whole iMCU columns */
+        if (box->y > 0 && jpeg_skip_scanlines(d, (JDIMENSION)box->y) != (JDIMENSION)box->y) {
+            jpeg_abort_decompress(d);
+            return 0;
+        }
+    } else {
+        left = 0;
+    }
+    size_t stride = (size_t)d->output_width * CHANNELS;
+    int above = fast_upsample ? 0 : box->y; /* rows read and dropped */
+    if (!scratch_fit(s, stride * ((size_t)box->h + 1), (size_t)box->h)) { /* + a spare row */
+        jpeg_abort_decompress(d);
+        return 0;
+    }
+    for (int k = 0; k < box->h; k++)
+        s->rows[k] = s->pixels + (size_t)k * stride;
+    while (above > 0) {
+        JSAMPROW drop = s->pixels;
+        if (jpeg_read_scanlines(d, &drop, 1) != 1) {
+            jpeg_abort_decompress(d);
+            return 0;
+        }
+        above--;
+    }
+    int got = 0;
+    while (got < box->h) {
+        JDIMENSION read = jpeg_read_scanlines(d, s->rows + got, (JDIMENSION)(box->h - got));
+        if (read == 0) {
+            jpeg_abort_decompress(d);
+            return 0;
+        }
+        got += (int)read;
+    }
+    if (box->whole) {
+        /* the rest entropy-decoded and the stream read to its end, as a whole decode reads
+         * it: damage anywhere is a warning, and the row the caller's (which names it) */
+        /* (read, not skipped: libjpeg-turbo 2.1's skip below a cropped scanline warns of
+         * damage that is not there, and a skip to the last row reads nothing) */
+        JSAMPROW spare = s->pixels + (size_t)box->h * stride;
+        while (d->output_scanline < d->output_height) {
+            if (jpeg_read_scanlines(d, &spare, 1) != 1) {
+                jpeg_abort_decompress(d);
+                return 0;
+            }
+        }
+        jpeg_finish_decompress(d);
+    } else {
+        jpeg_abort_decompress(d);
+    }
+    if (errors->pub.num_warnings != 0)
+        return 0;
+    resize_linear(r, s->pixels + (size_t)(box->x - (int)left) * CHANNELS, (ptrdiff_t)stride,
+                  box->h, box->w, dst, dh, dw, box->flip);
+    return 1;
+}
+
+/* Whether the table row can be done here at all (the rest is checked while decoding). */
+static int takes(const Box *b, int dh, int dw)
+{
+    if (b->height <= 0 || b->width <= 0 || b->h <= 0 || b->w <= 0 || b->y < 0 || b->x < 0
+            || b->y > b->height - b->h || b->x > b->width - b->w)
+        return 0;
+    return !(b->h >= 2 * dh && b->w >= 2 * dw); /* OpenCV resizes that by area */
+}
+
+static PyObject *jpeg_crop_rows(PyObject *self, PyObject *args)
+{
+    PyObject *values, *result = NULL;
+    Py_buffer table = {0}, out = {0};
+    int dh, dw, fast_dct, fast_upsample;
+    if (!PyArg_ParseTuple(args, "O!y*w*iipp", &PyList_Type, &values, &table, &out, &dh, &dw,
+                          &fast_dct, &fast_upsample))
+        return NULL;
+    Py_ssize_t nvalues = PyList_GET_SIZE(values);
+    Py_ssize_t count = table.len / (Py_ssize_t)(COLUMNS * sizeof(int64_t));
+    size_t image = (size_t)(dh > 0 ? dh : 0) * (size_t)(dw > 0 ? dw : 0) * CHANNELS;
+    const int64_t *rows = table.buf;
+    PyObject **held = NULL;
+    const uint8_t **datas = NULL;
+    size_t *sizes = NULL;
+    Box *boxes = NULL;
+    if (table.len % (Py_ssize_t)(COLUMNS * sizeof(int64_t)) != 0 || dh <= 0 || dw <= 0
+            || (size_t)out.len != image * (size_t)nvalues || !PyBuffer_IsContiguous(&out, 'C')) {
+        PyErr_SetString(PyExc_ValueError, "crop_rows: a table of 9 int64 a row and an out of "
+                        "len(values) contiguous out_h x out_w x 3 images expected");
+        goto done;
+    }
+    PyObject *done_flags = PyBytes_FromStringAndSize(NULL, count);
+    if (done_flags == NULL)
+        goto done;
+    uint8_t *flags = (uint8_t *)PyBytes_AS_STRING(done_flags);
+    memset(flags, 0, (size_t)count);
+    held = PyMem_Calloc((size_t)(count ? count : 1), sizeof(PyObject *));
+    datas = PyMem_Calloc((size_t)(count ? count : 1), sizeof(uint8_t *));
+    sizes = PyMem_Calloc((size_t)(count ? count : 1), sizeof(size_t));
+    boxes = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Box));
+    if (held == NULL || datas == NULL || sizes == NULL || boxes == NULL) {
+        Py_DECREF(done_flags);
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const int64_t *t = rows + i * COLUMNS;
+        if (t[0] < 0 || t[0] >= nvalues)
+            continue;
+        PyObject *v = PyList_GET_ITEM(values, t[0]);
+        if (!PyBytes_Check(v))
+            continue;
+        Box b = {(int)t[1], (int)t[2], (int)t[3], (int)t[4], (int)t[5], (int)t[6], t[7] != 0,
+                 t[8] != 0};
+        for (int k = 1; k < 7; k++)
+            if (t[k] < 0 || t[k] > INT32_MAX)
+                b.h = 0; /* refused by takes() */
+        if (!takes(&b, dh, dw))
+            continue;
+        held[i] = Py_NewRef(v); /* the list may change while the GIL is free */
+        datas[i] = (const uint8_t *)PyBytes_AS_STRING(v);
+        sizes[i] = (size_t)PyBytes_GET_SIZE(v);
+        boxes[i] = b;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    struct jpeg_decompress_struct d;
+    Errors errors;
+    Scratch s = {NULL, 0, NULL, 0};
+    Resizer r;
+    int ready = resizer_init(&r, dw);
+    d.err = jpeg_std_error(&errors.pub);
+    errors.pub.error_exit = on_error;
+    errors.pub.emit_message = on_message;
+    errors.pub.output_message = no_output;
+    if (ready && setjmp(errors.jump) == 0) {
+        jpeg_create_decompress(&d);
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (held[i] != NULL)
+                flags[i] = (uint8_t)crop_row(&d, &errors, datas[i], sizes[i], &boxes[i],
+                                             fast_dct, fast_upsample, &s, &r,
+                                             (uint8_t *)out.buf + image * (size_t)rows[i * COLUMNS],
+                                             dh, dw);
+        jpeg_destroy_decompress(&d);
+    }
+    resizer_free(&r);
+    free(s.pixels);
+    free(s.rows);
+    Py_END_ALLOW_THREADS
+    result = done_flags;
+done:
+    for (Py_ssize_t i = 0; held != NULL && i < count; i++)
+        Py_XDECREF(held[i]);
+    PyMem_Free(held);
+    PyMem_Free(datas);
+    PyMem_Free(sizes);
+    PyMem_Free(boxes);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *jpeg_resize(PyObject *self, PyObject *args)
+{
+    PyObject *src_obj;
+    Py_buffer out = {0};
+    int dh, dw, flip;
+    if (!PyArg_ParseTuple(args, "Ow*iip", &src_obj, &out, &dh, &dw, &flip))
+        return NULL;
+    Py_buffer src;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES) != 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (src.ndim != 3 || src.shape[2] != CHANNELS || src.itemsize != 1 || src.strides[2] != 1
+            || src.strides[1] != CHANNELS || src.shape[0] <= 0 || src.shape[1] <= 0
+            || dh <= 0 || dw <= 0 || (size_t)out.len != (size_t)dh * (size_t)dw * CHANNELS) {
+        PyErr_SetString(PyExc_ValueError, "resize: (h, w, 3) uint8 rows in, a contiguous "
+                        "out_h x out_w x 3 out");
+    } else {
+        Resizer r;
+        if (!resizer_init(&r, dw)) {
+            resizer_free(&r);
+            PyErr_NoMemory();
+        } else {
+            resize_linear(&r, src.buf, src.strides[0], (int)src.shape[0], (int)src.shape[1],
+                          out.buf, dh, dw, flip);
+            resizer_free(&r);
+            result = Py_NewRef(Py_None);
+        }
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef jpeg_rows_methods[] = {
+    {"crop_rows", jpeg_crop_rows, METH_VARARGS,
+     "crop_rows(values, table, out, out_h, out_w, fast_dct, fast_upsample) -> bytes"},
+    {"resize", jpeg_resize, METH_VARARGS, "resize(src, out, out_h, out_w, flip) -> None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef jpeg_rows_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_jpeg_rows",
+    .m_doc = "A slice's JPEG crops decoded, resized and flipped into their batch rows "
+             "without the GIL.",
+    .m_size = -1,
+    .m_methods = jpeg_rows_methods,
+};
+
+PyMODINIT_FUNC PyInit__jpeg_rows(void)
+{
+    return PyModule_Create(&jpeg_rows_module);
+}

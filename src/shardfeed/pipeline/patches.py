@@ -297,27 +297,50 @@ class Patches(SamplerBase):
         read = dict(zip(*self._unique(records)))
         n = len(positions)
         out = buffer.arrays["image"][first_row : first_row + n]
-        boxes = np.empty((n, 4), dtype=np.int64)
         full = np.empty((n, 2), dtype=np.int64)
         metas = []
-        # one image held at a time, as on the sample path (without a cache, or with one
-        # too small to keep them, every output decodes an image of its own)
-        for row, (position, rid, order_position) in enumerate(
-                zip(positions.tolist(), records, q.tolist())):
-            decoded = self._decoded(SampleKey(ctx.seed, ctx.epoch, position), rid, read[rid],
-                                    order_position)
-            if decoded.mask is not None:
-                raise SchemaError("patches with masks are cut one by one")
-            image = decoded.image
-            box = patch_boxes(ctx.seed, ctx.epoch, positions[row : row + 1],
-                              np.array(image.shape[:1], dtype=np.int64),
-                              np.array(image.shape[1:2], dtype=np.int64), self.options)
-            if not cut_rows([image], box, out[row : row + 1], self.options):
+        if self.cache is None:
+            # every output decodes an image of its own: one held at a time, as on the
+            # sample path
+            boxes = np.empty((n, 4), dtype=np.int64)
+            for row, (position, rid) in enumerate(zip(positions.tolist(), records)):
+                decoded = self._decoded(SampleKey(ctx.seed, ctx.epoch, position), rid,
+                                        read[rid])
+                if decoded.mask is not None:
+                    raise SchemaError("patches with masks are cut one by one")
+                image = decoded.image
+                box = patch_boxes(ctx.seed, ctx.epoch, positions[row : row + 1],
+                                  np.array(image.shape[:1], dtype=np.int64),
+                                  np.array(image.shape[1:2], dtype=np.int64), self.options)
+                if not cut_rows([image], box, out[row : row + 1], self.options):
+                    return False
+                boxes[row] = box[0]
+                full[row] = decoded.full_hw
+                metas.append(decoded.meta)
+                del decoded, image
+        else:
+            # the slice's images from the cache (held for the slice: a cached one costs
+            # nothing more, and at most one a refresh the slice spans is evicted meanwhile),
+            # every crop drawn in one call and cut in one pass
+            images, shapes, fulls = [], [], []
+            seed, epoch = ctx.seed, ctx.epoch
+            for position, rid, order_position in zip(positions.tolist(), records, q.tolist()):
+                decoded = self._decoded(SampleKey(seed, epoch, position), rid, read[rid],
+                                        order_position)
+                if decoded.mask is not None:
+                    raise SchemaError("patches with masks are cut one by one")
+                image = decoded.image
+                images.append(image)
+                shapes.append(image.shape[:2])
+                fulls.append(decoded.full_hw)
+                metas.append(decoded.meta)
+            sizes = np.array(shapes, dtype=np.int64).reshape(n, 2)
+            full[:] = fulls
+            boxes = patch_boxes(seed, epoch, positions, sizes[:, 0], sizes[:, 1],
+                                self.options)
+            if not cut_rows(images, boxes, out, self.options):
                 return False
-            boxes[row] = box[0]
-            full[row] = decoded.full_hw
-            metas.append(decoded.meta)
-            del decoded, image
+            del images
         columns = stacked_features(metas)
         if columns is None:
             return False

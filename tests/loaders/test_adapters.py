@@ -17,7 +17,7 @@ def test_numpy_batches_outlive_the_ring(loader: Any) -> None:
     assert len(adapted) == 4 and [len(b["index"]) for b in batches] == [8, 8, 8, 6]
     ids = np.concatenate([b["index"] for b in batches])
     assert sorted(ids.tolist()) == list(range(30))
-    assert adapted.state()["epoch"] == 1 and adapted.stats.skipped == 0
+    assert adapted.state()["epoch"] == 1 and adapted.stats().skipped == 0
 
 
 def test_torch_tensors_dtypes_channels_first(loader: Any) -> None:

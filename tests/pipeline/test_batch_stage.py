@@ -80,7 +80,7 @@ def test_a_replaced_row_carries_its_stand_in_key(bad_jpeg_folder: Path, workers:
                      workers=workers, batch_stages=[RedrawNoise()])
     with loader:
         batches = list(loader)
-    assert loader.stats.skipped_total == 1
+    assert loader.stats().skipped_total == 1
     assert 41 not in record_ids(batches)
     positions = np.concatenate([b["positions"] for b in batches])
     records = np.array(record_ids(batches))

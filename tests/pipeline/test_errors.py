@@ -54,7 +54,7 @@ def test_skip_replaces_deterministically_and_counts(folder_name: str,
         loader = Loader(open_dataset(folder), batch_size=7, seed=8, on_error="skip",
                         transform=train_transform(), num_threads=threads)
         ids = ids_of_epoch(loader)
-        return ids, loader.stats
+        return ids, loader.stats()
 
     ids, stats = run(1)
     assert len(ids) == 60 and bad not in ids

@@ -88,7 +88,7 @@ def test_skip_replaces_and_counts_a_bomb(tmp_path: Path, bomb: bytes) -> None:
                     num_threads=2)
     ids = ids_of(loader)
     assert len(ids) == N and BAD not in ids and len(set(ids)) == N - 1
-    assert loader.stats.skipped_total == 1
+    assert loader.stats().skipped_total == 1
     loader.close()
 
 
@@ -100,7 +100,7 @@ def test_a_raw_record_claiming_a_huge_size_is_refused(tmp_path: Path) -> None:
         list(Loader(ds, batch_size=4, shuffle=False, transform=presets.eval(size=16)))
     assert (caught.value.record, caught.value.offset) == (record, offset)
     skipping = Loader(ds, batch_size=4, on_error="skip", transform=presets.eval(size=16))
-    assert BAD not in ids_of(skipping) and skipping.stats.skipped_total == 1
+    assert BAD not in ids_of(skipping) and skipping.stats().skipped_total == 1
 
 
 def test_a_referenced_bomb_is_refused(tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_a_referenced_bomb_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DecodeError, match="JPEG image claims 40000×50000"):
         list(Loader(ds, batch_size=4, shuffle=False, transform=presets.train(size=16)))
     skipping = Loader(ds, batch_size=4, on_error="skip", transform=presets.train(size=16))
-    assert BAD not in ids_of(skipping) and skipping.stats.skipped_total == 1
+    assert BAD not in ids_of(skipping) and skipping.stats().skipped_total == 1
 
 
 def test_patches_refuse_a_bomb_and_skip_it(tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ def test_patches_refuse_a_bomb_and_skip_it(tmp_path: Path) -> None:
     skipping = Loader(Patches(ds, size=8, cache_images=4, refresh_every=2, scale=(2, 3)),
                       batch_size=4, on_error="skip", seed=1, max_skipped=40)
     records = [int(r) for b in skipping for r in b["patch/record"]]
-    assert BAD not in records and skipping.stats.skipped_total >= 1
+    assert BAD not in records and skipping.stats().skipped_total >= 1
     with pytest.raises(ValueError, match="max_pixels must be >= 1"):
         Patches(ds, size=8, cache_images=4, refresh_every=2, max_pixels=0)
 
@@ -149,7 +149,7 @@ def test_a_loader_over_bombs_stays_small(tmp_path: Path) -> None:
                 loader = Loader(Dataset(folder), batch_size=4, on_error="skip", transform=op,
                                 num_threads=2)
                 seen.append(sum(len(b["index"]) for b in loader))
-                seen.append(loader.stats.skipped_total)
+                seen.append(loader.stats().skipped_total)
                 loader.close()
         RESULT["seen"] = seen
     """, folders=[str(tmp_path / "a"), str(tmp_path / "b")])

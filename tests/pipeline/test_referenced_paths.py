@@ -106,7 +106,7 @@ def test_a_record_naming_a_file_outside_the_root_is_refused(tmp_path: Path, kind
 
         skipping = _epoch(ds, on_error="skip", max_skipped=2)
         labels = sorted(x for b in skipping for x in b["image/class/label"].tolist())
-        assert BAD not in labels and len(labels) == 6 and skipping.stats.skipped_total == 1
+        assert BAD not in labels and len(labels) == 6 and skipping.stats().skipped_total == 1
 
     # the user trusts the dataset: the file is read, and its bytes still stay out of the
     # message when it does not decode
@@ -138,7 +138,7 @@ def test_a_path_with_a_nul_byte_or_not_utf8_is_a_skippable_decode_error(
         assert f"record {BAD}" in str(caught.value)
         skipping = _epoch(ds, on_error="skip", max_skipped=2)
         assert sum(len(b["image/class/label"]) for b in skipping) == 6
-        assert skipping.stats.skipped_total == 1
+        assert skipping.stats().skipped_total == 1
 
 
 def test_verify_reports_the_refused_path_without_the_file_bytes(

@@ -107,7 +107,7 @@ def test_skip_replaces_and_counts(tmp_path: Path, case: str, transform: str) -> 
     loader = Loader(ds, batch_size=4, seed=5, on_error="skip", transform=op, num_threads=2)
     ids = ids_of(loader)
     assert len(ids) == N and BAD not in ids
-    assert loader.stats.skipped_total == 1
+    assert loader.stats().skipped_total == 1
     # the replacement is keyed: the same with one thread
     assert ids_of(Loader(ds, batch_size=4, seed=5, on_error="skip", transform=op,
                          num_threads=1)) == ids
@@ -145,7 +145,7 @@ RUN_OUT_OF_MEMORY = """
         for batch in batches:
             ids.extend(batch["index"])
         RESULT["ids"] = [int(i) for i in ids]
-        RESULT["skipped"] = loader.stats.skipped_total
+        RESULT["skipped"] = loader.stats().skipped_total
     except DecodeError as exc:
         RESULT["error"] = [type(exc).__name__, str(exc), exc.record]
 """

@@ -55,7 +55,7 @@ def test_processes_skip_and_raise(bad_jpeg_folder: Path) -> None:
         expected = record_ids(stream(threads))
     with Loader(ds, on_error="skip", workers="processes", **options) as processes:
         assert record_ids(stream(processes)) == expected
-        assert processes.stats.skipped_total == 1
+        assert processes.stats().skipped_total == 1
     path, in_shard, offset = ds.locate(41)
     with Loader(ds, workers="processes", **options) as processes, pytest.raises(
         DecodeError

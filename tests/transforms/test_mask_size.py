@@ -48,6 +48,6 @@ def test_skip_replaces_the_misaligned_sample(misaligned: Dataset) -> None:
     loader = Loader(misaligned, batch_size=COUNT, shuffle=False, on_error="skip",
                     max_skipped=1, transform=Compose([DecodeImage(), CropOrPad(SIZE, SIZE)]))
     batch = next(iter(loader))
-    assert BAD not in batch[LABEL].tolist() and loader.stats.skipped_total == 1
+    assert BAD not in batch[LABEL].tolist() and loader.stats().skipped_total == 1
     for mask, image in zip(batch["mask"], batch["image"]):
         assert np.array_equal(VOC[mask], image)  # every sample delivered is aligned

@@ -365,12 +365,13 @@ class Dataset:
 
     # --- reading -------------------------------------------------------------------------
 
-    def storage_stats(self) -> dict[str, int]:
+    def storage_stats(self) -> dict[str, float]:
         """Requests to object storage since opening, summed over the remote shards read so
-        far: ``requests`` (GETs of shard bytes), ``bytes_fetched``, ``retries``; with remote
+        far: ``requests`` (GETs of shard bytes), ``bytes_fetched``, ``retries``, ``seconds``
+        (the time those reads took, summed over the threads that waited); with remote
         shards, ``staged_hits`` (records read ahead) and with a disk cache its counters
         (``cache_hits``, ``cache_misses``, ``cache_corrupt``, ...)."""
-        stats: dict[str, int] = self._shards.stats()
+        stats: dict[str, float] = self._shards.stats()
         if self._fetcher is not None:
             stats.update(self._fetcher.stats())
         return stats

@@ -357,14 +357,16 @@ class OpenShards:
                                                 thread_name_prefix="shardfeed-shards")
             return self._pool
 
-    def stats(self) -> dict[str, int]:
-        """Request counters summed over the remote shards opened so far."""
-        total = {"requests": 0, "bytes_fetched": 0, "retries": 0}
+    def stats(self) -> dict[str, float]:
+        """Request counters summed over the remote shards opened so far (``requests``,
+        ``bytes_fetched``, ``retries``, ``seconds`` in storage calls)."""
+        total: dict[str, float] = {"requests": 0, "bytes_fetched": 0, "retries": 0,
+                                   "seconds": 0.0}
         for src in self.open_sources():
             stats = getattr(src, "stats", None)
             if stats is not None:
                 for key, value in stats().items():
-                    total[key] = total.get(key, 0) + int(value)
+                    total[key] = total.get(key, 0) + value
         return total
 
     def close(self) -> None:

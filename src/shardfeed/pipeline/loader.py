@@ -23,9 +23,10 @@ seed, order or source fingerprint (dataset, window or patch options) is not this
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,7 +46,6 @@ from shardfeed.pipeline.concurrency import SliceGate
 from shardfeed.pipeline.epoch import EpochRun, HandOut
 from shardfeed.pipeline.loader_state import (
     STATE_KEYS,
-    LoaderStats,
     across_versions,
     check_state,
     run_of,
@@ -69,6 +69,14 @@ from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.read_ahead import Carry, read_ahead_for, staging_bytes
 from shardfeed.pipeline.run_ahead import RunAhead, ahead_depth
 from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext, Sample, Sampler, as_sampler
+from shardfeed.pipeline.stage_stats import (
+    ConsumerClock,
+    LoaderStats,
+    StageFigures,
+    Timed,
+    snapshot,
+)
+from shardfeed.pipeline.stats_report import StatsReport
 from shardfeed.pipeline.step_records import StepRecords, records_at, where_record
 from shardfeed.pipeline.thread_budget import ThreadBudget, thread_budget
 from shardfeed.pipeline.workers import check_payload
@@ -210,6 +218,9 @@ class Loader:
             window_samples=max(4 * batch_size, 512),
         )
         self._reserved = 0  # batches a consumer keeps alive (reserve_held_batches)
+        self._consumer = ConsumerClock()  # the consumer's wait and step (see stats)
+        self._report: StatsReport | None = None
+        self._first_mark = self._mark = snapshot(self._builder.clock, self._consumer, [], 0)
         self._open_nothing()
 
     def _open_nothing(self) -> None:
@@ -256,9 +267,35 @@ class Loader:
     def epoch(self) -> int:
         return self._progress.epoch
 
-    @property
     def stats(self) -> LoaderStats:
-        return self._progress.stats
+        """The loader's counters and where its time went: over the whole run (``run``) and
+        since the previous call (``window``), with a verdict (see
+        :mod:`shardfeed.pipeline.stage_stats`). Cheap: call it every few seconds."""
+        now = snapshot(self._builder.clock, self._consumer, self._datasets(),
+                       self._progress.skipped_total)
+        threads = self.options.num_threads
+        first, last, self._mark = self._first_mark, self._mark, now
+        p = self._progress
+        return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total,
+                           run=StageFigures.between(first, now, threads=threads),
+                           window=StageFigures.between(last, now, threads=threads))
+
+    def report(self, every: float | None = 10.0, *, display: bool = True,
+               jsonl: str | os.PathLike[str] | None = None) -> None:
+        """Report :meth:`stats` while batches are handed out: every ``every`` seconds, a
+        one-line display (tqdm; a widget in a notebook) and, with ``jsonl``, one JSON object a
+        line appended to that file (the window since the previous report and its verdict).
+        ``every=None`` stops reporting. See :mod:`shardfeed.pipeline.stats_report`."""
+        if self._report is not None:
+            self._report.close()
+            self._report = None
+        if every is not None:
+            self._report = StatsReport(self.stats, every=every, display=display, jsonl=jsonl,
+                                       total=None)
+
+    def _tick(self) -> Callable[[], None] | None:
+        report = self._report
+        return None if report is None else report.tick
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``; keep the position if it is the current epoch."""
@@ -548,14 +585,14 @@ class Loader:
         handout = HandOut(self._run, closed=lambda: self._closed)
         depth = ahead_depth(self.batch_stages)
         if depth == 0:
-            return handout
+            return Timed(handout, self._consumer, self._tick())
         progress, epoch, start = self._progress, ctx.epoch, self._progress.consumed
         self._ahead = RunAhead(
             handout, depth=depth, stages=self.batch_stages,
             counters=lambda: (progress.epoch, progress.consumed, progress.skipped),
             where=lambda k: f"batch {k} of the pass over epoch {epoch} that began at "
                             f"consumed={start} (batch size {opts.batch_size})")
-        return self._ahead
+        return Timed(self._ahead, self._consumer, self._tick())
 
     def add_batch_stage(self, stage: BatchStage, /) -> None:
         """Append ``stage`` to the batch stages (an adapter's own, such as the GPU decode);
@@ -590,6 +627,8 @@ class Loader:
         self._closed = True
         self._stop_run()
         self._drop_carry()
+        if self._report is not None:
+            self._report.close()
         registered = self._finalizer.detach()
         if registered is not None:
             release(*registered[2], wait=True)

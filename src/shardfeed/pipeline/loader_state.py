@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from shardfeed.errors import StateError
@@ -29,16 +28,6 @@ RUN_KEYS = ("batch_size", "world_size", "drop_last", "remainder")
 batches beyond the stream (``shardfeed which`` reads them). A state restores on other ones
 (it is checked, not compared), and one saved before they were recorded has no ``"run"``."""
 _MAX_WORD = (1 << 64) - 1  # seeds and epochs key the generators as 64-bit words
-
-
-@dataclass(frozen=True, slots=True)
-class LoaderStats:
-    """Counters of a Loader: bad samples replaced this epoch and since construction."""
-
-    epoch: int
-    skipped: int
-    skipped_total: int
-    batches_total: int
 
 
 def check_state(

@@ -28,6 +28,7 @@ slice's records while it is built.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,9 +54,10 @@ from shardfeed.pipeline.samplers import (
     SingleRecordSampler,
     Transform,
 )
+from shardfeed.pipeline.stage_stats import ASSEMBLE, DECODE, READ, STAGES, StageClock, stage_of
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
-from shardfeed.transforms.base import bytes_into_of, has_batch_form
+from shardfeed.transforms.base import Compose, bytes_into_of, has_batch_form
 
 BATCH_PATH_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, SchemaError)
 """What makes the batch path hand its rows to the sample-by-sample path (see build_slice)."""
@@ -105,6 +107,9 @@ class SliceBuilder:
             getattr(sampler, "build_rows", None) if has_form else None)
         # light records: a whole slice in one compiled call without the GIL, where it applies
         self._native = NativeSlices.of(sampler, transform) if self._read_columns else None
+        self.clock = StageClock()  # where the slices' time goes (see stage_stats)
+        self._stage_native = DECODE  # the compiled slices and Patches' rows: read and decode
+        self._stage = stage_of(transform)  # the whole transform's stage, sample by sample
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
         """The keys samples write straight into the batch for ``layout`` (see module doc)."""
@@ -257,12 +262,27 @@ class SliceBuilder:
         skips exactly, naming the record. Storage errors and interrupts are not retried: they
         propagate as they are.
         """
+        started = time.perf_counter()
+        try:
+            return self._build_slice(ctx, positions, buffer, first_row)
+        finally:
+            acc = self.clock.mine()
+            acc[len(STAGES)] += time.perf_counter() - started  # busy
+            acc[len(STAGES) + 1] += 1  # slices
+
+    def _build_slice(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
+                     first_row: int) -> int:
+        clock = self.clock
         native = self._native
-        if native is not None and native.enabled and native.build(ctx, positions, buffer,
-                                                                  first_row):
-            return 0
+        if native is not None and native.enabled:
+            started = time.perf_counter()
+            built = native.build(ctx, positions, buffer, first_row)
+            clock.add(self._stage_native, time.perf_counter() - started)
+            if built:
+                return 0
         build_rows = self._build_rows
         if build_rows is not None:
+            started = time.perf_counter()
             try:
                 if build_rows(ctx, positions, buffer, first_row, self.transform):
                     return 0
@@ -270,6 +290,8 @@ class SliceBuilder:
                 pass  # the sample-by-sample path below meets it again and says where
             except SchemaError:
                 self._build_rows = None  # rows this sampler cannot write: stop trying
+            finally:
+                clock.add(self._stage_native, time.perf_counter() - started)
         read_columns = self._read_columns  # once: another thread may turn the path off
         if read_columns is not None:
             try:
@@ -304,10 +326,14 @@ class SliceBuilder:
             name: rows.reshape(samples * frames, *rows.shape[2:])
             for name, rows in windows.items() if rows.shape[1:2] == (frames,)}
         bytes_into = self._bytes_into
+        clock = self.clock
+        started = time.perf_counter()
         if bytes_into is not None and out:
             columns = read_columns(records, into=lambda names: bytes_into(names, out))
         else:
             columns = read_columns(records)
+        now = time.perf_counter()
+        clock.add(READ, now - started)
         if columns is None:
             return False
         transform = self.transform
@@ -315,12 +341,23 @@ class SliceBuilder:
             # a window's frames share its key: each frame draws what the sample path draws
             keyed = positions if stack is None else np.repeat(positions, frames)
             rngs = RowKeys(ctx.seed, ctx.epoch, keyed) if transform.draws_random else None
+            timings: list[tuple[Any, float]] = []
             try:
-                columns = transform.apply_batch(columns, rngs, out)
+                if isinstance(transform, Compose):
+                    columns = transform.apply_batch(columns, rngs, out, timings=timings)
+                else:
+                    columns = transform.apply_batch(columns, rngs, out)
             except BATCH_PATH_RETRIED:
                 raise
             except Exception as exc:  # a bug in a transform: the sample path names the record
                 raise BatchFormFailed from exc
+            finally:
+                spent = time.perf_counter() - now
+                for part, seconds in timings:  # a Compose's ops, each to its stage
+                    clock.add(stage_of(part), seconds)
+                    spent -= seconds
+                clock.add(self._stage, max(spent, 0.0))
+                now = time.perf_counter()
             if columns is None:
                 self._read_columns = None  # no batch form for this data: stop trying
                 return False
@@ -331,12 +368,19 @@ class SliceBuilder:
                    if np.shape(columns[name]) == windows[name].shape}
             columns.update(out)  # frames written in place: their windows' rows
         buffer.write_columns(first_row, columns, written=out)
+        clock.add(ASSEMBLE, time.perf_counter() - now)
         return True
 
     def build_samples(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
                       first_row: int) -> int:
         """:meth:`build_slice` one sample at a time; returns bad samples met."""
+        clock = self.clock.mine()
+        started = time.perf_counter()
         plans, records, bad_records = self.read_slice(ctx, positions)
+        now = time.perf_counter()
+        clock[READ] += now - started
+        made = written = 0.0
+        stage = self._stage
         direct = self.direct_keys(buffer.layout)
         columns = [(k, buffer.arrays[k]) for k in direct]
         seed, epoch = ctx.seed, ctx.epoch
@@ -357,8 +401,14 @@ class SliceBuilder:
                 sample, bad, buffer.keys[row] = self.replacement(ctx, position)
                 skipped += bad + 1
                 slots = None
+            then = time.perf_counter()
+            made += then - now
             write(row, sample, written=slots, where=_Where(self, position, ids))
+            now = time.perf_counter()
+            written += now - then
             row += 1
+        clock[stage] += made
+        clock[ASSEMBLE] += written
         return skipped
 
 

@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 
 from shardfeed.errors import TooManyErrorsError
-from shardfeed.pipeline.loader_state import LoaderStats
 
 logger = logging.getLogger("shardfeed.pipeline.loader")
 
@@ -29,9 +28,6 @@ class Progress:
     skipped_total: int = 0
     batches_total: int = 0
 
-    @property
-    def stats(self) -> LoaderStats:
-        return LoaderStats(self.epoch, self.skipped, self.skipped_total, self.batches_total)
 
     def go_to(self, epoch: int) -> None:
         """The start of ``epoch``; the position is kept if it is the current epoch."""

@@ -50,6 +50,7 @@ from __future__ import annotations
 import datetime
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -258,6 +259,7 @@ class ObstoreSource:
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_fetched = 0
+        self.seconds = 0.0
 
     def _call(self, action: str, op: Callable[[Any, str], T]) -> T:
         """``op(store, path)`` under the retry policy, in the bucket's region."""
@@ -281,12 +283,12 @@ class ObstoreSource:
                 "forked (obstore's threads do not follow a fork); open it again here with "
                 "open_source(url), or start worker processes with 'spawn' or 'forkserver'")
 
-    def stats(self) -> dict[str, int]:
-        """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries``, as
-        RemoteSource counts them."""
+    def stats(self) -> dict[str, float]:
+        """``requests`` (ranges asked of the store), ``bytes_fetched``, ``retries``,
+        ``seconds``, as RemoteSource counts them."""
         with self._lock:
             return {"requests": self.requests, "bytes_fetched": self.bytes_fetched,
-                    "retries": self._retrier.retries_done}
+                    "retries": self._retrier.retries_done, "seconds": self.seconds}
 
     def size(self) -> int:
         """The object's size: one HEAD, remembered."""
@@ -321,12 +323,14 @@ class ObstoreSource:
         if not plan:  # nothing asked, or only empty ranges
             return [b""] * len(ranges)
         pinned = self._pinned
+        started = time.perf_counter()
         blobs = self._retrier.run(
             [Job(f"read bytes {r.start}..{r.end} of", self._ranged_get(pinned, r.start, r.end))
              for r in plan], url=self.url, max_in_flight=IN_FLIGHT, group=self._calls)
         with self._lock:
             self.requests += len(plan)
             self.bytes_fetched += sum(len(b) for b in blobs)
+            self.seconds += time.perf_counter() - started
         return split_answers(ranges, plan, blobs)
 
     def _ranged_get(self, pinned: ObjectVersion | None, start: int, end: int

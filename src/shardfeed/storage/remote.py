@@ -25,6 +25,7 @@ import datetime
 import email.utils
 import errno
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -250,17 +251,20 @@ class RemoteSource:
         PROCESS.at_fork(self, RemoteSource._after_fork)
         self._requests = 0
         self._bytes_fetched = 0
+        self._seconds = 0.0
 
     # -- statistics -------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Counters since opening: ``requests`` (GETs that returned), ``bytes_fetched``,
-        ``retries`` (transient failures retried)."""
+        ``retries`` (transient failures retried), ``seconds`` (the reads' time, summed over
+        the threads that waited for them)."""
         with self._lock:
             return {
                 "requests": self._requests,
                 "bytes_fetched": self._bytes_fetched,
                 "retries": self._retrier.retries_done,
+                "seconds": self._seconds,
             }
 
     # -- ByteSource -------------------------------------------------------------------------
@@ -393,11 +397,13 @@ class RemoteSource:
                                             self._checked_by(fs, pinned)))
 
         jobs = [job(start, end) for start, end in spans]
+        started = time.perf_counter()
         blobs = self._retrier.run(jobs, url=self.url, max_in_flight=self.max_concurrency,
                                   group=self._calls)
         with self._lock:
             self._requests += len(blobs)
             self._bytes_fetched += sum(len(b) for b in blobs)
+            self._seconds += time.perf_counter() - started
         return blobs
 
 

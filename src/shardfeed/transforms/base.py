@@ -27,6 +27,7 @@ it defines, read once when wrapped), so the pipeline reads declared attributes.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -336,12 +337,14 @@ class Compose(TransformBase):
 
     def apply_batch(
         self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-        out: Mapping[str, np.ndarray],
+        out: Mapping[str, np.ndarray], *, timings: list[tuple[Any, float]] | None = None,
     ) -> dict[str, Any] | None:
         """The children's batch forms in turn (see :meth:`TransformBase.apply_batch`); None
         unless every child has one (:func:`has_batch_form`: a plain function has none, so a
         pipeline with one goes sample by sample) and each child before the last declares a
         fixed-shape ``"image"`` (``output_spec``), which it writes into a slice-sized buffer.
+        ``timings``: where given, ``(child, seconds)`` of each child run is appended to it
+        (the loader's stage accounting).
 
         Determinism: child by child over the rows, each row's generator drawn by the
         children in order, as ``__call__`` draws. Memory: one buffer a child but the last.
@@ -364,7 +367,10 @@ class Compose(TransformBase):
         outs.append(out)
         result: dict[str, Any] | None = columns
         for t, stage_out in zip(children, outs):
+            started = time.perf_counter()
             result = t.apply_batch(result, rngs, stage_out)  # type: ignore[attr-defined]
+            if timings is not None:
+                timings.append((t, time.perf_counter() - started))
             if result is None:
                 return None
         return result

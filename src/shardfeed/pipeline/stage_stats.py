@@ -1,0 +1,375 @@
+"""Where a Loader's time goes: per-stage accounting, the consumer's wait, and a verdict.
+
+Always on and cheap (a few clock reads a slice and two a batch). Two sides are measured:
+
+- the **pipeline**: every thread that builds slices adds the seconds it spends in each stage
+  to accumulators of its own (no lock, no shared counter on the hot path)::
+
+      read       records read: storage (below), framing, CRCs, parsing
+      decode     images decoded (the decode op of a transform; Patches' images; the
+                 compiled slices of small records, which read and decode in one call)
+      transform  the transform's other ops (crops of decoded arrays, jitter, normalising)
+      assemble   rows written into the batch, windows stacked, patches cut
+
+  and ``storage``: the seconds the dataset's storage calls took (GETs and disk-cache reads,
+  by whatever thread), a part of ``read`` where the slice itself waited for them.
+  ``busy`` is the seconds the threads spent building slices, ``threads`` how many may.
+- the **consumer** (the code that iterates the loader, or the adapter's stage over it):
+  ``wait``, the seconds it waited inside ``next()`` for a batch, and ``step``, the seconds it
+  spent between batches (its training step). ``wait_share`` = wait / (wait + step) is the
+  figure that says whether input is the bottleneck.
+
+:class:`StageFigures` holds them for a span of time (the whole run, or the window since the
+previous :meth:`Loader.stats` call); :func:`verdict` turns them into one sentence a user can
+act on.
+
+Worker processes (``workers="processes"``) build slices in other processes: their stage
+seconds are not collected (the consumer's and the storage counters are).
+
+Determinism: none of this changes a batch. State: counters only. Memory: a few floats a
+thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardfeed.transforms.base import Compose
+from shardfeed.transforms.decode.device_plan import DevicePlan
+from shardfeed.transforms.decode.ops import DecoderBase
+
+STAGES = ("read", "decode", "transform", "assemble")
+"""The pipeline's stages, in the order a slice goes through them."""
+READ, DECODE, TRANSFORM, ASSEMBLE = range(len(STAGES))
+
+QUIET_WAIT = 0.05
+"""A consumer that waits less than this share of its time is not held up by its input."""
+
+
+def stage_of(transform: Any) -> int:
+    """The stage a transform's time counts to: ``decode`` for a decode op (or a Compose that
+    holds one, timed as a whole), ``transform`` for anything else."""
+    parts = transform.transforms if isinstance(transform, Compose) else (transform,)
+    return DECODE if any(isinstance(p, (DecoderBase, DevicePlan)) for p in parts) else TRANSFORM
+
+
+class StageClock:
+    """Seconds a stage, summed over the threads that build slices, and the seconds they were
+    busy. Each thread adds to accumulators of its own (registered once), so :meth:`add`
+    takes no lock; :meth:`totals` sums them. Thread-safe."""
+
+    __slots__ = ("_all", "_local", "_lock")
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._all: list[list[float]] = []
+        self._lock = threading.Lock()
+
+    def mine(self) -> list[float]:
+        """This thread's accumulators: one a stage, then busy seconds and slices."""
+        acc: list[float] | None = getattr(self._local, "acc", None)
+        if acc is None:
+            acc = [0.0] * (len(STAGES) + 2)
+            with self._lock:
+                self._all.append(acc)
+            self._local.acc = acc
+        return acc
+
+    def add(self, stage: int, seconds: float) -> None:
+        self.mine()[stage] += seconds
+
+    def totals(self) -> list[float]:
+        """The stages' seconds, busy seconds and slices, over every thread so far."""
+        with self._lock:
+            rows = list(self._all)
+        out = [0.0] * (len(STAGES) + 2)
+        for acc in rows:
+            for k, value in enumerate(acc):
+                out[k] += value
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StageClock, ())  # a worker process counts for itself (not collected)
+
+
+class ConsumerClock:
+    """The consumer's wait for each batch and its time between batches (one thread at a time
+    iterates a loader's pass)."""
+
+    __slots__ = ("_asked", "_returned", "batches", "samples", "step", "wait")
+
+    def __init__(self) -> None:
+        self.wait = self.step = 0.0
+        self.batches = self.samples = 0
+        self._returned: float | None = None  # when the last batch was handed out
+        self._asked = 0.0
+
+    def asked(self) -> None:
+        """The consumer asks for the next batch."""
+        now = time.perf_counter()
+        if self._returned is not None:
+            self.step += now - self._returned
+        self._asked = now
+
+    def handed(self, samples: int) -> None:
+        """The batch asked for is handed out (``samples`` rows)."""
+        now = time.perf_counter()
+        self.wait += now - self._asked
+        self.batches += 1
+        self.samples += samples
+        self._returned = now
+
+    def ended(self) -> None:
+        """The pass ended (the next ``asked`` starts no step)."""
+        now = time.perf_counter()
+        self.wait += now - self._asked
+        self._returned = None
+
+
+class Timed:
+    """A pass's iterator that tells a :class:`ConsumerClock` when its consumer asks for a
+    batch and when it gets one; anything else is the iterator's."""
+
+    __slots__ = ("after", "clock", "inner")
+
+    def __init__(self, inner: Iterator[dict[str, Any]], clock: ConsumerClock,
+                 after: Callable[[], None] | None = None) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.after = after  # called after each batch handed out (a report's tick)
+
+    def __iter__(self) -> Timed:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        clock = self.clock
+        clock.asked()
+        try:
+            batch = next(self.inner)
+        except BaseException:
+            clock.ended()
+            raise
+        rows = 0
+        for value in batch.values():
+            rows = len(value)
+            break
+        clock.handed(rows)
+        if self.after is not None:
+            self.after()
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The counters at one moment (:meth:`StageFigures.between` takes two)."""
+
+    at: float
+    clock: tuple[float, ...]
+    wait: float
+    step: float
+    batches: int
+    samples: int
+    storage: dict[str, float]
+    skipped: int
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """Where a span's time went (see the module doc). Seconds of stages, ``storage`` and
+    ``busy`` are thread-seconds (summed over threads); ``seconds``, ``wait`` and ``step`` are
+    the wall clock's and the consumer's."""
+
+    seconds: float
+    batches: int
+    samples: int
+    wait: float
+    step: float
+    stages: dict[str, float]
+    storage: float
+    busy: float
+    threads: int
+    slices: int
+    requests: int
+    bytes_fetched: int
+    retries: int
+    skipped: int
+    cache_hits: int = 0
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    @classmethod
+    def between(cls, a: Snapshot, b: Snapshot, *, threads: int) -> StageFigures:
+        clock = [y - x for x, y in zip(a.clock, b.clock)]
+
+        def storage(name: str) -> float:
+            return b.storage.get(name, 0.0) - a.storage.get(name, 0.0)
+
+        return cls(
+            seconds=b.at - a.at, batches=b.batches - a.batches, samples=b.samples - a.samples,
+            wait=b.wait - a.wait, step=b.step - a.step,
+            stages={name: clock[k] for k, name in enumerate(STAGES)},
+            storage=storage("seconds"), busy=clock[len(STAGES)], threads=threads,
+            slices=int(clock[len(STAGES) + 1]), requests=int(storage("requests")),
+            bytes_fetched=int(storage("bytes_fetched")), retries=int(storage("retries")),
+            cache_hits=int(storage("cache_hits")), skipped=b.skipped - a.skipped)
+
+    @property
+    def wait_share(self) -> float:
+        """The consumer's share of its time spent waiting for batches (0 when it has none)."""
+        total = self.wait + self.step
+        return self.wait / total if total > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def busy_share(self) -> float:
+        """The share of the threads' time spent building slices."""
+        room = self.threads * self.seconds
+        return min(1.0, self.busy / room) if room > 0 else 0.0
+
+    def shares(self) -> dict[str, float]:
+        """Each stage's share of the pipeline's busy time (``storage`` included, a part of
+        ``read``)."""
+        busy = self.busy
+        out = {name: (seconds / busy if busy > 0 else 0.0)
+               for name, seconds in self.stages.items()}
+        out["storage"] = min(out.get("read", 0.0), self.storage / busy) if busy > 0 else 0.0
+        return out
+
+    def verdict(self) -> str:
+        return verdict(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: every figure, the shares and the verdict."""
+        return {
+            "seconds": self.seconds, "batches": self.batches, "samples": self.samples,
+            "samples_per_s": self.samples_per_s, "wait": self.wait, "step": self.step,
+            "wait_share": self.wait_share, "stages": dict(self.stages),
+            "storage": self.storage, "busy": self.busy, "busy_share": self.busy_share,
+            "threads": self.threads, "slices": self.slices, "shares": self.shares(),
+            "requests": self.requests, "bytes_fetched": self.bytes_fetched,
+            "retries": self.retries, "cache_hits": self.cache_hits, "skipped": self.skipped,
+            "verdict": self.verdict(),
+        }
+
+
+def verdict(f: StageFigures) -> str:
+    """One sentence from the figures: whether the consumer waits for its input, and if so the
+    stage that takes most of the pipeline's time and what to try for it."""
+    if f.batches == 0:
+        return "no batch handed out yet"
+    waits = f"the training step waits {f.wait_share:.0%} of its time for data"
+    if f.wait_share < QUIET_WAIT:
+        return (f"input is not the bottleneck: the training step waits {f.wait_share:.1%} "
+                "of its time for data")
+    shares = f.shares()
+    if f.busy <= 0:
+        return f"{waits}; no slice was built meanwhile (a pass starting, or batches made ahead)"
+    more = _more_threads(f)
+    if shares["storage"] >= 0.4:
+        return (f"{waits}; waiting on storage takes {shares['storage']:.0%} of the pipeline's "
+                f"time ({f.requests:,} requests): cache the shards on local disk "
+                "(Dataset(..., cache=...)) or read with more requests at once "
+                "(storage_options max_concurrency)" + (f", or {more}" if more else ""))
+    stage = max(STAGES, key=lambda name: shares[name])
+    if f.busy_share < 0.5:
+        return (f"{waits}; the loader's threads are busy only {f.busy_share:.0%} of the time: "
+                "the hand-over between them and the consumer is the limit (one process "
+                "holding the GIL): try workers='processes', or fewer, larger slices")
+    decode = (f"use {more}" if more else
+              "try decode_on='cuda' (the presets)" if _has_gpu() else
+              f"every core decodes already ({f.threads} threads, {f.cores} cores): decode fewer "
+              "pixels (smaller stored images, a smaller output) or decode on a GPU "
+              "(decode_on='cuda')")
+    tips = {
+        "read": "records read and parsed: " + (more or "use local shards or a disk cache"),
+        "decode": decode,
+        "transform": "make the ops after the decode lighter, or move them to the GPU"
+                     + (f", or {more}" if more else ""),
+        "assemble": "rows written into batches: " + (more or "use fewer, larger slices"),
+    }
+    words = {"read": "reading records", "decode": "decoding", "transform": "the transform",
+             "assemble": "assembling batches"}
+    return (f"{waits}; {words[stage]} takes {shares[stage]:.0%} of the pipeline's time: "
+            f"{tips[stage]}")
+
+
+def _has_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible (its device files; no CUDA library is loaded)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+def _more_threads(f: StageFigures) -> str:
+    """Advice to use more threads, where the threads are nearly always busy and the machine
+    has cores to spare."""
+    if f.busy_share >= 0.8 and f.cores > f.threads:
+        return f"more threads (num_threads={min(f.cores, 2 * f.threads)}; this machine has {f.cores} cores)"
+    return ""
+
+
+def snapshot(clock: StageClock, consumer: ConsumerClock, datasets: list[Any],
+             skipped: int) -> Snapshot:
+    """The counters now: the stage clock's, the consumer's, and the storage counters summed
+    over ``datasets`` (their ``storage_stats()``: requests, bytes, retries, seconds, disk
+    cache hits)."""
+    storage: dict[str, float] = {}
+    for ds in datasets:
+        stats = getattr(ds, "storage_stats", None)
+        if stats is None:
+            continue
+        try:
+            got = stats()
+        except Exception:  # noqa: BLE001, S112 - a closed dataset: its counters are gone
+            continue
+        for key, value in got.items():
+            if isinstance(value, (int, float)):
+                storage[key] = storage.get(key, 0.0) + float(value)
+    return Snapshot(time.perf_counter(), tuple(clock.totals()), consumer.wait, consumer.step,
+                    consumer.batches, consumer.samples, storage, skipped)
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A Loader's counters (:meth:`Loader.stats`): the epoch it stands in, bad samples
+    replaced (this epoch and in all), batches handed out in all; where the time went over the
+    whole run (``run``) and since the previous call (``window``); and the verdict of the
+    window (of the run where the window handed out no batch)."""
+
+    epoch: int
+    skipped: int
+    skipped_total: int
+    batches_total: int
+    run: StageFigures | None = None
+    window: StageFigures | None = None
+
+    @property
+    def verdict(self) -> str:
+        figures = self.window if self.window is not None and self.window.batches else self.run
+        return figures.verdict() if figures is not None else "no figures"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "skipped": self.skipped,
+                "skipped_total": self.skipped_total, "batches_total": self.batches_total,
+                "run": None if self.run is None else self.run.to_dict(),
+                "window": None if self.window is None else self.window.to_dict(),
+                "verdict": self.verdict}
+
+    def __str__(self) -> str:
+        window = self.window if self.window is not None and self.window.batches else self.run
+        if window is None:
+            return f"epoch {self.epoch}, {self.batches_total} batches"
+        shares = window.shares()
+        stages = ", ".join(f"{name} {shares[name]:.0%}" for name in (*STAGES, "storage")
+                           if shares.get(name))
+        return (f"epoch {self.epoch}: {window.samples_per_s:,.0f} samples/s, step waits "
+                f"{window.wait_share:.1%}, threads busy {window.busy_share:.0%}"
+                + (f" ({stages})" if stages else "") + f"; {self.verdict}")

@@ -1,0 +1,86 @@
+"""A Loader's stats reported while it runs: a one-line display and a JSON-lines log.
+
+:meth:`Loader.report` attaches a :class:`StatsReport`; after each batch handed out the
+consumer's thread calls :meth:`StatsReport.tick`, which advances the display's batch count and,
+every ``every`` seconds, takes :meth:`Loader.stats` (its window: the time since the previous
+report) and writes it: the display's line (tqdm's ``auto`` bar, a widget in a notebook) and,
+with ``jsonl``, one JSON object a line appended to that file (one ``write`` a line, so a
+reader never sees half a line of a finished write). No thread of its own.
+
+Determinism: none of this changes a batch. State: when the next report is due. Memory: none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardfeed.pipeline.stage_stats import STAGES, LoaderStats
+
+
+class StatsReport:
+    """Reports ``stats()`` every ``every`` seconds (see the module doc)."""
+
+    def __init__(self, stats: Callable[[], LoaderStats], *, every: float, display: bool,
+                 jsonl: str | os.PathLike[str] | None, total: int | None = None) -> None:
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
+            raise ValueError(f"every must be a number of seconds > 0, got {every!r}")
+        self.stats = stats
+        self.every = float(every)
+        self.path = None if jsonl is None else Path(jsonl)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch()  # a folder or a file it cannot write is said now, not later
+        self._bar: Any = None
+        if display:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, unit=" batch", dynamic_ncols=True, leave=True,
+                             desc="shardfeed")
+        self._due = time.perf_counter() + self.every
+        self.last: LoaderStats | None = None
+
+    def tick(self) -> None:
+        """One batch handed out: the display's count, and a report when one is due."""
+        if self._bar is not None:
+            self._bar.update(1)
+        now = time.perf_counter()
+        if now >= self._due:
+            self._due = now + self.every
+            self.report()
+
+    def report(self) -> LoaderStats:
+        """Take the stats now and write them (display, log)."""
+        stats = self.last = self.stats()
+        if self._bar is not None:
+            self._bar.set_postfix_str(line(stats), refresh=True)
+        if self.path is not None:
+            record = {"time": time.time(), **stats.to_dict()}
+            record.pop("run", None)  # the window is the report; the run is the sum of them
+            data = (json.dumps(record) + "\n").encode()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        return stats
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def line(stats: LoaderStats) -> str:
+    """The display's text: rate, the consumer's wait, the stages' shares."""
+    window = stats.window if stats.window is not None and stats.window.batches else stats.run
+    if window is None:
+        return ""
+    shares = window.shares()
+    parts = " ".join(f"{name} {shares[name]:.0%}" for name in STAGES if shares[name] >= 0.01)
+    return (f"{window.samples_per_s:,.0f} samples/s | step waits {window.wait_share:.0%} | "
+            f"threads busy {window.busy_share:.0%}" + (f" | {parts}" if parts else ""))

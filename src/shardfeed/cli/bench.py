@@ -78,7 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "for a tight bound")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE",
-                        help="write throughput over time as a PNG")
+                        help="write throughput over time as a PNG, and where the threads' "
+                             "time went beside it (FILE with -stages before its suffix)")
+    parser.add_argument("--what-if", action="append", default=[], metavar="NAME=VALUE",
+                        help="measure again with one option changed and print both: threads, "
+                             "batch, size, preset, cache-images, refresh-every (e.g. "
+                             "--what-if threads=16); may be given more than once")
     common.add_dataset_options(parser)
     common.add_progress(parser)
 
@@ -170,8 +175,20 @@ def format_result(result: dict[str, Any]) -> str:
         )
         lines.append(f"  ratio         {result['ratio_to_decode_limit']:.2f}x the decode limit "
                      f"({compared} / decoded images/s)")
+    stages = result.get("stages")
+    if stages:
+        shares = stages["shares"]
+        parts = ", ".join(f"{name} {shares[name]:.0%}" for name in
+                          ("read", "decode", "transform", "assemble") if shares.get(name))
+        storage = (f"; storage calls {shares['storage']:.0%}, "
+                   f"{common.count(stages['requests'], 'request')}"
+                   if stages.get("requests") else "")
+        lines.append(f"  threads       busy {stages['busy_share']:.0%} of the time: "
+                     f"{parts}{storage}")
     if result.get("plot"):
         lines.append(f"  plot          {result['plot']}")
+    if result.get("stage_plot"):
+        lines.append(f"  stage plot    {result['stage_plot']}")
     return "\n".join(lines)
 
 
@@ -179,10 +196,47 @@ def run(args: argparse.Namespace) -> int:
     from shardfeed.tools.bench import bench
 
     options = _options(args)
+    changes = [what_if(text, options) for text in args.what_if]  # checked before measuring
     result = bench(args.source, options=options, progress=common.show_progress(args),
                    plot=args.plot, **common.dataset_options(args))
+    others = []
+    for label, changed in changes:
+        other = bench(args.source, options=changed, progress=common.show_progress(args),
+                      **common.dataset_options(args))
+        others.append((label, other))
     if args.json:
+        if others:
+            result["what_if"] = {label: other for label, other in others}
         common.print_json(result)
     else:
         print(format_result(result))
+        for label, other in others:
+            print(compare_line(label, result, other))
     return 0
+
+
+_WHAT_IF = {"threads": "num_threads", "batch": "batch_size", "size": "size", "preset": "preset",
+            "cache-images": "cache_images", "refresh-every": "refresh_every"}
+
+
+def what_if(text: str, options: Any) -> tuple[str, Any]:
+    """``NAME=VALUE`` as the options with that one changed (ValueError naming what is
+    wrong: an unknown name, a value the option refuses)."""
+    import dataclasses
+
+    name, sep, value = text.partition("=")
+    name = name.strip().replace("_", "-")
+    if not sep or name not in _WHAT_IF:
+        raise ValueError(f"--what-if {text!r}: give NAME=VALUE with NAME one of "
+                         f"{', '.join(_WHAT_IF)} (e.g. --what-if threads=16)")
+    field = _WHAT_IF[name]
+    parsed: Any = value.strip() if field == "preset" else common.positive_int(value)
+    return f"{name}={value.strip()}", dataclasses.replace(options, **{field: parsed})
+
+
+def compare_line(label: str, result: dict[str, Any], other: dict[str, Any]) -> str:
+    """One line: the rate as measured and with the change, and their ratio."""
+    unit = {"records": "images/s", "windows": "windows/s", "patches": "patches/s"}[result["kind"]]
+    a, b = result["samples_per_s"], other["samples_per_s"]
+    ratio = f"{b / a:.2f}x" if a > 0 else "n/a"
+    return f"  what if {label}: {a:,.1f} -> {b:,.1f} {unit} ({ratio})"

@@ -42,6 +42,7 @@ import keras
 
 from shardfeed.errors import StateError
 from shardfeed.loaders.numpy import AdaptedLoader
+from shardfeed.pipeline.stage_stats import scalars
 
 Names = str | Sequence[str] | Mapping[str, str] | None
 
@@ -97,6 +98,10 @@ class LoaderDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def stats(self) -> Any:
+        """The loader's :meth:`~shardfeed.pipeline.Loader.stats`."""
+        return self.loader.stats()
 
     def _next(self) -> Any:
         if self._iterator is None:
@@ -386,4 +391,40 @@ class LoaderCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]
                       **fit_options)
 
 
-__all__ = ["LoaderCheckpoint", "LoaderDataset", "adapt"]
+class LoaderStatsLog(keras.callbacks.Callback):  # type: ignore[misc]
+    """Where the input's time went, in Keras's logs: at each epoch's end (and every
+    ``every_steps`` steps, where given) :meth:`Loader.stats` of the time since the last log
+    is added to ``logs`` as ``input_wait_share`` (the share of the step's time spent waiting
+    for data), ``input_samples_per_s``, ``input_threads_busy`` and ``input_<stage>_share``
+    for each stage (read, decode, transform, assemble, storage). Put it before
+    ``keras.callbacks.TensorBoard`` in ``callbacks``: TensorBoard then writes them as
+    scalars (``epoch_input_wait_share``, ...), and ``fit``'s History keeps them. The verdict
+    of the last window is :attr:`verdict`."""
+
+    def __init__(self, data: Any, *, every_steps: int | None = None) -> None:
+        super().__init__()
+        loader = data.loader if isinstance(data, (LoaderDataset, AdaptedLoader)) else data
+        if not callable(getattr(loader, "stats", None)):
+            raise TypeError("LoaderStatsLog needs a shardfeed Loader or its keras.adapt data")
+        if every_steps is not None and (isinstance(every_steps, bool) or every_steps < 1):
+            raise ValueError(f"every_steps must be an int >= 1 or None, got {every_steps!r}")
+        self.loader = loader
+        self.every_steps = every_steps
+        self.verdict = ""
+
+    def _add(self, logs: dict[str, Any] | None) -> None:
+        stats = self.loader.stats()
+        self.verdict = stats.verdict
+        if logs is None or stats.window is None:
+            return
+        logs.update(scalars(stats.window, prefix="input_"))
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.every_steps is not None and (batch + 1) % self.every_steps == 0:
+            self._add(logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._add(logs)
+
+
+__all__ = ["LoaderCheckpoint", "LoaderDataset", "LoaderStatsLog", "adapt"]

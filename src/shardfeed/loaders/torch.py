@@ -26,6 +26,7 @@ import torch
 
 from shardfeed.loaders.numpy import AdaptedLoader, Batch
 from shardfeed.loaders.torch_decode import DeviceAdapted, device_stage, plan_of
+from shardfeed.pipeline.stage_stats import scalars
 
 IMAGE_KEYS = ("image", "mask")
 
@@ -138,4 +139,18 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
     )
 
 
-__all__ = ["adapt"]
+def log_stats(writer: Any, loader: Any, step: int, *, prefix: str = "input/") -> Any:
+    """Write :meth:`Loader.stats` of the time since the last call as scalars of a
+    TensorBoard ``SummaryWriter`` (``torch.utils.tensorboard``; anything with
+    ``add_scalar(tag, value, step)``) at ``step``: ``input/wait_share`` (the share of the
+    step's time spent waiting for data), ``input/samples_per_s``, ``input/threads_busy`` and
+    ``input/<stage>_share``. ``loader``: the Loader or its adapter. Returns the stats (their
+    ``verdict`` says what to try)."""
+    stats = loader.stats()
+    if stats.window is not None:
+        for tag, value in scalars(stats.window, prefix=prefix).items():
+            writer.add_scalar(tag, value, step)
+    return stats
+
+
+__all__ = ["adapt", "log_stats"]

@@ -373,3 +373,29 @@ class LoaderStats:
         return (f"epoch {self.epoch}: {window.samples_per_s:,.0f} samples/s, step waits "
                 f"{window.wait_share:.1%}, threads busy {window.busy_share:.0%}"
                 + (f" ({stages})" if stages else "") + f"; {self.verdict}")
+
+
+def scalars(f: StageFigures, *, prefix: str = "") -> dict[str, float]:
+    """The figures a dashboard plots (TensorBoard, Keras's logs): ``wait_share``,
+    ``samples_per_s``, ``threads_busy`` and ``<stage>_share`` a stage, storage included."""
+    out = {f"{prefix}wait_share": f.wait_share, f"{prefix}samples_per_s": f.samples_per_s,
+           f"{prefix}threads_busy": f.busy_share}
+    for name, share in f.shares().items():
+        out[f"{prefix}{name}_share"] = share
+    return out
+
+
+def combine(spans: list[StageFigures]) -> StageFigures:
+    """Consecutive spans as one (their seconds and counters added)."""
+    first = spans[0]
+    return StageFigures(
+        seconds=sum(f.seconds for f in spans), batches=sum(f.batches for f in spans),
+        samples=sum(f.samples for f in spans), wait=sum(f.wait for f in spans),
+        step=sum(f.step for f in spans),
+        stages={name: sum(f.stages.get(name, 0.0) for f in spans) for name in STAGES},
+        storage=sum(f.storage for f in spans), busy=sum(f.busy for f in spans),
+        threads=first.threads, slices=sum(f.slices for f in spans),
+        requests=sum(f.requests for f in spans),
+        bytes_fetched=sum(f.bytes_fetched for f in spans),
+        retries=sum(f.retries for f in spans), skipped=sum(f.skipped for f in spans),
+        cache_hits=sum(f.cache_hits for f in spans), cores=first.cores)

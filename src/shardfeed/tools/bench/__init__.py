@@ -35,6 +35,7 @@ from shardfeed.tools.bench.measure import (
     memory_figures,
     rate_figures,
     setup_figures,
+    stage_figures,
 )
 from shardfeed.tools.bench.probe import RssSampler, decode_limit, sample_encoded
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
@@ -168,7 +169,9 @@ def bench(
     ``time_to_first_batch_s``,
     ``memory_bound_bytes``, ``peak_rss_bytes``, ``rss_growth_bytes``, ``within_bound``,
     ``decode_limit`` (images/s and MPix/s of full decodes), ``ratio_to_decode_limit``,
-    ``timeline`` and the options used.
+    ``timeline``, ``stages`` (where the loader's threads spent the measured stretch: see
+    :meth:`shardfeed.pipeline.Loader.stats`) and ``stage_timeline``, ``plot`` and
+    ``stage_plot`` (``plot`` with ``-stages`` before its suffix), and the options used.
     """
     if options is None:
         options = BenchOptions(**option_values)
@@ -186,11 +189,13 @@ def bench(
             dataset.close()
     result["source"] = os.fspath(path_or_dataset) if owned else type(path_or_dataset).__name__
     if plot is not None:
-        from shardfeed.tools.bench.plot import plot_throughput
+        from shardfeed.tools.bench.plot import plot_stages, plot_throughput, stages_path
 
         result["plot"] = str(plot_throughput(result, plot))
+        drawn = plot_stages(result, stages_path(plot))
+        result["stage_plot"] = None if drawn is None else str(drawn)
     else:
-        result["plot"] = None
+        result["plot"] = result["stage_plot"] = None
     return result
 
 
@@ -225,6 +230,7 @@ def _run(dataset: Any, options: BenchOptions, *, progress: bool) -> dict[str, An
         **setup_figures(dataset, options, source),
         **rate_figures(dataset, options, measured),
         **memory_figures(options, budget, rss, measured),
+        **stage_figures(measured),
     }
     growth = None
     if rss.peak_bytes is not None and rss.start_bytes is not None:

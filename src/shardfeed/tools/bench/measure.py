@@ -111,6 +111,12 @@ class Measured:
     read_to: int | None = None
     decodes_from: int | None = None
     decodes_to: int | None = None
+    # where the time went: (seconds since the measured stretch began, the window's figures)
+    stages: list[tuple[float, Any]] = field(default_factory=list)
+
+
+STAGE_TICK_S = 0.5
+"""How often the stage figures are taken while measuring (each a window of the stretch)."""
 
 
 def measure(loader: Any, options: BenchOptions, *, start: float, progress: bool,
@@ -141,7 +147,12 @@ def measure(loader: Any, options: BenchOptions, *, start: float, progress: bool,
                 measure_from, measured.read_from = now, bytes_read()
                 measured.decodes_from = None if decodes is None else decodes()
                 bar.set_description("measuring")
+                loader.stats()  # the stage figures' window starts here
+                tick = now + STAGE_TICK_S
             continue
+        if now >= tick:
+            measured.stages.append((now - measure_from, loader.stats().window))
+            tick = now + STAGE_TICK_S
         measured.samples += samples
         measured.batches += 1
         measured.pixels += samples * pixels
@@ -150,8 +161,23 @@ def measure(loader: Any, options: BenchOptions, *, start: float, progress: bool,
             break
     measured.read_to = bytes_read()
     measured.decodes_to = None if decodes is None else decodes()
+    if measure_from is not None:
+        measured.stages.append((time.perf_counter() - measure_from, loader.stats().window))
     bar.close()
     return measured
+
+
+def stage_figures(measured: Measured) -> dict[str, Any]:
+    """The measured stretch's stage figures (its windows summed) and their timeline: each
+    window's threads busy in each stage (stage seconds over the window's seconds)."""
+    from shardfeed.pipeline.stage_stats import combine
+
+    windows = [w for _, w in measured.stages if w is not None]
+    if not windows:
+        return {"stages": None, "stage_timeline": []}
+    timeline = [[t, {name: seconds / w.seconds for name, seconds in w.stages.items()}
+                 if w.seconds > 0 else {}] for t, w in measured.stages if w is not None]
+    return {"stages": combine(windows).to_dict(), "stage_timeline": timeline}
 
 
 def setup_figures(dataset: Any, options: BenchOptions, source: Any) -> dict[str, Any]:

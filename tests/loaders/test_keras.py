@@ -335,3 +335,46 @@ def test_a_plain_fit_after_a_mid_epoch_restore_is_refused_with_the_recipe(
         checkpoint.fit_resumed(model, epochs=2, callbacks=[Count()], verbose=0)
         assert Count.steps == 2 + 4  # the rest of epoch 0, then epoch 1
         assert (loader.state()["epoch"], loader.state()["consumed"]) == (2, 0)
+
+
+def test_the_inputs_figures_land_in_kerass_logs(adapter_folder: Path) -> None:
+    """LoaderStatsLog puts the window's figures in the logs of every epoch (which Keras's
+    History keeps and its TensorBoard callback writes), and says the verdict."""
+    with _loader(adapter_folder, drop_last=True) as loader:
+        data = sf_keras.adapt(loader, inputs="image", targets="image/class/label")
+        model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Rescaling(1 / 255),
+                                  keras.layers.Flatten(), keras.layers.Dense(5)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        log = sf_keras.LoaderStatsLog(data)
+        history = model.fit(data, epochs=2, verbose=0, callbacks=[log])
+        seen = history.history
+        assert len(seen["input_wait_share"]) == 2
+        assert all(0 <= v <= 1 for v in seen["input_wait_share"])
+        assert all(v > 0 for v in seen["input_samples_per_s"])
+        assert all(v > 0 for v in seen["input_decode_share"])
+        assert log.verdict and data.stats().batches_total > 0
+    with pytest.raises(TypeError, match="LoaderStatsLog needs"):
+        sf_keras.LoaderStatsLog(object())
+
+
+def test_torch_writes_the_figures_to_a_summary_writer(adapter_folder: Path) -> None:
+    torch_adapter = pytest.importorskip("shardfeed.torch")
+
+    class Writer:  # what torch.utils.tensorboard.SummaryWriter offers the helper
+        def __init__(self) -> None:
+            self.scalars: list[tuple[str, float, int]] = []
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            self.scalars.append((tag, value, step))
+
+    writer = Writer()
+    with _loader(adapter_folder, drop_last=True) as loader:
+        batches = torch_adapter.adapt(loader)
+        for step, _ in enumerate(batches):
+            if step % 2 == 1:
+                stats = torch_adapter.log_stats(writer, batches, step)
+        tags = {tag for tag, _, _ in writer.scalars}
+        assert {"input/wait_share", "input/samples_per_s", "input/decode_share",
+                "input/threads_busy"} <= tags
+        assert {s for _, _, s in writer.scalars} == set(range(1, step + 1, 2))
+        assert stats.verdict

@@ -76,6 +76,14 @@ def test_records(data: dict[str, Path]) -> None:
     assert data_png.startswith(b"\x89PNG") and result["plot"] == str(plot)
     image = cv2.imdecode(np.frombuffer(data_png, np.uint8), cv2.IMREAD_COLOR)
     assert image is not None and image.shape[1] > 400
+    # where the threads' time went, over the measured stretch, and drawn beside it
+    stages = result["stages"]
+    assert stages["batches"] == result["batches"] and stages["threads"] == 2
+    assert stages["shares"]["decode"] > 0 and 0 < stages["busy_share"] <= 1
+    assert result["stage_timeline"] and result["stage_plot"] == str(
+        plot.with_name("throughput-stages.png"))
+    drawn = cv2.imread(result["stage_plot"], cv2.IMREAD_COLOR)
+    assert drawn is not None and drawn.shape[1] > 400
 
 
 def test_eval_preset_reads_in_order(data: dict[str, Path]) -> None:
@@ -183,3 +191,19 @@ def test_read_rate_counts_the_records_of_memory_mapped_shards(
     line = next(x for x in capsys.readouterr().out.splitlines() if "MB/s read" in x)
     shown = float(line.split()[2].replace(",", ""))
     assert shown > 0 and "records/s x" in line and "kB, their mean size" in line
+
+
+def test_what_if_measures_the_change_beside_the_run(data: dict[str, Path],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from shardfeed.cli.main import main
+
+    assert main(["bench", str(data["labelled"]), "--size", "32", "--batch", "16",
+                 "--seconds", "0.3", "--threads", "1", "--no-progress",
+                 "--what-if", "threads=2"]) == 0
+    out = capsys.readouterr().out
+    assert "threads       busy" in out and "decode" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("what if threads=2:"))
+    assert "images/s (" in line and "x)" in line
+    # a name it does not know is said before anything is measured
+    assert main(["bench", str(data["labelled"]), "--what-if", "cores=2", "--no-progress"]) != 0
+    assert "give NAME=VALUE with NAME one of threads" in capsys.readouterr().err

@@ -277,9 +277,9 @@ def verdict(f: StageFigures) -> str:
     more = _more_threads(f)
     if shares["storage"] >= 0.4:
         return (f"{waits}; waiting on storage takes {shares['storage']:.0%} of the pipeline's "
-                f"time ({f.requests:,} requests): cache the shards on local disk "
-                "(Dataset(..., cache=...)) or read with more requests at once "
-                "(storage_options max_concurrency)" + (f", or {more}" if more else ""))
+                f"time ({f.requests:,} requests): keep the records on local disk "
+                "(Dataset(url, cache_dir=...)) or read more at once (Dataset(url, "
+                "source_options={'max_concurrency': 32}))" + (f", or {more}" if more else ""))
     stage = max(STAGES, key=lambda name: shares[name])
     if f.busy_share < 0.5:
         return (f"{waits}; the loader's threads are busy only {f.busy_share:.0%} of the time: "
@@ -291,11 +291,15 @@ def verdict(f: StageFigures) -> str:
               "pixels (smaller stored images, a smaller output) or decode on a GPU "
               "(decode_on='cuda')")
     tips = {
-        "read": "records read and parsed: " + (more or "use local shards or a disk cache"),
+        "read": (f"use {more}" if more else
+                 "keep the records on local disk (Dataset(url, cache_dir=...))" if f.requests
+                 else "reading and parsing the records is the work here: more cores, or "
+                      "fewer, larger records"),
         "decode": decode,
         "transform": "make the ops after the decode lighter, or move them to the GPU"
-                     + (f", or {more}" if more else ""),
-        "assemble": "rows written into batches: " + (more or "use fewer, larger slices"),
+                     + (f", or use {more}" if more else ""),
+        "assemble": (f"use {more}" if more else "copying rows into batches is the work here: "
+                     "fewer features, or smaller arrays"),
     }
     words = {"read": "reading records", "decode": "decoding", "transform": "the transform",
              "assemble": "assembling batches"}

@@ -151,11 +151,11 @@ def test_the_window_is_the_time_since_the_last_call() -> None:
 
 
 def _figures(**changes: Any) -> StageFigures:
-    base: dict[str, Any] = dict(
-        seconds=10.0, batches=100, samples=6400, wait=5.0, step=5.0,
-        stages={"read": 1.0, "decode": 15.0, "transform": 2.0, "assemble": 0.5},
-        storage=0.0, busy=18.5, threads=2, slices=400, requests=0, bytes_fetched=0,
-        retries=0, skipped=0, cores=2)
+    base: dict[str, Any] = {
+        "seconds": 10.0, "batches": 100, "samples": 6400, "wait": 5.0, "step": 5.0,
+        "stages": {"read": 1.0, "decode": 15.0, "transform": 2.0, "assemble": 0.5},
+        "storage": 0.0, "busy": 18.5, "threads": 2, "slices": 400, "requests": 0, "bytes_fetched": 0,
+        "retries": 0, "skipped": 0, "cores": 2}
     base.update(changes)
     return StageFigures(**base)
 

@@ -57,7 +57,7 @@ from shardfeed.pipeline.samplers import (
 from shardfeed.pipeline.stage_stats import ASSEMBLE, DECODE, READ, STAGES, StageClock, stage_of
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
-from shardfeed.transforms.base import Compose, bytes_into_of, has_batch_form
+from shardfeed.transforms.base import bytes_into_of, child_timings, has_batch_form
 
 BATCH_PATH_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, SchemaError)
 """What makes the batch path hand its rows to the sample-by-sample path (see build_slice)."""
@@ -341,23 +341,15 @@ class SliceBuilder:
             # a window's frames share its key: each frame draws what the sample path draws
             keyed = positions if stack is None else np.repeat(positions, frames)
             rngs = RowKeys(ctx.seed, ctx.epoch, keyed) if transform.draws_random else None
-            timings: list[tuple[Any, float]] = []
+            timings = child_timings()  # a Compose's ops, each to its stage
             try:
-                if isinstance(transform, Compose):
-                    columns = transform.apply_batch(columns, rngs, out, timings=timings)
-                else:
-                    columns = transform.apply_batch(columns, rngs, out)
+                columns = transform.apply_batch(columns, rngs, out)
             except BATCH_PATH_RETRIED:
                 raise
             except Exception as exc:  # a bug in a transform: the sample path names the record
                 raise BatchFormFailed from exc
             finally:
-                spent = time.perf_counter() - now
-                for part, seconds in timings:  # a Compose's ops, each to its stage
-                    clock.add(stage_of(part), seconds)
-                    spent -= seconds
-                clock.add(self._stage, max(spent, 0.0))
-                now = time.perf_counter()
+                now = self._add_transform(timings, time.perf_counter() - now)
             if columns is None:
                 self._read_columns = None  # no batch form for this data: stop trying
                 return False
@@ -380,7 +372,7 @@ class SliceBuilder:
         now = time.perf_counter()
         clock[READ] += now - started
         made = written = 0.0
-        stage = self._stage
+        timings = child_timings()  # a Compose's ops, each to its stage
         direct = self.direct_keys(buffer.layout)
         columns = [(k, buffer.arrays[k]) for k in direct]
         seed, epoch = ctx.seed, ctx.epoch
@@ -407,9 +399,21 @@ class SliceBuilder:
             now = time.perf_counter()
             written += now - then
             row += 1
-        clock[stage] += made
+        self._add_transform(timings, made)
         clock[ASSEMBLE] += written
         return skipped
+
+    def _add_transform(self, timings: list[tuple[Any, float]], spent: float) -> float:
+        """``spent`` seconds of making samples or running the transform's batch form, to
+        their stages: each op a Compose timed (``timings``) to its own, the rest to the
+        transform's; returns the clock now."""
+        clock = self.clock
+        for part, seconds in timings:
+            clock.add(stage_of(part), seconds)
+            spent -= seconds
+        timings.clear()
+        clock.add(self._stage, max(spent, 0.0))
+        return time.perf_counter()
 
 
 class _Where:

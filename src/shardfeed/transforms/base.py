@@ -27,6 +27,7 @@ it defines, read once when wrapped), so the pipeline reads declared attributes.
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -284,6 +285,30 @@ def output_spec_of(transform: Transform, specs: Specs) -> Specs | None:
     return result
 
 
+_TIMING = threading.local()
+
+
+def child_timings() -> list[tuple[Any, float]]:
+    """From now on, on this thread, the outermost :class:`Compose` running adds ``(child,
+    seconds)`` of each child it runs to the list returned (cleared; the same list each
+    call on a thread): how a loader sees which op its time goes to. Nested Composes are
+    their parent's child."""
+    timings: list[tuple[Any, float]] | None = getattr(_TIMING, "into", None)
+    if timings is None:
+        timings = _TIMING.into = []
+    timings.clear()
+    return timings
+
+
+def _timings_here() -> list[tuple[Any, float]] | None:
+    """This thread's timings list, for the outermost Compose only (see :func:`child_timings`):
+    None while a Compose of this thread is already timing its children."""
+    timings: list[tuple[Any, float]] | None = getattr(_TIMING, "into", None)
+    if timings is None or getattr(_TIMING, "busy", False):
+        return None
+    return timings
+
+
 class Compose(TransformBase):
     """Apply transforms in order.
 
@@ -326,6 +351,9 @@ class Compose(TransformBase):
     def __call__(
         self, sample: Sample, rng: np.random.Generator, /, *, out: np.ndarray | None = None
     ) -> Sample:
+        timings = _timings_here()
+        if timings is not None:
+            return self._timed_call(sample, rng, out, timings)
         for t in self._head:
             sample = t(sample, rng)
         if out is None:
@@ -335,16 +363,36 @@ class Compose(TransformBase):
             return result
         return call_into(self._last, sample, rng, out)
 
+    def _timed_call(self, sample: Sample, rng: np.random.Generator, out: np.ndarray | None,
+                    timings: list[tuple[Any, float]]) -> Sample:
+        """:meth:`__call__`, each child's seconds added to ``timings``."""
+        _TIMING.busy = True  # a Compose among the children is timed as one child
+        try:
+            for t in self._head:
+                started = time.perf_counter()
+                sample = t(sample, rng)
+                timings.append((t, time.perf_counter() - started))
+            started = time.perf_counter()
+            if out is None:
+                result: Sample = self._last(sample, rng)
+            elif self._last_out:
+                result = self._last(sample, rng, out=out)  # type: ignore[call-arg]
+            else:
+                result = call_into(self._last, sample, rng, out)
+            timings.append((self._last, time.perf_counter() - started))
+            return result
+        finally:
+            _TIMING.busy = False
+
     def apply_batch(
         self, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-        out: Mapping[str, np.ndarray], *, timings: list[tuple[Any, float]] | None = None,
+        out: Mapping[str, np.ndarray],
     ) -> dict[str, Any] | None:
         """The children's batch forms in turn (see :meth:`TransformBase.apply_batch`); None
         unless every child has one (:func:`has_batch_form`: a plain function has none, so a
         pipeline with one goes sample by sample) and each child before the last declares a
         fixed-shape ``"image"`` (``output_spec``), which it writes into a slice-sized buffer.
-        ``timings``: where given, ``(child, seconds)`` of each child run is appended to it
-        (the loader's stage accounting).
+        Where this thread keeps :func:`child_timings`, each child's seconds go there.
 
         Determinism: child by child over the rows, each row's generator drawn by the
         children in order, as ``__call__`` draws. Memory: one buffer a child but the last.
@@ -366,14 +414,21 @@ class Compose(TransformBase):
             outs.append({"image": np.empty((len(image_out), *shape), spec.dtype)})
         outs.append(out)
         result: dict[str, Any] | None = columns
-        for t, stage_out in zip(children, outs):
-            started = time.perf_counter()
-            result = t.apply_batch(result, rngs, stage_out)  # type: ignore[attr-defined]
+        timings = _timings_here()
+        if timings is not None:
+            _TIMING.busy = True  # a Compose among the children is timed as one child
+        try:
+            for t, stage_out in zip(children, outs):
+                started = time.perf_counter() if timings is not None else 0.0
+                result = t.apply_batch(result, rngs, stage_out)  # type: ignore[attr-defined]
+                if timings is not None:
+                    timings.append((t, time.perf_counter() - started))
+                if result is None:
+                    return None
+            return result
+        finally:
             if timings is not None:
-                timings.append((t, time.perf_counter() - started))
-            if result is None:
-                return None
-        return result
+                _TIMING.busy = False
 
     def bytes_into(self, names: Sequence[str], out: Mapping[str, np.ndarray]
                    ) -> dict[str, np.ndarray]:

@@ -175,7 +175,8 @@ def test_the_verdicts_advice_follows_the_figures(monkeypatch: pytest.MonkeyPatch
     # threads mostly idle while the step waits: the hand-over, not a stage
     idle = _figures(busy=4.0, stages={"read": 0.5, "decode": 3.0, "transform": 0.4,
                                       "assemble": 0.1})
-    assert "busy only 20% of the time" in idle.verdict()
+    assert "threads are idle 80% of the time meanwhile (decoding takes 75%" in idle.verdict()
+    assert "prefetch_batches" in idle.verdict()
     assert _figures(wait=0.01, step=9.0).verdict().startswith("input is not the bottleneck")
     remote = _figures(storage=14.0, requests=1200, stages={"read": 16.0, "decode": 2.0,
                                                            "transform": 0.3, "assemble": 0.2})

@@ -271,14 +271,17 @@ class Loader:
         """The loader's counters and where its time went: over the whole run (``run``) and
         since the previous call (``window``), with a verdict (see
         :mod:`shardfeed.pipeline.stage_stats`). Cheap: call it every few seconds."""
+        threads, ahead = self.options.num_threads, self.options.prefetch_batches
+        narrowed = sum(seconds for limit, seconds in self._gate.stats().seconds.items()
+                       if limit < threads)
         now = snapshot(self._builder.clock, self._consumer, self._datasets(),
-                       self._progress.skipped_total)
-        threads = self.options.num_threads
+                       self._progress.skipped_total, narrowed)
         first, last, self._mark = self._first_mark, self._mark, now
         p = self._progress
-        return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total,
-                           run=StageFigures.between(first, now, threads=threads),
-                           window=StageFigures.between(last, now, threads=threads))
+        return LoaderStats(
+            p.epoch, p.skipped, p.skipped_total, p.batches_total,
+            run=StageFigures.between(first, now, threads=threads, prefetch=ahead),
+            window=StageFigures.between(last, now, threads=threads, prefetch=ahead))
 
     def report(self, every: float | None = 10.0, *, display: bool = True,
                jsonl: str | os.PathLike[str] | None = None) -> None:

@@ -101,13 +101,15 @@ class ConsumerClock:
     """The consumer's wait for each batch and its time between batches (one thread at a time
     iterates a loader's pass)."""
 
-    __slots__ = ("_asked", "_returned", "batches", "samples", "step", "wait")
+    __slots__ = ("_asked", "_first", "_returned", "batches", "samples", "start_wait", "step",
+                 "wait")
 
     def __init__(self) -> None:
-        self.wait = self.step = 0.0
+        self.wait = self.step = self.start_wait = 0.0
         self.batches = self.samples = 0
         self._returned: float | None = None  # when the last batch was handed out
         self._asked = 0.0
+        self._first = True  # the next batch is a pass's first
 
     def asked(self) -> None:
         """The consumer asks for the next batch."""
@@ -119,7 +121,11 @@ class ConsumerClock:
     def handed(self, samples: int) -> None:
         """The batch asked for is handed out (``samples`` rows)."""
         now = time.perf_counter()
-        self.wait += now - self._asked
+        waited = now - self._asked
+        self.wait += waited
+        if self._first:  # a pass's first batch: made after the pass began
+            self.start_wait += waited
+            self._first = False
         self.batches += 1
         self.samples += samples
         self._returned = now
@@ -129,6 +135,7 @@ class ConsumerClock:
         now = time.perf_counter()
         self.wait += now - self._asked
         self._returned = None
+        self._first = True
 
 
 class Timed:
@@ -175,10 +182,12 @@ class Snapshot:
     clock: tuple[float, ...]
     wait: float
     step: float
+    start_wait: float
     batches: int
     samples: int
     storage: dict[str, float]
     skipped: int
+    narrowed: float = 0.0  # seconds the loader built fewer slices at once than its threads
 
 
 @dataclass(frozen=True)
@@ -202,10 +211,14 @@ class StageFigures:
     retries: int
     skipped: int
     cache_hits: int = 0
+    start_wait: float = 0.0  # of ``wait``: for the first batch of each pass
+    prefetch: int = 0  # batches the loader makes ahead (its prefetch_batches)
+    narrowed: float = 0.0  # seconds it built fewer slices at once than its threads
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     @classmethod
-    def between(cls, a: Snapshot, b: Snapshot, *, threads: int) -> StageFigures:
+    def between(cls, a: Snapshot, b: Snapshot, *, threads: int,
+                prefetch: int = 0) -> StageFigures:
         clock = [y - x for x, y in zip(a.clock, b.clock)]
 
         def storage(name: str) -> float:
@@ -218,7 +231,9 @@ class StageFigures:
             storage=storage("seconds"), busy=clock[len(STAGES)], threads=threads,
             slices=int(clock[len(STAGES) + 1]), requests=int(storage("requests")),
             bytes_fetched=int(storage("bytes_fetched")), retries=int(storage("retries")),
-            cache_hits=int(storage("cache_hits")), skipped=b.skipped - a.skipped)
+            cache_hits=int(storage("cache_hits")), skipped=b.skipped - a.skipped,
+            start_wait=b.start_wait - a.start_wait, prefetch=prefetch,
+            narrowed=b.narrowed - a.narrowed)
 
     @property
     def wait_share(self) -> float:
@@ -253,7 +268,9 @@ class StageFigures:
         return {
             "seconds": self.seconds, "batches": self.batches, "samples": self.samples,
             "samples_per_s": self.samples_per_s, "wait": self.wait, "step": self.step,
-            "wait_share": self.wait_share, "stages": dict(self.stages),
+            "wait_share": self.wait_share, "start_wait": self.start_wait,
+            "narrowed": self.narrowed,
+            "stages": dict(self.stages),
             "storage": self.storage, "busy": self.busy, "busy_share": self.busy_share,
             "threads": self.threads, "slices": self.slices, "shares": self.shares(),
             "requests": self.requests, "bytes_fetched": self.bytes_fetched,
@@ -271,6 +288,11 @@ def verdict(f: StageFigures) -> str:
     if f.wait_share < QUIET_WAIT:
         return (f"input is not the bottleneck: the training step waits {f.wait_share:.1%} "
                 "of its time for data")
+    running = (f.wait - f.start_wait) / (f.wait + f.step)
+    if running < QUIET_WAIT:
+        return (f"{waits}: {f.start_wait / (f.wait + f.step):.0%} for the first batch of "
+                f"each pass (made once the pass begins), {running:.1%} while passes run: input "
+                "keeps up; longer epochs (or fewer passes) make the start's share smaller")
     shares = f.shares()
     if f.busy <= 0:
         return f"{waits}; no slice was built meanwhile (a pass starting, or batches made ahead)"
@@ -281,10 +303,18 @@ def verdict(f: StageFigures) -> str:
                 "(Dataset(url, cache_dir=...)) or read more at once (Dataset(url, "
                 "source_options={'max_concurrency': 32}))" + (f", or {more}" if more else ""))
     stage = max(STAGES, key=lambda name: shares[name])
-    if f.busy_share < 0.5:
-        return (f"{waits}; the loader's threads are busy only {f.busy_share:.0%} of the time: "
-                "the hand-over between them and the consumer is the limit (one process "
-                "holding the GIL): try workers='processes', or fewer, larger slices")
+    if f.busy_share < 0.8:
+        narrowed = f.narrowed / f.seconds if f.seconds > 0 else 0.0
+        ahead = (f"for {narrowed:.0%} of the time the loader built fewer slices at once than "
+                 "it has threads, measuring whether fewer build faster (a cost that shrinks "
+                 "as a run goes on; adaptive_threads=False keeps every thread building)"
+                 if narrowed >= 0.1 else
+                 f"let them make more batches ahead (prefetch_batches={2 * f.prefetch}; now "
+                 f"{f.prefetch})" if f.prefetch else "let them make more batches ahead "
+                 "(prefetch_batches)")
+        return (f"{waits}; the loader's threads are idle {1 - f.busy_share:.0%} of the time "
+                f"meanwhile ({words_of(stage)} takes {shares[stage]:.0%} of their work): "
+                f"{ahead}")
     decode = (f"use {more}" if more else
               "try decode_on='cuda' (the presets)" if _has_gpu() else
               f"every core decodes already ({f.threads} threads, {f.cores} cores): decode fewer "
@@ -301,10 +331,13 @@ def verdict(f: StageFigures) -> str:
         "assemble": (f"use {more}" if more else "copying rows into batches is the work here: "
                      "fewer features, or smaller arrays"),
     }
-    words = {"read": "reading records", "decode": "decoding", "transform": "the transform",
-             "assemble": "assembling batches"}
-    return (f"{waits}; {words[stage]} takes {shares[stage]:.0%} of the pipeline's time: "
+    return (f"{waits}; {words_of(stage)} takes {shares[stage]:.0%} of the pipeline's time: "
             f"{tips[stage]}")
+
+
+def words_of(stage: str) -> str:
+    return {"read": "reading records", "decode": "decoding", "transform": "the transform",
+            "assemble": "assembling batches"}[stage]
 
 
 def _has_gpu() -> bool:
@@ -321,7 +354,7 @@ def _more_threads(f: StageFigures) -> str:
 
 
 def snapshot(clock: StageClock, consumer: ConsumerClock, datasets: list[Any],
-             skipped: int) -> Snapshot:
+             skipped: int, narrowed: float = 0.0) -> Snapshot:
     """The counters now: the stage clock's, the consumer's, and the storage counters summed
     over ``datasets`` (their ``storage_stats()``: requests, bytes, retries, seconds, disk
     cache hits)."""
@@ -338,7 +371,8 @@ def snapshot(clock: StageClock, consumer: ConsumerClock, datasets: list[Any],
             if isinstance(value, (int, float)):
                 storage[key] = storage.get(key, 0.0) + float(value)
     return Snapshot(time.perf_counter(), tuple(clock.totals()), consumer.wait, consumer.step,
-                    consumer.batches, consumer.samples, storage, skipped)
+                    consumer.start_wait, consumer.batches, consumer.samples, storage, skipped,
+                    narrowed)
 
 
 @dataclass(frozen=True)
@@ -402,4 +436,6 @@ def combine(spans: list[StageFigures]) -> StageFigures:
         requests=sum(f.requests for f in spans),
         bytes_fetched=sum(f.bytes_fetched for f in spans),
         retries=sum(f.retries for f in spans), skipped=sum(f.skipped for f in spans),
-        cache_hits=sum(f.cache_hits for f in spans), cores=first.cores)
+        cache_hits=sum(f.cache_hits for f in spans), cores=first.cores,
+        start_wait=sum(f.start_wait for f in spans), prefetch=first.prefetch,
+        narrowed=sum(f.narrowed for f in spans))

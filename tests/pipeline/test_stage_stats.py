@@ -183,3 +183,46 @@ def test_the_verdicts_advice_follows_the_figures(monkeypatch: pytest.MonkeyPatch
     assert "waiting on storage takes 76%" in remote.verdict()
     assert "cache_dir" in remote.verdict() and "1,200 requests" in remote.verdict()
     assert set(remote.to_dict()) >= {"wait_share", "shares", "verdict", "busy_share"}
+
+
+def test_each_reader_has_its_own_window_and_a_stopped_report_writes_nothing(
+        tmp_path: Path) -> None:
+    log = tmp_path / "input.jsonl"
+    with Loader(Dataset(str(_photos(tmp_path / "d", count=64))), batch_size=8, num_threads=2,
+                transform=presets.train(size=32)) as loader:
+        mine = loader.stats_window()
+        batches = iter(loader)
+        loader.report(every=1e-6, display=False, jsonl=log)  # attached mid-pass: it ticks
+        for _ in range(4):
+            next(batches)
+        loader.stats()  # another reader's call does not shorten mine
+        loader.report(None)
+        written = len(log.read_text().splitlines())
+        for _ in batches:
+            pass
+        assert len(log.read_text().splitlines()) == written >= 3  # stopped: nothing more
+        assert loader.stats(mine).window.batches == 8
+        assert loader.stats(mine).window.batches == 0
+
+
+def test_a_pass_left_early_starts_the_next_with_its_first_batch() -> None:
+    consumer = ConsumerClock()
+    consumer.new_pass()
+    consumer.asked()
+    consumer.handed(4)  # a first batch: its wait is the pass's start
+    consumer.asked()
+    consumer.handed(4)
+    started = consumer.start_wait
+    time.sleep(0.01)  # the loop broke out; the next pass begins later
+    consumer.new_pass()
+    consumer.asked()
+    consumer.handed(4)
+    assert consumer.step < 0.01  # the gap between passes is no training step
+    assert consumer.start_wait > started
+
+
+def test_worker_processes_are_said_to_keep_their_stage_times() -> None:
+    said = _figures(processes=True, busy=0.0,
+                    stages={"read": 0.0, "decode": 0.0, "transform": 0.0,
+                            "assemble": 0.0}).verdict()
+    assert "worker processes, whose stage times are not collected" in said

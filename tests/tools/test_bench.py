@@ -207,3 +207,9 @@ def test_what_if_measures_the_change_beside_the_run(data: dict[str, Path],
     # a name it does not know is said before anything is measured
     assert main(["bench", str(data["labelled"]), "--what-if", "cores=2", "--no-progress"]) != 0
     assert "give NAME=VALUE with NAME one of threads" in capsys.readouterr().err
+    assert main(["bench", str(data["labelled"]), "--what-if", "threads=abc",
+                 "--no-progress"]) != 0
+    assert "--what-if 'threads=abc'" in capsys.readouterr().err
+    assert main(["bench", str(data["labelled"]), "--what-if", "cache-images=8",
+                 "--no-progress"]) != 0
+    assert "belongs to --patches" in capsys.readouterr().err

@@ -218,3 +218,27 @@ def test_a_jpeg_it_leaves_is_still_named(tmp_path: Path) -> None:
     with Loader(ds, batch_size=8, seed=4, transform=presets.train(size=96), num_threads=2,
                 on_error="skip") as ld:
         assert sum(len(b["image"]) for b in ld) == 16  # replaced, as the Python path does
+
+
+def test_a_call_that_gives_other_pixels_is_not_used(monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Built against another libjpeg, the call would give other bytes: the once-a-process
+    check finds it, says so, and every crop goes the Python path."""
+
+    class OtherLibjpeg:
+        @staticmethod
+        def crop_rows(values: Any, table: Any, out: Any, *args: Any) -> bytes:
+            out[...] = 7
+            return bytes([1] * len(table))
+
+    monkeypatch.setattr(native_rows, "compiled", OtherLibjpeg)
+    monkeypatch.setattr(native_rows, "_checked", [])
+    with caplog.at_level("WARNING"):
+        assert not native_rows.agrees()
+    assert "crops are made by the Python path" in caplog.text
+    op = _crop_op((32, 32), True)
+    image_out = np.zeros((1, 32, 32, 3), np.uint8)
+    data = _jpeg(np.random.default_rng(1), 60, 80)
+    assert native_rows.native_rows_into(op, [data], [(60, 80, 0, 0, 40, 50, 0)], image_out,
+                                        []) == 0
+    assert not image_out.any()

@@ -230,8 +230,13 @@ def what_if(text: str, options: Any) -> tuple[str, Any]:
         raise ValueError(f"--what-if {text!r}: give NAME=VALUE with NAME one of "
                          f"{', '.join(_WHAT_IF)} (e.g. --what-if threads=16)")
     field = _WHAT_IF[name]
-    parsed: Any = value.strip() if field == "preset" else common.positive_int(value)
-    return f"{name}={value.strip()}", dataclasses.replace(options, **{field: parsed})
+    if field in ("cache_images", "refresh_every") and options.patches is None:
+        raise ValueError(f"--what-if {text!r}: {name} belongs to --patches: add --patches SIZE")
+    try:
+        parsed: Any = value.strip() if field == "preset" else common.positive_int(value)
+        return f"{name}={value.strip()}", dataclasses.replace(options, **{field: parsed})
+    except (argparse.ArgumentTypeError, TypeError) as exc:
+        raise ValueError(f"--what-if {text!r}: {exc}") from None
 
 
 def compare_line(label: str, result: dict[str, Any], other: dict[str, Any]) -> str:

@@ -411,9 +411,10 @@ class LoaderStatsLog(keras.callbacks.Callback):  # type: ignore[misc]
         self.loader = loader
         self.every_steps = every_steps
         self.verdict = ""
+        self._window = loader.stats_window()  # its own: other readers do not shorten it
 
     def _add(self, logs: dict[str, Any] | None) -> None:
-        stats = self.loader.stats()
+        stats = self.loader.stats(self._window)
         self.verdict = stats.verdict
         if logs is None or stats.window is None:
             return

@@ -19,6 +19,7 @@ Determinism, state and memory: the loader's; ``state()`` / ``restore()`` are the
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -139,14 +140,25 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
     )
 
 
+_WINDOWS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Any]] = (
+    weakref.WeakKeyDictionary())
+"""log_stats' window of each writer, a loader."""
+
+
 def log_stats(writer: Any, loader: Any, step: int, *, prefix: str = "input/") -> Any:
     """Write :meth:`Loader.stats` of the time since the last call as scalars of a
     TensorBoard ``SummaryWriter`` (``torch.utils.tensorboard``; anything with
     ``add_scalar(tag, value, step)``) at ``step``: ``input/wait_share`` (the share of the
     step's time spent waiting for data), ``input/samples_per_s``, ``input/threads_busy`` and
-    ``input/<stage>_share``. ``loader``: the Loader or its adapter. Returns the stats (their
-    ``verdict`` says what to try)."""
-    stats = loader.stats()
+    ``input/<stage>_share``. ``loader``: the Loader or its adapter. Each writer has a window
+    of its own (the time since its previous call). Returns the stats (their ``verdict``
+    says what to try)."""
+    windows = _WINDOWS.setdefault(loader.loader if isinstance(loader, AdaptedLoader) else loader,
+                                  weakref.WeakKeyDictionary())
+    window = windows.get(writer)
+    if window is None:
+        window = windows[writer] = loader.stats_window()
+    stats = loader.stats(window)
     if stats.window is not None:
         for tag, value in scalars(stats.window, prefix=prefix).items():
             writer.add_scalar(tag, value, step)

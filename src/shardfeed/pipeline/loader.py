@@ -26,13 +26,14 @@ import contextlib
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from shardfeed.errors import TooManyErrorsError
+from shardfeed.pipeline import stage_stats
 from shardfeed.pipeline.batch_stage import (
     BatchStage,
     as_stages,
@@ -73,6 +74,7 @@ from shardfeed.pipeline.stage_stats import (
     ConsumerClock,
     LoaderStats,
     StageFigures,
+    StatsWindow,
     Timed,
     snapshot,
 )
@@ -220,7 +222,8 @@ class Loader:
         self._reserved = 0  # batches a consumer keeps alive (reserve_held_batches)
         self._consumer = ConsumerClock()  # the consumer's wait and step (see stats)
         self._report: StatsReport | None = None
-        self._first_mark = self._mark = snapshot(self._builder.clock, self._consumer, [], 0)
+        self._first_mark = self._snapshot()
+        self._window = StatsWindow(self._first_mark)  # the window of a plain stats()
         self._open_nothing()
 
     def _open_nothing(self) -> None:
@@ -267,21 +270,34 @@ class Loader:
     def epoch(self) -> int:
         return self._progress.epoch
 
-    def stats(self) -> LoaderStats:
+    def stats(self, window: StatsWindow | None = None) -> LoaderStats:
         """The loader's counters and where its time went: over the whole run (``run``) and
         since the previous call (``window``), with a verdict (see
-        :mod:`shardfeed.pipeline.stage_stats`). Cheap: call it every few seconds."""
-        threads, ahead = self.options.num_threads, self.options.prefetch_batches
-        narrowed = sum(seconds for limit, seconds in self._gate.stats().seconds.items()
-                       if limit < threads)
-        now = snapshot(self._builder.clock, self._consumer, self._datasets(),
-                       self._progress.skipped_total, narrowed)
-        first, last, self._mark = self._first_mark, self._mark, now
+        :mod:`shardfeed.pipeline.stage_stats`). Cheap: call it every few seconds.
+        ``window``: measure the window from that mark (:meth:`stats_window`) instead of the
+        loader's own, so that readers of the figures do not shorten each other's."""
+        window = self._window if window is None else window
+        now = self._snapshot()
+        last, window.mark = window.mark, now
+        o = self.options
+        shape: dict[str, Any] = {
+            "threads": o.num_threads, "prefetch": o.prefetch_batches,
+            "processes": o.workers == "processes",
+            "device_decode": stage_stats.device_decode(self._transform)}
         p = self._progress
-        return LoaderStats(
-            p.epoch, p.skipped, p.skipped_total, p.batches_total,
-            run=StageFigures.between(first, now, threads=threads, prefetch=ahead),
-            window=StageFigures.between(last, now, threads=threads, prefetch=ahead))
+        return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total,
+                           run=StageFigures.between(self._first_mark, now, **shape),
+                           window=StageFigures.between(last, now, **shape))
+
+    def stats_window(self) -> StatsWindow:
+        """A window of :meth:`stats` of its own, from now: ``loader.stats(window=w)``
+        measures since ``w``'s previous call, whoever else asks for stats meanwhile."""
+        return StatsWindow(self._snapshot())
+
+    def _snapshot(self) -> Any:
+        trials = self._gate.stats().off_choice_seconds  # time at a limit not chosen
+        return snapshot(self._builder.clock, self._consumer, self._datasets(),
+                        self._progress.skipped_total, trials)
 
     def report(self, every: float | None = 10.0, *, display: bool = True,
                jsonl: str | os.PathLike[str] | None = None) -> None:
@@ -293,12 +309,15 @@ class Loader:
             self._report.close()
             self._report = None
         if every is not None:
-            self._report = StatsReport(self.stats, every=every, display=display, jsonl=jsonl,
-                                       total=None)
+            window = self.stats_window()
+            self._report = StatsReport(lambda: self.stats(window), every=every,
+                                       display=display, jsonl=jsonl, total=None)
 
-    def _tick(self) -> Callable[[], None] | None:
+    def _tick(self) -> None:
+        """After each batch handed out: the report's tick, if one is attached now."""
         report = self._report
-        return None if report is None else report.tick
+        if report is not None:
+            report.tick()
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``; keep the position if it is the current epoch."""
@@ -586,16 +605,17 @@ class Loader:
         if bound is not None:
             self._gate.hold(bound)
         handout = HandOut(self._run, closed=lambda: self._closed)
+        self._consumer.new_pass()
         depth = ahead_depth(self.batch_stages)
         if depth == 0:
-            return Timed(handout, self._consumer, self._tick())
+            return Timed(handout, self._consumer, self._tick)
         progress, epoch, start = self._progress, ctx.epoch, self._progress.consumed
         self._ahead = RunAhead(
             handout, depth=depth, stages=self.batch_stages,
             counters=lambda: (progress.epoch, progress.consumed, progress.skipped),
             where=lambda k: f"batch {k} of the pass over epoch {epoch} that began at "
                             f"consumed={start} (batch size {opts.batch_size})")
-        return Timed(self._ahead, self._consumer, self._tick())
+        return Timed(self._ahead, self._consumer, self._tick)
 
     def add_batch_stage(self, stage: BatchStage, /) -> None:
         """Append ``stage`` to the batch stages (an adapter's own, such as the GPU decode);

@@ -206,6 +206,8 @@ class Patches(SamplerBase):
 
     # -- the Sampler protocol -----------------------------------------------------------------
 
+    decodes_images = True  # its samples' pixels are its own decodes (the loader's stage figures)
+
     def samples_per_epoch(self, num_units: int) -> int:
         return len(PatchSchedule(num_units, cache_images=self.options.cache_images,
                                  refresh_every=self.options.refresh_every))
@@ -286,8 +288,9 @@ class Patches(SamplerBase):
         the batch as it is. SchemaError where these rows are never for it (images with
         masks, ``transform`` without a batch form for them: the caller stops asking);
         :class:`BatchFormFailed` where the transform's batch form raised (a bug in it). Data
-        errors propagate (the sample path then names or skips the record). One image is
-        held at a time, as on the sample path."""
+        errors propagate (the sample path then names or skips the record). Without a cache
+        one image is held at a time, as on the sample path; with one, the slice's images (a
+        cached one costs nothing more)."""
         field = next((f for f in buffer.layout.fields if f.name == "image"), None)
         if field is None or not field.is_array or field.squeeze or not len(positions):
             return False

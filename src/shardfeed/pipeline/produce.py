@@ -57,7 +57,7 @@ from shardfeed.pipeline.samplers import (
 from shardfeed.pipeline.stage_stats import ASSEMBLE, DECODE, READ, STAGES, StageClock, stage_of
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
-from shardfeed.transforms.base import bytes_into_of, child_timings, has_batch_form
+from shardfeed.transforms.base import bytes_into_of, child_timings, has_batch_form, stop_timings
 
 BATCH_PATH_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, SchemaError)
 """What makes the batch path hand its rows to the sample-by-sample path (see build_slice)."""
@@ -109,7 +109,10 @@ class SliceBuilder:
         self._native = NativeSlices.of(sampler, transform) if self._read_columns else None
         self.clock = StageClock()  # where the slices' time goes (see stage_stats)
         self._stage_native = DECODE  # the compiled slices and Patches' rows: read and decode
-        self._stage = stage_of(transform)  # the whole transform's stage, sample by sample
+        # the whole transform's stage, sample by sample (a sampler that decodes its images,
+        # Patches, makes its samples' pixels itself)
+        self._stage = (DECODE if transform is None and getattr(sampler, "decodes_images", False)
+                       else stage_of(transform))
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
         """The keys samples write straight into the batch for ``layout`` (see module doc)."""
@@ -283,6 +286,7 @@ class SliceBuilder:
         build_rows = self._build_rows
         if build_rows is not None:
             started = time.perf_counter()
+            timings = child_timings()  # the transform after the rows: its ops' own stages
             try:
                 if build_rows(ctx, positions, buffer, first_row, self.transform):
                     return 0
@@ -291,7 +295,7 @@ class SliceBuilder:
             except SchemaError:
                 self._build_rows = None  # rows this sampler cannot write: stop trying
             finally:
-                clock.add(self._stage_native, time.perf_counter() - started)
+                self._add_transform(timings, time.perf_counter() - started, DECODE)
         read_columns = self._read_columns  # once: another thread may turn the path off
         if read_columns is not None:
             try:
@@ -403,16 +407,18 @@ class SliceBuilder:
         clock[ASSEMBLE] += written
         return skipped
 
-    def _add_transform(self, timings: list[tuple[Any, float]], spent: float) -> float:
+    def _add_transform(self, timings: list[tuple[Any, float]], spent: float,
+                       rest: int | None = None) -> float:
         """``spent`` seconds of making samples or running the transform's batch form, to
-        their stages: each op a Compose timed (``timings``) to its own, the rest to the
-        transform's; returns the clock now."""
+        their stages: each op a Compose timed (``timings``) to its own, the rest to
+        ``rest`` (the transform's stage where None); returns the clock now."""
+        stop_timings()
         clock = self.clock
         for part, seconds in timings:
             clock.add(stage_of(part), seconds)
             spent -= seconds
         timings.clear()
-        clock.add(self._stage, max(spent, 0.0))
+        clock.add(self._stage if rest is None else rest, max(spent, 0.0))
         return time.perf_counter()
 
 

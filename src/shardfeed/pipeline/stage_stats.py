@@ -11,8 +11,9 @@ Always on and cheap (a few clock reads a slice and two a batch). Two sides are m
       transform  the transform's other ops (crops of decoded arrays, jitter, normalising)
       assemble   rows written into the batch, windows stacked, patches cut
 
-  and ``storage``: the seconds the dataset's storage calls took (GETs and disk-cache reads,
-  by whatever thread), a part of ``read`` where the slice itself waited for them.
+  and ``storage``: the seconds the dataset's reads from object storage took (its GETs, by
+  whatever thread: a slice's own or a read ahead), the dataset's counters (shared by the
+  loaders reading one Dataset).
   ``busy`` is the seconds the threads spent building slices, ``threads`` how many may.
 - the **consumer** (the code that iterates the loader, or the adapter's stage over it):
   ``wait``, the seconds it waited inside ``next()`` for a batch, and ``step``, the seconds it
@@ -49,6 +50,12 @@ READ, DECODE, TRANSFORM, ASSEMBLE = range(len(STAGES))
 
 QUIET_WAIT = 0.05
 """A consumer that waits less than this share of its time is not held up by its input."""
+
+
+def device_decode(transform: Any) -> bool:
+    """Whether ``transform`` is (or holds) the CPU half of a decode on the GPU."""
+    parts = transform.transforms if isinstance(transform, Compose) else (transform,)
+    return any(isinstance(p, DevicePlan) for p in parts)
 
 
 def stage_of(transform: Any) -> int:
@@ -130,6 +137,11 @@ class ConsumerClock:
         self.samples += samples
         self._returned = now
 
+    def new_pass(self) -> None:
+        """A pass begins (one left early, by ``break``, never said it ended)."""
+        self._returned = None
+        self._first = True
+
     def ended(self) -> None:
         """The pass ended (the next ``asked`` starts no step)."""
         now = time.perf_counter()
@@ -187,7 +199,7 @@ class Snapshot:
     samples: int
     storage: dict[str, float]
     skipped: int
-    narrowed: float = 0.0  # seconds the loader built fewer slices at once than its threads
+    narrowed: float = 0.0  # seconds the slice gate spent trying a limit it had not chosen
 
 
 @dataclass(frozen=True)
@@ -213,16 +225,19 @@ class StageFigures:
     cache_hits: int = 0
     start_wait: float = 0.0  # of ``wait``: for the first batch of each pass
     prefetch: int = 0  # batches the loader makes ahead (its prefetch_batches)
-    narrowed: float = 0.0  # seconds it built fewer slices at once than its threads
+    narrowed: float = 0.0  # seconds the slice gate spent trying a limit it had not chosen
+    processes: bool = False  # slices built in worker processes: stage seconds not collected
+    device_decode: bool = False  # the transform is the CPU half of a GPU decode
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     @classmethod
-    def between(cls, a: Snapshot, b: Snapshot, *, threads: int,
-                prefetch: int = 0) -> StageFigures:
+    def between(cls, a: Snapshot, b: Snapshot, *, threads: int, prefetch: int = 0,
+                processes: bool = False, device_decode: bool = False) -> StageFigures:
         clock = [y - x for x, y in zip(a.clock, b.clock)]
 
         def storage(name: str) -> float:
-            return b.storage.get(name, 0.0) - a.storage.get(name, 0.0)
+            # a dataset closed meanwhile takes its counters along: never below zero
+            return max(0.0, b.storage.get(name, 0.0) - a.storage.get(name, 0.0))
 
         return cls(
             seconds=b.at - a.at, batches=b.batches - a.batches, samples=b.samples - a.samples,
@@ -233,7 +248,8 @@ class StageFigures:
             bytes_fetched=int(storage("bytes_fetched")), retries=int(storage("retries")),
             cache_hits=int(storage("cache_hits")), skipped=b.skipped - a.skipped,
             start_wait=b.start_wait - a.start_wait, prefetch=prefetch,
-            narrowed=b.narrowed - a.narrowed)
+            narrowed=b.narrowed - a.narrowed, processes=processes,
+            device_decode=device_decode)
 
     @property
     def wait_share(self) -> float:
@@ -257,7 +273,9 @@ class StageFigures:
         busy = self.busy
         out = {name: (seconds / busy if busy > 0 else 0.0)
                for name, seconds in self.stages.items()}
-        out["storage"] = min(out.get("read", 0.0), self.storage / busy) if busy > 0 else 0.0
+        # storage calls may run on other threads (reads ahead, Patches' decodes ahead): their
+        # seconds against the slices' time, at most all of it
+        out["storage"] = min(1.0, self.storage / busy) if busy > 0 else 0.0
         return out
 
     def verdict(self) -> str:
@@ -294,6 +312,10 @@ def verdict(f: StageFigures) -> str:
                 f"each pass (made once the pass begins), {running:.1%} while passes run: input "
                 "keeps up; longer epochs (or fewer passes) make the start's share smaller")
     shares = f.shares()
+    if f.processes and f.busy <= 0:
+        return (f"{waits}; slices are built in worker processes, whose stage times are not "
+                "collected: bench the same pipeline with workers='threads' (shardfeed bench) "
+                "to see which stage is slow")
     if f.busy <= 0:
         return f"{waits}; no slice was built meanwhile (a pass starting, or batches made ahead)"
     more = _more_threads(f)
@@ -305,9 +327,9 @@ def verdict(f: StageFigures) -> str:
     stage = max(STAGES, key=lambda name: shares[name])
     if f.busy_share < 0.8:
         narrowed = f.narrowed / f.seconds if f.seconds > 0 else 0.0
-        ahead = (f"for {narrowed:.0%} of the time the loader built fewer slices at once than "
-                 "it has threads, measuring whether fewer build faster (a cost that shrinks "
-                 "as a run goes on; adaptive_threads=False keeps every thread building)"
+        ahead = (f"for {narrowed:.0%} of the time the loader tried building fewer slices at "
+                 "once, measuring whether fewer build faster (a cost that shrinks as a run "
+                 "goes on; adaptive_threads=False keeps every thread building)"
                  if narrowed >= 0.1 else
                  f"let them make more batches ahead (prefetch_batches={2 * f.prefetch}; now "
                  f"{f.prefetch})" if f.prefetch else "let them make more batches ahead "
@@ -316,6 +338,8 @@ def verdict(f: StageFigures) -> str:
                 f"meanwhile ({words_of(stage)} takes {shares[stage]:.0%} of their work): "
                 f"{ahead}")
     decode = (f"use {more}" if more else
+              "the GPU decode's CPU half (crops drawn, JPEGs handed on) is the work here: "
+              "more cores for it" if f.device_decode else
               "try decode_on='cuda' (the presets)" if _has_gpu() else
               f"every core decodes already ({f.threads} threads, {f.cores} cores): decode fewer "
               "pixels (smaller stored images, a smaller output) or decode on a GPU "
@@ -373,6 +397,17 @@ def snapshot(clock: StageClock, consumer: ConsumerClock, datasets: list[Any],
     return Snapshot(time.perf_counter(), tuple(clock.totals()), consumer.wait, consumer.step,
                     consumer.start_wait, consumer.batches, consumer.samples, storage, skipped,
                     narrowed)
+
+
+class StatsWindow:
+    """A mark in a loader's counters from which :meth:`Loader.stats` measures a window
+    (``loader.stats(window=w)``): each reader of the figures (a report, a Keras callback, a
+    TensorBoard helper, the user) keeps its own, so one does not shorten another's."""
+
+    __slots__ = ("mark",)
+
+    def __init__(self, mark: Snapshot) -> None:
+        self.mark = mark
 
 
 @dataclass(frozen=True)
@@ -438,4 +473,5 @@ def combine(spans: list[StageFigures]) -> StageFigures:
         retries=sum(f.retries for f in spans), skipped=sum(f.skipped for f in spans),
         cache_hits=sum(f.cache_hits for f in spans), cores=first.cores,
         start_wait=sum(f.start_wait for f in spans), prefetch=first.prefetch,
-        narrowed=sum(f.narrowed for f in spans))
+        narrowed=sum(f.narrowed for f in spans), processes=first.processes,
+        device_decode=first.device_decode)

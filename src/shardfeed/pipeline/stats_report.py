@@ -70,6 +70,8 @@ class StatsReport:
         return stats
 
     def close(self) -> None:
+        self.path = None  # a tick that still comes (a pass begun before) writes nothing
+        self._due = float("inf")
         if self._bar is not None:
             self._bar.close()
             self._bar = None

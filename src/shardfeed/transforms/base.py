@@ -300,6 +300,11 @@ def child_timings() -> list[tuple[Any, float]]:
     return timings
 
 
+def stop_timings() -> None:
+    """Composes of this thread stop adding to the list of :func:`child_timings`."""
+    _TIMING.into = None
+
+
 def _timings_here() -> list[tuple[Any, float]] | None:
     """This thread's timings list, for the outermost Compose only (see :func:`child_timings`):
     None while a Compose of this thread is already timing its children."""

@@ -147,11 +147,11 @@ def measure(loader: Any, options: BenchOptions, *, start: float, progress: bool,
                 measure_from, measured.read_from = now, bytes_read()
                 measured.decodes_from = None if decodes is None else decodes()
                 bar.set_description("measuring")
-                loader.stats()  # the stage figures' window starts here
+                window = loader.stats_window()  # the stage figures' window starts here
                 tick = now + STAGE_TICK_S
             continue
         if now >= tick:
-            measured.stages.append((now - measure_from, loader.stats().window))
+            measured.stages.append((now - measure_from, loader.stats(window).window))
             tick = now + STAGE_TICK_S
         measured.samples += samples
         measured.batches += 1
@@ -162,7 +162,8 @@ def measure(loader: Any, options: BenchOptions, *, start: float, progress: bool,
     measured.read_to = bytes_read()
     measured.decodes_to = None if decodes is None else decodes()
     if measure_from is not None:
-        measured.stages.append((time.perf_counter() - measure_from, loader.stats().window))
+        measured.stages.append((time.perf_counter() - measure_from,
+                                loader.stats(window).window))
     bar.close()
     return measured
 

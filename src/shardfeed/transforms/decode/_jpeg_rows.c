@@ -42,6 +42,13 @@
 #include <string.h>
 
 #include <jpeglib.h>
+
+/* jpeg_crop_scanline and jpeg_skip_scanlines are libjpeg-turbo's; before 2.1 they gave other
+ * pixels in some cases (4:4:0 smooth upsampling). Anything older is not built: the Python
+ * path decodes instead (native_rows.py also checks the pixels against it once). */
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 2001000
+#error "libjpeg-turbo 2.1 or newer is needed"
+#endif
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -477,6 +484,7 @@ static PyObject *jpeg_resize(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     if (src.ndim != 3 || src.shape[2] != CHANNELS || src.itemsize != 1 || src.strides[2] != 1
             || src.strides[1] != CHANNELS || src.shape[0] <= 0 || src.shape[1] <= 0
+            || src.strides[0] < src.shape[1] * CHANNELS
             || dh <= 0 || dw <= 0 || (size_t)out.len != (size_t)dh * (size_t)dw * CHANNELS) {
         PyErr_SetString(PyExc_ValueError, "resize: (h, w, 3) uint8 rows in, a contiguous "
                         "out_h x out_w x 3 out");

@@ -27,6 +27,8 @@ by the call.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,7 +52,57 @@ class CropOp(Protocol):
     def image_field(self) -> ImageField: ...
 
 compiled = compiled_module("shardfeed.transforms.decode._jpeg_rows")
-"""The compiled call (``_jpeg_rows.c``); None where built without a C compiler or libjpeg."""
+"""The compiled call (``_jpeg_rows.c``); None where built without a C compiler or libjpeg,
+or where its pixels are not the Python path's (:func:`agrees`)."""
+
+_checked: list[bool] = []  # the one check of this process, once made
+_lock = threading.Lock()
+
+
+def agrees() -> bool:
+    """Whether the compiled call gives the Python path's bytes here, checked once a process
+    on a small JPEG (4:2:0, both upsampling modes, a whole image and a region, flipped and
+    not): the libjpeg it was built with is the machine's, the Python path's decoders bring
+    their own. Where it does not, the call is not used (and a warning says so)."""
+    with _lock:
+        if not _checked:
+            _checked.append(_self_check())
+            if not _checked[0]:
+                logging.getLogger(__name__).warning(
+                    "the compiled JPEG crop call gives other pixels than simplejpeg and "
+                    "OpenCV here (another libjpeg): crops are made by the Python path")
+        return _checked[0]
+
+
+def _self_check() -> bool:
+    import cv2
+    import simplejpeg
+
+    y, x = np.mgrid[0:48, 0:64]
+    pixels = np.dstack([x * 4, y * 5, (x + y) * 3]).astype(np.uint8)
+    data = bytes(simplejpeg.encode_jpeg(pixels, quality=85, colorsubsampling="420"))
+    out_h, out_w = 32, 40  # each box under 2x of it one way or both: a linear resize
+    for fast_upsample in (True, False):
+        whole = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True,
+                                       fastupsample=fast_upsample)
+        rows = [(48, 64, 0, 0, 48, 64, 0, 1), (48, 64, 9, 13, 30, 37, 1, 1),
+                (48, 64, 17, 21, 25, 40, 0, 0)]
+        out = np.zeros((len(rows), out_h, out_w, 3), np.uint8)
+        table = np.array([(k, *row) for k, row in enumerate(rows)], dtype=np.int64)
+        assert compiled is not None
+        try:
+            flags = compiled.crop_rows([data] * len(rows), table, out, out_h, out_w, True,
+                                       fast_upsample)
+        except Exception:  # noqa: BLE001 - a call that fails here is not used
+            return False
+        for k, (_, _, top, left, h, w, flip, _) in enumerate(rows):
+            expected = cv2.resize(whole[top:top + h, left:left + w], (out_w, out_h),
+                                  interpolation=cv2.INTER_LINEAR)
+            if flip:
+                expected = cv2.flip(expected, 1)
+            if not flags[k] or out[k].tobytes() != expected.tobytes():
+                return False
+    return True
 
 
 def native_rows_into(op: CropOp, values: list[bytes],
@@ -63,7 +115,7 @@ def native_rows_into(op: CropOp, values: list[bytes],
     to its end, as the Python path's whole decode reads it."""
     if (compiled is None or op.channels != "rgb" or image_out.dtype != np.uint8
             or not image_out.flags.c_contiguous or image_out.ndim != 4
-            or op.image_field.exif_orientation != "ignore"):
+            or op.image_field.exif_orientation != "ignore" or not agrees()):
         return 0
     rows = [row for row, known in enumerate(drawn) if known is not None]
     if not rows:

@@ -226,3 +226,28 @@ def test_worker_processes_are_said_to_keep_their_stage_times() -> None:
                     stages={"read": 0.0, "decode": 0.0, "transform": 0.0,
                             "assemble": 0.0}).verdict()
     assert "worker processes, whose stage times are not collected" in said
+
+
+def test_a_slow_batch_stage_is_named(tmp_path: Path) -> None:
+    """An adapter's stage on whole batches (as the GPU decode is) that takes 20 ms a batch:
+    its time is counted apart from the slices', and the verdict names it."""
+    from shardfeed.pipeline import BatchStageBase
+
+    class SlowStage(BatchStageBase):
+        def __call__(self, batch: dict[str, Any], keys: Any, /) -> dict[str, Any]:
+            time.sleep(0.02)
+            return batch
+
+    with Loader(Dataset(str(_photos(tmp_path / "d", count=64))), batch_size=8, num_threads=2,
+                transform=presets.train(size=32)) as loader:
+        loader.add_batch_stage(SlowStage())
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            if epoch == 1:
+                loader.stats()
+            for _ in loader:
+                pass
+        stats = loader.stats()
+    window = stats.window
+    assert window.batch_stages >= 8 * 0.02
+    assert "the batch stages" in stats.verdict, stats.verdict

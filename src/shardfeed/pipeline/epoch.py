@@ -20,6 +20,7 @@ State: kept by the Loader (it commits each batch as it is handed out). Memory: t
 from __future__ import annotations
 
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -37,6 +38,7 @@ from shardfeed.pipeline.pool import BatchRing, LoaderPool
 from shardfeed.pipeline.produce import TooManyBadSamples
 from shardfeed.pipeline.read_ahead import Carry, ReadAhead
 from shardfeed.pipeline.samplers import EpochContext
+from shardfeed.pipeline.stage_stats import BATCH_STAGES, StageClock
 from shardfeed.storage.inflight import interrupt_calls
 
 SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]
@@ -66,8 +68,10 @@ class EpochRun:
         executor: ThreadPoolExecutor, build_slice: SliceFn,
         on_batch: Callable[[int, int, bool], None], gate: SliceGate | None = None,
         stages: Sequence[BatchStage] = (), read_ahead: ReadAhead | None = None,
+        clock: StageClock | None = None,
     ) -> None:
         self.ctx = ctx
+        self.clock = clock  # the batch stages' seconds (see stage_stats)
         self.positions = positions
         self.batch_size = batch_size
         count = len(positions)
@@ -160,8 +164,11 @@ class EpochRun:
         positions = buffer.keys[:count].copy()
         positions.flags.writeable = False
         keys = BatchKeys(self.ctx.seed, self.ctx.epoch, positions)
+        started = time.perf_counter()
         for stage in self.stages:
             batch = stage(batch, keys)
+        if self.clock is not None:
+            self.clock.add(BATCH_STAGES, time.perf_counter() - started)
         return batch
 
     def _is_closed(self) -> bool:

@@ -592,7 +592,7 @@ class Loader:
             slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
             executor=self._executor or ThreadPoolExecutor(max_workers=1),
             build_slice=build, on_batch=self._progress.commit, gate=self._gate,
-            stages=self.batch_stages,
+            stages=self.batch_stages, clock=self._builder.clock,
         )
         carry, self._carry = self._carry, None
         self._run.read_ahead = read_ahead_for(

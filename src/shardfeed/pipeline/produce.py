@@ -54,7 +54,15 @@ from shardfeed.pipeline.samplers import (
     SingleRecordSampler,
     Transform,
 )
-from shardfeed.pipeline.stage_stats import ASSEMBLE, DECODE, READ, STAGES, StageClock, stage_of
+from shardfeed.pipeline.stage_stats import (
+    ASSEMBLE,
+    BUSY,
+    DECODE,
+    READ,
+    SLICES,
+    StageClock,
+    stage_of,
+)
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
 from shardfeed.transforms.base import bytes_into_of, child_timings, has_batch_form, stop_timings
@@ -270,8 +278,8 @@ class SliceBuilder:
             return self._build_slice(ctx, positions, buffer, first_row)
         finally:
             acc = self.clock.mine()
-            acc[len(STAGES)] += time.perf_counter() - started  # busy
-            acc[len(STAGES) + 1] += 1  # slices
+            acc[BUSY] += time.perf_counter() - started
+            acc[SLICES] += 1
 
     def _build_slice(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
                      first_row: int) -> int:

@@ -14,7 +14,8 @@ Always on and cheap (a few clock reads a slice and two a batch). Two sides are m
   and ``storage``: the seconds the dataset's reads from object storage took (its GETs, by
   whatever thread: a slice's own or a read ahead), the dataset's counters (shared by the
   loaders reading one Dataset).
-  ``busy`` is the seconds the threads spent building slices, ``threads`` how many may.
+  ``busy`` is the seconds the threads spent building slices, ``threads`` how many may;
+  ``batch_stages`` the seconds an adapter's stages took on whole batches (the GPU decode).
 - the **consumer** (the code that iterates the loader, or the adapter's stage over it):
   ``wait``, the seconds it waited inside ``next()`` for a batch, and ``step``, the seconds it
   spent between batches (its training step). ``wait_share`` = wait / (wait + step) is the
@@ -47,6 +48,9 @@ from shardfeed.transforms.decode.ops import DecoderBase
 STAGES = ("read", "decode", "transform", "assemble")
 """The pipeline's stages, in the order a slice goes through them."""
 READ, DECODE, TRANSFORM, ASSEMBLE = range(len(STAGES))
+BUSY, SLICES, BATCH_STAGES = range(len(STAGES), len(STAGES) + 3)
+"""The clock's other counters: seconds building slices, slices built, seconds in the batch
+stages (an adapter's: the GPU decode), whose batches are handed over after the slices."""
 
 QUIET_WAIT = 0.05
 """A consumer that waits less than this share of its time is not held up by its input."""
@@ -78,10 +82,11 @@ class StageClock:
         self._lock = threading.Lock()
 
     def mine(self) -> list[float]:
-        """This thread's accumulators: one a stage, then busy seconds and slices."""
+        """This thread's accumulators: one a stage, then busy seconds, slices and batch
+        stages' seconds."""
         acc: list[float] | None = getattr(self._local, "acc", None)
         if acc is None:
-            acc = [0.0] * (len(STAGES) + 2)
+            acc = [0.0] * (BATCH_STAGES + 1)
             with self._lock:
                 self._all.append(acc)
             self._local.acc = acc
@@ -94,7 +99,7 @@ class StageClock:
         """The stages' seconds, busy seconds and slices, over every thread so far."""
         with self._lock:
             rows = list(self._all)
-        out = [0.0] * (len(STAGES) + 2)
+        out = [0.0] * (BATCH_STAGES + 1)
         for acc in rows:
             for k, value in enumerate(acc):
                 out[k] += value
@@ -226,6 +231,7 @@ class StageFigures:
     start_wait: float = 0.0  # of ``wait``: for the first batch of each pass
     prefetch: int = 0  # batches the loader makes ahead (its prefetch_batches)
     narrowed: float = 0.0  # seconds the slice gate spent trying a limit it had not chosen
+    batch_stages: float = 0.0  # seconds in the batch stages (an adapter's: the GPU decode)
     processes: bool = False  # slices built in worker processes: stage seconds not collected
     device_decode: bool = False  # the transform is the CPU half of a GPU decode
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -243,12 +249,13 @@ class StageFigures:
             seconds=b.at - a.at, batches=b.batches - a.batches, samples=b.samples - a.samples,
             wait=b.wait - a.wait, step=b.step - a.step,
             stages={name: clock[k] for k, name in enumerate(STAGES)},
-            storage=storage("seconds"), busy=clock[len(STAGES)], threads=threads,
-            slices=int(clock[len(STAGES) + 1]), requests=int(storage("requests")),
+            storage=storage("seconds"), busy=clock[BUSY], threads=threads,
+            slices=int(clock[SLICES]), requests=int(storage("requests")),
             bytes_fetched=int(storage("bytes_fetched")), retries=int(storage("retries")),
             cache_hits=int(storage("cache_hits")), skipped=b.skipped - a.skipped,
             start_wait=b.start_wait - a.start_wait, prefetch=prefetch,
-            narrowed=b.narrowed - a.narrowed, processes=processes,
+            narrowed=b.narrowed - a.narrowed, batch_stages=clock[BATCH_STAGES],
+            processes=processes,
             device_decode=device_decode)
 
     @property
@@ -287,7 +294,7 @@ class StageFigures:
             "seconds": self.seconds, "batches": self.batches, "samples": self.samples,
             "samples_per_s": self.samples_per_s, "wait": self.wait, "step": self.step,
             "wait_share": self.wait_share, "start_wait": self.start_wait,
-            "narrowed": self.narrowed,
+            "narrowed": self.narrowed, "batch_stages": self.batch_stages,
             "stages": dict(self.stages),
             "storage": self.storage, "busy": self.busy, "busy_share": self.busy_share,
             "threads": self.threads, "slices": self.slices, "shares": self.shares(),
@@ -312,6 +319,12 @@ def verdict(f: StageFigures) -> str:
                 f"each pass (made once the pass begins), {running:.1%} while passes run: input "
                 "keeps up; longer epochs (or fewer passes) make the start's share smaller")
     shares = f.shares()
+    staged = f.batch_stages / f.seconds if f.seconds > 0 else 0.0
+    if staged >= 0.5 and staged * f.seconds >= f.busy / max(f.threads, 1):
+        return (f"{waits}; the batch stages (the adapter's work on each whole batch: the GPU "
+                f"decode, its uploads) take {staged:.0%} of the time, more than the slices' "
+                "threads: that stage is the limit (see its own figures: bench/"
+                "profile_gpu_path.py for the GPU decode)")
     if f.processes and f.busy <= 0:
         return (f"{waits}; slices are built in worker processes, whose stage times are not "
                 "collected: bench the same pipeline with workers='threads' (shardfeed bench) "
@@ -474,4 +487,5 @@ def combine(spans: list[StageFigures]) -> StageFigures:
         cache_hits=sum(f.cache_hits for f in spans), cores=first.cores,
         start_wait=sum(f.start_wait for f in spans), prefetch=first.prefetch,
         narrowed=sum(f.narrowed for f in spans), processes=first.processes,
+        batch_stages=sum(f.batch_stages for f in spans),
         device_decode=first.device_decode)

@@ -337,16 +337,23 @@ def test_a_plain_fit_after_a_mid_epoch_restore_is_refused_with_the_recipe(
         assert (loader.state()["epoch"], loader.state()["consumed"]) == (2, 0)
 
 
-def test_the_inputs_figures_land_in_kerass_logs(adapter_folder: Path) -> None:
-    """LoaderStatsLog puts the window's figures in the logs of every epoch (which Keras's
-    History keeps and its TensorBoard callback writes), and says the verdict."""
+def test_the_inputs_figures_land_in_kerass_logs(adapter_folder: Path, tmp_path: Path) -> None:
+    """LoaderStatsLog puts the window's figures in the logs of every epoch, which Keras's
+    History keeps and its TensorBoard callback writes as scalars; and says the verdict."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     with _loader(adapter_folder, drop_last=True) as loader:
         data = sf_keras.adapt(loader, inputs="image", targets="image/class/label")
         model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Rescaling(1 / 255),
                                   keras.layers.Flatten(), keras.layers.Dense(5)])
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         log = sf_keras.LoaderStatsLog(data)
-        history = model.fit(data, epochs=2, verbose=0, callbacks=[log])
+        board = keras.callbacks.TensorBoard(str(tmp_path / "runs"))
+        history = model.fit(data, epochs=2, verbose=0, callbacks=[log, board])
+        events = EventAccumulator(str(tmp_path / "runs" / "train"))
+        events.Reload()
+        written = set(events.Tags()["scalars"]) | set(events.Tags()["tensors"])
+        assert {"epoch_input_wait_share", "epoch_input_decode_share"} <= written, written
         seen = history.history
         assert len(seen["input_wait_share"]) == 2
         assert all(0 <= v <= 1 for v in seen["input_wait_share"])

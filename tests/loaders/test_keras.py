@@ -364,24 +364,23 @@ def test_the_inputs_figures_land_in_kerass_logs(adapter_folder: Path, tmp_path: 
         sf_keras.LoaderStatsLog(object())
 
 
-def test_torch_writes_the_figures_to_a_summary_writer(adapter_folder: Path) -> None:
+def test_torch_writes_the_figures_to_a_summary_writer(adapter_folder: Path,
+                                                      tmp_path: Path) -> None:
     torch_adapter = pytest.importorskip("shardfeed.torch")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
 
-    class Writer:  # what torch.utils.tensorboard.SummaryWriter offers the helper
-        def __init__(self) -> None:
-            self.scalars: list[tuple[str, float, int]] = []
-
-        def add_scalar(self, tag: str, value: float, step: int) -> None:
-            self.scalars.append((tag, value, step))
-
-    writer = Writer()
+    writer = SummaryWriter(str(tmp_path / "runs"))
     with _loader(adapter_folder, drop_last=True) as loader:
         batches = torch_adapter.adapt(loader)
         for step, _ in enumerate(batches):
             if step % 2 == 1:
                 stats = torch_adapter.log_stats(writer, batches, step)
-        tags = {tag for tag, _, _ in writer.scalars}
-        assert {"input/wait_share", "input/samples_per_s", "input/decode_share",
-                "input/threads_busy"} <= tags
-        assert {s for _, _, s in writer.scalars} == set(range(1, step + 1, 2))
+        writer.close()
         assert stats.verdict
+    events = EventAccumulator(str(tmp_path / "runs"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"input/wait_share", "input/samples_per_s", "input/decode_share",
+            "input/threads_busy"} <= tags, tags
+    assert [e.step for e in events.Scalars("input/wait_share")] == list(range(1, step + 1, 2))

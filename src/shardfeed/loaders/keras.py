@@ -99,9 +99,13 @@ class LoaderDataset(keras.utils.PyDataset):  # type: ignore[misc]
     def __len__(self) -> int:
         return len(self.loader)
 
-    def stats(self) -> Any:
+    def stats(self, window: Any = None) -> Any:
         """The loader's :meth:`~shardfeed.pipeline.Loader.stats`."""
-        return self.loader.stats()
+        return self.loader.stats(window)
+
+    def stats_window(self) -> Any:
+        """The loader's :meth:`~shardfeed.pipeline.Loader.stats_window`."""
+        return self.loader.stats_window()
 
     def _next(self) -> Any:
         if self._iterator is None:

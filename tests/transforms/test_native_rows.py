@@ -239,6 +239,6 @@ def test_a_call_that_gives_other_pixels_is_not_used(monkeypatch: pytest.MonkeyPa
     op = _crop_op((32, 32), True)
     image_out = np.zeros((1, 32, 32, 3), np.uint8)
     data = _jpeg(np.random.default_rng(1), 60, 80)
-    assert native_rows.native_rows_into(op, [data], [(60, 80, 0, 0, 40, 50, 0)], image_out,
-                                        []) == 0
+    assert native_rows.native_rows_into([data], [(60, 80, 0, 0, 40, 50, 0)], image_out, [],
+                                        size=op.size, fast_dct=True, fast_upsample=True) == 0
     assert not image_out.any()

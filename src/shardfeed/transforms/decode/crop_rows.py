@@ -137,8 +137,10 @@ def crop_rows_into(
     drawn = draw_rows(op, values, rngs, where)
     done = 0
     if drawn is not None:
-        done = native_rows_into(op, values, drawn, image_out,
-                                plain_region_rows(op, drawn)[0])
+        if op.channels == "rgb" and op.image_field.exif_orientation == "ignore":
+            done = native_rows_into(values, drawn, image_out, plain_region_rows(op, drawn)[0],
+                                    size=op.size, fast_dct=op.fast_dct,
+                                    fast_upsample=op.fast_upsample)
         pending = drawn if not done else [None if done >> row & 1 else known
                                           for row, known in enumerate(drawn)]
         regions, made = _region_rows_into(op, values, pending, image_out)

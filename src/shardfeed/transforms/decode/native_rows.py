@@ -29,27 +29,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from shardfeed.format.native import compiled_module
-from shardfeed.transforms.decode.fields import ImageField
-
-
-class CropOp(Protocol):
-    """What the call needs of a crop op (the part of ``crop_rows.CropRowsOp`` it reads)."""
-
-    @property
-    def size(self) -> tuple[int, int]: ...
-    @property
-    def channels(self) -> str: ...
-    @property
-    def fast_dct(self) -> bool: ...
-    @property
-    def fast_upsample(self) -> bool: ...
-    @property
-    def image_field(self) -> ImageField: ...
 
 compiled = compiled_module("shardfeed.transforms.decode._jpeg_rows")
 """The compiled call (``_jpeg_rows.c``); None where built without a C compiler or libjpeg,
@@ -105,17 +89,18 @@ def _self_check() -> bool:
     return True
 
 
-def native_rows_into(op: CropOp, values: list[bytes],
-                     drawn: list[tuple[int, ...] | None], image_out: np.ndarray,
-                     regions: list[int]) -> int:
+def native_rows_into(values: list[bytes], drawn: list[tuple[int, ...] | None],
+                     image_out: np.ndarray, regions: list[int], *, size: tuple[int, int],
+                     fast_dct: bool, fast_upsample: bool) -> int:
     """The rows of ``drawn`` (``(height, width, y, x, h, w, flip)`` a JPEG row, None for
-    others) that the compiled call decoded, resized and flipped into ``image_out``, as a bit
-    mask; 0 where it does not apply (see the module doc). ``regions``: the rows the Python
-    path decodes as regions (:func:`~.crop_rows.plain_region_rows`); every other row is read
-    to its end, as the Python path's whole decode reads it."""
-    if (compiled is None or op.channels != "rgb" or image_out.dtype != np.uint8
-            or not image_out.flags.c_contiguous or image_out.ndim != 4
-            or op.image_field.exif_orientation != "ignore" or not agrees()):
+    others) that the compiled call decoded, resized to ``size`` and flipped into
+    ``image_out`` (RGB uint8 rows, in C order), as a bit mask; 0 where it does not apply
+    (see the module doc). ``regions``: the rows the Python path decodes as regions
+    (:func:`~.crop_rows.plain_region_rows`); every other row is read to its end, as the
+    Python path's whole decode reads it. The caller takes only ops that turn nothing
+    (``exif_orientation="ignore"``) and give RGB."""
+    if (compiled is None or image_out.dtype != np.uint8 or not image_out.flags.c_contiguous
+            or image_out.ndim != 4 or not agrees()):
         return 0
     rows = [row for row, known in enumerate(drawn) if known is not None]
     if not rows:
@@ -125,9 +110,9 @@ def native_rows_into(op: CropOp, values: list[bytes],
     table[:, 1:8] = np.array([drawn[row] for row in rows], dtype=np.int64)
     if regions:
         table[np.isin(table[:, 0], regions), 8] = 0
-    out_h, out_w = op.size
-    flags: Any = compiled.crop_rows(values, table, image_out, out_h, out_w, op.fast_dct,
-                                    op.fast_upsample)
+    out_h, out_w = size
+    flags: Any = compiled.crop_rows(values, table, image_out, out_h, out_w, fast_dct,
+                                    fast_upsample)
     done = 0
     for row, flag in zip(rows, flags):
         if flag:

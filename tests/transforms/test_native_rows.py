@@ -15,10 +15,10 @@ import cv2
 import numpy as np
 import pytest
 from PIL import Image
+from transforms_helpers import jpeg_shard, train_batches
 
 from shardfeed.dataset import Dataset
 from shardfeed.errors import DecodeError
-from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import presets
 from shardfeed.transforms.boxes import Box
@@ -171,20 +171,11 @@ def test_a_damaged_byte_never_gives_other_bytes() -> None:
 
 
 def _dataset(folder: Path, count: int, damaged: int | None = None) -> Dataset:
-    folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(5)
-    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
-        for i in range(count):
-            data = _jpeg(rng, 180 + 13 * (i % 5), 240 - 11 * (i % 4))
-            if i == damaged:
-                data = data[: len(data) // 3]
-            writer.write_example({"image/encoded": data, "image/class/label": [i % 3]})
-    return Dataset(str(folder))
-
-
-def _batches(ds: Dataset, **options: Any) -> list[np.ndarray]:
-    with Loader(ds, batch_size=8, seed=4, transform=presets.train(size=96), **options) as ld:
-        return [np.array(b["image"]) for e in range(2) for b in (ld.set_epoch(e), *ld)[1:]]
+    dataset: Dataset = jpeg_shard(
+        folder, count, lambda i: _jpeg(rng, 180 + 13 * (i % 5), 240 - 11 * (i % 4)),
+        damaged=damaged)
+    return dataset
 
 
 def test_a_loader_gives_the_same_batches_with_it_and_without(
@@ -201,10 +192,10 @@ def test_a_loader_gives_the_same_batches_with_it_and_without(
             return flags
 
     monkeypatch.setattr(native_rows, "compiled", Counting)
-    with_it = {t: _batches(ds, num_threads=t) for t in (1, 2)}
+    with_it = {t: train_batches(ds, num_threads=t) for t in (1, 2)}
     assert sum(made) > 32, "the compiled call made no rows"
     monkeypatch.setattr(native_rows, "compiled", None)
-    without = _batches(ds, num_threads=2)
+    without = train_batches(ds, num_threads=2)
     for images in with_it.values():
         assert len(images) == len(without) == 8
         for a, b in zip(images, without):
@@ -214,7 +205,7 @@ def test_a_loader_gives_the_same_batches_with_it_and_without(
 def test_a_jpeg_it_leaves_is_still_named(tmp_path: Path) -> None:
     ds = _dataset(tmp_path / "d", 16, damaged=5)
     with pytest.raises(DecodeError, match=r"record 5 at byte \d+"):
-        _batches(ds, num_threads=2)
+        train_batches(ds, num_threads=2)
     with Loader(ds, batch_size=8, seed=4, transform=presets.train(size=96), num_threads=2,
                 on_error="skip") as ld:
         assert sum(len(b["image"]) for b in ld) == 16  # replaced, as the Python path does

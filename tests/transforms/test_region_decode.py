@@ -6,19 +6,15 @@ record."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 import simplejpeg
-from transforms_helpers import count_region_decodes
+from transforms_helpers import count_region_decodes, jpeg_shard, train_batches
 
 from shardfeed.dataset import Dataset
 from shardfeed.errors import DecodeError
-from shardfeed.format.writer import ShardWriter
-from shardfeed.pipeline import Loader
-from shardfeed.transforms import presets
 from shardfeed.transforms.boxes import Box
 from shardfeed.transforms.decode import native_rows, region
 
@@ -96,31 +92,22 @@ def test_the_region_is_chosen_by_cost() -> None:
 
 
 def _shard(folder: Path, count: int, *, damaged: int | None = None) -> Dataset:
-    folder.mkdir(parents=True, exist_ok=True)
-    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
-        for i in range(count):
-            data = jpeg(i, 300 + 7 * (i % 5), 400 - 9 * (i % 4))
-            if i == damaged:
-                data = data[: len(data) // 3]
-            writer.write_example({"image/encoded": data, "image/class/label": [i % 3]})
-    return Dataset(str(folder))
-
-
-def _batches(ds: Dataset, **options: Any) -> list[np.ndarray]:
-    with Loader(ds, batch_size=8, seed=4, transform=presets.train(size=96), **options) as ld:
-        return [np.array(b["image"]) for e in range(2) for b in (ld.set_epoch(e), *ld)[1:]]
+    dataset: Dataset = jpeg_shard(folder, count,
+                                  lambda i: jpeg(i, 300 + 7 * (i % 5), 400 - 9 * (i % 4)),
+                                  damaged=damaged)
+    return dataset
 
 
 def test_the_train_preset_gives_the_same_bytes_with_it_and_without(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = _shard(tmp_path / "d", 40)
-    native = _batches(ds, num_threads=2)  # the compiled call's rows, where it is built
+    native = train_batches(ds, num_threads=2)  # the compiled call's rows, where it is built
     monkeypatch.setattr(native_rows, "compiled", None)  # the Python path's
     used = count_region_decodes(monkeypatch)
-    runs = {t: _batches(ds, num_threads=t) for t in (1, 2, 4)}
+    runs = {t: train_batches(ds, num_threads=t) for t in (1, 2, 4)}
     assert sum(used) > 40, "the region path was not taken"
     monkeypatch.setattr(region, "_loaded", [None])  # as without the extra
-    without = _batches(ds, num_threads=2)
+    without = train_batches(ds, num_threads=2)
     for images in [*runs.values(), native]:
         assert len(images) == len(without)
         for a, b in zip(images, without):
@@ -130,4 +117,4 @@ def test_the_train_preset_gives_the_same_bytes_with_it_and_without(
 def test_a_damaged_jpeg_is_still_named(tmp_path: Path) -> None:
     ds = _shard(tmp_path / "d", 12, damaged=7)
     with pytest.raises(DecodeError, match=r"record 7 at byte \d+"):
-        _batches(ds)
+        train_batches(ds)

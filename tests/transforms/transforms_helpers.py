@@ -46,3 +46,28 @@ def count_region_decodes(monkeypatch: Any) -> list[bool]:
     monkeypatch.setattr(crop, "decode_region", counted)
     monkeypatch.setattr(crop_rows, "decode_regions", counted_many)
     return used
+
+
+def jpeg_shard(folder: Any, count: int, make: Any, *, damaged: int | None = None) -> Any:
+    """A dataset of ``count`` JPEG records (``make(i)`` the bytes of record ``i``, labels
+    ``i % 3``), record ``damaged`` cut to a third."""
+    from shardfeed.dataset import Dataset
+    from shardfeed.format.writer import ShardWriter
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for i in range(count):
+            data = make(i)
+            if i == damaged:
+                data = data[: len(data) // 3]
+            writer.write_example({"image/encoded": data, "image/class/label": [i % 3]})
+    return Dataset(str(folder))
+
+
+def train_batches(ds: Any, **options: Any) -> list[np.ndarray]:
+    """The images of two epochs of a train-preset (96 px) loader of batches of 8."""
+    from shardfeed.pipeline import Loader
+    from shardfeed.transforms import presets
+
+    with Loader(ds, batch_size=8, seed=4, transform=presets.train(size=96), **options) as ld:
+        return [np.array(b["image"]) for e in range(2) for b in (ld.set_epoch(e), *ld)[1:]]

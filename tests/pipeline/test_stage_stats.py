@@ -20,7 +20,8 @@ import simplejpeg
 from shardfeed.dataset import Dataset
 from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import Loader
-from shardfeed.pipeline.stage_stats import ConsumerClock, StageClock, StageFigures, snapshot
+from shardfeed.pipeline.stage_clocks import ConsumerClock, StageClock
+from shardfeed.pipeline.stage_stats import StageFigures, snapshot
 from shardfeed.transforms import presets
 
 

@@ -38,7 +38,7 @@ from shardfeed.pipeline.pool import BatchRing, LoaderPool
 from shardfeed.pipeline.produce import TooManyBadSamples
 from shardfeed.pipeline.read_ahead import Carry, ReadAhead
 from shardfeed.pipeline.samplers import EpochContext
-from shardfeed.pipeline.stage_stats import BATCH_STAGES, StageClock
+from shardfeed.pipeline.stage_clocks import BATCH_STAGES, StageClock
 from shardfeed.storage.inflight import interrupt_calls
 
 SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]

@@ -70,14 +70,8 @@ from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
 from shardfeed.pipeline.read_ahead import Carry, read_ahead_for, staging_bytes
 from shardfeed.pipeline.run_ahead import RunAhead, ahead_depth
 from shardfeed.pipeline.samplers import DATA_ERRORS, EpochContext, Sample, Sampler, as_sampler
-from shardfeed.pipeline.stage_stats import (
-    ConsumerClock,
-    LoaderStats,
-    StageFigures,
-    StatsWindow,
-    Timed,
-    snapshot,
-)
+from shardfeed.pipeline.stage_clocks import ConsumerClock, Timed
+from shardfeed.pipeline.stage_stats import LoaderStats, StageFigures, StatsWindow, snapshot
 from shardfeed.pipeline.stats_report import StatsReport
 from shardfeed.pipeline.step_records import StepRecords, records_at, where_record
 from shardfeed.pipeline.thread_budget import ThreadBudget, thread_budget

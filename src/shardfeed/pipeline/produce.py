@@ -54,15 +54,8 @@ from shardfeed.pipeline.samplers import (
     SingleRecordSampler,
     Transform,
 )
-from shardfeed.pipeline.stage_stats import (
-    ASSEMBLE,
-    BUSY,
-    DECODE,
-    READ,
-    SLICES,
-    StageClock,
-    stage_of,
-)
+from shardfeed.pipeline.stage_clocks import ASSEMBLE, BUSY, DECODE, READ, SLICES, StageClock
+from shardfeed.pipeline.stage_stats import stage_of
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
 from shardfeed.transforms.base import bytes_into_of, child_timings, has_batch_form, stop_timings

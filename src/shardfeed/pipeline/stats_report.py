@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardfeed.pipeline.stage_stats import STAGES, LoaderStats
+from shardfeed.pipeline.stage_clocks import STAGES
+from shardfeed.pipeline.stage_stats import LoaderStats
 
 
 class StatsReport:

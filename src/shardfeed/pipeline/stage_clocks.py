@@ -20,6 +20,7 @@ BUSY, SLICES, BATCH_STAGES = range(len(STAGES), len(STAGES) + 3)
 """The clock's other counters: seconds building slices, slices built, seconds in the batch
 stages (an adapter's: the GPU decode), whose batches are handed over after the slices."""
 
+
 class StageClock:
     """Seconds a stage, summed over the threads that build slices, and the seconds they were
     busy. Each thread adds to accumulators of its own (registered once), so :meth:`add`

@@ -347,7 +347,7 @@ def test_the_inputs_figures_land_in_kerass_logs(adapter_folder: Path, tmp_path: 
         model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Rescaling(1 / 255),
                                   keras.layers.Flatten(), keras.layers.Dense(5)])
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        log = sf_keras.LoaderStatsLog(data)
+        log = sf_keras.LoaderStatsLog(data, every_steps=2)  # steps' figures do not eat the epoch's
         board = keras.callbacks.TensorBoard(str(tmp_path / "runs"))
         history = model.fit(data, epochs=2, verbose=0, callbacks=[log, board])
         events = EventAccumulator(str(tmp_path / "runs" / "train"))
@@ -358,6 +358,8 @@ def test_the_inputs_figures_land_in_kerass_logs(adapter_folder: Path, tmp_path: 
         assert len(seen["input_wait_share"]) == 2
         assert all(0 <= v <= 1 for v in seen["input_wait_share"])
         assert all(v > 0 for v in seen["input_samples_per_s"])
+        assert all(v > 0 for v in seen["input_wait_share"]) or all(
+            v > 0 for v in seen["input_threads_busy"])
         assert all(v > 0 for v in seen["input_decode_share"])
         assert log.verdict and data.stats().batches_total > 0
     with pytest.raises(TypeError, match="LoaderStatsLog needs"):

@@ -124,16 +124,23 @@ def test_report_writes_json_lines_and_a_display_line(tmp_path: Path,
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(lines) >= 10  # one a batch at this rate
     assert all("verdict" in line and line["window"]["batches"] >= 1 for line in lines)
-    assert sum(line["window"]["batches"] for line in lines) <= 12
+    assert sum(line["window"]["batches"] for line in lines) == 12  # stopping writes the rest
     assert "samples/s" in capsys.readouterr().err
 
 
 def test_a_report_into_a_folder_it_cannot_write_is_refused_at_once(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with Loader(Dataset(str(_photos(tmp_path / "d", count=8))), batch_size=8) as loader, \
-            pytest.raises(OSError):
-        loader.report(jsonl=blocker / "input.jsonl")
+    with Loader(Dataset(str(_photos(tmp_path / "d", count=8))), batch_size=8) as loader:
+        with pytest.raises(OSError):
+            loader.report(jsonl=blocker / "input.jsonl")
+        with pytest.raises(ValueError, match="is a folder"):
+            loader.report(jsonl=tmp_path)
+        with pytest.raises(TypeError, match="stats_window"):
+            loader.stats("the last minute")  # type: ignore[arg-type]
+        with Loader(Dataset(str(tmp_path / "d")), batch_size=8) as other, \
+                pytest.raises(TypeError, match="this loader's"):
+            loader.stats(other.stats_window())
 
 
 def test_the_window_is_the_time_since_the_last_call() -> None:
@@ -174,10 +181,15 @@ def test_the_verdicts_advice_follows_the_figures(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(stage_stats, "_has_gpu", lambda: True)
     assert "try decode_on='cuda'" in _figures().verdict()
     # threads mostly idle while the step waits: the hand-over, not a stage
-    idle = _figures(busy=4.0, stages={"read": 0.5, "decode": 3.0, "transform": 0.4,
-                                      "assemble": 0.1})
+    idle = _figures(busy=4.0, prefetch=2, stages={"read": 0.5, "decode": 3.0, "transform": 0.4,
+                                                  "assemble": 0.1})
     assert "threads are idle 80% of the time meanwhile (decoding takes 75%" in idle.verdict()
-    assert "prefetch_batches" in idle.verdict()
+    assert "prefetch_batches=4; now 2" in idle.verdict()
+    # slices of tiny work: the hand-overs, not the batches made ahead
+    tiny = _figures(busy=4.0, slices=40_000, prefetch=2,
+                    stages={"read": 0.5, "decode": 3.0, "transform": 0.4, "assemble": 0.1})
+    assert "a slice takes 0.10 ms" in tiny.verdict()
+    assert "gate" not in tiny.verdict() and "prefetch" not in tiny.verdict()
     assert _figures(wait=0.01, step=9.0).verdict().startswith("input is not the bottleneck")
     remote = _figures(storage=14.0, requests=1200, stages={"read": 16.0, "decode": 2.0,
                                                            "transform": 0.3, "assemble": 0.2})
@@ -208,14 +220,14 @@ def test_each_reader_has_its_own_window_and_a_stopped_report_writes_nothing(
 
 def test_a_pass_left_early_starts_the_next_with_its_first_batch() -> None:
     consumer = ConsumerClock()
-    consumer.new_pass()
+    consumer.new_pass(time.perf_counter())
     consumer.asked()
     consumer.handed(4)  # a first batch: its wait is the pass's start
     consumer.asked()
     consumer.handed(4)
     started = consumer.start_wait
     time.sleep(0.01)  # the loop broke out; the next pass begins later
-    consumer.new_pass()
+    consumer.new_pass(time.perf_counter())
     consumer.asked()
     consumer.handed(4)
     assert consumer.step < 0.01  # the gap between passes is no training step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import cv2
@@ -203,8 +204,12 @@ def test_what_if_measures_the_change_beside_the_run(data: dict[str, Path],
     out = capsys.readouterr().out
     assert "threads       busy" in out and "decode" in out
     line = next(x for x in out.splitlines() if x.strip().startswith("what if threads=2:"))
-    assert "images/s (" in line and "x)" in line
-    # a name it does not know is said before anything is measured
+    assert "images/s (" in line and "x; one run each" in line
+    # a plot path that is a folder, and a name it does not know, are said before measuring
+    started = time.perf_counter()
+    assert main(["bench", str(data["labelled"]), "--plot", str(data["root"]),
+                 "--no-progress"]) != 0
+    assert "is a folder" in capsys.readouterr().err and time.perf_counter() - started < 5
     assert main(["bench", str(data["labelled"]), "--what-if", "cores=2", "--no-progress"]) != 0
     assert "give NAME=VALUE with NAME one of threads" in capsys.readouterr().err
     assert main(["bench", str(data["labelled"]), "--what-if", "threads=abc",

@@ -244,4 +244,5 @@ def compare_line(label: str, result: dict[str, Any], other: dict[str, Any]) -> s
     unit = {"records": "images/s", "windows": "windows/s", "patches": "patches/s"}[result["kind"]]
     a, b = result["samples_per_s"], other["samples_per_s"]
     ratio = f"{b / a:.2f}x" if a > 0 else "n/a"
-    return f"  what if {label}: {a:,.1f} -> {b:,.1f} {unit} ({ratio})"
+    return (f"  what if {label}: {a:,.1f} -> {b:,.1f} {unit} ({ratio}; one run each: at a "
+            "few --seconds, differences of 10% are noise)")

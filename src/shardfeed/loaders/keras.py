@@ -415,10 +415,12 @@ class LoaderStatsLog(keras.callbacks.Callback):  # type: ignore[misc]
         self.loader = loader
         self.every_steps = every_steps
         self.verdict = ""
-        self._window = loader.stats_window()  # its own: other readers do not shorten it
+        # its own windows (other readers do not shorten them): the epoch's, and the steps'
+        self._epoch = loader.stats_window()
+        self._steps = loader.stats_window()
 
-    def _add(self, logs: dict[str, Any] | None) -> None:
-        stats = self.loader.stats(self._window)
+    def _add(self, logs: dict[str, Any] | None, window: Any) -> None:
+        stats = self.loader.stats(window)
         self.verdict = stats.verdict
         if logs is None or stats.window is None:
             return
@@ -426,10 +428,10 @@ class LoaderStatsLog(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.every_steps is not None and (batch + 1) % self.every_steps == 0:
-            self._add(logs)
+            self._add(logs, self._steps)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._add(logs)
+        self._add(logs, self._epoch)
 
 
 __all__ = ["LoaderCheckpoint", "LoaderDataset", "LoaderStatsLog", "adapt"]

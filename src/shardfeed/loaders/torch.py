@@ -157,9 +157,9 @@ def log_stats(writer: Any, loader: Any, step: int, *, prefix: str = "input/") ->
                                   weakref.WeakKeyDictionary())
     window = windows.get(writer)
     if window is None:
-        window = windows[writer] = loader.stats_window()
+        window = windows[writer] = loader.stats_window(since_start=True)
     stats = loader.stats(window)
-    if stats.window is not None:
+    if stats.window is not None and stats.window.batches:  # (a first call: no window yet)
         for tag, value in scalars(stats.window, prefix=prefix).items():
             writer.add_scalar(tag, value, step)
     return stats

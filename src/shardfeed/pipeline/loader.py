@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -216,8 +217,8 @@ class Loader:
         self._reserved = 0  # batches a consumer keeps alive (reserve_held_batches)
         self._consumer = ConsumerClock()  # the consumer's wait and step (see stats)
         self._report: StatsReport | None = None
-        self._first_mark = self._snapshot()
-        self._window = StatsWindow(self._first_mark)  # the window of a plain stats()
+        self._first_mark: Any = None  # taken when the first pass begins (see stats)
+        self._window: StatsWindow | None = None  # the window of a plain stats()
         self._open_nothing()
 
     def _open_nothing(self) -> None:
@@ -270,7 +271,13 @@ class Loader:
         :mod:`shardfeed.pipeline.stage_stats`). Cheap: call it every few seconds.
         ``window``: measure the window from that mark (:meth:`stats_window`) instead of the
         loader's own, so that readers of the figures do not shorten each other's."""
-        window = self._window if window is None else window
+        first = self._start_marks()
+        if window is None:
+            window = self._window
+        elif not isinstance(window, StatsWindow) or window.owner is not self:
+            raise TypeError(f"window must come from this loader's stats_window(), got "
+                            f"{window!r}")
+        assert window is not None
         now = self._snapshot()
         last, window.mark = window.mark, now
         o = self.options
@@ -280,13 +287,22 @@ class Loader:
             "device_decode": stage_stats.device_decode(self._transform)}
         p = self._progress
         return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total,
-                           run=StageFigures.between(self._first_mark, now, **shape),
+                           run=StageFigures.between(first, now, **shape),
                            window=StageFigures.between(last, now, **shape))
 
-    def stats_window(self) -> StatsWindow:
-        """A window of :meth:`stats` of its own, from now: ``loader.stats(window=w)``
-        measures since ``w``'s previous call, whoever else asks for stats meanwhile."""
-        return StatsWindow(self._snapshot())
+    def stats_window(self, *, since_start: bool = False) -> StatsWindow:
+        """A window of :meth:`stats` of its own, from now (``since_start``: from the first
+        pass's start): ``loader.stats(window=w)`` measures since ``w``'s previous call,
+        whoever else asks for stats meanwhile."""
+        first = self._start_marks()
+        return StatsWindow(first if since_start else self._snapshot(), self)
+
+    def _start_marks(self) -> Any:
+        """The run's first mark: the counters when the first pass began (now, before it)."""
+        if self._first_mark is None:
+            self._first_mark = self._snapshot()
+            self._window = StatsWindow(self._first_mark, self)
+        return self._first_mark
 
     def _snapshot(self) -> Any:
         trials = self._gate.stats().off_choice_seconds  # time at a limit not chosen
@@ -303,6 +319,7 @@ class Loader:
             self._report.close()
             self._report = None
         if every is not None:
+            self._check_open()
             window = self.stats_window()
             self._report = StatsReport(lambda: self.stats(window), every=every,
                                        display=display, jsonl=jsonl, total=None)
@@ -570,7 +587,9 @@ class Loader:
         return self._ring, build
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        began = time.perf_counter()
         self._check_open()
+        self._start_marks()
         self._stop_run()
         opts = self.options
         ctx = self._context()
@@ -599,7 +618,7 @@ class Loader:
         if bound is not None:
             self._gate.hold(bound)
         handout = HandOut(self._run, closed=lambda: self._closed)
-        self._consumer.new_pass()
+        self._consumer.new_pass(began)
         depth = ahead_depth(self.batch_stages)
         if depth == 0:
             return Timed(handout, self._consumer, self._tick)

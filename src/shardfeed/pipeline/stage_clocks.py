@@ -65,8 +65,8 @@ class ConsumerClock:
     """The consumer's wait for each batch and its time between batches (one thread at a time
     iterates a loader's pass)."""
 
-    __slots__ = ("_asked", "_first", "_returned", "batches", "samples", "start_wait", "step",
-                 "wait")
+    __slots__ = ("_asked", "_began", "_first", "_returned", "batches", "samples", "start_wait",
+                 "step", "wait")
 
     def __init__(self) -> None:
         self.wait = self.step = self.start_wait = 0.0
@@ -74,12 +74,17 @@ class ConsumerClock:
         self._returned: float | None = None  # when the last batch was handed out
         self._asked = 0.0
         self._first = True  # the next batch is a pass's first
+        self._began: float | None = None
 
     def asked(self) -> None:
         """The consumer asks for the next batch."""
         now = time.perf_counter()
         if self._returned is not None:
             self.step += now - self._returned
+        began = self._began
+        if began is not None:  # a pass's first batch: its wait began with the pass
+            self._began = None
+            now = began
         self._asked = now
 
     def handed(self, samples: int) -> None:
@@ -94,10 +99,13 @@ class ConsumerClock:
         self.samples += samples
         self._returned = now
 
-    def new_pass(self) -> None:
-        """A pass begins (one left early, by ``break``, never said it ended)."""
+    def new_pass(self, began: float) -> None:
+        """A pass begins (one left early, by ``break``, never said it ended): the wait for
+        its first batch counts from ``began`` (the pass's set-up, before its iterator is
+        handed out, included)."""
         self._returned = None
         self._first = True
+        self._began = began
 
     def ended(self) -> None:
         """The pass ended (the next ``asked`` starts no step)."""

@@ -154,8 +154,9 @@ class StageFigures:
         return min(1.0, self.busy / room) if room > 0 else 0.0
 
     def shares(self) -> dict[str, float]:
-        """Each stage's share of the pipeline's busy time (``storage`` included, a part of
-        ``read``)."""
+        """Each stage's share of the slices' busy time, and ``storage``: the storage calls'
+        seconds (on any thread: reads ahead run on their own) against the same time, at most
+        1 (it may exceed ``read``, and is not a part of the other shares' sum)."""
         busy = self.busy
         out = {name: (seconds / busy if busy > 0 else 0.0)
                for name, seconds in self.stages.items()}
@@ -168,15 +169,19 @@ class StageFigures:
         return verdict(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able: every figure, the shares and the verdict."""
+        """JSON-able: every figure, the shares and the verdict (with worker processes, the
+        slices' figures, not measured here, are None)."""
+        measured = not self.processes
         return {
             "seconds": self.seconds, "batches": self.batches, "samples": self.samples,
             "samples_per_s": self.samples_per_s, "wait": self.wait, "step": self.step,
             "wait_share": self.wait_share, "start_wait": self.start_wait,
+            "slices_measured": measured,
             "narrowed": self.narrowed, "batch_stages": self.batch_stages,
-            "stages": dict(self.stages),
-            "storage": self.storage, "busy": self.busy, "busy_share": self.busy_share,
-            "threads": self.threads, "slices": self.slices, "shares": self.shares(),
+            "stages": dict(self.stages) if measured else None,
+            "storage": self.storage, "busy": self.busy if measured else None,
+            "busy_share": self.busy_share if measured else None,
+            "threads": self.threads, "slices": self.slices, "shares": self.shares() if measured else None,
             "requests": self.requests, "bytes_fetched": self.bytes_fetched,
             "retries": self.retries, "cache_hits": self.cache_hits, "skipped": self.skipped,
             "verdict": self.verdict(),
@@ -219,13 +224,19 @@ def verdict(f: StageFigures) -> str:
     stage = max(STAGES, key=lambda name: shares[name])
     if f.busy_share < 0.8:
         narrowed = f.narrowed / f.seconds if f.seconds > 0 else 0.0
+        per_slice = f.busy / f.slices if f.slices else 0.0
         ahead = (f"for {narrowed:.0%} of the time the loader tried building fewer slices at "
                  "once, measuring whether fewer build faster (a cost that shrinks as a run "
                  "goes on; adaptive_threads=False keeps every thread building)"
                  if narrowed >= 0.1 else
+                 f"a slice takes {per_slice * 1e3:.2f} ms: handing slices and batches "
+                 "between threads costs more than that work (one process, one GIL): larger "
+                 "batches, fewer threads, or workers='processes'"
+                 if per_slice < 2e-3 else
                  f"let them make more batches ahead (prefetch_batches={2 * f.prefetch}; now "
-                 f"{f.prefetch})" if f.prefetch else "let them make more batches ahead "
-                 "(prefetch_batches)")
+                 f"{f.prefetch})" if 0 < f.prefetch < 8 else
+                 "the threads wait on each other or on the GIL (a step that computes in "
+                 "Python holds it): workers='processes'")
         return (f"{waits}; the loader's threads are idle {1 - f.busy_share:.0%} of the time "
                 f"meanwhile ({words_of(stage)} takes {shares[stage]:.0%} of their work): "
                 f"{ahead}")
@@ -296,10 +307,11 @@ class StatsWindow:
     (``loader.stats(window=w)``): each reader of the figures (a report, a Keras callback, a
     TensorBoard helper, the user) keeps its own, so one does not shorten another's."""
 
-    __slots__ = ("mark",)
+    __slots__ = ("mark", "owner")
 
-    def __init__(self, mark: Snapshot) -> None:
+    def __init__(self, mark: Snapshot, owner: object) -> None:
         self.mark = mark
+        self.owner = owner  # the loader whose counters the mark is of
 
 
 @dataclass(frozen=True)
@@ -332,21 +344,29 @@ class LoaderStats:
         window = self.window if self.window is not None and self.window.batches else self.run
         if window is None:
             return f"epoch {self.epoch}, {self.batches_total} batches"
-        shares = window.shares()
-        stages = ", ".join(f"{name} {shares[name]:.0%}" for name in (*STAGES, "storage")
-                           if shares.get(name))
-        return (f"epoch {self.epoch}: {window.samples_per_s:,.0f} samples/s, step waits "
-                f"{window.wait_share:.1%}, threads busy {window.busy_share:.0%}"
-                + (f" ({stages})" if stages else "") + f"; {self.verdict}")
+        span = "last" if window is self.window else "run"
+        head = (f"{window.batches:,} batches in {window.seconds:.1f} s ({span}): "
+                f"{window.samples_per_s:,.0f} samples/s, step waits {window.wait_share:.1%}")
+        if not window.processes:
+            shares = window.shares()
+            stages = ", ".join(f"{name} {shares[name]:.0%}" for name in STAGES
+                               if shares.get(name))
+            head += f", threads busy {window.busy_share:.0%}" + (
+                f" ({stages})" if stages else "")
+        if window.requests:
+            head += (f", storage calls {window.storage:.2f} s for "
+                     f"{window.requests:,} requests")
+        return f"{head}; {self.verdict}"
 
 
 def scalars(f: StageFigures, *, prefix: str = "") -> dict[str, float]:
     """The figures a dashboard plots (TensorBoard, Keras's logs): ``wait_share``,
     ``samples_per_s``, ``threads_busy`` and ``<stage>_share`` a stage, storage included."""
-    out = {f"{prefix}wait_share": f.wait_share, f"{prefix}samples_per_s": f.samples_per_s,
-           f"{prefix}threads_busy": f.busy_share}
-    for name, share in f.shares().items():
-        out[f"{prefix}{name}_share"] = share
+    out = {f"{prefix}wait_share": f.wait_share, f"{prefix}samples_per_s": f.samples_per_s}
+    if not f.processes:  # worker processes: the slices' figures are not measured here
+        out[f"{prefix}threads_busy"] = f.busy_share
+        for name, share in f.shares().items():
+            out[f"{prefix}{name}_share"] = share
     return out
 
 

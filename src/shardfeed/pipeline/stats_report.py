@@ -34,21 +34,27 @@ class StatsReport:
         self.every = float(every)
         self.path = None if jsonl is None else Path(jsonl)
         if self.path is not None:
+            # a folder, or a file it cannot write, is said now, not at the first report
+            if self.path.is_dir():
+                raise ValueError(f"jsonl={str(jsonl)!r} is a folder: give the log file's "
+                                 "path (e.g. logs/input.jsonl)")
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.touch()  # a folder or a file it cannot write is said now, not later
+            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
         self._bar: Any = None
         if display:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, unit=" batch", dynamic_ncols=True, leave=True,
-                             desc="shardfeed")
+                             desc="shardfeed", mininterval=1.0)
         self._due = time.perf_counter() + self.every
+        self._ticks = 0  # batches since the last report
         self.last: LoaderStats | None = None
 
     def tick(self) -> None:
         """One batch handed out: the display's count, and a report when one is due."""
         if self._bar is not None:
             self._bar.update(1)
+        self._ticks += 1
         now = time.perf_counter()
         if now >= self._due:
             self._due = now + self.every
@@ -56,6 +62,7 @@ class StatsReport:
 
     def report(self) -> LoaderStats:
         """Take the stats now and write them (display, log)."""
+        self._ticks = 0
         stats = self.last = self.stats()
         if self._bar is not None:
             self._bar.set_postfix_str(line(stats), refresh=True)
@@ -71,6 +78,10 @@ class StatsReport:
         return stats
 
     def close(self) -> None:
+        """Stop: the batches since the last report are reported (so the log's windows add up
+        to the run), then nothing more is written."""
+        if self._ticks and (self.path is not None or self._bar is not None):
+            self.report()
         self.path = None  # a tick that still comes (a pass begun before) writes nothing
         self._due = float("inf")
         if self._bar is not None:
@@ -83,7 +94,10 @@ def line(stats: LoaderStats) -> str:
     window = stats.window if stats.window is not None and stats.window.batches else stats.run
     if window is None:
         return ""
+    text = f"{window.samples_per_s:,.0f} samples/s | step waits {window.wait_share:.0%}"
+    if window.processes:
+        return text
     shares = window.shares()
     parts = " ".join(f"{name} {shares[name]:.0%}" for name in STAGES if shares[name] >= 0.01)
-    return (f"{window.samples_per_s:,.0f} samples/s | step waits {window.wait_share:.0%} | "
-            f"threads busy {window.busy_share:.0%}" + (f" | {parts}" if parts else ""))
+    return (text + f" | threads busy {window.busy_share:.0%}"
+            + (f" | {parts}" if parts else ""))

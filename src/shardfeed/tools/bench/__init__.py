@@ -177,6 +177,9 @@ def bench(
         options = BenchOptions(**option_values)
     elif option_values:
         raise TypeError("pass either options= or option keywords, not both")
+    if plot is not None and os.path.isdir(plot):  # said before the run, not after it
+        raise ValueError(f"plot={os.fspath(plot)!r} is a folder: give the PNG's path "
+                         "(e.g. bench.png)")
     from shardfeed.dataset import Dataset
 
     owned = not hasattr(path_or_dataset, "read_many")

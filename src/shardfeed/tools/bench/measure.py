@@ -170,13 +170,15 @@ def measure(loader: Any, options: BenchOptions, *, start: float, progress: bool,
 
 def stage_figures(measured: Measured) -> dict[str, Any]:
     """The measured stretch's stage figures (its windows summed) and their timeline: each
-    window's threads busy in each stage (stage seconds over the window's seconds)."""
+    window's start and end (seconds since the stretch began) and its threads busy in each
+    stage (stage seconds over the window's seconds)."""
     from shardfeed.pipeline.stage_stats import combine
 
     windows = [w for _, w in measured.stages if w is not None]
     if not windows:
         return {"stages": None, "stage_timeline": []}
-    timeline = [[t, {name: seconds / w.seconds for name, seconds in w.stages.items()}
+    timeline = [[max(0.0, t - w.seconds), t,
+                 {name: seconds / w.seconds for name, seconds in w.stages.items()}
                  if w.seconds > 0 else {}] for t, w in measured.stages if w is not None]
     return {"stages": combine(windows).to_dict(), "stage_timeline": timeline}
 

@@ -78,7 +78,8 @@ def stages_path(path: str | os.PathLike[str]) -> Path:
 
 
 def plot_stages(result: Mapping[str, Any], path: str | os.PathLike[str]) -> Path | None:
-    """Draw ``result["stage_timeline"]`` as a PNG: for each window of the measured stretch,
+    """Draw ``result["stage_timeline"]`` as a PNG: for each window of the measured stretch
+    (``[start, end, {stage: threads busy}]``),
     how many threads were, on average, in each stage (stacked), against the threads there
     are. None (nothing written) without a timeline. Returns the path written."""
     timeline = result.get("stage_timeline") or []
@@ -88,10 +89,12 @@ def plot_stages(result: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
 
     fig = Figure(figsize=(8.0, 4.2), dpi=100, layout="constrained")
     ax = fig.subplots()
-    t = [row[0] for row in timeline]
-    names = [n for n in _STAGE_COLOURS if any(row[1].get(n) for row in timeline)]
-    ax.stackplot(t, *[[row[1].get(n, 0.0) for row in timeline] for n in names],
-                 labels=names, colors=[_STAGE_COLOURS[n] for n in names], step="pre")
+    # each window a step from its start to its end
+    t = [row[0] for row in timeline] + [timeline[-1][1]]
+    names = [n for n in _STAGE_COLOURS if any(row[2].get(n) for row in timeline)]
+    ax.stackplot(t, *[[row[2].get(n, 0.0) for row in timeline] + [timeline[-1][2].get(n, 0.0)]
+                      for n in names],
+                 labels=names, colors=[_STAGE_COLOURS[n] for n in names], step="post")
     threads = result.get("threads")
     if threads:
         ax.axhline(threads, color="black", linestyle=":", linewidth=1,

@@ -140,9 +140,9 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
     )
 
 
-_WINDOWS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Any]] = (
-    weakref.WeakKeyDictionary())
-"""log_stats' window of each writer, a loader."""
+_WINDOWS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+"""log_stats' window of each writer (by its id), a loader (held weakly: a window holds its
+loader weakly too)."""
 
 
 def log_stats(writer: Any, loader: Any, step: int, *, prefix: str = "input/") -> Any:
@@ -154,12 +154,13 @@ def log_stats(writer: Any, loader: Any, step: int, *, prefix: str = "input/") ->
     of its own (the time since its previous call). Returns the stats (their ``verdict``
     says what to try)."""
     windows = _WINDOWS.setdefault(loader.loader if isinstance(loader, AdaptedLoader) else loader,
-                                  weakref.WeakKeyDictionary())
-    window = windows.get(writer)
+                                  {})
+    key = id(writer)  # any writer (hashable or not, weakly referenced or not)
+    window = windows.get(key)
     if window is None:
-        window = windows[writer] = loader.stats_window(since_start=True)
+        window = windows[key] = loader.stats_window(since_start=True)
     stats = loader.stats(window)
-    if stats.window is not None and stats.window.batches:  # (a first call: no window yet)
+    if stats.window is not None and stats.window.batches and stats.window.step > 0:
         for tag, value in scalars(stats.window, prefix=prefix).items():
             writer.add_scalar(tag, value, step)
     return stats

@@ -218,7 +218,7 @@ class Loader:
         self._consumer = ConsumerClock()  # the consumer's wait and step (see stats)
         self._report: StatsReport | None = None
         self._first_mark: Any = None  # taken when the first pass begins (see stats)
-        self._window: StatsWindow | None = None  # the window of a plain stats()
+        self._window = StatsWindow(None, self)  # the window of a plain stats()
         self._open_nothing()
 
     def _open_nothing(self) -> None:
@@ -271,21 +271,23 @@ class Loader:
         :mod:`shardfeed.pipeline.stage_stats`). Cheap: call it every few seconds.
         ``window``: measure the window from that mark (:meth:`stats_window`) instead of the
         loader's own, so that readers of the figures do not shorten each other's."""
-        first = self._start_marks()
         if window is None:
             window = self._window
-        elif not isinstance(window, StatsWindow) or window.owner is not self:
+        elif not isinstance(window, StatsWindow) or window.owner() is not self:
             raise TypeError(f"window must come from this loader's stats_window(), got "
                             f"{window!r}")
-        assert window is not None
+        p = self._progress
+        first = self._first_mark
+        if first is None:  # no pass yet: nothing measured
+            return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total)
         now = self._snapshot()
-        last, window.mark = window.mark, now
+        last = window.mark if window.mark is not None else first
+        window.mark = now
         o = self.options
         shape: dict[str, Any] = {
             "threads": o.num_threads, "prefetch": o.prefetch_batches,
             "processes": o.workers == "processes",
             "device_decode": stage_stats.device_decode(self._transform)}
-        p = self._progress
         return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total,
                            run=StageFigures.between(first, now, **shape),
                            window=StageFigures.between(last, now, **shape))
@@ -294,19 +296,18 @@ class Loader:
         """A window of :meth:`stats` of its own, from now (``since_start``: from the first
         pass's start): ``loader.stats(window=w)`` measures since ``w``'s previous call,
         whoever else asks for stats meanwhile."""
-        first = self._start_marks()
-        return StatsWindow(first if since_start else self._snapshot(), self)
+        started = self._first_mark is not None
+        return StatsWindow(self._snapshot() if started and not since_start else None, self)
 
-    def _start_marks(self) -> Any:
-        """The run's first mark: the counters when the first pass began (now, before it)."""
+    def _start_marks(self) -> None:
+        """The run's first mark: the counters when the first pass begins."""
         if self._first_mark is None:
             self._first_mark = self._snapshot()
-            self._window = StatsWindow(self._first_mark, self)
-        return self._first_mark
 
     def _snapshot(self) -> Any:
         trials = self._gate.stats().off_choice_seconds  # time at a limit not chosen
-        return snapshot(self._builder.clock, self._consumer, self._datasets(),
+        datasets = list({id(ds): ds for ds in self._datasets()}.values())  # each once
+        return snapshot(self._builder.clock, self._consumer, datasets,
                         self._progress.skipped_total, trials)
 
     def report(self, every: float | None = 10.0, *, display: bool = True,
@@ -663,8 +664,9 @@ class Loader:
         self._closed = True
         self._stop_run()
         self._drop_carry()
-        if self._report is not None:
-            self._report.close()
+        report, self._report = self._report, None
+        if report is not None:
+            report.close()  # never raises (see StatsReport)
         registered = self._finalizer.detach()
         if registered is not None:
             release(*registered[2], wait=True)

@@ -112,7 +112,7 @@ class SliceBuilder:
         self._stage_native = DECODE  # the compiled slices and Patches' rows: read and decode
         # the whole transform's stage, sample by sample (a sampler that decodes its images,
         # Patches, makes its samples' pixels itself)
-        self._stage = (DECODE if transform is None and getattr(sampler, "decodes_images", False)
+        self._stage = (DECODE if getattr(sampler, "decodes_images", False)
                        else stage_of(transform))
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:
@@ -378,33 +378,35 @@ class SliceBuilder:
         clock[READ] += now - started
         made = written = 0.0
         timings = child_timings()  # a Compose's ops, each to its stage
-        direct = self.direct_keys(buffer.layout)
-        columns = [(k, buffer.arrays[k]) for k in direct]
-        seed, epoch = ctx.seed, ctx.epoch
-        make, write = self.make, buffer.write
-        skipped = 0
-        row = first_row
-        for position, ids in zip(positions.tolist(), plans):
-            key = SampleKey(seed, epoch, position)
-            slots = {k: column[row] for k, column in columns} if columns else None
-            sample: Sample | None = None
-            if not bad_records or not any(int(i) in bad_records for i in ids):
-                try:
-                    sample = make(key, ids, [records[i] for i in ids], slots)
-                except DATA_ERRORS:
-                    if not self.skip:
-                        raise
-            if sample is None:
-                sample, bad, buffer.keys[row] = self.replacement(ctx, position)
-                skipped += bad + 1
-                slots = None
-            then = time.perf_counter()
-            made += then - now
-            write(row, sample, written=slots, where=_Where(self, position, ids))
-            now = time.perf_counter()
-            written += now - then
-            row += 1
-        self._add_transform(timings, made)
+        try:
+            direct = self.direct_keys(buffer.layout)
+            columns = [(k, buffer.arrays[k]) for k in direct]
+            seed, epoch = ctx.seed, ctx.epoch
+            make, write = self.make, buffer.write
+            skipped = 0
+            row = first_row
+            for position, ids in zip(positions.tolist(), plans):
+                key = SampleKey(seed, epoch, position)
+                slots = {k: column[row] for k, column in columns} if columns else None
+                sample: Sample | None = None
+                if not bad_records or not any(int(i) in bad_records for i in ids):
+                    try:
+                        sample = make(key, ids, [records[i] for i in ids], slots)
+                    except DATA_ERRORS:
+                        if not self.skip:
+                            raise
+                if sample is None:
+                    sample, bad, buffer.keys[row] = self.replacement(ctx, position)
+                    skipped += bad + 1
+                    slots = None
+                then = time.perf_counter()
+                made += then - now
+                write(row, sample, written=slots, where=_Where(self, position, ids))
+                now = time.perf_counter()
+                written += now - then
+                row += 1
+        finally:
+            self._add_transform(timings, made)  # (stops the timing on an error too)
         clock[ASSEMBLE] += written
         return skipped
 

@@ -8,6 +8,7 @@ Determinism: none of this changes a batch. State: counters. Memory: a few floats
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,11 +27,12 @@ class StageClock:
     busy. Each thread adds to accumulators of its own (registered once), so :meth:`add`
     takes no lock; :meth:`totals` sums them. Thread-safe."""
 
-    __slots__ = ("_all", "_local", "_lock")
+    __slots__ = ("_all", "_done", "_local", "_lock")
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._all: list[list[float]] = []
+        self._all: list[tuple[threading.Thread, list[float]]] = []
+        self._done = [0.0] * (BATCH_STAGES + 1)  # the rows of threads that ended
         self._lock = threading.Lock()
 
     def mine(self) -> list[float]:
@@ -40,7 +42,7 @@ class StageClock:
         if acc is None:
             acc = [0.0] * (BATCH_STAGES + 1)
             with self._lock:
-                self._all.append(acc)
+                self._all.append((threading.current_thread(), acc))
             self._local.acc = acc
         return acc
 
@@ -50,8 +52,14 @@ class StageClock:
     def totals(self) -> list[float]:
         """The stages' seconds, busy seconds and slices, over every thread so far."""
         with self._lock:
-            rows = list(self._all)
-        out = [0.0] * (BATCH_STAGES + 1)
+            # a finished thread's row is added into the base row once (threads come and go:
+            # a pass's run-ahead thread)
+            for thread, acc in [row for row in self._all if not row[0].is_alive()]:
+                for k, value in enumerate(acc):
+                    self._done[k] += value
+            self._all = [row for row in self._all if row[0].is_alive()]
+            rows = [acc for _, acc in self._all]
+            out = list(self._done)
         for acc in rows:
             for k, value in enumerate(acc):
                 out[k] += value
@@ -140,7 +148,8 @@ class Timed:
             raise
         rows = 0
         for value in batch.values():
-            rows = len(value)
+            with contextlib.suppress(TypeError):  # a scalar first: no row count
+                rows = len(value)
             break
         clock.handed(rows)
         if self.after is not None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +175,7 @@ class StageFigures:
         measured = not self.processes
         return {
             "seconds": self.seconds, "batches": self.batches, "samples": self.samples,
+            "slices": self.slices if measured else None,
             "samples_per_s": self.samples_per_s, "wait": self.wait, "step": self.step,
             "wait_share": self.wait_share, "start_wait": self.start_wait,
             "slices_measured": measured,
@@ -181,7 +183,7 @@ class StageFigures:
             "stages": dict(self.stages) if measured else None,
             "storage": self.storage, "busy": self.busy if measured else None,
             "busy_share": self.busy_share if measured else None,
-            "threads": self.threads, "slices": self.slices, "shares": self.shares() if measured else None,
+            "threads": self.threads,  "shares": self.shares() if measured else None,
             "requests": self.requests, "bytes_fetched": self.bytes_fetched,
             "retries": self.retries, "cache_hits": self.cache_hits, "skipped": self.skipped,
             "verdict": self.verdict(),
@@ -309,9 +311,9 @@ class StatsWindow:
 
     __slots__ = ("mark", "owner")
 
-    def __init__(self, mark: Snapshot, owner: object) -> None:
-        self.mark = mark
-        self.owner = owner  # the loader whose counters the mark is of
+    def __init__(self, mark: Snapshot | None, owner: object) -> None:
+        self.mark = mark  # None: from the first pass's start
+        self.owner = weakref.ref(owner)  # the loader whose counters the mark is of
 
 
 @dataclass(frozen=True)

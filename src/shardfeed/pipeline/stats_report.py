@@ -12,7 +12,9 @@ Determinism: none of this changes a batch. State: when the next report is due. M
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -51,26 +53,42 @@ class StatsReport:
         self.last: LoaderStats | None = None
 
     def tick(self) -> None:
-        """One batch handed out: the display's count, and a report when one is due."""
-        if self._bar is not None:
-            self._bar.update(1)
-        self._ticks += 1
-        now = time.perf_counter()
-        if now >= self._due:
-            self._due = now + self.every
-            self.report()
+        """One batch handed out: the display's count, and a report when one is due. A report
+        that fails (a full disk, a log folder removed) is said once in the log and stops
+        this report; it never reaches the training loop."""
+        try:
+            bar = self._bar
+            if bar is not None:
+                bar.update(1)
+            self._ticks += 1
+            now = time.perf_counter()
+            if now >= self._due:
+                self._due = now + self.every
+                self.report()
+        except Exception as exc:  # noqa: BLE001 - reporting must not stop training
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        logging.getLogger(__name__).warning("stopped reporting the loader's stats: %s", exc)
+        self.path = None
+        self._due = float("inf")
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            with contextlib.suppress(Exception):
+                bar.close()
 
     def report(self) -> LoaderStats:
         """Take the stats now and write them (display, log)."""
         self._ticks = 0
         stats = self.last = self.stats()
-        if self._bar is not None:
-            self._bar.set_postfix_str(line(stats), refresh=True)
-        if self.path is not None:
+        bar, path = self._bar, self.path  # (another thread may stop the report meanwhile)
+        if bar is not None:
+            bar.set_postfix_str(line(stats), refresh=True)
+        if path is not None:
             record = {"time": time.time(), **stats.to_dict()}
             record.pop("run", None)  # the window is the report; the run is the sum of them
             data = (json.dumps(record) + "\n").encode()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, data)
             finally:
@@ -79,9 +97,12 @@ class StatsReport:
 
     def close(self) -> None:
         """Stop: the batches since the last report are reported (so the log's windows add up
-        to the run), then nothing more is written."""
+        to the run), then nothing more is written. Never raises (a failure is logged)."""
         if self._ticks and (self.path is not None or self._bar is not None):
-            self.report()
+            try:
+                self.report()
+            except Exception as exc:  # noqa: BLE001 - closing a loader must go on
+                self._failed(exc)
         self.path = None  # a tick that still comes (a pass begun before) writes nothing
         self._due = float("inf")
         if self._bar is not None:

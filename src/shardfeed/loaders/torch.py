@@ -140,7 +140,8 @@ def adapt(loader: Any, *, pin_memory: bool = False, channels_first: bool = False
     )
 
 
-_WINDOWS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+_WINDOWS: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, Any]]] = (
+    weakref.WeakKeyDictionary())
 """log_stats' window of each writer (by its id), a loader (held weakly: a window holds its
 loader weakly too)."""
 
@@ -156,13 +157,21 @@ def log_stats(writer: Any, loader: Any, step: int, *, prefix: str = "input/") ->
     windows = _WINDOWS.setdefault(loader.loader if isinstance(loader, AdaptedLoader) else loader,
                                   {})
     key = id(writer)  # any writer (hashable or not, weakly referenced or not)
-    window = windows.get(key)
-    if window is None:
-        window = windows[key] = loader.stats_window(since_start=True)
+    entry = windows.get(key)
+    if entry is None or entry[0]() is not writer:  # (an id a dead writer had: a new one)
+        try:
+            ref: Any = weakref.ref(writer)
+        except TypeError:
+            ref = lambda: writer
+        entry = windows[key] = (ref, loader.stats_window(since_start=True))
+    window = entry[1]
+    mark = window.mark
     stats = loader.stats(window)
-    if stats.window is not None and stats.window.batches and stats.window.step > 0:
-        for tag, value in scalars(stats.window, prefix=prefix).items():
-            writer.add_scalar(tag, value, step)
+    if not (stats.window is not None and stats.window.batches and stats.window.step > 0):
+        window.mark = mark  # nothing to write yet (a pass's first batch): the next call has it
+        return stats
+    for tag, value in scalars(stats.window, prefix=prefix).items():
+        writer.add_scalar(tag, value, step)
     return stats
 
 

@@ -58,7 +58,13 @@ from shardfeed.pipeline.stage_clocks import ASSEMBLE, BUSY, DECODE, READ, SLICES
 from shardfeed.pipeline.stage_stats import stage_of
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
-from shardfeed.transforms.base import bytes_into_of, child_timings, has_batch_form, stop_timings
+from shardfeed.transforms.base import (
+    Compose,
+    bytes_into_of,
+    child_timings,
+    has_batch_form,
+    stop_timings,
+)
 
 BATCH_PATH_RETRIED: tuple[type[Exception], ...] = (*DATA_ERRORS, SchemaError)
 """What makes the batch path hand its rows to the sample-by-sample path (see build_slice)."""
@@ -113,6 +119,7 @@ class SliceBuilder:
         # the whole transform's stage, sample by sample (a sampler that decodes its images,
         # Patches, makes its samples' pixels itself)
         self._stage = (DECODE if getattr(sampler, "decodes_images", False)
+                       and (transform is None or isinstance(transform, Compose))
                        else stage_of(transform))
 
     def direct_keys(self, layout: BatchLayout) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ class StageClock:
         if acc is None:
             acc = [0.0] * (BATCH_STAGES + 1)
             with self._lock:
+                self._fold()
                 self._all.append((threading.current_thread(), acc))
             self._local.acc = acc
         return acc
@@ -52,18 +53,21 @@ class StageClock:
     def totals(self) -> list[float]:
         """The stages' seconds, busy seconds and slices, over every thread so far."""
         with self._lock:
-            # a finished thread's row is added into the base row once (threads come and go:
-            # a pass's run-ahead thread)
-            for thread, acc in [row for row in self._all if not row[0].is_alive()]:
-                for k, value in enumerate(acc):
-                    self._done[k] += value
-            self._all = [row for row in self._all if row[0].is_alive()]
+            self._fold()
             rows = [acc for _, acc in self._all]
             out = list(self._done)
         for acc in rows:
             for k, value in enumerate(acc):
                 out[k] += value
         return out
+
+    def _fold(self) -> None:
+        """The rows of finished threads added into the base row once (threads come and go:
+        a pass's run-ahead thread). Under the lock."""
+        for _, acc in [row for row in self._all if not row[0].is_alive()]:
+            for k, value in enumerate(acc):
+                self._done[k] += value
+        self._all = [row for row in self._all if row[0].is_alive()]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (StageClock, ())  # a worker process counts for itself (not collected)
@@ -148,9 +152,9 @@ class Timed:
             raise
         rows = 0
         for value in batch.values():
-            with contextlib.suppress(TypeError):  # a scalar first: no row count
+            with contextlib.suppress(TypeError):  # a scalar: the next value has the rows
                 rows = len(value)
-            break
+                break
         clock.handed(rows)
         if self.after is not None:
             self.after()

@@ -69,7 +69,8 @@ class StatsReport:
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
-        logging.getLogger(__name__).warning("stopped reporting the loader's stats: %s", exc)
+        logging.getLogger(__name__).warning("stopped reporting the loader's stats: %s", exc,
+                                            exc_info=exc)
         self.path = None
         self._due = float("inf")
         bar, self._bar = self._bar, None
@@ -105,9 +106,10 @@ class StatsReport:
                 self._failed(exc)
         self.path = None  # a tick that still comes (a pass begun before) writes nothing
         self._due = float("inf")
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            with contextlib.suppress(Exception):
+                bar.close()
 
 
 def line(stats: LoaderStats) -> str:

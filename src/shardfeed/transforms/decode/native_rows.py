@@ -52,8 +52,12 @@ def agrees() -> bool:
         if not _checked:
             try:
                 _checked.append(_self_check())
-            except Exception:  # noqa: BLE001 - a check that cannot run: the call is not used
+            except Exception:
+                logging.getLogger(__name__).warning(
+                    "the check of the compiled JPEG crop call failed: crops are made by the "
+                    "Python path", exc_info=True)
                 _checked.append(False)
+                return False
             if not _checked[0]:
                 logging.getLogger(__name__).warning(
                     "the compiled JPEG crop call gives other pixels than simplejpeg and "

@@ -323,7 +323,7 @@ class Loader:
             self._check_open()
             window = self.stats_window()
             self._report = StatsReport(lambda: self.stats(window), every=every,
-                                       display=display, jsonl=jsonl, total=None)
+                                       display=display, jsonl=jsonl)
 
     def _tick(self) -> None:
         """After each batch handed out: the report's tick, if one is attached now."""

@@ -115,7 +115,6 @@ class SliceBuilder:
         # light records: a whole slice in one compiled call without the GIL, where it applies
         self._native = NativeSlices.of(sampler, transform) if self._read_columns else None
         self.clock = StageClock()  # where the slices' time goes (see stage_stats)
-        self._stage_native = DECODE  # the compiled slices and Patches' rows: read and decode
         # the whole transform's stage, sample by sample (a sampler that decodes its images,
         # Patches, makes its samples' pixels itself)
         self._stage = (DECODE if getattr(sampler, "decodes_images", False)
@@ -288,7 +287,7 @@ class SliceBuilder:
         if native is not None and native.enabled:
             started = time.perf_counter()
             built = native.build(ctx, positions, buffer, first_row)
-            clock.add(self._stage_native, time.perf_counter() - started)
+            clock.add(DECODE, time.perf_counter() - started)  # read and decode at once
             if built:
                 return 0
         build_rows = self._build_rows

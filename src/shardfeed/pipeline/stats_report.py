@@ -29,7 +29,7 @@ class StatsReport:
     """Reports ``stats()`` every ``every`` seconds (see the module doc)."""
 
     def __init__(self, stats: Callable[[], LoaderStats], *, every: float, display: bool,
-                 jsonl: str | os.PathLike[str] | None, total: int | None = None) -> None:
+                 jsonl: str | os.PathLike[str] | None) -> None:
         if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
             raise ValueError(f"every must be a number of seconds > 0, got {every!r}")
         self.stats = stats
@@ -46,7 +46,7 @@ class StatsReport:
         if display:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, unit=" batch", dynamic_ncols=True, leave=True,
+            self._bar = tqdm(unit=" batch", dynamic_ncols=True, leave=True,
                              desc="shardfeed", mininterval=1.0)
         self._due = time.perf_counter() + self.every
         self._ticks = 0  # batches since the last report

@@ -295,3 +295,58 @@ def test_small_images_do_not_load_the_region_decoder(
     large = _write(tmp_path / "large", "jpeg", [(300, 260)])
     _batches(large, presets.train(size=160))  # no DCT scale: the region decode may pay
     assert asked
+
+
+def _write_with_masks(folder: Path, mask: str) -> Dataset:
+    """``N`` JPEG records of several sizes with a class-id mask each: ``"raw"`` (TensorFlow's
+    guide layout: the mask's bytes and the image's ``height``/``width`` features) or
+    ``"png"`` (an encoded mask)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for i in range(N):
+            h, w = SIZES[i % len(SIZES)]
+            ids = ((np.arange(h)[:, None] // 3 + np.arange(w)[None, :] // 5 + i) % 6
+                   ).astype(np.uint8)
+            stored = ids.tobytes() if mask == "raw" else cv2.imencode(".png", ids)[1].tobytes()
+            writer.write_example({"image_raw": _encode(i, "jpeg", (h, w)), "mask_raw": stored,
+                                  "height": [h], "width": [w], "index": [i]})
+    return Dataset(str(folder))
+
+
+MASKS: dict[str, dict[str, Any]] = {
+    "raw": {"key": "image_raw", "mask_key": "mask_raw", "mask_encoding": "raw",
+            "mask_height_key": "height", "mask_width_key": "width"},
+    "png": {"key": "image_raw", "mask_key": "mask_raw"},
+}
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize("preset", ["train", "eval"])
+def test_images_with_masks_take_the_batch_path(tmp_path: Path, mask: str, preset: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each mask cropped, resized and flipped with its image's draws: the sample path's
+    batches, with no slice made sample by sample."""
+    ds = _write_with_masks(tmp_path / mask, mask)
+    make = presets.train if preset == "train" else presets.eval
+    slow = _batches(ds, _sample_by_sample(make(size=24, **MASKS[mask])))
+    calls = _count_sample_path(monkeypatch)
+    fast = _batches(ds, make(size=24, **MASKS[mask]))
+    assert not calls
+    assert_same_batches(fast, slow)
+    assert fast[0]["mask"].shape == (8, 24, 24) and "mask_raw" not in fast[0]
+    assert sorted(record_ids(fast)) == list(range(N))
+
+
+def test_a_mask_of_the_wrong_size_is_named_as_before(tmp_path: Path) -> None:
+    folder = tmp_path / "wrong"
+    folder.mkdir()
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for i in range(12):
+            h, w = (40, 50) if i != 7 else (40, 51)  # record 7: its mask is one column wider
+            ids = np.zeros((h, w), np.uint8)
+            writer.write_example({"image_raw": _encode(i, "jpeg", (40, 50)),
+                                  "mask_raw": cv2.imencode(".png", ids)[1].tobytes(),
+                                  "index": [i]})
+    with pytest.raises(Exception, match=r"record 7") as caught:
+        _batches(Dataset(str(folder)), presets.train(size=16, **MASKS["png"]))
+    assert "mask" in str(caught.value)

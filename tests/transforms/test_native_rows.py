@@ -21,7 +21,7 @@ from shardfeed.dataset import Dataset
 from shardfeed.errors import DecodeError
 from shardfeed.pipeline import Loader
 from shardfeed.transforms import presets
-from shardfeed.transforms.boxes import Box
+from shardfeed.transforms.boxes import Box, scale_denominator
 from shardfeed.transforms.decode import native_rows
 
 pytestmark = pytest.mark.skipif(native_rows.compiled is None,
@@ -67,11 +67,17 @@ def _reference(op: Any, data: bytes, row: tuple[int, ...]) -> np.ndarray:
                                   None))
 
 
+def _scale(op: Any, row: tuple[int, ...]) -> int:
+    """The DCT scale the op decodes ``row``'s box at."""
+    return scale_denominator(row[4], row[5], *op.size, max_denominator=op.max_denominator)
+
+
 def _call(op: Any, values: list[bytes], rows: list[tuple[int, ...]]
           ) -> tuple[bytes, np.ndarray]:
     out_h, out_w = op.size
     out = np.zeros((len(values), out_h, out_w, 3), np.uint8)
-    table = np.array([(k, *row, 1) for k, row in enumerate(rows)], dtype=np.int64).reshape(-1, 9)
+    table = np.array([(k, *row, 1, _scale(op, row)) for k, row in enumerate(rows)],
+                     dtype=np.int64).reshape(-1, 10)
     return compiled.crop_rows(values, table, out, out_h, out_w, op.fast_dct,
                               op.fast_upsample), out
 
@@ -111,7 +117,8 @@ def test_crops_are_the_python_paths_bytes(fast_upsample: bool) -> None:
             rows.append((height, width, y, x, h, w, int(rng.integers(0, 2))))
         flags, out = _call(op, values, rows)
         for k, row in enumerate(rows):
-            shrunk = row[4] >= 2 * size[0] and row[5] >= 2 * size[1]
+            d = _scale(op, row)  # 1, or a scaled decode sampled by the scaled warp
+            shrunk = row[4] >= 2 * d * size[0] and row[5] >= 2 * d * size[1]
             assert flags[k] == (0 if shrunk else 1), row  # the rest: every row it takes
             if flags[k]:
                 assert out[k].tobytes() == _reference(op, values[k], row).tobytes(), row
@@ -137,6 +144,7 @@ def test_rows_it_cannot_make_are_left_to_the_python_path() -> None:
         "another size": (good, (61, 80, 0, 0, 30, 40, 0)),
         "box outside": (good, (60, 80, 40, 0, 30, 40, 0)),
         "shrunk 2x both ways": (good, (60, 80, 0, 0, 64, 70, 0)),
+        "2x both ways at 1/8": (_jpeg(rng, 520, 530), (520, 530, 0, 0, 520, 530, 0)),
         "CMYK": (_cmyk_jpeg(), (30, 40, 0, 0, 30, 40, 0)),
         "PNG": (png, (60, 80, 0, 0, 30, 40, 0)),
         "empty": (b"", (60, 80, 0, 0, 30, 40, 0)),
@@ -231,5 +239,27 @@ def test_a_call_that_gives_other_pixels_is_not_used(monkeypatch: pytest.MonkeyPa
     image_out = np.zeros((1, 32, 32, 3), np.uint8)
     data = _jpeg(np.random.default_rng(1), 60, 80)
     assert native_rows.native_rows_into([data], [(60, 80, 0, 0, 40, 50, 0)], image_out, [],
-                                        size=op.size, fast_dct=True, fast_upsample=True) == 0
+                                        size=op.size, fast_dct=True, fast_upsample=True,
+                                        max_denominator=8) == 0
     assert not image_out.any()
+
+
+def test_a_scaled_decode_that_differs_leaves_only_the_scaled_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where only the DCT-scaled decode gives other pixels here, the rows decoded at full
+    scale are still made by the call, the scaled ones by the Python path."""
+    monkeypatch.setattr(native_rows, "_checked", [True, False])
+    op = _crop_op((32, 32), True)
+    data = _jpeg(np.random.default_rng(1), 150, 160)
+    rows = [(150, 160, 0, 0, 40, 50, 0), (150, 160, 3, 4, 90, 100, 1)]  # d 1, d 2
+    image_out = np.zeros((2, 32, 32, 3), np.uint8)
+    made = native_rows.native_rows_into([data, data], list(rows), image_out, [], size=op.size,
+                                        fast_dct=True, fast_upsample=True, max_denominator=8)
+    assert made == 0b01
+    assert image_out[0].tobytes() == _reference(op, data, rows[0]).tobytes()
+    assert not image_out[1].any()
+    monkeypatch.setattr(native_rows, "_checked", [True, True])
+    assert native_rows.native_rows_into([data, data], list(rows), image_out, [], size=op.size,
+                                        fast_dct=True, fast_upsample=True,
+                                        max_denominator=8) == 0b11
+    assert image_out[1].tobytes() == _reference(op, data, rows[1]).tobytes()

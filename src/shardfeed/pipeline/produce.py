@@ -336,6 +336,10 @@ class SliceBuilder:
         out = windows if stack is None else {
             name: rows.reshape(samples * frames, *rows.shape[2:])
             for name, rows in windows.items() if rows.shape[1:2] == (frames,)}
+        if stack is None:  # a crop's masks, written beside its images
+            out.update({f.name: buffer.arrays[f.name][first_row : first_row + samples]
+                        for f in buffer.layout.fields
+                        if f.name == "mask" and f.is_array and not f.squeeze})
         bytes_into = self._bytes_into
         clock = self.clock
         started = time.perf_counter()

@@ -3,17 +3,30 @@
  *
  *   crop_rows(values, table, out, out_h, out_w, fast_dct, fast_upsample) -> bytes
  *       values: a list of bytes, one JPEG a batch row; table: int64 rows of (row, height,
- *       width, y, x, h, w, flip, whole); out: the batch's images, a writable C-contiguous uint8
+ *       width, y, x, h, w, flip, whole, d); out: the batch's images, a writable C-contiguous uint8
  *       buffer of len(values) x out_h x out_w x 3. For each table row, the box (y, x, h, w)
  *       of the row's image (``height`` x ``width``, as its frame header says) is decoded to
  *       RGB (libjpeg: ``fast_dct`` its fast integer IDCT, ``fast_upsample`` chroma by
  *       replication), resized to out_h x out_w as OpenCV's ``cv2.resize(...,
  *       interpolation=cv2.INTER_LINEAR)`` resizes 8-bit images (the same fixed-point
  *       arithmetic: the same bytes) and, where ``flip``, mirrored left to right, into batch
- *       row ``row``. Returns one byte a table row: 1 where it was written, 0 where it was
- *       left for the caller: any libjpeg error or warning, a frame of another size than the
- *       table's, a JPEG without its end-of-image marker, a box outside the image or shrunk
- *       2x or more both ways (which OpenCV resizes by area), a value that is not bytes.
+ *       row ``row``. Where ``d`` is 2, 4 or 8 the image is decoded at DCT scale 1/d instead
+ *       and the box sampled from it by the scaled warp (``warp`` below). Returns one byte a
+ *       table row: 1 where it was written, 0 where it was left for the caller: any libjpeg
+ *       error or warning, a frame of another size than the table's, a JPEG without its
+ *       end-of-image marker, a box outside the image or shrunk 2x or more both ways after
+ *       the scale (which OpenCV resizes by area), a ``d`` of another value (0: not taken),
+ *       a value that is not bytes.
+ *
+ *   warp(src, out, out_h, out_w, y, x, h, w, d, flip) -> None
+ *       The scaled warp: box (y, x, h, w) of a full-size image, sampled from ``src`` (that
+ *       image decoded at scale 1/d: (H', W', C) uint8, pixels contiguous, rows any stride)
+ *       into a contiguous out_h x out_w x C ``out``, mirrored where ``flip``. Output pixel
+ *       (i, j) is the bilinear sample of ``src`` at the box's pixel centre, in scaled pixels
+ *       ``X = (x + (j + 0.5) w / out_w) / d - 0.5`` (and Y alike), rounded to 1/2048 of a
+ *       pixel (ties up) in exact integer arithmetic; neighbours outside ``src`` are its edge
+ *       pixels; the weighted sum, in units of 2^-22, rounded half up. Exactly the arithmetic of
+ *       ``warp.scaled_warp``'s NumPy form (shardfeed/transforms/decode/warp.py).
  *
  *   resize(src, out, out_h, out_w, flip) -> None
  *       The resize alone, from a (h, w, 3) uint8 buffer (pixels contiguous, rows any stride)
@@ -55,7 +68,7 @@
 
 #define COEF_SCALE 2048 /* OpenCV's INTER_RESIZE_COEF_SCALE: 11 fractional bits */
 #define CHANNELS 3
-#define COLUMNS 9 /* int64s a table row */
+#define COLUMNS 10 /* int64s a table row */
 
 /* ---- the resize: cv2.resize(src, (out_w, out_h), interpolation=INTER_LINEAR), uint8 ---- */
 
@@ -233,6 +246,123 @@ static void resizer_free(Resizer *r)
     free(r->rows[1]);
 }
 
+/* ---- the scaled warp (see the header): exact integer arithmetic ---- */
+
+#define WARP_BITS 11
+#define WARP_ONE (1 << WARP_BITS)
+
+static int64_t floor_div(int64_t a, int64_t b) /* b > 0 */
+{
+    int64_t q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+/* For each of ``n`` outputs along one axis of box (b0, bl) at scale 1/d: the two source
+ * indices (clamped to [0, limit)) and the second one's weight, in 1/2048. */
+static void warp_axis(int64_t b0, int64_t bl, int n, int d, int limit, int *ia, int *ib,
+                      int32_t *f)
+{
+    int64_t den = 2 * (int64_t)d * n;
+    for (int j = 0; j < n; j++) {
+        /* X * 2048 = 2048 (2 b0 n + (2j + 1) bl - d n) / (2 d n), rounded half up */
+        int64_t num = (int64_t)WARP_ONE * (2 * b0 * n + (2 * (int64_t)j + 1) * bl - (int64_t)d * n);
+        int64_t q = floor_div(2 * num + den, 2 * den);
+        int64_t i0 = floor_div(q, WARP_ONE);
+        f[j] = (int32_t)(q - i0 * WARP_ONE);
+        ia[j] = (int)(i0 < 0 ? 0 : i0 > limit - 1 ? limit - 1 : i0);
+        ib[j] = (int)(i0 + 1 < 0 ? 0 : i0 + 1 > limit - 1 ? limit - 1 : i0 + 1);
+    }
+}
+
+typedef struct {
+    int *xa, *xb, *ya, *yb;
+    int32_t *fx, *fy;
+    int32_t *rows[2];
+    int have[2];
+    int col0; /* the image column the source rows' first pixel is */
+    int cap_w, cap_h, cap_c;
+} Warper;
+
+static void warper_free(Warper *w)
+{
+    free(w->xa); free(w->xb); free(w->ya); free(w->yb); free(w->fx); free(w->fy);
+    free(w->rows[0]); free(w->rows[1]);
+    memset(w, 0, sizeof(*w));
+}
+
+static int warper_fit(Warper *w, int dh, int dw, int c)
+{
+    if (w->xa != NULL && w->cap_w == dw && w->cap_h == dh && w->cap_c == c)
+        return 1;
+    warper_free(w);
+    w->xa = malloc(sizeof(int) * (size_t)dw);
+    w->xb = malloc(sizeof(int) * (size_t)dw);
+    w->fx = malloc(sizeof(int32_t) * (size_t)dw);
+    w->ya = malloc(sizeof(int) * (size_t)dh);
+    w->yb = malloc(sizeof(int) * (size_t)dh);
+    w->fy = malloc(sizeof(int32_t) * (size_t)dh);
+    w->rows[0] = malloc(sizeof(int32_t) * (size_t)dw * (size_t)c);
+    w->rows[1] = malloc(sizeof(int32_t) * (size_t)dw * (size_t)c);
+    w->cap_w = dw, w->cap_h = dh, w->cap_c = c;
+    if (!(w->xa && w->xb && w->fx && w->ya && w->yb && w->fy && w->rows[0] && w->rows[1])) {
+        warper_free(w);
+        return 0;
+    }
+    return 1;
+}
+
+/* The plan of a box: source columns and rows of every output (flip folded into columns). */
+static void warp_plan(Warper *w, int64_t y, int64_t x, int64_t h, int64_t bw, int d, int sh,
+                      int sw, int dh, int dw, int flip)
+{
+    warp_axis(y, h, dh, d, sh, w->ya, w->yb, w->fy);
+    warp_axis(x, bw, dw, d, sw, w->xa, w->xb, w->fx);
+    if (flip)
+        for (int i = 0, k = dw - 1; i < k; i++, k--) {
+            int t = w->xa[i]; w->xa[i] = w->xa[k]; w->xa[k] = t;
+            t = w->xb[i]; w->xb[i] = w->xb[k]; w->xb[k] = t;
+            int32_t u = w->fx[i]; w->fx[i] = w->fx[k]; w->fx[k] = u;
+        }
+    w->have[0] = w->have[1] = -1;
+}
+
+/* Source row ``sy`` (a pointer to its column ``col0``) weighted horizontally, cached. */
+static const int32_t *warp_row(Warper *w, const uint8_t *row, int sy, int dw, int c, int keep)
+{
+    for (int k = 0; k < 2; k++)
+        if (w->have[k] == sy)
+            return w->rows[k];
+    int k = w->have[0] == keep ? 1 : 0;
+    int32_t *d = w->rows[k];
+    for (int j = 0; j < dw; j++) {
+        const uint8_t *a = row + (size_t)(w->xa[j] - w->col0) * c;
+        const uint8_t *b = row + (size_t)(w->xb[j] - w->col0) * c;
+        int32_t f = w->fx[j], g = WARP_ONE - f;
+        for (int ch = 0; ch < c; ch++)
+            d[j * c + ch] = a[ch] * g + b[ch] * f;
+    }
+    w->have[k] = sy;
+    return d;
+}
+
+/* ``base``: the pixel of source row ``first``, column ``col0``; rows ``stride`` apart. */
+static void warp_apply(Warper *w, const uint8_t *base, ptrdiff_t stride, int first, int col0,
+                       int dh, int dw, int c, uint8_t *dst)
+{
+    int n = dw * c;
+    w->col0 = col0;
+    for (int i = 0; i < dh; i++) {
+        int ya = w->ya[i], yb = w->yb[i];
+        const int32_t *r0 = warp_row(w, base + (ptrdiff_t)(ya - first) * stride, ya, dw, c, -2);
+        const int32_t *r1 = warp_row(w, base + (ptrdiff_t)(yb - first) * stride, yb, dw, c, ya);
+        int32_t f = w->fy[i], g = WARP_ONE - f;
+        uint8_t *out = dst + (size_t)i * (size_t)n;
+        for (int k = 0; k < n; k++)
+            out[k] = (uint8_t)((r0[k] * g + r1[k] * f + (1 << (2 * WARP_BITS - 1)))
+                               >> (2 * WARP_BITS));
+    }
+}
+
 /* ---- the decode ---- */
 
 typedef struct {
@@ -280,13 +410,13 @@ static int scratch_fit(Scratch *s, size_t bytes, size_t rows)
 }
 
 typedef struct {
-    int height, width, y, x, h, w, flip, whole;
+    int height, width, y, x, h, w, flip, whole, d;
 } Box;
 
 /* Decodes ``box`` of one JPEG and resizes it into ``dst``; 1 done, 0 left to the caller. */
 static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint8_t *data,
                     size_t n, const Box *box, int fast_dct, int fast_upsample, Scratch *s,
-                    Resizer *r, uint8_t *dst, int dh, int dw)
+                    Resizer *r, Warper *wp, uint8_t *dst, int dh, int dw)
 {
     if (n < 4 || data[n - 2] != 0xFF || data[n - 1] != 0xD9)
         return 0;
@@ -304,16 +434,36 @@ static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint
     d->out_color_space = JCS_RGB;
     d->dct_method = fast_dct ? JDCT_IFAST : JDCT_ISLOW;
     d->do_fancy_upsampling = fast_upsample ? FALSE : TRUE;
-    d->scale_num = d->scale_denom = 1;
+    d->scale_num = 1;
+    d->scale_denom = (unsigned int)box->d;
     jpeg_start_decompress(d);
-    if (d->output_components != CHANNELS) {
+    int sh = (int)d->output_height, sw = (int)d->output_width; /* ceil(height / d), ... */
+    if (d->output_components != CHANNELS || sh != (box->height + box->d - 1) / box->d
+            || sw != (box->width + box->d - 1) / box->d) {
         jpeg_abort_decompress(d);
         return 0;
     }
-    JDIMENSION left = (JDIMENSION)box->x, across = (JDIMENSION)box->w;
+    /* the decoded rows [top, top + rows) and columns [x0, x0 + cols) the output reads */
+    int top = box->y, rows = box->h, x0 = box->x, cols = box->w;
+    if (box->d > 1) {
+        warp_plan(wp, box->y, box->x, box->h, box->w, box->d, sh, sw, dh, dw, box->flip);
+        int lo = sh, hi = 0;
+        for (int i = 0; i < dh; i++) {
+            lo = wp->ya[i] < lo ? wp->ya[i] : lo;
+            hi = wp->yb[i] > hi ? wp->yb[i] : hi;
+        }
+        top = lo, rows = hi - lo + 1;
+        lo = sw, hi = 0;
+        for (int j = 0; j < dw; j++) {
+            lo = wp->xa[j] < lo ? wp->xa[j] : lo;
+            hi = wp->xb[j] > hi ? wp->xb[j] : hi;
+        }
+        x0 = lo, cols = hi - lo + 1;
+    }
+    JDIMENSION left = (JDIMENSION)x0, across = (JDIMENSION)cols;
     if (fast_upsample) {
         jpeg_crop_scanline(d, &left, &across); /* widened to whole iMCU columns */
-        if (box->y > 0 && jpeg_skip_scanlines(d, (JDIMENSION)box->y) != (JDIMENSION)box->y) {
+        if (top > 0 && jpeg_skip_scanlines(d, (JDIMENSION)top) != (JDIMENSION)top) {
             jpeg_abort_decompress(d);
             return 0;
         }
@@ -321,12 +471,12 @@ static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint
         left = 0;
     }
     size_t stride = (size_t)d->output_width * CHANNELS;
-    int above = fast_upsample ? 0 : box->y; /* rows read and dropped */
-    if (!scratch_fit(s, stride * ((size_t)box->h + 1), (size_t)box->h)) { /* + a spare row */
+    int above = fast_upsample ? 0 : top; /* rows read and dropped */
+    if (!scratch_fit(s, stride * ((size_t)rows + 1), (size_t)rows)) { /* + a spare row */
         jpeg_abort_decompress(d);
         return 0;
     }
-    for (int k = 0; k < box->h; k++)
+    for (int k = 0; k < rows; k++)
         s->rows[k] = s->pixels + (size_t)k * stride;
     while (above > 0) {
         JSAMPROW drop = s->pixels;
@@ -337,8 +487,8 @@ static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint
         above--;
     }
     int got = 0;
-    while (got < box->h) {
-        JDIMENSION read = jpeg_read_scanlines(d, s->rows + got, (JDIMENSION)(box->h - got));
+    while (got < rows) {
+        JDIMENSION read = jpeg_read_scanlines(d, s->rows + got, (JDIMENSION)(rows - got));
         if (read == 0) {
             jpeg_abort_decompress(d);
             return 0;
@@ -350,7 +500,7 @@ static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint
          * it: damage anywhere is a warning, and the row the caller's (which names it) */
         /* (read, not skipped: libjpeg-turbo 2.1's skip below a cropped scanline warns of
          * damage that is not there, and a skip to the last row reads nothing) */
-        JSAMPROW spare = s->pixels + (size_t)box->h * stride;
+        JSAMPROW spare = s->pixels + (size_t)rows * stride;
         while (d->output_scanline < d->output_height) {
             if (jpeg_read_scanlines(d, &spare, 1) != 1) {
                 jpeg_abort_decompress(d);
@@ -363,8 +513,11 @@ static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint
     }
     if (errors->pub.num_warnings != 0)
         return 0;
-    resize_linear(r, s->pixels + (size_t)(box->x - (int)left) * CHANNELS, (ptrdiff_t)stride,
-                  box->h, box->w, dst, dh, dw, box->flip);
+    if (box->d > 1) /* the buffer's first pixel: row ``top``, column ``left`` */
+        warp_apply(wp, s->pixels, (ptrdiff_t)stride, top, (int)left, dh, dw, CHANNELS, dst);
+    else
+        resize_linear(r, s->pixels + (size_t)(box->x - (int)left) * CHANNELS,
+                      (ptrdiff_t)stride, box->h, box->w, dst, dh, dw, box->flip);
     return 1;
 }
 
@@ -372,9 +525,11 @@ static int crop_row(struct jpeg_decompress_struct *d, Errors *errors, const uint
 static int takes(const Box *b, int dh, int dw)
 {
     if (b->height <= 0 || b->width <= 0 || b->h <= 0 || b->w <= 0 || b->y < 0 || b->x < 0
-            || b->y > b->height - b->h || b->x > b->width - b->w)
+            || b->y > b->height - b->h || b->x > b->width - b->w
+            || (b->d != 1 && b->d != 2 && b->d != 4 && b->d != 8))
         return 0;
-    return !(b->h >= 2 * dh && b->w >= 2 * dw); /* OpenCV resizes that by area */
+    /* OpenCV resizes that by area */
+    return !((int64_t)b->h >= 2 * (int64_t)b->d * dh && (int64_t)b->w >= 2 * (int64_t)b->d * dw);
 }
 
 static PyObject *jpeg_crop_rows(PyObject *self, PyObject *args)
@@ -395,7 +550,7 @@ static PyObject *jpeg_crop_rows(PyObject *self, PyObject *args)
     Box *boxes = NULL;
     if (table.len % (Py_ssize_t)(COLUMNS * sizeof(int64_t)) != 0 || dh <= 0 || dw <= 0
             || (size_t)out.len != image * (size_t)nvalues || !PyBuffer_IsContiguous(&out, 'C')) {
-        PyErr_SetString(PyExc_ValueError, "crop_rows: a table of 9 int64 a row and an out of "
+        PyErr_SetString(PyExc_ValueError, "crop_rows: a table of 10 int64 a row and an out of "
                         "len(values) contiguous out_h x out_w x 3 images expected");
         goto done;
     }
@@ -421,10 +576,12 @@ static PyObject *jpeg_crop_rows(PyObject *self, PyObject *args)
         if (!PyBytes_Check(v))
             continue;
         Box b = {(int)t[1], (int)t[2], (int)t[3], (int)t[4], (int)t[5], (int)t[6], t[7] != 0,
-                 t[8] != 0};
+                 t[8] != 0, (int)t[9]};
         for (int k = 1; k < 7; k++)
             if (t[k] < 0 || t[k] > INT32_MAX)
                 b.h = 0; /* refused by takes() */
+        if (t[9] < 0 || t[9] > 8)
+            b.d = 0;
         if (!takes(&b, dh, dw))
             continue;
         held[i] = Py_NewRef(v); /* the list may change while the GIL is free */
@@ -437,7 +594,9 @@ static PyObject *jpeg_crop_rows(PyObject *self, PyObject *args)
     Errors errors;
     Scratch s = {NULL, 0, NULL, 0};
     Resizer r;
-    int ready = resizer_init(&r, dw);
+    Warper wp;
+    memset(&wp, 0, sizeof(wp));
+    int ready = resizer_init(&r, dw) && warper_fit(&wp, dh, dw, CHANNELS);
     d.err = jpeg_std_error(&errors.pub);
     errors.pub.error_exit = on_error;
     errors.pub.emit_message = on_message;
@@ -447,12 +606,13 @@ static PyObject *jpeg_crop_rows(PyObject *self, PyObject *args)
         for (Py_ssize_t i = 0; i < count; i++)
             if (held[i] != NULL)
                 flags[i] = (uint8_t)crop_row(&d, &errors, datas[i], sizes[i], &boxes[i],
-                                             fast_dct, fast_upsample, &s, &r,
+                                             fast_dct, fast_upsample, &s, &r, &wp,
                                              (uint8_t *)out.buf + image * (size_t)rows[i * COLUMNS],
                                              dh, dw);
         jpeg_destroy_decompress(&d);
     }
     resizer_free(&r);
+    warper_free(&wp);
     free(s.pixels);
     free(s.rows);
     Py_END_ALLOW_THREADS
@@ -505,10 +665,54 @@ static PyObject *jpeg_resize(PyObject *self, PyObject *args)
     return result;
 }
 
+static PyObject *jpeg_warp(PyObject *self, PyObject *args)
+{
+    PyObject *src_obj;
+    Py_buffer out = {0};
+    int dh, dw, d, flip;
+    long long y, x, h, w;
+    if (!PyArg_ParseTuple(args, "Ow*iiLLLLip", &src_obj, &out, &dh, &dw, &y, &x, &h, &w, &d,
+                          &flip))
+        return NULL;
+    Py_buffer src;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES) != 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int c = src.ndim == 3 ? (int)src.shape[2] : 0;
+    if (c < 1 || c > 4 || src.itemsize != 1 || src.strides[2] != 1 || src.strides[1] != c
+            || src.shape[0] <= 0 || src.shape[1] <= 0 || src.strides[0] < src.shape[1] * c
+            || dh <= 0 || dw <= 0 || d < 1 || d > 8 || h <= 0 || w <= 0
+            || llabs(y) > INT32_MAX || llabs(x) > INT32_MAX || h > INT32_MAX || w > INT32_MAX
+            || (size_t)out.len != (size_t)dh * (size_t)dw * (size_t)c) {
+        PyErr_SetString(PyExc_ValueError, "warp: (h, w, c) uint8 rows in (c 1 to 4), a "
+                        "contiguous out_h x out_w x c out, a box of positive size, d in 1..8");
+    } else {
+        Warper wp;
+        memset(&wp, 0, sizeof(wp));
+        if (!warper_fit(&wp, dh, dw, c)) {
+            PyErr_NoMemory();
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            warp_plan(&wp, y, x, h, w, d, (int)src.shape[0], (int)src.shape[1], dh, dw, flip);
+            warp_apply(&wp, src.buf, src.strides[0], 0, 0, dh, dw, c, out.buf);
+            Py_END_ALLOW_THREADS
+            warper_free(&wp);
+            result = Py_NewRef(Py_None);
+        }
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef jpeg_rows_methods[] = {
     {"crop_rows", jpeg_crop_rows, METH_VARARGS,
      "crop_rows(values, table, out, out_h, out_w, fast_dct, fast_upsample) -> bytes"},
     {"resize", jpeg_resize, METH_VARARGS, "resize(src, out, out_h, out_w, flip) -> None"},
+    {"warp", jpeg_warp, METH_VARARGS,
+     "warp(src, out, out_h, out_w, y, x, h, w, d, flip) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -81,6 +81,7 @@ from shardfeed.transforms.decode.orientation import (
     stored_box,
 )
 from shardfeed.transforms.decode.region import decode_region, region_pays
+from shardfeed.transforms.decode.warp import scaled_warp
 
 _BOXES = place.BoxFields()
 """Boxes moved with the crop unless ``boxes=`` names others: the key ``boxes`` and its
@@ -301,41 +302,12 @@ class CropDecoderBase(DecoderBase):
     def _warp(
         self, decoded: np.ndarray, box: Box, d: int, flip: bool, out: np.ndarray | None
     ) -> np.ndarray:
-        out_h, out_w = self.size
-        # Output pixel (i, j) samples the scaled image at (sy*i + ty, sx*j + tx): pixel
-        # centers of the box, in scaled-pixel coordinates (centers at k + 0.5 - 0.5).
-        sx = box.w / (out_w * d)
-        sy = box.h / (out_h * d)
-        tx = (box.x + 0.5 * box.w / out_w) / d - 0.5
-        ty = (box.y + 0.5 * box.h / out_h) / d - 0.5
-        if flip:
-            tx, sx = tx + sx * (out_w - 1), -sx
-        matrix = np.array([[sx, 0.0, tx], [0.0, sy, ty]], dtype=np.float64)
-        c = decoded.shape[2]
-        src = decoded[:, :, 0] if c == 1 else decoded
-        flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
-        direct = (
-            out is not None
-            and out.dtype == decoded.dtype
-            and out.flags.c_contiguous
-            and out.shape == (out_h, out_w, c)
-        )
-        if direct and out is not None:
-            dst = out[:, :, 0] if c == 1 else out
-            cv2.warpAffine(
-                src, matrix, (out_w, out_h), dst=dst, flags=flags,
-                borderMode=cv2.BORDER_REPLICATE,
-            )
-            return out
-        result = cv2.warpAffine(
-            src, matrix, (out_w, out_h), flags=flags, borderMode=cv2.BORDER_REPLICATE
-        )
-        result = result.reshape(out_h, out_w, c)
+        """Box ``box`` of the image ``decoded`` at scale ``1/d``, sampled at the box's exact
+        (sub-pixel) pixel centres, flipped where ``flip``
+        (:func:`~shardfeed.transforms.decode.warp.scaled_warp`)."""
         if out is not None:
-            self._check_out(out, result.dtype)
-            np.copyto(out, result)
-            return out
-        return result
+            self._check_out(out, decoded.dtype)
+        return scaled_warp(decoded, box, d, self.size, flip, out)
 
     def _check_out(self, out: np.ndarray, dtype: np.dtype[Any]) -> None:
         """ValueError unless ``out`` is size × channels of the image's ``dtype`` (a cast

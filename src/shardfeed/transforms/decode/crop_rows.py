@@ -4,9 +4,11 @@ and flipped straight into their batch rows.
 :func:`crop_rows_into` runs, for each row, what
 :meth:`~shardfeed.transforms.decode.crop.CropDecoderBase.__call__` runs for a sample, in the
 same order and from the same generator: the same bytes, without a sample dict per image. The rows whose
-crop is resized linearly at full scale are made first, a slice in one compiled call that holds
-no GIL (:func:`~shardfeed.transforms.decode.native_rows.native_rows_into`); what follows is
-for the rest, and for every row where the package was built without that call.
+crop is resized linearly (at full or DCT scale) are made first, a slice in one compiled call
+that holds no GIL (:func:`~shardfeed.transforms.decode.native_rows.native_rows_into`); what
+follows is for the rest, and for every row where the package was built without that call.
+A mask beside the image (``mask_key``) is cropped, resized and flipped row by row by the
+op's own method with each image's draws, into the batch's mask rows.
 Where the op has a batch form of its draws (the random-resized crop's, see
 :func:`~shardfeed.transforms.boxes.resized_boxes`) and the rows' generators are a
 :class:`~shardfeed.sampling.crop_draws.RowKeys`, every JPEG row's header is read first and
@@ -19,9 +21,9 @@ by one through the op's own methods. With ``exif_orientation="ignore"`` (the def
 slice's choice of region rows is made at once (:func:`plain_region_rows`), so that the tight
 loop also takes the large images whose crop is not a region.
 
-Only for one embedded image a row (``encoding="auto"``), no mask, and batch rows of the
-output's shape and dtype (the op's ``image_dtype``); else None (the loader goes sample by
-sample). uint16 rows (``image_dtype="uint16"``) skip the tight loop, which resizes 8-bit
+Only for one embedded image a row (``encoding="auto"``), batch rows of the output's shape and
+dtype (the op's ``image_dtype``) and, where a mask is cropped, mask rows in the batch; else
+None (the loader goes sample by sample). uint16 rows (``image_dtype="uint16"``) skip the tight loop, which resizes 8-bit
 decodes: each goes through the op's own methods, which widen before they resample. An error
 (a damaged image, a header over ``max_pixels``) propagates: the loader then makes the slice
 sample by sample, which names the record or skips it.
@@ -117,6 +119,9 @@ class CropRowsOp(Protocol):
     def _from_region(self, region: np.ndarray, turn: int, flip: bool,
                      out: np.ndarray | None) -> np.ndarray: ...
 
+    def _mask_crop(self, sample: dict[str, Any], box: Box, image_hw: tuple[int, int],
+                   flip: bool) -> tuple[np.ndarray | None, str | None]: ...
+
 _frames = compiled_module("shardfeed.transforms.decode._jpeg_frames")
 """The compiled frame-size reader (``_jpeg_frames.c``); None where built without a C
 compiler."""
@@ -129,9 +134,14 @@ def crop_rows_into(
     """``columns`` with ``"image"`` the batch rows ``out["image"]``, each written by ``op``
     (see the module doc); None when the batch form does not apply."""
     image_out = out.get("image")
-    key = batch_key(op, columns, rngs, image_out)
+    key = batch_key(op, columns, rngs, image_out, masks=True)
     if key is None or image_out is None:
         return None
+    mask_out = out.get("mask") if has_mask(op, columns) else None
+    if has_mask(op, columns) and (mask_out is None or len(mask_out) != len(image_out)):
+        return None  # the batch holds no rows for the masks: sample by sample
+    # each row's box, image (H, W) and flip, where a mask is cropped by them
+    placed: list[Any] = [None] * len(image_out) if mask_out is not None else []
     where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
     values = columns[key]
     drawn = draw_rows(op, values, rngs, where)
@@ -140,24 +150,32 @@ def crop_rows_into(
         if op.channels == "rgb" and op.image_field.exif_orientation == "ignore":
             done = native_rows_into(values, drawn, image_out, plain_region_rows(op, drawn)[0],
                                     size=op.size, fast_dct=op.fast_dct,
-                                    fast_upsample=op.fast_upsample)
+                                    fast_upsample=op.fast_upsample,
+                                    max_denominator=op.max_denominator)
         pending = drawn if not done else [None if done >> row & 1 else known
                                           for row, known in enumerate(drawn)]
         regions, made = _region_rows_into(op, values, pending, image_out)
         done |= made
         done |= _whole_rows_into(op, values, pending, image_out, done, regions)
     for row, data in enumerate(values):
+        known = drawn[row] if drawn is not None else None
         if done >> row & 1:
+            if placed:
+                height, width, y, x, h, w, flip = known  # type: ignore[misc]
+                placed[row] = Box(y, x, h, w), (height, width), flip != 0
             continue
         target = image_out[row]
-        known = drawn[row] if drawn is not None else None
         if known is not None:
             height, width, y, x, h, w, flip = known
             image = op._jpeg_crop(data, Box(y, x, h, w), height, width, where, flip != 0,
                                   target)
+            if placed:
+                placed[row] = Box(y, x, h, w), (height, width), flip != 0
         else:
             rng = NO_RANDOMNESS if rngs is None else rngs[row]
-            image = op._crop_encoded(data, rng, where, target)[0]
+            image, row_draw, image_hw = op._crop_encoded(data, rng, where, target)
+            if placed:
+                placed[row] = row_draw.box, image_hw, row_draw.flip
         if image is not target:
             if image.shape != target.shape or image.dtype != target.dtype:
                 raise SchemaError(
@@ -165,10 +183,15 @@ def crop_rows_into(
                     f"{target.dtype} {target.shape}"
                 )
             target[...] = image
+    mask_key = _masks_into(op, columns, placed, mask_out) if mask_out is not None else None
     result = dict(columns)
-    if not op.keep_encoded and key not in ("image", "mask"):
-        del result[key]
+    if not op.keep_encoded:
+        for name in (key, mask_key):
+            if name is not None and name not in ("image", "mask"):
+                result.pop(name, None)
     result["image"] = image_out
+    if mask_out is not None:
+        result["mask"] = mask_out
     return result
 
 
@@ -356,13 +379,14 @@ def draw_rows(
 
 def batch_key(
     op: CropRowsOp, columns: dict[str, Any], rngs: Sequence[np.random.Generator] | None,
-    image_out: np.ndarray | None,
+    image_out: np.ndarray | None, *, masks: bool = False,
 ) -> str | None:
-    """The feature of the rows' embedded images when the batch form applies, else None."""
+    """The feature of the rows' embedded images when the batch form applies, else None.
+    ``masks``: whether rows with a mask are taken (the caller crops the masks)."""
     present = dict.fromkeys(columns)
     found = op.image_field.locate(present)
     if (image_out is None or found is None or found[1] != "auto"
-            or (op.mask is not False and (op.mask or op.mask_field.locate(present)))
+            or (not masks and has_mask(op, present))
             or image_out.shape[1:] != (*op.size, op._channel_count())
             or image_out.dtype != np.dtype(op.image_dtype)):
         return None
@@ -375,4 +399,30 @@ def batch_key(
     return found[0]
 
 
-__all__ = ["batch_key", "crop_rows_into", "draw_rows", "frame_sizes", "plain_region_rows"]
+def has_mask(op: CropRowsOp, columns: dict[str, Any]) -> bool:
+    """Whether ``op`` crops a mask beside the image of rows with ``columns``."""
+    return op.mask is not False and bool(op.mask or op.mask_field.locate(columns))
+
+
+def _masks_into(op: CropRowsOp, columns: dict[str, Any], placed: list[Any],
+                mask_out: np.ndarray) -> str | None:
+    """Each row's mask cropped by its image's draws (``placed[row]``: the box, the image's
+    (H, W) as the op sees it, the flip) into ``mask_out[row]``, by the op's own
+    :meth:`CropDecoderBase._mask_crop` on the row's values: the sample path's pixels and
+    checks. Returns the mask's feature (None where the rows have none)."""
+    names = list(columns)
+    mask_key: str | None = None
+    for row, (box, image_hw, flip) in enumerate(placed):
+        sample = {name: columns[name][row] for name in names}
+        mask, mask_key = op._mask_crop(sample, box, image_hw, flip)
+        target = mask_out[row]
+        if mask is None or mask.shape != target.shape or mask.dtype != target.dtype:
+            raise SchemaError(
+                f"mask {None if mask is None else (mask.dtype, mask.shape)} does not fit the "
+                f"batch's {target.dtype} {target.shape}")
+        target[...] = mask
+    return mask_key
+
+
+__all__ = ["batch_key", "crop_rows_into", "draw_rows", "frame_sizes", "has_mask",
+           "plain_region_rows"]

@@ -1,14 +1,17 @@
 """A slice's JPEG crops made in one compiled call that holds no GIL.
 
 For the rows of :func:`~shardfeed.transforms.decode.crop_rows.crop_rows_into` whose crop is
-resized linearly at full scale (the box under 2× the output one way or both: no DCT scale,
-no area resize), the compiled part (``_jpeg_rows.c``) decodes each box with libjpeg (only
-its iMCU columns and the rows down to its last where chroma is replicated, the train
-preset's default; every column and the rows above it read and dropped with libjpeg's smooth
-upsampling), resizes it with OpenCV's 8-bit linear arithmetic and flips it straight into its
-batch row, all the slice's rows in one call without the GIL. The bytes are those of the
-Python path (the whole image decoded by simplejpeg, or its region by nvImageCodec, then
-``cv2.resize`` and ``cv2.flip``): ``tests/transforms/test_native_rows.py`` compares them.
+resized linearly (no area resize), the compiled part (``_jpeg_rows.c``) decodes each box
+with libjpeg (only its iMCU columns and the rows down to its last where chroma is
+replicated, the train preset's default; every column and the rows above it read and
+dropped with libjpeg's smooth upsampling), resizes it and flips it straight into its batch
+row, all the slice's rows in one call without the GIL. A box under 2× the output one way or
+both is decoded at full scale and resized with OpenCV's 8-bit linear arithmetic; a larger
+one at the DCT scale ``1/d`` the Python path picks (``boxes.scale_denominator``), only the
+scaled rows and columns its samples read, then sampled by the scaled warp
+(:mod:`~shardfeed.transforms.decode.warp`). The bytes are those of the Python path (the
+whole image decoded by simplejpeg, or its region by nvImageCodec, then ``cv2.resize`` or
+the scaled warp, and ``cv2.flip``): ``tests/transforms/test_native_rows.py`` compares them.
 
 A row the call does not take (a libjpeg error or warning, a JPEG without its end-of-image
 marker, a frame of another size than its header said, another colour space than RGB out)
@@ -39,45 +42,61 @@ compiled = compiled_module("shardfeed.transforms.decode._jpeg_rows")
 """The compiled call (``_jpeg_rows.c``); None where built without a C compiler or libjpeg,
 or where its pixels are not the Python path's (:func:`agrees`)."""
 
-_checked: list[bool] = []  # the one check of this process, once made
+_checked: list[bool] = []  # the one check of this process, once made: whole, scaled
 _lock = threading.Lock()
 
 
 def agrees() -> bool:
     """Whether the compiled call gives the Python path's bytes here, checked once a process
-    on a small JPEG (4:2:0, both upsampling modes, a whole image and a region, flipped and
-    not): the libjpeg it was built with is the machine's, the Python path's decoders bring
-    their own. Where it does not, the call is not used (and a warning says so)."""
+    on a small JPEG (4:2:0, both upsampling modes, a whole image and regions, at full and
+    DCT scale, flipped and not): the libjpeg it was built with is the machine's, the Python
+    path's decoders bring their own. Where it does not, the call is not used (and a warning
+    says so); where only its scaled decode differs, the scaled rows are left to the Python
+    path."""
     with _lock:
         if not _checked:
             try:
-                _checked.append(_self_check())
+                _checked.extend(_self_check())
             except Exception:
                 logging.getLogger(__name__).warning(
                     "the check of the compiled JPEG crop call failed: crops are made by the "
                     "Python path", exc_info=True)
-                _checked.append(False)
+                _checked[:] = [False, False]
                 return False
             if not _checked[0]:
                 logging.getLogger(__name__).warning(
                     "the compiled JPEG crop call gives other pixels than simplejpeg and "
                     "OpenCV here (another libjpeg): crops are made by the Python path")
+            elif not _checked[1]:
+                logging.getLogger(__name__).warning(
+                    "the compiled JPEG crop call's scaled decode gives other pixels than "
+                    "simplejpeg's here (another libjpeg): crops decoded at a DCT scale are "
+                    "made by the Python path")
         return _checked[0]
 
 
-def _self_check() -> bool:
+def _self_check() -> tuple[bool, bool]:
+    """(whole-scale rows agree, DCT-scaled rows agree)."""
     import cv2
     import simplejpeg
 
-    y, x = np.mgrid[0:48, 0:64]
-    pixels = np.dstack([x * 4, y * 5, (x + y) * 3]).astype(np.uint8)
+    from shardfeed.transforms.boxes import Box
+    from shardfeed.transforms.decode.warp import scaled_warp
+
+    y, x = np.mgrid[0:96, 0:128]
+    pixels = np.dstack([x * 2, y * 3, (x + y) * 3 // 2]).astype(np.uint8)
     data = bytes(simplejpeg.encode_jpeg(pixels, quality=85, colorsubsampling="420"))
-    out_h, out_w = 32, 40  # each box under 2x of it one way or both: a linear resize
+    out_h, out_w = 16, 20  # boxes under 2x of it one way (d 1), and scaled ones (d 2, 4)
+    rows = [(96, 128, 0, 0, 30, 128, 0, 1, 1), (96, 128, 9, 13, 14, 23, 1, 1, 1),
+            (96, 128, 17, 21, 25, 40, 0, 0, 1), (96, 128, 0, 0, 96, 128, 1, 1, 4),
+            (96, 128, 3, 5, 41, 50, 1, 1, 2), (96, 128, 7, 2, 70, 90, 0, 1, 4)]
+    agree = [True, True]
     for fast_upsample in (True, False):
-        whole = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True,
-                                       fastupsample=fast_upsample)
-        rows = [(48, 64, 0, 0, 48, 64, 0, 1), (48, 64, 9, 13, 30, 37, 1, 1),
-                (48, 64, 17, 21, 25, 40, 0, 0)]
+        decoded = {d: simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True,
+                                             fastupsample=fast_upsample,
+                                             **({} if d == 1 else {"min_height": 96 // d,
+                                                                   "min_width": 128 // d}))
+                   for d in (1, 2, 4)}
         out = np.zeros((len(rows), out_h, out_w, 3), np.uint8)
         table = np.array([(k, *row) for k, row in enumerate(rows)], dtype=np.int64)
         assert compiled is not None
@@ -85,20 +104,24 @@ def _self_check() -> bool:
             flags = compiled.crop_rows([data] * len(rows), table, out, out_h, out_w, True,
                                        fast_upsample)
         except Exception:  # noqa: BLE001 - a call that fails here is not used
-            return False
-        for k, (_, _, top, left, h, w, flip, _) in enumerate(rows):
-            expected = cv2.resize(whole[top:top + h, left:left + w], (out_w, out_h),
-                                  interpolation=cv2.INTER_LINEAR)
-            if flip:
-                expected = cv2.flip(expected, 1)
+            return False, False
+        for k, (_, _, top, left, h, w, flip, _, d) in enumerate(rows):
+            if d == 1:
+                expected = cv2.resize(decoded[1][top:top + h, left:left + w], (out_w, out_h),
+                                      interpolation=cv2.INTER_LINEAR)
+                if flip:
+                    expected = cv2.flip(expected, 1)
+            else:
+                expected = scaled_warp(decoded[d], Box(top, left, h, w), d, (out_h, out_w),
+                                       flip != 0)
             if not flags[k] or out[k].tobytes() != expected.tobytes():
-                return False
-    return True
+                agree[d > 1] = False
+    return agree[0], agree[0] and agree[1]
 
 
 def native_rows_into(values: list[bytes], drawn: list[tuple[int, ...] | None],
                      image_out: np.ndarray, regions: list[int], *, size: tuple[int, int],
-                     fast_dct: bool, fast_upsample: bool) -> int:
+                     fast_dct: bool, fast_upsample: bool, max_denominator: int) -> int:
     """The rows of ``drawn`` (``(height, width, y, x, h, w, flip)`` a JPEG row, None for
     others) that the compiled call decoded, resized to ``size`` and flipped into
     ``image_out`` (RGB uint8 rows, in C order), as a bit mask; 0 where it does not apply
@@ -112,12 +135,18 @@ def native_rows_into(values: list[bytes], drawn: list[tuple[int, ...] | None],
     rows = [row for row, known in enumerate(drawn) if known is not None]
     if not rows:
         return 0
-    table = np.ones((len(rows), 9), dtype=np.int64)
+    table = np.ones((len(rows), 10), dtype=np.int64)
     table[:, 0] = rows
     table[:, 1:8] = np.array([drawn[row] for row in rows], dtype=np.int64)
     if regions:
         table[np.isin(table[:, 0], regions), 8] = 0
     out_h, out_w = size
+    d = table[:, 9]  # scale_denominator(h, w, out_h, out_w, max_denominator), for each row
+    for _ in range(3):
+        d[(d * 2 <= max_denominator) & (table[:, 5] >= out_h * d * 2)
+          & (table[:, 6] >= out_w * d * 2)] *= 2
+    if not _checked[1]:
+        d[d > 1] = 0  # the scaled decode is not the Python path's here: not taken
     flags: Any = compiled.crop_rows(values, table, image_out, out_h, out_w, fast_dct,
                                     fast_upsample)
     done = 0

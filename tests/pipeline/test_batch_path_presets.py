@@ -320,20 +320,24 @@ MASKS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize(("mask", "extra"), [
+    ("raw", {}), ("png", {}), ("png", {"keep_encoded": True}),
+    ("raw", {"exif_orientation": "apply"})])
 @pytest.mark.parametrize("preset", ["train", "eval"])
-def test_images_with_masks_take_the_batch_path(tmp_path: Path, mask: str, preset: str,
+def test_images_with_masks_take_the_batch_path(tmp_path: Path, mask: str, extra: dict[str, Any],
+                                               preset: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Each mask cropped, resized and flipped with its image's draws: the sample path's
     batches, with no slice made sample by sample."""
     ds = _write_with_masks(tmp_path / mask, mask)
     make = presets.train if preset == "train" else presets.eval
-    slow = _batches(ds, _sample_by_sample(make(size=24, **MASKS[mask])))
+    slow = _batches(ds, _sample_by_sample(make(size=24, **MASKS[mask], **extra)))
     calls = _count_sample_path(monkeypatch)
-    fast = _batches(ds, make(size=24, **MASKS[mask]))
+    fast = _batches(ds, make(size=24, **MASKS[mask], **extra))
     assert not calls
     assert_same_batches(fast, slow)
-    assert fast[0]["mask"].shape == (8, 24, 24) and "mask_raw" not in fast[0]
+    assert fast[0]["mask"].shape == (8, 24, 24)
+    assert ("mask_raw" in fast[0]) == bool(extra.get("keep_encoded"))
     assert sorted(record_ids(fast)) == list(range(N))
 
 

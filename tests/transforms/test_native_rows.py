@@ -124,6 +124,35 @@ def test_crops_are_the_python_paths_bytes(fast_upsample: bool) -> None:
                 assert out[k].tobytes() == _reference(op, values[k], row).tobytes(), row
 
 
+@pytest.mark.parametrize("fast_upsample", [True, False])
+def test_crops_at_a_dct_scale_are_the_python_paths_bytes(fast_upsample: bool) -> None:
+    """Boxes 2x the output or more, decoded at 1/2, 1/4 and 1/8 (the rows and columns the
+    scaled warp reads) and sampled, for every kind of JPEG: the Python path's bytes."""
+    rng = np.random.default_rng(21 + fast_upsample)
+    scales: set[int] = set()
+    for _ in range(10):
+        size = (int(rng.integers(8, 40)), int(rng.integers(8, 40)))
+        op = _crop_op(size, fast_upsample)
+        values, rows = [], []
+        for _ in range(8):
+            height, width = int(rng.integers(2 * size[0], 340)), int(rng.integers(2 * size[1], 340))
+            h = int(rng.integers(2 * size[0], height + 1))
+            w = int(rng.integers(2 * size[1], width + 1))
+            y, x = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+            values.append(_jpeg(rng, height, width))
+            rows.append((height, width, y, x, h, w, int(rng.integers(0, 2))))
+        flags, out = _call(op, values, rows)
+        for k, row in enumerate(rows):
+            d = _scale(op, row)
+            if row[4] >= 2 * d * size[0] and row[5] >= 2 * d * size[1]:
+                assert flags[k] == 0, row  # resized by area: the Python path's
+                continue
+            scales.add(d)
+            assert flags[k] == 1, row
+            assert out[k].tobytes() == _reference(op, values[k], row).tobytes(), (row, d)
+    assert scales == {2, 4, 8}
+
+
 def _cmyk_jpeg() -> bytes:
     buffer = io.BytesIO()
     Image.new("CMYK", (40, 30), (10, 200, 30, 5)).save(buffer, "JPEG", quality=90)

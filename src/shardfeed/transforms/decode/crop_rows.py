@@ -137,9 +137,11 @@ def crop_rows_into(
     key = batch_key(op, columns, rngs, image_out, masks=True)
     if key is None or image_out is None:
         return None
-    mask_out = out.get("mask") if has_mask(op, columns) else None
-    if has_mask(op, columns) and (mask_out is None or len(mask_out) != len(image_out)):
-        return None  # the batch holds no rows for the masks: sample by sample
+    masked = has_mask(op, columns)
+    mask_out = out.get("mask") if masked else None
+    if masked and (mask_out is None or len(mask_out) != len(image_out)
+                   or op.mask_field.locate(dict.fromkeys(columns)) is None):
+        return None  # no rows for the masks, or none in the records: the sample path says
     # each row's box, image (H, W) and flip, where a mask is cropped by them
     placed: list[Any] = [None] * len(image_out) if mask_out is not None else []
     where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it

@@ -48,7 +48,7 @@ _lock = threading.Lock()
 
 def agrees() -> bool:
     """Whether the compiled call gives the Python path's bytes here, checked once a process
-    on a small JPEG (4:2:0, both upsampling modes, a whole image and regions, at full and
+    on a small JPEG (4:2:0 in both upsampling modes, 4:2:2, a whole image and regions, at full and
     DCT scale, flipped and not): the libjpeg it was built with is the machine's, the Python
     path's decoders bring their own. Where it does not, the call is not used (and a warning
     says so); where only its scaled decode differs, the scaled rows are left to the Python
@@ -85,13 +85,13 @@ def _self_check() -> tuple[bool, bool]:
 
     y, x = np.mgrid[0:96, 0:128]
     pixels = np.dstack([x * 2, y * 3, (x + y) * 3 // 2]).astype(np.uint8)
-    data = bytes(simplejpeg.encode_jpeg(pixels, quality=85, colorsubsampling="420"))
     out_h, out_w = 16, 20  # boxes under 2x of it one way (d 1), and scaled ones (d 2, 4)
     rows = [(96, 128, 0, 0, 30, 128, 0, 1, 1), (96, 128, 9, 13, 14, 23, 1, 1, 1),
             (96, 128, 17, 21, 25, 40, 0, 0, 1), (96, 128, 0, 0, 96, 128, 1, 1, 4),
             (96, 128, 3, 5, 41, 50, 1, 1, 2), (96, 128, 7, 2, 70, 90, 0, 1, 4)]
     agree = [True, True]
-    for fast_upsample in (True, False):
+    for subsampling, fast_upsample in (("420", True), ("420", False), ("422", True)):
+        data = bytes(simplejpeg.encode_jpeg(pixels, quality=85, colorsubsampling=subsampling))
         decoded = {d: simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True,
                                              fastupsample=fast_upsample,
                                              **({} if d == 1 else {"min_height": 96 // d,

@@ -14,7 +14,8 @@ integer image: uint16 too, and wherever the package was built without the compil
 the compiled slice call (:mod:`~shardfeed.transforms.decode.native_rows`) runs the same code
 straight after its decode. ``tests/transforms/test_scaled_warp.py`` holds them to each other.
 
-Determinism: pure. State: none. Memory: the output and, in NumPy, a few of its size.
+Determinism: pure. State: none. Memory: the output and, in NumPy, a few int64 arrays of
+its size.
 """
 
 from __future__ import annotations
@@ -77,10 +78,14 @@ def _numpy_warp(decoded: np.ndarray, box: Box, d: int, size: tuple[int, int], fl
     xa, xb, fx = warp_axis(box.x, box.w, out_w, d, sw)
     if flip:
         xa, xb, fx = xa[::-1], xb[::-1], fx[::-1]
-    pixels = decoded.astype(np.int64, copy=False)
     gx, fxc = (ONE - fx)[None, :, None], fx[None, :, None]
-    top = pixels[ya][:, xa] * gx + pixels[ya][:, xb] * fxc
-    bottom = pixels[yb][:, xa] * gx + pixels[yb][:, xb] * fxc
+
+    def taken(rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        # the output's neighbours only, widened after the gather (not the whole image)
+        return decoded[np.ix_(rows, columns)].astype(np.int64)
+
+    top = taken(ya, xa) * gx + taken(ya, xb) * fxc
+    bottom = taken(yb, xa) * gx + taken(yb, xb) * fxc
     total = top * (ONE - fy)[:, None, None] + bottom * fy[:, None, None]
     result: np.ndarray = ((total + (1 << (2 * BITS - 1))) >> (2 * BITS)).astype(decoded.dtype)
     return result

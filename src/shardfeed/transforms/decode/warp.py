@@ -82,7 +82,8 @@ def _numpy_warp(decoded: np.ndarray, box: Box, d: int, size: tuple[int, int], fl
 
     def taken(rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
         # the output's neighbours only, widened after the gather (not the whole image)
-        return decoded[np.ix_(rows, columns)].astype(np.int64)
+        near: np.ndarray = decoded[np.ix_(rows, columns)].astype(np.int64)
+        return near
 
     top = taken(ya, xa) * gx + taken(ya, xb) * fxc
     bottom = taken(yb, xa) * gx + taken(yb, xb) * fxc

@@ -125,3 +125,26 @@ def test_pickled_copy_is_empty_with_the_same_bound() -> None:
 def test_bad_bound(bad: object) -> None:
     with pytest.raises(ValueError):
         ImageCache(max_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_get_many_is_get_called_in_order() -> None:
+    """A slice's lookups in one call: the values, loads, hits, evictions and what stays
+    cached are those of ``get`` called for each key in turn."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        keys = rng.integers(0, 9, 40).tolist()
+        expires = [(0, int(e)) for e in rng.integers(0, 60, 40)]
+        now = [(0, k) for k in range(40)]
+        one: ImageCache[int] = ImageCache(max_bytes=450)
+        many: ImageCache[int] = ImageCache(max_bytes=450)
+        calls_one: list[int] = []
+        calls_many: list[int] = []
+        for start in range(0, 40, 10):  # four slices
+            got = [one.get(keys[i], loader(keys[i] * 10, calls=calls_one),
+                           expires=expires[i], now=now[i]) for i in range(start, start + 10)]
+            assert many.get_many(
+                keys[start:start + 10],
+                lambda row, s=start: loader(keys[s + row] * 10, calls=calls_many),
+                expires=expires[start:start + 10], now=now[start:start + 10]) == got
+        assert calls_many == calls_one and many.stats() == one.stats()
+        assert sorted(map(str, many._entries)) == sorted(map(str, one._entries))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -208,6 +208,38 @@ class ImageCache(Generic[V]):
             with self._lock:
                 self._hits += 1
             return value
+
+    def get_many(
+        self,
+        keys: Sequence[Hashable],
+        load_of: Callable[[int], Callable[[], tuple[V, int]]],
+        *,
+        expires: Sequence[Clock],
+        now: Sequence[Clock],
+    ) -> list[V]:
+        """``[get(keys[i], load_of(i), expires=expires[i], now=now[i]) for i ...]``, in that
+        order and with the same effects, the cached values taken under one hold of the lock
+        (a slice's patches: one lookup for the run of hits, not one each)."""
+        out: list[V] = []
+        count, at = len(keys), 0
+        entries = self._entries
+        while at < count:
+            with self._lock:
+                while at < count:
+                    self._clock = max(self._clock, now[at])
+                    entry = entries.get(keys[at])
+                    if entry is None:
+                        break
+                    entries.move_to_end(keys[at])
+                    if expires[at] > entry.expires:
+                        entry.expires = expires[at]
+                    self._hits += 1
+                    out.append(entry.value)
+                    at += 1
+            if at < count:  # not cached: as get() (loads it, or waits for its load)
+                out.append(self.get(keys[at], load_of(at), expires=expires[at], now=now[at]))
+                at += 1
+        return out
 
     def load_ahead(
         self,

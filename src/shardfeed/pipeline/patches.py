@@ -325,20 +325,22 @@ class Patches(SamplerBase):
             # the slice's images from the cache (held for the slice: a cached one costs
             # nothing more, and at most one a refresh the slice spans is evicted meanwhile),
             # every crop drawn in one call and cut in one pass
-            images, shapes, fulls = [], [], []
             seed, epoch = ctx.seed, ctx.epoch
-            for position, rid, order_position in zip(positions.tolist(), records, q.tolist()):
-                decoded = self._decoded(SampleKey(seed, epoch, position), rid, read[rid],
-                                        order_position)
-                if decoded.mask is not None:
-                    raise SchemaError("patches with masks are cut one by one")
-                image = decoded.image
-                images.append(image)
-                shapes.append(image.shape[:2])
-                fulls.append(decoded.full_hw)
-                metas.append(decoded.meta)
-            sizes = np.array(shapes, dtype=np.int64).reshape(n, 2)
-            full[:] = fulls
+            # what _decoded asks the cache for each output, in one call: the same order,
+            # clock and expiry (the last output of each image's order position)
+            last = np.minimum((q + 1) * self.schedule.refresh_every, len(self.schedule)) - 1
+            load = self._load
+            got = self.cache.get_many(
+                records, lambda row: functools.partial(load, records[row], read[records[row]]),
+                expires=[(epoch, int(t)) for t in last.tolist()],
+                now=[(epoch, position) for position in positions.tolist()])
+            if any(decoded.mask is not None for decoded in got):
+                raise SchemaError("patches with masks are cut one by one")
+            images = [decoded.image for decoded in got]
+            metas = [decoded.meta for decoded in got]
+            sizes = np.array([image.shape[:2] for image in images], dtype=np.int64).reshape(n, 2)
+            full[:] = [decoded.full_hw for decoded in got]
+            del got
             boxes = patch_boxes(seed, epoch, positions, sizes[:, 0], sizes[:, 1],
                                 self.options)
             if not cut_rows(images, boxes, out, self.options):

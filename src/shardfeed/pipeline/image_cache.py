@@ -231,8 +231,7 @@ class ImageCache(Generic[V]):
                     if entry is None:
                         break
                     entries.move_to_end(keys[at])
-                    if expires[at] > entry.expires:
-                        entry.expires = expires[at]
+                    entry.expires = max(entry.expires, expires[at])
                     self._hits += 1
                     out.append(entry.value)
                     at += 1

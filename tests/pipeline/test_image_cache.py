@@ -144,7 +144,7 @@ def test_get_many_is_get_called_in_order() -> None:
                            expires=expires[i], now=now[i]) for i in range(start, start + 10)]
             assert many.get_many(
                 keys[start:start + 10],
-                lambda row, s=start: loader(keys[s + row] * 10, calls=calls_many),
+                lambda row, s=start, k=keys, c=calls_many: loader(k[s + row] * 10, calls=c),
                 expires=expires[start:start + 10], now=now[start:start + 10]) == got
         assert calls_many == calls_one and many.stats() == one.stats()
         assert sorted(map(str, many._entries)) == sorted(map(str, one._entries))

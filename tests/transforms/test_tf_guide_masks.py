@@ -165,3 +165,38 @@ def test_missing_mask_shape_names_the_feature_the_record_and_the_right_option(
     message = str(caught.value)
     assert "'Height'" in message and "named by height_key" in message
     assert "Pass height_key" not in message and "pass height_key" not in message
+
+
+@pytest.mark.parametrize("preset", ["train", "eval"])
+def test_a_raw_mask_beside_a_turned_image_is_refused_not_misaligned(tmp_path: Path,
+                                                                    preset: str) -> None:
+    """A raw mask has no orientation tag: with exif_orientation="apply" and an image tagged
+    to be turned (a half turn keeps the size), the record is named, not handed back with
+    the image turned and the mask not; upright records and exif_orientation="ignore" go on."""
+    from exif_photos import with_orientation
+
+    folder = tmp_path / "tagged"
+    folder.mkdir()
+    with ShardWriter(str(folder / "guide-00000.tfrecord")) as writer:
+        for i in range(RECORDS):
+            jpeg = jpeg_bytes(_image(i), quality=95)
+            writer.write_example({
+                "height": [HEIGHT], "width": [WIDTH], "depth": [3],
+                "image_raw": with_orientation(jpeg, 3) if i == 4 else jpeg,
+                "mask_raw": _mask(i).tobytes()})
+    ds = Dataset(str(folder))
+    make = presets.train if preset == "train" else presets.eval
+
+    def run(**options: Any) -> Any:
+        return _batches(Loader(ds, batch_size=2, shuffle=False,
+                               transform=make(16, **GUIDE_JPEG, **options)))
+
+    with pytest.raises(Exception, match=r"record 4 .*|raw mask has no tag") as caught:
+        run(exif_orientation="apply")
+    text = str(caught.value) + " ".join(getattr(caught.value, "__notes__", []))
+    assert "record 4" in text and "exif_orientation='ignore'" in text
+    skipping = Loader(ds, batch_size=2, shuffle=False, on_error="skip",
+                      transform=make(16, **GUIDE_JPEG, exif_orientation="apply"))
+    assert len(_batches(skipping)["mask"]) == RECORDS  # record 4 skipped, replaced
+    assert skipping.stats().skipped_total == 1
+    assert len(run(exif_orientation="ignore")["mask"]) == RECORDS

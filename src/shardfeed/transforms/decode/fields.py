@@ -193,8 +193,8 @@ class ImageField:
             )
             raise SchemaError(
                 f"the sample has no {what} feature {wanted}; it has {sorted(sample)}. "
-                f"Pass the {what}'s feature name (key=...) or bind the transform to the "
-                "dataset's schema"
+                f"Pass the {what}'s feature name ({'mask_key' if self.is_mask else 'key'}"
+                "=...) or bind the transform to the dataset's schema"
             )
         return found
 

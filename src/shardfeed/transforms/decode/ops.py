@@ -24,7 +24,11 @@ from shardfeed.transforms.base import ArraySpec, Sample, SchemaLike, Specs, Tran
 from shardfeed.transforms.decode.fields import Encoding, ImageField
 from shardfeed.transforms.decode.image import ImageDtype, check_image_dtype
 from shardfeed.transforms.decode.masks import Color, MaskDtype, MaskLabels
-from shardfeed.transforms.decode.orientation import ExifOrientation, check_exif_orientation
+from shardfeed.transforms.decode.orientation import (
+    ExifOrientation,
+    check_exif_orientation,
+    orientation_of,
+)
 from shardfeed.transforms.decode.png_rows import decode_png_into, decode_pngs_into
 from shardfeed.transforms.decode.raw_rows import raw_rows_into, raw_rows_target
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS, decode_peak_bytes
@@ -320,7 +324,12 @@ class DecoderBase(TransformBase):
         self, sample: Sample, mask: np.ndarray, mask_key: str | None, image_hw: tuple[int, int]
     ) -> None:
         """DecodeError unless the mask has the image's height and width (a mask of another
-        size would be cropped, flipped and resized out of line with its image)."""
+        size would be cropped, flipped and resized out of line with its image), and unless a
+        raw mask (which has no orientation tag) goes with an image that
+        ``exif_orientation="apply"`` turns (whether it was drawn on the stored pixels or on
+        the turned ones cannot be told: a half turn keeps the size, and would be handed back
+        out of line)."""
+        self._check_mask_turn(sample, mask_key)
         mask_hw = (int(mask.shape[-2]), int(mask.shape[-1]))
         if mask_hw != image_hw:
             turned = ""
@@ -336,6 +345,24 @@ class DecoderBase(TransformBase):
                 "re-create the mask at the image's size, or skip such records with "
                 "on_error='skip'"
             )
+
+    def _check_mask_turn(self, sample: Sample, mask_key: str | None) -> None:
+        if self.exif_orientation != "apply" or self.mask_field.encoding != "raw":
+            return
+        found = self.image_field.locate(sample)
+        if found is None or found[1] not in ("auto", "path"):
+            return
+        data = self.image_field.encoded_bytes(sample, *found)
+        if orientation_of(data, "apply") == 1:
+            return
+        raise DecodeError(
+            f"{self.mask_field.where(sample, mask_key or 'mask')}: the image has an EXIF "
+            "orientation tag, which exif_orientation='apply' turns it by, but a raw mask has "
+            "no tag: whether the mask was drawn on the stored pixels or on the turned image "
+            "cannot be told. Decode with exif_orientation='ignore' (image and mask as stored, "
+            "as tf.io.decode_jpeg reads them), store the mask as a PNG drawn on the turned "
+            "image, or skip such records with on_error='skip'"
+        )
 
     def _finish(
         self, sample: Sample, image: np.ndarray, mask: np.ndarray | None, keys: list[str | None]

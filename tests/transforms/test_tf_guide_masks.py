@@ -21,7 +21,7 @@ import simplejpeg
 from transforms_helpers import jpeg_bytes, smooth_image
 
 from shardfeed import Dataset, Loader
-from shardfeed.errors import SchemaError
+from shardfeed.errors import DecodeError, SchemaError
 from shardfeed.format.writer import ShardWriter
 from shardfeed.transforms import DecodeImage, presets
 
@@ -200,3 +200,23 @@ def test_a_raw_mask_beside_a_turned_image_is_refused_not_misaligned(tmp_path: Pa
     assert len(_batches(skipping)["mask"]) == RECORDS  # record 4 skipped, replaced
     assert skipping.stats().skipped_total == 1
     assert len(run(exif_orientation="ignore")["mask"]) == RECORDS
+
+
+def test_a_png_mask_read_as_raw_says_to_decode_it_as_png(tmp_path: Path) -> None:
+    import cv2
+
+    folder = tmp_path / "pngmask"
+    folder.mkdir()
+    with ShardWriter(str(folder / "guide-00000.tfrecord")) as writer:
+        for i in range(2):
+            writer.write_example({
+                "height": [HEIGHT], "width": [WIDTH], "image_raw": jpeg_bytes(_image(i)),
+                "mask_raw": cv2.imencode(".png", _mask(i))[1].tobytes()})
+    with pytest.raises(DecodeError) as caught:
+        next(iter(Loader(Dataset(str(folder)), batch_size=2, shuffle=False,
+                         transform=presets.eval(16, **GUIDE_JPEG))))
+    assert "uint8 values" in str(caught.value)
+    assert "PNG file: leave mask_encoding unset" in str(caught.value)
+    png = presets.eval(16, key="image_raw", mask_key="mask_raw")  # as the hint says
+    batch = next(iter(Loader(Dataset(str(folder)), batch_size=2, shuffle=False, transform=png)))
+    assert batch["mask"].shape == (2, 16, 16)

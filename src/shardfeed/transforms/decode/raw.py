@@ -42,6 +42,7 @@ from shardfeed.transforms.base import Sample, ShapeKeysLike
 from shardfeed.transforms.decode.image import (
     Where,
     decode_error,
+    sniff_format,
     too_large_error,
     where_text,
     widen_to_uint16,
@@ -151,7 +152,12 @@ def _misfit(field: RawField, data: bytes | memoryview, where: Where, count: int,
     """The error of raw bytes of ``count`` values that are not the ``wanted`` shape; a
     fixed shape is named as the option that gave it."""
     what = "raw mask" if field.is_mask else "raw image"
-    reason = f"{what} has {count} values, expected {wanted}"
+    reason = f"{what} has {count} {np.dtype(field.dtype)} values, expected {wanted}"
+    kind = sniff_format(data)
+    if kind != "other":  # an encoded file read as raw pixels
+        option = "mask_encoding" if field.is_mask else "encoding"
+        reason += (f"; these bytes are a {kind.upper()} file: leave {option} unset (not "
+                   "'raw') to decode them as one")
     if field.shape is not None:
         option = "mask_shape" if field.is_mask else "shape"
         reason += (f" ({option}={field.shape}; if every record fails, {option} is not the shape "

@@ -74,3 +74,33 @@ def test_palette_masks_pass_and_colour_masks_are_a_warning(
     capsys.readouterr()
     code, report = verify_json(wide, capsys)
     assert code == 0 and "mask_dtype='uint16'" in report["warnings"][0]
+
+
+def test_the_tf_guide_layout_is_checked_where_the_user_names_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Features of other names (TensorFlow's guide: image_raw, mask_raw of raw class ids,
+    height, width): without names nothing is decoded, and the command says so; with them a
+    mask of the wrong size is a bad record, named."""
+    import simplejpeg
+
+    from shardfeed.format.writer import ShardWriter
+
+    folder = tmp_path / "guide"
+    folder.mkdir()
+    with ShardWriter(str(folder / "guide-00000.tfrecord")) as writer:
+        for i in range(4):
+            pixels = np.full((24, 32, 3), 40 * i, np.uint8)
+            mask = np.zeros((24, 32 if i != 2 else 31), np.uint8)  # record 2: a column short
+            writer.write_example({"height": [24], "width": [32], "image_raw":
+                                  bytes(simplejpeg.encode_jpeg(pixels)),
+                                  "mask_raw": mask.tobytes()})
+    assert main(["verify", str(folder), "--decode", "--no-progress"]) == 0
+    assert "no image to decode" in capsys.readouterr().out
+    named = ["verify", str(folder), "--decode", "--no-progress", "--key", "image_raw",
+             "--mask-key", "mask_raw", "--mask-encoding", "raw", "--mask-height-key", "height",
+             "--mask-width-key", "width"]
+    assert main(named) == 1
+    out = capsys.readouterr().out
+    assert "record 2" in out and "mask" in out and "4 images and 3 masks decoded" in out
+    with pytest.raises(SystemExit, match="--mask-height-key"):
+        main(named[:-4])

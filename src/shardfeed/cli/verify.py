@@ -11,11 +11,15 @@ examples:
   shardfeed verify out/ --decode           # also decode every image and mask
   shardfeed verify 'data/train-*' --json   # TFRecord files; machine-readable report
   shardfeed verify s3://bucket/ds/         # any URL Dataset opens (s3://, gs://, memory://)
+  shardfeed verify tfrecords/ --decode --key image_raw --mask-key mask_raw \
+      --mask-encoding raw --mask-height-key height --mask-width-key width
+                                           # TensorFlow's guide layout: name the features
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from shardfeed.cli import common
 
@@ -33,6 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--root", default=None,
         help="folder of referenced images (default: the root stored in the manifest)",
     )
+    where = parser.add_argument_group(
+        "where the image and mask are (with --decode; default: the manifest's schema, else the "
+        "standard names image/encoded, image/raw, image/path and mask/...)")
+    where.add_argument("--key", default=None,
+                       help="the image's feature (JPEG or PNG bytes), as the decode ops' key=")
+    where.add_argument("--mask-key", default=None, help="the mask's feature, as mask_key=")
+    where.add_argument("--mask-encoding", choices=("auto", "raw"), default="auto",
+                       help="raw: the mask is uint8 class ids, height x width of the "
+                            "features --mask-height-key/--mask-width-key (default auto: PNG)")
+    where.add_argument("--mask-height-key", default=None, help="as mask_height_key=")
+    where.add_argument("--mask-width-key", default=None, help="as mask_width_key=")
     common.add_max_pixels(parser, what="with --decode a larger image is a bad record, as a "
                           "Loader would refuse it")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -45,10 +60,11 @@ def run(args: argparse.Namespace) -> int:
     from shardfeed.tools.verify import verify
 
     source = args.source[0] if len(args.source) == 1 else args.source
+    image, mask = _slots(args)
     report = verify(
         source, decode=args.decode, root=args.root, workers=args.workers,
         progress=common.show_progress(args), max_pixels=args.max_pixels,
-        **common.dataset_options(args),
+        image=image, mask=mask, **common.dataset_options(args),
     )
     if args.json:
         common.print_json(report.to_json())
@@ -63,9 +79,28 @@ def run(args: argparse.Namespace) -> int:
         masks = sum(s.masks_decoded for s in report.shards)
         what += f", {common.count(images, 'image')}"
         what += f" and {common.count(masks, 'mask')} decoded" if masks else " decoded"
+    if report.decode and report.records and not sum(s.images_decoded for s in report.shards):
+        print("warning: --decode found no image to decode in any record: name the image's "
+              "feature with --key (and a mask's with --mask-key)")
     if report.ok:
         print(f"ok: {what}")
         return 0
     print(f"FAILED: {common.count(len(report.problems), 'problem')}; {what}")
     return 1
 
+
+
+def _slots(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The image and mask the options name (None for each left to the defaults)."""
+    from shardfeed.format.schema import ImageInfo
+
+    if args.mask_encoding == "raw" and not (args.mask_key and args.mask_height_key
+                                            and args.mask_width_key):
+        raise SystemExit("shardfeed verify: --mask-encoding raw needs --mask-key, "
+                         "--mask-height-key and --mask-width-key")
+    image = ImageInfo(args.key, "mixed") if args.key else None
+    mask = None
+    if args.mask_key:
+        mask = (ImageInfo(args.mask_key, "raw", args.mask_height_key, args.mask_width_key)
+                if args.mask_encoding == "raw" else ImageInfo(args.mask_key, "mixed"))
+    return image, mask

@@ -76,8 +76,10 @@ def _total_bytes(urls: Sequence[str], expected: Sequence[Expected]) -> int | Non
 
 
 def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | None,
-          allow_outside_paths: bool) -> list[ShardJob]:
-    """One job a shard, with what the manifest (if any) says of it."""
+          allow_outside_paths: bool, image_info: ImageInfo | None = None,
+          mask_info: ImageInfo | None = None) -> list[ShardJob]:
+    """One job a shard, with what the manifest (if any) says of it, and where the caller
+    says the image and mask are (over what the manifest or the records' names suggest)."""
     urls = list(resolved.urls)
     manifest = resolved.manifest
     image = mask = None
@@ -92,6 +94,8 @@ def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | No
         expected = [Expected()] * len(urls)
         if decode:
             image, mask = _sampled_slots(urls)
+    image = image_info or image
+    mask = mask_info or mask
     use_root = referenced_root(resolved, root, allow_outside_paths=allow_outside_paths)
     check_paths = referenced or root is not None
     return [ShardJob(u, e, decode, use_root, check_paths, image, mask)
@@ -113,6 +117,8 @@ def verify(
     allow_outside_paths: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     run: Runner | None = None,
+    image: ImageInfo | None = None,
+    mask: ImageInfo | None = None,
 ) -> VerifyReport:
     """Check every record of a dataset; see the module docstring for what is checked.
 
@@ -130,13 +136,17 @@ def verify(
     ``Dataset`` does; see :mod:`shardfeed.storage.paths`).
     ``run(fn, shards) -> results``: how the shards' checks are spread (default: ``workers``
     threads here; :func:`shardfeed.tools.ray.ray_map`: a Ray task a shard, no progress bar).
+    ``image``/``mask``: where the image and mask are in each record (e.g. TensorFlow's guide
+    layout: ``ImageInfo("image_raw", "mixed")``, ``ImageInfo("mask_raw", "raw", "height",
+    "width")``), over what the manifest's schema or the standard feature names say.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     check_max_pixels(max_pixels)
     resolved = resolve_sources(source, allow_outside_paths=allow_outside_paths)
     jobs = [replace(job, max_pixels=max_pixels) for job in
-            _jobs(resolved, decode=decode, root=root, allow_outside_paths=allow_outside_paths)]
+            _jobs(resolved, decode=decode, root=root, allow_outside_paths=allow_outside_paths,
+                  image_info=image, mask_info=mask)]
     total = _total_bytes([j.path for j in jobs], [j.expected for j in jobs])
     from tqdm import tqdm
 

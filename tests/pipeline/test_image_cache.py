@@ -147,4 +147,23 @@ def test_get_many_is_get_called_in_order() -> None:
                 lambda row, s=start, k=keys, c=calls_many: loader(k[s + row] * 10, calls=c),
                 expires=expires[start:start + 10], now=now[start:start + 10]) == got
         assert calls_many == calls_one and many.stats() == one.stats()
-        assert sorted(map(str, many._entries)) == sorted(map(str, one._entries))
+        assert [(k, e.expires) for k, e in many._entries.items()] == [
+            (k, e.expires) for k, e in one._entries.items()]
+
+
+def test_get_many_stops_at_a_failed_load_as_the_loop_would() -> None:
+    cache: ImageCache[int] = ImageCache(max_bytes=1000)
+    cache.get(1, loader(10), expires=(0, 9), now=(0, 0))
+
+    def load_of(row: int) -> Callable[[], tuple[int, int]]:
+        if row == 1:
+            def broken() -> tuple[int, int]:
+                raise ValueError("damaged")
+            return broken
+        return loader([1, 2, 3][row] * 10)
+
+    with pytest.raises(ValueError, match="damaged"):
+        cache.get_many([1, 2, 3], load_of, expires=[(0, 9)] * 3, now=[(0, 1), (0, 2), (0, 3)])
+    stats = cache.stats()
+    assert stats.hits == 1 and stats.loads == 1 and 2 not in cache and 3 not in cache
+    assert cache.get(2, loader(20), expires=(0, 9), now=(0, 4)) == 20  # nothing left pending

@@ -95,7 +95,7 @@ def test_the_tf_guide_layout_is_checked_where_the_user_names_it(
                                   bytes(simplejpeg.encode_jpeg(pixels)),
                                   "mask_raw": mask.tobytes()})
     assert main(["verify", str(folder), "--decode", "--no-progress"]) == 0
-    assert "no image to decode" in capsys.readouterr().out
+    assert "found no image in any record" in capsys.readouterr().out
     named = ["verify", str(folder), "--decode", "--no-progress", "--key", "image_raw",
              "--mask-key", "mask_raw", "--mask-encoding", "raw", "--mask-height-key", "height",
              "--mask-width-key", "width"]
@@ -104,3 +104,7 @@ def test_the_tf_guide_layout_is_checked_where_the_user_names_it(
     assert "record 2" in out and "mask" in out and "4 images and 3 masks decoded" in out
     with pytest.raises(SystemExit, match="--mask-height-key"):
         main(named[:-4])
+    with pytest.raises(SystemExit, match="add --decode"):
+        main([arg for arg in named if arg != "--decode"])
+    assert main(["verify", str(folder), "--decode", "--no-progress", "--json"]) == 0
+    assert any("found no image" in w for w in json.loads(capsys.readouterr().out)["warnings"])

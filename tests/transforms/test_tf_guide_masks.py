@@ -167,6 +167,27 @@ def test_missing_mask_shape_names_the_feature_the_record_and_the_right_option(
     assert "Pass height_key" not in message and "pass height_key" not in message
 
 
+def test_a_standard_raw_mask_beside_a_turned_image_is_refused(tmp_path: Path) -> None:
+    """The same with the standard names (image/encoded, mask/raw: no option says raw) and an
+    image encoding given explicitly."""
+    from exif_photos import with_orientation
+
+    from shardfeed.errors import DecodeError
+
+    folder = tmp_path / "standard"
+    folder.mkdir()
+    with ShardWriter(str(folder / "s-00000.tfrecord")) as writer:
+        for i in range(2):
+            writer.write_example({
+                "image/encoded": with_orientation(jpeg_bytes(_image(i)), 3),
+                "mask/raw": _mask(i).tobytes(), "mask/height": [HEIGHT],
+                "mask/width": [WIDTH]})
+    for options in ({}, {"encoding": "jpeg"}, {"mask": True}):
+        with pytest.raises(DecodeError, match="raw mask has no tag"):
+            next(iter(Loader(Dataset(str(folder)), batch_size=2, shuffle=False,
+                             transform=DecodeImage(exif_orientation="apply", **options))))
+
+
 @pytest.mark.parametrize("preset", ["train", "eval"])
 def test_a_raw_mask_beside_a_turned_image_is_refused_not_misaligned(tmp_path: Path,
                                                                     preset: str) -> None:
@@ -216,7 +237,7 @@ def test_a_png_mask_read_as_raw_says_to_decode_it_as_png(tmp_path: Path) -> None
         next(iter(Loader(Dataset(str(folder)), batch_size=2, shuffle=False,
                          transform=presets.eval(16, **GUIDE_JPEG))))
     assert "uint8 values" in str(caught.value)
-    assert "PNG file: leave mask_encoding unset" in str(caught.value)
+    assert "PNG file: decode this feature as an image file" in str(caught.value)
     png = presets.eval(16, key="image_raw", mask_key="mask_raw")  # as the hint says
     batch = next(iter(Loader(Dataset(str(folder)), batch_size=2, shuffle=False, transform=png)))
     assert batch["mask"].shape == (2, 16, 16)

@@ -151,7 +151,7 @@ def test_fixed_shape_is_checked_against_each_record(tmp_path: Path) -> None:
     with pytest.raises(DecodeError) as caught:
         next(iter(Loader(ds, batch_size=2, shuffle=False, transform=wrong)))
     message = str(caught.value)
-    assert "784 values" in message and "32×32×1 = 1024" in message
+    assert "784 uint8 values" in message and "32×32×1 = 1024" in message
     assert "shape=(32, 32, 1)" in message and "mnist-0.tfrecord" in message
     with pytest.raises(ValueError, match="shape"):
         DecodeImage(key="image_raw", shape=(28,))

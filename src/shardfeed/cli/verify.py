@@ -79,9 +79,6 @@ def run(args: argparse.Namespace) -> int:
         masks = sum(s.masks_decoded for s in report.shards)
         what += f", {common.count(images, 'image')}"
         what += f" and {common.count(masks, 'mask')} decoded" if masks else " decoded"
-    if report.decode and report.records and not sum(s.images_decoded for s in report.shards):
-        print("warning: --decode found no image to decode in any record: name the image's "
-              "feature with --key (and a mask's with --mask-key)")
     if report.ok:
         print(f"ok: {what}")
         return 0
@@ -94,11 +91,21 @@ def _slots(args: argparse.Namespace) -> tuple[Any, Any]:
     """The image and mask the options name (None for each left to the defaults)."""
     from shardfeed.format.schema import ImageInfo
 
+    named = [f"--{name.replace('_', '-')}" for name in
+             ("key", "mask_key", "mask_height_key", "mask_width_key")
+             if getattr(args, name)] + (["--mask-encoding"] if args.mask_encoding != "auto"
+                                        else [])
+    if named and not args.decode:
+        raise SystemExit(f"shardfeed verify: {', '.join(named)} say where images are, which "
+                         "only --decode reads: add --decode")
     if args.mask_encoding == "raw" and not (args.mask_key and args.mask_height_key
                                             and args.mask_width_key):
         raise SystemExit("shardfeed verify: --mask-encoding raw needs --mask-key, "
                          "--mask-height-key and --mask-width-key")
-    image = ImageInfo(args.key, "mixed") if args.key else None
+    if args.mask_encoding != "raw" and (args.mask_height_key or args.mask_width_key):
+        raise SystemExit("shardfeed verify: --mask-height-key and --mask-width-key are the "
+                         "shape of a raw mask: add --mask-encoding raw")
+    image = ImageInfo(args.key, "mixed") if args.key else None  # a manifest's own kept
     mask = None
     if args.mask_key:
         mask = (ImageInfo(args.mask_key, "raw", args.mask_height_key, args.mask_width_key)

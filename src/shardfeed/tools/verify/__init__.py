@@ -94,8 +94,12 @@ def _jobs(resolved: Resolved, *, decode: bool, root: str | os.PathLike[str] | No
         expected = [Expected()] * len(urls)
         if decode:
             image, mask = _sampled_slots(urls)
-    image = image_info or image
-    mask = mask_info or mask
+    # the caller's names, over the manifest's, unless they name the same feature (the
+    # manifest then says how it is stored: raw, a path)
+    if image_info is not None and (image is None or image.key != image_info.key):
+        image = image_info
+    if mask_info is not None and (mask is None or mask.key != mask_info.key):
+        mask = mask_info
     use_root = referenced_root(resolved, root, allow_outside_paths=allow_outside_paths)
     check_paths = referenced or root is not None
     return [ShardJob(u, e, decode, use_root, check_paths, image, mask)

@@ -94,6 +94,12 @@ class ShardCheck:
                 "warnings": list(self.warnings)}
 
 
+NO_IMAGE_FOUND = ("--decode found no image in any record under the names it looked for (the "
+                  "manifest's schema, else image/encoded, image/raw, image/path): name the "
+                  "image's feature (verify(image=...), --key; a mask's: mask=..., --mask-key)")
+"""The warning of a decode that found nothing to decode (records of other feature names)."""
+
+
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
     """The result of :func:`verify`: per-shard checks and every problem, in file order."""
@@ -113,7 +119,11 @@ class VerifyReport:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return tuple(w for s in self.shards for w in s.warnings)
+        found = tuple(w for s in self.shards for w in s.warnings)
+        if (self.decode and self.records and not self.problems
+                and not sum(s.images_decoded for s in self.shards)):
+            found += (NO_IMAGE_FOUND,)
+        return found
 
     def to_json(self) -> dict[str, Any]:
         return {

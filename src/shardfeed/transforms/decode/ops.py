@@ -347,11 +347,15 @@ class DecoderBase(TransformBase):
             )
 
     def _check_mask_turn(self, sample: Sample, mask_key: str | None) -> None:
-        if self.exif_orientation != "apply" or self.mask_field.encoding != "raw":
+        if self.exif_orientation != "apply":
+            return
+        mask = self.mask_field.locate(sample)
+        if mask is None or mask[1] != "raw":  # an encoded mask follows its own tag
             return
         found = self.image_field.locate(sample)
-        if found is None or found[1] not in ("auto", "path"):
+        if found is None or found[1] == "raw":  # raw pixels have no tag either
             return
+        # (a "path" image is read a second time here: only for raw masks under "apply")
         data = self.image_field.encoded_bytes(sample, *found)
         if orientation_of(data, "apply") == 1:
             return

@@ -155,9 +155,8 @@ def _misfit(field: RawField, data: bytes | memoryview, where: Where, count: int,
     reason = f"{what} has {count} {np.dtype(field.dtype)} values, expected {wanted}"
     kind = sniff_format(data)
     if kind != "other":  # an encoded file read as raw pixels
-        option = "mask_encoding" if field.is_mask else "encoding"
-        reason += (f"; these bytes are a {kind.upper()} file: leave {option} unset (not "
-                   "'raw') to decode them as one")
+        reason += (f"; these bytes are a {kind.upper()} file: decode this feature as an "
+                   "image file, not as raw pixels")
     if field.shape is not None:
         option = "mask_shape" if field.is_mask else "shape"
         reason += (f" ({option}={field.shape}; if every record fails, {option} is not the shape "

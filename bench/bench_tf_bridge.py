@@ -32,6 +32,11 @@ of tf.dataset to tf.data::
 
     .venv/bin/python bench/bench_tf_bridge.py [--batch 16] [--rounds 3] [--threads 2]
         [--only imagenet,mnist]
+
+``--road-cost`` measures instead what the tf road itself costs a batch: a stand-in loader
+hands out one real batch of each workload (copies from a small pool) at once, so the time of
+``shardfeed.tf.dataset`` drained in a tf.function is the road's alone; beside it, the same
+batch as a constant Dataset drained the same way (TensorFlow's own floor a batch).
 """
 
 from __future__ import annotations
@@ -382,6 +387,67 @@ def contenders(tf: Any, work: Workload, threads: int, batch: int) -> dict[str, C
     }
 
 
+class _Instant:
+    """A stand-in loader for ``--road-cost``: ``count`` batches a pass, handed out at once
+    (the pool's batches in turn), with the loader interface ``shardfeed.tf.dataset`` uses."""
+
+    batch_stages: list[Any] = []
+
+    def __init__(self, batch: dict[str, Any], count: int, loader: Any) -> None:
+        self.pool = [{k: (v.copy() if isinstance(v, np.ndarray) else list(v))
+                      for k, v in batch.items()} for _ in range(8)]
+        self.count, self.options, self.position = count, loader.options, 0
+        self.batch_layout = loader.batch_layout  # the real one: the road's blocks as in use
+
+    def state(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+    def reserve_held_batches(self, count: int) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Any:
+        while self.position < self.count:
+            self.position += 1
+            yield self.pool[self.position % len(self.pool)]
+        self.position = 0
+
+
+def road_cost(tf: Any, work: Workload, threads: int, batch: int, batches: int) -> None:
+    """Print the tf road's own cost a batch, and TensorFlow's floor (see the module doc)."""
+    import shardfeed
+
+    real = work.loader(threads, batch)
+    first = next(iter(real))
+    road = shardfeed.tf.dataset(_Instant(first, batches, real),
+                                features=[work.image, work.target])
+    kept = {k: first[k] for k in (work.image, work.target)}
+    floor = tf.data.Dataset.from_tensors(kept).repeat(batches)
+
+    @tf.function
+    def drain(ds: Any) -> Any:
+        count = tf.constant(0, tf.int64)
+        for _ in ds:
+            count += 1
+        return count
+
+    for label, ds in (("tf.dataset", road), ("constant", floor)):
+        drain(ds)
+        runs = []
+        for _ in range(3):
+            start, cpu = time.perf_counter(), time.process_time()
+            n = int(drain(ds))
+            runs.append(((time.perf_counter() - start) * 1e6 / n,
+                         (time.process_time() - cpu) * 1e6 / n))
+        wall, used = sorted(runs)[1]
+        print(f"{work.name:<10}{label:<13}{wall:>12,.1f}{used:>12,.1f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=16)
@@ -393,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
                              "weigh as they do in training)")
     parser.add_argument("--only", default=",".join(BUILDERS),
                         help="workloads, comma-separated (default: all five)")
+    parser.add_argument("--road-cost", action="store_true",
+                        help="measure the tf road's own cost a batch with a stand-in loader "
+                             "that costs nothing (see the module doc)")
     args = parser.parse_args(argv)
 
     import tensorflow as tf
@@ -401,6 +470,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(BUILDERS))
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose among {sorted(BUILDERS)}")
+    if args.road_cost:
+        print(f"batch {args.batch}, 4,000 batches a pass, median of 3 passes, "
+              f"{os.cpu_count()} CPUs, TensorFlow {tf.__version__}")
+        print(f"{'workload':<10}{'drained':<13}{'wall us/b':>12}{'CPU us/b':>12}")
+        with tempfile.TemporaryDirectory(prefix="shardfeed-tfroad-") as tmp:
+            for name in names:
+                build, count = BUILDERS[name]
+                work = build(Path(tmp), max(1, round(count * args.scale / 8)), args.threads)
+                road_cost(tf, work, args.threads, args.batch, 4000)
+        return 0
     print(f"batch {args.batch}, {args.threads} threads, median of {args.rounds} interleaved "
           f"epochs, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}")
     print(f"{'workload':<10}{'contender':<13}{'images/s':>10}{'vs loader':>11}"

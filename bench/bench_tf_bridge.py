@@ -391,9 +391,8 @@ class _Instant:
     """A stand-in loader for ``--road-cost``: ``count`` batches a pass, handed out at once
     (the pool's batches in turn), with the loader interface ``shardfeed.tf.dataset`` uses."""
 
-    batch_stages: list[Any] = []
-
     def __init__(self, batch: dict[str, Any], count: int, loader: Any) -> None:
+        self.batch_stages: list[Any] = []
         self.pool = [{k: (v.copy() if isinstance(v, np.ndarray) else list(v))
                       for k, v in batch.items()} for _ in range(8)]
         self.count, self.options, self.position = count, loader.options, 0

@@ -629,6 +629,24 @@ done:
     return result;
 }
 
+/* ``obj``'s buffer into ``src`` (1), or 0 with ``out`` released and the error set. */
+static int source_of(PyObject *obj, Py_buffer *src, Py_buffer *out)
+{
+    if (PyObject_GetBuffer(obj, src, PyBUF_STRIDES) == 0)
+        return 1;
+    PyBuffer_Release(out);
+    return 0;
+}
+
+/* Whether ``src`` is (h, w, c) uint8 pixels, each pixel's ``c`` bytes contiguous, rows of
+ * at least w pixels apart (any stride). */
+static int pixels_ok(const Py_buffer *src, int c)
+{
+    return src->ndim == 3 && src->shape[2] == c && src->itemsize == 1 && src->strides[2] == 1
+           && src->strides[1] == c && src->shape[0] > 0 && src->shape[1] > 0
+           && src->strides[0] >= src->shape[1] * c;
+}
+
 static PyObject *jpeg_resize(PyObject *self, PyObject *args)
 {
     PyObject *src_obj;
@@ -637,14 +655,10 @@ static PyObject *jpeg_resize(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "Ow*iip", &src_obj, &out, &dh, &dw, &flip))
         return NULL;
     Py_buffer src;
-    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES) != 0) {
-        PyBuffer_Release(&out);
+    if (!source_of(src_obj, &src, &out))
         return NULL;
-    }
     PyObject *result = NULL;
-    if (src.ndim != 3 || src.shape[2] != CHANNELS || src.itemsize != 1 || src.strides[2] != 1
-            || src.strides[1] != CHANNELS || src.shape[0] <= 0 || src.shape[1] <= 0
-            || src.strides[0] < src.shape[1] * CHANNELS
+    if (!pixels_ok(&src, CHANNELS)
             || dh <= 0 || dw <= 0 || (size_t)out.len != (size_t)dh * (size_t)dw * CHANNELS) {
         PyErr_SetString(PyExc_ValueError, "resize: (h, w, 3) uint8 rows in, a contiguous "
                         "out_h x out_w x 3 out");
@@ -675,14 +689,11 @@ static PyObject *jpeg_warp(PyObject *self, PyObject *args)
                           &flip))
         return NULL;
     Py_buffer src;
-    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES) != 0) {
-        PyBuffer_Release(&out);
+    if (!source_of(src_obj, &src, &out))
         return NULL;
-    }
     PyObject *result = NULL;
     int c = src.ndim == 3 ? (int)src.shape[2] : 0;
-    if (c < 1 || c > 4 || src.itemsize != 1 || src.strides[2] != 1 || src.strides[1] != c
-            || src.shape[0] <= 0 || src.shape[1] <= 0 || src.strides[0] < src.shape[1] * c
+    if (c < 1 || c > 4 || !pixels_ok(&src, c)
             || dh <= 0 || dw <= 0 || d < 1 || d > 8 || h <= 0 || w <= 0
             || llabs(y) > INT32_MAX || llabs(x) > INT32_MAX || h > INT32_MAX || w > INT32_MAX
             || (size_t)out.len != (size_t)dh * (size_t)dw * (size_t)c) {

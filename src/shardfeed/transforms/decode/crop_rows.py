@@ -23,8 +23,9 @@ loop also takes the large images whose crop is not a region.
 
 Only for one embedded image a row (``encoding="auto"``), batch rows of the output's shape and
 dtype (the op's ``image_dtype``) and, where a mask is cropped, mask rows in the batch; else
-None (the loader goes sample by sample). uint16 rows (``image_dtype="uint16"``) skip the tight loop, which resizes 8-bit
-decodes: each goes through the op's own methods, which widen before they resample. An error
+None (the loader goes sample by sample). uint16 rows (``image_dtype="uint16"``) skip the
+tight loop, which resizes 8-bit decodes: each goes through the op's own methods, which widen
+before they resample. An error
 (a damaged image, a header over ``max_pixels``) propagates: the loader then makes the slice
 sample by sample, which names the record or skips it.
 

@@ -6,7 +6,10 @@ Phases, all in this one process (starting processes that import torch is the slo
    a whole epoch with ``remainder="drop"`` and one with ``"pad"``; then, per remainder, a
    few steps and the state (checked equal on all ranks with ``gather_states``).
 2. the job "restarts" on fewer ranks: the group is destroyed and ranks < W' form a new one
-   (W' = 2, then 3) on another port; each restores the saved state and reads the rest.
+   (W' = 2, then 3) on another port; each restores the saved state and reads the rest. Rank 0
+   holds those ports bound from phase 1 on (sent to the others over the first group) and lets
+   each go just before its group forms: a port chosen free and let go at once could be taken
+   as the local port of one of phase 1's many connections, and the next group would hang.
 
 Every Loader is built without rank/world_size: the ranks come from the process group.
 Results go to ``<out>/phase<W>-rank<r>.json``.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,16 +74,33 @@ def resumed_phase(ds: Dataset, out: Path, states: dict[str, Any]) -> None:
     dist.barrier()
 
 
+def _held_ports(rank: int) -> tuple[list[int], list[socket.socket]]:
+    """The later groups' ports: bound by rank 0 (and kept bound), sent to every rank."""
+    held: list[socket.socket] = []
+    if rank == 0:
+        for _ in range(2):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", 0))
+            held.append(sock)
+    ports: list[Any] = [sock.getsockname()[1] for sock in held] or [None, None]
+    dist.broadcast_object_list(ports, src=0)
+    return [int(port) for port in ports], held
+
+
 def main() -> None:
-    folder, out_dir, ports = sys.argv[1], Path(sys.argv[2]), sys.argv[3].split(",")
+    folder, out_dir = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ["RANK"])
     ds = Dataset(folder)
     dist.init_process_group("gloo", init_method="env://")
     first_phase(ds, out_dir)
+    ports, held = _held_ports(rank)
     states = {r: json.loads(json.dumps(_saved(out_dir, r))) for r in ("drop", "pad")}
     dist.destroy_process_group()
-    for new_size, port in zip((2, 3), ports):
+    for k, (new_size, port) in enumerate(zip((2, 3), ports)):
         if rank < new_size:
+            if held:
+                held[k].close()  # rank 0 listens on it next
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                                     rank=rank, world_size=new_size)
             resumed_phase(ds, out_dir, states)

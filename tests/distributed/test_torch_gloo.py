@@ -38,21 +38,26 @@ def _free_port() -> int:
 def job(records_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the 4-rank job once; return {"phase<W>": [result of rank 0, 1, ...]}."""
     out = tmp_path_factory.mktemp("dist-out")
-    ports = [_free_port() for _ in range(3)]
+    port = _free_port()  # phase 1's; rank 0 holds the later phases' (see rank_worker.py)
     procs = []
     for rank in range(WORLD):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]), RANK=str(rank),
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(WORLD), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), str(records_folder), str(out),
-             f"{ports[1]},{ports[2]}"],
+            [sys.executable, str(WORKER), str(records_folder), str(out)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
-    logs = []
+    logs: list[str] = []
     try:
         for proc in procs:
             logs.append(proc.communicate(timeout=120)[0])
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        logs = [proc.communicate()[0] or "" for proc in procs]
+        pytest.fail(f"the ranks did not finish in 120 s; their output: "
+                    f"{[(r, log[-2000:]) for r, log in enumerate(logs)]}")
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -243,3 +243,27 @@ def test_a_reader_closing_ends_the_wait_at_once(tmp_path: Path) -> None:
         [("slow", 5)], seconds=60, stop=closed.is_set) == [None]
     assert 0.05 < time.monotonic() - started < 5
     assert fetching.summary().reserved == 1  # a wait that was stopped marks no one stalled
+
+
+def test_opening_a_new_folder_tries_again_when_sqlite_says_locked() -> None:
+    """SQLite answers "database is locked" at once (no wait) to a connection that asks for
+    WAL mode while another process does the same on a new index: the open tries again
+    instead of failing (one of three processes opening a new folder at once failed so)."""
+    import sqlite3
+
+    from shardfeed.storage.disk_cache import wal_mode
+
+    class Contended:
+        def __init__(self, refusals: int) -> None:
+            self.refusals, self.calls = refusals, 0
+
+        def execute(self, sql: str) -> None:
+            self.calls += 1
+            if self.calls <= self.refusals:
+                raise sqlite3.OperationalError("database is locked")
+
+    conn = Contended(3)
+    wal_mode(conn, seconds=5.0)  # type: ignore[arg-type]
+    assert conn.calls == 4
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        wal_mode(Contended(10**9), seconds=0.05)  # type: ignore[arg-type]

@@ -135,6 +135,22 @@ class CacheSummary:
     temp_bytes: int = 0  # temp files now (entries being written; counted by their reservations)
 
 
+def wal_mode(conn: sqlite3.Connection, *, seconds: float) -> None:
+    """Put the index in WAL mode (a no-op once it is). Several processes opening a new cache
+    folder at once each ask for it; SQLite answers "database is locked" at once, without
+    waiting, to all but one of the connections that would otherwise deadlock, so each tries
+    again, a few milliseconds apart, for up to ``seconds``."""
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= end:
+                raise
+            time.sleep(0.005)
+
+
 class DiskCache:
     """The cache in folder ``path``, holding at most ``max_bytes`` of entries. Thread-safe.
 
@@ -218,7 +234,7 @@ class DiskCache:
             conn = sqlite3.connect(self.path / INDEX_NAME, timeout=60.0,
                                    isolation_level=None, check_same_thread=False)
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                wal_mode(conn, seconds=60.0)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SCHEMA)
                 check_index_files(self.path)  # what SQLite opened was what was checked

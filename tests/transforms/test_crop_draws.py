@@ -27,3 +27,14 @@ def test_draw_gives_the_box_and_flip_the_op_applies() -> None:
         if drawn.flip:
             expected = expected[:, ::-1]
         np.testing.assert_array_equal(out, expected)
+
+
+def test_scale_denominators_are_scale_denominator_of_each_crop() -> None:
+    from shardfeed.transforms.boxes import scale_denominator, scale_denominators
+
+    rng = np.random.default_rng(9)
+    h, w = rng.integers(1, 3000, 500), rng.integers(1, 3000, 500)
+    for out, most in (((64, 48), 8), ((224, 224), 8), ((32, 40), 2), ((16, 16), 1)):
+        got = scale_denominators(h, w, *out, max_denominator=most)
+        assert got.tolist() == [scale_denominator(int(a), int(b), *out, max_denominator=most)
+                                for a, b in zip(h, w)]

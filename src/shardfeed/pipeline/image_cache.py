@@ -187,12 +187,8 @@ class ImageCache(Generic[V]):
         """
         while True:
             with self._lock:
-                self._clock = max(self._clock, now)
-                entry = self._entries.get(key)
+                entry = self._hit(key, expires, now)
                 if entry is not None:
-                    self._entries.move_to_end(key)
-                    entry.expires = max(entry.expires, expires)
-                    self._hits += 1
                     return entry.value
                 future = self._pending.get(key)
                 owner = future is None
@@ -222,23 +218,29 @@ class ImageCache(Generic[V]):
         (a slice's patches: one lookup for the run of hits, not one each)."""
         out: list[V] = []
         count, at = len(keys), 0
-        entries = self._entries
         while at < count:
             with self._lock:
                 while at < count:
-                    self._clock = max(self._clock, now[at])
-                    entry = entries.get(keys[at])
+                    entry = self._hit(keys[at], expires[at], now[at])
                     if entry is None:
                         break
-                    entries.move_to_end(keys[at])
-                    entry.expires = max(entry.expires, expires[at])
-                    self._hits += 1
                     out.append(entry.value)
                     at += 1
             if at < count:  # not cached: as get() (loads it, or waits for its load)
                 out.append(self.get(keys[at], load_of(at), expires=expires[at], now=now[at]))
                 at += 1
         return out
+
+    def _hit(self, key: Hashable, expires: Clock, now: Clock) -> _Entry[V] | None:
+        """Under the lock: the clock advanced to ``now``, and ``key``'s entry, used (moved
+        last, its expiry extended, a hit counted), or None where it is not cached."""
+        self._clock = max(self._clock, now)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            entry.expires = max(entry.expires, expires)
+            self._hits += 1
+        return entry
 
     def load_ahead(
         self,

@@ -216,6 +216,18 @@ def scale_denominator(
     return d
 
 
+def scale_denominators(crop_h: np.ndarray, crop_w: np.ndarray, out_h: int, out_w: int, *,
+                       max_denominator: int = 8) -> np.ndarray:
+    """:func:`scale_denominator` of many crops at once (int64 arrays of their heights and
+    widths): the same rule, an int64 array."""
+    d = np.ones(np.shape(crop_h), dtype=np.int64)
+    while True:
+        grows = (d * 2 <= max_denominator) & (crop_h >= out_h * d * 2) & (crop_w >= out_w * d * 2)
+        if not grows.any():
+            return d
+        d[grows] *= 2
+
+
 def scaled_box(box: Box, denominator: int, height: int, width: int) -> Box:
     """``box`` in the pixels of the image decoded at scale ``1/denominator`` (whose size is
     ``height``×``width``), rounded to whole pixels and kept inside, at least 1×1."""
@@ -238,6 +250,7 @@ __all__ = [
     "random_resized_box",
     "resized_boxes",
     "scale_denominator",
+    "scale_denominators",
     "scaled_box",
     "uniform_is_affine",
 ]

@@ -46,7 +46,7 @@ from shardfeed.format.native import compiled_module
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms.arrays import interpolation_for
 from shardfeed.transforms.base import NO_RANDOMNESS
-from shardfeed.transforms.boxes import Box
+from shardfeed.transforms.boxes import Box, scale_denominators
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.image import (
     CMYK_SPACES,
@@ -322,8 +322,7 @@ def plain_region_rows(op: CropRowsOp, drawn: list[tuple[int, ...] | None]
     table = np.array([drawn[row] for row in picked], dtype=np.int64)
     height, width, y, _, h, w = (table[:, k] for k in range(6))
     out_h, out_w = op.size
-    d = op.max_denominator
-    scaled = (d >= 2) & (h >= 2 * out_h) & (w >= 2 * out_w)  # scale_denominator(...) > 1
+    scaled = scale_denominators(h, w, out_h, out_w, max_denominator=op.max_denominator) > 1
     chosen = (~scaled & (height * width >= REGION_MIN_PIXELS)
               & region_cost_pays(height, width, np.minimum(height, y + h), h, w))
     keep = np.flatnonzero(chosen).tolist()

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.format.native import compiled_module
+from shardfeed.transforms.boxes import Box, scale_denominators
 
 compiled = compiled_module("shardfeed.transforms.decode._jpeg_rows")
 """The compiled call (``_jpeg_rows.c``); None where built without a C compiler or libjpeg,
@@ -80,7 +81,6 @@ def _self_check() -> tuple[bool, bool]:
     import cv2
     import simplejpeg
 
-    from shardfeed.transforms.boxes import Box
     from shardfeed.transforms.decode.warp import scaled_warp
 
     y, x = np.mgrid[0:96, 0:128]
@@ -141,10 +141,9 @@ def native_rows_into(values: list[bytes], drawn: list[tuple[int, ...] | None],
     if regions:
         table[np.isin(table[:, 0], regions), 8] = 0
     out_h, out_w = size
-    d = table[:, 9]  # scale_denominator(h, w, out_h, out_w, max_denominator), for each row
-    for _ in range(3):
-        d[(d * 2 <= max_denominator) & (table[:, 5] >= out_h * d * 2)
-          & (table[:, 6] >= out_w * d * 2)] *= 2
+    d = table[:, 9]
+    d[:] = scale_denominators(table[:, 5], table[:, 6], out_h, out_w,
+                              max_denominator=max_denominator)
     if not _checked[1]:
         d[d > 1] = 0  # the scaled decode is not the Python path's here: not taken
     flags: Any = compiled.crop_rows(values, table, image_out, out_h, out_w, fast_dct,

@@ -73,7 +73,7 @@ class Run:
                 self.clock.now += samples / rate(limit, self.clock.now)
                 return 0
 
-            self.gate.run(self.gate.ticket(), samples, build, lambda: False)
+            self.gate.run(samples, build, lambda: False)
             self.log.append((start, limit, samples))
             if self.gate._chosen and (not self.choices
                                       or self.choices[-1][1] != self.gate._choice):

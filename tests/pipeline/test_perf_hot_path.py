@@ -180,17 +180,18 @@ def test_garbage_collection_never_joins_threads_close_does(
     # A collection can run inside threading's own bookkeeping while it holds its internal
     # locks; a finaliser that joins threads there deadlocks the whole process.
     import gc
-    from concurrent.futures import ThreadPoolExecutor
+
+    from shardfeed.pipeline.executor import CpuPool
 
     waits: list[bool] = []
-    shutdown = ThreadPoolExecutor.shutdown
+    shutdown = CpuPool.shutdown
 
-    def spy(self: ThreadPoolExecutor, wait: bool = True, **kwargs: Any) -> None:
+    def spy(self: CpuPool, wait: bool = True, **kwargs: Any) -> None:
         waits.append(wait)
         shutdown(self, wait=wait, **kwargs)
 
     gc.collect()  # loaders other tests left in reference cycles: not this test's to count
-    monkeypatch.setattr(ThreadPoolExecutor, "shutdown", spy)
+    monkeypatch.setattr(CpuPool, "shutdown", spy)
     dropped = Loader(clean_ds, batch_size=8, transform=presets.train(size=16), num_threads=2)
     next(iter(dropped))
     del dropped

@@ -26,8 +26,9 @@ A window is ``window_samples`` samples and at least ``MIN_WINDOW_SECONDS`` long 
 fast samples over in a few milliseconds is mostly noise), and ends at ``MAX_WINDOW_SECONDS``
 of wall time whatever its samples; windows that are not measured (warm-up, settling) and a
 first window of tiny work end at ``window_samples`` (or that wall time). A window ends when a
-slice finishes. Slices wait at the gate in the order they were submitted (a ticket each), so
-batches still complete in order.
+slice finishes. The gate chooses the limit; the loader's CPU pool
+(:class:`~shardfeed.pipeline.executor.CpuPool`) keeps it, starting slices in the order they
+were submitted, so batches still complete in order.
 
 What measuring costs, at any core count. The gate counts the wall time of every window at
 the limit it ran (:meth:`SliceGate.stats`); time at a limit other than the one chosen (a
@@ -182,11 +183,9 @@ class SliceGate:
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._cores = min(self.threads, usable_cores())
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self.fixed = False
         self._active = 0
-        self._next_ticket = 0
-        self._waiting: set[int] = set()
         self._busy_since = 0.0
         self._busy = 0.0  # the window's seconds: see IDLE_GAP_SECONDS
         self._idle_since: float | None = None  # when the last slice finished, none running
@@ -228,35 +227,23 @@ class SliceGate:
             size = -(-batch // max(1, batch // size))  # even slices: 256 in 4 of 64, not 55s
         return size
 
-    def ticket(self) -> int:
-        """A place in line, taken when a slice is submitted (slices enter in ticket order)."""
-        with self._cond:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            return ticket
-
-    def run(self, ticket: int, samples: int, build: Callable[[], T],
-            skip: Callable[[], bool]) -> T | None:
-        """``build()`` once the gate lets ``ticket`` in; None without building if ``skip()``
-        says, by then, that the slice is no longer wanted (its run was closed)."""
-        with self._cond:
-            self._waiting.add(ticket)
-            while not (ticket == min(self._waiting) and self._active < self.limit):
-                self._cond.wait()
-            self._waiting.discard(ticket)
+    def run(self, samples: int, build: Callable[[], T], skip: Callable[[], bool]) -> T | None:
+        """``build()``, measured; None without building if ``skip()`` says that the slice is
+        no longer wanted (its run was closed). The caller keeps :attr:`limit` (the loader's
+        CPU pool starts at most that many slices at once, in order)."""
+        with self._lock:
             self._active += 1
             if self._active == 1:
                 now = self._clock()
                 if self._idle_since is not None:  # see IDLE_GAP_SECONDS
                     self._busy += min(now - self._idle_since, IDLE_GAP_SECONDS)
                 self._busy_since = now
-            self._cond.notify_all()
         cpu = self._cpu_clock()
         try:
             return None if skip() else build()
         finally:
             cpu = self._cpu_clock() - cpu
-            with self._cond:
+            with self._lock:
                 self._cpu += cpu
                 now = self._clock()
                 self._busy += now - self._busy_since  # at least one slice building
@@ -268,11 +255,10 @@ class SliceGate:
                 self._slices += 1
                 if self._window_over():
                     self._end_window()
-                self._cond.notify_all()
 
     def stats(self) -> GateStats:
         """Seconds at each limit so far, and those at a limit other than the chosen one."""
-        with self._cond:
+        with self._lock:
             seconds = dict(self._seconds)
             seconds[self.limit] = seconds.get(self.limit, 0.0) + self._busy  # open window
             off = self._off + (self._busy if self.limit != self._choice else 0.0)
@@ -374,20 +360,18 @@ class SliceGate:
         """Build with every thread from now on, with no trial: slices that may wait for data
         from object storage gain from threads whatever their work (a trial would time the
         waits, not the work)."""
-        with self._cond:
+        with self._lock:
             self.fixed = True
             self._choice = self._all
             self._set_limit(self._all)
-            self._cond.notify_all()
 
     def hold(self, limit: int) -> None:
         """Build at most ``limit`` slices at once from now on, with no trial (a batch stage
         whose slices hold the GIL asked for it: see ``SliceBoundStage``)."""
-        with self._cond:
+        with self._lock:
             self.fixed = True
             self._choice = max(1, min(limit, self._all))
             self._set_limit(self._choice)
-            self._cond.notify_all()
 
     def _trial_rate(self, limit: int) -> float:
         """Samples a second at ``limit`` over the trial's windows at that limit."""

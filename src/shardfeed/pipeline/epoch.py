@@ -23,7 +23,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -34,7 +34,8 @@ from shardfeed.errors import TooManyErrorsError
 from shardfeed.pipeline.batch_stage import BatchKeys, BatchStage
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.concurrency import SliceGate
-from shardfeed.pipeline.pool import BatchRing, LoaderPool
+from shardfeed.pipeline.executor import CpuPool
+from shardfeed.pipeline.pool import BatchRing
 from shardfeed.pipeline.produce import TooManyBadSamples
 from shardfeed.pipeline.read_ahead import Carry, ReadAhead
 from shardfeed.pipeline.samplers import EpochContext
@@ -65,7 +66,7 @@ class EpochRun:
     def __init__(
         self, *, ctx: EpochContext, positions: np.ndarray, batch_size: int, drop_last: bool,
         slice_size: int, prefetch_batches: int, ring: BatchRing,
-        executor: ThreadPoolExecutor, build_slice: SliceFn,
+        executor: CpuPool, build_slice: SliceFn,
         on_batch: Callable[[int, int, bool], None], gate: SliceGate | None = None,
         stages: Sequence[BatchStage] = (), read_ahead: ReadAhead | None = None,
         clock: StageClock | None = None,
@@ -106,11 +107,8 @@ class EpochRun:
         size = self.slice_size
         executor = self.executor
         if self.gate is not None:
-            # fewer slices at once, or light work: larger slices (see SliceGate.slice_size);
-            # one at a time: all on one thread (see LoaderPool)
+            # fewer slices at once, or light work: larger slices (see SliceGate.slice_size)
             size = self.gate.slice_size(size, self.batch_size, self.prefetch)
-            if self.gate.limit == 1 and isinstance(executor, LoaderPool):
-                executor = executor.lane()
         for start in range(0, len(positions), size):
             piece = positions[start : start + size]
             future: Future[int | None]
@@ -118,7 +116,7 @@ class EpochRun:
                 future = executor.submit(self.build_slice, self.ctx, piece, buffer, start)
             else:
                 future = executor.submit(
-                    self.gate.run, self.gate.ticket(), len(piece),
+                    self.gate.run, len(piece),
                     partial(self.build_slice, self.ctx, piece, buffer, start),
                     self._is_closed,
                 )

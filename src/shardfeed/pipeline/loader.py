@@ -28,7 +28,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ from shardfeed.pipeline.batch_stage import (
 from shardfeed.pipeline.batching import BatchLayout, SharedBatchRing
 from shardfeed.pipeline.concurrency import SliceGate
 from shardfeed.pipeline.epoch import EpochRun, HandOut
+from shardfeed.pipeline.executor import CpuPool
 from shardfeed.pipeline.loader_state import (
     STATE_KEYS,
     across_versions,
@@ -227,7 +227,7 @@ class Loader:
         self._probe: tuple[Sample, list[Sample]] | None = None
         self._ring: BatchRing | None = None
         self._shared: SharedBatchRing | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: CpuPool | None = None
         self._processes: Any = None
         self._run: EpochRun | None = None
         self._ahead: RunAhead | None = None  # the pass made ahead, for a stage that asks
@@ -574,7 +574,8 @@ class Loader:
     def _resources(self, layout: BatchLayout) -> tuple[BatchRing, Any]:
         opts = self.options
         if self._executor is None:
-            self._executor = thread_pool(opts)
+            gate = self._gate  # not self: the pool is in the loader's finalizer
+            self._executor = thread_pool(opts, limit=lambda: gate.limit)
         if self._ring is None:
             self._ring, self._processes, self._shared = open_ring(self._builder, layout, opts)
             self._ring.reserve(self._reserved)
@@ -604,7 +605,7 @@ class Loader:
         self._run = EpochRun(
             ctx=ctx, positions=positions, batch_size=opts.batch_size, drop_last=opts.drop_last,
             slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
-            executor=self._executor or ThreadPoolExecutor(max_workers=1),
+            executor=self._executor or CpuPool(1),  # no slice to build
             build_slice=build, on_batch=self._progress.commit, gate=self._gate,
             stages=self.batch_stages, clock=self._builder.clock,
         )

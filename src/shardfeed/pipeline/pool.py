@@ -12,53 +12,22 @@ ring holds :func:`ring_batches` batches (plus those a consumer said it holds, se
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
+from shardfeed.pipeline.executor import CpuPool
 from shardfeed.pipeline.options import LoaderOptions
 from shardfeed.pipeline.produce import SliceBuilder
 from shardfeed.transforms.arrays import opencv_on_callers
 
 
-class LoaderPool(ThreadPoolExecutor):
-    """The loader's threads, and a lane of one thread of its own for the times the slice
-    gate lets one slice build at a time: slices handed from thread to thread then cost more
-    than they gain (each hand-over wakes a thread that must win the GIL back), so they all
-    go to the one lane thread, as in a loader of one thread. ``shutdown`` stops both."""
-
-    def __init__(self, max_workers: int) -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix="shardfeed-loader")
-        self._lane: ThreadPoolExecutor | None = None
-        self._lane_lock = threading.Lock()
-
-    def lane(self) -> ThreadPoolExecutor:
-        """The one-thread lane (started on first use)."""
-        with self._lane_lock:
-            if self._lane is None:
-                self._lane = ThreadPoolExecutor(max_workers=1,
-                                                thread_name_prefix="shardfeed-loader-lane")
-            return self._lane
-
-    def all_threads(self) -> set[threading.Thread]:
-        lane = self._lane
-        return set(self._threads) | (set(lane._threads) if lane is not None else set())
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lane_lock:
-            lane = self._lane
-        if lane is not None:
-            lane.shutdown(wait=wait, cancel_futures=cancel_futures)
-        super().shutdown(wait=wait, cancel_futures=cancel_futures)
-
-
-def thread_pool(options: LoaderOptions) -> LoaderPool:
-    """The loader's thread pool: ``num_threads`` threads named ``shardfeed-loader`` (and the
-    lane, see :class:`LoaderPool`); OpenCV's own pool is turned off for the process
-    (:func:`~shardfeed.transforms.arrays.opencv_on_callers`)."""
+def thread_pool(options: LoaderOptions, limit: Callable[[], int] | None = None) -> CpuPool:
+    """The loader's CPU pool: ``num_threads`` threads named ``shardfeed-loader``, at most
+    ``limit()`` building at once (the slice gate's choice); OpenCV's own pool is turned off
+    for the process (:func:`~shardfeed.transforms.arrays.opencv_on_callers`)."""
     opencv_on_callers()
-    return LoaderPool(options.num_threads)
+    return CpuPool(options.num_threads, limit=limit, name="shardfeed-loader")
 
 
 class BatchRing:
@@ -182,8 +151,7 @@ def release(parts: list[Any], *, wait: bool = False) -> None:
     executor, processes, shared = parts
     if wait:
         current = threading.current_thread()
-        pool_threads = (executor.all_threads() if isinstance(executor, LoaderPool)
-                        else set(getattr(executor, "_threads", ())))
+        pool_threads = set(getattr(executor, "_threads", ()))
         manager = getattr(getattr(processes, "pool", None), "_executor_manager_thread", None)
         wait = current not in pool_threads and current is not manager  # never join oneself
     if processes is not None:

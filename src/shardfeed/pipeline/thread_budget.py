@@ -3,9 +3,9 @@ bound each pool keeps and the threads it has now (:meth:`Loader.thread_budget`).
 
 Three scopes::
 
-    loader    its slice threads (num_threads), the one-thread lane the slice gate uses when
-              one slice at a time builds faster, the run-ahead thread of an adapter that asks
-              for one, its worker processes (workers="processes")
+    loader    its CPU pool's slice threads (num_threads; at most the slice gate's limit
+              build at once), the run-ahead thread of an adapter that asks for one, its
+              worker processes (workers="processes")
     dataset   the shard readers of a dataset on object storage (max_concurrency) and its
               record fetches ahead (FETCH_THREADS)
     process   the package's kept pools, shared by every loader of the process
@@ -79,16 +79,14 @@ def _executor_threads(executor: Any) -> int:
 def thread_budget(*, num_threads: int, workers: str, executor: Any, processes: Any,
                   run_ahead: bool, datasets: list[Any]) -> ThreadBudget:
     """The inventory of a loader (see :meth:`Loader.thread_budget`): its executor (a
-    ``LoaderPool`` or None before the first batch), its worker processes (None where none
+    ``CpuPool`` or None before the first batch), its worker processes (None where none
     were started), whether a run-ahead thread runs, and its datasets (a mixture's several)."""
     from shardfeed.dataset.fetch_ahead import FETCH_THREADS
 
-    lane = getattr(executor, "_lane", None)
     rows = [
         ThreadPoolRow("shardfeed-loader", "loader", num_threads, _executor_threads(executor),
-                      "build slices: read, decode, transform, write into the batch"),
-        ThreadPoolRow("shardfeed-loader-lane", "loader", 1, _executor_threads(lane),
-                      "build every slice while one at a time builds faster"),
+                      "build slices: read, decode, transform, write into the batch (at most "
+                      "the slice gate's limit at once)"),
         ThreadPoolRow("shardfeed-run-ahead", "loader", 1, int(run_ahead),
                       "make the pass's batches ahead for an adapter's stage"),
     ]

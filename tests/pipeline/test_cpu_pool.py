@@ -1,0 +1,130 @@
+"""The loader's CPU pool: one queue, one limit read where a call could start, calls started in
+order, a run of calls at a limit of one on one thread; at 2, 16 and 64 threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shardfeed.pipeline.executor import CpuPool
+
+WAIT = 30.0  # a bound for waits that end at once unless the pool is wrong
+
+
+class Watch:
+    """What the calls saw: the most running at once, the order they started, their threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.started: list[int] = []
+        self.threads: list[str] = []
+
+    def call(self, number: int, hold: threading.Event | None = None) -> int:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.started.append(number)
+            self.threads.append(threading.current_thread().name)
+        if hold is not None:
+            assert hold.wait(WAIT)
+        with self.lock:
+            self.now -= 1
+        return number
+
+
+@pytest.mark.parametrize("threads", [2, 16, 64])
+def test_every_thread_runs_at_once_when_the_limit_allows(threads: int) -> None:
+    pool = CpuPool(threads)
+    barrier = threading.Barrier(threads, timeout=WAIT)  # breaks unless all run at once
+    try:
+        futures = [pool.submit(barrier.wait) for _ in range(threads)]
+        assert sorted(f.result(WAIT) for f in futures) == list(range(threads))
+        assert len(pool._threads) == threads
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("threads", [2, 16, 64])
+def test_a_limit_of_one_runs_every_call_on_one_thread_in_order(threads: int) -> None:
+    watch = Watch()
+    pool = CpuPool(threads, limit=lambda: 1)
+    try:
+        for _ in range(3):  # runs with idle gaps between them: the same thread is called
+            futures = [pool.submit(watch.call, k) for k in range(40)]
+            assert [f.result(WAIT) for f in futures] == list(range(40))
+            time.sleep(0.01)
+    finally:
+        pool.shutdown()
+    assert watch.most == 1
+    assert watch.started == list(range(40)) * 3
+    assert len(set(watch.threads)) == 1, set(watch.threads)
+    assert watch.threads[0].startswith("shardfeed-loader_")
+
+
+@pytest.mark.parametrize("threads", [4, 16, 64])
+def test_the_limit_is_kept_and_a_raised_limit_starts_the_waiting_calls(threads: int) -> None:
+    limit = [2]
+    watch = Watch()
+    first, rest = threading.Event(), threading.Event()
+    pool = CpuPool(threads, limit=lambda: limit[0])
+
+    def running(count: int) -> bool:
+        deadline = time.monotonic() + WAIT
+        while watch.now < count and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return watch.now == count
+
+    try:
+        futures = [pool.submit(watch.call, k, first if k < 2 else rest)
+                   for k in range(2 * threads)]
+        assert running(2)
+        time.sleep(0.05)  # a third call would have started by now
+        assert watch.now == 2 and watch.started == [0, 1]
+        limit[0] = threads  # the gate chose every thread: the finished calls wake the rest
+        first.set()
+        assert running(threads)  # every thread runs a call at once
+        rest.set()
+        assert [f.result(WAIT) for f in futures] == list(range(2 * threads))
+    finally:
+        first.set()
+        rest.set()
+        pool.shutdown()
+    assert watch.started[:2] == [0, 1]
+    assert sorted(watch.started) == list(range(2 * threads))
+    assert watch.most == threads
+
+
+def test_shutdown_drops_the_queued_calls_and_joins_the_threads() -> None:
+    hold = threading.Event()
+    watch = Watch()
+    pool = CpuPool(2, limit=lambda: 1)
+    running = pool.submit(watch.call, 0, hold)
+    queued = [pool.submit(watch.call, k) for k in range(1, 5)]
+    deadline = time.monotonic() + WAIT
+    while not watch.started and time.monotonic() < deadline:
+        time.sleep(0.001)
+    threading.Timer(0.05, hold.set).start()
+    pool.shutdown(wait=True, cancel_futures=True)
+    assert running.result(0) == 0
+    assert all(f.cancelled() for f in queued)
+    assert watch.started == [0]
+    assert not any(t.is_alive() for t in pool._threads)
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(watch.call, 9)
+
+
+def test_a_call_that_raises_hands_its_error_to_its_future() -> None:
+    pool = CpuPool(2)
+    try:
+        def fail() -> None:
+            raise ValueError("slice 3 of batch 7")
+
+        with pytest.raises(ValueError, match="slice 3 of batch 7"):
+            pool.submit(fail).result(WAIT)
+        assert pool.submit(lambda: 5).result(WAIT) == 5  # the thread goes on
+    finally:
+        pool.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,15 @@ def test_every_thread_runs_at_once_when_the_limit_allows(threads: int) -> None:
 
 
 @pytest.mark.parametrize("threads", [2, 16, 64])
-def test_a_limit_of_one_runs_every_call_on_one_thread_in_order(threads: int) -> None:
+def test_a_limit_of_one_runs_every_call_on_one_thread_in_order(
+        threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    # threads switch as often as they can: a finished call and the next one taken are one
+    # step, no other thread starts one between them
+    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
     watch = Watch()
     pool = CpuPool(threads, limit=lambda: 1)
     try:
@@ -58,6 +67,7 @@ def test_a_limit_of_one_runs_every_call_on_one_thread_in_order(threads: int) -> 
             assert [f.result(WAIT) for f in futures] == list(range(40))
             time.sleep(0.01)
     finally:
+        sys.setswitchinterval(before)
         pool.shutdown()
     assert watch.most == 1
     assert watch.started == list(range(40)) * 3
@@ -83,7 +93,7 @@ def test_the_limit_is_kept_and_a_raised_limit_starts_the_waiting_calls(threads: 
                    for k in range(2 * threads)]
         assert running(2)
         time.sleep(0.05)  # a third call would have started by now
-        assert watch.now == 2 and watch.started == [0, 1]
+        assert watch.now == 2 and sorted(watch.started) == [0, 1]
         limit[0] = threads  # the gate chose every thread: the finished calls wake the rest
         first.set()
         assert running(threads)  # every thread runs a call at once
@@ -93,9 +103,93 @@ def test_the_limit_is_kept_and_a_raised_limit_starts_the_waiting_calls(threads: 
         first.set()
         rest.set()
         pool.shutdown()
-    assert watch.started[:2] == [0, 1]
+    assert sorted(watch.started[:2]) == [0, 1]  # calls are taken in order (entered: either)
     assert sorted(watch.started) == list(range(2 * threads))
     assert watch.most == threads
+
+
+@pytest.mark.parametrize("threads", [3, 16])
+def test_the_thread_that_went_idle_last_is_called_first(threads: int) -> None:
+    """Three threads go idle one after another; at a limit of one, the next run of calls goes
+    to the last of them (its caches are warm), not to the one idle longest."""
+    limit = [3]
+    watch = Watch()
+    holds = [threading.Event() for _ in range(3)]
+    pool = CpuPool(threads, limit=lambda: limit[0])
+    try:
+        first = [pool.submit(watch.call, k, holds[k]) for k in range(3)]
+        deadline = time.monotonic() + WAIT
+        while watch.now < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        names = dict(zip(watch.started, watch.threads))
+        for k in (2, 0, 1):  # the thread of call 1 goes idle last
+            holds[k].set()
+            first[k].result(WAIT)
+            while pool.running > 2 - [2, 0, 1].index(k) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.01)
+        limit[0] = 1
+        watch.threads.clear()
+        assert [f.result(WAIT) for f in [pool.submit(watch.call, 10 + k)
+                                         for k in range(20)]] == list(range(10, 30))
+    finally:
+        for hold in holds:
+            hold.set()
+        pool.shutdown()
+    assert set(watch.threads) == {names[1]}
+
+
+def test_a_thread_that_cannot_start_leaves_the_calls_to_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = [0]
+    start = threading.Thread.start
+
+    def refuse_the_second(self: threading.Thread) -> None:
+        starts[0] += 1
+        if starts[0] == 2:
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_the_second)
+    watch = Watch()
+    pool = CpuPool(4)
+    futures = [pool.submit(watch.call, k) for k in range(8)]
+    assert sorted(f.result(WAIT) for f in futures) == list(range(8))
+    pool.shutdown(wait=True)  # joins only the threads that started
+    assert starts[0] >= 2 and all(t.ident is not None for t in pool._threads)
+
+
+def test_a_loader_never_closed_exits_cleanly_while_a_slice_runs(tmp_path: Any) -> None:
+    """A script that ends without closing its pool while a call runs inside OpenCV: the exit
+    waits for the call (a daemon thread stopped inside a native call aborts the process)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import cv2
+        import numpy as np
+        from shardfeed.pipeline.executor import CpuPool
+
+        big = np.random.default_rng(0).integers(0, 255, (2000, 2000, 3), dtype=np.uint8)
+        pool = CpuPool(2)
+
+        def slice_():
+            for _ in range(20):
+                cv2.GaussianBlur(big, (31, 31), 0)
+            print("slice done", flush=True)
+
+        pool.submit(slice_)
+        pool.submit(slice_)
+        time.sleep(0.05)
+        print("main done", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["main", "done", "slice", "done", "slice", "done"]
 
 
 def test_shutdown_drops_the_queued_calls_and_joins_the_threads() -> None:

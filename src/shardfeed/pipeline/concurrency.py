@@ -161,7 +161,8 @@ class GateStats:
 
 
 class SliceGate:
-    """Lets at most :attr:`limit` slices build at once, and picks the limit by measuring.
+    """Picks :attr:`limit`, the most slices that build at once, by measuring (the loader's
+    CPU pool keeps it: see :class:`~shardfeed.pipeline.executor.CpuPool`).
 
     ``threads``: the most at once (the Loader's ``num_threads``); ``adaptive=False`` keeps
     that limit (process workers, whose slices barely hold the GIL; or a Loader built with

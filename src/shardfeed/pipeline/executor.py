@@ -21,11 +21,14 @@ thread beside it: one thread limit, in one place, whatever the gate chooses; the
 (:mod:`~shardfeed.pipeline.thread_budget`) counts one set of threads.
 
 At 16 or 64 cores: a call's start costs one lock and, when no thread is running at the
-limit, one wake-up of one thread; a finished call starts the next on its own thread without
-any wake-up. Nothing scans the threads.
+limit, one wake-up of one thread; a finished call takes the next on its own thread, in the
+same locked step (no other thread may start one between them), without any wake-up.
+Nothing scans the threads.
 
-Why daemon threads: a Loader never closed (a script that ends without ``close``) must not
-hold the interpreter's exit; its threads wait on nothing but this pool.
+Exit: the threads are daemon threads (an idle one never holds the interpreter's exit), and
+an exit hook of threading's, which runs before the interpreter stops its threads, drops every
+pool's queued slices and waits for the running ones (a Loader never closed: a daemon thread
+stopped inside a native call, OpenCV's say, aborts the process).
 
 Determinism: none of this changes which rows a slice builds or their bytes. State: the
 queue and the threads (a forked child starts with none, see
@@ -35,12 +38,14 @@ queue and the threads (a forked child starts with none, see
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from shardfeed.storage.daemon_threads import run_into
+from shardfeed.storage.inflight import abandon_all_calls
 from shardfeed.storage.process_state import PROCESS
 
 T = TypeVar("T")
@@ -71,21 +76,26 @@ class CpuPool:
         self._limit = limit or (lambda: threads)
         self._reset()
         PROCESS.at_fork(self, CpuPool._reset)
+        _LIVE.add(self)
 
     def _reset(self) -> None:
         """No threads, no calls: when made, and in a forked child."""
-        self._lock = threading.Lock()
+        # re-entrant: a collection inside an allocation made under it may run a Loader's
+        # finalizer, which shuts this pool down on the same thread
+        self._lock = threading.RLock()
         self._queue: deque[_Call] = deque()
-        self._idle: list[_Worker] = []  # a stack: the last to go idle is woken first
+        self._idle: list[_Worker] = []  # a stack: the last to go idle is called first
         self._workers: list[_Worker] = []
         self._running = 0
-        self._called = 0  # threads woken or started for a call, not yet running one
+        self._called = 0  # threads called or started for a call, not yet running one
         self._shutdown = False
 
     @property
     def _threads(self) -> set[threading.Thread]:
         """The threads started so far (the name ``ThreadPoolExecutor`` gives them)."""
-        return {w.thread for w in self._workers if w.thread is not None}
+        with self._lock:
+            return {w.thread for w in self._workers
+                    if w.thread is not None and w.thread.ident is not None}
 
     @property
     def running(self) -> int:
@@ -100,10 +110,13 @@ class CpuPool:
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit to a pool that was shut down")
-            self._queue.append((future, (lambda: fn(*args, **kwargs)) if args or kwargs
-                                else fn))
-            start = self._wake(self._startable())
-        self._start_threads(start)
+            call: _Call = (future, (lambda: fn(*args, **kwargs)) if args or kwargs else fn)
+            self._queue.append(call)
+            try:
+                self._call(self._startable())
+            except BaseException:  # not even one thread could start: the call is not queued
+                self._queue.remove(call)
+                raise
         return future
 
     def _startable(self) -> int:
@@ -112,68 +125,71 @@ class CpuPool:
         free = max(1, self._limit()) - self._running - self._called
         return max(0, min(len(self._queue) - self._called, free))
 
-    def _wake(self, count: int) -> int:
-        """Call up to ``count`` idle threads, the last to go idle first; the new threads to
-        start for the rest, within ``threads`` (lock held; started by :meth:`_start_threads`
-        without it)."""
+    def _call(self, count: int) -> None:
+        """Call up to ``count`` idle threads, the last to go idle first, and start new ones
+        for the rest, within ``threads`` (lock held)."""
         while count > 0 and self._idle:
             worker = self._idle.pop()
             worker.called = True
             self._called += 1
             worker.wake.set()
             count -= 1
-        new = max(0, min(count, self.max_threads - len(self._workers)))
-        self._workers += [_Worker() for _ in range(new)]
-        self._called += new
-        return new
+        while count > 0 and len(self._workers) < self.max_threads:
+            worker = _Worker()
+            worker.thread = threading.Thread(
+                target=self._serve, args=(worker,), daemon=True,
+                name=f"{self.name}_{len(self._workers)}")
+            self._workers.append(worker)
+            self._called += 1
+            try:
+                worker.thread.start()
+            except BaseException:  # no thread (the system's limit, Ctrl-C): nothing promised
+                self._workers.remove(worker)
+                self._called -= 1
+                if self._workers:
+                    return  # the running threads take the calls in turn
+                raise
+            count -= 1
 
-    def _start_threads(self, count: int) -> None:
-        for _ in range(count):
-            self._start_thread()
-
-    def _start_thread(self) -> None:
-        with self._lock:
-            worker = next((w for w in self._workers if w.thread is None), None)
-            if worker is None or self._shutdown:
-                return
-            number = self._workers.index(worker)
-            worker.thread = threading.Thread(target=self._serve, args=(worker,),
-                                             name=f"{self.name}_{number}", daemon=True)
-        worker.thread.start()
+    def _take(self, me: _Worker) -> _Call | None:
+        """The next call for ``me``, or None (then ``me`` is idle, or should end where the
+        pool is shut down and nothing is queued) (lock held)."""
+        if me.called:
+            me.called = False
+            self._called -= 1
+        if self._queue and self._running < max(1, self._limit()):
+            self._running += 1
+            call = self._queue.popleft()
+            self._call(self._startable())  # a raised limit: the others' calls start too
+            return call
+        if not self._shutdown:
+            me.wake.clear()
+            self._idle.append(me)
+        return None
 
     def _serve(self, me: _Worker) -> None:
+        with self._lock:
+            call = self._take(me)
         while True:
-            with self._lock:
-                if me.called:
-                    me.called = False
-                    self._called -= 1
-                call = None
-                if self._queue and self._running < max(1, self._limit()):
-                    call = self._queue.popleft()
-                    self._running += 1
-                elif self._shutdown:
-                    return
-                else:
-                    me.wake.clear()
-                    self._idle.append(me)
             if call is None:
+                if self._shutdown:
+                    return
                 me.wake.wait()
+                with self._lock:
+                    call = self._take(me)
                 continue
             future, fn = call
             if future.set_running_or_notify_cancel():
                 run_into(future, fn)
-            del call, future, fn  # an idle thread holds nothing of its last call
-            with self._lock:
-                self._running -= 1
-                # this thread takes the next call itself: wake others only for the ones
-                # beyond it that the limit lets start now (it may have been raised)
-                start = self._wake(self._startable() - 1)
-            self._start_threads(start)
+            del future, fn
+            with self._lock:  # finished and the next taken in one step: no other thread
+                self._running -= 1  # may start between them (at a limit of one, say)
+                call = self._take(me)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; queued ones are dropped (their futures cancelled) with
         ``cancel_futures``, else run; ``wait``: join the threads. Never joins the calling
-        thread."""
+        thread, never starts one (a garbage collector's finalizer may call it)."""
         with self._lock:
             self._shutdown = True
             dropped = list(self._queue) if cancel_futures else []
@@ -182,7 +198,8 @@ class CpuPool:
             for worker in self._idle:
                 worker.wake.set()
             self._idle.clear()
-            threads = list(self._threads)
+            threads = [w.thread for w in self._workers
+                       if w.thread is not None and w.thread.ident is not None]
         for future, _ in dropped:
             future.cancel()
         if wait:
@@ -190,6 +207,24 @@ class CpuPool:
             for thread in threads:
                 if thread is not current:
                     thread.join()
+
+
+_LIVE: weakref.WeakSet[CpuPool] = weakref.WeakSet()
+
+
+def _at_exit() -> None:
+    """At the interpreter's exit, before it stops its threads: storage calls abandoned, then
+    every pool's queued slices dropped and its running ones waited for (a daemon thread
+    stopped inside a native call, OpenCV's say, aborts the process)."""
+    abandon_all_calls()
+    for pool in list(_LIVE):
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:  # threading's exit hooks run before it joins its threads
+    _register(_at_exit)
+del _register
 
 
 __all__ = ["CpuPool"]

@@ -217,9 +217,10 @@ def exiting() -> bool:
     return PROCESS.exiting.is_set()
 
 
-# The interpreter joins the threads of every ThreadPoolExecutor (a Dataset's shard readers, a
-# Loader's workers) before it exits; a worker waiting on a dead server would hold the exit
-# (after Ctrl-C, say) until its deadline. threading's exit hooks run in reverse order of
+# The interpreter joins the threads of every ThreadPoolExecutor (a Dataset's shard readers)
+# before it exits, and a Loader's CPU pool waits for its running slices (see
+# pipeline/executor.py, whose hook calls this one first); a worker waiting on a dead server
+# would hold the exit (after Ctrl-C, say) until its deadline. threading's exit hooks run in reverse order of
 # registration and before those joins, and concurrent.futures registered its own when
 # imported above, so this one runs first. The hook is a private (but stable since Python
 # 3.9) part of threading; without it the exit waits for the deadline, nothing worse.

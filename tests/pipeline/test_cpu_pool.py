@@ -159,6 +159,32 @@ def test_a_thread_that_cannot_start_leaves_the_calls_to_the_others(
     assert starts[0] >= 2 and all(t.ident is not None for t in pool._threads)
 
 
+def test_ctrl_c_while_a_thread_starts_keeps_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C lands in ``Thread.start`` after the thread began: the submit raises it, and the
+    thread that did start serves the calls after it, one at a time at a limit of one."""
+    start = threading.Thread.start
+    starts = [0]
+
+    def interrupted_once(self: threading.Thread) -> None:
+        start(self)
+        starts[0] += 1
+        if starts[0] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_once)
+    watch = Watch()
+    pool = CpuPool(4, limit=lambda: 1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.submit(watch.call, -1)
+        futures = [pool.submit(watch.call, k) for k in range(20)]
+        assert [f.result(WAIT) for f in futures] == list(range(20))
+        assert watch.most == 1 and -1 not in watch.started
+        assert pool._called == 0 and pool.running == 0
+    finally:
+        pool.shutdown()
+
+
 def test_a_loader_never_closed_exits_cleanly_while_a_slice_runs(tmp_path: Any) -> None:
     """A script that ends without closing its pool while a call runs inside OpenCV: the exit
     waits for the call (a daemon thread stopped inside a native call aborts the process)."""

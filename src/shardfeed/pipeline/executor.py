@@ -143,7 +143,10 @@ class CpuPool:
             self._called += 1
             try:
                 worker.thread.start()
-            except BaseException:  # no thread (the system's limit, Ctrl-C): nothing promised
+            except BaseException:
+                if worker.thread.ident is not None:  # Ctrl-C after it started: it serves
+                    raise
+                # no thread (the system's limit, or Ctrl-C before it ran): nothing promised
                 self._workers.remove(worker)
                 self._called -= 1
                 if self._workers:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from pathlib import Path
 
 import pytest
 
@@ -50,13 +50,11 @@ def test_every_thread_runs_at_once_when_the_limit_allows(threads: int) -> None:
 
 
 @pytest.mark.parametrize("threads", [2, 16, 64])
-def test_a_limit_of_one_runs_every_call_on_one_thread_in_order(
-        threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_limit_of_one_runs_every_call_on_one_thread_in_order(threads: int) -> None:
     import sys
 
     # threads switch as often as they can: a finished call and the next one taken are one
     # step, no other thread starts one between them
-    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
     before = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     watch = Watch()
@@ -185,37 +183,43 @@ def test_ctrl_c_while_a_thread_starts_keeps_the_limit(monkeypatch: pytest.Monkey
         pool.shutdown()
 
 
-def test_a_loader_never_closed_exits_cleanly_while_a_slice_runs(tmp_path: Any) -> None:
-    """A script that ends without closing its pool while a call runs inside OpenCV: the exit
-    waits for the call (a daemon thread stopped inside a native call aborts the process)."""
+def test_a_loader_never_closed_exits_cleanly_while_a_slice_runs(clean_folder: Path,
+                                                                tmp_path: Path) -> None:
+    """A script that ends without closing its Loader while a slice runs inside OpenCV (a user
+    transform): the exit waits for the slice (a daemon thread stopped inside a native call
+    aborts the process: exit code 134)."""
     import subprocess
     import sys
     import textwrap
 
     script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent("""
-        import time
+    script.write_text(textwrap.dedent(f"""
+        import threading
         import cv2
-        import numpy as np
-        from shardfeed.pipeline.executor import CpuPool
+        import shardfeed
+        import shardfeed.transforms as T
 
-        big = np.random.default_rng(0).integers(0, 255, (2000, 2000, 3), dtype=np.uint8)
-        pool = CpuPool(2)
+        started = threading.Event()
 
-        def slice_():
-            for _ in range(20):
-                cv2.GaussianBlur(big, (31, 31), 0)
-            print("slice done", flush=True)
+        def blur(sample, rng):
+            started.set()
+            for _ in range(40):
+                sample["image"] = cv2.GaussianBlur(sample["image"], (31, 31), 8)
+            return sample
 
-        pool.submit(slice_)
-        pool.submit(slice_)
-        time.sleep(0.05)
-        print("main done", flush=True)
+        loader = shardfeed.Loader(
+            shardfeed.Dataset({str(clean_folder)!r}), batch_size=8, seed=0, num_threads=2,
+            transform=T.Compose([shardfeed.transforms.presets.train(size=256), blur]))
+        next(iter(loader))
+        started.clear()
+        assert started.wait(60)  # a slice of the next batch is inside OpenCV now
+        print("took a batch", flush=True)
     """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["main", "done", "slice", "done", "slice", "done"]
+    for _ in range(3):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["took", "a", "batch"]
 
 
 def test_shutdown_drops_the_queued_calls_and_joins_the_threads() -> None:

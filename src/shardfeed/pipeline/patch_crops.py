@@ -36,6 +36,7 @@ from shardfeed.sampling.crop_draws import PatchParams, compiled, compiled_patch_
 from shardfeed.sampling.keys import PATCH_CROP, sample_rng
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size, uniform_is_affine
+from shardfeed.transforms.decode import native_rows
 from shardfeed.transforms.decode.orientation import ExifOrientation, check_exif_orientation
 from shardfeed.transforms.decode.patches import DecodedImage
 from shardfeed.transforms.decode.sizes import (
@@ -234,7 +235,15 @@ def cut_rows(images: Sequence[np.ndarray], boxes: np.ndarray, out: np.ndarray,
     count: the caller cuts those patches one by one)."""
     ph, pw = options.size
     scaled = options.scale is not None
-    for row, (image, (y, x, ch, cw)) in enumerate(zip(images, boxes.tolist())):
+    rows = range(len(images))
+    if (native_rows.compiled is not None and out.ndim == 4 and out.flags.c_contiguous
+            and out.flags.writeable and (not scaled or native_rows.agrees())):
+        # the slice's patches in one call without the GIL; the rows it leaves are cut below
+        done = native_rows.compiled.cut_rows(
+            list(images), np.ascontiguousarray(boxes, dtype=np.int64), out, scaled)
+        rows = [row for row, flag in enumerate(done) if not flag]  # type: ignore[assignment]
+    for row in rows:
+        image, (y, x, ch, cw) = images[row], boxes[row].tolist()
         target = out[row]
         if image.dtype != target.dtype or image.shape[2:] != target.shape[2:]:
             return False
@@ -254,20 +263,29 @@ def cut_rows(images: Sequence[np.ndarray], boxes: np.ndarray, out: np.ndarray,
 
 def stacked_features(metas: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The records' other features as columns (numeric arrays stacked, anything else a
-    list), or None where they are not alike (other names, or arrays of other shapes)."""
-    names = metas[0].keys()
+    list), or None where they are not alike (other names, or arrays of other shapes). A
+    slice's patches share few images: each record's features are taken once, then spread
+    over its rows (on 2 cores, 256 patches of 64 images of 5 features: 470 -> 180 µs a
+    slice)."""
+    slots: dict[int, int] = {}  # id of a record's features -> its place among the unique
+    rows = [slots.setdefault(id(m), len(slots)) for m in metas]  # metas holds them alive
+    unique = list({id(m): m for m in metas}.values())
+    names = unique[0].keys()
+    spread = len(unique) < len(metas)
+    index = np.array(rows, dtype=np.intp) if spread else None
     columns: dict[str, Any] = {}
     for name in names:
-        values = [m.get(name) for m in metas]  # None where another record lacks it
+        values = [m.get(name) for m in unique]  # None where another record lacks it
         first = values[0]
         if isinstance(first, np.ndarray) and first.dtype.kind in "biufc":
             if not all(isinstance(v, np.ndarray) and v.shape == first.shape
                        and v.dtype == first.dtype for v in values):
                 return None
-            columns[name] = np.stack(values)  # type: ignore[arg-type]
+            stacked = np.stack(values)  # type: ignore[arg-type]
+            columns[name] = stacked if index is None else stacked[index]
         else:
-            columns[name] = values
-    if any(m.keys() != names for m in metas):
+            columns[name] = [values[k] for k in rows] if spread else values
+    if any(m.keys() != names for m in unique):
         return None
     return columns
 

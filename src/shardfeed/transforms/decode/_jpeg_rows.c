@@ -28,6 +28,18 @@
  *       pixels; the weighted sum, in units of 2^-22, rounded half up. Exactly the arithmetic of
  *       ``warp.scaled_warp``'s NumPy form (shardfeed/transforms/decode/warp.py).
  *
+ *   cut_rows(images, boxes, out, scaled) -> bytes
+ *       Patches cut from decoded images into their batch rows: row i of ``out`` (a writable
+ *       C-contiguous n x out_h x out_w x c buffer) from box i of ``boxes`` (n x 4 int64:
+ *       y, x, h, w) of ``images[i]`` ((H, W, c) pixels of out's item type, each pixel
+ *       contiguous, rows any stride). Not ``scaled``: the box copied to the row's top left,
+ *       the rest of the row zeros (a box at most out_h x out_w). ``scaled``: the box resized
+ *       to out_h x out_w as ``resize`` does (uint8, c = 3), where OpenCV would resize it
+ *       linearly (shrunk under 2x one way at least). Returns one byte a row, 1 written, 0
+ *       left to the caller: an image of another type, layout or channel count, a box outside
+ *       its image or larger than the row, a resize OpenCV makes by area or of other pixels.
+ *       One call a slice, the GIL released for all its rows.
+ *
  *   resize(src, out, out_h, out_w, flip) -> None
  *       The resize alone, from a (h, w, 3) uint8 buffer (pixels contiguous, rows any stride)
  *       into a contiguous out_h x out_w x 3 one: for the tests.
@@ -679,6 +691,114 @@ static PyObject *jpeg_resize(PyObject *self, PyObject *args)
     return result;
 }
 
+/* Whether image buffer ``img`` can give row pixels of ``out`` (n x h x w x c): (H, W, c)
+ * items of out's size and format, each pixel's c items contiguous, rows apart by a whole
+ * row at least. */
+static int cut_source_ok(const Py_buffer *img, const Py_buffer *out)
+{
+    Py_ssize_t item = out->itemsize, c = out->shape[3];
+    const char *fa = img->format ? img->format : "B", *fb = out->format ? out->format : "B";
+    return img->ndim == 3 && img->itemsize == item && strcmp(fa, fb) == 0 && img->shape[2] == c
+           && img->strides[2] == item && img->strides[1] == c * item && img->shape[0] > 0
+           && img->shape[1] > 0 && img->strides[0] >= img->shape[1] * c * item;
+}
+
+/* Row ``i``'s patch into ``dst``; 1 done, 0 left to the caller (see the header). */
+static int cut_one(const Py_buffer *img, const int64_t *box, uint8_t *dst, int oh, int ow,
+                   Py_ssize_t c, Py_ssize_t item, int scaled, Resizer *r)
+{
+    int64_t y = box[0], x = box[1], h = box[2], w = box[3];
+    int64_t H = img->shape[0], W = img->shape[1];
+    if (y < 0 || x < 0 || h < 1 || w < 1 || y > H - h || x > W - w)
+        return 0;
+    const uint8_t *src = (const uint8_t *)img->buf + y * img->strides[0] + x * c * item;
+    size_t pixel = (size_t)(c * item), row = (size_t)ow * pixel;
+    if (!scaled) {
+        if (h > oh || w > ow)
+            return 0;
+        for (int64_t k = 0; k < h; k++) {
+            uint8_t *to = dst + (size_t)k * row;
+            memcpy(to, src + k * img->strides[0], (size_t)w * pixel);
+            memset(to + (size_t)w * pixel, 0, row - (size_t)w * pixel);
+        }
+        memset(dst + (size_t)h * row, 0, (size_t)(oh - h) * row);
+        return 1;
+    }
+    if (item != 1 || c != CHANNELS || (h >= 2 * (int64_t)oh && w >= 2 * (int64_t)ow)
+            || h > INT32_MAX || w > INT32_MAX)
+        return 0;  /* OpenCV resizes these by area, or these are not 8-bit RGB */
+    resize_linear(r, src, img->strides[0], (int)h, (int)w, dst, oh, ow, 0);
+    return 1;
+}
+
+static PyObject *jpeg_cut_rows(PyObject *self, PyObject *args)
+{
+    PyObject *images, *out_obj;
+    Py_buffer boxes = {0}, out = {0};
+    int scaled;
+    if (!PyArg_ParseTuple(args, "O!y*Op", &PyList_Type, &images, &boxes, &out_obj, &scaled))
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_RECORDS) != 0) {
+        PyBuffer_Release(&boxes);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(images);
+    PyObject *result = NULL, *held = NULL;
+    Py_buffer *views = NULL;
+    Py_ssize_t got = 0;
+    if (out.ndim != 4 || !PyBuffer_IsContiguous(&out, 'C') || out.shape[0] != n
+            || out.shape[1] < 1 || out.shape[2] < 1 || out.shape[3] < 1
+            || out.shape[1] > INT32_MAX || out.shape[2] > INT32_MAX
+            || boxes.len != n * 4 * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "cut_rows: a C-contiguous n x h x w x c out, n x 4 "
+                        "int64 boxes, n images");
+        goto done;
+    }
+    /* the images stay alive while the GIL is released: a tuple holds them */
+    held = PyList_AsTuple(images);
+    views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    result = PyBytes_FromStringAndSize(NULL, n);
+    if (held == NULL || views == NULL || result == NULL) {
+        Py_CLEAR(result);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto done;
+    }
+    char *done_rows = PyBytes_AS_STRING(result);
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(held, got), &views[got], PyBUF_RECORDS_RO) != 0) {
+            PyErr_Clear();  /* not a buffer of pixels: left to the caller */
+            views[got].obj = NULL;
+            views[got].ndim = -1;
+        }
+    }
+    int oh = (int)out.shape[1], ow = (int)out.shape[2];
+    Py_ssize_t c = out.shape[3], item = out.itemsize;
+    size_t row_bytes = (size_t)oh * (size_t)ow * (size_t)(c * item);
+    const int64_t *table = (const int64_t *)boxes.buf;
+    Resizer r = {0};
+    int ready = !scaled || resizer_init(&r, ow);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        done_rows[i] = (char)(ready && views[i].ndim == 3 && cut_source_ok(&views[i], &out)
+                              && cut_one(&views[i], table + 4 * i,
+                                         (uint8_t *)out.buf + (size_t)i * row_bytes, oh, ow, c,
+                                         item, scaled, &r));
+    }
+    Py_END_ALLOW_THREADS
+    if (scaled)
+        resizer_free(&r);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        if (views[i].obj != NULL)
+            PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_XDECREF(held);
+    PyBuffer_Release(&boxes);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyObject *jpeg_warp(PyObject *self, PyObject *args)
 {
     PyObject *src_obj;
@@ -721,6 +841,8 @@ static PyObject *jpeg_warp(PyObject *self, PyObject *args)
 static PyMethodDef jpeg_rows_methods[] = {
     {"crop_rows", jpeg_crop_rows, METH_VARARGS,
      "crop_rows(values, table, out, out_h, out_w, fast_dct, fast_upsample) -> bytes"},
+    {"cut_rows", jpeg_cut_rows, METH_VARARGS,
+     "cut_rows(images, boxes, out, scaled) -> bytes"},
     {"resize", jpeg_resize, METH_VARARGS, "resize(src, out, out_h, out_w, flip) -> None"},
     {"warp", jpeg_warp, METH_VARARGS,
      "warp(src, out, out_h, out_w, y, x, h, w, d, flip) -> None"},

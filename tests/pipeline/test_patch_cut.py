@@ -1,0 +1,124 @@
+"""A slice's patches cut in one compiled call give the bytes the Python cut gives, row by row:
+padded crops of any item type and channel count, linear resizes, and every row the call
+leaves (a resize by area, an image of another layout, a box it refuses) cut by Python; the
+records' other features, taken once a record, are the row-by-row stack."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardfeed.pipeline import patch_crops
+from shardfeed.pipeline.patch_crops import PatchOptions, cut_rows
+from shardfeed.transforms.decode import native_rows
+
+pytestmark = pytest.mark.skipif(native_rows.compiled is None,
+                                reason="built without the compiled crop call")
+
+
+def _python_cut(monkeypatch: pytest.MonkeyPatch, images: list[np.ndarray], boxes: np.ndarray,
+                shape: tuple[int, ...], dtype: type, options: PatchOptions) -> np.ndarray:
+    with monkeypatch.context() as patched:
+        patched.setattr(native_rows, "compiled", None)
+        out = np.full(shape, 7, dtype)
+        assert cut_rows(images, boxes, out, options)
+    return out
+
+
+def _images(rng: np.random.Generator, dtype: type, channels: int) -> list[np.ndarray]:
+    top = 256 if dtype is np.uint8 else 65536
+    shapes = [(40, 60), (33, 17), (9, 5), (64, 64), (31, 90)]
+    return [rng.integers(0, top, (h, w, channels)).astype(dtype) for h, w in shapes]
+
+
+@pytest.mark.parametrize(("dtype", "channels"), [(np.uint8, 3), (np.uint8, 1), (np.uint16, 3),
+                                                 (np.uint8, 4)])
+def test_padded_crops_are_the_python_cuts(monkeypatch: pytest.MonkeyPatch, dtype: type,
+                                          channels: int) -> None:
+    rng = np.random.default_rng(1)
+    images = _images(rng, dtype, channels)
+    options = PatchOptions(size=(12, 16))
+    picks, boxes = [], []
+    for _ in range(64):
+        k = int(rng.integers(len(images)))
+        h, w = images[k].shape[:2]
+        ch, cw = min(12, h), min(16, w)  # a smaller image: the crop padded with zeros
+        boxes.append((int(rng.integers(h - ch + 1)), int(rng.integers(w - cw + 1)), ch, cw))
+        picks.append(images[k])
+    table = np.array(boxes, dtype=np.int64)
+    shape = (len(picks), 12, 16, channels)
+    out = np.full(shape, 7, dtype)
+    flags = native_rows.compiled.cut_rows(picks, table, out, False)
+    assert all(flags)  # every row by the compiled call
+    out = np.full(shape, 7, dtype)
+    assert cut_rows(picks, table, out, options)
+    assert out.tobytes() == _python_cut(monkeypatch, picks, table, shape, dtype,
+                                        options).tobytes()
+    assert (out[[i for i, b in enumerate(boxes) if b[2] < 12], 11] == 0).all()
+
+
+def test_resized_crops_are_the_python_cuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not native_rows.agrees():
+        pytest.skip("the compiled resize is not OpenCV's here")
+    rng = np.random.default_rng(2)
+    big = rng.integers(0, 256, (120, 150, 3), dtype=np.uint8)
+    views = [big, big[10:100, 5:140], np.ascontiguousarray(big[:, ::-1]), big[:, ::-1],
+             big[::2, ::2]]
+    options = PatchOptions(size=(16, 20), scale=(0.5, 3.0))
+    picks, boxes = [], []
+    for size in [(16, 20), (8, 9), (20, 25), (31, 39), (32, 40), (40, 30), (33, 80),
+                 (60, 90), (16, 41)] * 3:
+        image = views[int(rng.integers(len(views)))]
+        h, w = min(size[0], image.shape[0]), min(size[1], image.shape[1])
+        boxes.append((int(rng.integers(image.shape[0] - h + 1)),
+                      int(rng.integers(image.shape[1] - w + 1)), h, w))
+        picks.append(image)
+    table = np.array(boxes, dtype=np.int64)
+    shape = (len(picks), 16, 20, 3)
+    flags = native_rows.compiled.cut_rows(picks, table, np.zeros(shape, np.uint8), True)
+    for flag, (_, _, h, w), image in zip(flags, boxes, picks):
+        by_area = h >= 32 and w >= 40
+        pixels_in_a_row = image.strides[1] == 3  # not reversed, not every other column
+        assert flag == (not by_area and pixels_in_a_row)
+    out = np.full(shape, 7, np.uint8)
+    assert cut_rows(picks, table, out, options)
+    assert out.tobytes() == _python_cut(monkeypatch, picks, table, shape, np.uint8,
+                                        options).tobytes()
+
+
+def test_rows_the_call_refuses_are_left_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (30, 30, 3), dtype=np.uint8)
+    options = PatchOptions(size=(8, 8))
+    gray = image[:, :, :1].copy()
+    boxes = np.array([(0, 0, 8, 8), (25, 25, 8, 8), (0, 0, 9, 8), (-1, 0, 8, 8),
+                      (2, 3, 8, 8)], dtype=np.int64)
+    flags = native_rows.compiled.cut_rows([image] * 5, boxes, np.zeros((5, 8, 8, 3), np.uint8),
+                                          False)
+    assert list(flags) == [1, 0, 0, 0, 1]  # outside, larger than the row, negative
+    # a row of another channel count: the slice goes to the one-by-one path, as before
+    assert not cut_rows([image, gray], boxes[[0, 4]], np.zeros((2, 8, 8, 3), np.uint8),
+                        options)
+    # a box past the image's edge fails as the Python cut fails, compiled or not
+    with pytest.raises(ValueError):
+        cut_rows([image], boxes[1:2], np.zeros((1, 8, 8, 3), np.uint8), options)
+    monkeypatch.setattr(native_rows, "compiled", None)
+    with pytest.raises(ValueError):
+        cut_rows([image], boxes[1:2], np.zeros((1, 8, 8, 3), np.uint8), options)
+    assert patch_crops.native_rows.compiled is None
+
+
+def test_features_of_shared_records_are_stacked_as_row_by_row() -> None:
+    records = [{"label": np.array([i, -i]), "name": f"photo-{i}.jpg".encode(),
+                "box": np.array([0.5 * i], np.float32)} for i in range(5)]
+    rows = [records[k] for k in [3, 0, 3, 4, 1, 1, 0, 2, 3]]  # a slice: few images, shared
+    columns = patch_crops.stacked_features(rows)
+    assert columns is not None
+    np.testing.assert_array_equal(columns["label"], np.stack([r["label"] for r in rows]))
+    assert columns["label"].dtype == np.int64 and columns["label"].flags.c_contiguous
+    assert columns["box"].dtype == np.float32 and columns["box"].shape == (9, 1)
+    assert columns["name"] == [r["name"] for r in rows]
+    # records that are not alike: None, shared or not
+    odd = {**records[2], "label": np.array([1, 2, 3])}
+    assert patch_crops.stacked_features([*rows, odd, odd]) is None
+    assert patch_crops.stacked_features([*rows, {"label": records[0]["label"]}]) is None

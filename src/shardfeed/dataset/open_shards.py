@@ -31,6 +31,7 @@ from shardfeed.format import native
 from shardfeed.storage import is_remote, open_source
 from shardfeed.storage.base import ByteSource, PinnedSource
 from shardfeed.storage.local import LocalSource
+from shardfeed.storage.process_state import PROCESS
 from shardfeed.storage.versions import ObjectVersion
 
 T = TypeVar("T")
@@ -96,7 +97,6 @@ class OpenShards:
         self._options = dict(source_options)
         self._sources: dict[int, ByteSource] = {}
         self._pins: dict[int, ObjectVersion | None] = {}  # what each remote source pinned
-        self._pid = os.getpid()  # remote sources are this process's (see _forked)
         self._users: dict[int, int] = {}  # reads running on each source
         self._local_lru: OrderedDict[int, None] = OrderedDict()
         self.max_open_local = MAX_OPEN_LOCAL
@@ -108,7 +108,7 @@ class OpenShards:
         self.remote = any(is_remote(url) for url in table.urls)
         self.max_workers = int(self._options.get("max_concurrency", 16))
         self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
+        PROCESS.at_fork(self, OpenShards._forked)
         self._mapped_bytes = 0  # gathered since the maps' pages were last dropped
         # a gather needs every shard kept open while it reads: no early closing, none remote
         self.can_gather = native.wire is not None and not self.remote and not self._bounded
@@ -219,8 +219,6 @@ class OpenShards:
 
     def read_ranges(self, k: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """``read_ranges`` of shard ``k``'s source (ValueError once closed)."""
-        if self._pid != os.getpid():
-            self._forked()
         if not self._bounded:  # every shard may stay open: no use counts needed
             src = self._sources.get(k) or self._acquire(k)
             return src.read_ranges(ranges)
@@ -231,17 +229,20 @@ class OpenShards:
             self._release(k)
 
     def _forked(self) -> None:
-        """In a process forked from the one that opened them, the remote sources are
-        dropped (their clients, threads and connections stayed in the parent; obstore's
-        would wait for ever): each shard is opened again here, on first use, pinned to the
-        version the parent read (a rewrite since raises ShardChangedError)."""
-        with self._lock:
-            if self._pid == os.getpid():
-                return
-            for k in [k for k in self._sources if is_remote(self._table.urls[k])]:
-                del self._sources[k]
-                self._users.pop(k, None)
-            self._pid = os.getpid()
+        """In a forked child (the fork rule, :mod:`~shardfeed.storage.process_state`): new
+        locks (a thread of the parent may have held one), the reader pool dropped (its
+        threads stayed in the parent), and the remote sources dropped (their clients, threads
+        and connections stayed there too; obstore's would wait for ever): each shard is
+        opened again here, on first use, pinned to the version the parent read (a rewrite
+        since raises ShardChangedError). Local sources are kept: their descriptors and maps
+        followed the fork."""
+        self._lock = threading.Lock()
+        self._open_locks = [threading.Lock() for _ in self._open_locks]
+        self._pool = None
+        for k in [k for k in self._sources if is_remote(self._table.urls[k])]:
+            del self._sources[k]
+            self._local_lru.pop(k, None)
+        self._users = {}  # the reads that were running are the parent's
 
     def _acquire(self, k: int) -> ByteSource:
         src = self._use_open(k)
@@ -349,10 +350,7 @@ class OpenShards:
         with self._lock:
             if self._closed:
                 raise ValueError("this Dataset is closed; open a new one")
-            if self._pool is not None and self._pool_pid != os.getpid():
-                self._pool = None  # a forked child: the parent's threads do not exist here
             if self._pool is None:
-                self._pool_pid = os.getpid()
                 self._pool = ThreadPoolExecutor(max_workers=self.max_workers,
                                                 thread_name_prefix="shardfeed-shards")
             return self._pool
@@ -380,7 +378,7 @@ class OpenShards:
         for k, src in sources.items():  # a closed remote source ends its reads at once
             if is_remote(self._table.urls[k]):
                 src.close()
-        if pool is not None and self._pool_pid == os.getpid():
+        if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         for src in sources.values():  # local ones after: no pread may be running on them
             src.close()

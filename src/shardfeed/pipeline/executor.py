@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from shardfeed.storage.daemon_threads import run_into
 from shardfeed.storage.inflight import abandon_all_calls
-from shardfeed.storage.process_state import PROCESS
+from shardfeed.storage.process_state import PROCESS, fail_forked
 
 T = TypeVar("T")
 
@@ -79,16 +79,20 @@ class CpuPool:
         _LIVE.add(self)
 
     def _reset(self) -> None:
-        """No threads, no calls: when made, and in a forked child."""
+        """No threads, no calls: when made, and in a forked child (where the calls queued or
+        running on the parent's threads end with an error, see ``fail_forked``)."""
+        left: set[Future[Any]] = getattr(self, "_inflight", set())
         # re-entrant: a collection inside an allocation made under it may run a Loader's
         # finalizer, which shuts this pool down on the same thread
         self._lock = threading.RLock()
+        self._inflight: set[Future[Any]] = set()  # submitted, not yet run to the end
         self._queue: deque[_Call] = deque()
         self._idle: list[_Worker] = []  # a stack: the last to go idle is called first
         self._workers: list[_Worker] = []
         self._running = 0
         self._called = 0  # threads called or started for a call, not yet running one
         self._shutdown = False
+        fail_forked(list(left), "a slice of the loader")
 
     @property
     def _threads(self) -> set[threading.Thread]:
@@ -112,10 +116,12 @@ class CpuPool:
                 raise RuntimeError("cannot submit to a pool that was shut down")
             call: _Call = (future, (lambda: fn(*args, **kwargs)) if args or kwargs else fn)
             self._queue.append(call)
+            self._inflight.add(future)
             try:
                 self._call(self._startable())
             except BaseException:  # not even one thread could start: the call is not queued
                 self._queue.remove(call)
+                self._inflight.discard(future)
                 raise
         return future
 
@@ -184,10 +190,11 @@ class CpuPool:
             future, fn = call
             if future.set_running_or_notify_cancel():
                 run_into(future, fn)
-            del future, fn
             with self._lock:  # finished and the next taken in one step: no other thread
+                self._inflight.discard(future)
                 self._running -= 1  # may start between them (at a limit of one, say)
                 call = self._take(me)
+            del future, fn
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; queued ones are dropped (their futures cancelled) with
@@ -198,6 +205,7 @@ class CpuPool:
             dropped = list(self._queue) if cancel_futures else []
             if cancel_futures:
                 self._queue.clear()
+                self._inflight.difference_update(future for future, _ in dropped)
             for worker in self._idle:
                 worker.wake.set()
             self._idle.clear()

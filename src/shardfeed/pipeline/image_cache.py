@@ -36,6 +36,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from shardfeed.storage.process_state import PROCESS
+
 V = TypeVar("V")
 Clock = tuple[int, int]
 
@@ -99,6 +101,7 @@ class ImageCache(Generic[V]):
         self._configured = max_bytes
         self._default_images = default_images
         self._reset()
+        PROCESS.at_fork(self, ImageCache._forked)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -114,6 +117,17 @@ class ImageCache(Generic[V]):
         self._evictions = 0
         self._uncached = 0
 
+    def _forked(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held it), and the loads
+        that were on the parent's threads failed, so that their waiters load for themselves
+        (the fork rule, :mod:`~shardfeed.storage.process_state`)."""
+        self._lock = threading.Lock()
+        pending = self._pending
+        self._pending = {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(_LoadFailed())
+
     # -- pickling (process workers get an empty cache of the same configuration) ----------------
 
     def __getstate__(self) -> dict[str, Any]:
@@ -123,6 +137,7 @@ class ImageCache(Generic[V]):
         self._configured = state["max_bytes"]
         self._default_images = state["default_images"]
         self._reset()
+        PROCESS.at_fork(self, ImageCache._forked)
 
     # -- queries -----------------------------------------------------------------------------
 

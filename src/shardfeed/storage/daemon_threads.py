@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from shardfeed.storage.process_state import PROCESS
+from shardfeed.storage.process_state import PROCESS, fail_forked
 
 T = TypeVar("T")
 
@@ -55,12 +55,15 @@ class DaemonThreads:
 
     def _reset(self) -> None:
         """No threads, no calls: when made, and in a forked child (the parent's threads did
-        not follow the fork)."""
+        not follow the fork: the calls they had, queued or running, end with an error)."""
+        left: set[Future[Any]] = getattr(self, "_inflight", set())
         self._lock = threading.Lock()
+        self._inflight: set[Future[Any]] = set()  # submitted, not yet run to the end
         self._handed: queue.SimpleQueue[_Call] = queue.SimpleQueue()  # each promised an idle thread
         self._backlog: collections.deque[_Call] = collections.deque()  # waiting for a thread
         self._threads = 0
         self._idle = 0  # threads waiting on _handed and not yet promised a call
+        fail_forked(list(left), f"a call of {self.name}")
 
     def submit(self, fn: Callable[[], T], *, future: Future[T] | None = None) -> Future[T]:
         """Run ``fn()`` on one of the threads; its future (cancelling it before the call
@@ -78,12 +81,14 @@ class DaemonThreads:
 
     def _start(self, fn: Callable[[], T], future: Future[T], *, wait: bool) -> Future[T] | None:
         with self._lock:
+            self._inflight.add(future)
             if self._idle:
                 self._idle -= 1  # this call is that idle thread's: none waits behind another
                 self._handed.put((future, fn))
                 return future
             if self._threads >= self.limit:
                 if not wait:
+                    self._inflight.discard(future)
                     return None
                 self._backlog.append((future, fn))
                 return future
@@ -97,6 +102,8 @@ class DaemonThreads:
             future, fn = call
             if future.set_running_or_notify_cancel():
                 run_into(future, fn)
+            with self._lock:
+                self._inflight.discard(future)
             del call, future, fn  # an idle thread holds nothing of its last call
             with self._lock:
                 waiting = self._backlog.popleft() if self._backlog else None

@@ -21,8 +21,11 @@ what PROCESS made (the stores, the refuser and the calls are the parent's: their
 connections stayed there), notes whether obstore had run (obstore's runtime threads did not
 follow either: the child must not call it, see ``obstore_stores.forked_after_use``), and
 calls the reset each object holding something of the process's registered with
-:meth:`ProcessState.at_fork` (a thread pool, a disk cache, an fsspec source). Nothing else
-in the package looks for a fork, nor compares pids.
+:meth:`ProcessState.at_fork` (a thread pool, a disk cache, an fsspec source, a dataset's open
+shards, a decoded-image cache). A reset renews the object's locks and ends the work that was
+in flight on the parent's threads with an error that says so (:func:`fail_forked`): a child
+that waits for it gets that error, not a hang. Nothing else in the package looks for a fork,
+nor compares pids.
 
 Locks: each holder's ``lock`` guards its tables (dicts, sets, deques: every read or change
 holds it), only for that (never across I/O, a call into a client library, or another lock);
@@ -41,14 +44,14 @@ import collections
 import os
 import threading
 import weakref
-from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from shardfeed.storage.cache import ByteCache
 
-__all__ = ["PROCESS", "REAL_FOLDERS", "SETTINGS", "ProcessState", "Settings"]
+__all__ = ["PROCESS", "REAL_FOLDERS", "SETTINGS", "ProcessState", "Settings", "fail_forked"]
 
 REAL_FOLDERS = 4096
 """Resolved local folders kept at most (see ``paths``)."""
@@ -146,6 +149,23 @@ class ProcessState:
             table.clear()
         for owner, reset in list(self._resets.items()):
             reset(owner)
+
+
+def fail_forked(futures: Iterable[Future[Any]], what: str) -> None:
+    """In a forked child: end each of ``futures`` not done (work that was queued or running
+    on a thread of the parent, which did not follow the fork) with a RuntimeError that says
+    so, so that nothing in the child waits for it for ever."""
+    for future in futures:
+        if future.done():
+            continue
+        error = RuntimeError(
+            f"{what} was in flight on a thread of the parent process when it forked, and "
+            "threads do not follow a fork: it never ends here. Start it again in this process "
+            "(a Loader: a new pass, iter(loader); or make the Loader after the fork)")
+        try:
+            future.set_exception(error)
+        except InvalidStateError:  # done meanwhile (by a thread of the child)
+            pass
 
 
 SETTINGS = Settings()

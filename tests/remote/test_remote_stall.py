@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from stalled_server import StalledServer, interrupt
 
+import shardfeed
 from shardfeed import Dataset, StorageError
 
 SLACK_SECONDS = 2.0
@@ -178,3 +179,98 @@ def test_a_three_second_outage_is_survived_with_the_default_options(
     assert [r["name"] for r in got] == [r["name"] for r in expected]
     assert [r["name"] for r in again] == [r["name"] for r in expected]
     assert waited >= 2.5 and retries > 0  # the outage was felt, and waited out
+
+
+def _stalled_loader_closed(s3_server: Any, folder: Path, *, from_thread: bool
+                           ) -> tuple[float, BaseException | None]:
+    """A Loader reading s3:// whose server stops answering after the first batch, closed
+    by the user: from another thread while next() waits, or by ``with`` as the training
+    step raises while the slices of the next batches wait on the server. (close()'s
+    seconds, what the waiting next() raised)."""
+    url = s3_server.upload_folder(folder)
+    with Dataset(url) as ds:
+        return _close_stalled(s3_server, ds, from_thread=from_thread)
+
+
+def _close_stalled(s3_server: Any, ds: Dataset, *, from_thread: bool
+                   ) -> tuple[float, BaseException | None]:
+    # with read_ahead=0 the slices read for themselves: a stalled read is a slice's
+    loader = shardfeed.Loader(ds, batch_size=4, shuffle=True, seed=1,
+                              transform=None, num_threads=4, prefetch_batches=4,
+                              read_ahead=None if from_thread else 0)
+    batches = iter(loader)
+    next(batches)
+    outcome: list[BaseException | None] = []
+    if not from_thread:
+        run = loader._run  # the batches made ahead: done before the server stops
+        assert run is not None
+        ends = time.monotonic() + 30
+        while not all(f.done() for p in run.pending for f in p.futures):
+            assert time.monotonic() < ends
+            time.sleep(0.01)
+    with s3_server.stall_gets(".tfrecord") as stall:
+        if not from_thread:
+            next(batches)  # made ahead; the next one's slice reads, and waits
+            ends = time.monotonic() + 30
+            while stall.held < 1 and time.monotonic() < ends:
+                time.sleep(0.01)
+            assert stall.held > 0, "the reads never reached the server"
+            began = time.monotonic()
+            with pytest.raises(ZeroDivisionError), loader:
+                raise ZeroDivisionError("the training step fails")
+            return time.monotonic() - began, None
+
+        def consume() -> None:
+            try:
+                for _ in batches:
+                    pass
+                outcome.append(None)
+            except Exception as exc:  # noqa: BLE001 - checked by the caller
+                outcome.append(exc)
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        ends = time.monotonic() + 30
+        while stall.held < 1 and time.monotonic() < ends:
+            time.sleep(0.01)
+        assert stall.held > 0, "the reads never reached the server"
+        time.sleep(1.0)  # the batches read before the stall are taken: next() waits
+        began = time.monotonic()
+        loader.close()
+        took = time.monotonic() - began
+        consumer.join(timeout=30)
+        assert not consumer.is_alive()
+    return took, outcome[0]
+
+
+def test_close_ends_a_loader_whose_reads_are_stalled_at_once(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """The default deadline is 60 s: only the loader's own cancel token ends the stalled
+    reads of its slices early."""
+    took, error = _stalled_loader_closed(s3_server, records_dataset(400, 4), from_thread=True)
+    assert took < SLACK_SECONDS, f"close() took {took:.1f} s"
+    assert error is not None and "closed" in str(error)
+    assert "the loader it read for was closed" in str(error.__cause__)  # the stalled read
+
+
+def test_an_error_in_the_training_step_leaves_the_with_block_at_once(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    took, _ = _stalled_loader_closed(s3_server, records_dataset(400, 4), from_thread=False)
+    assert took < SLACK_SECONDS, f"leaving the with block took {took:.1f} s"
+
+
+def test_cancelling_one_loader_leaves_another_reading(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """The token is the loader's own: a second loader's reads on the same server are not
+    ended by the first one's close()."""
+    url = s3_server.upload_folder(records_dataset(400, 4))
+    with Dataset(url) as ds, shardfeed.Loader(ds, batch_size=4, transform=None,
+                                              num_threads=2) as other:
+        first = shardfeed.Loader(ds, batch_size=4, transform=None, num_threads=2)
+        next(iter(first))
+        later = iter(other)
+        first.close()
+        assert sum(len(b["index"]) for b in later) == 400

@@ -40,7 +40,7 @@ from shardfeed.dataset.shards import ShardTable
 from shardfeed.errors import StorageError
 from shardfeed.storage import is_remote
 from shardfeed.storage.cache_entries import Version, entry_key, object_keys
-from shardfeed.storage.daemon_threads import DaemonThreads
+from shardfeed.storage.daemon_threads import DaemonThreads, carried
 from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache
 from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS
 
@@ -337,8 +337,8 @@ class AheadSession:
         if not len(ids):
             return None
         f = self._fetcher
-        future = f._executor().submit(
-            self._fetch, np.concatenate([ids, np.asarray(riders, dtype=np.int64)]),
+        future = f._executor().submit(  # under the pass's cancel token: ended with it
+            carried(self._fetch), np.concatenate([ids, np.asarray(riders, dtype=np.int64)]),
             keys + [None] * len(riders))
         reserved = [key for key in keys if key is not None]
         if reserved and f.cache is not None:  # cancelled when the Dataset closes

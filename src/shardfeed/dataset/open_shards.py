@@ -30,6 +30,7 @@ from shardfeed.dataset.shards import ShardTable, check_offsets
 from shardfeed.format import native
 from shardfeed.storage import is_remote, open_source
 from shardfeed.storage.base import ByteSource, PinnedSource
+from shardfeed.storage.daemon_threads import carried
 from shardfeed.storage.local import LocalSource
 from shardfeed.storage.process_state import PROCESS
 from shardfeed.storage.versions import ObjectVersion
@@ -333,7 +334,8 @@ class OpenShards:
             return [fn(x) for x in items]
         pool = self._executor()
         try:
-            futures: list[Future[R]] = [pool.submit(fn, x) for x in items[1:]]
+            # each under this thread's cancel token (a Loader's pass: ended with it)
+            futures: list[Future[R]] = [pool.submit(carried(fn), x) for x in items[1:]]
         except RuntimeError:  # the pool was shut down under us: close() ran meanwhile
             raise ValueError("this Dataset is closed; open a new one") from None
         try:

@@ -40,7 +40,7 @@ from shardfeed.pipeline.produce import TooManyBadSamples
 from shardfeed.pipeline.read_ahead import Carry, ReadAhead
 from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.pipeline.stage_clocks import BATCH_STAGES, StageClock
-from shardfeed.storage.inflight import interrupt_calls
+from shardfeed.storage.inflight import CallGroup, interrupt_calls, under
 
 SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]
 """``build_slice(ctx, positions, buffer, first_row) -> bad samples met``."""
@@ -91,6 +91,10 @@ class EpochRun:
         self.next_submit = 0
         self.next_yield = 0
         self.closed = False
+        # the pass's cancel token: its slices' storage calls, and those of the reads ahead
+        # it starts, end at abandon() instead of at their deadline
+        self.calls = CallGroup()
+        self._submit_under = under(self.calls, self._submit)
 
     def __iter__(self) -> EpochRun:
         return self
@@ -113,11 +117,12 @@ class EpochRun:
             piece = positions[start : start + size]
             future: Future[int | None]
             if self.gate is None:
-                future = executor.submit(self.build_slice, self.ctx, piece, buffer, start)
+                future = executor.submit(under(self.calls, self.build_slice), self.ctx, piece,
+                                         buffer, start)
             else:
                 future = executor.submit(
                     self.gate.run, len(piece),
-                    partial(self.build_slice, self.ctx, piece, buffer, start),
+                    under(self.calls, partial(self.build_slice, self.ctx, piece, buffer, start)),
                     self._is_closed,
                 )
             pending.futures.append(future)
@@ -127,7 +132,7 @@ class EpochRun:
         if self.closed:
             raise StopIteration
         while self.next_submit < self.num_batches and len(self.pending) < self.prefetch:
-            self._submit(self.next_submit)
+            self._submit_under(self.next_submit)
             self.next_submit += 1
         if not self.pending:
             self.close()
@@ -136,10 +141,16 @@ class EpochRun:
         head = self.pending[0]
         try:
             skipped = sum(future.result() or 0 for future in head.futures)
-        except BaseException:
+        except BaseException as exc:
+            closed_meanwhile = self.closed  # by another thread: its error is the close
             self.close()
+            if closed_meanwhile and isinstance(exc, Exception):
+                raise RuntimeError(CLOSED_MEANWHILE) from exc
             raise
-        self.pending.popleft()
+        try:
+            self.pending.popleft()
+        except IndexError:  # closed by another thread since the batch was made
+            raise RuntimeError(CLOSED_MEANWHILE) from None
         batch = self.ring.hand_out(head.buffer, head.count)
         if self.stages:
             try:
@@ -172,20 +183,34 @@ class EpochRun:
     def _is_closed(self) -> bool:
         return self.closed
 
+    def abandon(self) -> None:
+        """End the storage calls of the pass's slices and of its reads ahead now (a dead
+        server's would hold :meth:`close` to their deadline): the pass is not wanted."""
+        self.calls.cancel_all()
+
     def close(self) -> None:
-        """Cancel batches not started and wait for running slices (they write into the ring)."""
+        """Cancel batches not started and wait for running slices (they write into the ring);
+        closed while an exception goes up (a slice's error, the caller's), the slices'
+        storage calls are abandoned first."""
         if self.closed:
             return
         self.closed = True
         futures = [f for pending in self.pending for f in pending.futures]
         for future in futures:
             future.cancel()
-        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
-            interrupt_calls()  # Ctrl-C: slices waiting on a dead server end now, not at its deadline
+        error = sys.exc_info()[1]
+        if error is not None:
+            self.abandon()
+        if isinstance(error, KeyboardInterrupt):
+            interrupt_calls()  # Ctrl-C: every call in flight ends now, not at its deadline
         wait(futures)
         self.pending.clear()
         if self.read_ahead is not None:
             self.carry = self.read_ahead.close()
+
+
+CLOSED_MEANWHILE = ("this Loader was closed (by another thread) while it made the batch; "
+                    "create a new one to read again")
 
 
 class HandOut:

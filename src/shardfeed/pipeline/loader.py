@@ -659,10 +659,14 @@ class Loader:
             self._carry = None
 
     def close(self) -> None:
-        """Stop workers and free buffers; idempotent. Iterating afterwards raises."""
+        """Stop workers and free buffers; idempotent. Iterating afterwards raises. The
+        storage calls of the pass in flight end at once (a server that stopped answering
+        does not hold it to its deadline)."""
         if self._closed:
             return
         self._closed = True
+        if self._run is not None:  # its storage calls end now, not at a dead server's deadline
+            self._run.abandon()
         self._stop_run()
         self._drop_carry()
         report, self._report = self._report, None

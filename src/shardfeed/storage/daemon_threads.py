@@ -23,6 +23,8 @@ untouched) for each thread ever busy at once.
 from __future__ import annotations
 
 import collections
+import contextvars
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -30,6 +32,11 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from shardfeed.storage.process_state import PROCESS, fail_forked
+
+CANCEL: contextvars.ContextVar[Any] = contextvars.ContextVar("shardfeed_cancel", default=None)
+"""The cancel token (a :class:`~shardfeed.storage.inflight.CallGroup`) of the work running
+in this context: the storage calls made under it stop waiting when it is cancelled (see
+``inflight``). A call submitted here runs under its submitter's token."""
 
 T = TypeVar("T")
 
@@ -80,6 +87,7 @@ class DaemonThreads:
         return self._start(fn, Future(), wait=False)
 
     def _start(self, fn: Callable[[], T], future: Future[T], *, wait: bool) -> Future[T] | None:
+        fn = carried(fn)
         with self._lock:
             self._inflight.add(future)
             if self._idle:
@@ -121,6 +129,16 @@ class DaemonThreads:
         """Threads running a call now."""
         with self._lock:
             return self._threads - self._idle  # a call handed to an idle thread counts
+
+
+def carried(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn``, to be run on another thread under this thread's cancel token (:data:`CANCEL`):
+    a call a thread of the package's runs for work of a Loader's pass ends when the pass is
+    abandoned. Each call of the result needs one of its own (a context runs on one thread at
+    a time)."""
+    if CANCEL.get() is None:
+        return fn
+    return functools.partial(contextvars.copy_context().run, fn)
 
 
 def pools() -> list[DaemonThreads]:

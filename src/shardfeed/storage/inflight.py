@@ -19,7 +19,10 @@ So every attempt runs *beside* the caller, and the caller only waits on its futu
 
 A :class:`CallGroup` holds the ``wake`` futures of the calls running on one source:
 ``cancel_all()`` (the source's ``close()``) makes each of them stop waiting and cancel its
-attempts. :func:`interrupt_calls` does the same for every call in flight in the process
+attempts. A CallGroup is also a cancel token: the calls made while it is the current one
+(:func:`under`; on the threads their work was submitted to, too) join it as well, so that
+``token.cancel_all()`` ends the calls of one Loader's pass, whatever sources they read
+(the Loader's ``close()``), and leaves every other call alone. :func:`interrupt_calls` does the same for every call in flight in the process
 (a Loader's epoch closed while Ctrl-C goes up calls it, so that waiting for its workers does
 not mean waiting on a dead server), and :func:`abandon_all_calls` for every call now and later; it runs
 when the interpreter exits, before it joins the threads of thread pools, so a pool thread
@@ -42,7 +45,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from shardfeed.storage.daemon_threads import DaemonThreads
+from shardfeed.storage.daemon_threads import CANCEL, DaemonThreads
 from shardfeed.storage.process_state import PROCESS
 
 T = TypeVar("T")
@@ -51,6 +54,7 @@ __all__ = [
     "CallGroup",
     "ClosedError",
     "abandon_all_calls",
+    "cancelled",
     "exiting",
     "interrupt_calls",
     "interrupts",
@@ -58,6 +62,7 @@ __all__ = [
     "start_coroutine",
     "start_fs_call",
     "start_in_thread",
+    "under",
 ]
 
 
@@ -152,7 +157,8 @@ class CallGroup:
         self.closed = False
 
     def enter(self) -> Future[None]:
-        """A new call's ``wake`` future (ClosedError if the group was closed)."""
+        """A new call's ``wake`` future (ClosedError if the group was closed); the call
+        joins the current cancel token too (rung at once where it was cancelled)."""
         wake: Future[None] = Future()
         with self._lock:
             if self.closed:
@@ -160,6 +166,9 @@ class CallGroup:
             self._wakes.add(wake)
         with PROCESS.lock:
             PROCESS.wakes.add(wake)
+        token = CANCEL.get()
+        if token is not None and token is not self and not token._join(wake):
+            _ring(wake)
         if PROCESS.exiting.is_set():
             _ring(wake)
         return wake
@@ -168,8 +177,20 @@ class CallGroup:
         """The call is over."""
         with self._lock:
             self._wakes.discard(wake)
+        token = CANCEL.get()
+        if token is not None and token is not self:
+            with token._lock:
+                token._wakes.discard(wake)
         with PROCESS.lock:
             PROCESS.wakes.discard(wake)
+
+    def _join(self, wake: Future[None]) -> bool:
+        """A call made under this token joins it; False where it was cancelled."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._wakes.add(wake)
+            return True
 
     def cancel_all(self) -> None:
         """Close the group: every call running on it stops waiting now, later ones fail."""
@@ -178,6 +199,27 @@ class CallGroup:
             wakes = list(self._wakes)
         for wake in wakes:
             _ring(wake)
+
+
+def under(token: CallGroup, fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` run with ``token`` as the current cancel token: the storage calls it makes,
+    and those of the work it submits to the package's threads, end when
+    ``token.cancel_all()`` runs."""
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        reset = CANCEL.set(token)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            CANCEL.reset(reset)
+
+    return run
+
+
+def cancelled() -> bool:
+    """Whether the current cancel token was cancelled (a call's error says so)."""
+    token = CANCEL.get()
+    return token is not None and bool(token.closed)
 
 
 def _ring(wake: Future[None]) -> None:

@@ -48,6 +48,7 @@ from shardfeed.storage.failures import (
 from shardfeed.storage.inflight import (
     CallGroup,
     ClosedError,
+    cancelled,
     exiting,
     interrupts,
     start_in_thread,
@@ -300,6 +301,8 @@ class _Call(Generic[T]):
             why = "the interpreter is exiting"
         elif self.group.closed:
             why = "it was closed while the call was running; open it again with open_source(url)"
+        elif cancelled():
+            why = "the loader it read for was closed"
         elif interrupts() != self.interrupts:
             why = "interrupted (Ctrl-C)"
         else:

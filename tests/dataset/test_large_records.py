@@ -112,3 +112,9 @@ def test_a_damaged_large_record_read_alone_is_named(big_shard: Path) -> None:
             ds.read_many([4])
     assert caught.value.record == 4 and caught.value.offset == offset
     assert "big.tfrecord" in str(caught.value)
+
+
+def test_no_named_features_give_empty_records(big_shard: Path) -> None:
+    with Dataset(str(big_shard), features=[]) as ds:
+        assert ds.read_many([0, 2]) == [{}, {}]
+        assert ds[1] == {}

@@ -122,3 +122,30 @@ def test_features_of_shared_records_are_stacked_as_row_by_row() -> None:
     odd = {**records[2], "label": np.array([1, 2, 3])}
     assert patch_crops.stacked_features([*rows, odd, odd]) is None
     assert patch_crops.stacked_features([*rows, {"label": records[0]["label"]}]) is None
+
+
+def test_object_items_and_views_of_the_batch_are_cut_by_python(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows the compiled call must not copy byte for byte: Python objects (a copy would need
+    their references), and images that are views of the batch being written."""
+    options = PatchOptions(size=(4, 4))
+    things = np.empty((6, 6, 3), object)
+    things[...] = [[[object() for _ in range(3)] for _ in range(6)] for _ in range(6)]
+    boxes = np.array([(1, 1, 4, 4), (0, 2, 4, 4)], dtype=np.int64)
+    flags = native_rows.compiled.cut_rows([things] * 2, boxes, np.empty((2, 4, 4, 3), object),
+                                          False)
+    assert list(flags) == [0, 0]
+    out = np.empty((2, 4, 4, 3), object)
+    assert cut_rows([things] * 2, boxes, out, options)
+    assert out[0, 0, 0, 0] is things[1, 1, 0] and out[1, 3, 3, 2] is things[3, 5, 2]
+    batch = np.arange(2 * 6 * 6 * 3, dtype=np.uint8).reshape(2, 6, 6, 3)
+    views = [batch[1], batch[0]]  # each row cut from the other row of the same array
+    flags = native_rows.compiled.cut_rows(views, boxes, batch[:, :4, :4].copy(), False)
+    assert list(flags) == [1, 1]  # apart from the out they are written to: taken
+    into = np.ascontiguousarray(batch[:, :4, :4])  # images that are rows of the out itself
+    whole = np.array([(0, 0, 4, 4)] * 2, np.int64)
+    assert list(native_rows.compiled.cut_rows([into[1], into[0]], whole, into, False)) == [0, 0]
+    expected = into[::-1].copy()  # NumPy's row-by-row copy: row 1 into 0, then the new 0 into 1
+    expected[1] = expected[0]
+    assert cut_rows([into[1], into[0]], whole, into, options)
+    np.testing.assert_array_equal(into, expected)

@@ -251,7 +251,7 @@ def test_close_ends_a_loader_whose_reads_are_stalled_at_once(
     took, error = _stalled_loader_closed(s3_server, records_dataset(400, 4), from_thread=True)
     assert took < SLACK_SECONDS, f"close() took {took:.1f} s"
     assert error is not None and "closed" in str(error)
-    assert "the loader it read for was closed" in str(error.__cause__)  # the stalled read
+    assert "pass it read for was ended" in str(error.__cause__)  # the stalled read
 
 
 def test_an_error_in_the_training_step_leaves_the_with_block_at_once(
@@ -274,3 +274,97 @@ def test_cancelling_one_loader_leaves_another_reading(
         later = iter(other)
         first.close()
         assert sum(len(b["index"]) for b in later) == 400
+
+
+def test_a_pass_ended_by_an_error_leaves_the_next_epoch_whole(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """A sample's transform fails near the end of an epoch while the next epoch's first
+    chunks are being fetched ahead (the server holds them): the error comes at once (the
+    pass's reads end with it), and the rest of the epoch and the next one read everything,
+    not "the loader ... was closed" (an abandoned pass's reads ahead are not carried)."""
+    url = s3_server.upload_folder(records_dataset(400, 4))
+    failing = threading.Event()
+
+    def transform(sample: dict[str, Any], rng: Any) -> dict[str, Any]:
+        if failing.is_set():
+            raise ValueError("a bad sample")
+        return sample
+
+    with Dataset(url) as ds, shardfeed.Loader(ds, batch_size=4, shuffle=True, seed=1,
+                                              transform=transform, num_threads=2) as loader:
+        batches = iter(loader)
+        for _ in range(70):  # this epoch's last chunks are fetched ahead by now
+            next(batches)
+        with s3_server.stall_gets(".tfrecord", timeout_seconds=30) as stall:
+            for _ in range(20):  # the next epoch's first chunks are asked for: they hang
+                next(batches)
+            ends = time.monotonic() + 10
+            while not stall.held and time.monotonic() < ends:
+                time.sleep(0.01)
+            assert stall.held > 0, "no read ahead was in flight"
+            failing.set()
+            began = time.monotonic()
+            with pytest.raises(ValueError, match="a bad sample"):
+                for _ in batches:
+                    pass
+            assert time.monotonic() - began < SLACK_SECONDS
+            failing.clear()
+        assert sum(len(b["index"]) for b in loader) == 400 - 90 * 4  # this epoch's rest
+        assert sum(len(b["index"]) for b in loader) == 400  # the next epoch, whole
+
+
+_FORKED_READER = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading
+    from concurrent.futures import Future
+    import shardfeed
+    from shardfeed.dataset.fetch_ahead import _Staged
+    from shardfeed.storage.remote import set_storage_options
+
+    url, options = sys.argv[1], json.loads(sys.argv[2])
+    set_storage_options("s3://", **options)
+    ds = shardfeed.Dataset(url)
+    fetcher = ds._fetcher
+    session = fetcher.session()
+    # at the fork: a fetch ahead of record 3 running on a parent's thread, and a parent's
+    # thread inside the fetcher's lock
+    session._staged[3] = _Staged(Future(), 0, 0)
+    fetcher._executor().submit(lambda: None).result()  # the parent's fetch threads exist
+    holding = threading.Event()
+    def hold():
+        with fetcher._lock:
+            holding.set()
+            threading.Event().wait()
+    threading.Thread(target=hold, daemon=True).start()
+    holding.wait()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)
+        try:
+            with shardfeed.Loader(ds, batch_size=4, transform=None, num_threads=2) as loader:
+                n = sum(len(b["index"]) for b in loader)
+            print(json.dumps({"read": n, "staged": ds.read_many([3])[0]["index"].tolist()}),
+                  flush=True)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"status": status}), flush=True)
+    """
+)
+
+
+def test_a_forked_child_reads_past_the_parents_reads_ahead(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """The child of a process whose Dataset had reads ahead in flight on its threads (and a
+    thread inside its lock) reads the whole dataset, and the record that was being fetched."""
+    url = s3_server.upload_folder(records_dataset(40, 2))
+    env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_READER, url, json.dumps(s3_server.storage_options())],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    child, parent = (json.loads(line) for line in done.stdout.strip().splitlines())
+    assert parent == {"status": 0}
+    assert child == {"read": 40, "staged": [3]}

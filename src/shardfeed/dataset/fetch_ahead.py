@@ -42,6 +42,7 @@ from shardfeed.storage import is_remote
 from shardfeed.storage.cache_entries import Version, entry_key, object_keys
 from shardfeed.storage.daemon_threads import DaemonThreads, carried
 from shardfeed.storage.disk_cache import UNKNOWN_USE, DiskCache
+from shardfeed.storage.process_state import PROCESS, fail_forked
 from shardfeed.storage.retry import DEFAULT_DEADLINE_SECONDS
 
 log = logging.getLogger("shardfeed.dataset")
@@ -120,6 +121,7 @@ class RecordFetcher:
         self._sessions: list[AheadSession] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        PROCESS.at_fork(self, RecordFetcher._forked)
         self.staged_hits = 0
 
     # -- keys -----------------------------------------------------------------------------
@@ -223,6 +225,17 @@ class RecordFetcher:
         with self._lock:
             if session in self._sessions:
                 self._sessions.remove(session)
+
+    def _forked(self) -> None:
+        """In a forked child (the fork rule, :mod:`~shardfeed.storage.process_state`): new
+        locks, no pool (its threads stayed in the parent), and the fetches that were staged
+        ended with an error (a session that needs one reads it again)."""
+        self._lock = threading.Lock()
+        self._pool = None
+        for session in self._sessions:
+            session._lock = threading.Lock()
+            fail_forked([entry.future for entry in session._staged.values()],
+                        "a read ahead of the records")
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:

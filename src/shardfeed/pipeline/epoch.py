@@ -94,6 +94,7 @@ class EpochRun:
         # the pass's cancel token: its slices' storage calls, and those of the reads ahead
         # it starts, end at abandon() instead of at their deadline
         self.calls = CallGroup()
+        self.adopted: tuple[CallGroup, ...] = ()  # the tokens of the reads it carried in
         self._submit_under = under(self.calls, self._submit)
 
     def __iter__(self) -> EpochRun:
@@ -185,8 +186,11 @@ class EpochRun:
 
     def abandon(self) -> None:
         """End the storage calls of the pass's slices and of its reads ahead now (a dead
-        server's would hold :meth:`close` to their deadline): the pass is not wanted."""
+        server's would hold :meth:`close` to their deadline), those carried in from the pass
+        before too: the pass is not wanted."""
         self.calls.cancel_all()
+        for token in self.adopted:
+            token.cancel_all()
 
     def close(self) -> None:
         """Cancel batches not started and wait for running slices (they write into the ring);
@@ -206,7 +210,13 @@ class EpochRun:
         wait(futures)
         self.pending.clear()
         if self.read_ahead is not None:
-            self.carry = self.read_ahead.close()
+            carry = self.read_ahead.close()
+            if carry is not None and self.calls.closed:  # its fetches ended with the pass
+                carry.session.close()
+                carry = None
+            elif carry is not None:  # the next pass ends them if it is abandoned
+                carry.calls = (self.calls, *self.adopted[:1])
+            self.carry = carry
 
 
 CLOSED_MEANWHILE = ("this Loader was closed (by another thread) while it made the batch; "

@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from shardfeed.storage.process_state import PROCESS
+from shardfeed.storage.process_state import PROCESS, fail_forked
 
 V = TypeVar("V")
 Clock = tuple[int, int]
@@ -124,9 +124,7 @@ class ImageCache(Generic[V]):
         self._lock = threading.Lock()
         pending = self._pending
         self._pending = {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(_LoadFailed())
+        fail_forked(pending.values(), "a decode", error=_LoadFailed)
 
     # -- pickling (process workers get an empty cache of the same configuration) ----------------
 

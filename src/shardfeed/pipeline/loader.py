@@ -610,6 +610,8 @@ class Loader:
             stages=self.batch_stages, clock=self._builder.clock,
         )
         carry, self._carry = self._carry, None
+        if carry is not None:
+            self._run.adopted = carry.calls
         self._run.read_ahead = read_ahead_for(
             self.sampler, ctx, positions, option=opts.read_ahead, batch_size=opts.batch_size,
             num_batches=self._run.num_batches, carry=carry,

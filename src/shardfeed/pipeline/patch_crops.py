@@ -237,10 +237,14 @@ def cut_rows(images: Sequence[np.ndarray], boxes: np.ndarray, out: np.ndarray,
     scaled = options.scale is not None
     rows = range(len(images))
     if (native_rows.compiled is not None and out.ndim == 4 and out.flags.c_contiguous
-            and out.flags.writeable and (not scaled or native_rows.agrees())):
+            and out.flags.writeable and not out.dtype.hasobject
+            and (not scaled or native_rows.agrees())):
         # the slice's patches in one call without the GIL; the rows it leaves are cut below
-        done = native_rows.compiled.cut_rows(
-            list(images), np.ascontiguousarray(boxes, dtype=np.int64), out, scaled)
+        try:
+            done = native_rows.compiled.cut_rows(
+                list(images), np.ascontiguousarray(boxes, dtype=np.int64), out, scaled)
+        except (ValueError, BufferError, TypeError):  # a buffer it cannot take: all below
+            done = bytes(len(images))
         rows = [row for row, flag in enumerate(done) if not flag]  # type: ignore[assignment]
     for row in rows:
         image, (y, x, ch, cw) = images[row], boxes[row].tolist()

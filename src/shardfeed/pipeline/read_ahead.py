@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -197,6 +197,9 @@ class Carry:
         self.chunks = chunks
         self.scheduled = scheduled
         self.uses = uses
+        self.calls: tuple[Any, ...] = ()
+        """The cancel tokens its fetches run under (the passes that started them): the pass
+        that takes the carry ends them too when it is abandoned."""
 
     def fits(self, chunks: EpochChunks) -> bool:
         """Whether the carried chunks are the first chunks of ``chunks``."""

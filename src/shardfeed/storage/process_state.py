@@ -151,19 +151,26 @@ class ProcessState:
             reset(owner)
 
 
-def fail_forked(futures: Iterable[Future[Any]], what: str) -> None:
+def fail_forked(futures: Iterable[Future[Any]], what: str, *,
+                error: Callable[[], BaseException] | None = None) -> None:
     """In a forked child: end each of ``futures`` not done (work that was queued or running
-    on a thread of the parent, which did not follow the fork) with a RuntimeError that says
-    so, so that nothing in the child waits for it for ever."""
+    on a thread of the parent, which did not follow the fork) with ``error()``, by default a
+    RuntimeError that says so, so that nothing in the child waits for it for ever. Each
+    future gets a new lock first (a thread of the parent may have held its own at the fork,
+    and the waiters it would wake are the parent's)."""
     for future in futures:
         if future.done():
             continue
-        error = RuntimeError(
+        state = getattr(future, "__dict__", {})
+        if "_condition" in state:  # concurrent.futures.Future's own lock and waiters
+            state["_condition"] = threading.Condition()
+            state["_waiters"] = []
+        failure = error() if error is not None else RuntimeError(
             f"{what} was in flight on a thread of the parent process when it forked, and "
             "threads do not follow a fork: it never ends here. Start it again in this process "
             "(a Loader: a new pass, iter(loader); or make the Loader after the fork)")
         try:
-            future.set_exception(error)
+            future.set_exception(failure)
         except InvalidStateError:  # done meanwhile (by a thread of the child)
             pass
 

@@ -301,10 +301,10 @@ class _Call(Generic[T]):
             why = "the interpreter is exiting"
         elif self.group.closed:
             why = "it was closed while the call was running; open it again with open_source(url)"
-        elif cancelled():
-            why = "the loader it read for was closed"
         elif interrupts() != self.interrupts:
             why = "interrupted (Ctrl-C)"
+        elif cancelled():
+            why = "the loader's pass it read for was ended (closed, or stopped by an error)"
         else:
             why = "the call was cancelled"
         return StorageError(redact(

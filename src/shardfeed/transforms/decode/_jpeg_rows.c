@@ -36,8 +36,9 @@
  *       the rest of the row zeros (a box at most out_h x out_w). ``scaled``: the box resized
  *       to out_h x out_w as ``resize`` does (uint8, c = 3), where OpenCV would resize it
  *       linearly (shrunk under 2x one way at least). Returns one byte a row, 1 written, 0
- *       left to the caller: an image of another type, layout or channel count, a box outside
- *       its image or larger than the row, a resize OpenCV makes by area or of other pixels.
+ *       left to the caller: an image of another type, layout or channel count, an item type
+ *       that is not one plain number (objects), an image whose bytes overlap ``out``, a box
+ *       outside its image or larger than the row, a resize OpenCV makes by area.
  *       One call a slice, the GIL released for all its rows.
  *
  *   resize(src, out, out_h, out_w, flip) -> None
@@ -694,13 +695,30 @@ static PyObject *jpeg_resize(PyObject *self, PyObject *args)
 /* Whether image buffer ``img`` can give row pixels of ``out`` (n x h x w x c): (H, W, c)
  * items of out's size and format, each pixel's c items contiguous, rows apart by a whole
  * row at least. */
+/* Whether ``format`` (a buffer's struct format) is one plain number: bytes that may be
+ * copied as they are (never an object pointer, whose copy would need a reference). */
+static int plain_number(const char *format)
+{
+    if (format == NULL)
+        return 1; /* unsigned bytes */
+    if (*format == '<' || *format == '=' || *format == '@' || *format == '>' || *format == '!')
+        format++;
+    return format[0] != '\0' && format[1] == '\0' && strchr("bBhHiIlLqQefd?", format[0]) != NULL;
+}
+
 static int cut_source_ok(const Py_buffer *img, const Py_buffer *out)
 {
     Py_ssize_t item = out->itemsize, c = out->shape[3];
     const char *fa = img->format ? img->format : "B", *fb = out->format ? out->format : "B";
-    return img->ndim == 3 && img->itemsize == item && strcmp(fa, fb) == 0 && img->shape[2] == c
-           && img->strides[2] == item && img->strides[1] == c * item && img->shape[0] > 0
-           && img->shape[1] > 0 && img->strides[0] >= img->shape[1] * c * item;
+    if (img->ndim != 3 || img->itemsize != item || strcmp(fa, fb) != 0 || img->shape[2] != c
+            || img->strides[2] != item || img->strides[1] != c * item || img->shape[0] <= 0
+            || img->shape[1] <= 0 || img->strides[0] < img->shape[1] * c * item)
+        return 0;
+    /* the image's bytes apart from the rows written (a view of ``out``: left to NumPy) */
+    const char *lo = img->buf, *hi = lo + (img->shape[0] - 1) * img->strides[0]
+                                      + img->shape[1] * c * item;
+    const char *olo = out->buf, *ohi = olo + out->len;
+    return hi <= olo || lo >= ohi;
 }
 
 /* Row ``i``'s patch into ``dst``; 1 done, 0 left to the caller (see the header). */
@@ -746,6 +764,12 @@ static PyObject *jpeg_cut_rows(PyObject *self, PyObject *args)
     PyObject *result = NULL, *held = NULL;
     Py_buffer *views = NULL;
     Py_ssize_t got = 0;
+    if (!plain_number(out.format)) { /* objects, records: the caller cuts them */
+        result = PyBytes_FromStringAndSize(NULL, n);
+        if (result != NULL)
+            memset(PyBytes_AS_STRING(result), 0, (size_t)n);
+        goto done;
+    }
     if (out.ndim != 4 || !PyBuffer_IsContiguous(&out, 'C') || out.shape[0] != n
             || out.shape[1] < 1 || out.shape[2] < 1 || out.shape[3] < 1
             || out.shape[1] > INT32_MAX || out.shape[2] > INT32_MAX

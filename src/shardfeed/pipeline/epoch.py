@@ -132,9 +132,14 @@ class EpochRun:
     def __next__(self) -> dict[str, Any]:
         if self.closed:
             raise StopIteration
-        while self.next_submit < self.num_batches and len(self.pending) < self.prefetch:
-            self._submit_under(self.next_submit)
-            self.next_submit += 1
+        try:
+            while self.next_submit < self.num_batches and len(self.pending) < self.prefetch:
+                self._submit_under(self.next_submit)
+                self.next_submit += 1
+        except RuntimeError:  # the pool shut down: closed by another thread meanwhile
+            if self.closed:
+                raise RuntimeError(CLOSED_MEANWHILE) from None
+            raise
         if not self.pending:
             self.close()
             self.on_batch(0, 0, True)

@@ -58,6 +58,7 @@ from shardfeed.pipeline.stage_clocks import ASSEMBLE, BUSY, DECODE, READ, SLICES
 from shardfeed.pipeline.stage_stats import stage_of
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import SKIP_REPLACEMENT
+from shardfeed.storage.inflight import cancelled
 from shardfeed.transforms.base import (
     Compose,
     bytes_into_of,
@@ -396,6 +397,8 @@ class SliceBuilder:
             skipped = 0
             row = first_row
             for position, ids in zip(positions.tolist(), plans):
+                if cancelled():  # the pass was ended (Loader.close()): no more samples
+                    raise RuntimeError("this Loader was closed while it made the batch")
                 key = SampleKey(seed, epoch, position)
                 slots = {k: column[row] for k, column in columns} if columns else None
                 sample: Sample | None = None

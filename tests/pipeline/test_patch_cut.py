@@ -1,13 +1,19 @@
 """A slice's patches cut in one compiled call give the bytes the Python cut gives, row by row:
 padded crops of any item type and channel count, linear resizes, and every row the call
 leaves (a resize by area, an image of another layout, a box it refuses) cut by Python; the
-records' other features, taken once a record, are the row-by-row stack."""
+records' other features, taken once a record, are the row-by-row stack; a dataset without
+images is refused when the sampler is made."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from shardfeed import Dataset, Patches
+from shardfeed.errors import SchemaError
+from shardfeed.format.writer import ShardWriter
 from shardfeed.pipeline import patch_crops
 from shardfeed.pipeline.patch_crops import PatchOptions, cut_rows
 from shardfeed.transforms.decode import native_rows
@@ -149,3 +155,11 @@ def test_object_items_and_views_of_the_batch_are_cut_by_python(
     expected[1] = expected[0]
     assert cut_rows([into[1], into[0]], whole, into, options)
     np.testing.assert_array_equal(into, expected)
+
+
+def test_a_dataset_without_images_is_refused_when_patches_are_made(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path / "a.tfrecord") as writer:
+        for i in range(10):
+            writer.write_example({"x": np.arange(3) + i, "id": i})
+    with pytest.raises(SchemaError, match=r"no image feature.*\['id', 'x'\]"):
+        Patches(Dataset(str(tmp_path)), size=8, cache_images=2, refresh_every=4)

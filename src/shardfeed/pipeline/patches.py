@@ -187,6 +187,12 @@ class Patches(SamplerBase):
         )
         _check_cache_fits(self._len, self.options.cache_images, self.options.refresh_every)
         schema, root = dataset.schema, dataset.root
+        if schema is not None and schema.image is None and schema.features:
+            raise SchemaError(
+                f"Patches cuts patches from images, and the dataset has no image feature "
+                f"(image/encoded, image/raw or image/path): its features are "
+                f"{sorted(schema.features)}; pack the images under one of those names "
+                "(`shardfeed pack`), or read this dataset with a Loader over the Dataset itself")
         image_info: ImageInfo | None = None if schema is None else schema.image
         mask_info: ImageInfo | None = None if schema is None else schema.mask
         self.schedule = PatchSchedule(self._len, cache_images=self.options.cache_images,

@@ -476,7 +476,9 @@ class Dataset:
         if missing:
             raise SchemaError(
                 f"{self._where(i)}: features {missing} are missing (the record has "
-                f"{sorted(record)}); fix the names passed as features="
+                f"{sorted(record)}); to read records without them, give each a default, "
+                f"e.g. features={{{missing[0]!r}: FeatureSpec('float', shape=(), "
+                "default=0.0)}} with its kind and shape, or leave it out of features="
             )
         return {n: record[n] for n in self._names}
 

@@ -478,7 +478,7 @@ class Dataset:
                 f"{self._where(i)}: features {missing} are missing (the record has "
                 f"{sorted(record)}); to read records without them, give each a default, "
                 f"e.g. features={{{missing[0]!r}: FeatureSpec('float', shape=(), "
-                "default=0.0)}} with its kind and shape, or leave it out of features="
+                "default=0.0)} with its kind and shape, or leave it out of features="
             )
         return {n: record[n] for n in self._names}
 

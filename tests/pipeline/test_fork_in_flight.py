@@ -6,7 +6,6 @@ thread had begun all run in the child; the parent goes on unharmed."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -16,11 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import shardfeed
 from shardfeed.format.writer import ShardWriter
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-PACKAGE = Path(shardfeed.__file__).parent
 
 SCRIPT = r"""
 import json, os, signal, sys, threading, time
@@ -127,19 +124,4 @@ def test_a_lock_held_by_a_parents_thread_does_not_stop_the_child(folder: Path) -
 def test_a_load_begun_by_a_parents_thread_is_loaded_again_in_the_child(folder: Path) -> None:
     child, _ = _run(folder, 1, "cache")
     assert child["value"] == "child's"
-
-
-def test_no_module_compares_pids_or_hooks_the_fork_itself() -> None:
-    """The fork rule is process_state's one hook (storage/process_state.py), in the whole
-    package: a module that compared pids instead missed what a fork leaves behind (a lock a
-    parent's thread held, calls in flight)."""
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr == "register_at_fork":
-                assert path.name == "process_state.py", f"{path}:{node.lineno}"
-            if isinstance(node, ast.Compare):
-                called = [n.func.attr for n in ast.walk(node)
-                          if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-                assert "getpid" not in called, f"{path}:{node.lineno} compares pids"
 

@@ -22,9 +22,11 @@ A :class:`CallGroup` holds the ``wake`` futures of the calls running on one sour
 attempts. A CallGroup is also a cancel token: the calls made while it is the current one
 (:func:`under`; on the threads their work was submitted to, too) join it as well, so that
 ``token.cancel_all()`` ends the calls of one Loader's pass, whatever sources they read
-(the Loader's ``close()``), and leaves every other call alone. :func:`interrupt_calls` does the same for every call in flight in the process
-(a Loader's epoch closed while Ctrl-C goes up calls it, so that waiting for its workers does
-not mean waiting on a dead server), and :func:`abandon_all_calls` for every call now and later; it runs
+(the Loader's ``close()``), and leaves every other call alone.
+
+:func:`interrupt_calls` ends every call in flight in the process (a Loader's epoch closed
+while Ctrl-C goes up calls it, so that waiting for its workers does not mean waiting on a
+dead server), and :func:`abandon_all_calls` every call now and later; it runs
 when the interpreter exits, before it joins the threads of thread pools, so a pool thread
 that is waiting on a dead server does not hold the exit.
 

@@ -56,13 +56,15 @@ def decode_columns(
 
 
 def _compiled_columns(
-    payloads: Sequence[bytes | bytearray | memoryview], names: Sequence[str] | None,
+    payloads: Sequence[bytes | bytearray | memoryview], names: Sequence[str] | None, *,
+    exact: bool = False,
 ) -> dict[str, Any] | None:
-    """:func:`decode_columns` by the compiled part; None where it does not accept the
-    records (the parser then decides)."""
+    """:func:`decode_columns` by the compiled part (``exact``: the records hold ``names``
+    and no other feature); None where it does not accept the records (the parser then
+    decides)."""
     wire = native.wire
     assert wire is not None
-    count = -1
+    count = len(names) if exact and names is not None else -1
     if names is None:  # the first record's features, in the order the parser lists them
         names = feature_names(payloads[0])
         if names is None:
@@ -110,27 +112,14 @@ def compiled_columns(names: Sequence[str], gathered: Sequence[Any], rows: int,
 def decode_record(payload: bytes, names: Sequence[str], *, exact: bool) -> dict[str, Any] | None:
     """``{name: value}`` of ``payload``'s features ``names`` by the compiled part: the values
     :func:`~shardfeed.format.example.decode_example` gives (numeric ones as writable 1-D
-    arrays), in the order of ``names``, with the large values' copies run without the GIL; ``exact``: the record holds these features and no
-    other. None where the compiled part is not built or does not accept the record (another
-    feature set, a feature without values, anything but plain encoding): the parser then
-    decides, and names a fault."""
-    wire = native.wire
-    if wire is None or type(payload) is not bytes:
+    arrays), in the order of ``names``, the large values' copies run without the GIL.
+    ``exact``: the record holds these features and no other. None where the compiled part
+    is not built or does not accept the record (another feature set, a feature without
+    values, anything but plain encoding): the parser then decides, and names a fault."""
+    if native.wire is None or type(payload) is not bytes:
         return None
-    try:
-        keys = tuple(name.encode() for name in names)
-    except UnicodeEncodeError:
-        return None
-    gathered = wire.example_columns([payload], keys, len(names) if exact else -1)
-    if gathered is None:
-        return None
-    out: dict[str, Any] = {}
-    for name, column in zip(names, gathered):
-        if column[0] == _BYTES:
-            out[name] = column[1][0]
-        else:
-            out[name] = np.frombuffer(column[2], _COMPILED_DTYPES[column[0]])
-    return out
+    columns = _compiled_columns([payload], names, exact=exact)
+    return None if columns is None else {name: column[0] for name, column in columns.items()}
 
 
 class FilledColumn(Sequence[bytes]):

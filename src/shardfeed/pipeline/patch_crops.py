@@ -235,7 +235,7 @@ def cut_rows(images: Sequence[np.ndarray], boxes: np.ndarray, out: np.ndarray,
     count: the caller cuts those patches one by one)."""
     ph, pw = options.size
     scaled = options.scale is not None
-    rows = range(len(images))
+    rows: Sequence[int] = range(len(images))
     if (native_rows.compiled is not None and out.ndim == 4 and out.flags.c_contiguous
             and out.flags.writeable and not out.dtype.hasobject
             and (not scaled or native_rows.agrees())):
@@ -245,7 +245,7 @@ def cut_rows(images: Sequence[np.ndarray], boxes: np.ndarray, out: np.ndarray,
                 list(images), np.ascontiguousarray(boxes, dtype=np.int64), out, scaled)
         except (ValueError, BufferError, TypeError):  # a buffer it cannot take: all below
             done = bytes(len(images))
-        rows = [row for row, flag in enumerate(done) if not flag]  # type: ignore[assignment]
+        rows = [row for row, flag in enumerate(done) if not flag]
     for row in rows:
         image, (y, x, ch, cw) = images[row], boxes[row].tolist()
         target = out[row]

@@ -110,13 +110,12 @@ class DaemonThreads:
             future, fn = call
             if future.set_running_or_notify_cancel():
                 run_into(future, fn)
-            with self._lock:
+            with self._lock:  # done, and the next call taken, in one step
                 self._inflight.discard(future)
-            del call, future, fn  # an idle thread holds nothing of its last call
-            with self._lock:
                 waiting = self._backlog.popleft() if self._backlog else None
                 if waiting is None:
                     self._idle += 1
+            del call, future, fn  # an idle thread holds nothing of its last call
             call = self._handed.get() if waiting is None else waiting
 
     @property

@@ -151,6 +151,38 @@ def test_get_many_is_get_called_in_order() -> None:
             (k, e.expires) for k, e in one._entries.items()]
 
 
+def test_a_key_asked_for_once_for_its_uses_is_the_key_repeated() -> None:
+    """A slice's images, each asked for once with the number of its outputs: the values,
+    loads, hits, evictions and what stays cached are those of each key asked for that many
+    times in a row; a value too large for the bound is loaded once for all of them."""
+    rng = np.random.default_rng(8)
+    for _ in range(30):
+        keys = list(dict.fromkeys(rng.integers(0, 9, 12).tolist()))
+        uses = rng.integers(1, 5, len(keys)).tolist()
+        expires = [(0, int(e)) for e in rng.integers(0, 60, len(keys))]
+        now = [(0, 3 * k) for k in range(len(keys))]
+        once: ImageCache[int] = ImageCache(max_bytes=450)
+        repeated: ImageCache[int] = ImageCache(max_bytes=450)
+        calls_once: list[int] = []
+        calls_repeated: list[int] = []
+        rows = [i for i, u in enumerate(uses) for _ in range(u)]
+        want = repeated.get_many(
+            [keys[i] for i in rows],
+            lambda row, k=keys, r=rows, c=calls_repeated: loader(k[r[row]] * 10, calls=c),
+            expires=[expires[i] for i in rows], now=[now[i] for i in rows])
+        got = once.get_many(keys, lambda j, k=keys, c=calls_once: loader(k[j] * 10, calls=c),
+                            expires=expires, now=now, uses=uses)
+        assert [got[i] for i in rows] == want
+        assert calls_once == calls_repeated and once.stats() == repeated.stats()
+        assert [(k, e.expires) for k, e in once._entries.items()] == [
+            (k, e.expires) for k, e in repeated._entries.items()]
+    large: ImageCache[int] = ImageCache(max_bytes=50)
+    calls: list[int] = []
+    assert large.get_many([1], lambda j: loader(10, calls=calls), expires=[(0, 9)],
+                          now=[(0, 0)], uses=[4]) == [10]
+    assert calls == [10] and large.stats().uncached == 1 and large.stats().hits == 0
+
+
 def test_get_many_stops_at_a_failed_load_as_the_loop_would() -> None:
     cache: ImageCache[int] = ImageCache(max_bytes=1000)
     cache.get(1, loader(10), expires=(0, 9), now=(0, 0))

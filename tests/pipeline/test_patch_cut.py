@@ -117,9 +117,12 @@ def test_rows_the_call_refuses_are_left_to_python(monkeypatch: pytest.MonkeyPatc
 def test_features_of_shared_records_are_stacked_as_row_by_row() -> None:
     records = [{"label": np.array([i, -i]), "name": f"photo-{i}.jpg".encode(),
                 "box": np.array([0.5 * i], np.float32)} for i in range(5)]
-    rows = [records[k] for k in [3, 0, 3, 4, 1, 1, 0, 2, 3]]  # a slice: few images, shared
-    columns = patch_crops.stacked_features(rows)
+    picks = [3, 0, 3, 4, 1, 1, 0, 2, 3]  # a slice: few images, shared
+    rows = [records[k] for k in picks]
+    columns = patch_crops.stacked_features(records, np.array(picks))
     assert columns is not None
+    for name, column in patch_crops.stacked_features(rows).items():  # one row each: alike
+        np.testing.assert_array_equal(np.asarray(column), np.asarray(columns[name]))
     np.testing.assert_array_equal(columns["label"], np.stack([r["label"] for r in rows]))
     assert columns["label"].dtype == np.int64 and columns["label"].flags.c_contiguous
     assert columns["box"].dtype == np.float32 and columns["box"].shape == (9, 1)
@@ -127,6 +130,7 @@ def test_features_of_shared_records_are_stacked_as_row_by_row() -> None:
     # records that are not alike: None, shared or not
     odd = {**records[2], "label": np.array([1, 2, 3])}
     assert patch_crops.stacked_features([*rows, odd, odd]) is None
+    assert patch_crops.stacked_features([*records, odd], np.array([0, 5, 5])) is None
     assert patch_crops.stacked_features([*rows, {"label": records[0]["label"]}]) is None
 
 

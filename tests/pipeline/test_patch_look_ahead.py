@@ -5,7 +5,6 @@ on one rank or several, and the outputs are those of decoding every patch."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +38,14 @@ class Watch:
 
     def __init__(self, patches: Patches) -> None:
         self._patches = patches
-        self._plan, self._load = patches.plan, patches._load
+        self._plan, self._load = patches.plan_units, patches._load
         self._lock = threading.Lock()
         self.planned: set[int] = set()
         self.ahead = 0
-        patches.plan = self.plan  # type: ignore[method-assign]
+        patches.plan_units = self.plan  # type: ignore[method-assign]
         patches._load = self.load  # type: ignore[method-assign]
 
-    def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
+    def plan(self, ctx: EpochContext, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q = self._patches.order_positions(ctx.seed, ctx.epoch, positions)
         with self._lock:  # before the plan starts any decode
             self.planned.update(int(r) for r in ctx.order[q])

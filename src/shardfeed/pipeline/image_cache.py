@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -39,6 +39,7 @@ from typing import Any, Generic, TypeVar
 from shardfeed.storage.process_state import PROCESS, fail_forked
 
 V = TypeVar("V")
+K = TypeVar("K", bound=Hashable)
 Clock = tuple[int, int]
 
 __all__ = ["CacheStats", "ImageCache"]
@@ -162,6 +163,13 @@ class ImageCache(Generic[V]):
         with self._lock:
             return key in self._entries or key in self._pending
 
+    def unknown(self, keys: Iterable[K]) -> list[K]:
+        """The keys of ``keys`` that are not :meth:`known`, in their order (one hold of the
+        lock for all)."""
+        with self._lock:
+            entries, pending = self._entries, self._pending
+            return [key for key in keys if key not in entries and key not in pending]
+
     def stats(self) -> CacheStats:
         """The counters now (see :class:`CacheStats`)."""
         with self._lock:
@@ -225,34 +233,43 @@ class ImageCache(Generic[V]):
         *,
         expires: Sequence[Clock],
         now: Sequence[Clock],
+        uses: Sequence[int] | None = None,
     ) -> list[V]:
         """``[get(keys[i], load_of(i), expires=expires[i], now=now[i]) for i ...]``, in that
         order and with the same effects, the cached values taken under one hold of the lock
-        (a slice's patches: one lookup for the run of hits, not one each)."""
+        (a slice's patches: one lookup for the run of hits, not one each). ``uses``: key
+        ``i`` stands for ``uses[i]`` lookups at ``now[i]`` (a slice's outputs of one image,
+        asked for once): the effects are those of the key repeated so, the value loaded at
+        most once (a value too large for the bound too)."""
         out: list[V] = []
         count, at = len(keys), 0
         while at < count:
             with self._lock:
                 while at < count:
-                    entry = self._hit(keys[at], expires[at], now[at])
+                    entry = self._hit(keys[at], expires[at], now[at],
+                                      1 if uses is None else uses[at])
                     if entry is None:
                         break
                     out.append(entry.value)
                     at += 1
             if at < count:  # not cached: as get() (loads it, or waits for its load)
                 out.append(self.get(keys[at], load_of(at), expires=expires[at], now=now[at]))
+                if uses is not None and uses[at] > 1:  # the key's other lookups: hits
+                    with self._lock:
+                        self._hit(keys[at], expires[at], now[at], uses[at] - 1)
                 at += 1
         return out
 
-    def _hit(self, key: Hashable, expires: Clock, now: Clock) -> _Entry[V] | None:
+    def _hit(self, key: Hashable, expires: Clock, now: Clock,
+             hits: int = 1) -> _Entry[V] | None:
         """Under the lock: the clock advanced to ``now``, and ``key``'s entry, used (moved
-        last, its expiry extended, a hit counted), or None where it is not cached."""
+        last, its expiry extended, ``hits`` counted), or None where it is not cached."""
         self._clock = max(self._clock, now)
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
             entry.expires = max(entry.expires, expires)
-            self._hits += 1
+            self._hits += hits
         return entry
 
     def load_ahead(

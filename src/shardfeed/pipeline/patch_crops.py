@@ -265,32 +265,28 @@ def cut_rows(images: Sequence[np.ndarray], boxes: np.ndarray, out: np.ndarray,
     return True
 
 
-def stacked_features(metas: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def stacked_features(metas: Sequence[dict[str, Any]],
+                     rows: np.ndarray | None = None) -> dict[str, Any] | None:
     """The records' other features as columns (numeric arrays stacked, anything else a
-    list), or None where they are not alike (other names, or arrays of other shapes). A
-    slice's patches share few images: each record's features are taken once, then spread
-    over its rows (on 2 cores, 256 patches of 64 images of 5 features: 470 -> 180 µs a
-    slice)."""
-    slots: dict[int, int] = {}  # id of a record's features -> its place among the unique
-    rows = [slots.setdefault(id(m), len(slots)) for m in metas]  # metas holds them alive
-    unique = list({id(m): m for m in metas}.values())
-    names = unique[0].keys()
-    spread = len(unique) < len(metas)
-    index = np.array(rows, dtype=np.intp) if spread else None
+    list), or None where they are not alike (other names, or arrays of other shapes).
+    ``rows``: the batch's rows are ``metas[rows[i]]`` (a slice's patches share few images:
+    each record's features are taken once, then spread over its rows; on 2 cores, 256
+    patches of 64 images of 5 features: 470 -> 180 µs a slice); None: one row each."""
+    names = metas[0].keys()
+    if any(m.keys() != names for m in metas):
+        return None
     columns: dict[str, Any] = {}
     for name in names:
-        values = [m.get(name) for m in unique]  # None where another record lacks it
+        values = [m[name] for m in metas]
         first = values[0]
         if isinstance(first, np.ndarray) and first.dtype.kind in "biufc":
             if not all(isinstance(v, np.ndarray) and v.shape == first.shape
                        and v.dtype == first.dtype for v in values):
                 return None
-            stacked = np.stack(values)  # type: ignore[arg-type]
-            columns[name] = stacked if index is None else stacked[index]
+            stacked = np.stack(values)
+            columns[name] = stacked if rows is None else stacked[rows]
         else:
-            columns[name] = [values[k] for k in rows] if spread else values
-    if any(m.keys() != names for m in unique):
-        return None
+            columns[name] = values if rows is None else [values[k] for k in rows.tolist()]
     return columns
 
 

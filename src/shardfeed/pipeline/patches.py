@@ -205,6 +205,7 @@ class Patches(SamplerBase):
                                           exif_orientation=exif_orientation).bound(
                 mask_info, root=root)
         n = self.schedule.max_resident
+        self._looked_ahead: dict[tuple[int, int, int, int], int] = {}  # see _look_ahead
         self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
             default = max(1, n) + self.options.slack_images() + LOOK_AHEAD_IMAGES
@@ -224,6 +225,7 @@ class Patches(SamplerBase):
 
     def bind(self, transform: Callable[..., Sample] | None) -> Transform | None:
         ds = self._ds()
+        self._looked_ahead = {}
         if self.cache is not None:
             self.cache.clear()  # a new loader starts its own clock
         return bind_transform(transform, ds.schema, ds.root)
@@ -252,18 +254,25 @@ class Patches(SamplerBase):
         return lo + slots
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
+        return [(u,) for u in self.plan_units(ctx, positions)[1].tolist()]
+
+    def plan_units(self, ctx: EpochContext,
+                   positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`plan` as arrays: the order position and the image of each output (int64),
+        the decodes of those images, and of the next ones, started ahead."""
+        positions = np.asarray(positions, dtype=np.int64)
         q = self.order_positions(ctx.seed, ctx.epoch, positions)
         units = np.asarray(ctx.order[q], dtype=np.int64)
         if self.cache is not None:
-            self._decode_ahead(ctx, np.asarray(positions, dtype=np.int64), q, units)
-        return [(int(u),) for u in units]
+            self._decode_ahead(ctx, positions, q, units)
+        return q, units
 
     def read(self, records: Sequence[int]) -> list[Sample]:
         """Read ``records``; images already in the cache, or being decoded, are not read (a
         marker stands in)."""
         ids = [int(r) for r in records]
         cache = self.cache
-        missing = ids if cache is None else [r for r in ids if not cache.known(r)]
+        missing = ids if cache is None else cache.unknown(ids)
         read = dict(zip(missing, self._ds().read_many(missing))) if missing else {}
         return [read.get(r, {_CACHED: r}) for r in ids]
 
@@ -301,17 +310,20 @@ class Patches(SamplerBase):
         if field is None or not field.is_array or field.squeeze or not len(positions):
             return False
         positions = np.asarray(positions, dtype=np.int64)
-        records = [int(ids[0]) for ids in self.plan(ctx, positions)]  # decodes start ahead
-        q = self.order_positions(ctx.seed, ctx.epoch, positions)
-        read = dict(zip(*self._unique(records)))
-        n = len(positions)
+        q, units = self.plan_units(ctx, positions)  # decodes start ahead
+        records = units.tolist()
+        slot: dict[int, int] = {}  # a record -> its place among the slice's images
+        rows = [slot.setdefault(r, len(slot)) for r in records]
+        unique = list(slot)
+        read = dict(zip(unique, self.read(unique)))
+        n, k = len(positions), len(unique)
         out = buffer.arrays["image"][first_row : first_row + n]
-        full = np.empty((n, 2), dtype=np.int64)
-        metas = []
         if self.cache is None:
             # every output decodes an image of its own: one held at a time, as on the
             # sample path
             boxes = np.empty((n, 4), dtype=np.int64)
+            full = np.empty((n, 2), dtype=np.int64)
+            metas = []
             for row, (position, rid) in enumerate(zip(positions.tolist(), records)):
                 decoded = self._decoded(SampleKey(ctx.seed, ctx.epoch, position), rid,
                                         read[rid])
@@ -327,32 +339,42 @@ class Patches(SamplerBase):
                 full[row] = decoded.full_hw
                 metas.append(decoded.meta)
                 del decoded, image
+            columns = stacked_features(metas)
         else:
-            # the slice's images from the cache (held for the slice: a cached one costs
-            # nothing more, and at most one a refresh the slice spans is evicted meanwhile),
-            # every crop drawn in one call and cut in one pass
+            # the slice's images from the cache, each asked for once for all its outputs, in
+            # the order of their first (the clock at that output, the expiry its order
+            # position's last output: asked for in the order of their last use instead, the
+            # slices waited for more of the images decoded ahead, and decoded more of them
+            # themselves), held for the slice (a cached one costs nothing more, and at most
+            # one a refresh the slice spans is evicted meanwhile); every crop drawn in one
+            # call, cut in one pass
             seed, epoch = ctx.seed, ctx.epoch
-            # what _decoded asks the cache for each output, in one call: the same order,
-            # clock and expiry (the last output of each image's order position)
+            inverse = np.array(rows, dtype=np.intp)
             last = np.minimum((q + 1) * self.schedule.refresh_every, len(self.schedule)) - 1
+            expires = np.full(k, -1, dtype=np.int64)
+            np.maximum.at(expires, inverse, last)
+            first = np.full(k, len(self.schedule), dtype=np.int64)
+            np.minimum.at(first, inverse, positions)
             load = self._load
-            got = self.cache.get_many(
-                records, lambda row: functools.partial(load, records[row], read[records[row]]),
-                expires=[(epoch, int(t)) for t in last.tolist()],
-                now=[(epoch, position) for position in positions.tolist()])
-            if any(decoded.mask is not None for decoded in got):
+            decoded_of = self.cache.get_many(
+                unique, lambda j: functools.partial(load, unique[j], read[unique[j]]),
+                expires=[(epoch, t) for t in expires.tolist()],
+                now=[(epoch, t) for t in first.tolist()],
+                uses=np.bincount(inverse, minlength=k).tolist())
+            if any(decoded.mask is not None for decoded in decoded_of):
                 raise SchemaError("patches with masks are cut one by one")
-            images = [decoded.image for decoded in got]
-            metas = [decoded.meta for decoded in got]
-            sizes = np.array([image.shape[:2] for image in images], dtype=np.int64).reshape(n, 2)
-            full[:] = [decoded.full_hw for decoded in got]
-            del got
+            own = [decoded.image for decoded in decoded_of]
+            sizes = np.array([image.shape[:2] for image in own],
+                             dtype=np.int64).reshape(k, 2)[inverse]
+            full = np.array([decoded.full_hw for decoded in decoded_of],
+                            dtype=np.int64).reshape(k, 2)[inverse]
+            columns = stacked_features([decoded.meta for decoded in decoded_of], inverse)
+            del decoded_of
             boxes = patch_boxes(seed, epoch, positions, sizes[:, 0], sizes[:, 1],
                                 self.options)
-            if not cut_rows(images, boxes, out, self.options):
+            if not cut_rows([own[i] for i in rows], boxes, out, self.options):
                 return False
-            del images
-        columns = stacked_features(metas)
+            del own
         if columns is None:
             return False
         d = self.options.denominator
@@ -362,7 +384,7 @@ class Patches(SamplerBase):
         columns["patch/box"] = np.stack(
             [fy, fx, np.minimum(boxes[:, 2] * d, full[:, 0] - fy),
              np.minimum(boxes[:, 3] * d, full[:, 1] - fx)], axis=1)
-        columns["patch/record"] = np.array(records, dtype=np.int64)
+        columns["patch/record"] = units
         if transform is not None:
             rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None
             try:
@@ -377,10 +399,6 @@ class Patches(SamplerBase):
         buffer.write_columns(first_row, columns, written={"image": out})
         return True
 
-    def _unique(self, records: list[int]) -> tuple[list[int], list[Sample]]:
-        unique = list(dict.fromkeys(records))
-        return unique, self.read(unique)
-
     def state(self) -> dict[str, Any]:
         """What decides the patches: the dataset and the options (not the cache settings)."""
         o = self.options
@@ -394,6 +412,7 @@ class Patches(SamplerBase):
 
     def restore(self, state: Mapping[str, Any]) -> None:
         check_sampler_state(state, self.state(), sampler="Patches")
+        self._looked_ahead = {}
         if self.cache is not None:
             self.cache.clear()
 
@@ -474,9 +493,9 @@ class Patches(SamplerBase):
         # each image once (it has one order position an epoch), in the order of first need
         wanted = dict(zip(np.concatenate([units, ahead_units]).tolist(),
                           np.concatenate([q, ahead_q]).tolist()))
-        for rid, order_position in wanted.items():
+        for rid in cache.unknown(wanted):  # most are cached already: one look for them all
             cache.load_ahead(rid, functools.partial(self._load, rid, None),
-                             expires=(ctx.epoch, self._last_output(order_position)),
+                             expires=(ctx.epoch, self._last_output(wanted[rid])),
                              run=_DECODERS.submit)
 
     def _look_ahead(self, ctx: EpochContext, positions: np.ndarray) -> tuple[
@@ -503,7 +522,16 @@ class Patches(SamplerBase):
         if images < 1:
             return empty, empty
         end = min((last // r + images + 1) * r, len(self.schedule), ctx.total)
-        ahead = np.arange(last + stride, end, stride, dtype=np.int64)
+        start = last + stride
+        # the outputs of this stride up to ``looked`` were looked ahead for by an earlier
+        # slice (their images are cached or on their way): only those past it are new
+        run = (ctx.seed, ctx.epoch, stride, last % stride)
+        looked = self._looked_ahead.get(run, 0)
+        if looked > start:
+            start += -(-(looked - start) // stride) * stride
+        if end > looked:
+            self._looked_ahead = {run: end}
+        ahead = np.arange(start, end, stride, dtype=np.int64)
         if not len(ahead):
             return empty, empty
         aq = self.order_positions(ctx.seed, ctx.epoch, ahead)

@@ -96,3 +96,30 @@ def test_a_stated_bound_without_room_decodes_nothing_ahead(pictures: Path) -> No
         watch = Watch(patches)
         _epoch(patches, 0, 1)
     assert watch.ahead == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_output_is_looked_ahead_for_once(pictures: Path, threads: int) -> None:
+    """A slice looks ahead only past the outputs an earlier slice of its stride looked at:
+    over an epoch, no more outputs than the rank's (each slice looking again at the
+    refreshes after it looked at about (L + 1) x R / stride outputs each)."""
+    with Dataset(str(pictures)) as ds:
+        patches = Patches(ds, size=8, cache_images=CACHE_IMAGES, refresh_every=REFRESH)
+        looked: list[list[int]] = []
+        look = patches._look_ahead
+
+        def counted(ctx: EpochContext, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            q, units = look(ctx, positions)
+            looked[-1].append(len(q))
+            return q, units
+
+        patches._look_ahead = counted  # type: ignore[method-assign]
+        runs = []
+        for _ in range(2):  # a new loader looks ahead anew
+            looked.append([])
+            runs.append(_epoch(patches, 0, threads))
+    outputs = sum(len(b["image"]) for b in runs[0])
+    for counts in looked:
+        assert 0 < sum(counts) <= outputs
+    for got, want in zip(*runs):
+        assert np.array_equal(got["image"], want["image"])

@@ -115,13 +115,34 @@ _DECODERS = DaemonThreads(
 """Kept for the process and shared by every Patches (no threads a sampler left behind)."""
 
 
-@functools.lru_cache(maxsize=256)
-def _block_permutation(seed: int, epoch: int, block: int, n: int) -> np.ndarray:
-    """The keyed permutation of the ``n`` slots in block ``block`` of outputs (read-only)."""
-    positions = block * n + np.arange(n, dtype=np.int64)
-    order = np.argsort(uniform_many(seed, epoch, positions, PATCH_SLOT, draw=1), kind="stable")
-    order.flags.writeable = False
-    return order
+_PERMUTATIONS: dict[tuple[int, int, int, int], np.ndarray] = {}
+"""Block permutations drawn lately, oldest first (no lock: a dict's one operations hold
+under the GIL, and a block another thread drops meanwhile is drawn again)."""
+_PERMUTATIONS_KEPT = 256  # blocks: a slice of outputs spans a few
+
+
+def _block_permutations(seed: int, epoch: int, blocks: Sequence[int], n: int) -> list[np.ndarray]:
+    """The keyed permutation of the ``n`` slots in each block of outputs of ``blocks``
+    (read-only arrays), those not kept from earlier calls drawn in one call (a slice's new
+    blocks: one hash and one sort for them all, not one each)."""
+    kept = [_PERMUTATIONS.get((seed, epoch, n, block)) for block in blocks]
+    missing = [block for block, perm in zip(blocks, kept) if perm is None]
+    if not missing:
+        return kept  # type: ignore[return-value]
+    positions = (np.asarray(missing, dtype=np.int64)[:, None] * n
+                 + np.arange(n, dtype=np.int64)).ravel()
+    draws = uniform_many(seed, epoch, positions, PATCH_SLOT, draw=1).reshape(len(missing), n)
+    perms = np.argsort(draws, axis=1, kind="stable")
+    perms.flags.writeable = False
+    made = dict(zip(missing, perms))
+    for block, perm in made.items():
+        _PERMUTATIONS[(seed, epoch, n, block)] = perm
+    while len(_PERMUTATIONS) > _PERMUTATIONS_KEPT:
+        try:
+            del _PERMUTATIONS[next(iter(_PERMUTATIONS))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread's meanwhile
+            break
+    return [made[block] if perm is None else perm for block, perm in zip(blocks, kept)]
 
 
 class Patches(SamplerBase):
@@ -242,15 +263,15 @@ class Patches(SamplerBase):
         blocks = ps // n
         first, last = int(blocks.min()), int(blocks.max())
         if last - first < len(ps):  # a run of outputs: its blocks' permutations end to end
-            run = np.concatenate([_block_permutation(seed, epoch, block, n)
-                                  for block in range(first, last + 1)])
+            run = np.concatenate(_block_permutations(seed, epoch, range(first, last + 1), n))
             lo += run[ps - first * n]  # lo is a new array
             return lo
         within = ps - blocks * n
         slots = np.empty_like(ps)
-        for block in np.unique(blocks).tolist():
+        unique = np.unique(blocks).tolist()
+        for block, perm in zip(unique, _block_permutations(seed, epoch, unique, n)):
             chosen = blocks == block
-            slots[chosen] = _block_permutation(seed, epoch, int(block), n)[within[chosen]]
+            slots[chosen] = perm[within[chosen]]
         return lo + slots
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
@@ -466,7 +487,7 @@ class Patches(SamplerBase):
         n = self.schedule.cache_images
         block, within = divmod(position, n)
         return position // self.schedule.refresh_every + int(
-            _block_permutation(seed, epoch, block, n)[within])
+            _block_permutations(seed, epoch, (block,), n)[0][within])
 
     def _last_output(self, q: int) -> int:
         """:meth:`PatchSchedule.last_output` of order position ``q``, in plain integers."""

@@ -6,6 +6,7 @@ images is refused when the sampler is made."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,23 @@ def test_a_dataset_without_images_is_refused_when_patches_are_made(tmp_path: Pat
             writer.write_example({"x": np.arange(3) + i, "id": i})
     with pytest.raises(SchemaError, match=r"no image feature.*\['id', 'x'\]"):
         Patches(Dataset(str(tmp_path)), size=8, cache_images=2, refresh_every=4)
+
+
+def test_rows_of_one_image_share_its_buffer_and_its_verdict() -> None:
+    """An image of several rows has its buffer taken once: its rows are cut as copies of
+    it would be, and an object of several rows that is no image leaves each of them."""
+    rng = np.random.default_rng(4)
+    image = rng.integers(0, 256, (20, 24, 3), np.uint8)
+    other = rng.integers(0, 256, (18, 30, 3), np.uint8)
+    boxes = np.array([[0, 0, 8, 8], [3, 4, 8, 8], [9, 1, 8, 8], [2, 2, 8, 8], [5, 9, 8, 8]],
+                     dtype=np.int64)
+    shared = np.zeros((5, 8, 8, 3), np.uint8)
+    flags = native_rows.compiled.cut_rows([image, other, image, "pixels", "pixels"], boxes,
+                                          shared, False)
+    assert list(flags) == [1, 1, 1, 0, 0]
+    copies = np.zeros((5, 8, 8, 3), np.uint8)
+    native_rows.compiled.cut_rows([image.copy(), other.copy(), image.copy(), image, image],
+                                  boxes, copies, False)
+    assert shared[:3].tobytes() == copies[:3].tobytes()
+    np.testing.assert_array_equal(shared[2], image[9:17, 1:9])
+    assert sys.getrefcount(image) == 2 and not shared[3:].any()  # every view released

@@ -39,7 +39,8 @@
  *       left to the caller: an image of another type, layout or channel count, an item type
  *       that is not one plain number (objects), an image whose bytes overlap ``out``, a box
  *       outside its image or larger than the row, a resize OpenCV makes by area.
- *       One call a slice, the GIL released for all its rows.
+ *       One call a slice, the GIL released for all its rows; an image of several rows (the
+ *       same object) has its buffer taken once.
  *
  *   resize(src, out, out_h, out_w, flip) -> None
  *       The resize alone, from a (h, w, 3) uint8 buffer (pixels contiguous, rows any stride)
@@ -763,7 +764,7 @@ static PyObject *jpeg_cut_rows(PyObject *self, PyObject *args)
     Py_ssize_t n = PyList_GET_SIZE(images);
     PyObject *result = NULL, *held = NULL;
     Py_buffer *views = NULL;
-    Py_ssize_t got = 0;
+    Py_ssize_t got = 0, *first = NULL, *which = NULL;
     if (!plain_number(out.format)) { /* objects, records: the caller cuts them */
         result = PyBytes_FromStringAndSize(NULL, n);
         if (result != NULL)
@@ -781,16 +782,35 @@ static PyObject *jpeg_cut_rows(PyObject *self, PyObject *args)
     /* the images stay alive while the GIL is released: a tuple holds them */
     held = PyList_AsTuple(images);
     views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    /* rows of one image (a slice's patches share few) share the view of its first row:
+     * ``first`` maps an image (by identity) to that row, ``which`` a row to it */
+    Py_ssize_t cap = 16;
+    while (cap < 2 * n)
+        cap <<= 1;
+    first = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
+    which = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
     result = PyBytes_FromStringAndSize(NULL, n);
-    if (held == NULL || views == NULL || result == NULL) {
+    if (held == NULL || views == NULL || first == NULL || which == NULL || result == NULL) {
         Py_CLEAR(result);
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         goto done;
     }
+    for (Py_ssize_t k = 0; k < cap; k++)
+        first[k] = -1;
     char *done_rows = PyBytes_AS_STRING(result);
     for (; got < n; got++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(held, got), &views[got], PyBUF_RECORDS_RO) != 0) {
+        PyObject *image = PyTuple_GET_ITEM(held, got);
+        size_t at = (size_t)((((uintptr_t)image >> 4) * UINT64_C(0x9E3779B97F4A7C15)) >> 20)
+                    & (size_t)(cap - 1);
+        while (first[at] != -1 && PyTuple_GET_ITEM(held, first[at]) != image)
+            at = (at + 1) & (size_t)(cap - 1);
+        if (first[at] != -1) {
+            which[got] = first[at];  /* views[got] stays empty (obj NULL): not released */
+            continue;
+        }
+        first[at] = which[got] = got;
+        if (PyObject_GetBuffer(image, &views[got], PyBUF_RECORDS_RO) != 0) {
             PyErr_Clear();  /* not a buffer of pixels: left to the caller */
             views[got].obj = NULL;
             views[got].ndim = -1;
@@ -804,8 +824,9 @@ static PyObject *jpeg_cut_rows(PyObject *self, PyObject *args)
     int ready = !scaled || resizer_init(&r, ow);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
-        done_rows[i] = (char)(ready && views[i].ndim == 3 && cut_source_ok(&views[i], &out)
-                              && cut_one(&views[i], table + 4 * i,
+        const Py_buffer *view = &views[which[i]];
+        done_rows[i] = (char)(ready && view->ndim == 3 && cut_source_ok(view, &out)
+                              && cut_one(view, table + 4 * i,
                                          (uint8_t *)out.buf + (size_t)i * row_bytes, oh, ow, c,
                                          item, scaled, &r));
     }
@@ -817,6 +838,8 @@ done:
         if (views[i].obj != NULL)
             PyBuffer_Release(&views[i]);
     PyMem_Free(views);
+    PyMem_Free(first);
+    PyMem_Free(which);
     Py_XDECREF(held);
     PyBuffer_Release(&boxes);
     PyBuffer_Release(&out);

@@ -347,6 +347,12 @@ class Dataset:
             )
         arr = arr.astype(np.int64, copy=False)
         n = len(self)
+        if arr.size == 1:  # one record (a sample's, an image's): no reductions
+            one = int(arr[0])
+            if not -n <= one < n:
+                raise IndexError(f"record index {one} is out of range for a dataset of {n} "
+                                 "records")
+            return arr if one >= 0 else arr + n
         lowest = int(arr.min())
         if lowest < -n or int(arr.max()) >= n:
             bad = int(arr[(arr < -n) | (arr >= n)][0])

@@ -127,7 +127,8 @@ class OpenShards:
         got = wire.gather(*args, verify)
         if not isinstance(got, list):
             return None
-        self._count_mapped(sum(map(len, got)))
+        # its one caller (Dataset._read_shards) checks the shards' files after every read
+        self._count_mapped(sum(map(len, got)), check=False)
         return got
 
     def gather_columns(self, shard: np.ndarray, local: np.ndarray, verify: bool,
@@ -198,11 +199,11 @@ class OpenShards:
             self._every = (tuple(maps), np.zeros(count, bool))
         return self._every
 
-    def _count_mapped(self, size: int) -> None:
-        """Count bytes read from the maps (past the bound, drop their pages), and check that
-        the shards are still the files mapped: a file replaced since keeps its old bytes in
-        its map (ShardChangedError)."""
-        if self.versions is not None:
+    def _count_mapped(self, size: int, *, check: bool = True) -> None:
+        """Count bytes read from the maps (past the bound, drop their pages), and (``check``)
+        check that the shards are still the files mapped: a file replaced since keeps its
+        old bytes in its map (ShardChangedError)."""
+        if check and self.versions is not None:
             self.versions.check_local()
         self._mapped_bytes += size  # a race loses a count at worst
         if self._mapped_bytes > MAPPED_RESIDENT_BYTES:

@@ -28,12 +28,13 @@ demo: $(BUILT)
 	$(VENV)/bin/shardfeed demo --out demo-out
 
 # The suite waits on servers, subprocesses and deadlines as much as it computes: three test
-# processes on 2 cores run it in about 6 minutes, against 10.5 in one. TEST_PROCESSES=0 runs it
-# in this process (a debugger, -x).
+# processes on 2 cores run it in about 6 minutes, against 10.5 in one. A test file's tests
+# stay in one process (its module's fixtures, a local Ray, are made once). TEST_PROCESSES=0
+# runs it in this process (a debugger, -x).
 TEST_PROCESSES ?= 3
 
 test: $(BUILT)
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile
 
 lint: $(BUILT)
 	$(VENV)/bin/ruff check src tests bench

@@ -98,6 +98,14 @@ def test_read_many_keeps_the_asked_order(tf_copy: Path) -> None:
         assert ds.read_many([]) == []
         with pytest.raises(IndexError, match="30"):
             ds.read_many([30])
+        for unsigned in ([2**64 - 1], [2, 2**64 - 1]):  # past 2**63: not a negative index
+            with pytest.raises(IndexError, match=str(2**64 - 1)):
+                ds.read_many(np.array(unsigned, dtype=np.uint64))
+        for one in (-30, 29):
+            assert ds.read_many(np.array([one]))[0]["image/filename"] == single[one % 30][
+                "image/filename"]
+        with pytest.raises(IndexError, match="-31"):
+            ds.read_many([-31])
         with pytest.raises(TypeError, match="read_many"):
             ds["a"]  # type: ignore[index]
         with pytest.raises(TypeError):

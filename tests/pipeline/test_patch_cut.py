@@ -171,8 +171,9 @@ def test_a_dataset_without_images_is_refused_when_patches_are_made(tmp_path: Pat
 
 
 def test_rows_of_one_image_share_its_buffer_and_its_verdict() -> None:
-    """An image of several rows has its buffer taken once: its rows are cut as copies of
-    it would be, and an object of several rows that is no image leaves each of them."""
+    """Rows that share one image object (the compiled call takes its buffer once for
+    them): each cut as a copy of the image would be, every buffer released after, and an
+    object of several rows that is no image leaves each of them to the caller."""
     rng = np.random.default_rng(4)
     image = rng.integers(0, 256, (20, 24, 3), np.uint8)
     other = rng.integers(0, 256, (18, 30, 3), np.uint8)

@@ -123,3 +123,37 @@ def test_each_output_is_looked_ahead_for_once(pictures: Path, threads: int) -> N
         assert 0 < sum(counts) <= outputs
     for got, want in zip(*runs):
         assert np.array_equal(got["image"], want["image"])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_epoch_read_again_by_the_same_loader_decodes_each_image_once(
+        pictures: Path, threads: int) -> None:
+    """An evaluation loader read every epoch (the same epoch again): each pass looks ahead
+    anew and decodes each image at most once. A clock left at the last pass's end took the
+    new pass's images for expired and evicted those needed next (decoded many times)."""
+    with Dataset(str(pictures)) as ds:
+        patches = Patches(ds, size=8, cache_images=CACHE_IMAGES, refresh_every=REFRESH)
+        looked: list[int] = []
+        look = patches._look_ahead
+
+        def counted(ctx: EpochContext, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            q, units = look(ctx, positions)
+            looked.append(len(q))
+            return q, units
+
+        patches._look_ahead = counted  # type: ignore[method-assign]
+        passes = []
+        with Loader(patches, batch_size=BATCH, seed=1, shuffle=True, num_threads=threads,
+                    transform=None) as loader:
+            for _ in range(3):
+                loader.set_epoch(0)
+                before = patches.cache_stats()
+                del looked[:]
+                batches = list(loader)
+                after = patches.cache_stats()
+                assert before is not None and after is not None
+                passes.append((batches, after.loads - before.loads, sum(looked)))
+    for batches, loads, ahead in passes:
+        assert loads <= IMAGES and ahead > 0
+        for got, want in zip(batches, passes[0][0]):
+            assert np.array_equal(got["image"], want["image"])

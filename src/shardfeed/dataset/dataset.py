@@ -345,14 +345,17 @@ class Dataset:
                 f"indices must be a 1-D sequence of ints, got dtype {arr.dtype} shape "
                 f"{arr.shape}"
             )
-        arr = arr.astype(np.int64, copy=False)
         n = len(self)
         if arr.size == 1:  # one record (a sample's, an image's): no reductions
-            one = int(arr[0])
+            one = int(arr[0])  # a Python int: an unsigned index past 2**63 stays positive
             if not -n <= one < n:
                 raise IndexError(f"record index {one} is out of range for a dataset of {n} "
                                  "records")
-            return arr if one >= 0 else arr + n
+            return np.array([one if one >= 0 else one + n], dtype=np.int64)
+        if arr.dtype.kind == "u" and int(arr.max()) >= n:  # before the cast makes it negative
+            bad = int(arr[arr >= n][0])
+            raise IndexError(f"record index {bad} is out of range for a dataset of {n} records")
+        arr = arr.astype(np.int64, copy=False)
         lowest = int(arr.min())
         if lowest < -n or int(arr.max()) >= n:
             bad = int(arr[(arr < -n) | (arr >= n)][0])

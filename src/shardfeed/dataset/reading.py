@@ -160,7 +160,8 @@ argsort and split (whose fixed costs a group dominate when the groups are small)
 class Gather(Protocol):
     """``gather(shard, local, verify) -> payloads | None``: records ``local[i]`` of shards
     ``shard[i]`` in one call, or None to have them read by ranges (see
-    ``OpenShards.gather``)."""
+    ``OpenShards.gather``). It does not check that the shards' files are still those opened:
+    its caller does, after the read (``Dataset._read_shards``), as for every read."""
 
     def __call__(self, shard: np.ndarray, local: np.ndarray, verify: bool, /
                  ) -> list[bytes] | None: ...

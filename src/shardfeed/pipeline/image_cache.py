@@ -190,6 +190,13 @@ class ImageCache(Generic[V]):
             self._pending = {}
             self._max_bytes = self._configured
 
+    def rewind(self) -> None:
+        """Set the clock back to the start, entries kept: a new pass of the loader, whose
+        outputs may come before the last pass's (an epoch read again). Left ahead, the clock
+        would take the new pass's entries for expired and evict the ones needed next."""
+        with self._lock:
+            self._clock = (-1, -1)
+
     # -- the one operation ---------------------------------------------------------------------
 
     def get(
@@ -239,8 +246,9 @@ class ImageCache(Generic[V]):
         order and with the same effects, the cached values taken under one hold of the lock
         (a slice's patches: one lookup for the run of hits, not one each). ``uses``: key
         ``i`` stands for ``uses[i]`` lookups at ``now[i]`` (a slice's outputs of one image,
-        asked for once): the effects are those of the key repeated so, the value loaded at
-        most once (a value too large for the bound too)."""
+        asked for once): the effects are those of the key repeated so, but for a value too
+        large for the bound: loaded once for all its lookups, counted as one load and no
+        hit."""
         out: list[V] = []
         count, at = len(keys), 0
         while at < count:

@@ -595,6 +595,9 @@ class Loader:
         self._stop_run()
         opts = self.options
         ctx = self._context()
+        begin_pass = getattr(self.sampler, "begin_pass", None)  # optional in the protocol
+        if begin_pass is not None:
+            begin_pass()
         positions = self._positions(self._progress.consumed)
         if len(positions):
             layout = self._ensure_layout(ctx, int(positions[0]))

@@ -236,6 +236,14 @@ class Patches(SamplerBase):
 
     decodes_images = True  # its samples' pixels are its own decodes (the loader's stage figures)
 
+    def begin_pass(self) -> None:
+        """A new pass of the loader (called before its first slice): the look-ahead starts
+        anew, and the cache's clock too (a pass may read an epoch again: see
+        :meth:`ImageCache.rewind`)."""
+        self._looked_ahead = {}
+        if self.cache is not None:
+            self.cache.rewind()
+
     def samples_per_epoch(self, num_units: int) -> int:
         return len(PatchSchedule(num_units, cache_images=self.options.cache_images,
                                  refresh_every=self.options.refresh_every))
@@ -561,8 +569,9 @@ class Patches(SamplerBase):
     # -- pickling (process workers) -------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        # The dataset pickles by reopening its files; the cache travels empty.
-        return dict(self.__dict__)
+        # The dataset pickles by reopening its files; the cache travels empty, and so does
+        # what the look-ahead knows of it.
+        return {**self.__dict__, "_looked_ahead": {}}
 
     def __repr__(self) -> str:
         o = self.options

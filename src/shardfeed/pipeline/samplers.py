@@ -14,6 +14,7 @@ frames (``Windows``, ``pipeline/windows.py``) and patches of images (``Patches``
     total = sampler.samples_per_epoch(n)     how many outputs an epoch has
     ctx = EpochContext(seed, epoch,
                        EpochOrder(n, ...))
+    sampler.begin_pass()                     (optional) a pass of the loader begins
     for a slice of a batch (positions):
       ids = sampler.plan(ctx, positions)     record ids each output needs
       recs = sampler.read(unique ids)        one coalesced read for the slice

@@ -370,13 +370,14 @@ class Patches(SamplerBase):
                 del decoded, image
             columns = stacked_features(metas)
         else:
-            # the slice's images from the cache, each asked for once for all its outputs, in
-            # the order of their first (the clock at that output, the expiry its order
-            # position's last output: asked for in the order of their last use instead, the
-            # slices waited for more of the images decoded ahead, and decoded more of them
-            # themselves), held for the slice (a cached one costs nothing more, and at most
-            # one a refresh the slice spans is evicted meanwhile); every crop drawn in one
-            # call, cut in one pass
+            # The slice's images from the cache, each asked for once for all its outputs:
+            # at its first output (the clock then), expiring after its order position's last
+            # output. In the order of the images' first outputs: in the order of their last,
+            # slices decoded more images themselves (100-107 against 60-69 in 80,000 patches
+            # on 2 cores), the ones decoded ahead not yet in when asked for. The images are
+            # held for the slice (a cached one costs nothing more, and at most one a refresh
+            # the slice spans is evicted meanwhile); every crop drawn in one call, cut in one
+            # pass.
             seed, epoch = ctx.seed, ctx.epoch
             inverse = np.array(rows, dtype=np.intp)
             last = np.minimum((q + 1) * self.schedule.refresh_every, len(self.schedule)) - 1

@@ -4,7 +4,8 @@ A performance device only: what it returns is exactly what the loader function r
 dropping an entry (or the whole cache) never changes an output, only how often images are
 decoded. Each entry carries an *expiry*, the ``(epoch, position)`` of the last output that
 may still use it (for patches: the end of the image's residency in the cache schedule), and
-the cache keeps a *clock*, the furthest ``(epoch, position)`` any caller has asked for::
+the cache keeps a *clock*, the furthest ``(epoch, position)`` any caller has asked for since
+the pass began (:meth:`ImageCache.rewind`)::
 
     entries (least recently used first)        clock = (0, 1830)
     [img 17  exp (0, 1799)]  expired  <- evicted first: the one expired longest ago

@@ -199,3 +199,17 @@ def test_get_many_stops_at_a_failed_load_as_the_loop_would() -> None:
     stats = cache.stats()
     assert stats.hits == 1 and stats.loads == 1 and 2 not in cache and 3 not in cache
     assert cache.get(2, loader(20), expires=(0, 9), now=(0, 4)) == 20  # nothing left pending
+
+
+def test_a_new_pass_takes_the_last_passs_entries_for_expired_until_it_uses_them() -> None:
+    """rewind(): the clock starts again (an epoch read again) and the last pass's entries
+    go first, before the new pass's own, expired or not, unless the new pass uses them."""
+    cache: ImageCache[int] = ImageCache(max_bytes=300)
+    for key in (1, 2, 3):  # the last pass's, live to its end
+        cache.get(key, loader(key), expires=(0, 100), now=(0, 90 + key))
+    cache.rewind()
+    assert cache.get(2, loader(2), expires=(0, 60), now=(0, 0)) == 2  # used again: live
+    cache.get(4, loader(4), expires=(0, 5), now=(0, 1))  # pushes out 1, a leftover
+    assert 1 not in cache and {2, 3, 4} <= set(cache._entries)
+    cache.get(5, loader(5), expires=(0, 50), now=(0, 10))  # 4 expired at 5: 3 goes first
+    assert 3 not in cache and {2, 4, 5} == set(cache._entries)

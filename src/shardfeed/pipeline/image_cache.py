@@ -192,11 +192,15 @@ class ImageCache(Generic[V]):
             self._max_bytes = self._configured
 
     def rewind(self) -> None:
-        """Set the clock back to the start, entries kept: a new pass of the loader, whose
-        outputs may come before the last pass's (an epoch read again). Left ahead, the clock
-        would take the new pass's entries for expired and evict the ones needed next."""
+        """A new pass of the loader, whose outputs may come before the last pass's (an epoch
+        read again): the clock set back to the start, and the entries kept, expired (the new
+        pass makes those it uses live again; the others go first). Left ahead, the clock
+        would take the new pass's entries for expired and evict the ones needed next; left
+        live, the last pass's entries would push out the new pass's."""
         with self._lock:
             self._clock = (-1, -1)
+            for entry in self._entries.values():
+                entry.expires = (-1, -1)
 
     # -- the one operation ---------------------------------------------------------------------
 

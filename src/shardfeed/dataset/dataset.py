@@ -349,17 +349,14 @@ class Dataset:
         if arr.size == 1:  # one record (a sample's, an image's): no reductions
             one = int(arr[0])  # a Python int: an unsigned index past 2**63 stays positive
             if not -n <= one < n:
-                raise IndexError(f"record index {one} is out of range for a dataset of {n} "
-                                 "records")
+                raise _out_of_range(one, n)
             return np.array([one if one >= 0 else one + n], dtype=np.int64)
         if arr.dtype.kind == "u" and int(arr.max()) >= n:  # before the cast makes it negative
-            bad = int(arr[arr >= n][0])
-            raise IndexError(f"record index {bad} is out of range for a dataset of {n} records")
+            raise _out_of_range(int(arr[arr >= n][0]), n)
         arr = arr.astype(np.int64, copy=False)
         lowest = int(arr.min())
         if lowest < -n or int(arr.max()) >= n:
-            bad = int(arr[(arr < -n) | (arr >= n)][0])
-            raise IndexError(f"record index {bad} is out of range for a dataset of {n} records")
+            raise _out_of_range(int(arr[(arr < -n) | (arr >= n)][0]), n)
         return arr if lowest >= 0 else np.where(arr < 0, arr + n, arr)
 
     def locate(self, i: int) -> tuple[str, int, int]:
@@ -619,3 +616,8 @@ def _reopen(source: SourceArg, verify_crc: bool, features: Features,
 
 
 __all__ = ["PROGRESS_AFTER_BYTES", "SCHEMA_SAMPLE_RECORDS", "Dataset", "Record"]
+
+
+def _out_of_range(index: int, records: int) -> IndexError:
+    """The error of a record index outside a dataset of ``records`` records."""
+    return IndexError(f"record index {index} is out of range for a dataset of {records} records")

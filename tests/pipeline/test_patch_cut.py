@@ -189,3 +189,25 @@ def test_rows_of_one_image_share_its_buffer_and_its_verdict() -> None:
     assert shared[:3].tobytes() == copies[:3].tobytes()
     np.testing.assert_array_equal(shared[2], image[9:17, 1:9])
     assert sys.getrefcount(image) == 2 and not shared[3:].any()  # every view released
+
+
+def test_records_of_one_kind_share_it_and_are_stacked_as_when_compared() -> None:
+    from shardfeed.transforms.decode.patches import meta_kinds
+
+    records = [{"label": np.array([i, -i]), "name": f"photo-{i}.jpg".encode(),
+                "box": np.array([0.5 * i], np.float32)} for i in range(5)]
+    kinds = [meta_kinds(r) for r in records]
+    assert all(k is kinds[0] for k in kinds)  # one object: `is` tells them alike
+    picks = np.array([3, 0, 3, 4, 1, 1, 0, 2, 3])
+    compared = patch_crops.stacked_features(records, picks)
+    trusted = patch_crops.stacked_features(records, picks, alike=True)
+    assert compared is not None and trusted is not None
+    assert list(compared) == list(trusted)
+    for name in compared:
+        np.testing.assert_array_equal(np.asarray(compared[name]), np.asarray(trusted[name]))
+        assert type(compared[name]) is type(trusted[name])
+    # another length, dtype, or order of names: another kind
+    for other in ({**records[0], "label": np.array([1, 2, 3])},
+                  {**records[0], "box": np.array([0.5])},
+                  {"name": b"x", "label": np.array([1, 2]), "box": np.array([0.5], np.float32)}):
+        assert meta_kinds(other) != kinds[0]

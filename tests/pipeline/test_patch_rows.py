@@ -185,3 +185,39 @@ def test_a_failing_batch_form_falls_back_to_the_sample_path(jpegs: Path) -> None
                                              lambda sample, rng: sample]),
                           batch_size=8, seed=5, shuffle=True))
     assert_same_batches(got, want)
+
+
+def test_rows_are_the_sample_paths_when_the_records_kinds_are_not_shared(
+        jpegs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the kinds kept, records alike are compared value by value again: the same
+    batches, still cut in rows."""
+    from shardfeed.transforms.decode import patches as decode_patches
+
+    patches = {"size": 16, "cache_images": 3, "refresh_every": 5}
+    before, _, _ = _pair(jpegs, patches, num_threads=2)
+    monkeypatch.setattr(decode_patches, "_KINDS_KEPT", 0)
+    monkeypatch.setattr(decode_patches, "_KINDS", {})
+    fast, slow, cut = _pair(jpegs, patches, num_threads=2)
+    assert_same_batches(fast, slow)
+    assert_same_batches(fast, before)
+    assert cut <= 1
+
+
+def test_records_whose_features_differ_are_not_stacked_alike(tmp_path: Path) -> None:
+    """A record whose label has another length than the others' (the batch holds the labels
+    as a list): the batches of the sample path, the odd label among them."""
+    import simplejpeg
+
+    from shardfeed.format.writer import ShardWriter
+
+    with ShardWriter(str(tmp_path / "odd.tfrecord")) as writer:
+        for i in range(6):
+            pixels = np.full((40, 50, 3), 20 * i, np.uint8)
+            writer.write_example({"image/encoded": simplejpeg.encode_jpeg(pixels),
+                                  "label": [i, i] if i == 4 else [i]})
+    patches = {"size": 8, "cache_images": 3, "refresh_every": 4}
+    fast, slow, _ = _pair(tmp_path, patches, batch_size=16)
+    labels = [[label.tolist() for label in batch.pop("label")] for batch in fast]
+    assert labels == [[label.tolist() for label in batch.pop("label")] for batch in slow]
+    assert_same_batches(fast, slow)
+    assert [4, 4] in labels[0] and [3] in labels[0]

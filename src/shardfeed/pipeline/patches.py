@@ -54,6 +54,8 @@ epoch's end, up to L images may be decoded for outputs a dropped last batch woul
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -97,6 +99,7 @@ from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
 
+_DIMS = operator.attrgetter("dims")
 _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image is cached
 DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
 """Threads decoding the images slices need next (see ``Patches._decode_ahead``), one image
@@ -344,10 +347,10 @@ class Patches(SamplerBase):
         slot: dict[int, int] = {}  # a record -> its place among the slice's images
         rows = [slot.setdefault(r, len(slot)) for r in records]
         unique = list(slot)
-        read = dict(zip(unique, self.read(unique)))
         n, k = len(positions), len(unique)
         out = buffer.arrays["image"][first_row : first_row + n]
         if self.cache is None:
+            read = dict(zip(unique, self.read(unique)))
             # every output decodes an image of its own: one held at a time, as on the
             # sample path
             boxes = np.empty((n, 4), dtype=np.int64)
@@ -385,24 +388,31 @@ class Patches(SamplerBase):
             np.maximum.at(expires, inverse, last)
             first = np.full(k, len(self.schedule), dtype=np.int64)
             np.minimum.at(first, inverse, positions)
+            # the images neither cached nor being decoded are read now (their loads
+            # below decode them); a cached one that is evicted meanwhile is read by its load
+            missing = self.cache.unknown(unique)
+            read = dict(zip(missing, self._ds().read_many(missing))) if missing else {}
             load = self._load
             decoded_of = self.cache.get_many(
-                unique, lambda j: functools.partial(load, unique[j], read[unique[j]]),
+                unique, lambda j: functools.partial(load, unique[j], read.get(unique[j])),
                 expires=[(epoch, t) for t in expires.tolist()],
                 now=[(epoch, t) for t in first.tolist()],
                 uses=np.bincount(inverse, minlength=k).tolist())
             if any(decoded.mask is not None for decoded in decoded_of):
                 raise SchemaError("patches with masks are cut one by one")
             own = [decoded.image for decoded in decoded_of]
-            sizes = np.array([image.shape[:2] for image in own],
-                             dtype=np.int64).reshape(k, 2)[inverse]
-            full = np.array([decoded.full_hw for decoded in decoded_of],
-                            dtype=np.int64).reshape(k, 2)[inverse]
-            columns = stacked_features([decoded.meta for decoded in decoded_of], inverse)
+            # each image's sizes and the kinds of its features were worked out when it was
+            # decoded (DecodedImage): not again for each of the tens of slices it serves
+            dims = np.fromiter(itertools.chain.from_iterable(map(_DIMS, decoded_of)),
+                               dtype=np.int64, count=4 * k).reshape(k, 4)[inverse]
+            kinds = decoded_of[0].kinds
+            columns = stacked_features(
+                [decoded.meta for decoded in decoded_of], inverse,
+                alike=all(decoded.kinds is kinds for decoded in decoded_of))
             del decoded_of
-            boxes = patch_boxes(seed, epoch, positions, sizes[:, 0], sizes[:, 1],
-                                self.options)
-            if not cut_rows([own[i] for i in rows], boxes, out, self.options):
+            full = dims[:, 2:]
+            boxes = patch_boxes(seed, epoch, positions, dims[:, 0], dims[:, 1], self.options)
+            if not cut_rows(list(map(own.__getitem__, rows)), boxes, out, self.options):
                 return False
             del own
         if columns is None:

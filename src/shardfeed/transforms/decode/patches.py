@@ -23,7 +23,7 @@ Determinism: a pure function of the record's bytes. State: none. Memory: one dec
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cv2
@@ -45,17 +45,51 @@ from shardfeed.transforms.decode.orientation import orient, orientation_of, orie
 
 @dataclass(frozen=True, slots=True)
 class DecodedImage:
-    """A cached image: pixels at scale 1/d, full-size mask, the record's other features."""
+    """A cached image: pixels at scale 1/d, full-size mask, the record's other features.
+
+    Made once an image and read by every slice that cuts from it while it is cached (tens
+    of slices), so what those slices need of it is worked out here, once: ``dims`` (the
+    image's height and width, then the full size's) and ``kinds`` (:func:`meta_kinds` of
+    ``meta``)."""
 
     image: np.ndarray
     mask: np.ndarray | None
     meta: dict[str, Any]
     full_hw: tuple[int, int]
+    dims: tuple[int, int, int, int] = field(init=False)
+    kinds: tuple[tuple[Any, ...], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        shape = self.image.shape
+        object.__setattr__(self, "dims", (int(shape[0]), int(shape[1]), *self.full_hw))
+        object.__setattr__(self, "kinds", meta_kinds(self.meta))
 
     @property
     def nbytes(self) -> int:
         mask = 0 if self.mask is None else self.mask.nbytes
         return self.image.nbytes + mask + 64 * (len(self.meta) + 1)
+
+
+_KINDS: dict[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]] = {}
+_KINDS_KEPT = 1024  # kinds of records: a dataset has one or a few
+
+
+def meta_kinds(meta: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
+    """What stacking ``meta`` with other records' features needs to know of it: its names in
+    order, each numeric array's shape and dtype (``(name, shape, dtype)``), ``(name,)`` for
+    any other value. Equal kinds are one object while fewer than ``_KINDS_KEPT`` are known
+    (``is`` then tells records alike; see :func:`~shardfeed.pipeline.patch_crops.
+    stacked_features`); past that, equal ones may be distinct objects, never unequal ones the
+    same."""
+    kinds = tuple((name, value.shape, value.dtype)
+                  if isinstance(value, np.ndarray) and value.dtype.kind in "biufc" else (name,)
+                  for name, value in meta.items())
+    known = _KINDS.get(kinds)
+    if known is not None:
+        return known
+    if len(_KINDS) < _KINDS_KEPT:  # no lock: of two threads adding equal kinds, both get
+        return _KINDS.setdefault(kinds, kinds)  # the one kept
+    return kinds
 
 
 def decode_for_patches(
@@ -168,4 +202,4 @@ def _shrink(image: np.ndarray, d: int, full_hw: tuple[int, int], where: str) -> 
                           f"image by {d}: {exc}") from None
 
 
-__all__ = ["DecodedImage", "decode_for_patches"]
+__all__ = ["DecodedImage", "decode_for_patches", "meta_kinds"]

@@ -221,3 +221,28 @@ def test_records_whose_features_differ_are_not_stacked_alike(tmp_path: Path) -> 
     assert labels == [[label.tolist() for label in batch.pop("label")] for batch in slow]
     assert_same_batches(fast, slow)
     assert [4, 4] in labels[0] and [3] in labels[0]
+
+
+def test_a_transform_that_changes_a_feature_in_place_changes_its_own_patch_only(
+        jpegs: Path) -> None:
+    """The cached record's arrays are not the sample's: a transform adding to its label in
+    place (on the sample path) leaves the next patches of the same image as they were, and
+    their features as alike as before."""
+    from shardfeed.pipeline.patches import Patches
+
+    def bump(sample: dict[str, Any]) -> dict[str, Any]:
+        sample["label"] += 100
+        sample["index"].shape = ()  # a view's shape, set in place
+        return sample
+
+    patches = {"size": 16, "cache_images": 3, "refresh_every": 5}
+    options = {"batch_size": 8, "shuffle": True, "seed": 5}
+    plain = collect(Loader(Patches(Dataset(str(jpegs)), **patches), **options))
+    bumped = collect(Loader(Patches(Dataset(str(jpegs)), **patches), transform=bump,
+                            **options))
+    assert len(bumped) == len(plain) > 2
+    for a, b in zip(plain, bumped):
+        np.testing.assert_array_equal(np.asarray(b["label"]).ravel(),
+                                      np.asarray(a["label"]).ravel() + 100)
+        np.testing.assert_array_equal(np.asarray(b["index"]).ravel(),
+                                      np.asarray(a["index"]).ravel())

@@ -43,6 +43,9 @@ def test_a_missing_mask_is_named_and_a_bad_image_is_named_first() -> None:
     # no mask asked for: none needed
     plain = _decode({"image/encoded": JPEG, "label": np.array([1])})
     assert plain.mask is None  # type: ignore[attr-defined]
-    # a bad image and no mask: the image's fault, as the decode meets it first
-    with pytest.raises(DecodeError):
-        _decode({"image/encoded": JPEG[:200], "label": np.array([1])}, require_mask=True)
+    # a bad image and no mask: the image's fault, as the decode meets it first; a header
+    # that does not read, and one that reads with its pixels cut short
+    scan = JPEG.find(b"\xff\xda") + 40
+    for bad in (JPEG[:200], JPEG[:scan]):
+        with pytest.raises(DecodeError):
+            _decode({"image/encoded": bad, "label": np.array([1])}, require_mask=True)

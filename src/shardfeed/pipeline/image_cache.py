@@ -260,11 +260,11 @@ class ImageCache(Generic[V]):
         while at < count:
             with self._lock:
                 # _hit() inlined: a slice asks for tens of images, most of them cached (64
-                # cached keys on 2 cores: 28.2 -> 12.7 µs)
+                # cached keys on 2 cores: 28.2 µs before, 12.6-13.7 in three runs)
                 clock, hits = self._clock, 0
                 while at < count:
                     key, when = keys[at], now[at]
-                    if when > clock:  # noqa: PLR1730 (max() here doubles the time)
+                    if when > clock:  # noqa: PLR1730 (with max(): 24-27 µs)
                         clock = when
                     entry = entries.get(key)
                     if entry is None:

@@ -146,7 +146,9 @@ def cut_patch(
     full_h, full_w = decoded.full_hw
     fy, fx = min(y * d, full_h - 1), min(x * d, full_w - 1)
     fh, fw = min(ch * d, full_h - fy), min(cw * d, full_w - fx)
-    sample = dict(decoded.meta)
+    # the cached record's arrays are the image's for as long as it is cached: a sample gets
+    # copies, which a transform may change in place without changing the next patches'
+    sample = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in decoded.meta.items()}
     sample["image"] = patch
     if decoded.mask is not None:
         mregion = decoded.mask[fy : fy + fh, fx : fx + fw]

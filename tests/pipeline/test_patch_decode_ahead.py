@@ -14,7 +14,7 @@ import pytest
 
 from shardfeed.dataset import Dataset
 from shardfeed.format.writer import ShardWriter
-from shardfeed.pipeline import Loader
+from shardfeed.pipeline import Loader, patch_ahead
 from shardfeed.pipeline import patches as patches_module
 from shardfeed.pipeline.patches import DECODE_AHEAD_THREADS, Patches
 from shardfeed.transforms.decode.patches import decode_for_patches
@@ -32,7 +32,7 @@ class DecodeCounter:
         self.most_ahead = self.most_every = self.decodes_ahead = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ahead = threading.current_thread().name == patches_module._DECODERS.name
+        ahead = threading.current_thread().name == patch_ahead._DECODERS.name
         with self._lock:
             self.every += 1
             self.ahead += ahead

@@ -308,7 +308,7 @@ def test_picks_stay_in_the_resident_window(images: int, cache: int, refresh: int
 def test_block_permutations_drawn_together_are_each_blocks_own() -> None:
     """A slice's new blocks drawn in one call: each the argsort of its own slots' keyed
     draws, whichever blocks come with it or were kept from before."""
-    from shardfeed.pipeline import patches as module
+    from shardfeed.sampling import patches as module
     from shardfeed.sampling.keys import PATCH_SLOT, uniform_many
 
     def own(seed: int, epoch: int, block: int, n: int) -> np.ndarray:
@@ -317,8 +317,8 @@ def test_block_permutations_drawn_together_are_each_blocks_own() -> None:
 
     module._PERMUTATIONS.clear()
     for blocks in ([5, 2, 9], [2, 3], [7], [9, 5, 11, 2]):
-        got = module._block_permutations(3, 1, blocks, 16)
+        got = module.block_permutations(3, 1, blocks, 16)
         for block, perm in zip(blocks, got):
             np.testing.assert_array_equal(perm, own(3, 1, block, 16))
             assert not perm.flags.writeable
-    assert not np.array_equal(module._block_permutations(3, 2, [5], 16)[0], own(3, 1, 5, 16))
+    assert not np.array_equal(module.block_permutations(3, 2, [5], 16)[0], own(3, 1, 5, 16))

@@ -27,13 +27,14 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
 from shardfeed.pipeline.samplers import Sample
 from shardfeed.sampling.crop_draws import PatchParams, compiled, compiled_patch_boxes
 from shardfeed.sampling.keys import PATCH_CROP, sample_rng
+from shardfeed.sampling.patches import PICKS, Pick
 from shardfeed.transforms import arrays
 from shardfeed.transforms.boxes import parse_size, uniform_is_affine
 from shardfeed.transforms.decode import native_rows
@@ -48,8 +49,6 @@ from shardfeed.transforms.decode.sizes import (
 __all__ = ["PICKS", "PatchOptions", "Pick", "cut_patch", "cut_rows", "draw_patch_box",
            "patch_boxes", "stacked_features"]
 
-Pick = Literal["stratified", "uniform"]
-PICKS: tuple[Pick, ...] = get_args(Pick)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

@@ -65,8 +65,13 @@ from shardfeed.dataset.data_source import DataSource
 from shardfeed.errors import SchemaError
 from shardfeed.format.schema import ImageInfo
 from shardfeed.pipeline.batching import BatchBuffer
-from shardfeed.pipeline.concurrency import usable_cores
 from shardfeed.pipeline.image_cache import CacheStats, ImageCache
+from shardfeed.pipeline.patch_ahead import (
+    DECODE_AHEAD_THREADS,
+    LOOK_AHEAD_IMAGES,
+    LookAhead,
+    decode_ahead,
+)
 from shardfeed.pipeline.patch_crops import (
     PICKS,
     PatchOptions,
@@ -88,9 +93,8 @@ from shardfeed.pipeline.samplers import (
     bind_transform,
 )
 from shardfeed.sampling.crop_draws import RowKeys
-from shardfeed.sampling.keys import PATCH_CROP, PATCH_SLOT, uniform_many
+from shardfeed.sampling.keys import PATCH_CROP
 from shardfeed.sampling.patches import PatchSchedule
-from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.transforms.boxes import parse_size
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.orientation import ExifOrientation
@@ -101,51 +105,6 @@ __all__ = ["PICKS", "PatchOptions", "Patches"]
 
 _DIMS = operator.attrgetter("dims")
 _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image is cached
-DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
-"""Threads decoding the images slices need next (see ``Patches._decode_ahead``), one image
-each at most: their images are counted in :attr:`Patches.cache_bytes`."""
-LOOK_AHEAD_IMAGES = 2 * DECODE_AHEAD_THREADS + 2
-"""Refreshes past a slice whose outputs' images are decoded ahead (see ``Patches._look_ahead``):
-enough to keep every decode thread busy while slices wait for none (6 on 2 cores, 10 from 4).
-``bench_tf_bridge.py``'s patch set (96 JPEGs of 1024x768, N=8, R=32, batch 16, 2 threads, 2
-cores), three interleaved rounds of 5 s: 2 refreshes 8,799 / 8,604 / 8,624 patches/s, 4
-8,787 / 9,548 / 8,932, 6 9,841 / 9,666 / 9,549 (1.5 -> 1.66 cores busy); 10 beyond 6 within
-the noise."""
-_DECODERS = DaemonThreads(
-    "shardfeed-patch-decode", limit=DECODE_AHEAD_THREADS,
-    why="Patches' decodes of the images slices need next, one image each (cache_bytes counts "
-        "them)")
-"""Kept for the process and shared by every Patches (no threads a sampler left behind)."""
-
-
-_PERMUTATIONS: dict[tuple[int, int, int, int], np.ndarray] = {}
-"""Block permutations drawn lately, oldest first (no lock: a dict's one operations hold
-under the GIL, and a block another thread drops meanwhile is drawn again)."""
-_PERMUTATIONS_KEPT = 256  # blocks: a slice of outputs spans a few
-
-
-def _block_permutations(seed: int, epoch: int, blocks: Sequence[int], n: int) -> list[np.ndarray]:
-    """The keyed permutation of the ``n`` slots in each block of outputs of ``blocks``
-    (read-only arrays), those not kept from earlier calls drawn in one call (a slice's new
-    blocks: one hash and one sort for them all, not one each)."""
-    kept = [_PERMUTATIONS.get((seed, epoch, n, block)) for block in blocks]
-    missing = [block for block, perm in zip(blocks, kept) if perm is None]
-    if not missing:
-        return kept  # type: ignore[return-value]
-    positions = (np.asarray(missing, dtype=np.int64)[:, None] * n
-                 + np.arange(n, dtype=np.int64)).ravel()
-    draws = uniform_many(seed, epoch, positions, PATCH_SLOT, draw=1).reshape(len(missing), n)
-    perms = np.argsort(draws, axis=1, kind="stable")
-    perms.flags.writeable = False
-    made = dict(zip(missing, perms))
-    for block, perm in made.items():
-        _PERMUTATIONS[(seed, epoch, n, block)] = perm
-    while len(_PERMUTATIONS) > _PERMUTATIONS_KEPT:
-        try:
-            del _PERMUTATIONS[next(iter(_PERMUTATIONS))]
-        except (KeyError, RuntimeError, StopIteration):  # another thread's meanwhile
-            break
-    return [made[block] if perm is None else perm for block, perm in zip(blocks, kept)]
 
 
 class Patches(SamplerBase):
@@ -229,7 +188,7 @@ class Patches(SamplerBase):
                                           exif_orientation=exif_orientation).bound(
                 mask_info, root=root)
         n = self.schedule.max_resident
-        self._looked_ahead: dict[tuple[int, int, int, int], int] = {}  # see _look_ahead
+        self._ahead = LookAhead()
         self.cache: ImageCache[DecodedImage] | None = None
         if self.options.cache:
             default = max(1, n) + self.options.slack_images() + LOOK_AHEAD_IMAGES
@@ -243,7 +202,7 @@ class Patches(SamplerBase):
         """A new pass of the loader (called before its first slice): the look-ahead starts
         anew, and the cache's clock too (a pass may read an epoch again: see
         :meth:`ImageCache.rewind`)."""
-        self._looked_ahead = {}
+        self._ahead.reset()
         if self.cache is not None:
             self.cache.rewind()
 
@@ -257,33 +216,15 @@ class Patches(SamplerBase):
 
     def bind(self, transform: Callable[..., Sample] | None) -> Transform | None:
         ds = self._ds()
-        self._looked_ahead = {}
+        self._ahead.reset()
         if self.cache is not None:
             self.cache.clear()  # a new loader starts its own clock
         return bind_transform(transform, ds.schema, ds.root)
 
     def order_positions(self, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """The order position ``q`` (an index into the epoch's image order) of each output."""
-        ps = np.asarray(positions, dtype=np.int64)
-        lo, _ = self.schedule.windows_many(ps)
-        if self.options.pick == "uniform":
-            return self.schedule.pick_many(ps, uniform_many(seed, epoch, ps, PATCH_SLOT))
-        n = self.schedule.cache_images
-        if not len(ps):
-            return lo
-        blocks = ps // n
-        first, last = int(blocks.min()), int(blocks.max())
-        if last - first < len(ps):  # a run of outputs: its blocks' permutations end to end
-            run = np.concatenate(_block_permutations(seed, epoch, range(first, last + 1), n))
-            lo += run[ps - first * n]  # lo is a new array
-            return lo
-        within = ps - blocks * n
-        slots = np.empty_like(ps)
-        unique = np.unique(blocks).tolist()
-        for block, perm in zip(unique, _block_permutations(seed, epoch, unique, n)):
-            chosen = blocks == block
-            slots[chosen] = perm[within[chosen]]
-        return lo + slots
+        """The order position ``q`` (an index into the epoch's image order) of each output
+        (:meth:`PatchSchedule.order_positions` with this sampler's ``pick``)."""
+        return self.schedule.order_positions(seed, epoch, positions, pick=self.options.pick)
 
     def plan(self, ctx: EpochContext, positions: np.ndarray) -> list[Sequence[int]]:
         return [(u,) for u in self.plan_units(ctx, positions)[1].tolist()]
@@ -452,7 +393,7 @@ class Patches(SamplerBase):
 
     def restore(self, state: Mapping[str, Any]) -> None:
         check_sampler_state(state, self.state(), sampler="Patches")
-        self._looked_ahead = {}
+        self._ahead.reset()
         if self.cache is not None:
             self.cache.clear()
 
@@ -494,19 +435,11 @@ class Patches(SamplerBase):
         if self.cache is None:
             return self._load(rid, record)[0]
         if q is None:
-            q = self._order_position(key.seed, key.epoch, key.position)
+            q = self.schedule.order_position(key.seed, key.epoch, key.position,
+                                              pick=self.options.pick)
         expires = (key.epoch, self._last_output(q))
         return self.cache.get(rid, functools.partial(self._load, rid, record),
                               expires=expires, now=(key.epoch, key.position))
-
-    def _order_position(self, seed: int, epoch: int, position: int) -> int:
-        """:meth:`order_positions` of one output, in plain integers (once a patch)."""
-        if self.options.pick == "uniform":
-            return int(self.order_positions(seed, epoch, np.array([position]))[0])
-        n = self.schedule.cache_images
-        block, within = divmod(position, n)
-        return position // self.schedule.refresh_every + int(
-            _block_permutations(seed, epoch, (block,), n)[0][within])
 
     def _last_output(self, q: int) -> int:
         """:meth:`PatchSchedule.last_output` of order position ``q``, in plain integers."""
@@ -514,75 +447,31 @@ class Patches(SamplerBase):
 
     def _decode_ahead(self, ctx: EpochContext, positions: np.ndarray, q: np.ndarray,
                       units: np.ndarray) -> None:
-        """Start decoding, on :data:`DECODE_AHEAD_THREADS` threads of their own, each image a
-        slice needs that is neither cached nor on its way, then those the next outputs of
-        the same stride need (:meth:`_look_ahead`): the slice waits for its new images side
-        by side instead of decoding them one after another, and the decodes of the images
-        after it run while this slice cuts its patches. Measured on 2 cores, against the
-        decodes of the slice's own images only (with the per-patch order position in plain
-        integers): ``bench_light_work.py``'s Patches set, medians of 3 runs of 5 windows,
-        4,459 -> 6,124 patches/s at 1 thread, 4,030 -> 6,518 at 2, 4,155 -> 7,900 at 16;
-        96 JPEGs of 1024x768, ``Patches(size=32, cache_images=8, refresh_every=32)``, batch
-        16 (``bench_tf_bridge.py``'s set), medians of 3 runs of 5 epochs, 3,847 -> 7,171 at
-        1 thread, 4,273 -> 6,937 at 2; decodes per epoch unchanged.
-        The cache decides as for any load; a decode that fails here is decoded again by the
-        sample that needs it, which names the record."""
+        """:func:`~.patch_ahead.decode_ahead` of the slice's images and those of the outputs
+        after it (:meth:`_look_ahead`)."""
         cache = self.cache
         assert cache is not None
         ahead_q, ahead_units = self._look_ahead(ctx, positions)
-        # each image once (it has one order position an epoch), in the order of first need
-        wanted = dict(zip(np.concatenate([units, ahead_units]).tolist(),
-                          np.concatenate([q, ahead_q]).tolist()))
-        for rid in cache.unknown(wanted):  # most are cached already: one look for them all
-            cache.load_ahead(rid, functools.partial(self._load, rid, None),
-                             expires=(ctx.epoch, self._last_output(wanted[rid])),
-                             run=_DECODERS.submit)
+        decode_ahead(cache, ctx.epoch, np.concatenate([q, ahead_q]),
+                     np.concatenate([units, ahead_units]), load=self._load,
+                     last_output=self._last_output)
 
     def _look_ahead(self, ctx: EpochContext, positions: np.ndarray) -> tuple[
             np.ndarray, np.ndarray]:
-        """The order positions and images of the outputs after ``positions`` (same stride)
-        up to the end of ``LOOK_AHEAD_IMAGES`` refreshes past the slice, fewer where the
-        cache's bound would not hold them beside the slice's images."""
-        empty = np.empty(0, dtype=np.int64)
-        cache = self.cache
-        if cache is None or len(positions) < 2 or not cache.largest_bytes:
+        """:meth:`~.patch_ahead.LookAhead.outputs` of ``positions``."""
+        if self.cache is None:
+            empty = np.empty(0, dtype=np.int64)
             return empty, empty
-        bound = cache.max_bytes
-        if bound is None:
-            return empty, empty
-        steps = np.diff(positions)
-        stride = int(steps[0])
-        if stride < 1 or not bool(np.all(steps == stride)):
-            return empty, empty  # not one rank's run of outputs (a wrap, a replacement)
-        r, n = self.schedule.refresh_every, self.schedule.cache_images
-        first, last = int(positions[0]), int(positions[-1])
-        held = n + last // r - first // r  # order positions the slice's outputs span
-        room = bound // cache.largest_bytes - held - self.options.slack_images()
-        images = min(LOOK_AHEAD_IMAGES, room)
-        if images < 1:
-            return empty, empty
-        end = min((last // r + images + 1) * r, len(self.schedule), ctx.total)
-        start = last + stride
-        # the outputs of this stride up to ``looked`` were looked ahead for by an earlier
-        # slice (their images are cached or on their way): only those past it are new
-        run = (ctx.seed, ctx.epoch, stride, last % stride)
-        looked = self._looked_ahead.get(run, 0)
-        if looked > start:
-            start += -(-(looked - start) // stride) * stride
-        if end > looked:
-            self._looked_ahead = {run: end}
-        ahead = np.arange(start, end, stride, dtype=np.int64)
-        if not len(ahead):
-            return empty, empty
-        aq = self.order_positions(ctx.seed, ctx.epoch, ahead)
-        return aq, np.asarray(ctx.order[aq], dtype=np.int64)
+        return self._ahead.outputs(ctx, positions, schedule=self.schedule, cache=self.cache,
+                                   slack=self.options.slack_images(),
+                                   order_positions=self.order_positions)
 
     # -- pickling (process workers) -------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         # The dataset pickles by reopening its files; the cache travels empty, and so does
         # what the look-ahead knows of it.
-        return {**self.__dict__, "_looked_ahead": {}}
+        return {**self.__dict__, "_ahead": LookAhead()}
 
     def __repr__(self) -> str:
         o = self.options

@@ -25,12 +25,19 @@ with mean ``R`` for interior images.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal, get_args
+
 import numpy as np
 import numpy.typing as npt
 
 from shardfeed.sampling._checks import as_index_array, as_int
+from shardfeed.sampling.keys import PATCH_SLOT, uniform_many
 
-__all__ = ["PatchSchedule"]
+__all__ = ["PICKS", "PatchSchedule", "Pick", "block_permutations"]
+
+Pick = Literal["stratified", "uniform"]
+PICKS: tuple[Pick, ...] = get_args(Pick)
 
 IntArray = npt.NDArray[np.int64]
 
@@ -115,6 +122,43 @@ class PatchSchedule:
         slot = np.minimum((u * self.cache_images).astype(np.int64), self.cache_images - 1)
         return lo + slot
 
+    def order_positions(self, seed: int, epoch: int, ps: npt.ArrayLike, *,
+                        pick: Pick = "stratified") -> IntArray:
+        """The order position ``q`` (an index into the epoch's image order) of each output:
+        ``pick="stratified"`` deals the ``N`` slots out as a keyed permutation per block of
+        ``N`` consecutive outputs (:func:`block_permutations`); ``"uniform"`` draws each
+        slot on its own (:meth:`pick_many` of ``uniform_many(..., PATCH_SLOT)``)."""
+        ps = np.asarray(ps, dtype=np.int64)
+        lo, _ = self.windows_many(ps)
+        if pick == "uniform":
+            return self.pick_many(ps, uniform_many(seed, epoch, ps, PATCH_SLOT))
+        n = self.cache_images
+        if not len(ps):
+            return lo
+        blocks = ps // n
+        first, last = int(blocks.min()), int(blocks.max())
+        if last - first < len(ps):  # a run of outputs: its blocks' permutations end to end
+            run = np.concatenate(block_permutations(seed, epoch, range(first, last + 1), n))
+            lo += run[ps - first * n]  # lo is a new array
+            return lo
+        within = ps - blocks * n
+        slots = np.empty_like(ps)
+        unique = np.unique(blocks).tolist()
+        for block, perm in zip(unique, block_permutations(seed, epoch, unique, n)):
+            chosen = blocks == block
+            slots[chosen] = perm[within[chosen]]
+        lo += slots
+        return lo
+
+    def order_position(self, seed: int, epoch: int, p: int, *,
+                       pick: Pick = "stratified") -> int:
+        """:meth:`order_positions` of one output, in plain integers (once a patch)."""
+        if pick == "uniform":
+            return int(self.order_positions(seed, epoch, np.array([p]), pick=pick)[0])
+        n = self.cache_images
+        block, within = divmod(p, n)
+        return p // self.refresh_every + int(block_permutations(seed, epoch, (block,), n)[0][within])
+
     def first_output(self, q: int) -> int:
         """The first output at which order position ``q`` is resident."""
         first, _ = self.resident_spans(np.array([self._check_position(q)]))
@@ -156,3 +200,32 @@ class PatchSchedule:
     def _check_outputs(self, ps: npt.ArrayLike) -> IntArray:
         return as_index_array(ps, len(self), "output")
 
+
+_PERMUTATIONS: dict[tuple[int, int, int, int], IntArray] = {}
+"""Block permutations drawn lately, oldest first (no lock: a dict's one operations hold
+under the GIL, and a block another thread drops meanwhile is drawn again)."""
+_PERMUTATIONS_KEPT = 256  # blocks: a slice of outputs spans a few
+
+
+def block_permutations(seed: int, epoch: int, blocks: Sequence[int], n: int) -> list[IntArray]:
+    """The keyed permutation of the ``n`` slots in each block of outputs of ``blocks``
+    (read-only arrays), those not kept from earlier calls drawn in one call (a slice's new
+    blocks: one hash and one sort for them all, not one each)."""
+    kept = [_PERMUTATIONS.get((seed, epoch, n, block)) for block in blocks]
+    missing = [block for block, perm in zip(blocks, kept) if perm is None]
+    if not missing:
+        return kept  # type: ignore[return-value]
+    positions = (np.asarray(missing, dtype=np.int64)[:, None] * n
+                 + np.arange(n, dtype=np.int64)).ravel()
+    draws = uniform_many(seed, epoch, positions, PATCH_SLOT, draw=1).reshape(len(missing), n)
+    perms = np.argsort(draws, axis=1, kind="stable")
+    perms.flags.writeable = False
+    made = dict(zip(missing, perms))
+    for block, perm in made.items():
+        _PERMUTATIONS[(seed, epoch, n, block)] = perm
+    while len(_PERMUTATIONS) > _PERMUTATIONS_KEPT:
+        try:
+            del _PERMUTATIONS[next(iter(_PERMUTATIONS))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread's meanwhile
+            break
+    return [made[block] if perm is None else perm for block, perm in zip(blocks, kept)]

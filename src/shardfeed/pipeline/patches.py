@@ -54,8 +54,6 @@ epoch's end, up to L images may be decoded for outputs a dropped last batch woul
 from __future__ import annotations
 
 import functools
-import itertools
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -77,14 +75,10 @@ from shardfeed.pipeline.patch_crops import (
     PatchOptions,
     Pick,
     cut_patch,
-    cut_rows,
-    patch_boxes,
-    stacked_features,
 )
+from shardfeed.pipeline.patch_rows import build_patch_rows
 from shardfeed.pipeline.sampler_state import check_sampler_state
 from shardfeed.pipeline.samplers import (
-    DATA_ERRORS,
-    BatchFormFailed,
     EpochContext,
     Sample,
     SampleKey,
@@ -92,7 +86,6 @@ from shardfeed.pipeline.samplers import (
     Transform,
     bind_transform,
 )
-from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.sampling.keys import PATCH_CROP
 from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.transforms.boxes import parse_size
@@ -103,7 +96,6 @@ from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
 
-_DIMS = operator.attrgetter("dims")
 _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image is cached
 
 
@@ -266,119 +258,9 @@ class Patches(SamplerBase):
 
     def build_rows(self, ctx: EpochContext, positions: np.ndarray, buffer: BatchBuffer,
                    first_row: int, transform: Transform | None = None) -> bool:
-        """The outputs of ``positions`` written into rows ``first_row...`` of ``buffer`` a
-        slice at a time: the images from the cache as :meth:`make_sample` gets them, every
-        crop drawn in one call (:func:`~.patch_crops.patch_boxes`), the patches cut straight
-        into the batch rows, the other features stored a column at a time, then
-        ``transform``'s batch form over the rows (each row's generator the one
-        :meth:`make_sample` hands it): the bytes of the sample path. False (rows
-        unspecified) where the slice is for that path: a patch or feature that does not fit
-        the batch as it is. SchemaError where these rows are never for it (images with
-        masks, ``transform`` without a batch form for them: the caller stops asking);
-        :class:`BatchFormFailed` where the transform's batch form raised (a bug in it). Data
-        errors propagate (the sample path then names or skips the record). Without a cache
-        one image is held at a time, as on the sample path; with one, the slice's images (a
-        cached one costs nothing more)."""
-        field = next((f for f in buffer.layout.fields if f.name == "image"), None)
-        if field is None or not field.is_array or field.squeeze or not len(positions):
-            return False
-        positions = np.asarray(positions, dtype=np.int64)
-        q, units = self.plan_units(ctx, positions)  # decodes start ahead
-        records = units.tolist()
-        slot: dict[int, int] = {}  # a record -> its place among the slice's images
-        rows = [slot.setdefault(r, len(slot)) for r in records]
-        unique = list(slot)
-        n, k = len(positions), len(unique)
-        out = buffer.arrays["image"][first_row : first_row + n]
-        if self.cache is None:
-            read = dict(zip(unique, self.read(unique)))
-            # every output decodes an image of its own: one held at a time, as on the
-            # sample path
-            boxes = np.empty((n, 4), dtype=np.int64)
-            full = np.empty((n, 2), dtype=np.int64)
-            metas = []
-            for row, (position, rid) in enumerate(zip(positions.tolist(), records)):
-                decoded = self._decoded(SampleKey(ctx.seed, ctx.epoch, position), rid,
-                                        read[rid])
-                if decoded.mask is not None:
-                    raise SchemaError("patches with masks are cut one by one")
-                image = decoded.image
-                box = patch_boxes(ctx.seed, ctx.epoch, positions[row : row + 1],
-                                  np.array(image.shape[:1], dtype=np.int64),
-                                  np.array(image.shape[1:2], dtype=np.int64), self.options)
-                if not cut_rows([image], box, out[row : row + 1], self.options):
-                    return False
-                boxes[row] = box[0]
-                full[row] = decoded.full_hw
-                metas.append(decoded.meta)
-                del decoded, image
-            columns = stacked_features(metas)
-        else:
-            # The slice's images from the cache, each asked for once for all its outputs:
-            # at its first output (the clock then), expiring after its order position's last
-            # output. In the order of the images' first outputs: in the order of their last,
-            # slices decoded more images themselves, not ahead (90-107 against 57-69 in
-            # 70,000-90,000 patches on 2 cores, in 8-second runs). The images are
-            # held for the slice (a cached one costs nothing more, and at most one a refresh
-            # the slice spans is evicted meanwhile); every crop drawn in one call, cut in one
-            # pass.
-            seed, epoch = ctx.seed, ctx.epoch
-            inverse = np.array(rows, dtype=np.intp)
-            last = np.minimum((q + 1) * self.schedule.refresh_every, len(self.schedule)) - 1
-            expires = np.full(k, -1, dtype=np.int64)
-            np.maximum.at(expires, inverse, last)
-            first = np.full(k, len(self.schedule), dtype=np.int64)
-            np.minimum.at(first, inverse, positions)
-            # the images neither cached nor being decoded are read now (their loads
-            # below decode them); a cached one that is evicted meanwhile is read by its load
-            missing = self.cache.unknown(unique)
-            read = dict(zip(missing, self._ds().read_many(missing))) if missing else {}
-            load = self._load
-            decoded_of = self.cache.get_many(
-                unique, lambda j: functools.partial(load, unique[j], read.get(unique[j])),
-                expires=[(epoch, t) for t in expires.tolist()],
-                now=[(epoch, t) for t in first.tolist()],
-                uses=np.bincount(inverse, minlength=k).tolist())
-            if any(decoded.mask is not None for decoded in decoded_of):
-                raise SchemaError("patches with masks are cut one by one")
-            own = [decoded.image for decoded in decoded_of]
-            # each image's sizes and the kinds of its features were worked out when it was
-            # decoded (DecodedImage): not again for each of the tens of slices it serves
-            dims = np.fromiter(itertools.chain.from_iterable(map(_DIMS, decoded_of)),
-                               dtype=np.int64, count=4 * k).reshape(k, 4)[inverse]
-            kinds = decoded_of[0].kinds
-            columns = stacked_features(
-                [decoded.meta for decoded in decoded_of], inverse,
-                alike=all(decoded.kinds is kinds for decoded in decoded_of))
-            del decoded_of
-            full = dims[:, 2:]
-            boxes = patch_boxes(seed, epoch, positions, dims[:, 0], dims[:, 1], self.options)
-            if not cut_rows(list(map(own.__getitem__, rows)), boxes, out, self.options):
-                return False
-            del own
-        if columns is None:
-            return False
-        d = self.options.denominator
-        fy = np.minimum(boxes[:, 0] * d, full[:, 0] - 1)
-        fx = np.minimum(boxes[:, 1] * d, full[:, 1] - 1)
-        columns["image"] = out
-        columns["patch/box"] = np.stack(
-            [fy, fx, np.minimum(boxes[:, 2] * d, full[:, 0] - fy),
-             np.minimum(boxes[:, 3] * d, full[:, 1] - fx)], axis=1)
-        columns["patch/record"] = units
-        if transform is not None:
-            rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None
-            try:
-                done = transform.apply_batch(columns, rngs, {"image": out})
-            except DATA_ERRORS:
-                raise
-            except Exception as exc:  # a bug in it: the sample path names the record
-                raise BatchFormFailed from exc
-            if done is None or done.get("image") is not out:
-                raise SchemaError(f"{transform!r} has no batch form for patches")
-            columns = done
-        buffer.write_columns(first_row, columns, written={"image": out})
-        return True
+        """The outputs of ``positions`` written into rows ``first_row...`` of ``buffer``: the
+        batch path (:func:`~.patch_rows.build_patch_rows`), the bytes of the sample path."""
+        return build_patch_rows(self, ctx, positions, buffer, first_row, transform)
 
     def state(self) -> dict[str, Any]:
         """What decides the patches: the dataset and the options (not the cache settings)."""

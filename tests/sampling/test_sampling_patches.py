@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfeed.sampling import PATCH_SLOT, PatchSchedule, sample_rng, uniform_many
+from shardfeed.sampling.patches import Pick
 
 
 def simulate(m: int, n: int, r: int) -> list[list[int]]:
@@ -146,3 +147,21 @@ def test_out_of_range_outputs_and_uniforms() -> None:
         schedule.pick_many([0, 1], [0.5])
     with pytest.raises(IndexError, match="order position 10 out of range"):
         schedule.first_output(10)
+
+
+@pytest.mark.parametrize("pick", ["stratified", "uniform"])
+def test_one_outputs_order_position_is_the_arrays_and_checked_alike(pick: Pick) -> None:
+    s = PatchSchedule(10, cache_images=3, refresh_every=2)  # 16 outputs
+    every = s.order_positions(5, 1, np.arange(len(s)), pick=pick)
+    assert [s.order_position(5, 1, p, pick=pick) for p in range(len(s))] == every.tolist()
+    lo, hi = s.windows_many(np.arange(len(s)))
+    assert np.all((lo <= every) & (every < hi))
+    for bad in (16, -1, 10**6):
+        with pytest.raises(IndexError, match="out of range"):
+            s.order_position(5, 1, bad, pick=pick)
+        with pytest.raises(IndexError, match="out of range"):
+            s.order_positions(5, 1, [bad], pick=pick)
+    with pytest.raises(ValueError, match="pick must be one of"):
+        s.order_position(5, 1, 0, pick="Uniform")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pick must be one of"):
+        s.order_positions(5, 1, [0], pick="Uniform")  # type: ignore[arg-type]

@@ -31,7 +31,8 @@ __all__ = ["DECODE_AHEAD_THREADS", "LOOK_AHEAD_IMAGES", "LookAhead", "decode_ahe
 
 DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
 """Threads decoding the images slices need next (see :func:`decode_ahead`), one image
-each at most: their images are counted in :attr:`Patches.cache_bytes`."""
+each at most: their images are counted in
+:attr:`~shardfeed.pipeline.patches.Patches.cache_bytes`."""
 LOOK_AHEAD_IMAGES = 2 * DECODE_AHEAD_THREADS + 2
 """Refreshes past a slice whose outputs' images are decoded ahead (see :class:`LookAhead`):
 enough to keep every decode thread busy while slices wait for none (6 on 2 cores, 10 from 4).
@@ -123,4 +124,3 @@ class LookAhead:
             return empty, empty
         aq = order_positions(ctx.seed, ctx.epoch, ahead)
         return aq, np.asarray(ctx.order[aq], dtype=np.int64)
-

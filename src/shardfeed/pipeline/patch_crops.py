@@ -50,7 +50,6 @@ __all__ = ["PICKS", "PatchOptions", "Pick", "cut_patch", "cut_rows", "draw_patch
            "patch_boxes", "stacked_features"]
 
 
-
 @dataclass(kw_only=True, frozen=True, slots=True)
 class PatchOptions:
     """How patches are cut and cached (see :class:`Patches` for the meaning of each)."""

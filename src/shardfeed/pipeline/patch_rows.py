@@ -71,16 +71,16 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
                      buffer: BatchBuffer, first_row: int,
                      transform: Transform | None = None) -> bool:
     """The outputs of ``positions`` written into rows ``first_row...`` of ``buffer`` a
-    slice at a time: the images from the cache as :meth:`Patches.make_sample` gets them, every
-    crop drawn in one call (:func:`~.patch_crops.patch_boxes`), the patches cut straight
-    into the batch rows, the other features stored a column at a time, then
-    ``transform``'s batch form over the rows (each row's generator the one
-    :meth:`Patches.make_sample` hands it): the bytes of the sample path. False (rows
-    unspecified) where the slice is for that path: a patch or feature that does not fit
-    the batch as it is. SchemaError where these rows are never for it (images with
-    masks, ``transform`` without a batch form for them: the caller stops asking);
-    :class:`BatchFormFailed` where the transform's batch form raised (a bug in it). Data
-    errors propagate (the sample path then names or skips the record). Without a cache
+    slice at a time: the images from the cache as the sample path
+    (:meth:`~shardfeed.pipeline.patches.Patches.make_sample`) gets them, every crop drawn in
+    one call (:func:`~.patch_crops.patch_boxes`), the patches cut straight into the batch
+    rows, the other features stored a column at a time, then ``transform``'s batch form over
+    the rows (each row's generator the one the sample path hands it): the bytes of the
+    sample path. False (rows unspecified) where the slice is for that path: a patch or
+    feature that does not fit the batch as it is. SchemaError where these rows are never for
+    it (images with masks, ``transform`` without a batch form for them: the caller stops
+    asking); :class:`BatchFormFailed` where the transform's batch form raised (a bug in it).
+    Data errors propagate (the sample path then names or skips the record). Without a cache
     one image is held at a time, as on the sample path; with one, the slice's images (a
     cached one costs nothing more)."""
     field = next((f for f in buffer.layout.fields if f.name == "image"), None)

@@ -11,11 +11,15 @@ process has a closed form, so the cache never has to be simulated::
     ...
     outputs 8, 9                         [ 4  5  6 ]  last window: (M - N + 1)·R = 10 outputs
 
-Output ``p`` picks one resident order position uniformly (and its own crop); which image that
-is comes from ``EpochOrder(M)``. An order position ``q`` is resident for ``N·R`` consecutive
-outputs (fewer at the two edges of the epoch: the first ``N - 1`` and last ``N - 1`` images),
-so each interior image is used ``R`` times on average, and a batch of ``B`` consecutive outputs
-draws on about ``N·(1 - (1 - 1/N)^B)`` distinct images (e.g. 25 of N=64 for B=32), not one.
+Output ``p`` picks one resident order position (and its own crop); which image that is comes
+from ``EpochOrder(M)``. An order position ``q`` is resident for ``N·R`` consecutive outputs
+(fewer at the two edges of the epoch: the first ``N - 1`` and last ``N - 1`` images), so each
+interior image is used ``R`` times on average. ``pick="stratified"`` (the default,
+:meth:`PatchSchedule.order_positions`) deals the ``N`` slots out as a keyed permutation per
+block of ``N`` consecutive outputs, so a batch of ``B <= N`` consecutive outputs draws on
+(nearly) ``B`` different images; ``pick="uniform"`` (:meth:`PatchSchedule.pick_many`) draws
+each slot on its own, and a batch then draws on about ``N·(1 - (1 - 1/N)^B)`` distinct images
+(e.g. 25 of N=64 for B=32). Either way each output's slot is uniform over the resident images.
 The decoded-image cache of a loader is then only a performance device: it may hold any
 superset of the window, be shared by threads, or be dropped, without changing an output.
 
@@ -51,7 +55,10 @@ class PatchSchedule:
 
     Determinism: pure arithmetic; :meth:`pick` / :meth:`pick_many` are deterministic given the
     uniform draws (key them with ``keys.sample_rng`` / ``keys.uniform_many`` and the purpose
-    ``PATCH_SLOT``). State: none. Memory: none; a loader's cache needs ``max_resident`` images.
+    ``PATCH_SLOT``); :meth:`order_positions` draws them itself, keyed by ``(seed, epoch)``.
+    State: none of its own; the slot permutations drawn lately are kept for the process
+    (:func:`block_permutations`: at most 256 blocks, ``8·N`` bytes each, shared by every
+    schedule). Memory: that store; a loader's cache needs ``max_resident`` images.
     """
 
     __slots__ = ("cache_images", "num_images", "refresh_every")
@@ -128,6 +135,7 @@ class PatchSchedule:
         ``pick="stratified"`` deals the ``N`` slots out as a keyed permutation per block of
         ``N`` consecutive outputs (:func:`block_permutations`); ``"uniform"`` draws each
         slot on its own (:meth:`pick_many` of ``uniform_many(..., PATCH_SLOT)``)."""
+        _check_pick(pick)
         ps = np.asarray(ps, dtype=np.int64)
         lo, _ = self.windows_many(ps)
         if pick == "uniform":
@@ -153,11 +161,14 @@ class PatchSchedule:
     def order_position(self, seed: int, epoch: int, p: int, *,
                        pick: Pick = "stratified") -> int:
         """:meth:`order_positions` of one output, in plain integers (once a patch)."""
+        _check_pick(pick)
+        p = self._check_output(p)
         if pick == "uniform":
             return int(self.order_positions(seed, epoch, np.array([p]), pick=pick)[0])
         n = self.cache_images
         block, within = divmod(p, n)
-        return p // self.refresh_every + int(block_permutations(seed, epoch, (block,), n)[0][within])
+        slot = int(block_permutations(seed, epoch, (block,), n)[0][within])
+        return p // self.refresh_every + slot
 
     def first_output(self, q: int) -> int:
         """The first output at which order position ``q`` is resident."""
@@ -205,6 +216,11 @@ _PERMUTATIONS: dict[tuple[int, int, int, int], IntArray] = {}
 """Block permutations drawn lately, oldest first (no lock: a dict's one operations hold
 under the GIL, and a block another thread drops meanwhile is drawn again)."""
 _PERMUTATIONS_KEPT = 256  # blocks: a slice of outputs spans a few
+
+
+def _check_pick(pick: str) -> None:
+    if pick not in PICKS:
+        raise ValueError(f"pick must be one of {PICKS}, got {pick!r}")
 
 
 def block_permutations(seed: int, epoch: int, blocks: Sequence[int], n: int) -> list[IntArray]:

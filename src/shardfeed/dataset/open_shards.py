@@ -81,6 +81,10 @@ def check_source_options(options: Mapping[str, Any] | None, *, source: Any = Non
     return dict(options)
 
 
+_ALL_LOADED = np.ones(0, dtype=bool)
+"""Stands for a gather's "every shard's offsets loaded" (then it looks no more)."""
+
+
 class OpenShards:
     """One :class:`ByteSource` a shard, opened on first use; a pool for parallel reads.
 
@@ -161,7 +165,7 @@ class OpenShards:
         if every is None or self._closed:
             return None
         maps, loaded = every
-        if not loaded[shard].all():
+        if loaded is not _ALL_LOADED and not loaded[shard].all():
             table = self._table
             with self._lock:  # the offsets first, then marked loaded: see the reads below
                 listed = list(self._every_offsets)
@@ -170,6 +174,8 @@ class OpenShards:
                     listed[k] = table.offsets_view(k)
                 self._every_offsets = tuple(listed)
                 loaded[list(fresh)] = True
+                if self._every is every and loaded.all():  # no more to load: no more looks
+                    self._every = (maps, _ALL_LOADED)
         offsets = self._every_offsets  # read after the check: holds every shard checked
         return (maps, offsets, shard.astype(np.int64, copy=False),
                 local.astype(np.int64, copy=False))

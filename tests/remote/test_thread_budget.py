@@ -25,12 +25,16 @@ OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 3, "transform": None, "num_
            "rank": 0, "world_size": 1}
 
 
-def unaccounted(budget: ThreadBudget) -> tuple[list[str], dict[str, int]]:
-    """Live ``shardfeed-*`` threads that no row names, and rows running more than their most."""
+def unaccounted(budget: ThreadBudget,
+                before: set[threading.Thread]) -> tuple[list[str], dict[str, int]]:
+    """Live ``shardfeed-*`` threads that no row names, and rows running more than their most;
+    ``before``: threads of the process before this test's loader (another test's loader,
+    closed, whose idle threads have not yet ended: an earlier run of this suite counted
+    three such 2-thread pools against this loader's bound of 2)."""
     counts: collections.Counter[str] = collections.Counter()
     stray = []
     for thread in threading.enumerate():
-        if not thread.name.startswith("shardfeed"):
+        if not thread.name.startswith("shardfeed") or thread in before:
             continue
         row = next((r for r in budget.pools
                     if thread.name == r.name or thread.name.startswith(r.name + "_")), None)
@@ -47,13 +51,14 @@ def test_every_thread_of_a_remote_cached_loader_is_in_its_inventory(
     s3_server: Any, records_dataset: Callable[[int, int], Path], tmp_path: Path
 ) -> None:
     url = s3_server.upload_folder(records_dataset(240, 4))
+    before = set(threading.enumerate())
     with Dataset(url, cache_dir=tmp_path / "cache") as ds, Loader(ds, **OPTIONS) as loader:
         seen = []
         for epoch in range(2):
             for k, _ in enumerate(loader):
                 if k in (3, 20):  # mid-pass: reads, fetches and cache waits in flight
                     budget = loader.thread_budget()
-                    seen.append((epoch, k, *unaccounted(budget)))
+                    seen.append((epoch, k, *unaccounted(budget, before)))
         budget = loader.thread_budget()
     assert all(not stray and not over for *_, stray, over in seen), seen
     names = {row.name for row in budget.pools}
@@ -77,12 +82,13 @@ def _big_jpegs(folder: Path, n: int) -> Path:
 
 def test_patches_decodes_ahead_are_in_the_inventory(tmp_path: Path) -> None:
     ds = Dataset(str(_big_jpegs(tmp_path / "big", 24)))
+    before = set(threading.enumerate())
     patches = Patches(ds, size=32, cache_images=4, refresh_every=8)
     with Loader(patches, batch_size=16, shuffle=True, seed=0, num_threads=2) as loader:
         checks = []
         for k, _ in enumerate(loader):
             if k % 3 == 0:
-                checks.append(unaccounted(loader.thread_budget()))
+                checks.append(unaccounted(loader.thread_budget(), before))
         budget = loader.thread_budget()
     assert checks and all(not stray and not over for stray, over in checks), checks
     decode = budget.row("shardfeed-patch-decode")

@@ -20,7 +20,6 @@ from typing import Protocol
 
 import numpy as np
 
-from shardfeed.dataset.data_source import DataSource
 from shardfeed.errors import SchemaError
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.image_cache import ImageCache
@@ -57,7 +56,7 @@ class PatchSampler(Protocol):
 
     def read(self, records: Sequence[int]) -> list[Sample]: ...
 
-    def _ds(self) -> DataSource: ...
+    def read_uncached(self, ids: list[int]) -> dict[int, Sample]: ...
 
     def _load(self, rid: int, record: Sample | None) -> tuple[DecodedImage, int]: ...
 
@@ -128,15 +127,14 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
         # pass.
         seed, epoch = ctx.seed, ctx.epoch
         inverse = np.array(rows, dtype=np.intp)
-        last = np.minimum((q + 1) * patches.schedule.refresh_every, len(patches.schedule)) - 1
+        _, last = patches.schedule.resident_spans(q)
         expires = np.full(k, -1, dtype=np.int64)
         np.maximum.at(expires, inverse, last)
         first = np.full(k, len(patches.schedule), dtype=np.int64)
         np.minimum.at(first, inverse, positions)
         # the images neither cached nor being decoded are read now (their loads
         # below decode them); a cached one that is evicted meanwhile is read by its load
-        missing = patches.cache.unknown(unique)
-        read = dict(zip(missing, patches._ds().read_many(missing))) if missing else {}
+        read = patches.read_uncached(unique)
         load = patches._load
         decoded_of = patches.cache.get_many(
             unique, lambda j: functools.partial(load, unique[j], read.get(unique[j])),

@@ -236,10 +236,14 @@ class Patches(SamplerBase):
         """Read ``records``; images already in the cache, or being decoded, are not read (a
         marker stands in)."""
         ids = [int(r) for r in records]
-        cache = self.cache
-        missing = ids if cache is None else cache.unknown(ids)
-        read = dict(zip(missing, self._ds().read_many(missing))) if missing else {}
+        read = self.read_uncached(ids)
         return [read.get(r, {_CACHED: r}) for r in ids]
+
+    def read_uncached(self, ids: list[int]) -> dict[int, Sample]:
+        """The records of ``ids`` whose images are neither cached nor being decoded (all of
+        them without a cache), read in one call."""
+        missing = ids if self.cache is None else self.cache.unknown(ids)
+        return dict(zip(missing, self._ds().read_many(missing))) if missing else {}
 
     def make_sample(
         self,
@@ -319,13 +323,9 @@ class Patches(SamplerBase):
         if q is None:
             q = self.schedule.order_position(key.seed, key.epoch, key.position,
                                               pick=self.options.pick)
-        expires = (key.epoch, self._last_output(q))
+        expires = (key.epoch, self.schedule.last_output(q))
         return self.cache.get(rid, functools.partial(self._load, rid, record),
                               expires=expires, now=(key.epoch, key.position))
-
-    def _last_output(self, q: int) -> int:
-        """:meth:`PatchSchedule.last_output` of order position ``q``, in plain integers."""
-        return min((q + 1) * self.schedule.refresh_every, len(self.schedule)) - 1
 
     def _decode_ahead(self, ctx: EpochContext, positions: np.ndarray, q: np.ndarray,
                       units: np.ndarray) -> None:
@@ -336,7 +336,7 @@ class Patches(SamplerBase):
         ahead_q, ahead_units = self._look_ahead(ctx, positions)
         decode_ahead(cache, ctx.epoch, np.concatenate([q, ahead_q]),
                      np.concatenate([units, ahead_units]), load=self._load,
-                     last_output=self._last_output)
+                     last_output=self.schedule.last_output)
 
     def _look_ahead(self, ctx: EpochContext, positions: np.ndarray) -> tuple[
             np.ndarray, np.ndarray]:

@@ -176,9 +176,11 @@ class PatchSchedule:
         return int(first[0])
 
     def last_output(self, q: int) -> int:
-        """The last output at which order position ``q`` is resident (drop the image after it)."""
-        _, last = self.resident_spans(np.array([self._check_position(q)]))
-        return int(last[0])
+        """The last output at which order position ``q`` is resident (drop the image after it):
+        :meth:`resident_spans`' last, in plain integers (a loader asks once an image it
+        decodes)."""
+        q = self._check_position(q)
+        return min((q + 1) * self.refresh_every, len(self)) - 1
 
     def resident_spans(self, qs: npt.ArrayLike) -> tuple[IntArray, IntArray]:
         """First and last (inclusive) output at which each order position is resident.

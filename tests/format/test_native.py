@@ -9,6 +9,7 @@ over rather than guess.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from collections.abc import Iterator
@@ -366,17 +367,47 @@ def test_a_shard_cut_short_while_mapped_is_an_error_not_a_crash(tmp_path: Path) 
     assert "truncated" in lines[1] and str(path) in lines[1]
 
 
+def resident_file_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_drop_pages_drops_a_maps_resident_pages_and_keeps_its_bytes(tmp_path: Path) -> None:
+    """The compiled drop (which gives the GIL up, where mmap.madvise keeps it) leaves the
+    map reading the same bytes, with its pages out of the process; what is not a map that
+    starts on a page is refused, not advised."""
+    assert WIRE is not None
+    data = os.urandom(16 << 20)
+    path = tmp_path / "mapped"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        before = resident_file_bytes()
+        view = memoryview(m)
+        assert sum(view[at] for at in range(0, len(m), 4096)) >= 0  # every page read in
+        view.release()
+        touched = resident_file_bytes()
+        assert touched - before >= 12 << 20
+        WIRE.drop_pages(m)
+        assert touched - resident_file_bytes() >= 12 << 20
+        assert m[:] == data
+        WIRE.drop_pages(m)  # nothing resident: still fine
+        with pytest.raises(ValueError, match="starts on a page"):
+            WIRE.drop_pages(memoryview(m)[1:])
+        with pytest.raises(TypeError):
+            WIRE.drop_pages(12)
+    finally:
+        m.close()
+
+
 def test_pages_read_through_maps_do_not_stay_in_the_process(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Read pages of a map count in the process's resident memory: past the bound they are
     dropped, so reading a dataset does not make the process as large as the dataset."""
     from shardfeed.dataset import open_shards
-
-    def resident_file_bytes() -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("RssFile:"):
-                return int(line.split()[1]) * 1024
-        pytest.skip("no RssFile in /proc/self/status")
 
     monkeypatch.setattr(open_shards, "MAPPED_RESIDENT_BYTES", 2 << 20)
     payloads = [encode_example({"x": os.urandom(256 << 10)}) for _ in range(96)]  # 24 MiB

@@ -19,6 +19,11 @@
  *       its map, fails a check, or sits on a page the file no longer has (a shard cut
  *       short while mapped raises SIGBUS on that page: caught here, never a crash).
  *
+ *   drop_pages(map) -> None
+ *       madvise(MADV_DONTNEED) over a whole read-only map (its resident pages dropped from
+ *       the process; the page cache keeps them), without the GIL: mmap.madvise keeps it
+ *       for the whole call, which takes a millisecond for a large map's pages.
+ *
  *   gather_columns(maps, offsets, which, records, verify, names, count, fills)
  *           -> (list, int) | int | None
  *       gather and example_columns in one pass, without a bytes object a record: each
@@ -36,8 +41,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1201,6 +1209,32 @@ static PyObject *wire_crc32c(PyObject *self, PyObject *arg)
     return PyLong_FromUnsignedLong(crc);
 }
 
+static PyObject *wire_drop_pages(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || (uintptr_t)view.buf % (uintptr_t)page != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "drop_pages needs a map that starts on a page");
+        return NULL;
+    }
+    int failed = 0, error = 0;
+    if (view.len > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        failed = madvise(view.buf, (size_t)view.len, MADV_DONTNEED) != 0;
+        error = errno;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    if (failed) {
+        errno = error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 #ifndef SHARDFEED_EMBEDDED  /* another module compiles this file into itself (see pipeline/_slice.c) */
 static PyMethodDef wire_methods[] = {
     {"unframe", wire_unframe, METH_VARARGS,
@@ -1213,6 +1247,7 @@ static PyMethodDef wire_methods[] = {
      "gather_columns(maps, offsets, which, records, verify, names, count, fills)"
      " -> (list, int) | int | None"},
     {"crc32c", wire_crc32c, METH_O, "crc32c(data) -> int"},
+    {"drop_pages", wire_drop_pages, METH_O, "drop_pages(map) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

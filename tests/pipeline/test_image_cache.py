@@ -213,3 +213,60 @@ def test_a_new_pass_takes_the_last_passs_entries_for_expired_until_it_uses_them(
     assert 1 not in cache and {2, 3, 4} <= set(cache._entries)
     cache.get(5, loader(5), expires=(0, 50), now=(0, 10))  # 4 expired at 5: 3 goes first
     assert 3 not in cache and {2, 4, 5} == set(cache._entries)
+
+
+class _LookAtEvery(ImageCache[int]):
+    """The victim found by looking at every entry (the rule the expiry index must keep)."""
+
+    def _victim(self) -> object:
+        victim, oldest = None, self._clock
+        for key, entry in self._entries.items():
+            if entry.expires < oldest:
+                victim, oldest = key, entry.expires
+        return next(iter(self._entries)) if victim is None else victim
+
+
+def test_the_expiry_index_evicts_what_a_look_at_every_entry_evicts() -> None:
+    """Random lookups (one at a time and a slice's), expiries that grow on a hit, ties of
+    expiry, new passes and clears: the same loads, hits, evictions and entries, in the same
+    order, as a cache that looks at every entry for its victim."""
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        bound = int(rng.integers(2, 9)) * 100
+        ours: ImageCache[int] = ImageCache(max_bytes=bound)
+        oracle = _LookAtEvery(max_bytes=bound)
+        calls_ours: list[int] = []
+        calls_oracle: list[int] = []
+        position = 0
+        for _ in range(120):
+            step = rng.random()
+            if step < 0.03:
+                ours.rewind()
+                oracle.rewind()
+                position = 0
+                continue
+            if step < 0.04:
+                ours.clear()
+                oracle.clear()
+                continue
+            position += int(rng.integers(0, 3))
+            count = 1 if step < 0.6 else int(rng.integers(2, 6))
+            keys = rng.integers(0, 14, count).tolist()
+            # few distinct expiries, so that several entries share the earliest
+            expires = [(0, position + int(rng.integers(0, 4)) * 5) for _ in keys]
+            now = [(0, position)] * count
+            sizes = rng.integers(1, 3, count).tolist()
+            if count == 1:
+                got = [cache.get(keys[0], loader(keys[0], 100 * sizes[0], calls=calls),
+                                 expires=expires[0], now=now[0])
+                       for cache, calls in ((ours, calls_ours), (oracle, calls_oracle))]
+            else:
+                got = [cache.get_many(
+                    keys, lambda i, c=calls, k=keys, s=sizes: loader(k[i], 100 * s[i], calls=c),
+                    expires=expires, now=now)
+                       for cache, calls in ((ours, calls_ours), (oracle, calls_oracle))]
+            assert got[0] == got[1], trial
+            assert calls_ours == calls_oracle, trial
+            assert ours.stats() == oracle.stats(), trial
+            assert [(k, e.expires) for k, e in ours._entries.items()] == [
+                (k, e.expires) for k, e in oracle._entries.items()], trial

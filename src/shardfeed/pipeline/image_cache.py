@@ -37,6 +37,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from shardfeed.pipeline.expiry_index import ExpiryIndex
 from shardfeed.storage.process_state import PROCESS, fail_forked
 
 V = TypeVar("V")
@@ -108,6 +109,7 @@ class ImageCache(Generic[V]):
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, _Entry[V]] = OrderedDict()
+        self._expiring = ExpiryIndex()  # the entries' keys by expiry (see _victim)
         self._pending: dict[Hashable, Future[V]] = {}
         self._max_bytes: int | None = self._configured
         self._clock: Clock = (-1, -1)
@@ -184,6 +186,7 @@ class ImageCache(Generic[V]):
         """Drop every entry and counter (loads in flight still complete and are kept)."""
         with self._lock:
             self._entries.clear()
+            self._expiring.reset()
             self._bytes = 0
             self._peak = 0
             self._hits = self._loads = self._evictions = self._uncached = 0
@@ -201,6 +204,7 @@ class ImageCache(Generic[V]):
             self._clock = (-1, -1)
             for entry in self._entries.values():
                 entry.expires = (-1, -1)
+            self._expiring.reset(self._entries, (-1, -1))
 
     # -- the one operation ---------------------------------------------------------------------
 
@@ -270,7 +274,8 @@ class ImageCache(Generic[V]):
                     if entry is None:
                         break
                     entries.move_to_end(key)
-                    if expires[at] > entry.expires:  # noqa: PLR1730 (as above)
+                    if expires[at] > entry.expires:
+                        self._expiring.move(key, entry.expires, expires[at])
                         entry.expires = expires[at]
                     hits += 1 if uses is None else uses[at]
                     out.append(entry.value)
@@ -293,7 +298,9 @@ class ImageCache(Generic[V]):
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
-            entry.expires = max(entry.expires, expires)
+            if expires > entry.expires:
+                self._expiring.move(key, entry.expires, expires)
+                entry.expires = expires
             self._hits += hits
         return entry
 
@@ -365,17 +372,23 @@ class ImageCache(Generic[V]):
         while self._bytes + nbytes > bound and self._entries:
             victim = self._victim()
             dropped = self._entries.pop(victim)
+            self._expiring.remove(victim, dropped.expires)
             self._bytes -= dropped.nbytes
             self._evictions += 1
+        replaced = self._entries.get(key)
+        if replaced is not None:  # loaded again meanwhile (a clear() during its load)
+            self._expiring.remove(key, replaced.expires)
         self._entries[key] = _Entry(value, nbytes, expires)
+        self._expiring.add(key, expires)
         self._bytes += nbytes
         self._peak = max(self._peak, self._bytes)
 
     def _victim(self) -> Hashable:
-        """The entry expired longest ago, else the least recently used one."""
-        victim: Hashable | None = None
-        oldest = self._clock
-        for key, entry in self._entries.items():
-            if entry.expires < oldest:
-                victim, oldest = key, entry.expires
-        return next(iter(self._entries)) if victim is None else victim
+        """The entry expired longest ago (the least recently used of those whose expiry is
+        the earliest), else the least recently used one."""
+        earliest = self._expiring.earliest_before(self._clock)
+        if earliest is None:
+            return next(iter(self._entries))
+        if len(earliest) == 1:
+            return next(iter(earliest))
+        return next(key for key in self._entries if key in earliest)

@@ -51,6 +51,16 @@ setup(
             optional=True,
         ),
         Extension(
+            # format/_wire.c compiled in; libjpeg decodes (see pipeline/native_patches.py)
+            "shardfeed.pipeline._jpeg_record",
+            ["src/shardfeed/pipeline/_jpeg_record.c"],
+            depends=["src/shardfeed/format/_wire.c"],
+            libraries=["jpeg"],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                "-Wno-unused-function", "-Wno-clobbered"],
+            optional=True,
+        ),
+        Extension(
             "shardfeed.transforms.decode._jpeg_frames",
             ["src/shardfeed/transforms/decode/_jpeg_frames.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

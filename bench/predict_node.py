@@ -76,8 +76,9 @@ BIG_IMAGES, CACHE_IMAGES, REFRESH = 200, 64, 100  # the node bench's Patches set
 
 RELEASES = ("libjpeg_turbo", "_jpeg.cpython", "cv2.abi3", "libnvimgcodec", "nvimgcodec_impl",
             "_png.cpython", "_slice.cpython", "_jpeg_frames", "libz.so", "libdeflate",
-            "_draws.cpython", "_jpeg_rows.cpython", "libjpeg.so")
-"""Libraries whose work runs with the GIL released (their calls let it go)."""
+            "_draws.cpython", "_jpeg_rows.cpython", "libjpeg.so", "_jpeg_record.cpython")
+"""Libraries whose work runs with the GIL released (their calls let it go; ``_slice`` and
+``_jpeg_record`` hold it only to take their arguments and build their results)."""
 HOLDS = ("libpython", "_multiarray", "_umath", "_wire.cpython", "_generator",
          "_philox", "bit_generator", "_bounded", "math.cpython", "_struct", "crc32c",
          "_queue", "_bisect")

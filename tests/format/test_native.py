@@ -27,6 +27,7 @@ from shardfeed.format import native
 from shardfeed.format.columns import decode_columns
 from shardfeed.format.example import encode_example
 from shardfeed.format.framing import frame
+from shardfeed.pipeline import native_patches
 from shardfeed.transforms.decode import native_rows, png_rows
 
 WIRE = native.wire
@@ -58,6 +59,10 @@ def test_the_compiled_parts_are_built() -> None:
     assert native_rows.compiled is not None, (
         "shardfeed.transforms.decode._jpeg_rows was not compiled (it needs libjpeg's headers: "
         "Debian's libjpeg-dev): re-run `make`"
+    )
+    assert native_patches.compiled is not None, (
+        "shardfeed.pipeline._jpeg_record was not compiled (it needs libjpeg's headers): "
+        "re-run `make`"
     )
 
 

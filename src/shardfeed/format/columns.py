@@ -126,8 +126,12 @@ def decode_record(payload: bytes, names: Sequence[str], *, exact: bool) -> dict[
     # encoding kept and the shard's search a method call; 13.1 with the gather's look at
     # loaded offsets skipped too)
     gathered = wire.example_columns([payload], keys, len(names) if exact else -1)
-    if gathered is None:
-        return None
+    return None if gathered is None else record_of_columns(names, gathered)
+
+
+def record_of_columns(names: Sequence[str], gathered: Sequence[Any]) -> dict[str, Any]:
+    """``{name: value}`` of one record from the compiled part's gathered columns (one a
+    name, in order): the values :func:`decode_record` gives."""
     out: dict[str, Any] = {}
     for name, column in zip(names, gathered):
         out[name] = (column[1][0] if column[0] == _BYTES

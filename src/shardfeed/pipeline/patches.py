@@ -64,6 +64,7 @@ from shardfeed.errors import SchemaError
 from shardfeed.format.schema import ImageInfo
 from shardfeed.pipeline.batching import BatchBuffer
 from shardfeed.pipeline.image_cache import CacheStats, ImageCache
+from shardfeed.pipeline.native_patches import NativeImages
 from shardfeed.pipeline.patch_ahead import (
     DECODE_AHEAD_THREADS,
     LOOK_AHEAD_IMAGES,
@@ -179,6 +180,9 @@ class Patches(SamplerBase):
             self._mask_field = ImageField(is_mask=True, max_pixels=max_pixels,
                                           exif_orientation=exif_orientation).bound(
                 mask_info, root=root)
+        self._native = NativeImages(self._image_field, self._mask_field,
+                                    require_mask=self.options.mask,
+                                    denominator=self.options.denominator, max_pixels=max_pixels)
         n = self.schedule.max_resident
         self._ahead = LookAhead()
         self.cache: ImageCache[DecodedImage] | None = None
@@ -241,7 +245,10 @@ class Patches(SamplerBase):
 
     def read_uncached(self, ids: list[int]) -> dict[int, Sample]:
         """The records of ``ids`` whose images are neither cached nor being decoded (all of
-        them without a cache), read in one call."""
+        them without a cache), read in one call; none where the compiled call reads and
+        decodes them (:mod:`~.native_patches`: each load reads its own)."""
+        if self._native.enabled:
+            return {}
         missing = ids if self.cache is None else self.cache.unknown(ids)
         return dict(zip(missing, self._ds().read_many(missing))) if missing else {}
 
@@ -304,9 +311,13 @@ class Patches(SamplerBase):
         return None if self.cache is None else self.cache.stats()
 
     def _load(self, rid: int, record: Sample | None) -> tuple[DecodedImage, int]:
-        """Image ``rid`` decoded from ``record`` (read now where None, or a marker)."""
+        """Image ``rid`` decoded from ``record`` (read now where None, or a marker: by the
+        compiled call where it applies)."""
         source = record
         if source is None or _CACHED in source:  # evicted since read, or not read: read now
+            native = self._native.load(self._ds(), rid)
+            if native is not None:
+                return native, native.nbytes
             source = self._ds().read_many([rid])[0]
         options = self.options
         decoded = decode_for_patches(

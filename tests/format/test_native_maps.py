@@ -150,3 +150,47 @@ def test_pages_read_through_maps_do_not_stay_in_the_process(
             assert ds.read_payloads(range(first, first + 4)) == payloads[first:first + 4]
         grown = resident_file_bytes() - before
     assert grown < 8 << 20, f"{grown >> 20} MiB of mapped pages stayed resident"
+
+
+CUT_UNDER_THREE_MODULES = """
+import os, sys
+import numpy as np
+from shardfeed.dataset import Dataset
+from shardfeed.format import native
+from shardfeed.pipeline import _jpeg_record
+
+path = sys.argv[1]
+ds = Dataset(path)
+ds.read_payloads(range(len(ds)))  # mapped, and _wire's catch set up
+n = len(ds)
+maps = (ds._shards._sources[0].mapping(),)
+offsets = (ds._table.offsets_view(0),)
+one = np.zeros(1, np.int64)
+
+def decode(record):
+    return _jpeg_record.decode(maps, offsets, one, np.array([record], np.int64), True,
+                               (b"x", b"i"), 2, 0, 1, 1 << 27)
+
+print("before", decode(n - 1))  # its own catch set up (not a JPEG: None)
+os.truncate(path, os.path.getsize(path) // 2)  # cut short under the map
+for turn in range(2):  # each module's catch, after the other's met a lost page
+    print("gather", native.wire.gather(maps, offsets, np.zeros(n, np.int64),
+                                       np.arange(n, dtype=np.int64), True))
+    print("decode", decode(n - 1))
+"""
+
+
+def test_a_cut_short_map_read_by_two_compiled_modules_is_no_crash(tmp_path: Path) -> None:
+    """Each compiled module that reads maps (``_wire``, and those that compile it in) catches
+    SIGBUS on its own threads' reads: a lost page met by one, then by the other, then by the
+    first again is each time a refusal, never the signal's default (the process killed)."""
+    payloads = [encode_example({"x": os.urandom(5000), "i": [i]}) for i in range(100)]
+    path = dataset_bytes(tmp_path, payloads)
+    run = subprocess.run([sys.executable, "-c", CUT_UNDER_THREE_MODULES, str(path)],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"the reading process died ({run.returncode}): {run.stderr}"
+    lines = run.stdout.splitlines()
+    assert lines[0] == "before None"
+    assert [line.split()[0] for line in lines[1:]] == ["gather", "decode"] * 2
+    assert all(int(line.split()[1]) < 100 for line in lines[1::2])  # the first lost record
+    assert all(line == "decode None" for line in lines[2::2])

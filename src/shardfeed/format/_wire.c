@@ -360,19 +360,30 @@ static PyObject *wire_unframe(PyObject *self, PyObject *args)
 
 /* A read of a mapped page past the end of a file that was cut short raises SIGBUS. A
  * thread copying from a map sets its guard; the handler jumps back to it. A SIGBUS
- * anywhere else is given back to the handler there was before (the instruction faults
- * again, into it). */
+ * anywhere else goes to the handler there was before: called, where it is a function (the
+ * handler of another module that compiles this file in, whose guard it may be: given back
+ * for good, the next SIGBUS under this module's guard would go there and kill the
+ * process); else given back, and the instruction faults again into it (the default: the
+ * process ends). */
 static _Thread_local sigjmp_buf *bus_guard = NULL;
 static struct sigaction bus_before;
 static int bus_installed = 0;  /* set under the GIL */
 
 static void on_bus(int signum, siginfo_t *info, void *context)
 {
-    (void)signum; (void)info; (void)context;
     sigjmp_buf *guard = bus_guard;
     if (guard != NULL) {
         bus_guard = NULL;
         siglongjmp(*guard, 1);
+    }
+    if (bus_before.sa_flags & SA_SIGINFO) {
+        if (bus_before.sa_sigaction != NULL) {
+            bus_before.sa_sigaction(signum, info, context);
+            return;
+        }
+    } else if (bus_before.sa_handler != SIG_DFL && bus_before.sa_handler != SIG_IGN) {
+        bus_before.sa_handler(signum);
+        return;
     }
     sigaction(SIGBUS, &bus_before, NULL);
 }

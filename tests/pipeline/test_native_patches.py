@@ -217,3 +217,21 @@ def test_a_libjpeg_with_other_pixels_is_not_used(
     native, python = both(ds, monkeypatch, size=6, cache_images=2, refresh_every=3)
     same(native, python)
     assert counted.taken == taken
+
+
+def test_a_dataset_that_reads_its_records_its_own_way_is_read_its_way(
+        tmp_path: Path, counted: Counting) -> None:
+    """A Dataset subclass whose read_many changes the records: its records, not the maps'."""
+    write(tmp_path / "d", photos(6))
+
+    class Shifted(Dataset):
+        def read_many(self, indices: Any) -> list[dict[str, Any]]:
+            records = super().read_many(indices)
+            for record in records:
+                record["index"] = record["index"] + 100
+            return records
+
+    batches = run(Patches(Shifted(str(tmp_path / "d")), size=6, cache_images=2,
+                          refresh_every=3))
+    assert all(int(i) >= 100 for b in batches for i in b["index"])
+    assert counted.taken == counted.missed == 0

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.dataset import Dataset
 from shardfeed.dataset.data_source import DataSource
 from shardfeed.format.columns import record_of_columns
 from shardfeed.format.native import compiled_module
@@ -156,9 +157,11 @@ class NativeImages:
         with self._plan_lock:
             if self._plan is not None:
                 return self._plan
-            mapped_shards = getattr(ds, "mapped_shards", None)
-            mapped = None if mapped_shards is None else mapped_shards(
-                np.array([rid], dtype=np.int64))
+            # a Dataset whose records are read_many's own (a subclass that reads them
+            # otherwise, or a wrapper, goes the Python path)
+            mapped = None
+            if isinstance(ds, Dataset) and type(ds).read_many is Dataset.read_many:
+                mapped = ds.mapped_shards(np.array([rid], dtype=np.int64))
             names = () if mapped is None else mapped.names
             mask = self._mask_field
             if (mapped is None or self._key not in names or not agrees()

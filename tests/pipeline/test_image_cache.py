@@ -270,3 +270,20 @@ def test_the_expiry_index_evicts_what_a_look_at_every_entry_evicts() -> None:
             assert ours.stats() == oracle.stats(), trial
             assert [(k, e.expires) for k, e in ours._entries.items()] == [
                 (k, e.expires) for k, e in oracle._entries.items()], trial
+
+
+def test_a_key_loaded_again_during_a_clear_is_one_entry_with_its_last_expiry() -> None:
+    """A load ahead that ends after a clear() and a load of the same key meanwhile replaces
+    that entry: its bytes counted once (counted twice, the cache held one image fewer for
+    good), and evictions find each entry once, by the expiry it has now."""
+    cache: ImageCache[int] = ImageCache(max_bytes=300)
+    deferred: list[Callable[[], object]] = []
+    assert cache.load_ahead("a", loader(1), expires=(0, 5), run=deferred.append)
+    cache.clear()  # the load ahead is forgotten, still running
+    cache.get("a", loader(1), expires=(0, 9), now=(0, 0))  # loaded again, kept
+    deferred[0]()  # the first load ends: its entry replaces the second's
+    assert [(k, e.expires) for k, e in cache._entries.items()] == [("a", (0, 5))]
+    for t, key in enumerate("bcdefg"):  # expired "a" goes first, then the oldest expired
+        cache.get(key, loader(t), expires=(0, 10 + 2 * t), now=(0, 6 + 2 * t))
+    assert "a" not in cache and len(cache) == 3
+    assert cache.stats().evictions == 4

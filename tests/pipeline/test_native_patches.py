@@ -5,6 +5,7 @@ errors; a machine whose libjpeg gives other pixels does not use the call."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ class Counting:
 
 @pytest.fixture()
 def counted(monkeypatch: pytest.MonkeyPatch) -> Counting:
+    assert native_patches.agrees()  # the process's check made before the counting starts
     counting = Counting(native_patches.compiled)
     monkeypatch.setattr(native_patches, "compiled", counting)
     return counting
@@ -235,3 +237,80 @@ def test_a_dataset_that_reads_its_records_its_own_way_is_read_its_way(
                           refresh_every=3))
     assert all(int(i) >= 100 for b in batches for i in b["index"])
     assert counted.taken == counted.missed == 0
+
+
+# Y sampled 1x1, Cb 2x2, Cr 1x1 (libjpeg's encoder writes it; simplejpeg's header reader
+# names no subsampling for it and refuses it), 24x16
+ODD_SAMPLING = base64.b64decode(
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAMCAgMCAgMDAwMEAwMEBQgFBQQEBQoHBwYIDAoMDAsKCwsNDhIQDQ4R"
+    "DgsLEBYQERMUFRUVDA8XGBYUGBIUFRT/2wBDAQMEBAUEBQkFBQkUDQsNFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQU"
+    "FBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBT/wAARCAAQABgDAREAAiIBAxEB/8QAHwAAAQUBAQEBAQEAAAAAAAAA"
+    "AAECAwQFBgcICQoL/8QAtRAAAgEDAwIEAwUFBAQAAAF9AQIDAAQRBRIhMUEGE1FhByJxFDKBkaEII0KxwRVS0fAk"
+    "M2JyggkKFhcYGRolJicoKSo0NTY3ODk6Q0RFRkdISUpTVFVWV1hZWmNkZWZnaGlqc3R1dnd4eXqDhIWGh4iJipKT"
+    "lJWWl5iZmqKjpKWmp6ipqrKztLW2t7i5usLDxMXGx8jJytLT1NXW19jZ2uHi4+Tl5ufo6erx8vP09fb3+Pn6/8QA"
+    "HwEAAwEBAQEBAQEBAQAAAAAAAAECAwQFBgcICQoL/8QAtREAAgECBAQDBAcFBAQAAQJ3AAECAxEEBSExBhJBUQdh"
+    "cRMiMoEIFEKRobHBCSMzUvAVYnLRChYkNOEl8RcYGRomJygpKjU2Nzg5OkNERUZHSElKU1RVVldYWVpjZGVmZ2hp"
+    "anN0dXZ3eHl6goOEhYaHiImKkpOUlZaXmJmaoqOkpaanqKmqsrO0tba3uLm6wsPExcbHyMnK0tPU1dbX2Nna4uPk"
+    "5ebn6Onq8vP09fb3+Pn6/9oADAMBAAIRAxEAPwDw/wAB/s1f6v8A0X0/hrnp4jzPVpYjzPhKeIPVp4g+c4a41+H3"
+    "j3jRP2av9AT/AEX/AMdr7uliAPmaeIA/pbLuNf3C98//2Q==")
+
+
+def test_a_sampling_simplejpeg_refuses_is_refused_as_it_refuses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: Counting) -> None:
+    """libjpeg decodes any sampling; simplejpeg's header reader names five and refuses the
+    others: such a JPEG is the Python path's error, not pixels."""
+    images = photos(6)
+    images[4] = ODD_SAMPLING
+    ds = write(tmp_path / "d", images)
+    messages = []
+    for compiled in (counted, None):
+        monkeypatch.setattr(native_patches, "compiled", compiled)
+        with pytest.raises(DecodeError) as caught:
+            run(Patches(ds, size=6, cache_images=2, refresh_every=3))
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and "JPEG header" in messages[0]
+    assert counted.missed >= 1
+
+
+def test_images_under_8_pixels_at_a_dct_scale_are_the_python_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: Counting) -> None:
+    """Under 8 pixels a side, simplejpeg decodes "1/d" at another k/8 of the same size: the
+    Python path's pixels, by the Python path."""
+    images = [jpeg(photo(i, *size)) for i, size in
+              enumerate([(5, 7), (3, 3), (7, 30), (30, 6), (4, 4), (12, 12)])]
+    ds = write(tmp_path / "d", images)
+    native, python = both(ds, monkeypatch, size=2, scale=(2.0, 2.5), cache_images=2,
+                          refresh_every=3)
+    same(native, python)
+    assert counted.missed >= 5 and counted.taken >= 1
+
+
+@pytest.mark.parametrize("options", [{"features": ["image/encoded", "index"]},
+                                     {"verify_crc": False}])
+def test_a_dataset_of_some_features_or_unchecked_crcs_gives_the_same_patches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: Counting,
+        options: dict[str, Any]) -> None:
+    write(tmp_path / "d", photos(8))
+    ds = Dataset(str(tmp_path / "d"), **options)
+    native, python = both(ds, monkeypatch, size=6, cache_images=3, refresh_every=4)
+    same(native, python)
+    assert counted.taken >= 8
+
+
+def test_a_closed_dataset_is_not_read_through_its_maps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: Counting) -> None:
+    """Closed, a Dataset's maps stay readable while a reader holds them: the call is not
+    asked, and the Python path says the Dataset is closed."""
+    ds = write(tmp_path / "d", photos(6))
+    patches = Patches(ds, size=6, cache_images=2, refresh_every=3)
+    assert patches._native.load(ds, 1) is not None
+    ds.close()
+    taken = counted.taken
+    assert patches._native.load(ds, 1) is None
+    messages = []
+    for compiled in (counted, None):
+        monkeypatch.setattr(native_patches, "compiled", compiled)
+        with pytest.raises(ValueError, match="closed") as caught:
+            run(Patches(ds, size=6, cache_images=2, refresh_every=3))
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and counted.taken == taken

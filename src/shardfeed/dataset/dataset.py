@@ -62,9 +62,11 @@ class MappedShards:
     """Every local shard of a Dataset mapped, for a compiled reader (see
     :meth:`Dataset.mapped_shards`): the maps and each shard's record offsets, each shard's
     first record id, the feature names (``exact``: the records hold these and no other),
-    whether CRCs are checked, and ``count_read(bytes)`` to report what was read (the maps'
+    whether CRCs are checked, ``count_read(bytes)`` to report what was read (the maps'
     pages are dropped as reads add up) and check that the shards are still the files mapped
-    (a ShardChangedError where one was replaced since the Dataset opened)."""
+    (a ShardChangedError where one was replaced since the Dataset opened), and ``is_open()``,
+    False once the Dataset is closed (the maps stay readable while a reader holds them: a
+    reader asks first, and leaves a closed Dataset's records to the path that says so)."""
 
     maps: tuple[Any, ...]
     offsets: tuple[np.ndarray, ...]
@@ -73,6 +75,7 @@ class MappedShards:
     exact: bool
     verify: bool
     count_read: Callable[[int], None]
+    is_open: Callable[[], bool]
 
 
 class Dataset:
@@ -530,7 +533,7 @@ class Dataset:
             return None
         return MappedShards(every[0], every[1], np.ascontiguousarray(table.starts, np.int64),
                             tuple(names), self._names is None, self.verify_crc,
-                            self._shards._count_mapped)
+                            self._shards._count_mapped, self._shards.is_open)
 
     def payload_sizes(self, indices: Iterable[int] | np.ndarray) -> np.ndarray:
         """The stored size in bytes of each record's payload (framing left out), int64,

@@ -120,6 +120,9 @@ class OpenShards:
         self._every: tuple[tuple[mmap.mmap | bytes, ...], np.ndarray] | None = None
         self._every_offsets: tuple[np.ndarray, ...] = ()
 
+    def is_open(self) -> bool:
+        return not self._closed
+
     def gather(self, shard: np.ndarray, local: np.ndarray, verify: bool) -> list[bytes] | None:
         """The payloads of records ``local[i]`` of shards ``shard[i]`` (both int64), read from
         the mapped files in one compiled call; None where a shard cannot be mapped or a

@@ -397,7 +397,8 @@ static int install_bus_handler(void)
     action.sa_sigaction = on_bus;
     action.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&action.sa_mask);
-    if (sigaction(SIGBUS, &action, &bus_before) != 0) {
+    /* the handler before read first: a SIGBUS between the two calls finds it set */
+    if (sigaction(SIGBUS, NULL, &bus_before) != 0 || sigaction(SIGBUS, &action, NULL) != 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
@@ -1226,9 +1227,10 @@ static PyObject *wire_drop_pages(PyObject *self, PyObject *arg)
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0 || (uintptr_t)view.buf % (uintptr_t)page != 0) {
+    if (page <= 0 || (uintptr_t)view.buf % (uintptr_t)page != 0 || !view.readonly) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "drop_pages needs a map that starts on a page");
+        PyErr_SetString(PyExc_ValueError, "drop_pages needs a read-only map that starts on a "
+                        "page (a written private map would lose what was written)");
         return NULL;
     }
     int failed = 0, error = 0;

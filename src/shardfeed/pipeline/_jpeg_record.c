@@ -45,11 +45,26 @@ static void on_error(j_common_ptr cinfo)
 
 static void on_message(j_common_ptr cinfo, int level)
 {
-    if (level < 0) /* a warning (corrupt data): the record is left to the caller */
-        cinfo->err->num_warnings++;
+    if (level < 0) /* a warning (corrupt data): the record is left to the caller, now (not
+                    * after a whole decode of what a damaged header claims) */
+        longjmp(((Errors *)cinfo->err)->jump, 1);
 }
 
 static void no_output(j_common_ptr cinfo) {}
+
+/* Chroma at one sample a block, luma at one of the samplings simplejpeg's header reader
+ * names (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1): it refuses the others, which the Python path
+ * then names. */
+static int plain_sampling(const struct jpeg_decompress_struct *dec)
+{
+    const jpeg_component_info *c = dec->comp_info;
+    if (c[1].h_samp_factor != 1 || c[1].v_samp_factor != 1 || c[2].h_samp_factor != 1
+            || c[2].v_samp_factor != 1)
+        return 0;
+    int h = c[0].h_samp_factor, v = c[0].v_samp_factor;
+    return (h == 1 && v == 1) || (h == 2 && v == 1) || (h == 2 && v == 2) || (h == 1 && v == 2)
+           || (h == 4 && v == 1);
+}
 
 /* The decompressor made, the header read and the decode started at 1/d; 1 where the JPEG is
  * one this call takes. */
@@ -65,7 +80,10 @@ static int start(struct jpeg_decompress_struct *dec, Errors *errors, const uint8
     if (jpeg_read_header(dec, TRUE) != JPEG_HEADER_OK || dec->num_components != CHANNELS
             || dec->jpeg_color_space != JCS_YCbCr || dec->image_height == 0
             || dec->image_width == 0
-            || (double)dec->image_height * (double)dec->image_width > (double)max_pixels)
+            || (double)dec->image_height * (double)dec->image_width > (double)max_pixels
+            || !plain_sampling(dec)
+            /* under 8 pixels, simplejpeg's scale for 1/d is another k/8 of the same size */
+            || (d > 1 && (dec->image_height < 8 || dec->image_width < 8)))
         return 0;
     dec->out_color_space = JCS_RGB;
     dec->dct_method = JDCT_IFAST;
@@ -177,8 +195,13 @@ static PyObject *record_decode(PyObject *self, PyObject *args)
         }
     }
     PyEval_RestoreThread(state);
+    size_t size = 0;
+    if (taken && (__builtin_mul_overflow((size_t)dec.output_height, (size_t)dec.output_width,
+                                         &size)
+                  || __builtin_mul_overflow(size, (size_t)CHANNELS, &size)
+                  || size > (size_t)PY_SSIZE_T_MAX))
+        taken = 0;
     if (taken) {
-        size_t size = (size_t)dec.output_height * dec.output_width * CHANNELS;
         pixels = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
         if (pixels == NULL) {
             taken = 0;

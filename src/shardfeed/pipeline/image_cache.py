@@ -369,15 +369,16 @@ class ImageCache(Generic[V]):
         if nbytes > bound:
             self._uncached += 1
             return
+        replaced = self._entries.pop(key, None)
+        if replaced is not None:  # loaded again meanwhile (a clear() during its load)
+            self._expiring.remove(key, replaced.expires)
+            self._bytes -= replaced.nbytes
         while self._bytes + nbytes > bound and self._entries:
             victim = self._victim()
             dropped = self._entries.pop(victim)
             self._expiring.remove(victim, dropped.expires)
             self._bytes -= dropped.nbytes
             self._evictions += 1
-        replaced = self._entries.get(key)
-        if replaced is not None:  # loaded again meanwhile (a clear() during its load)
-            self._expiring.remove(key, replaced.expires)
         self._entries[key] = _Entry(value, nbytes, expires)
         self._expiring.add(key, expires)
         self._bytes += nbytes

@@ -33,6 +33,7 @@ from shardfeed.dataset import Dataset
 from shardfeed.dataset.data_source import DataSource
 from shardfeed.format.columns import record_of_columns
 from shardfeed.format.native import compiled_module
+from shardfeed.storage.process_state import PROCESS
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.patches import DecodedImage, meta_kinds
 
@@ -43,14 +44,29 @@ MAX_MISSES = 8
 """Records the call did not take, none taken, after which it is not asked again (a dataset of
 PNGs, say: each miss costs a record's copy and parse)."""
 
-_checked: list[bool] = []  # the one check of this process, once made
-_lock = threading.Lock()
+_FIRST = np.zeros(1, dtype=np.int64)
+_FIRST.flags.writeable = False
+
+
+class _Check:
+    """The one check of this process (:func:`agrees`), once made."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def forked(self) -> None:  # the fork rule: a parent's thread may have held the lock
+        self.lock = threading.Lock()
+
+
+_checked: list[bool] = []
+_check = _Check()
+PROCESS.at_fork(_check, _Check.forked)
 
 
 def agrees() -> bool:
     """Whether the compiled call gives simplejpeg's pixels here, checked once a process on
     small JPEGs (4:2:0, 4:2:2 and 4:4:4, sizes that are not whole blocks) at every scale."""
-    with _lock:
+    with _check.lock:
         if not _checked:
             try:
                 _checked.append(_self_check())
@@ -109,6 +125,11 @@ class NativeImages:
         self._plan: tuple[Any, ...] | None = None  # (mapped shards, keys, count, at, others)
         self._plan_lock = threading.Lock()
         self._taken = self._missed = 0  # a race loses a count at worst
+        PROCESS.at_fork(self, NativeImages._forked)
+
+    def _forked(self) -> None:
+        """In a forked child: a new lock (the fork rule: a parent's thread may have held it)."""
+        self._plan_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         # the maps stay in this process; a copy takes its own dataset's on first use
@@ -121,6 +142,7 @@ class NativeImages:
         for name, value in state.items():
             setattr(self, name, value)
         self._plan_lock = threading.Lock()
+        PROCESS.at_fork(self, NativeImages._forked)
 
     def load(self, ds: DataSource, rid: int) -> DecodedImage | None:
         """Record ``rid``'s image decoded, with its other features; None where the call does
@@ -131,16 +153,15 @@ class NativeImages:
         if plan is None:
             return None
         mapped, keys, count, at, others = plan
+        if not mapped.is_open():  # closed: the Python path says so
+            return None
         starts = mapped.starts
         shard = int(starts.searchsorted(rid, "right")) - 1
         assert compiled is not None
-        try:
-            got = compiled.decode(mapped.maps, mapped.offsets, np.array([shard], np.int64),
-                                  np.array([rid - int(starts[shard])], np.int64), mapped.verify,
-                                  keys, count, at, self._denominator, self._max_pixels)
-        except (ValueError, BufferError):  # a map closed under us: the Python path says so
-            self.enabled = False
-            return None
+        # the record's shard alone: the call takes the buffers of the maps it is given
+        got = compiled.decode((mapped.maps[shard],), (mapped.offsets[shard],), _FIRST,
+                              np.array([rid - int(starts[shard])], np.int64), mapped.verify,
+                              keys, count, at, self._denominator, self._max_pixels)
         if got is None:
             self._missed += 1
             if self._missed >= MAX_MISSES and not self._taken:

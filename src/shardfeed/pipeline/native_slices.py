@@ -97,6 +97,8 @@ class NativeSlices:
         if plan is None:
             self.enabled = False
             return False
+        if not plan.mapped.is_open():  # closed: the other paths say so
+            return False
         arrays = buffer.arrays
         outs = tuple(None if name is None else arrays[name] for name in plan.outs)
         try:

@@ -161,3 +161,23 @@ def test_a_raw_record_of_another_shape_is_named(tmp_path: Path) -> None:
             _run(folder, native=native)
         messages.append(str(caught.value))
     assert messages[0] == messages[1]
+
+
+def test_a_closed_dataset_is_not_read_through_its_maps(tmp_path: Path) -> None:
+    """Closed, a Dataset's maps stay readable while the compiled call's plan holds them: the
+    next slice is left to the other paths, which say the Dataset is closed."""
+    folder = _packed(tmp_path / "png", "png")
+    ds = Dataset(str(folder))
+    loader = Loader(ds, batch_size=32, seed=4, num_threads=1, prefetch_batches=1,
+                    transform=DecodeImage(channels="gray"))  # type: ignore[arg-type]
+    batches = iter(loader)
+    next(batches)
+    native = loader._builder._native
+    assert native is not None and native._built >= 1
+    built = native._built
+    ds.close()
+    with pytest.raises(ValueError, match="closed"):
+        for _ in range(20):
+            next(batches)
+    assert native._built <= built + 2  # at most the slices already under way
+    loader.close()

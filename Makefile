@@ -6,8 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test venv lint typecheck bench clean
 
-# every compiled part: a change to any of them (or a new one) rebuilds the extensions
-C_SOURCES := $(sort $(wildcard src/shardfeed/*/*.c src/shardfeed/*/*/*.c))
+# every compiled part and header: a change to any of them (or a new one) rebuilds the extensions
+C_SOURCES := $(sort $(wildcard src/shardfeed/*/*.[ch] src/shardfeed/*/*/*.[ch]))
 BUILT  := $(VENV)/.built
 
 $(STAMP): pyproject.toml setup.py

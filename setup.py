@@ -44,6 +44,7 @@ setup(
             # libjpeg (libjpeg-turbo's libjpeg62 API) decodes; the resize is OpenCV's arithmetic
             "shardfeed.transforms.decode._jpeg_rows",
             ["src/shardfeed/transforms/decode/_jpeg_rows.c"],
+            depends=["src/shardfeed/transforms/decode/_jpeg_errors.h"],
             libraries=["jpeg", "m"],
             # -O3: the resize's row loops are vectorised
             extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
@@ -54,7 +55,8 @@ setup(
             # format/_wire.c compiled in; libjpeg decodes (see pipeline/native_patches.py)
             "shardfeed.pipeline._jpeg_record",
             ["src/shardfeed/pipeline/_jpeg_record.c"],
-            depends=["src/shardfeed/format/_wire.c"],
+            depends=["src/shardfeed/format/_wire.c",
+                     "src/shardfeed/transforms/decode/_jpeg_errors.h"],
             libraries=["jpeg"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-Wno-unused-function", "-Wno-clobbered"],

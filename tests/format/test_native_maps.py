@@ -80,17 +80,24 @@ except CorruptRecordError as exc:
 """
 
 
+def cut_in_a_child(tmp_path: Path, script: str) -> tuple[list[bytes], Path, list[str]]:
+    """``script`` run in a child process on a shard of 100 records of 5 KB (it cuts the
+    shard short under its map): the records, the shard, and the lines it printed; an
+    assertion where the child died."""
+    payloads = [encode_example({"x": os.urandom(5000), "i": [i]}) for i in range(100)]
+    path = dataset_bytes(tmp_path, payloads)
+    run = subprocess.run([sys.executable, "-c", script, str(path)],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"the reading process died ({run.returncode}): {run.stderr}"
+    return payloads, path, run.stdout.splitlines()
+
+
 def test_a_shard_cut_short_while_mapped_is_an_error_not_a_crash(tmp_path: Path) -> None:
     """Pages a file lost under its map raise SIGBUS when read; the gather catches it and the
     read names the first record the file no longer holds (in a child process: without the
     catch the signal kills the process)."""
 
-    payloads = [encode_example({"x": os.urandom(5000), "i": [i]}) for i in range(100)]
-    path = dataset_bytes(tmp_path, payloads)
-    run = subprocess.run([sys.executable, "-c", CUT_WHILE_MAPPED, str(path)],
-                         check=False, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, f"the reading process died ({run.returncode}): {run.stderr}"
-    lines = run.stdout.splitlines()
+    payloads, path, lines = cut_in_a_child(tmp_path, CUT_WHILE_MAPPED)
     first_lost = next(r for r in range(100)
                       if sum(len(p) + 16 for p in payloads[:r + 1]) > path.stat().st_size)
     gathered = int(lines[0].split()[1])
@@ -191,12 +198,7 @@ def test_a_cut_short_map_read_by_two_compiled_modules_is_no_crash(tmp_path: Path
     """Each compiled module that reads maps (``_wire``, and those that compile it in) catches
     SIGBUS on its own threads' reads: a lost page met by one, then by the other, then by the
     first again is each time a refusal, never the signal's default (the process killed)."""
-    payloads = [encode_example({"x": os.urandom(5000), "i": [i]}) for i in range(100)]
-    path = dataset_bytes(tmp_path, payloads)
-    run = subprocess.run([sys.executable, "-c", CUT_UNDER_TWO_MODULES, str(path)],
-                         check=False, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, f"the reading process died ({run.returncode}): {run.stderr}"
-    lines = run.stdout.splitlines()
+    _, _, lines = cut_in_a_child(tmp_path, CUT_UNDER_TWO_MODULES)
     assert lines[0] == "before None"
     assert [line.split()[0] for line in lines[1:]] == ["gather", "decode"] * 2
     assert all(int(line.split()[1]) < 100 for line in lines[1::2])  # the first lost record

@@ -87,6 +87,19 @@ def both(ds: Dataset, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[
     return native, python
 
 
+def errors(monkeypatch: pytest.MonkeyPatch, counted: Counting, error: type[Exception],
+           read: Any) -> list[str]:
+    """The messages of ``error`` that ``read()`` raises with the compiled call, then by the
+    Python path alone."""
+    messages = []
+    for compiled in (counted, None):
+        monkeypatch.setattr(native_patches, "compiled", compiled)
+        with pytest.raises(error) as caught:
+            read()
+        messages.append(str(caught.value))
+    return messages
+
+
 def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
     assert len(a) == len(b) and a
     for x, y in zip(a, b):
@@ -144,12 +157,8 @@ def test_a_damaged_jpeg_is_named_as_the_python_path_names_it(
     images = photos(6)
     images[4] = images[4][: len(images[4]) // 2]  # cut short: no end-of-image marker
     ds = write(tmp_path / "d", images)
-    messages = []
-    for compiled in (counted, None):
-        monkeypatch.setattr(native_patches, "compiled", compiled)
-        with pytest.raises(DecodeError) as caught:
-            run(Patches(ds, size=6, cache_images=2, refresh_every=3))
-        messages.append(str(caught.value))
+    messages = errors(monkeypatch, counted, DecodeError,
+                      lambda: run(Patches(ds, size=6, cache_images=2, refresh_every=3)))
     assert messages[0] == messages[1] and "p-1.tfrecord', record 1" in messages[0]
     assert counted.taken >= 3 and counted.missed >= 1
 
@@ -161,13 +170,9 @@ def test_a_bad_crc_is_named_as_the_python_path_names_it(
     raw = bytearray(path.read_bytes())
     raw[len(raw) - 300] ^= 0x10  # inside the last record's JPEG
     path.write_bytes(bytes(raw))
-    messages = []
-    for compiled in (counted, None):
-        monkeypatch.setattr(native_patches, "compiled", compiled)
-        with pytest.raises(CorruptRecordError) as caught:
-            run(Patches(Dataset(str(tmp_path / "d")), size=6, cache_images=2,
-                        refresh_every=3))
-        messages.append(str(caught.value))
+    messages = errors(monkeypatch, counted, CorruptRecordError,
+                      lambda: run(Patches(Dataset(str(tmp_path / "d")), size=6,
+                                          cache_images=2, refresh_every=3)))
     assert messages[0] == messages[1] and "p-1.tfrecord', record 19" in messages[0]
     assert counted.missed >= 1
 
@@ -175,12 +180,9 @@ def test_a_bad_crc_is_named_as_the_python_path_names_it(
 def test_an_image_over_max_pixels_is_refused_as_the_python_path_refuses_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: Counting) -> None:
     ds = write(tmp_path / "d", photos(6))
-    messages = []
-    for compiled in (counted, None):
-        monkeypatch.setattr(native_patches, "compiled", compiled)
-        with pytest.raises(DecodeError) as caught:
-            run(Patches(ds, size=6, cache_images=2, refresh_every=3, max_pixels=4_000))
-        messages.append(str(caught.value))
+    messages = errors(monkeypatch, counted, DecodeError,
+                      lambda: run(Patches(ds, size=6, cache_images=2, refresh_every=3,
+                                          max_pixels=4_000)))
     assert messages[0] == messages[1] and "pixels" in messages[0]
     assert counted.taken == 0 and counted.missed >= 1
 
@@ -211,14 +213,17 @@ def test_a_libjpeg_with_other_pixels_is_not_used(
             got[0][0] ^= 1
         return got
 
-    monkeypatch.setattr(native_patches, "_checked", [])
+    native_patches.agrees.cache_clear()
     monkeypatch.setattr(Counting, "decode", off_by_one)
-    assert not native_patches.agrees()
-    taken = counted.taken
-    ds = write(tmp_path / "d", photos(6))
-    native, python = both(ds, monkeypatch, size=6, cache_images=2, refresh_every=3)
-    same(native, python)
-    assert counted.taken == taken
+    try:
+        assert not native_patches.agrees()
+        taken = counted.taken
+        ds = write(tmp_path / "d", photos(6))
+        native, python = both(ds, monkeypatch, size=6, cache_images=2, refresh_every=3)
+        same(native, python)
+        assert counted.taken == taken
+    finally:
+        native_patches.agrees.cache_clear()  # the process's own answer for the next tests
 
 
 def test_a_dataset_that_reads_its_records_its_own_way_is_read_its_way(
@@ -262,12 +267,8 @@ def test_a_sampling_simplejpeg_refuses_is_refused_as_it_refuses_it(
     images = photos(6)
     images[4] = ODD_SAMPLING
     ds = write(tmp_path / "d", images)
-    messages = []
-    for compiled in (counted, None):
-        monkeypatch.setattr(native_patches, "compiled", compiled)
-        with pytest.raises(DecodeError) as caught:
-            run(Patches(ds, size=6, cache_images=2, refresh_every=3))
-        messages.append(str(caught.value))
+    messages = errors(monkeypatch, counted, DecodeError,
+                      lambda: run(Patches(ds, size=6, cache_images=2, refresh_every=3)))
     assert messages[0] == messages[1] and "JPEG header" in messages[0]
     assert counted.missed >= 1
 
@@ -307,10 +308,6 @@ def test_a_closed_dataset_is_not_read_through_its_maps(
     ds.close()
     taken = counted.taken
     assert patches._native.load(ds, 1) is None
-    messages = []
-    for compiled in (counted, None):
-        monkeypatch.setattr(native_patches, "compiled", compiled)
-        with pytest.raises(ValueError, match="closed") as caught:
-            run(Patches(ds, size=6, cache_images=2, refresh_every=3))
-        messages.append(str(caught.value))
+    messages = errors(monkeypatch, counted, ValueError,
+                      lambda: run(Patches(ds, size=6, cache_images=2, refresh_every=3)))
     assert messages[0] == messages[1] and counted.taken == taken

@@ -1221,6 +1221,18 @@ static PyObject *wire_crc32c(PyObject *self, PyObject *arg)
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* The CRC's tables, and whether the CPU's instruction computes it: once, when a module that
+ * holds this file is made. */
+static void wire_setup(void)
+{
+    crc_build_tables();
+#if WIRE_HAVE_CRC_INSTRUCTION
+    __builtin_cpu_init();
+    use_crc_instruction = __builtin_cpu_supports("sse4.2") != 0;
+    crc_build_lane_shift();
+#endif
+}
+
 static PyObject *wire_drop_pages(PyObject *self, PyObject *arg)
 {
     Py_buffer view;
@@ -1272,12 +1284,7 @@ static struct PyModuleDef wire_module = {
 
 PyMODINIT_FUNC PyInit__wire(void)
 {
-    crc_build_tables();
-#if WIRE_HAVE_CRC_INSTRUCTION
-    __builtin_cpu_init();
-    use_crc_instruction = __builtin_cpu_supports("sse4.2") != 0;
-    crc_build_lane_shift();
-#endif
+    wire_setup();
     PyObject *module = PyModule_Create(&wire_module);
     if (module != NULL && PyModule_AddIntConstant(module, "crc_instruction", use_crc_instruction)) {
         Py_DECREF(module);

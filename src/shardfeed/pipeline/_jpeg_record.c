@@ -29,19 +29,9 @@
 #define SHARDFEED_EMBEDDED 1
 #include "../format/_wire.c"
 
-#include <jpeglib.h>
+#include "../transforms/decode/_jpeg_errors.h"
 
 #define CHANNELS 3
-
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-} Errors;
-
-static void on_error(j_common_ptr cinfo)
-{
-    longjmp(((Errors *)cinfo->err)->jump, 1);
-}
 
 static void on_message(j_common_ptr cinfo, int level)
 {
@@ -49,8 +39,6 @@ static void on_message(j_common_ptr cinfo, int level)
                     * after a whole decode of what a damaged header claims) */
         longjmp(((Errors *)cinfo->err)->jump, 1);
 }
-
-static void no_output(j_common_ptr cinfo) {}
 
 /* Chroma at one sample a block, luma at one of the samplings simplejpeg's header reader
  * names (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1): it refuses the others, which the Python path
@@ -262,11 +250,6 @@ static struct PyModuleDef record_module = {
 
 PyMODINIT_FUNC PyInit__jpeg_record(void)
 {
-    crc_build_tables();
-#if WIRE_HAVE_CRC_INSTRUCTION
-    __builtin_cpu_init();
-    use_crc_instruction = __builtin_cpu_supports("sse4.2") != 0;
-    crc_build_lane_shift();
-#endif
+    wire_setup();
     return PyModule_Create(&record_module);
 }

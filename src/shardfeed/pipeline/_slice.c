@@ -373,11 +373,6 @@ static struct PyModuleDef slice_module = {
 
 PyMODINIT_FUNC PyInit__slice(void)
 {
-    crc_build_tables();
-#if WIRE_HAVE_CRC_INSTRUCTION
-    __builtin_cpu_init();
-    use_crc_instruction = __builtin_cpu_supports("sse4.2") != 0;
-    crc_build_lane_shift();
-#endif
+    wire_setup();
     return PyModule_Create(&slice_module);
 }

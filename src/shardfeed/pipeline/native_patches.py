@@ -23,6 +23,7 @@ takes its own). Memory: one record's bytes and its decoded image while the call 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -48,39 +49,22 @@ _FIRST = np.zeros(1, dtype=np.int64)
 _FIRST.flags.writeable = False
 
 
-class _Check:
-    """The one check of this process (:func:`agrees`), once made."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def forked(self) -> None:  # the fork rule: a parent's thread may have held the lock
-        self.lock = threading.Lock()
-
-
-_checked: list[bool] = []
-_check = _Check()
-PROCESS.at_fork(_check, _Check.forked)
-
-
+@functools.cache
 def agrees() -> bool:
     """Whether the compiled call gives simplejpeg's pixels here, checked once a process on
-    small JPEGs (4:2:0, 4:2:2 and 4:4:4, sizes that are not whole blocks) at every scale."""
-    with _check.lock:
-        if not _checked:
-            try:
-                _checked.append(_self_check())
-            except Exception:
-                logging.getLogger(__name__).warning(
-                    "the check of the compiled record decode failed: Patches' images are "
-                    "decoded by the Python path", exc_info=True)
-                _checked.append(False)
-            else:
-                if not _checked[0]:
-                    logging.getLogger(__name__).warning(
-                        "the compiled record decode gives other pixels than simplejpeg here "
-                        "(another libjpeg): Patches' images are decoded by the Python path")
-        return _checked[0]
+    small JPEGs (4:2:0, 4:2:2 and 4:4:4, sizes that are not whole blocks) at every scale
+    (two threads asking first may both check: the same answer)."""
+    why = "gives other pixels than simplejpeg here (another libjpeg)"
+    try:
+        same = _self_check()
+    except Exception:
+        same, why = False, "could not be checked"
+        logging.getLogger(__name__).debug("the check failed", exc_info=True)
+    if not same:
+        logging.getLogger(__name__).warning(
+            "the compiled record decode %s: Patches' images are decoded by the Python path",
+            why)
+    return same
 
 
 def _self_check() -> bool:

@@ -70,6 +70,8 @@
 
 #include <jpeglib.h>
 
+#include "_jpeg_errors.h"
+
 /* jpeg_crop_scanline and jpeg_skip_scanlines are libjpeg-turbo's; before 2.1 they gave other
  * pixels in some cases (4:4:0 smooth upsampling). Anything older is not built: the Python
  * path decodes instead (native_rows.py also checks the pixels against it once). */
@@ -379,23 +381,11 @@ static void warp_apply(Warper *w, const uint8_t *base, ptrdiff_t stride, int fir
 
 /* ---- the decode ---- */
 
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-} Errors;
-
-static void on_error(j_common_ptr cinfo)
-{
-    longjmp(((Errors *)cinfo->err)->jump, 1);
-}
-
 static void on_message(j_common_ptr cinfo, int level)
 {
     if (level < 0) /* a warning (corrupt data): the row is left to the caller */
         cinfo->err->num_warnings++;
 }
-
-static void no_output(j_common_ptr cinfo) {}
 
 typedef struct {
     uint8_t *pixels; /* the box's decoded rows */

@@ -9,7 +9,8 @@
  *       own, its framing (and, verify, its data CRC) checked there and its tf.train.Example
  *       parsed there (exactly ``count`` features, or any number >= the names with -1, as
  *       _wire.gather_columns parses). Feature ``names[image]`` must hold one bytes value, a
- *       plain JPEG: three components coded as YCbCr, of at most ``max_pixels`` pixels, ending
+ *       plain JPEG: three components coded as YCbCr in one of the samplings simplejpeg
+ *       names, of at most ``max_pixels`` pixels (and at least 8 a side where d > 1), ending
  *       with its end-of-image marker; it is decoded to RGB at scale 1/d (d 1, 2, 4 or 8;
  *       libjpeg's fast integer IDCT and smooth upsampling, as simplejpeg's
  *       ``decode_jpeg(..., fastdct=True)`` decodes) into a new bytearray of

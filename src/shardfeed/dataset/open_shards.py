@@ -121,6 +121,7 @@ class OpenShards:
         self._every_offsets: tuple[np.ndarray, ...] = ()
 
     def is_open(self) -> bool:
+        """False once closed (a map a reader still holds stays readable: it asks first)."""
         return not self._closed
 
     def gather(self, shard: np.ndarray, local: np.ndarray, verify: bool) -> list[bytes] | None:

@@ -6,6 +6,8 @@ errors; a machine whose libjpeg gives other pixels does not use the call."""
 from __future__ import annotations
 
 import base64
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,9 @@ import pytest
 import simplejpeg
 
 from shardfeed.dataset import Dataset
-from shardfeed.errors import CorruptRecordError, DecodeError
+from shardfeed.errors import CorruptRecordError, DecodeError, ShardChangedError
 from shardfeed.format.writer import ShardWriter
-from shardfeed.pipeline import native_patches
+from shardfeed.pipeline import Loader, native_patches
 from shardfeed.pipeline.patch_ahead import DECODE_AHEAD_THREADS
 from shardfeed.pipeline.patches import Patches
 from tests.pipeline.test_patches import photo, run
@@ -313,3 +315,25 @@ def test_a_closed_dataset_is_not_read_through_its_maps(
     messages = errors(monkeypatch, counted, ValueError,
                       lambda: run(Patches(ds, size=6, cache_images=2, refresh_every=3)))
     assert messages[0] == messages[1] and counted.taken == taken
+
+
+def test_a_shard_replaced_under_its_map_raises(tmp_path: Path, counted: Counting) -> None:
+    """The map of a replaced shard keeps the old bytes: the call's read is checked as the
+    Python path's is (ShardChangedError), not handed on."""
+    images = photos(24)  # more than the cache holds: the next epoch reads again
+    old = write(tmp_path / "old", images)
+    # the same records in another order within each shard: each shard keeps its size
+    write(tmp_path / "new", images[11::-1] + images[:11:-1])
+    shard = tmp_path / "old" / "p-0.tfrecord"
+    patches = Patches(old, size=6, cache_images=2, refresh_every=3)
+    with Loader(patches, batch_size=4, seed=2) as loader:
+        assert sum(len(b["image"]) for b in loader) > 0
+        assert counted.taken > 0
+        replacement = shard.with_name("replacement.tmp")
+        shutil.copyfile(tmp_path / "new" / "p-0.tfrecord", replacement)
+        assert replacement.stat().st_size == shard.stat().st_size
+        os.replace(replacement, shard)
+        loader.set_epoch(1)
+        with pytest.raises(ShardChangedError):
+            for _ in loader:
+                pass

@@ -119,15 +119,11 @@ class NativeImages:
 
     def __getstate__(self) -> dict[str, Any]:
         # the maps stay in this process; a copy takes its own dataset's on first use
-        state = {name: getattr(self, name) for name in
-                 ("_denominator", "_max_pixels", "_mask_field", "enabled", "_key", "_taken",
-                  "_missed")}
-        return {**state, "_plan": None}
+        return {**self.__dict__, "_plan": None, "_plan_lock": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
-        self._plan_lock = threading.Lock()
+        self.__dict__.update(state)
+        self._forked()  # a lock of its own
         PROCESS.at_fork(self, NativeImages._forked)
 
     def load(self, ds: DataSource, rid: int) -> DecodedImage | None:

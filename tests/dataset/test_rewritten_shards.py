@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -144,6 +145,19 @@ def _digits(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return pixels, np.arange(96, dtype=np.int64) % 10
 
 
+def replace_then_next_epoch_raises(shard: Path, source: Path, loader: Any) -> None:
+    """``shard`` replaced by a copy of ``source`` of its size, as tools write (a temporary
+    file renamed over it), then the loader's next epoch raises ShardChangedError."""
+    replacement = shard.with_name("replacement.tmp")
+    shutil.copyfile(source, replacement)
+    assert replacement.stat().st_size == shard.stat().st_size
+    os.replace(replacement, shard)
+    loader.set_epoch(1)
+    with pytest.raises(ShardChangedError):
+        for _ in loader:
+            pass
+
+
 @pytest.mark.skipif(native_slices.compiled is None, reason="built without the compiled slice")
 def test_the_compiled_slices_raise_after_the_rewrite(tmp_path: Path) -> None:
     """Raw images built a slice in one compiled call from the mapped shards: the map of the
@@ -158,11 +172,4 @@ def test_the_compiled_slices_raise_after_the_rewrite(tmp_path: Path) -> None:
         assert sum(len(b["image"]) for b in loader) == 96
         native = loader._builder._native
         assert native is not None and native.enabled and native._built > 0
-        replacement = shard.with_name("replacement.tmp")
-        shutil.copyfile(new / shard.name, replacement)
-        assert replacement.stat().st_size == shard.stat().st_size
-        os.replace(replacement, shard)
-        loader.set_epoch(1)
-        with pytest.raises(ShardChangedError):
-            for _ in loader:
-                pass
+        replace_then_next_epoch_raises(shard, new / shard.name, loader)

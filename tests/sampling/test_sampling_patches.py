@@ -165,3 +165,49 @@ def test_one_outputs_order_position_is_the_arrays_and_checked_alike(pick: Pick) 
         s.order_position(5, 1, 0, pick="Uniform")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pick must be one of"):
         s.order_positions(5, 1, [0], pick="Uniform")  # type: ignore[arg-type]
+
+
+# -- the compiled stratified order positions ---------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 300), n=st.integers(1, 120), r=st.integers(1, 9),
+       seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 2**40), data=st.data())
+def test_compiled_order_positions_are_numpys(m: int, n: int, r: int, seed: int, epoch: int,
+                                             data: st.DataObject) -> None:
+    """The compiled call and NumPy's block permutations give every output the same order
+    position: runs, strides, outputs in no order and repeated ones."""
+    from shardfeed.sampling import patches as module
+
+    assert module.compiled_slot_orders_agree()  # this build's call is the one tested
+    s = PatchSchedule(m, cache_images=n, refresh_every=r)
+    end = len(s)
+    start = data.draw(st.integers(0, end - 1))
+    stride = data.draw(st.integers(1, 7))
+    picked = data.draw(st.lists(st.integers(0, end - 1), min_size=1, max_size=60))
+    for ps in (np.arange(start, end, stride), np.array(picked), np.arange(end)[::-1]):
+        got = s.order_positions(seed, epoch, ps)
+        assert np.array_equal(got, s._stratified(seed, epoch, ps.astype(np.int64)))
+        assert [s.order_position(seed, epoch, p) for p in ps[:5].tolist()] == got[:5].tolist()
+
+
+def test_a_compiled_call_that_differs_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check finds a build whose permutations differ, and the order positions are then
+    NumPy's: the same a schedule's outputs get with the compiled call."""
+    from shardfeed.sampling import patches as module
+
+    s = PatchSchedule(50, cache_images=8, refresh_every=3)
+    want = s.order_positions(4, 2, np.arange(len(s)))
+    real = module.compiled_slot_orders
+
+    def off(keys: tuple[int, int], n: int, r: int, ps: np.ndarray) -> np.ndarray | None:
+        q = real(keys, n, r, ps)
+        assert q is not None
+        return np.where(ps % n == 1, q + 1, q)  # one slot in each block dealt wrong
+
+    monkeypatch.setattr(module, "compiled_slot_orders", off)
+    assert not module.compiled_slot_orders_agree.__wrapped__()
+    monkeypatch.setattr(module, "compiled_slot_orders_agree", lambda: False)
+    assert np.array_equal(s.order_positions(4, 2, np.arange(len(s))), want)
+    monkeypatch.setattr(module, "compiled_slot_orders_agree", lambda: True)
+    assert not np.array_equal(s.order_positions(4, 2, np.arange(len(s))), want)  # it is used

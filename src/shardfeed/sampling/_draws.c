@@ -8,13 +8,18 @@
  * one call instead of a generator a row. The stream state after a row's draws is handed
  * back, so a later transform can go on drawing from the same generator.
  *
+ * It also deals a patch schedule's slots (slot_orders): the keyed permutation of each block
+ * of outputs that shardfeed.sampling.patches.block_permutations makes through NumPy.
+ *
  * Python checks the results against NumPy before using this module (see
- * shardfeed/sampling/crop_draws.py): a build that differs is never used.
+ * shardfeed/sampling/crop_draws.py and shardfeed/sampling/patches.py): a build that differs
+ * is never used.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define M0 0xD2E7470EE14C6C93ULL
@@ -330,9 +335,111 @@ static PyObject *patch_boxes(PyObject *self, PyObject *args)
     return close_views(v, got, ok);
 }
 
+/* The splitmix64 finaliser of shardfeed.sampling.keys (mix64). */
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint64_t draw;  /* the slot's 53-bit uniform, as an integer: the same order as the float */
+    int64_t slot;
+} slot_draw;
+
+static int by_draw(const void *a, const void *b)
+{
+    const slot_draw *x = a, *y = b;
+    if (x->draw != y->draw)
+        return x->draw < y->draw ? -1 : 1;
+    return x->slot < y->slot ? -1 : (x->slot > y->slot);  /* ties by slot: a stable sort */
+}
+
+/* slot_orders(key0, key1, n, refresh_every, positions, out)
+ *
+ * The order position of each output of ``positions`` (n int64, >= 0) under
+ * ``pick="stratified"``: ``p // refresh_every`` plus the slot the keyed permutation of its
+ * block of ``n`` outputs deals it, the stable argsort of the block's uniforms
+ * (keys.uniform_many: two keyed splitmix64 rounds, ``key0`` and ``key1`` its two keys).
+ * A block's permutation is made once for a run of outputs in it (outputs in increasing
+ * order make each block once). ``out``: n int64. */
+static PyObject *slot_orders(PyObject *self, PyObject *args)
+{
+    unsigned long long key0, key1;
+    long long n, refresh;
+    PyObject *pos_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "KKLLOO", &key0, &key1, &n, &refresh, &pos_obj, &out_obj))
+        return NULL;
+    if (n < 1 || refresh < 1 || n > ((long long)1 << 40)) {
+        PyErr_SetString(PyExc_ValueError, "n and refresh_every must be >= 1");
+        return NULL;
+    }
+    Py_buffer v[2];
+    if (PyObject_GetBuffer(pos_obj, &v[0], PyBUF_C_CONTIGUOUS) != 0)
+        return NULL;
+    Py_ssize_t count = v[0].len / 8;
+    if (v[0].len % 8 != 0) {
+        PyBuffer_Release(&v[0]);
+        PyErr_SetString(PyExc_ValueError, "positions must hold 64-bit items");
+        return NULL;
+    }
+    if (get_buffer(out_obj, &v[1], count, 1, "out") != 0) {
+        PyBuffer_Release(&v[0]);
+        return NULL;
+    }
+    const int64_t *pv = v[0].buf;
+    int64_t *qv = v[1].buf;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (pv[i] < 0)
+            ok = 0;
+    slot_draw *block = NULL;
+    int64_t *perm = NULL;
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "positions must be >= 0");
+    else if (count > 0) {
+        block = PyMem_RawMalloc((size_t)n * sizeof(slot_draw));
+        perm = PyMem_RawMalloc((size_t)n * sizeof(int64_t));
+        if (block == NULL || perm == NULL) {
+            ok = 0;
+            PyErr_NoMemory();
+        }
+    }
+    if (ok && count > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        int64_t made = -1;  /* the block whose permutation ``perm`` holds */
+        for (Py_ssize_t i = 0; i < count; i++) {
+            int64_t b = pv[i] / n;
+            if (b != made) {
+                for (int64_t j = 0; j < n; j++) {
+                    uint64_t h = mix64((uint64_t)(b * n + j) * W0 + key0);
+                    block[j].draw = mix64(h ^ key1) >> 11;
+                    block[j].slot = j;
+                }
+                qsort(block, (size_t)n, sizeof(slot_draw), by_draw);
+                for (int64_t j = 0; j < n; j++)
+                    perm[j] = block[j].slot;
+                made = b;
+            }
+            qv[i] = pv[i] / refresh + perm[pv[i] - b * n];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_RawFree(block);
+    PyMem_RawFree(perm);
+    PyBuffer_Release(&v[0]);
+    PyBuffer_Release(&v[1]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef draws_methods[] = {
     {"patch_boxes", patch_boxes, METH_VARARGS,
      "Patch crops of a slice's outputs from their keyed Philox streams."},
+    {"slot_orders", slot_orders, METH_VARARGS,
+     "Order positions of outputs under the stratified pick: keyed block permutations."},
     {"resized_crops", resized_crops, METH_VARARGS,
      "Random-resized-crop boxes and flips of a slice's rows from their keyed Philox streams."},
     {NULL, NULL, 0, NULL},

@@ -48,6 +48,7 @@ __all__ = [
     "integers_many",
     "mix64",
     "mix64_int",
+    "position_keys",
     "sample_rng",
     "stream_key",
     "uniform_many",
@@ -189,7 +190,7 @@ def stream_key(*words: int) -> int:
 def _hash_positions(
     seed: int, epoch: int, positions: npt.ArrayLike, purpose: int, draw: int
 ) -> npt.NDArray[np.uint64]:
-    key, key2 = _position_keys(seed, epoch, purpose, draw)
+    key, key2 = position_keys(seed, epoch, purpose, draw)
     array = np.asarray(positions)
     if array.dtype.kind not in "iu":
         if array.size == 0:
@@ -208,7 +209,9 @@ def _hash_positions(
     return h
 
 
-def _position_keys(seed: int, epoch: int, purpose: int, draw: int) -> tuple[int, int]:
+def position_keys(seed: int, epoch: int, purpose: int, draw: int) -> tuple[int, int]:
+    """The two keys of :func:`uniform_many`'s hash for ``(seed, epoch, purpose, draw)``:
+    ``h = mix64(mix64(position * golden + key) ^ key2)`` (for a compiled copy of it)."""
     key = stream_key(check_word(seed, "seed"), check_word(epoch, "epoch"),
                      check_word(purpose, "purpose"), check_word(draw, "draw"))
     return key, mix64_int(key ^ _M2)
@@ -235,7 +238,7 @@ def uniform_many(
 
 def uniform_one(seed: int, epoch: int, position: int, purpose: int, *, draw: int = 0) -> float:
     """:func:`uniform_many` for a single position, in plain Python (5-10 µs a call)."""
-    key, key2 = _position_keys(seed, epoch, purpose, draw)
+    key, key2 = position_keys(seed, epoch, purpose, draw)
     position = check_word(position, "position")
     h = mix64_int(position * _GOLDEN + key)
     h = mix64_int(h ^ key2)

@@ -200,9 +200,10 @@ def test_a_compiled_call_that_differs_is_not_used(monkeypatch: pytest.MonkeyPatc
     want = s.order_positions(4, 2, np.arange(len(s)))
     real = module.compiled_slot_orders
 
-    def off(keys: tuple[int, int], n: int, r: int, ps: np.ndarray) -> np.ndarray | None:
-        q = real(keys, n, r, ps)
-        assert q is not None
+    def off(keys: tuple[int, int], n: int, r: int, end: int,
+            ps: np.ndarray) -> np.ndarray | int | None:
+        q = real(keys, n, r, end, ps)
+        assert isinstance(q, np.ndarray)
         return np.where(ps % n == 1, q + 1, q)  # one slot in each block dealt wrong
 
     monkeypatch.setattr(module, "compiled_slot_orders", off)

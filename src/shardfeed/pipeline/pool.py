@@ -76,12 +76,18 @@ class BatchRing:
 
     def buffer_for(self, index: int, building: Sequence[BatchBuffer]) -> BatchBuffer:
         """The buffer to build batch ``index`` in; ``building``: buffers of batches in flight."""
-        n = len(self.buffers)
-        idle = [
-            self.buffers[(self._cursor + step) % n] for step in range(n)
-            if all(self.buffers[(self._cursor + step) % n] is not b for b in building)
-        ]
-        chosen = next((b for b in idle if not b.held()), None)
+        buffers = self.buffers
+        n = len(buffers)
+        busy = set(map(id, building))  # by identity: a few buffers, asked once a batch
+        idle: list[BatchBuffer] = []  # not in flight, but held by the caller
+        chosen: BatchBuffer | None = None
+        for step in range(n):
+            buffer = buffers[(self._cursor + step) % n]
+            if id(buffer) not in busy:
+                if not buffer.held():
+                    chosen = buffer
+                    break
+                idle.append(buffer)
         if chosen is None and len(self.buffers) < self.limit:
             chosen = BatchBuffer(self.buffers[0].layout)
             self.buffers.insert(self._cursor, chosen)  # built in next, then in ring order

@@ -356,20 +356,22 @@ static int by_draw(const void *a, const void *b)
     return x->slot < y->slot ? -1 : (x->slot > y->slot);  /* ties by slot: a stable sort */
 }
 
-/* slot_orders(key0, key1, n, refresh_every, positions, out)
+/* slot_orders(key0, key1, n, refresh_every, end, positions, out) -> None or int
  *
- * The order position of each output of ``positions`` (n int64, >= 0) under
+ * The order position of each output of ``positions`` (int64, each in [0, end)) under
  * ``pick="stratified"``: ``p // refresh_every`` plus the slot the keyed permutation of its
  * block of ``n`` outputs deals it, the stable argsort of the block's uniforms
  * (keys.uniform_many: two keyed splitmix64 rounds, ``key0`` and ``key1`` its two keys).
  * A block's permutation is made once for a run of outputs in it (outputs in increasing
- * order make each block once). ``out``: n int64. */
+ * order make each block once). ``out``: as many int64. Returns the index of the first
+ * position outside [0, end) (nothing written), else None. */
 static PyObject *slot_orders(PyObject *self, PyObject *args)
 {
     unsigned long long key0, key1;
-    long long n, refresh;
+    long long n, refresh, end;
     PyObject *pos_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "KKLLOO", &key0, &key1, &n, &refresh, &pos_obj, &out_obj))
+    if (!PyArg_ParseTuple(args, "KKLLLOO", &key0, &key1, &n, &refresh, &end, &pos_obj,
+                          &out_obj))
         return NULL;
     if (n < 1 || refresh < 1 || n > ((long long)1 << 40)) {
         PyErr_SetString(PyExc_ValueError, "n and refresh_every must be >= 1");
@@ -390,23 +392,22 @@ static PyObject *slot_orders(PyObject *self, PyObject *args)
     }
     const int64_t *pv = v[0].buf;
     int64_t *qv = v[1].buf;
-    int ok = 1;
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (pv[i] < 0)
-            ok = 0;
+    PyObject *result = NULL;
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t i = 0; i < count && bad < 0; i++)
+        if (pv[i] < 0 || pv[i] >= end)
+            bad = i;
     slot_draw *block = NULL;
     int64_t *perm = NULL;
-    if (!ok)
-        PyErr_SetString(PyExc_ValueError, "positions must be >= 0");
+    if (bad >= 0)
+        result = PyLong_FromSsize_t(bad);
     else if (count > 0) {
         block = PyMem_RawMalloc((size_t)n * sizeof(slot_draw));
         perm = PyMem_RawMalloc((size_t)n * sizeof(int64_t));
-        if (block == NULL || perm == NULL) {
-            ok = 0;
+        if (block == NULL || perm == NULL)
             PyErr_NoMemory();
-        }
     }
-    if (ok && count > 0) {
+    if (bad < 0 && (count == 0 || (block != NULL && perm != NULL))) {
         Py_BEGIN_ALLOW_THREADS
         int64_t made = -1;  /* the block whose permutation ``perm`` holds */
         for (Py_ssize_t i = 0; i < count; i++) {
@@ -425,14 +426,13 @@ static PyObject *slot_orders(PyObject *self, PyObject *args)
             qv[i] = pv[i] / refresh + perm[pv[i] - b * n];
         }
         Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
     }
     PyMem_RawFree(block);
     PyMem_RawFree(perm);
     PyBuffer_Release(&v[0]);
     PyBuffer_Release(&v[1]);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return result;
 }
 
 static PyMethodDef draws_methods[] = {

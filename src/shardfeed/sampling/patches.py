@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -147,17 +147,21 @@ class PatchSchedule:
         blocks) through NumPy (256 outputs of 64 slots, 2 cores), all of it held under the
         GIL, and a Patches loader asks twice a slice (its outputs, those it looks ahead to)."""
         _check_pick(pick)
-        ps = self._check_outputs(np.asarray(ps, dtype=np.int64))
-        if pick == "uniform":
-            return self.pick_many(ps, uniform_many(seed, epoch, ps, PATCH_SLOT))
-        if len(ps) and compiled_slot_orders_agree():
+        ps = np.ascontiguousarray(ps, dtype=np.int64)
+        if pick == "stratified" and len(ps) and compiled_slot_orders_agree():
             kept = self._slot_keys  # one read: another thread may replace it meanwhile
             if kept[0] != seed or kept[1] != epoch:
                 kept = self._slot_keys = (seed, epoch,
                                           position_keys(seed, epoch, PATCH_SLOT, SLOT_DRAW))
-            q = compiled_slot_orders(kept[2], self.cache_images, self.refresh_every, ps)
+            q = compiled_slot_orders(kept[2], self.cache_images, self.refresh_every, len(self),
+                                     ps)
+            if isinstance(q, int):  # an output out of range: named as NumPy's path names it
+                self._check_output(int(ps[q]))
             if q is not None:
-                return q
+                return cast(IntArray, q)
+        ps = self._check_outputs(ps)
+        if pick == "uniform":
+            return self.pick_many(ps, uniform_many(seed, epoch, ps, PATCH_SLOT))
         return self._stratified(seed, epoch, ps)
 
     def _stratified(self, seed: int, epoch: int, ps: IntArray) -> IntArray:
@@ -288,7 +292,8 @@ def compiled_slot_orders_agree() -> bool:
                    rng.integers(0, end, 300).astype(np.int64)):
             for seed, epoch in ((0, 0), (2**64 - 1, 3), (12345, 2**40)):
                 got = compiled_slot_orders(position_keys(seed, epoch, PATCH_SLOT, SLOT_DRAW),
-                                           n, r, ps)
-                if got is None or not np.array_equal(got, schedule._stratified(seed, epoch, ps)):
+                                           n, r, end, ps)
+                if (not isinstance(got, np.ndarray)
+                        or not np.array_equal(got, schedule._stratified(seed, epoch, ps))):
                     return False
     return True

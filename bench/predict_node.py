@@ -135,7 +135,7 @@ def samples(perf_data: Path) -> dict[str, int]:
 # -- the child: one case on one thread ----------------------------------------------------------
 
 
-def _loader(case: str, root: Path) -> Any:
+def _loader(case: str, root: Path, slices: str = "node") -> Any:
     from shardfeed.dataset import Dataset
     from shardfeed.pipeline import Loader
     from shardfeed.pipeline.patches import Patches
@@ -145,7 +145,8 @@ def _loader(case: str, root: Path) -> Any:
     if case == "train":
         source: Any = Dataset(str(root / "jpeg500"))
         transform: Any = presets.train(size=224)
-        batch = sizes.batch
+        # the node's batch where its slices are cut as there (a slice a thread of 16)
+        batch = bench_node.Sizes.node().batch if slices == "node" else sizes.batch
     elif case == "png28":
         source, transform, batch = Dataset(str(root / "png28")), DecodeImage(channels="gray"), 256
     else:
@@ -156,19 +157,47 @@ def _loader(case: str, root: Path) -> Any:
                   num_threads=1, prefetch_batches=4, drop_last=True)
 
 
-def child(case: str, root: Path, seconds: float, ready: Path) -> None:
-    """Run ``case`` on one thread: warm up, say so in ``ready``, count items for
+def slices_as_on_node(threads: int = CORES) -> None:
+    """Make this process's loaders cut their batches into the slices the slice gate cuts
+    with ``threads`` threads building at once (a batch over the threads, light work
+    enlarged as the gate enlarges it then), while one thread builds them: each slice's own
+    costs (submitting it, the gate, its plan, its images' lookups and features) are then
+    paid as often an item as on the node. With the one-thread loader's own slices (a whole
+    batch) the node pays them 4 to 16 times as often as measured here. The gate's own rule
+    does the cutting, asked as if ``threads`` ran."""
+    from shardfeed.pipeline.concurrency import SliceGate
+
+    cut = SliceGate.slice_size
+
+    def slice_size(self: Any, base: int, batch: int, ahead: int) -> int:
+        limit, every = self.limit, self._all
+        self.limit = self._all = threads  # read back at once: the one thread builds alone
+        try:
+            return int(cut(self, -(-batch // threads), batch, ahead))
+        finally:
+            self.limit, self._all = limit, every
+
+    SliceGate.slice_size = slice_size  # type: ignore[method-assign]
+
+
+def child(case: str, root: Path, seconds: float, ready: Path, slices: str = "node") -> None:
+    """Run ``case`` on one thread (its slices cut as on the node, ``slices="node"``, or as
+    one thread cuts them, ``"one"``): warm up, say so in ``ready``, count items for
     ``seconds``, print ``{"rate": items/s, "code": where shardfeed is, "compiled": whether
     its compiled parser loaded}``."""
     import shardfeed
     from shardfeed.format import native
 
-    with _loader(case, root) as loader:
+    if slices == "node":
+        slices_as_on_node()
+    with _loader(case, root, slices) as loader:
         batches = bench_node.endless(loader, bench_node._labels)
         warm = time.perf_counter()
         while time.perf_counter() - warm < min(seconds, 3.0):
             next(batches)
-        ready.write_text(str(os.getpid()))
+        told = ready.with_suffix(".part")  # renamed whole: the parent never reads it half
+        told.write_text(str(os.getpid()))
+        told.replace(ready)
         items, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             items += next(batches)
@@ -176,8 +205,8 @@ def child(case: str, root: Path, seconds: float, ready: Path) -> None:
                           "code": shardfeed.__file__, "compiled": native.wire is not None}))
 
 
-def measure(case: str, root: Path, seconds: float,
-            src: str | None = None) -> tuple[float, dict[str, int]]:
+def measure(case: str, root: Path, seconds: float, src: str | None = None,
+            slices: str = "node") -> tuple[float, dict[str, int]]:
     """(items/s on one thread, its CPU samples by kind, at ``HZ`` a busy thread) of
     ``case``, in a child process sampled by perf for ``seconds`` (``src``: the ``src``
     folder of another checkout whose code the child runs)."""
@@ -189,7 +218,7 @@ def measure(case: str, root: Path, seconds: float,
         ready = Path(tmp) / "ready"
         run = subprocess.Popen(
             [sys.executable, __file__, "--child", case, "--data", str(root),
-             "--seconds", str(seconds + 2), "--ready", str(ready)],
+             "--seconds", str(seconds + 2), "--ready", str(ready), "--slices", slices],
             stdout=subprocess.PIPE, text=True, env=env)
         while not ready.exists():
             if run.poll() is not None:
@@ -266,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         "the src folder of a checkout of the node run's code (f4c1452): measured too, each "
         "run beside one of this code's, and u fitted on it in this session, not taken from "
         "the module (this machine's figures drift from day to day)"))
+    parser.add_argument("--slices", choices=("node", "one"), default="node", help=(
+        "node: each batch cut into the slices the gate cuts with 16 threads (the node's "
+        "train batch of 256); one: as one thread cuts them (a whole batch, train at 64)"))
     parser.add_argument("--json", help="write the rows here too")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--ready", help=argparse.SUPPRESS)
@@ -273,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.data or Path(tempfile.gettempdir()) / "shardfeed-predict")
     if args.child:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        child(args.child, root, args.seconds, Path(args.ready))
+        child(args.child, root, args.seconds, Path(args.ready), args.slices)
         return 0
     if shutil.which("perf") is None:
         parser.error("needs Linux perf (`perf record`): apt install linux-perf")
@@ -301,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("this", None)]
             for code, src in order[:: 1 if repeat % 2 else -1]:
                 into = base if code == "baseline" else measured
-                into.setdefault(case, []).append(measure(case, root, args.seconds, src))
+                into.setdefault(case, []).append(
+                    measure(case, root, args.seconds, src, args.slices))
     u = U
     if base:
         # u each case implies on the baseline (node = u·k/g): their geometric mean

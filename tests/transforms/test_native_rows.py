@@ -267,9 +267,10 @@ def test_a_call_that_gives_other_pixels_is_not_used(monkeypatch: pytest.MonkeyPa
     op = _crop_op((32, 32), True)
     image_out = np.zeros((1, 32, 32, 3), np.uint8)
     data = _jpeg(np.random.default_rng(1), 60, 80)
-    assert native_rows.native_rows_into([data], [(60, 80, 0, 0, 40, 50, 0)], image_out, [],
-                                        size=op.size, fast_dct=True, fast_upsample=True,
-                                        max_denominator=8) == 0
+    drawn = native_rows.drawn_rows([(60, 80, 0, 0, 40, 50, 0)], op.size, max_denominator=8)
+    assert drawn is not None
+    assert native_rows.native_rows_into([data], drawn, image_out, None, size=op.size,
+                                        fast_dct=True, fast_upsample=True) == 0
     assert not image_out.any()
 
 
@@ -282,13 +283,14 @@ def test_a_scaled_decode_that_differs_leaves_only_the_scaled_rows(
     data = _jpeg(np.random.default_rng(1), 150, 160)
     rows = [(150, 160, 0, 0, 40, 50, 0), (150, 160, 3, 4, 90, 100, 1)]  # d 1, d 2
     image_out = np.zeros((2, 32, 32, 3), np.uint8)
-    made = native_rows.native_rows_into([data, data], list(rows), image_out, [], size=op.size,
-                                        fast_dct=True, fast_upsample=True, max_denominator=8)
+    drawn = native_rows.drawn_rows(list(rows), op.size, max_denominator=8)
+    assert drawn is not None
+    made = native_rows.native_rows_into([data, data], drawn, image_out, None, size=op.size,
+                                        fast_dct=True, fast_upsample=True)
     assert made == 0b01
     assert image_out[0].tobytes() == _reference(op, data, rows[0]).tobytes()
     assert not image_out[1].any()
     monkeypatch.setattr(native_rows, "_checked", [True, True])
-    assert native_rows.native_rows_into([data, data], list(rows), image_out, [], size=op.size,
-                                        fast_dct=True, fast_upsample=True,
-                                        max_denominator=8) == 0b11
+    assert native_rows.native_rows_into([data, data], drawn, image_out, None, size=op.size,
+                                        fast_dct=True, fast_upsample=True) == 0b11
     assert image_out[1].tobytes() == _reference(op, data, rows[1]).tobytes()

@@ -160,13 +160,12 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
         del own
     if columns is None:
         return False
-    d = patches.options.denominator
-    fy = np.minimum(boxes[:, 0] * d, full[:, 0] - 1)
-    fx = np.minimum(boxes[:, 1] * d, full[:, 1] - 1)
+    # each box at full size: its corner within the image, its size within what is left
+    scaled = boxes * patches.options.denominator
+    corner = np.minimum(scaled[:, :2], full - 1)
     columns["image"] = out
-    columns["patch/box"] = np.stack(
-        [fy, fx, np.minimum(boxes[:, 2] * d, full[:, 0] - fy),
-         np.minimum(boxes[:, 3] * d, full[:, 1] - fx)], axis=1)
+    columns["patch/box"] = np.concatenate(
+        [corner, np.minimum(scaled[:, 2:], full - corner)], axis=1)
     columns["patch/record"] = units
     if transform is not None:
         rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None

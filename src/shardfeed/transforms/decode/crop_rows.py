@@ -46,7 +46,7 @@ from shardfeed.format.native import compiled_module
 from shardfeed.sampling.crop_draws import RowKeys
 from shardfeed.transforms.arrays import interpolation_for
 from shardfeed.transforms.base import NO_RANDOMNESS
-from shardfeed.transforms.boxes import Box, scale_denominators
+from shardfeed.transforms.boxes import Box
 from shardfeed.transforms.decode.fields import ImageField
 from shardfeed.transforms.decode.image import (
     CMYK_SPACES,
@@ -56,7 +56,7 @@ from shardfeed.transforms.decode.image import (
     scratch_buffer,
     sniff_format,
 )
-from shardfeed.transforms.decode.native_rows import native_rows_into
+from shardfeed.transforms.decode.native_rows import DrawnRows, drawn_rows, native_rows_into
 from shardfeed.transforms.decode.orientation import orientation_of, oriented_size
 from shardfeed.transforms.decode.region import (
     REGION_MIN_PIXELS,
@@ -148,44 +148,49 @@ def crop_rows_into(
     where = f"feature '{key}'"  # an error sends the rows to the sample path, which names it
     values = columns[key]
     drawn = draw_rows(op, values, rngs, where)
-    done = 0
+    done, every = 0, (1 << len(values)) - 1
     if drawn is not None:
         if op.channels == "rgb" and op.image_field.exif_orientation == "ignore":
-            done = native_rows_into(values, drawn, image_out, plain_region_rows(op, drawn)[0],
-                                    size=op.size, fast_dct=op.fast_dct,
-                                    fast_upsample=op.fast_upsample,
-                                    max_denominator=op.max_denominator)
-        pending = drawn if not done else [None if done >> row & 1 else known
-                                          for row, known in enumerate(drawn)]
-        regions, made = _region_rows_into(op, values, pending, image_out)
-        done |= made
-        done |= _whole_rows_into(op, values, pending, image_out, done, regions)
-    for row, data in enumerate(values):
-        known = drawn[row] if drawn is not None else None
-        if done >> row & 1:
-            if placed:
-                height, width, y, x, h, w, flip = known  # type: ignore[misc]
-                placed[row] = Box(y, x, h, w), (height, width), flip != 0
-            continue
-        target = image_out[row]
-        if known is not None:
-            height, width, y, x, h, w, flip = known
-            image = op._jpeg_crop(data, Box(y, x, h, w), height, width, where, flip != 0,
-                                  target)
-            if placed:
-                placed[row] = Box(y, x, h, w), (height, width), flip != 0
-        else:
-            rng = NO_RANDOMNESS if rngs is None else rngs[row]
-            image, row_draw, image_hw = op._crop_encoded(data, rng, where, target)
-            if placed:
-                placed[row] = row_draw.box, image_hw, row_draw.flip
-        if image is not target:
-            if image.shape != target.shape or image.dtype != target.dtype:
-                raise SchemaError(
-                    f"image {image.dtype} {image.shape} does not fit the batch's "
-                    f"{target.dtype} {target.shape}"
-                )
-            target[...] = image
+            # the slice's draws as one table, its denominators and region rows worked out
+            # once for the region rule and the compiled call
+            table = drawn_rows(drawn, op.size, max_denominator=op.max_denominator)
+            if table is not None:
+                done = native_rows_into(values, table, image_out, plain_region_mask(table),
+                                        size=op.size, fast_dct=op.fast_dct,
+                                        fast_upsample=op.fast_upsample)
+        if done != every:  # rows left: the other paths
+            pending = drawn if not done else [None if done >> row & 1 else known
+                                              for row, known in enumerate(drawn)]
+            regions, made = _region_rows_into(op, values, pending, image_out)
+            done |= made
+            done |= _whole_rows_into(op, values, pending, image_out, done, regions)
+    if done != every or placed:  # rows left, or every row's draws for its mask
+        for row, data in enumerate(values):
+            known = drawn[row] if drawn is not None else None
+            if done >> row & 1:
+                if placed:
+                    height, width, y, x, h, w, flip = known  # type: ignore[misc]
+                    placed[row] = Box(y, x, h, w), (height, width), flip != 0
+                continue
+            target = image_out[row]
+            if known is not None:
+                height, width, y, x, h, w, flip = known
+                image = op._jpeg_crop(data, Box(y, x, h, w), height, width, where, flip != 0,
+                                      target)
+                if placed:
+                    placed[row] = Box(y, x, h, w), (height, width), flip != 0
+            else:
+                rng = NO_RANDOMNESS if rngs is None else rngs[row]
+                image, row_draw, image_hw = op._crop_encoded(data, rng, where, target)
+                if placed:
+                    placed[row] = row_draw.box, image_hw, row_draw.flip
+            if image is not target:
+                if image.shape != target.shape or image.dtype != target.dtype:
+                    raise SchemaError(
+                        f"image {image.dtype} {image.shape} does not fit the batch's "
+                        f"{target.dtype} {target.shape}"
+                    )
+                target[...] = image
     mask_key = _masks_into(op, columns, placed, mask_out) if mask_out is not None else None
     result = dict(columns)
     if not op.keep_encoded:
@@ -316,20 +321,25 @@ def plain_region_rows(op: CropRowsOp, drawn: list[tuple[int, ...] | None]
     """The rows whose crop an op that turns nothing decodes as a region, and their boxes:
     :meth:`CropDecoderBase._region_box`'s rule (a DCT scale of 1, an image of
     ``REGION_MIN_PIXELS`` or more, :func:`region_cost_pays`) for the slice at once."""
-    picked = [row for row, known in enumerate(drawn) if known is not None]
-    if not picked:
+    table = drawn_rows(drawn, op.size, max_denominator=op.max_denominator)
+    chosen = None if table is None else plain_region_mask(table)
+    if chosen is None:
         return [], []
-    table = np.array([drawn[row] for row in picked], dtype=np.int64)
-    height, width, y, _, h, w = (table[:, k] for k in range(6))
-    out_h, out_w = op.size
-    scaled = scale_denominators(h, w, out_h, out_w, max_denominator=op.max_denominator) > 1
-    chosen = (~scaled & (height * width >= REGION_MIN_PIXELS)
-              & region_cost_pays(height, width, np.minimum(height, y + h), h, w))
-    keep = np.flatnonzero(chosen).tolist()
-    if not keep or backend() is None:  # asked only for large images: loading it costs
-        return [], []
-    return ([picked[k] for k in keep],
-            [Box(*box) for box in table[keep][:, 2:6].tolist()])
+    assert table is not None
+    return (table.rows[chosen].tolist(),
+            [Box(*box) for box in table.table[chosen][:, 2:6].tolist()])
+
+
+def plain_region_mask(drawn: DrawnRows) -> np.ndarray | None:
+    """:func:`plain_region_rows`' rule on a slice's :func:`drawn_rows`: for each drawn row,
+    whether its crop is decoded as a region; None where none is (then the region decoder is
+    not asked for: loading it costs memory that small images need not pay)."""
+    height, width, y, _, h, w = (drawn.table[:, k] for k in range(6))
+    chosen: np.ndarray = ((drawn.d == 1) & (height * width >= REGION_MIN_PIXELS)
+                          & region_cost_pays(height, width, np.minimum(height, y + h), h, w))
+    if not chosen.any() or backend() is None:
+        return None
+    return chosen
 
 
 def frame_sizes(values: list[bytes]) -> np.ndarray:

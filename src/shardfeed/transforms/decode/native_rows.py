@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 
@@ -119,40 +119,58 @@ def _self_check() -> tuple[bool, bool]:
     return agree[0], agree[0] and agree[1]
 
 
-def native_rows_into(values: list[bytes], drawn: list[tuple[int, ...] | None],
-                     image_out: np.ndarray, regions: list[int], *, size: tuple[int, int],
-                     fast_dct: bool, fast_upsample: bool, max_denominator: int) -> int:
-    """The rows of ``drawn`` (``(height, width, y, x, h, w, flip)`` a JPEG row, None for
-    others) that the compiled call decoded, resized to ``size`` and flipped into
-    ``image_out`` (RGB uint8 rows, in C order), as a bit mask; 0 where it does not apply
-    (see the module doc). ``regions``: the rows the Python path decodes as regions
-    (:func:`~.crop_rows.plain_region_rows`); every other row is read to its end, as the
-    Python path's whole decode reads it. The caller takes only ops that turn nothing
+class DrawnRows(NamedTuple):
+    """A slice's drawn JPEG rows at once (:func:`drawn_rows`): their row numbers, their
+    draws a row (``height, width, y, x, h, w, flip``, int64), and each crop's DCT scale
+    denominator (:func:`~shardfeed.transforms.boxes.scale_denominators`)."""
+
+    rows: np.ndarray
+    table: np.ndarray
+    d: np.ndarray
+
+
+def drawn_rows(drawn: list[tuple[int, ...] | None], size: tuple[int, int], *,
+               max_denominator: int) -> DrawnRows | None:
+    """The rows of ``drawn`` that are not None, as one table, with their denominators for
+    outputs of ``size`` (worked out once a slice for the region rule and the compiled call);
+    None where there is none."""
+    rows = [row for row, known in enumerate(drawn) if known is not None]
+    if not rows:
+        return None
+    table = np.array([drawn[row] for row in rows], dtype=np.int64)
+    d = scale_denominators(table[:, 4], table[:, 5], size[0], size[1],
+                           max_denominator=max_denominator)
+    return DrawnRows(np.array(rows, dtype=np.int64), table, d)
+
+
+def native_rows_into(values: list[bytes], drawn: DrawnRows, image_out: np.ndarray,
+                     regions: np.ndarray | None, *, size: tuple[int, int], fast_dct: bool,
+                     fast_upsample: bool) -> int:
+    """The rows of ``drawn`` (:func:`drawn_rows` of the slice's JPEG rows) that the compiled
+    call decoded, resized to ``size`` and flipped into ``image_out`` (RGB uint8 rows, in C
+    order), as a bit mask; 0 where it does not apply (see the module doc). ``regions``: for
+    each drawn row, whether the Python path decodes it as a region
+    (:func:`~.crop_rows.plain_region_rows`; None: none); every other row is read to its end,
+    as the Python path's whole decode reads it. The caller takes only ops that turn nothing
     (``exif_orientation="ignore"``) and give RGB."""
     if (compiled is None or image_out.dtype != np.uint8 or not image_out.flags.c_contiguous
             or image_out.ndim != 4 or not agrees()):
         return 0
-    rows = [row for row, known in enumerate(drawn) if known is not None]
-    if not rows:
-        return 0
-    table = np.ones((len(rows), 10), dtype=np.int64)
-    table[:, 0] = rows
-    table[:, 1:8] = np.array([drawn[row] for row in rows], dtype=np.int64)
-    if regions:
-        table[np.isin(table[:, 0], regions), 8] = 0
-    out_h, out_w = size
-    d = table[:, 9]
-    d[:] = scale_denominators(table[:, 5], table[:, 6], out_h, out_w,
-                              max_denominator=max_denominator)
+    table = np.empty((len(drawn.rows), 10), dtype=np.int64)
+    table[:, 0] = drawn.rows
+    table[:, 1:8] = drawn.table
+    table[:, 8] = 1 if regions is None else ~regions  # read to the end: not a region
+    table[:, 9] = drawn.d
     if not _checked[1]:
-        d[d > 1] = 0  # the scaled decode is not the Python path's here: not taken
-    flags: Any = compiled.crop_rows(values, table, image_out, out_h, out_w, fast_dct,
-                                    fast_upsample)
+        table[table[:, 9] > 1, 9] = 0  # the scaled decode is not the Python path's here
+    out_h, out_w = size
+    flags: bytes = compiled.crop_rows(values, table, image_out, out_h, out_w, fast_dct,
+                                      fast_upsample)
     done = 0
-    for row, flag in zip(rows, flags):
+    for row, flag in zip(drawn.rows.tolist(), flags):
         if flag:
             done |= 1 << row
     return done
 
 
-__all__ = ["compiled", "native_rows_into"]
+__all__ = ["DrawnRows", "compiled", "drawn_rows", "native_rows_into"]

@@ -16,9 +16,19 @@ the node bench's cases this script measures, on one loader thread:
     d1   the full JPEG decode on one thread: ``k`` = 596 / d1 scales this machine's core to
          the node's
 
-(the node bench's cases at ``Sizes.quick``'s batches: the train preset at 64 a batch, not
-the node's 256; 28² PNG at 256; Patches 32² of 200 images of 1566² at 256), and predicts
-``min(16 · eff · r1 · k, u · k / g)``. NumPy is counted as holding the GIL (it lets go only
+(the node bench's cases at the node's batches: the train preset at 256, 28² PNG at 256,
+Patches 32² of 200 images of 1566² at 256), and predicts ``min(16 · eff · r1 · k, u · k /
+g)``. The one thread builds the slices the gate cuts with 16 threads (``--slices node``, the
+default: :func:`slices_as_on_node`; 16 images a slice of the train preset, 64 of 28² PNG
+and of Patches), so that a slice's own costs (submitting it, the gate, its plan and draws,
+its hand-over) count as often an item as on the node: a one-thread loader here builds a
+whole batch a slice, and with them (``--slices one``, train at 64 a batch as before) the
+train preset read 19-21 GIL µs an image where 16-image slices read 35-51. With the node's
+slices the ``u`` each case implies on the node run's code lies closer together: 0.42-0.48
+/ 0.53-0.54 / 0.59-0.65 in three runs (one ``u`` within ±19% of each), against 0.33-0.34 /
+0.29-0.37 / 0.47-0.48 in two with one thread's slices (up to ±31%).
+
+NumPy is counted as holding the GIL (it lets go only
 for large arrays: a patch's copy is small); perf's rate is taken as asked (``HZ``). ``u`` is the one fitted constant: the
 share of a core's time in which a process of 16 threads gets its serial part done, hand-
 overs and waits included. Fitted on the node table in README (train 4,633, 28² PNG 355,553,

@@ -366,15 +366,19 @@ def draw_rows(
         return None
     sizes = frame_sizes(values)
     max_pixels = op.image_field.max_pixels
-    over = np.flatnonzero(sizes[:, 0] * sizes[:, 1] > max_pixels)
-    for row in np.flatnonzero(sizes[:, 0] == 0).tolist() + over[:1].tolist():
-        data = values[row]
-        if sniff_format(data) == "jpeg":
-            height, width, space = jpeg_header(data, where=where)
-            check_pixels(height, width, max_pixels=max_pixels, where=where, nbytes=len(data))
-            if space not in CMYK_SPACES:
-                sizes[row] = height, width
-    rows = np.flatnonzero(sizes[:, 0])
+    if len(sizes) and sizes[:, 0].all() and int((sizes[:, 0] * sizes[:, 1]).max()) <= max_pixels:
+        rows = np.arange(len(values))  # every row a plain JPEG within the limit: the most
+    else:
+        over = np.flatnonzero(sizes[:, 0] * sizes[:, 1] > max_pixels)
+        for row in np.flatnonzero(sizes[:, 0] == 0).tolist() + over[:1].tolist():
+            data = values[row]
+            if sniff_format(data) == "jpeg":
+                height, width, space = jpeg_header(data, where=where)
+                check_pixels(height, width, max_pixels=max_pixels, where=where,
+                             nbytes=len(data))
+                if space not in CMYK_SPACES:
+                    sizes[row] = height, width
+        rows = np.flatnonzero(sizes[:, 0])
     policy = op.image_field.exif_orientation
     if policy != "ignore":
         for row in rows.tolist():

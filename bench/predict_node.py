@@ -26,7 +26,9 @@ whole batch a slice, and with them (``--slices one``, train at 64 a batch as bef
 train preset read 19-21 GIL µs an image where 16-image slices read 35-51. With the node's
 slices the ``u`` each case implies on the node run's code lies closer together: 0.42-0.48
 / 0.53-0.54 / 0.59-0.65 in three runs (one ``u`` within ±19% of each), against 0.33-0.34 /
-0.29-0.37 / 0.47-0.48 in two with one thread's slices (up to ±31%).
+0.29-0.37 / 0.47-0.48 in two with one thread's slices (up to ±31%). The train set here is
+``Sizes.quick``'s 768 JPEGs: 3 batches of 256 an epoch against the node's 31, so each
+epoch's start (its order, its pass) counts about 10× as often an image as there.
 
 NumPy is counted as holding the GIL (it lets go only
 for large arrays: a patch's copy is small); perf's rate is taken as asked (``HZ``). ``u`` is the one fitted constant: the

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.sampling import PATCH_SLOT, PatchSchedule, sample_rng, uniform_many
+from shardfeed.sampling import PATCH_SLOT, PatchSchedule, crop_draws, sample_rng, uniform_many
+from shardfeed.sampling import patches as patches_module
 from shardfeed.sampling.patches import Pick
 
 
@@ -169,46 +170,80 @@ def test_one_outputs_order_position_is_the_arrays_and_checked_alike(pick: Pick) 
 
 # -- the compiled stratified order positions ---------------------------------------------------
 
+needs_compiled = pytest.mark.skipif(not crop_draws.compiled(),
+                                    reason="built without the compiled draws")
 
+
+@needs_compiled
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(1, 300), n=st.integers(1, 120), r=st.integers(1, 9),
        seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 2**40), data=st.data())
 def test_compiled_order_positions_are_numpys(m: int, n: int, r: int, seed: int, epoch: int,
                                              data: st.DataObject) -> None:
     """The compiled call and NumPy's block permutations give every output the same order
-    position: runs, strides, outputs in no order and repeated ones."""
-    from shardfeed.sampling import patches as module
-
-    assert module.compiled_slot_orders_agree()  # this build's call is the one tested
+    position: runs, strides, sorted draws with repeats, outputs in no order (NumPy's then)."""
+    assert patches_module.compiled_slot_orders_agree()  # this build's call is the one tested
     s = PatchSchedule(m, cache_images=n, refresh_every=r)
     end = len(s)
     start = data.draw(st.integers(0, end - 1))
     stride = data.draw(st.integers(1, 7))
-    picked = data.draw(st.lists(st.integers(0, end - 1), min_size=1, max_size=60))
-    for ps in (np.arange(start, end, stride), np.array(picked), np.arange(end)[::-1]):
+    picked = data.draw(st.lists(st.integers(0, end - 1), min_size=1, max_size=300))
+    for ps in (np.arange(start, end, stride), np.sort(picked), np.array(picked),
+               np.arange(end)[::-1]):
         got = s.order_positions(seed, epoch, ps)
         assert np.array_equal(got, s._stratified(seed, epoch, ps.astype(np.int64)))
         assert [s.order_position(seed, epoch, p) for p in ps[:5].tolist()] == got[:5].tolist()
 
 
+@needs_compiled
 def test_a_compiled_call_that_differs_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check finds a build whose permutations differ, and the order positions are then
     NumPy's: the same a schedule's outputs get with the compiled call."""
-    from shardfeed.sampling import patches as module
-
     s = PatchSchedule(50, cache_images=8, refresh_every=3)
     want = s.order_positions(4, 2, np.arange(len(s)))
-    real = module.compiled_slot_orders
+    real = patches_module.compiled_slot_orders
 
     def off(keys: tuple[int, int], n: int, r: int, end: int,
             ps: np.ndarray) -> np.ndarray | int | None:
         q = real(keys, n, r, end, ps)
-        assert isinstance(q, np.ndarray)
-        return np.where(ps % n == 1, q + 1, q)  # one slot in each block dealt wrong
+        return np.where(ps % n == 1, q + 1, q) if isinstance(q, np.ndarray) else q
 
-    monkeypatch.setattr(module, "compiled_slot_orders", off)
-    assert not module.compiled_slot_orders_agree.__wrapped__()
-    monkeypatch.setattr(module, "compiled_slot_orders_agree", lambda: False)
+    monkeypatch.setattr(patches_module, "compiled_slot_orders", off)
+    assert not patches_module.compiled_slot_orders_agree.__wrapped__()
+    monkeypatch.setattr(patches_module, "compiled_slot_orders_agree", lambda: False)
     assert np.array_equal(s.order_positions(4, 2, np.arange(len(s))), want)
-    monkeypatch.setattr(module, "compiled_slot_orders_agree", lambda: True)
+    monkeypatch.setattr(patches_module, "compiled_slot_orders_agree", lambda: True)
     assert not np.array_equal(s.order_positions(4, 2, np.arange(len(s))), want)  # it is used
+
+
+@needs_compiled
+def test_one_schedule_asked_for_other_seeds_and_epochs_in_turn() -> None:
+    """The slot draws' keys kept for the last seed and epoch are not those of another: each
+    (seed, epoch) gets its own order positions, asked for in any order on one schedule."""
+    s = PatchSchedule(40, cache_images=8, refresh_every=3)
+    outputs = np.arange(len(s))
+    want = {(seed, epoch): PatchSchedule(40, cache_images=8, refresh_every=3)._stratified(
+        seed, epoch, outputs) for seed in (0, 1) for epoch in (0, 1)}
+    assert len({tuple(q.tolist()) for q in want.values()}) == 4
+    for seed, epoch in [(0, 0), (0, 1), (1, 1), (1, 0), (0, 0), (1, 0)]:
+        assert np.array_equal(s.order_positions(seed, epoch, outputs), want[seed, epoch])
+
+
+def test_order_positions_refuse_what_they_refused_before() -> None:
+    """An empty schedule, outputs out of range (named as before: the lowest where one is
+    negative, else the highest), a seed out of range on a new schedule; and the array's
+    shape is kept."""
+    with pytest.raises(IndexError, match=r"output 0 out of range: valid are 0..-1"):
+        PatchSchedule(0, cache_images=8, refresh_every=3).order_positions(1, 2, [0])
+    s = PatchSchedule(50, cache_images=8, refresh_every=3)
+    end = len(s)
+    with pytest.raises(IndexError, match=rf"output {end + 5} out of range"):
+        s.order_positions(1, 2, np.r_[np.arange(10), end, end + 5])
+    with pytest.raises(IndexError, match=r"output -3 out of range"):
+        s.order_positions(1, 2, np.r_[np.arange(10), end, -3])
+    with pytest.raises(ValueError, match="seed"):
+        PatchSchedule(50, cache_images=8, refresh_every=3).order_positions(-1, -1,
+                                                                           np.arange(10))
+    grid = np.arange(24).reshape(2, 12)
+    assert np.array_equal(s.order_positions(1, 2, grid),
+                          s.order_positions(1, 2, grid.ravel()).reshape(2, 12))

@@ -362,9 +362,10 @@ static int by_draw(const void *a, const void *b)
  * ``pick="stratified"``: ``p // refresh_every`` plus the slot the keyed permutation of its
  * block of ``n`` outputs deals it, the stable argsort of the block's uniforms
  * (keys.uniform_many: two keyed splitmix64 rounds, ``key0`` and ``key1`` its two keys).
- * A block's permutation is made once for a run of outputs in it (outputs in increasing
- * order make each block once). ``out``: as many int64. Returns the index of the first
- * position outside [0, end) (nothing written), else None. */
+ * Outputs in order (never decreasing): each block's permutation is made once a call.
+ * ``out``: as many int64. Returns the index of the first position outside [0, end), or -1
+ * where a position is below the one before it (nothing written either way: the caller
+ * takes NumPy's path, which keeps blocks across calls), else None. */
 static PyObject *slot_orders(PyObject *self, PyObject *args)
 {
     unsigned long long key0, key1;
@@ -393,28 +394,31 @@ static PyObject *slot_orders(PyObject *self, PyObject *args)
     const int64_t *pv = v[0].buf;
     int64_t *qv = v[1].buf;
     PyObject *result = NULL;
-    Py_ssize_t bad = -1;
+    Py_ssize_t bad = -1;  /* -1: none; -2: a position below the one before */
     for (Py_ssize_t i = 0; i < count && bad < 0; i++)
         if (pv[i] < 0 || pv[i] >= end)
             bad = i;
+    for (Py_ssize_t i = 1; i < count && bad < 0; i++)
+        if (pv[i] < pv[i - 1])
+            bad = -2;
     slot_draw *block = NULL;
     int64_t *perm = NULL;
-    if (bad >= 0)
-        result = PyLong_FromSsize_t(bad);
+    if (bad != -1)
+        result = PyLong_FromSsize_t(bad == -2 ? -1 : bad);
     else if (count > 0) {
         block = PyMem_RawMalloc((size_t)n * sizeof(slot_draw));
         perm = PyMem_RawMalloc((size_t)n * sizeof(int64_t));
         if (block == NULL || perm == NULL)
             PyErr_NoMemory();
     }
-    if (bad < 0 && (count == 0 || (block != NULL && perm != NULL))) {
+    if (bad == -1 && (count == 0 || (block != NULL && perm != NULL))) {
         Py_BEGIN_ALLOW_THREADS
         int64_t made = -1;  /* the block whose permutation ``perm`` holds */
         for (Py_ssize_t i = 0; i < count; i++) {
             int64_t b = pv[i] / n;
             if (b != made) {
                 for (int64_t j = 0; j < n; j++) {
-                    uint64_t h = mix64((uint64_t)(b * n + j) * W0 + key0);
+                    uint64_t h = mix64(((uint64_t)b * (uint64_t)n + (uint64_t)j) * W0 + key0);
                     block[j].draw = mix64(h ^ key1) >> 11;
                     block[j].slot = j;
                 }

@@ -174,15 +174,17 @@ def compiled_patch_boxes(
 
 def compiled_slot_orders(keys: tuple[int, int], n: int, refresh_every: int, end: int,
                          positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | int | None:
-    """The order positions of outputs ``positions`` (int64, each in ``[0, end)``) under the
+    """The order positions of outputs ``positions`` (each in ``[0, end)``) under the
     stratified pick of a patch schedule of ``n`` cache slots refreshed every
     ``refresh_every`` outputs (see
     :meth:`~shardfeed.sampling.patches.PatchSchedule.order_positions`), ``keys`` the slot
     draws' :func:`~shardfeed.sampling.keys.position_keys`, in one compiled call without the
-    GIL. The index of the first position outside ``[0, end)`` where there is one; None
-    where the module was not compiled."""
+    GIL, for positions in order (never decreasing). The index of the first position outside
+    ``[0, end)`` where there is one; -1 where a position is below the one before; None where
+    the module was not compiled."""
     if _draws is None:
         return None
+    positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
     out = np.empty(len(positions), dtype=np.int64)
     bad = _draws.slot_orders(keys[0], keys[1], n, refresh_every, end, positions, out)
     return out if bad is None else int(bad)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Literal, cast, get_args
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -59,9 +59,9 @@ class PatchSchedule:
     Determinism: pure arithmetic; :meth:`pick` / :meth:`pick_many` are deterministic given the
     uniform draws (key them with ``keys.sample_rng`` / ``keys.uniform_many`` and the purpose
     ``PATCH_SLOT``); :meth:`order_positions` draws them itself, keyed by ``(seed, epoch)``.
-    State: none of its own; the slot permutations drawn lately are kept for the process
-    (:func:`block_permutations`: at most 256 blocks, ``8·N`` bytes each, shared by every
-    schedule). Memory: that store; a loader's cache needs ``max_resident`` images.
+    State: the slot draws' keys of the last ``(seed, epoch)`` asked for; the slot permutations
+    drawn lately are kept for the process (:func:`block_permutations`: at most 256 blocks,
+    ``8·N`` bytes each, shared by every schedule). Memory: that store; a loader's cache needs ``max_resident`` images.
     """
 
     __slots__ = ("_slot_keys", "cache_images", "num_images", "refresh_every")
@@ -82,7 +82,7 @@ class PatchSchedule:
         self.cache_images = min(cache_images, num_images)
         self.refresh_every = refresh_every
         # the slot draws' keys of the last (seed, epoch) asked for (made in Python: ~4 µs)
-        self._slot_keys: tuple[int, int, tuple[int, int]] = (-1, -1, (0, 0))
+        self._slot_keys: tuple[int, int, tuple[int, int]] | None = None
 
     @property
     def max_resident(self) -> int:
@@ -141,24 +141,28 @@ class PatchSchedule:
         ``N`` consecutive outputs (:func:`block_permutations`); ``"uniform"`` draws each
         slot on its own (:meth:`pick_many` of ``uniform_many(..., PATCH_SLOT)``).
 
-        The stratified permutations are made by one compiled call where this build's agree
-        with :func:`block_permutations` (:func:`compiled_slot_orders_agree`): a slice's
-        outputs cost ~3 µs there against ~15 µs (blocks drawn before) to ~50 µs (new
-        blocks) through NumPy (256 outputs of 64 slots, 2 cores), all of it held under the
-        GIL, and a Patches loader asks twice a slice (its outputs, those it looks ahead to)."""
+        The stratified permutations of a run of outputs in order (never decreasing, at least
+        ``N`` of them: a Patches slice's) are made by one compiled call without the GIL where
+        this build's agree with :func:`block_permutations` (:func:`compiled_slot_orders_agree`):
+        on 2 cores, 256 outputs of 64 slots take ~10 µs there, most of it without the GIL,
+        against ~12 µs (blocks drawn before) to ~42 µs (new blocks) through NumPy, all of it
+        under the GIL; a Patches loader asks twice a slice (its outputs, those it looks
+        ahead to). Other outputs go
+        through NumPy, which keeps blocks across calls (a call makes each of its blocks
+        anew: for fewer outputs than ``N``, or outputs out of order, that is slower)."""
         _check_pick(pick)
-        ps = np.ascontiguousarray(ps, dtype=np.int64)
-        if pick == "stratified" and len(ps) and compiled_slot_orders_agree():
+        ps = np.asarray(ps, dtype=np.int64)
+        n = self.cache_images
+        if (pick == "stratified" and ps.ndim == 1 and 0 < n <= len(ps)
+                and compiled_slot_orders_agree()):
             kept = self._slot_keys  # one read: another thread may replace it meanwhile
-            if kept[0] != seed or kept[1] != epoch:
+            if kept is None or kept[0] != seed or kept[1] != epoch:
                 kept = self._slot_keys = (seed, epoch,
                                           position_keys(seed, epoch, PATCH_SLOT, SLOT_DRAW))
-            q = compiled_slot_orders(kept[2], self.cache_images, self.refresh_every, len(self),
-                                     ps)
-            if isinstance(q, int):  # an output out of range: named as NumPy's path names it
-                self._check_output(int(ps[q]))
-            if q is not None:
-                return cast(IntArray, q)
+            q = compiled_slot_orders(kept[2], n, self.refresh_every, len(self), ps)
+            if isinstance(q, np.ndarray):
+                return q
+            # an output out of range (raised below, as NumPy's path names it) or out of order
         ps = self._check_outputs(ps)
         if pick == "uniform":
             return self.pick_many(ps, uniform_many(seed, epoch, ps, PATCH_SLOT))
@@ -187,10 +191,16 @@ class PatchSchedule:
 
     def order_position(self, seed: int, epoch: int, p: int, *,
                        pick: Pick = "stratified") -> int:
-        """:meth:`order_positions` of one output (once a patch, on the sample path)."""
+        """:meth:`order_positions` of one output, in plain integers (once a patch, on the
+        sample path)."""
+        _check_pick(pick)
         p = self._check_output(p)
-        return int(self.order_positions(seed, epoch, np.array([p], dtype=np.int64),
-                                        pick=pick)[0])
+        if pick == "uniform":
+            return int(self.order_positions(seed, epoch, np.array([p]), pick=pick)[0])
+        n = self.cache_images
+        block, within = divmod(p, n)
+        slot = int(block_permutations(seed, epoch, (block,), n)[0][within])
+        return p // self.refresh_every + slot
 
     def first_output(self, q: int) -> int:
         """The first output at which order position ``q`` is resident."""
@@ -281,19 +291,25 @@ def compiled_slot_orders_agree() -> bool:
     """Whether the compiled stratified order positions
     (:func:`~shardfeed.sampling.crop_draws.compiled_slot_orders`) equal NumPy's
     (:func:`block_permutations`) on this build: checked once a process on schedules of 1,
-    3, 64 and 1,000 slots, at runs of outputs, strides and outputs in no order, large
-    seeds and epochs among them. Where they differ (or the module was not compiled),
-    NumPy's are used."""
+    3, 64 and 1,000 slots, at runs of outputs, strides and sorted draws, large seeds and
+    epochs among them (outputs in no order: refused). Where they differ (or the module was
+    not compiled), NumPy's are used."""
     rng = np.random.Generator(np.random.Philox(17))
     for n, r in ((1, 1), (3, 2), (64, 100), (1000, 7)):
         schedule = PatchSchedule(n + 40, cache_images=n, refresh_every=r)
         end = len(schedule)
-        for ps in (np.arange(end, dtype=np.int64), np.arange(5, end, 3, dtype=np.int64),
-                   rng.integers(0, end, 300).astype(np.int64)):
+        for ps, in_order in ((np.arange(end, dtype=np.int64), True),
+                             (np.arange(5, end, 3, dtype=np.int64), True),
+                             (np.sort(rng.integers(0, end, 300)), True),
+                             (rng.integers(0, end, 300), False)):
             for seed, epoch in ((0, 0), (2**64 - 1, 3), (12345, 2**40)):
                 got = compiled_slot_orders(position_keys(seed, epoch, PATCH_SLOT, SLOT_DRAW),
                                            n, r, end, ps)
-                if (not isinstance(got, np.ndarray)
-                        or not np.array_equal(got, schedule._stratified(seed, epoch, ps))):
+                want = schedule._stratified(seed, epoch, ps)
+                if in_order and (not isinstance(got, np.ndarray)
+                                 or not np.array_equal(got, want)):
                     return False
+                if not in_order and got != -1:  # refused: NumPy's path takes them
+                    return False
+    _PERMUTATIONS.clear()  # the check's blocks: none a loader will ask for
     return True

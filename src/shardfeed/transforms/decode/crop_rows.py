@@ -322,10 +322,11 @@ def plain_region_rows(op: CropRowsOp, drawn: list[tuple[int, ...] | None]
     :meth:`CropDecoderBase._region_box`'s rule (a DCT scale of 1, an image of
     ``REGION_MIN_PIXELS`` or more, :func:`region_cost_pays`) for the slice at once."""
     table = drawn_rows(drawn, op.size, max_denominator=op.max_denominator)
-    chosen = None if table is None else plain_region_mask(table)
+    if table is None:
+        return [], []
+    chosen = plain_region_mask(table)
     if chosen is None:
         return [], []
-    assert table is not None
     return (table.rows[chosen].tolist(),
             [Box(*box) for box in table.table[chosen][:, 2:6].tolist()])
 

@@ -375,7 +375,7 @@ static PyObject *slot_orders(PyObject *self, PyObject *args)
                           &out_obj))
         return NULL;
     if (n < 1 || refresh < 1 || n > ((long long)1 << 40)) {
-        PyErr_SetString(PyExc_ValueError, "n and refresh_every must be >= 1");
+        PyErr_SetString(PyExc_ValueError, "n must be in [1, 2**40], refresh_every >= 1");
         return NULL;
     }
     Py_buffer v[2];

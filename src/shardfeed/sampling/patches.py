@@ -61,7 +61,8 @@ class PatchSchedule:
     ``PATCH_SLOT``); :meth:`order_positions` draws them itself, keyed by ``(seed, epoch)``.
     State: the slot draws' keys of the last ``(seed, epoch)`` asked for; the slot permutations
     drawn lately are kept for the process (:func:`block_permutations`: at most 256 blocks,
-    ``8·N`` bytes each, shared by every schedule). Memory: that store; a loader's cache needs ``max_resident`` images.
+    ``8·N`` bytes each, shared by every schedule). Memory: that store; a loader's cache needs
+    ``max_resident`` images.
     """
 
     __slots__ = ("_slot_keys", "cache_images", "num_images", "refresh_every")
@@ -147,9 +148,9 @@ class PatchSchedule:
         on 2 cores, 256 outputs of 64 slots take ~10 µs there, most of it without the GIL,
         against ~12 µs (blocks drawn before) to ~42 µs (new blocks) through NumPy, all of it
         under the GIL; a Patches loader asks twice a slice (its outputs, those it looks
-        ahead to). Other outputs go
-        through NumPy, which keeps blocks across calls (a call makes each of its blocks
-        anew: for fewer outputs than ``N``, or outputs out of order, that is slower)."""
+        ahead to). Other outputs go through NumPy, which keeps blocks across calls (a call
+        makes each of its blocks anew: for fewer outputs than ``N``, or outputs out of
+        order, that is slower)."""
         _check_pick(pick)
         ps = np.asarray(ps, dtype=np.int64)
         n = self.cache_images

@@ -368,7 +368,7 @@ def draw_rows(
     sizes = frame_sizes(values)
     max_pixels = op.image_field.max_pixels
     if len(sizes) and sizes[:, 0].all() and int((sizes[:, 0] * sizes[:, 1]).max()) <= max_pixels:
-        rows = np.arange(len(values))  # every row a plain JPEG within the limit: the most
+        rows = np.arange(len(values))  # every row a plain JPEG within the limit: none asked again
     else:
         over = np.flatnonzero(sizes[:, 0] * sizes[:, 1] > max_pixels)
         for row in np.flatnonzero(sizes[:, 0] == 0).tolist() + over[:1].tolist():

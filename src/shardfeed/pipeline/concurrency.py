@@ -117,6 +117,23 @@ a slice's own Python (submitting it, the gate, planning its read, handing its ro
 the GIL for about 80 µs on a 2-core machine whatever its samples, so 16-sample slices of 28×28
 PNGs (15 µs a sample) spend a quarter of their time on it, and past a few threads those costs
 queue for the GIL."""
+SLICE_SECONDS_A_THREAD = 2e-3
+"""The least thread CPU time a slice is given for each thread that may build at once, where
+the threads share one GIL (see :meth:`SliceGate.slice_size`). Each slice's own Python holds
+the GIL whatever its samples (the train preset's: ~190 µs a 16-image slice on 2 cores, the
+decode aside, against 14 µs an image), and every thread pays it: at ``limit`` threads,
+slices of ``D`` seconds spend ``limit × F / D`` of the GIL's time on it. 2 ms a thread
+keeps that near a tenth for ``F`` of 0.2 ms. At 16 threads, slices of 32 ms: the train
+preset's 16-image slices become 43 with a 2-core machine's CPU time an image (the node's
+faster cores: 64, a slice for each thread among 4 batches); the GIL time an image the
+predictor reads with the node's slices (``bench/predict_node.py``) fell from 35-43 µs to
+21. At 2 threads, 4 ms: a train batch over the threads is more; 28² PNGs get a batch a
+slice."""
+SLICE_RECORD_BYTES = 8 << 20
+"""The most encoded record bytes a slice is enlarged to hold (see :meth:`SliceGate.slice_size`:
+a thread holds its slice's records while it builds): 64 images of 1566² (945 KB each) would
+hold 60 MB a thread, about 1 GB at 16 threads; such images take ~10 ms each, so their
+slices need no enlarging."""
 PARALLEL_SHARE = 0.75
 """See ``HEAVY_SAMPLE_SECONDS``: the share of ``min(threads, cores)`` cores."""
 PARALLEL_DEFER = 2.0
@@ -126,6 +143,18 @@ gate's first choice, and their first trial waits, as any later one, for twice it
 cost over ``BUDGET``: a one-thread window would build a fraction of theirs. GIL-bound work
 keeps its threads' CPU time near one core's and is tried at once (small images end at one
 thread within a few windows)."""
+
+
+def largest_slice(base: int, batch: int, ahead: int, threads: int, sample_bytes: int) -> int:
+    """The most samples :meth:`SliceGate.slice_size` puts in a slice of a ``batch``-sample
+    batch cut for ``threads`` threads from ``base``: as many as leave a slice for each of
+    them among the ``ahead`` batches in flight, within the batch, and within
+    ``SLICE_RECORD_BYTES`` of records at ``sample_bytes`` a sample (0: not known), never
+    fewer than ``base``."""
+    most = min(max(1, ahead * batch // max(1, threads)), batch)
+    if sample_bytes > 0:
+        most = min(most, max(1, SLICE_RECORD_BYTES // sample_bytes))
+    return max(base, most)
 
 
 def usable_cores() -> int:
@@ -171,12 +200,16 @@ class SliceGate:
     """
 
     def __init__(self, threads: int, *, window_samples: int, adaptive: bool = True,
+                 shares_gil: bool = True,
                  clock: Callable[[], float] = time.perf_counter,
                  cpu_clock: Callable[[], float] = time.thread_time,
                  min_window_seconds: float = MIN_WINDOW_SECONDS,
                  max_window_seconds: float = MAX_WINDOW_SECONDS) -> None:
         self.threads = threads if adaptive else 1  # one "thread" level: nothing to choose
         self.limit = threads
+        self.shares_gil = shares_gil  # threads of one process (not worker processes)
+        # the encoded bytes of a sample's records (0: not known; see slice_size)
+        self.sample_bytes = 0
         self._all = threads  # every thread (or process) at once
         self.window_samples = max(1, window_samples)
         self.min_window_seconds = min_window_seconds
@@ -212,21 +245,32 @@ class SliceGate:
         threads), with ``ahead`` batches built at once.
 
         Fewer slices at once than threads: larger slices (a slice's fixed costs paid less
-        often). Light work (a sample under ``MIN_SLICE_SECONDS`` of thread CPU over ``base``):
-        slices of at least ``MIN_SLICE_SECONDS``, but never so large that fewer slices are in
-        flight than may build at once (``ahead × batch / limit``), so every allowed thread
-        still has one. At any core count: a slice's fixed costs are at most their time over
-        ``MIN_SLICE_SECONDS`` of the work, or the slice is as small as the threads need.
-        Which samples a slice holds never changes the rows built or their bytes."""
+        often). Light work (less thread CPU over ``base`` than ``MIN_SLICE_SECONDS``):
+        slices of at least that much. Where the threads share the GIL and a sample's record
+        bytes are known (:attr:`sample_bytes`): slices of at least ``SLICE_SECONDS_A_THREAD``
+        for each thread that may build at once, within ``SLICE_RECORD_BYTES`` of records.
+        Either way never so large that fewer slices are in flight than may build at once
+        (``ahead × batch / limit``), so every allowed thread still has one
+        (:func:`largest_slice`). At any core count: the slices' fixed costs, which every
+        thread pays under the GIL, take about a tenth of it at most, or the slices are as
+        large as the threads and the memory bound allow. Which samples a slice holds never
+        changes the rows built or their bytes."""
         limit = max(1, self.limit)
         size = max(base, -(-batch // limit)) if limit < self._all else base
         per_sample = self._sample_cpu
-        if per_sample > 0 and per_sample * size < MIN_SLICE_SECONDS:
-            enough = -(-MIN_SLICE_SECONDS // per_sample)
-            in_flight = max(1, ahead * batch // limit)
-            size = max(size, min(int(enough), in_flight, batch))
-            size = -(-batch // max(1, batch // size))  # even slices: 256 in 4 of 64, not 55s
-        return size
+        if per_sample <= 0:
+            return size
+        cut = size
+        if per_sample * size < MIN_SLICE_SECONDS:  # light work
+            cut = max(cut, min(int(-(-MIN_SLICE_SECONDS // per_sample)),
+                               largest_slice(size, batch, ahead, limit, 0)))
+        least = SLICE_SECONDS_A_THREAD * limit
+        if self.shares_gil and self.sample_bytes > 0 and per_sample * cut < least:
+            cut = max(cut, min(int(-(-least // per_sample)),
+                               largest_slice(size, batch, ahead, limit, self.sample_bytes)))
+        if cut == size:
+            return size
+        return -(-batch // max(1, batch // cut))  # even slices: 256 in 4 of 64, not 55s
 
     def run(self, samples: int, build: Callable[[], T], skip: Callable[[], bool]) -> T | None:
         """``build()``, measured; None without building if ``skip()`` says that the slice is

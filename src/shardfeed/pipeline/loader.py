@@ -53,7 +53,12 @@ from shardfeed.pipeline.loader_state import (
     run_of,
     state_to_json,
 )
-from shardfeed.pipeline.memory import MemoryBudget, decode_bytes_per_thread, loader_budget
+from shardfeed.pipeline.memory import (
+    MemoryBudget,
+    decode_bytes_per_thread,
+    loader_budget,
+    payload_bytes,
+)
 from shardfeed.pipeline.options import (
     COPY_DEPRECATED,
     ErrorPolicy,
@@ -212,6 +217,7 @@ class Loader:
         self._gate = SliceGate(
             self.options.num_threads,
             adaptive=self.options.workers == "threads" and self.options.adaptive_threads,
+            shares_gil=self.options.workers == "threads",
             window_samples=max(4 * batch_size, 512),
         )
         self._reserved = 0  # batches a consumer keeps alive (reserve_held_batches)
@@ -446,6 +452,8 @@ class Loader:
                 records = [by_id[int(i)] for i in ids]
             sample, _ = self._builder.sample_at(ctx, position)
             self._probe = (sample, records)
+            # slices of many threads are enlarged within a bound of record bytes
+            self._gate.sample_bytes = sum(payload_bytes(r) for r in records)
             self._layout = BatchLayout.infer(
                 sample, batch_size=self.options.batch_size, lengths=self.sampler.feature_lengths()
             )

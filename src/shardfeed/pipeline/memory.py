@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.pipeline.batching import BatchLayout
+from shardfeed.pipeline.concurrency import largest_slice
 from shardfeed.pipeline.options import LoaderOptions
 from shardfeed.pipeline.samplers import Sample
 from shardfeed.transforms.base import TransformBase
@@ -206,7 +207,11 @@ def loader_budget(
         batch_bytes=layout.batch_bytes() + options.batch_size * list_bytes(sample, lists),
         ring_batches=ring_batches,
         work_bytes_per_thread=work_bytes(
-            records, slice_size=options.slice_size(), row_bytes=row_bytes
+            records, row_bytes=row_bytes,
+            # the largest slice the gate may cut (light work and many threads: larger slices)
+            slice_size=largest_slice(options.slice_size(), options.batch_size,
+                                     options.prefetch_batches, threads,
+                                     sum(payload_bytes(r) for r in records)),
         ),
         threads=threads,
         index_bytes=index_bytes,

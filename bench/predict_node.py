@@ -18,9 +18,10 @@ the node bench's cases this script measures, on one loader thread:
 
 (the node bench's cases at the node's batches: the train preset at 256, 28² PNG at 256,
 Patches 32² of 200 images of 1566² at 256), and predicts ``min(16 · eff · r1 · k, u · k /
-g)``. The one thread builds the slices the gate cuts with 16 threads (``--slices node``, the
-default: :func:`slices_as_on_node`; 16 images a slice of the train preset, 64 of 28² PNG
-and of Patches), so that a slice's own costs (submitting it, the gate, its plan and draws,
+g)``. The one thread builds the slices the gate cuts with 16 threads on the node
+(``--slices node``, the default: :func:`slices_as_on_node`, the gate's CPU time a sample
+scaled by ``1 / k``; 64 items a slice of 28² PNG and of Patches; the train preset's 16
+before the gate gave many threads larger slices, about 43 since), so that a slice's own costs (submitting it, the gate, its plan and draws,
 its hand-over) count as often an item as on the node: a one-thread loader here builds a
 whole batch a slice, and with them (``--slices one``, train at 64 a batch as before) the
 train preset read 19-21 GIL µs an image where 16-image slices read 35-51. With the node's
@@ -170,30 +171,35 @@ def _loader(case: str, root: Path, slices: str = "node") -> Any:
                   num_threads=1, prefetch_batches=4, drop_last=True)
 
 
-def slices_as_on_node(threads: int = CORES) -> None:
+def slices_as_on_node(threads: int = CORES, cpu_scale: float = 1.0) -> None:
     """Make this process's loaders cut their batches into the slices the slice gate cuts
-    with ``threads`` threads building at once (a batch over the threads, light work
-    enlarged as the gate enlarges it then), while one thread builds them: each slice's own
+    with ``threads`` threads building at once on the node (a batch over the threads, or
+    larger where the gate enlarges them), while one thread builds them: each slice's own
     costs (submitting it, the gate, its plan, its images' lookups and features) are then
     paid as often an item as on the node. With the one-thread loader's own slices (a whole
     batch) the node pays them 4 to 16 times as often as measured here. The gate's own rule
-    does the cutting, asked as if ``threads`` ran."""
+    does the cutting, asked as if ``threads`` ran and with its CPU time a sample times
+    ``cpu_scale`` (the node's cores: ``1 / k``, about 1.9)."""
     from shardfeed.pipeline.concurrency import SliceGate
 
     cut = SliceGate.slice_size
 
     def slice_size(self: Any, base: int, batch: int, ahead: int) -> int:
-        limit, every = self.limit, self._all
-        self.limit = self._all = threads  # read back at once: the one thread builds alone
+        limit, every, cpu = self.limit, self._all, self._sample_cpu
+        # read back at once: the one thread builds alone (a measure it adds meanwhile is
+        # lost at worst)
+        self.limit = self._all = threads
+        self._sample_cpu = cpu * cpu_scale
         try:
             return int(cut(self, -(-batch // threads), batch, ahead))
         finally:
-            self.limit, self._all = limit, every
+            self.limit, self._all, self._sample_cpu = limit, every, cpu
 
     SliceGate.slice_size = slice_size  # type: ignore[method-assign]
 
 
-def child(case: str, root: Path, seconds: float, ready: Path, slices: str = "node") -> None:
+def child(case: str, root: Path, seconds: float, ready: Path, slices: str = "node",
+          cpu_scale: float = 1.0) -> None:
     """Run ``case`` on one thread (its slices cut as on the node, ``slices="node"``, or as
     one thread cuts them, ``"one"``): warm up, say so in ``ready``, count items for
     ``seconds``, print ``{"rate": items/s, "code": where shardfeed is, "compiled": whether
@@ -202,7 +208,7 @@ def child(case: str, root: Path, seconds: float, ready: Path, slices: str = "nod
     from shardfeed.format import native
 
     if slices == "node":
-        slices_as_on_node()
+        slices_as_on_node(cpu_scale=cpu_scale)
     with _loader(case, root, slices) as loader:
         batches = bench_node.endless(loader, bench_node._labels)
         warm = time.perf_counter()
@@ -219,7 +225,7 @@ def child(case: str, root: Path, seconds: float, ready: Path, slices: str = "nod
 
 
 def measure(case: str, root: Path, seconds: float, src: str | None = None,
-            slices: str = "node") -> tuple[float, dict[str, int]]:
+            slices: str = "node", cpu_scale: float = 1.0) -> tuple[float, dict[str, int]]:
     """(items/s on one thread, its CPU samples by kind, at ``HZ`` a busy thread) of
     ``case``, in a child process sampled by perf for ``seconds`` (``src``: the ``src``
     folder of another checkout whose code the child runs)."""
@@ -231,7 +237,8 @@ def measure(case: str, root: Path, seconds: float, src: str | None = None,
         ready = Path(tmp) / "ready"
         run = subprocess.Popen(
             [sys.executable, __file__, "--child", case, "--data", str(root),
-             "--seconds", str(seconds + 2), "--ready", str(ready), "--slices", slices],
+             "--seconds", str(seconds + 2), "--ready", str(ready), "--slices", slices,
+             "--cpu-scale", str(cpu_scale)],
             stdout=subprocess.PIPE, text=True, env=env)
         while not ready.exists():
             if run.poll() is not None:
@@ -312,13 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         "node: each batch cut into the slices the gate cuts with 16 threads (the node's "
         "train batch of 256); one: as one thread cuts them (a whole batch, train at 64)"))
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--cpu-scale", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--ready", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     root = Path(args.data or Path(tempfile.gettempdir()) / "shardfeed-predict")
     if args.child:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        child(args.child, root, args.seconds, Path(args.ready), args.slices)
+        child(args.child, root, args.seconds, Path(args.ready), args.slices, args.cpu_scale)
         return 0
     if shutil.which("perf") is None:
         parser.error("needs Linux perf (`perf record`): apt install linux-perf")
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             for code, src in order[:: 1 if repeat % 2 else -1]:
                 into = base if code == "baseline" else measured
                 into.setdefault(case, []).append(
-                    measure(case, root, args.seconds, src, args.slices))
+                    measure(case, root, args.seconds, src, args.slices, 1 / k))
     u = U
     if base:
         # u each case implies on the baseline (node = u·k/g): their geometric mean

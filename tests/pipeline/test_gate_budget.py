@@ -6,6 +6,7 @@ and the number of cores; the choice still follows a change in the work."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -220,31 +221,76 @@ def test_fewer_threads_at_once_still_take_a_batch_among_them(
 
 
 @pytest.mark.parametrize(("cores", "sample_us", "sample_kb", "shares_gil", "want"), [
-    (16, 1300.0, 81, True, 26),    # the train preset: 16-image slices paid a slice's own
-                                   # Python ~4 times as often as 26 do (32 ms a slice)
+    (16, 1300.0, 81, True, 43),    # the train preset: 43-image slices pay a slice's own
+                                   # Python 2.7 times less often an image than 16 (64 ms)
     (16, 1300.0, 81, False, 16),   # worker processes: each its own GIL, slices as before
-    (16, 1300.0, 0, True, 16),     # record bytes not known: as before
+    (16, 1300.0, None, True, 16),  # record bytes not known: as before
+    (16, 100.0, 0, True, 64),      # patches (no record held): a slice for each thread
     (16, 10_000.0, 945, True, 16),  # 1566² frames: 16 of 10 ms are 160 ms already
     (16, 700.0, 945, True, 16),    # big records, cheap work: 8 MiB is 8 of them, < 16
     (64, 1300.0, 81, True, 16),    # 64 threads: 4 batches ahead leave 16 for each
-    (8, 1300.0, 81, True, 32),     # 8 threads: 32 of 1.3 ms are past 16 ms
+    (8, 1300.0, 81, True, 32),     # 8 threads: 32 of 1.3 ms are past 32 ms
     (2, 1300.0, 81, True, 128),    # 2 threads: a batch over the threads, as before
-    (2, 15.0, 1, True, 256),       # 28x28 PNG on 2 threads: 4 ms a slice, a batch each
+    (2, 15.0, 1, True, 256),       # 28x28 PNG on 2 threads: 8 ms a slice, a batch each
 ])
-def test_many_threads_that_share_the_gil_build_slices_of_at_least_2_ms_a_thread(
-        monkeypatch: pytest.MonkeyPatch, cores: int, sample_us: float, sample_kb: int,
+def test_many_threads_that_share_the_gil_build_slices_of_at_least_4_ms_a_thread(
+        monkeypatch: pytest.MonkeyPatch, cores: int, sample_us: float, sample_kb: int | None,
         shares_gil: bool, want: int) -> None:
     """At ``limit`` threads of one process every slice's own Python queues for one GIL: a
     slice is given at least ``SLICE_SECONDS_A_THREAD × limit`` of work (each thread still
     with a slice in flight, and at most ``SLICE_RECORD_BYTES`` of records)."""
     run = Run(monkeypatch, cores, cpu=lambda limit, now: sample_us * 1e-6)
     run.gate.shares_gil = shares_gil
-    run.gate.sample_bytes = sample_kb * 1024
+    run.gate.sample_bytes = None if sample_kb is None else sample_kb * 1024
     base = -(-run.batch // cores)
     run.gate.hold(cores)
     run.until(2.0 if sample_us < 5000 else 20.0, scaling(1e6 / sample_us))
-    got = run.gate.slice_size(base, run.batch, 4)
-    assert got == want
-    assert 4 * run.batch // got >= min(cores, 4 * run.batch // base)  # a slice each thread
-    assert got == base or got * sample_kb * 1024 <= concurrency.SLICE_RECORD_BYTES + (
-        got * sample_kb * 1024 // 8)  # within the byte bound (an even cut may add a few)
+    assert run.gate.slice_size(base, run.batch, 4) == want
+
+
+@pytest.mark.parametrize("cores", [10, 16, 20])
+@pytest.mark.parametrize("ahead", [2, 3, 4, 6])
+@pytest.mark.parametrize(("sample_us", "sample_kb"), [(200.0, 83), (744.0, 83), (100.0, 129)])
+def test_larger_slices_leave_each_thread_a_slice_and_hold_at_most_8_mib(
+        monkeypatch: pytest.MonkeyPatch, cores: int, ahead: int, sample_us: float,
+        sample_kb: int) -> None:
+    """Cut evenly, a slice is never past the bounds it was cut for: as many slices in flight
+    as threads (or as the threads' own slices made), within ``SLICE_RECORD_BYTES`` of
+    records (or a batch over the threads). A rounding up to even slices once left threads
+    idle (16 threads, 3 batches ahead: 52-image slices, 15 in flight) and held 2× the
+    bytes."""
+    run = Run(monkeypatch, cores, cpu=lambda limit, now: sample_us * 1e-6)
+    run.gate.sample_bytes = sample_kb * 1024
+    base = -(-run.batch // cores)
+    run.gate.hold(cores)
+    run.until(2.0, scaling(1e6 / sample_us))
+    got = run.gate.slice_size(base, run.batch, ahead)
+    assert base <= got <= run.batch
+    assert ahead * -(-run.batch // got) >= min(cores, ahead * -(-run.batch // base))
+    assert got == base or got * sample_kb * 1024 <= concurrency.SLICE_RECORD_BYTES
+
+
+def test_a_loader_tells_its_gate_what_a_sample_holds_and_whether_threads_share_the_gil(
+        tmp_path: Path) -> None:
+    """The Loader's gate learns the first sample's record bytes (its threads' slices are
+    enlarged within ``SLICE_RECORD_BYTES`` of them) and that threads share one GIL
+    (processes do not); ``memory_budget()`` counts the largest slice the gate may cut."""
+    from shardfeed import Dataset, Loader
+    from shardfeed.format.writer import ShardWriter
+    from shardfeed.pipeline.memory import work_bytes
+
+    with ShardWriter(str(tmp_path / "small.tfrecord")) as writer:
+        for i in range(64):
+            writer.write_example({"data": bytes(range(256)) * 4, "label": [i]})
+    with Dataset(str(tmp_path)) as ds:
+        with Loader(ds, batch_size=16, num_threads=8, prefetch_batches=4) as loader:
+            assert loader._gate.shares_gil and loader._gate.sample_bytes is None
+            next(iter(loader))
+            assert loader._gate.sample_bytes == 1024 + 8  # the bytes and the int64 label
+            records = loader._probe[1]
+            a_record = work_bytes(records, slice_size=1, row_bytes=0)
+            row = loader.memory_budget().work_bytes_per_thread - 8 * a_record
+            # 4 batches ahead over 8 threads: slices of up to 8, not a batch over them (2)
+            assert 0 < row < a_record  # a batch row (~1 KB) beside them
+        with Loader(ds, batch_size=16, num_threads=2, workers="processes") as loader:
+            assert not loader._gate.shares_gil

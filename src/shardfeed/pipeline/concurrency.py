@@ -117,18 +117,17 @@ a slice's own Python (submitting it, the gate, planning its read, handing its ro
 the GIL for about 80 µs on a 2-core machine whatever its samples, so 16-sample slices of 28×28
 PNGs (15 µs a sample) spend a quarter of their time on it, and past a few threads those costs
 queue for the GIL."""
-SLICE_SECONDS_A_THREAD = 2e-3
+SLICE_SECONDS_A_THREAD = 4e-3
 """The least thread CPU time a slice is given for each thread that may build at once, where
 the threads share one GIL (see :meth:`SliceGate.slice_size`). Each slice's own Python holds
-the GIL whatever its samples (the train preset's: ~190 µs a 16-image slice on 2 cores, the
-decode aside, against 14 µs an image), and every thread pays it: at ``limit`` threads,
-slices of ``D`` seconds spend ``limit × F / D`` of the GIL's time on it. 2 ms a thread
-keeps that near a tenth for ``F`` of 0.2 ms. At 16 threads, slices of 32 ms: the train
-preset's 16-image slices become 43 with a 2-core machine's CPU time an image (the node's
-faster cores: 64, a slice for each thread among 4 batches); the GIL time an image the
-predictor reads with the node's slices (``bench/predict_node.py``) fell from 35-43 µs to
-21. At 2 threads, 4 ms: a train batch over the threads is more; 28² PNGs get a batch a
-slice."""
+the GIL whatever its samples (the train preset's: ~190 µs a 16-image slice on a 2-core
+machine whose cores decode twice as fast as the training node's, the decode aside, against
+14 µs an image), and every thread pays it: at ``limit`` threads, slices of ``D`` seconds
+spend ``limit × F / D`` of the GIL's time on it. 4 ms a thread keeps that near a tenth for
+``F`` of 0.4 ms (the node's). At 16 threads, slices of 64 ms: the train preset's 16-image
+slices become 43 or so (1.4 ms an image on the node), a slice still for each thread among
+4 batches in flight; 1566² frames (10 ms or more an image) are cut as before. At 2 threads,
+8 ms: a train batch over the threads is more; 28² PNGs get a batch a slice."""
 SLICE_RECORD_BYTES = 8 << 20
 """The most encoded record bytes a slice is enlarged to hold (see :meth:`SliceGate.slice_size`:
 a thread holds its slice's records while it builds): 64 images of 1566² (945 KB each) would
@@ -149,7 +148,7 @@ def largest_slice(base: int, batch: int, ahead: int, threads: int, sample_bytes:
     """The most samples :meth:`SliceGate.slice_size` puts in a slice of a ``batch``-sample
     batch cut for ``threads`` threads from ``base``: as many as leave a slice for each of
     them among the ``ahead`` batches in flight, within the batch, and within
-    ``SLICE_RECORD_BYTES`` of records at ``sample_bytes`` a sample (0: not known), never
+    ``SLICE_RECORD_BYTES`` of records at ``sample_bytes`` a sample (0: none held), never
     fewer than ``base``."""
     most = min(max(1, ahead * batch // max(1, threads)), batch)
     if sample_bytes > 0:
@@ -208,8 +207,9 @@ class SliceGate:
         self.threads = threads if adaptive else 1  # one "thread" level: nothing to choose
         self.limit = threads
         self.shares_gil = shares_gil  # threads of one process (not worker processes)
-        # the encoded bytes of a sample's records (0: not known; see slice_size)
-        self.sample_bytes = 0
+        # the encoded bytes of a sample's records a slice holds (None: not known; 0: none,
+        # as a patch's, cut from a cached image; see slice_size)
+        self.sample_bytes: int | None = None
         self._all = threads  # every thread (or process) at once
         self.window_samples = max(1, window_samples)
         self.min_window_seconds = min_window_seconds
@@ -265,12 +265,13 @@ class SliceGate:
             cut = max(cut, min(int(-(-MIN_SLICE_SECONDS // per_sample)),
                                largest_slice(size, batch, ahead, limit, 0)))
         least = SLICE_SECONDS_A_THREAD * limit
-        if self.shares_gil and self.sample_bytes > 0 and per_sample * cut < least:
+        if self.shares_gil and self.sample_bytes is not None and per_sample * cut < least:
             cut = max(cut, min(int(-(-least // per_sample)),
                                largest_slice(size, batch, ahead, limit, self.sample_bytes)))
         if cut == size:
             return size
-        return -(-batch // max(1, batch // cut))  # even slices: 256 in 4 of 64, not 55s
+        # even slices, none past the cut (a bound): 256 cut at 55 goes in 5 of 52, not 64s
+        return -(-batch // -(-batch // cut))
 
     def run(self, samples: int, build: Callable[[], T], skip: Callable[[], bool]) -> T | None:
         """``build()``, measured; None without building if ``skip()`` says that the slice is

@@ -452,8 +452,10 @@ class Loader:
                 records = [by_id[int(i)] for i in ids]
             sample, _ = self._builder.sample_at(ctx, position)
             self._probe = (sample, records)
-            # slices of many threads are enlarged within a bound of record bytes
-            self._gate.sample_bytes = sum(payload_bytes(r) for r in records)
+            # slices of many threads are enlarged within a bound of record bytes (not where
+            # the first record could not be read: its size is unknown)
+            self._gate.sample_bytes = (sum(payload_bytes(r) for r in records) if records
+                                       else None)
             self._layout = BatchLayout.infer(
                 sample, batch_size=self.options.batch_size, lengths=self.sampler.feature_lengths()
             )

@@ -26,7 +26,7 @@ its hand-over) count as often an item as on the node: a one-thread loader here b
 whole batch a slice, and with them (``--slices one``, train at 64 a batch as before) the
 train preset read 19-21 GIL µs an image where 16-image slices read 35-51. With the node's
 slices the ``u`` each case implies on the node run's code lies closer together: 0.42-0.51
-/ 0.51-0.63 / 0.53-0.69 in six runs (one ``u`` within ±11-19% of each in five, ±28% in
+/ 0.49-0.63 / 0.53-0.69 in eight runs (one ``u`` within ±11-19% of each in seven, ±28% in
 one), against 0.33-0.34 / 0.29-0.37 / 0.47-0.48 in two with one thread's slices (±24%,
 ±31%). The train set here is
 ``Sizes.quick``'s 768 JPEGs: 3 batches of 256 an epoch against the node's 31, so each

@@ -222,23 +222,23 @@ def test_fewer_threads_at_once_still_take_a_batch_among_them(
 
 @pytest.mark.parametrize(("cores", "sample_us", "sample_kb", "shares_gil", "want"), [
     (16, 1300.0, 81, True, 43),    # the train preset: 43-image slices pay a slice's own
-                                   # Python 2.7 times less often an image than 16 (64 ms)
+                                   # Python 2.7 times less often an image than 16 (60 ms)
     (16, 1300.0, 81, False, 16),   # worker processes: each its own GIL, slices as before
     (16, 1300.0, None, True, 16),  # record bytes not known: as before
     (16, 100.0, 0, True, 64),      # patches (no record held): a slice for each thread
     (16, 10_000.0, 945, True, 16),  # 1566² frames: 16 of 10 ms are 160 ms already
     (16, 700.0, 945, True, 16),    # big records, cheap work: 8 MiB is 8 of them, < 16
     (64, 1300.0, 81, True, 16),    # 64 threads: 4 batches ahead leave 16 for each
-    (8, 1300.0, 81, True, 32),     # 8 threads: 32 of 1.3 ms are past 32 ms
+    (8, 1300.0, 81, True, 32),     # 8 threads: 32 of 1.3 ms are past 28 ms
     (2, 1300.0, 81, True, 128),    # 2 threads: a batch over the threads, as before
-    (2, 15.0, 1, True, 256),       # 28x28 PNG on 2 threads: 8 ms a slice, a batch each
+    (2, 15.0, 1, True, 256),       # 28x28 PNG on 2 threads: 4 ms a slice, a batch each
 ])
 def test_many_threads_that_share_the_gil_build_slices_of_at_least_4_ms_a_thread(
         monkeypatch: pytest.MonkeyPatch, cores: int, sample_us: float, sample_kb: int | None,
         shares_gil: bool, want: int) -> None:
     """At ``limit`` threads of one process every slice's own Python queues for one GIL: a
-    slice is given at least ``SLICE_SECONDS_A_THREAD × limit`` of work (each thread still
-    with a slice in flight, and at most ``SLICE_RECORD_BYTES`` of records)."""
+    slice is given at least ``SLICE_SECONDS_A_THREAD × (limit - 1)`` of work (each thread
+    still with a slice in flight, and at most ``SLICE_RECORD_BYTES`` of records)."""
     run = Run(monkeypatch, cores, cpu=lambda limit, now: sample_us * 1e-6)
     run.gate.shares_gil = shares_gil
     run.gate.sample_bytes = None if sample_kb is None else sample_kb * 1024

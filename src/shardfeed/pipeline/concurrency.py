@@ -118,16 +118,18 @@ the GIL for about 80 µs on a 2-core machine whatever its samples, so 16-sample 
 PNGs (15 µs a sample) spend a quarter of their time on it, and past a few threads those costs
 queue for the GIL."""
 SLICE_SECONDS_A_THREAD = 4e-3
-"""The least thread CPU time a slice is given for each thread that may build at once, where
-the threads share one GIL (see :meth:`SliceGate.slice_size`). Each slice's own Python holds
-the GIL whatever its samples (the train preset's: ~190 µs a 16-image slice on a 2-core
-machine whose cores decode twice as fast as the training node's, the decode aside, against
-14 µs an image), and every thread pays it: at ``limit`` threads, slices of ``D`` seconds
-spend ``limit × F / D`` of the GIL's time on it. 4 ms a thread keeps that near a tenth for
-``F`` of 0.4 ms (the node's). At 16 threads, slices of 64 ms: the train preset's 16-image
-slices become 43 or so (1.4 ms an image on the node), a slice still for each thread among
-4 batches in flight; 1566² frames (10 ms or more an image) are cut as before. At 2 threads,
-8 ms: a train batch over the threads is more; 28² PNGs get a batch a slice."""
+"""The least thread CPU time a slice is given for each other thread that may build at once,
+where the threads share one GIL (see :meth:`SliceGate.slice_size`). Each slice's own Python
+holds the GIL whatever its samples (the train preset's: ~190 µs a 16-image slice on a
+2-core machine whose cores decode twice as fast as the training node's, the decode aside,
+against 14 µs an image), and a thread waits for the others': at ``limit`` threads, slices of
+``D`` seconds keep each waiting ``(limit - 1) × F / D`` of its time. 4 ms a thread keeps
+that near a tenth for ``F`` of 0.4 ms (the node's). At 16 threads, slices of 60 ms: the
+train preset's 16-image slices become 43 or so (1.4 ms an image on the node), a slice still
+for each thread among 4 batches in flight; 1566² frames (10 ms or more an image) are cut as
+before. At 2 threads, 4 ms: a train batch over the threads is more, and so was the demo's
+(``make demo``: 0.65-0.67 of its decode limit with 8 ms, 0.70-0.71 with 4 ms and without
+the rule); 28² PNGs get a batch a slice."""
 SLICE_RECORD_BYTES = 8 << 20
 """The most encoded record bytes a slice is enlarged to hold (see :meth:`SliceGate.slice_size`:
 a thread holds its slice's records while it builds): 64 images of 1566² (945 KB each) would
@@ -248,7 +250,8 @@ class SliceGate:
         often). Light work (less thread CPU over ``base`` than ``MIN_SLICE_SECONDS``):
         slices of at least that much. Where the threads share the GIL and a sample's record
         bytes are known (:attr:`sample_bytes`): slices of at least ``SLICE_SECONDS_A_THREAD``
-        for each thread that may build at once, within ``SLICE_RECORD_BYTES`` of records.
+        for each other thread that may build at once, within ``SLICE_RECORD_BYTES`` of
+        records.
         Either way never so large that fewer slices are in flight than may build at once
         (``ahead × batch / limit``), so every allowed thread still has one
         (:func:`largest_slice`). At any core count: the slices' fixed costs, which every
@@ -264,7 +267,7 @@ class SliceGate:
         if per_sample * size < MIN_SLICE_SECONDS:  # light work
             cut = max(cut, min(int(-(-MIN_SLICE_SECONDS // per_sample)),
                                largest_slice(size, batch, ahead, limit, 0)))
-        least = SLICE_SECONDS_A_THREAD * limit
+        least = SLICE_SECONDS_A_THREAD * (limit - 1)  # the others' costs, waited for
         if self.shares_gil and self.sample_bytes is not None and per_sample * cut < least:
             cut = max(cut, min(int(-(-least // per_sample)),
                                largest_slice(size, batch, ahead, limit, self.sample_bytes)))

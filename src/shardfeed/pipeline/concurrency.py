@@ -1,4 +1,5 @@
-"""How many batch slices are built at once: all the threads, unless fewer measure faster.
+"""How many batch slices are built at once (all the threads, unless fewer measure faster),
+and how large they are.
 
 Worker threads help when the work releases the GIL (decoding a large JPEG); when most of it
 is Python that holds the GIL (small images: reading, parsing and writing a record costs as
@@ -29,6 +30,14 @@ first window of tiny work end at ``window_samples`` (or that wall time). A windo
 slice finishes. The gate chooses the limit; the loader's CPU pool
 (:class:`~shardfeed.pipeline.executor.CpuPool`) keeps it, starting slices in the order they
 were submitted, so batches still complete in order.
+
+How large a slice is (:meth:`SliceGate.slice_size`): a batch over the threads, larger where a
+slice's own Python (submitting it, the gate, its plan, its hand-over) would cost much beside
+its work: at least ``MIN_SLICE_SECONDS`` of work, and, where the threads share one GIL, at
+least ``SLICE_SECONDS_A_THREAD`` for each other thread building at once, which each waits
+for; never so large that a thread that may build has no slice among the batches in flight,
+nor past ``SLICE_RECORD_BYTES`` of records (:func:`largest_slice`, which the memory budget
+counts too).
 
 What measuring costs, at any core count. The gate counts the wall time of every window at
 the limit it ran (:meth:`SliceGate.stats`); time at a limit other than the one chosen (a

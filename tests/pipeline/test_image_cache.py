@@ -151,6 +151,41 @@ def test_get_many_is_get_called_in_order() -> None:
             (k, e.expires) for k, e in one._entries.items()]
 
 
+def test_get_many_of_cached_keys_is_get_called_in_order() -> None:
+    """Every key cached (a slice's usual case, taken without a loop in Python): the values,
+    hits, the order of use, the expiries, the clock, and so which entries later loads
+    evict, are those of ``get`` called for each key in turn, keys asked twice and expiries
+    extended, kept or shortened among them."""
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        one: ImageCache[int] = ImageCache(max_bytes=1200)
+        many: ImageCache[int] = ImageCache(max_bytes=1200)
+        for key in range(12):  # all cached
+            first = (0, int(rng.integers(0, 30)))
+            for cache in (one, many):
+                cache.get(key, loader(key * 10), expires=first, now=(0, 0))
+        for start in range(4):  # four slices of cached keys, some twice
+            keys = rng.integers(0, 12, 8).tolist()
+            expires = [(0, int(e)) for e in rng.integers(0, 60, 8)]
+            now = [(0, int(t)) for t in rng.integers(0, 40, 8)]  # some behind the clock
+            uses = rng.integers(1, 4, 8).tolist() if start % 2 else None
+            got = []
+            for i, key in enumerate(keys):
+                for _ in range(1 if uses is None else uses[i]):
+                    value = one.get(key, loader(-1), expires=expires[i], now=now[i])
+                got.append(value)
+            assert many.get_many(keys, lambda row: loader(-1), expires=expires, now=now,
+                                 uses=uses) == got
+            assert many.stats() == one.stats() and many._clock == one._clock
+            assert [(k, e.expires) for k, e in many._entries.items()] == [
+                (k, e.expires) for k, e in one._entries.items()]
+        # the next loads evict the same entries (the expiry index agrees)
+        for key in range(12, 20):
+            for cache in (one, many):
+                cache.get(key, loader(key * 10), expires=(0, 90), now=(0, 50 + key))
+            assert list(many._entries) == list(one._entries)
+
+
 def test_a_key_asked_for_once_for_its_uses_is_the_key_repeated() -> None:
     """A slice's images, each asked for once with the number of its outputs: the values,
     loads, hits, evictions and what stays cached are those of each key asked for that many

@@ -335,7 +335,8 @@ def _fits(value: np.dtype[Any], column: np.dtype[Any]) -> bool:
     """Whether values of dtype ``value`` may be stored in a batch column of ``column``: a safe
     cast, or float to a narrower float (precision only). Never an integer cast that wraps
     (uint16 mask ids into a uint8 column would turn 300 into 44 without a word)."""
-    return bool(np.can_cast(value, column, "safe")) or (value.kind == "f" and column.kind == "f")
+    return (value == column or bool(np.can_cast(value, column, "safe"))
+            or (value.kind == "f" and column.kind == "f"))
 
 def _fix(array: np.ndarray, shape: tuple[int, ...]) -> str:
     """What to do about a value of another shape than its batch column."""

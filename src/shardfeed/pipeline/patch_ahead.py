@@ -98,9 +98,8 @@ class LookAhead:
         bound = cache.max_bytes
         if bound is None:
             return empty, empty
-        steps = np.diff(positions)
-        stride = int(steps[0])
-        if stride < 1 or not bool(np.all(steps == stride)):
+        stride = int(positions[1] - positions[0])
+        if stride < 1 or not (positions[1:] - positions[:-1] == stride).all():
             return empty, empty  # not one rank's run of outputs (a wrap, a replacement)
         r, n = schedule.refresh_every, schedule.cache_images
         first, last = int(positions[0]), int(positions[-1])

@@ -47,7 +47,7 @@ from shardfeed.transforms.decode.sizes import (
 )
 
 __all__ = ["PICKS", "PatchOptions", "Pick", "cut_patch", "cut_rows", "draw_patch_box",
-           "patch_boxes", "stacked_features"]
+           "patch_boxes", "stacked_features", "stacked_values"]
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -302,6 +302,26 @@ def stacked_features(metas: Sequence[dict[str, Any]], rows: np.ndarray | None = 
             columns[name] = values
         else:
             columns[name] = list(map(values.__getitem__, picks))
+    return columns
+
+
+def stacked_values(kinds: tuple[tuple[Any, ...], ...], values: Sequence[tuple[Any, ...]],
+                   rows: np.ndarray | None = None) -> dict[str, Any]:
+    """:func:`stacked_features` of records alike, each given as its features' values in the
+    order of their one ``kinds``, numeric arrays as their bytes
+    (:attr:`~shardfeed.transforms.decode.patches.DecodedImage.values`): a column is a
+    ``zip`` and a join, not a look-up and an array a record."""
+    picks = None if rows is None else rows.tolist()
+    count = len(values)
+    columns: dict[str, Any] = {}
+    for kind, column in zip(kinds, zip(*values, strict=True), strict=True):
+        if len(kind) > 1:  # (name, shape, dtype): each record's bytes, C order
+            stacked = np.frombuffer(bytearray(b"".join(column)), dtype=kind[2]).reshape(
+                count, *kind[1])
+            columns[kind[0]] = stacked if rows is None else stacked[rows]
+        else:
+            columns[kind[0]] = list(column) if picks is None else list(
+                map(column.__getitem__, picks))
     return columns
 
 

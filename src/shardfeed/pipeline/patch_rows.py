@@ -28,6 +28,7 @@ from shardfeed.pipeline.patch_crops import (
     cut_rows,
     patch_boxes,
     stacked_features,
+    stacked_values,
 )
 from shardfeed.pipeline.samplers import (
     DATA_ERRORS,
@@ -63,7 +64,7 @@ class PatchSampler(Protocol):
     def _decoded(self, key: SampleKey, rid: int, record: Sample,
                  q: int | None = None) -> DecodedImage: ...
 
-_DIMS = operator.attrgetter("dims")
+_PARTS = operator.attrgetter("image", "mask", "dims", "kinds", "values", "meta")
 
 
 def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.ndarray,
@@ -88,9 +89,7 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
     positions = np.asarray(positions, dtype=np.int64)
     q, units = patches.plan_units(ctx, positions)  # decodes start ahead
     records = units.tolist()
-    slot: dict[int, int] = {}  # a record -> its place among the slice's images
-    rows = [slot.setdefault(r, len(slot)) for r in records]
-    unique = list(slot)
+    unique = list(dict.fromkeys(records))  # the slice's images, in the order of first use
     n, k = len(positions), len(unique)
     out = buffer.arrays["image"][first_row : first_row + n]
     if patches.cache is None:
@@ -126,38 +125,48 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
         # the slice spans is evicted meanwhile); every crop drawn in one call, cut in one
         # pass.
         seed, epoch = ctx.seed, ctx.epoch
-        inverse = np.array(rows, dtype=np.intp)
         _, last = patches.schedule.resident_spans(q)
-        expires = np.full(k, -1, dtype=np.int64)
-        np.maximum.at(expires, inverse, last)
-        first = np.full(k, len(patches.schedule), dtype=np.int64)
-        np.minimum.at(first, inverse, positions)
+        inverse: np.ndarray | None = None
+        if k == n:  # an image an output (a block of N outputs): as asked, no spreading
+            expires, first, uses = last.tolist(), positions.tolist(), None
+        else:
+            place = dict(zip(unique, range(k)))  # a record -> its place among them
+            inverse = np.fromiter(map(place.__getitem__, records), dtype=np.intp, count=n)
+            most = np.full(k, -1, dtype=np.int64)
+            np.maximum.at(most, inverse, last)
+            least = np.full(k, len(patches.schedule), dtype=np.int64)
+            np.minimum.at(least, inverse, positions)
+            expires, first = most.tolist(), least.tolist()
+            uses = np.bincount(inverse, minlength=k).tolist()
         # the images neither cached nor being decoded are read now (their loads
         # below decode them); a cached one that is evicted meanwhile is read by its load
         read = patches.read_uncached(unique)
         load = patches._load
         decoded_of = patches.cache.get_many(
             unique, lambda j: functools.partial(load, unique[j], read.get(unique[j])),
-            expires=[(epoch, t) for t in expires.tolist()],
-            now=[(epoch, t) for t in first.tolist()],
-            uses=np.bincount(inverse, minlength=k).tolist())
-        if any(decoded.mask is not None for decoded in decoded_of):
-            raise SchemaError("patches with masks are cut one by one")
-        own = [decoded.image for decoded in decoded_of]
-        # each image's sizes and the kinds of its features were worked out when it was
-        # decoded (DecodedImage): not again for each of the tens of slices it serves
-        dims = np.fromiter(itertools.chain.from_iterable(map(_DIMS, decoded_of)),
-                           dtype=np.int64, count=4 * k).reshape(k, 4)[inverse]
-        kinds = decoded_of[0].kinds
-        columns = stacked_features(
-            [decoded.meta for decoded in decoded_of], inverse,
-            alike=all(decoded.kinds is kinds for decoded in decoded_of))
+            expires=list(zip(itertools.repeat(epoch), expires)),
+            now=list(zip(itertools.repeat(epoch), first)), uses=uses)
+        # what the slice needs of each image, in one pass (each image worked it out when it
+        # was decoded: DecodedImage), not again for each of the tens of slices it serves
+        images, masks, sizes, kinds, values, metas = zip(*map(_PARTS, decoded_of),
+                                                         strict=True)
         del decoded_of
+        if any(map(operator.is_not, masks, itertools.repeat(None))):
+            raise SchemaError("patches with masks are cut one by one")
+        dims = np.fromiter(itertools.chain.from_iterable(sizes), dtype=np.int64,
+                           count=4 * k).reshape(k, 4)
+        if kinds.count(kinds[0]) == k:  # alike: equal kinds (most often one object)
+            columns = stacked_values(kinds[0], values, inverse)
+        else:
+            columns = stacked_features(metas, inverse)
+        if inverse is not None:
+            dims = dims[inverse]
+            images = tuple(map(images.__getitem__, inverse.tolist()))
         full = dims[:, 2:]
         boxes = patch_boxes(seed, epoch, positions, dims[:, 0], dims[:, 1], patches.options)
-        if not cut_rows(list(map(own.__getitem__, rows)), boxes, out, patches.options):
+        if not cut_rows(images, boxes, out, patches.options):
             return False
-        del own
+        del images
     if columns is None:
         return False
     # each box at full size: its corner within the image, its size within what is left

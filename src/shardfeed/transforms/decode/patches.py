@@ -49,8 +49,10 @@ class DecodedImage:
 
     Made once an image and read by every slice that cuts from it while it is cached (tens
     of slices), so what those slices need of it is worked out here, once: ``dims`` (the
-    image's height and width, then the full size's) and ``kinds`` (:func:`meta_kinds` of
-    ``meta``, worked out here where not given)."""
+    image's height and width, then the full size's), ``kinds`` (:func:`meta_kinds` of
+    ``meta``, worked out here where not given) and ``values`` (``meta``'s values in the
+    order of ``kinds``, each numeric array as its bytes in C order: a slice joins its
+    images' bytes into a column, 64 images in ~1 µs where stacking the arrays took ~6)."""
 
     image: np.ndarray
     mask: np.ndarray | None
@@ -58,12 +60,16 @@ class DecodedImage:
     full_hw: tuple[int, int]
     kinds: tuple[tuple[Any, ...], ...] = ()
     dims: tuple[int, int, int, int] = field(init=False)
+    values: tuple[Any, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         shape = self.image.shape
         object.__setattr__(self, "dims", (int(shape[0]), int(shape[1]), *self.full_hw))
         if not self.kinds:
             object.__setattr__(self, "kinds", meta_kinds(self.meta))
+        object.__setattr__(self, "values", tuple(  # in kinds' order
+            value.tobytes() if len(kind) > 1 else value
+            for kind, value in zip(self.kinds, self.meta.values(), strict=True)))
 
     @property
     def nbytes(self) -> int:

@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from shardfeed.pipeline.expiry_index import ExpiryIndex
 from shardfeed.storage.process_state import PROCESS, fail_forked
@@ -272,7 +272,7 @@ class ImageCache(Generic[V]):
         with self._lock:
             got = list(map(entries.get, keys))
             if None not in got:  # every key cached (most slices): no Python a key
-                self._use_all(keys, got, expires, now, uses)
+                self._use_all(keys, cast("list[_Entry[V]]", got), expires, now, uses)
                 return list(map(_VALUE, got))
         while at < count:
             with self._lock:

@@ -148,8 +148,8 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
             now=list(zip(itertools.repeat(epoch), first)), uses=uses)
         # what the slice needs of each image, in one pass (each image worked it out when it
         # was decoded: DecodedImage), not again for each of the tens of slices it serves
-        images, masks, sizes, kinds, values, metas = zip(*map(_PARTS, decoded_of),
-                                                         strict=True)
+        images, masks, sizes, kinds, values, meta_of = zip(*map(_PARTS, decoded_of),
+                                                           strict=True)
         del decoded_of
         if any(map(operator.is_not, masks, itertools.repeat(None))):
             raise SchemaError("patches with masks are cut one by one")
@@ -158,7 +158,7 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
         if kinds.count(kinds[0]) == k:  # alike: equal kinds (most often one object)
             columns = stacked_values(kinds[0], values, inverse)
         else:
-            columns = stacked_features(metas, inverse)
+            columns = stacked_features(meta_of, inverse)
         if inverse is not None:
             dims = dims[inverse]
             images = tuple(map(images.__getitem__, inverse.tolist()))
@@ -170,11 +170,12 @@ def build_patch_rows(patches: PatchSampler, ctx: EpochContext, positions: np.nda
     if columns is None:
         return False
     # each box at full size: its corner within the image, its size within what is left
-    scaled = boxes * patches.options.denominator
-    corner = np.minimum(scaled[:, :2], full - 1)
+    box = boxes * patches.options.denominator  # a new array: the column, bounded in place
+    corner = box[:, :2]
+    np.minimum(corner, full - 1, out=corner)
+    np.minimum(box[:, 2:], full - corner, out=box[:, 2:])
     columns["image"] = out
-    columns["patch/box"] = np.concatenate(
-        [corner, np.minimum(scaled[:, 2:], full - corner)], axis=1)
+    columns["patch/box"] = box
     columns["patch/record"] = units
     if transform is not None:
         rngs = RowKeys(ctx.seed, ctx.epoch, positions) if transform.draws_random else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,66 @@ def test_values_that_do_not_fit_the_batch_dtype_are_refused_not_wrapped(clean_ds
                     num_threads=1)
     with pytest.raises(SchemaError, match=r"'ids'.*uint16.*uint8"):
         next(iter(loader))  # 300 stored as uint8 would read 44
+
+
+def test_of_two_failing_slices_of_a_batch_the_first_is_raised(
+        clean_ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch in four slices whose first and last fail, the last long before the first (the
+    consumer waits for a batch's last slice first): the error raised is the first slice's,
+    naming its record, as when the slices were waited for in order."""
+    import time
+
+    from shardfeed.pipeline.concurrency import SliceGate
+
+    monkeypatch.setattr(SliceGate, "slice_size", lambda self, base, batch, ahead: 2)
+
+    def failing(sample: dict[str, Any]) -> dict[str, Any]:
+        index = int(np.asarray(sample["index"]).reshape(-1)[0])
+        if index == 1:
+            time.sleep(0.3)
+            raise Boom(f"first slice, record {index}")
+        if index == 7:
+            raise Boom(f"last slice, record {index}")
+        return sample
+
+    loader = Loader(clean_ds, batch_size=8, shuffle=False, transform=failing, num_threads=4)
+    with pytest.raises(Boom, match="first slice, record 1") as info:
+        next(iter(loader))
+    assert "record id 1" in "\n".join(getattr(info.value, "__notes__", []))
+
+
+def test_the_consumer_waits_once_a_batch_for_slices_done_in_order(
+        clean_ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch in four slices built in order by one thread, the consumer ahead of it: it
+    waits for the batch's last slice only (each wait a wake-up under the GIL), not for each
+    slice in turn."""
+    import time
+    from concurrent.futures import Future
+
+    from shardfeed.pipeline.concurrency import SliceGate
+
+    monkeypatch.setattr(SliceGate, "slice_size", lambda self, base, batch, ahead: 2)
+    waits = 0
+    consumer = threading.get_ident()
+
+    def counted(name: str) -> Any:
+        original = getattr(Future, name)
+
+        def wait(self: Future[Any], *args: Any, **kwargs: Any) -> Any:
+            nonlocal waits
+            if threading.get_ident() == consumer and not self.done():
+                waits += 1
+            return original(self, *args, **kwargs)
+        return wait
+
+    monkeypatch.setattr(Future, "result", counted("result"))
+    monkeypatch.setattr(Future, "exception", counted("exception"))
+
+    def slow(sample: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(0.005)
+        return sample
+
+    loader = Loader(clean_ds, batch_size=8, shuffle=False, transform=slow, num_threads=1,
+                    prefetch_batches=1, drop_last=True)
+    batches = sum(1 for _ in loader)
+    assert batches >= 4 and 1 <= waits <= batches

@@ -146,6 +146,9 @@ class EpochRun:
             raise StopIteration
         head = self.pending[0]
         try:
+            # the last slice first: the pool takes them in order, so it is most often done
+            # last, and the others are done by then: one wait a batch, not one a slice
+            head.futures[-1].exception()
             skipped = sum(future.result() or 0 for future in head.futures)
         except BaseException as exc:
             closed_meanwhile = self.closed  # by another thread: its error is the close

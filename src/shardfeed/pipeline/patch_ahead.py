@@ -27,7 +27,7 @@ from shardfeed.sampling.patches import PatchSchedule
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.transforms.decode.patches import DecodedImage
 
-__all__ = ["DECODE_AHEAD_THREADS", "LOOK_AHEAD_IMAGES", "LookAhead", "decode_ahead"]
+__all__ = ["DECODE_AHEAD_THREADS", "LOOK_AGAIN", "LOOK_AHEAD_IMAGES", "LookAhead", "decode_ahead"]
 
 DECODE_AHEAD_THREADS = max(1, min(4, usable_cores()))
 """Threads decoding the images slices need next (see :func:`decode_ahead`), one image
@@ -40,6 +40,12 @@ enough to keep every decode thread busy while slices wait for none (6 on 2 cores
 cores), three interleaved rounds of 5 s: 2 refreshes 8,799 / 8,604 / 8,624 patches/s, 4
 8,787 / 9,548 / 8,932, 6 9,841 / 9,666 / 9,549 (1.5 -> 1.66 cores busy); 10 beyond 6 within
 the noise."""
+LOOK_AGAIN = 4
+"""A stride's slices look ahead again once a quarter of their horizon (``LOOK_AHEAD_IMAGES``
+refreshes past the slice) is past where they looked: three quarters of it stay looked at,
+and a slice of 64 outputs of 1566² JPEGs (R=100) looks every fourth time or so. On 2 cores
+(``bench/predict_node.py``'s Patches, the node's slices) the look took ~60 µs of a slice's
+~1.1 ms of thread CPU, most of it under the GIL."""
 _DECODERS = DaemonThreads(
     "shardfeed-patch-decode", limit=DECODE_AHEAD_THREADS,
     why="Patches' decodes of the images slices need next, one image each (cache_bytes counts "
@@ -115,6 +121,11 @@ class LookAhead:
         run = (ctx.seed, ctx.epoch, stride, last % stride)
         looked = self._looked.get(run, 0)
         if looked > start:
+            # an earlier slice of the stride looked past this one's outputs: look again once
+            # a LOOK_AGAIN-th of the horizon is new, not at every slice (a look is two order
+            # position calls and a pass over the images), so the rest stays looked at
+            if (end - looked) * LOOK_AGAIN < end - start:
+                return empty, empty
             start += -(-(looked - start) // stride) * stride
         if end > looked:
             self._looked = {run: end}

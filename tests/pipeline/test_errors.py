@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from pipeline_helpers import open_dataset, record_ids, train_transform
 
 from shardfeed.errors import CorruptRecordError, DecodeError
 from shardfeed.pipeline import Loader, TooManyErrorsError
+from shardfeed.pipeline.concurrency import SliceGate
 
 
 def ids_of_epoch(loader: Loader) -> list[int]:
@@ -132,13 +134,9 @@ def test_values_that_do_not_fit_the_batch_dtype_are_refused_not_wrapped(clean_ds
 
 def test_of_two_failing_slices_of_a_batch_the_first_is_raised(
         clean_ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch in four slices whose first and last fail, the last long before the first (the
-    consumer waits for a batch's last slice first): the error raised is the first slice's,
-    naming its record, as when the slices were waited for in order."""
-    import time
-
-    from shardfeed.pipeline.concurrency import SliceGate
-
+    """A batch in four slices whose first and last fail, the last long before the first: the
+    error raised is the first slice's, naming its record, as when the slices were waited for
+    in order."""
     monkeypatch.setattr(SliceGate, "slice_size", lambda self, base, batch, ahead: 2)
 
     def failing(sample: dict[str, Any]) -> dict[str, Any]:
@@ -159,29 +157,18 @@ def test_of_two_failing_slices_of_a_batch_the_first_is_raised(
 def test_the_consumer_waits_once_a_batch_for_slices_done_in_order(
         clean_ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch in four slices built in order by one thread, the consumer ahead of it: it
-    waits for the batch's last slice only (each wait a wake-up under the GIL), not for each
-    slice in turn."""
-    import time
-    from concurrent.futures import Future
-
-    from shardfeed.pipeline.concurrency import SliceGate
-
+    blocks once a batch (each time a wake-up under the GIL), not once a slice."""
     monkeypatch.setattr(SliceGate, "slice_size", lambda self, base, batch, ahead: 2)
     waits = 0
     consumer = threading.get_ident()
+    original = threading.Condition.wait
 
-    def counted(name: str) -> Any:
-        original = getattr(Future, name)
+    def counted(self: threading.Condition, *args: Any, **kwargs: Any) -> Any:
+        nonlocal waits
+        waits += threading.get_ident() == consumer
+        return original(self, *args, **kwargs)
 
-        def wait(self: Future[Any], *args: Any, **kwargs: Any) -> Any:
-            nonlocal waits
-            if threading.get_ident() == consumer and not self.done():
-                waits += 1
-            return original(self, *args, **kwargs)
-        return wait
-
-    monkeypatch.setattr(Future, "result", counted("result"))
-    monkeypatch.setattr(Future, "exception", counted("exception"))
+    monkeypatch.setattr(threading.Condition, "wait", counted)
 
     def slow(sample: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.005)
@@ -190,4 +177,28 @@ def test_the_consumer_waits_once_a_batch_for_slices_done_in_order(
     loader = Loader(clean_ds, batch_size=8, shuffle=False, transform=slow, num_threads=1,
                     prefetch_batches=1, drop_last=True)
     batches = sum(1 for _ in loader)
-    assert batches >= 4 and 1 <= waits <= batches
+    assert batches >= 4 and 1 <= waits <= batches + 1, waits  # + the pass closing
+
+
+def test_a_failing_slice_ends_the_wait_for_its_batch(
+        clean_ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first of a batch's four slices fails at once: the slices queued behind it on the
+    one thread are dropped, not built before the error comes out (a slice stalled on
+    storage would hold it up to its deadline)."""
+    monkeypatch.setattr(SliceGate, "slice_size", lambda self, base, batch, ahead: 2)
+    seen: list[int] = []
+
+    def failing(sample: dict[str, Any]) -> dict[str, Any]:
+        index = int(np.asarray(sample["index"]).reshape(-1)[0])
+        seen.append(index)
+        if index == 1:  # record 0 is the loader's first sample, read before any slice
+            raise Boom("first slice")
+        if index:
+            time.sleep(0.5)
+        return sample
+
+    loader = Loader(clean_ds, batch_size=8, shuffle=False, transform=failing, num_threads=1,
+                    prefetch_batches=1)
+    with pytest.raises(Boom, match="first slice"):
+        next(iter(loader))
+    assert 6 not in seen and 7 not in seen

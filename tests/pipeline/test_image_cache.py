@@ -152,10 +152,10 @@ def test_get_many_is_get_called_in_order() -> None:
 
 
 def test_get_many_of_cached_keys_is_get_called_in_order() -> None:
-    """Every key cached (a slice's usual case, taken without a loop in Python): the values,
-    hits, the order of use, the expiries, the clock, and so which entries later loads
-    evict, are those of ``get`` called for each key in turn, keys asked twice and expiries
-    extended, kept or shortened among them."""
+    """Every key cached (a slice's usual case, one run of hits): the values, hits, the order
+    of use, the expiries, the clock, and so which entries later loads evict, are those of
+    ``get`` called for each key in turn, keys asked twice and expiries extended, kept or
+    shortened among them."""
     rng = np.random.default_rng(11)
     for _ in range(40):
         one: ImageCache[int] = ImageCache(max_bytes=1200)

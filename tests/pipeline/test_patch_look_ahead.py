@@ -159,3 +159,38 @@ def test_an_epoch_read_again_by_the_same_loader_decodes_each_image_once(
         assert loads <= IMAGES + 2 and ahead > 0
         for got, want in zip(batches, passes[0][0]):
             assert np.array_equal(got["image"], want["image"])
+
+
+def test_slices_look_again_once_a_quarter_of_the_horizon_is_new(
+        pictures: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stride's slices look ahead again once a ``LOOK_AGAIN``-th of the horizon is past
+    where they looked, not at every slice: fewer looks than with a look at every slice, the
+    same outputs, each image still decoded once."""
+    from shardfeed.pipeline import patch_ahead
+
+    def epoch(look_again: int) -> tuple[int, list[dict[str, Any]], int]:
+        monkeypatch.setattr(patch_ahead, "LOOK_AGAIN", look_again)
+        with Dataset(str(pictures)) as ds:
+            patches = Patches(ds, size=8, cache_images=CACHE_IMAGES, refresh_every=REFRESH)
+            looks = 0
+            look = patches._look_ahead
+
+            def counted(ctx: EpochContext, positions: np.ndarray) -> tuple[
+                    np.ndarray, np.ndarray]:
+                nonlocal looks
+                q, units = look(ctx, positions)
+                looks += len(q) > 0
+                return q, units
+
+            patches._look_ahead = counted  # type: ignore[method-assign]
+            batches = _epoch(patches, 0, 1)
+            stats = patches.cache_stats()
+        assert stats is not None
+        return looks, batches, stats.loads
+
+    every, want, loads_every = epoch(1 << 30)  # any new output: a look at every slice
+    looks, got, loads = epoch(4)
+    assert 0 < looks < every
+    assert loads == loads_every
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a["image"], b["image"])

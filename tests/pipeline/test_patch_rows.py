@@ -70,6 +70,8 @@ def jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     {"size": 100, "cache_images": 2, "refresh_every": 3},  # larger than the images: padded
     {"size": 16, "cache_images": 3, "refresh_every": 5, "pick": "uniform"},
     {"size": 16, "cache_images": 3, "refresh_every": 5, "cache": False},
+    # a block of 8 outputs within a refresh: each output of a slice its own image
+    {"size": 16, "cache_images": 8, "refresh_every": 16},
 ])
 def test_rows_are_the_sample_paths(jpegs: Path, patches: dict[str, Any], threads: int) -> None:
     fast, slow, cut = _pair(jpegs, patches, num_threads=threads)

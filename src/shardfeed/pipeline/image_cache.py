@@ -30,15 +30,12 @@ the largest value loaded so far.
 
 from __future__ import annotations
 
-import collections
-import itertools
-import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from shardfeed.pipeline.expiry_index import ExpiryIndex
 from shardfeed.storage.process_state import PROCESS, fail_forked
@@ -78,10 +75,6 @@ class _Entry(Generic[V]):
         self.value = value
         self.nbytes = nbytes
         self.expires = expires
-
-
-_VALUE = operator.attrgetter("value")
-_EXPIRES = operator.attrgetter("expires")
 
 
 class _LoadFailed(Exception):
@@ -178,8 +171,7 @@ class ImageCache(Generic[V]):
         lock for all)."""
         with self._lock:
             entries, pending = self._entries, self._pending
-            return list(itertools.filterfalse(
-                pending.__contains__, itertools.filterfalse(entries.__contains__, keys)))
+            return [key for key in keys if key not in entries and key not in pending]
 
     def stats(self) -> CacheStats:
         """The counters now (see :class:`CacheStats`)."""
@@ -269,11 +261,6 @@ class ImageCache(Generic[V]):
         out: list[V] = []
         count, at = len(keys), 0
         entries = self._entries
-        with self._lock:
-            got = list(map(entries.get, keys))
-            if None not in got:  # every key cached (most slices): no Python a key
-                self._use_all(keys, cast("list[_Entry[V]]", got), expires, now, uses)
-                return list(map(_VALUE, got))
         while at < count:
             with self._lock:
                 # _hit() inlined: a slice asks for tens of images, most of them cached (64
@@ -302,26 +289,6 @@ class ImageCache(Generic[V]):
                         self._hit(keys[at], expires[at], now[at], uses[at] - 1)
                 at += 1
         return out
-
-    def _use_all(self, keys: Sequence[Hashable], got: list[_Entry[V]],
-                 expires: Sequence[Clock], now: Sequence[Clock],
-                 uses: Sequence[int] | None) -> None:
-        """Under the lock: :meth:`get_many`'s effects where ``got`` are the entries of every
-        key: each used in turn (moved last, its expiry extended), the clock advanced to the
-        latest ``now``, the hits counted. Loops in C, but for the expiries to extend (one an
-        image a refresh or so): on 2 cores, 64 cached keys took 12.6-13.7 µs a key at a time."""
-        entries = self._entries
-        collections.deque(map(entries.move_to_end, keys), maxlen=0)
-        later = list(map(operator.gt, expires, map(_EXPIRES, got)))
-        if True in later:
-            for at in itertools.compress(range(len(got)), later):
-                entry, when = got[at], expires[at]
-                if when > entry.expires:  # again: a key twice may have been extended already
-                    self._expiring.move(keys[at], entry.expires, when)
-                    entry.expires = when
-        if len(now):
-            self._clock = max(self._clock, max(now))
-        self._hits += len(got) if uses is None else sum(uses)
 
     def _hit(self, key: Hashable, expires: Clock, now: Clock,
              hits: int = 1) -> _Entry[V] | None:

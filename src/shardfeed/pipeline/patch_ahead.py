@@ -97,7 +97,8 @@ class LookAhead:
         """The order positions and images of the outputs after ``positions`` (same stride)
         up to the end of ``LOOK_AHEAD_IMAGES`` refreshes past the slice, fewer where the
         cache's bound would not hold them beside the slice's images and ``slack`` images of
-        threads working ahead; only those past where a slice of the same stride looked."""
+        threads working ahead; only those past where a slice of the same stride looked, and
+        none until a ``LOOK_AGAIN``-th of that horizon is past it."""
         empty = np.empty(0, dtype=np.int64)
         if len(positions) < 2 or not cache.largest_bytes:
             return empty, empty

@@ -308,15 +308,16 @@ def stacked_features(metas: Sequence[dict[str, Any]], rows: np.ndarray | None = 
 def stacked_values(kinds: tuple[tuple[Any, ...], ...], values: Sequence[tuple[Any, ...]],
                    rows: np.ndarray | None = None) -> dict[str, Any]:
     """:func:`stacked_features` of records alike, each given as its features' values in the
-    order of their one ``kinds``, numeric arrays as their bytes
+    order of their one ``kinds``, numeric arrays C-contiguous
     (:attr:`~shardfeed.transforms.decode.patches.DecodedImage.values`): a column is a
-    ``zip`` and a join, not a look-up and an array a record."""
+    ``zip`` and a join of their bytes (one copy, writable), not a look-up and an array a
+    record."""
     picks = None if rows is None else rows.tolist()
     count = len(values)
     columns: dict[str, Any] = {}
     for kind, column in zip(kinds, zip(*values, strict=True), strict=True):
         if len(kind) > 1:  # (name, shape, dtype): each record's bytes, C order
-            stacked = np.frombuffer(bytearray(b"".join(column)), dtype=kind[2]).reshape(
+            stacked = np.frombuffer(bytearray().join(column), dtype=kind[2]).reshape(
                 count, *kind[1])
             columns[kind[0]] = stacked if rows is None else stacked[rows]
         else:

@@ -4,7 +4,9 @@ For :meth:`Patches.build_rows <shardfeed.pipeline.patches.Patches.build_rows>`: 
 images from the decoded-image cache, each asked for once for all its outputs; every crop
 drawn in one call (:func:`~.patch_crops.patch_boxes`); the patches cut in one compiled pass
 (:func:`~.patch_crops.cut_rows`); the records' other features stored a column at a time
-(:func:`~.patch_crops.stacked_features`); then the transform's batch form over the rows.
+(:func:`~.patch_crops.stacked_values`, each image's values laid out when it was decoded; or
+:func:`~.patch_crops.stacked_features` where the images' features differ); then the
+transform's batch form over the rows.
 
 Determinism: the bytes of the sample path (tests compare them), whatever the threads.
 State: none (the sampler's cache). Memory: the slice's images, held while it cuts.

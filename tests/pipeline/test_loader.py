@@ -235,3 +235,23 @@ def test_loader_source_is_the_sampler_under_its_old_name_and_warns(clean_ds: Any
     with Loader(clean_ds, batch_size=10, num_threads=1) as loader, \
             pytest.warns(DeprecationWarning, match="use Loader.sampler"):
         assert loader.source is loader.sampler
+
+
+def test_a_pass_leaves_no_cycles_of_its_batches(clean_ds: Any) -> None:
+    """With the collector off (as training loops run it), the batches a pass waited for are
+    freed as they go: nothing of them is kept in a cycle for the collector to find."""
+    import gc
+
+    from shardfeed.pipeline import epoch
+
+    gc.collect()
+    gc.disable()
+    try:
+        with Loader(clean_ds, batch_size=4, shuffle=True, seed=1, num_threads=2) as loader:
+            for e in range(2):
+                loader.set_epoch(e)
+                batches = sum(1 for _ in loader)
+        left = sum(isinstance(o, epoch._Pending) for o in gc.get_objects())
+    finally:
+        gc.enable()
+    assert batches > 4 and left == 0

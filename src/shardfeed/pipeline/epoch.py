@@ -48,13 +48,15 @@ SliceFn = Callable[[EpochContext, np.ndarray, BatchBuffer, int], int]
 
 
 def _held() -> threading.Lock:
+    """A lock, held: a batch's :attr:`_Pending.ready`."""
     lock = threading.Lock()
     lock.acquire()
     return lock
 
 
-def _let_go(lock: threading.Lock) -> None:
-    """Release ``lock`` once: a failed slice and the last slice's end may both let go."""
+def _let_go(lock: threading.Lock, future: Future[Any] | None = None) -> None:
+    """Release ``lock`` once (a failed slice and the last slice's end may both let go; as the
+    last slice's done-callback, ``future`` is that slice's)."""
     try:
         lock.release()
     except RuntimeError:  # released already
@@ -66,21 +68,20 @@ class _Pending:
     index: int
     buffer: BatchBuffer
     count: int
+    # held until the batch's last slice is done (or cancelled) or a slice fails: its
+    # consumer waits once a batch (each wait a wake-up under the GIL), not once a slice, and
+    # a slice's error is not held up behind the slices after it (as behind a wait for the
+    # last slice's future). A plain lock: its wait has no Python in it (an Event's is a
+    # Condition's). The last future's callback holds the lock only: no cycle through it.
+    ready: threading.Lock
     futures: list[Future[int | None]] = field(default_factory=list)
-    # held until the batch's last slice is done or a slice fails: its consumer waits once a
-    # batch (each wait a wake-up under the GIL), not once a slice, and a slice's error is not
-    # held up behind the slices after it. A plain lock: its wait has no Python in it, where
-    # an Event's or a Future's Condition costs ~30 µs a batch on 2 cores.
-    ready: threading.Lock = field(default_factory=_held)
-
-    def last_done(self, future: Future[int | None]) -> None:
-        _let_go(self.ready)
 
 
-def _waking(ready: threading.Lock, build: Callable[..., int], *args: Any) -> int:
-    """``build(*args)``, letting ``ready`` go where it fails (see :class:`_Pending`)."""
+def _waking(ready: threading.Lock, run: Callable[..., int | None], *args: Any) -> int | None:
+    """``run(*args)`` (a slice, through the gate where there is one), letting ``ready`` go
+    where it raises (see :class:`_Pending`)."""
     try:
-        return build(*args)
+        return run(*args)
     except BaseException:
         _let_go(ready)
         raise
@@ -140,7 +141,7 @@ class EpochRun:
         buffer = self.ring.buffer_for(index, [p.buffer for p in self.pending])
         buffer.reset_lists()
         buffer.keys[: len(positions)] = positions
-        pending = _Pending(index, buffer, len(positions))
+        pending = _Pending(index, buffer, len(positions), _held())
         size = self.slice_size
         executor = self.executor
         if self.gate is not None:
@@ -149,16 +150,18 @@ class EpochRun:
         for start in range(0, len(positions), size):
             piece = positions[start : start + size]
             future: Future[int | None]
-            build = partial(_waking, pending.ready, self.build_slice, self.ctx, piece, buffer,
-                            start)
             if self.gate is None:
-                future = executor.submit(under(self.calls, build))
+                future = executor.submit(_waking, pending.ready, under(self.calls, self.build_slice),
+                                         self.ctx, piece, buffer, start)
             else:
-                future = executor.submit(self.gate.run, len(piece), under(self.calls, build),
-                                         self._is_closed)
+                future = executor.submit(
+                    _waking, pending.ready, self.gate.run, len(piece),
+                    under(self.calls, partial(self.build_slice, self.ctx, piece, buffer, start)),
+                    self._is_closed,
+                )
             pending.futures.append(future)
         if pending.futures:
-            pending.futures[-1].add_done_callback(pending.last_done)
+            pending.futures[-1].add_done_callback(partial(_let_go, pending.ready))
         else:
             _let_go(pending.ready)
         self.pending.append(pending)
@@ -180,7 +183,8 @@ class EpochRun:
             raise StopIteration
         head = self.pending[0]
         try:
-            head.ready.acquire()  # the last slice done (see _Pending), or one failed
+            if head.futures and not head.futures[-1].done():  # (in a forked child, a last
+                head.ready.acquire()  # slice done but not yet called back: not waited for)
             skipped = sum(future.result() or 0 for future in head.futures)
         except BaseException as exc:
             closed_meanwhile = self.closed  # by another thread: its error is the close
@@ -192,6 +196,8 @@ class EpochRun:
             self.pending.popleft()
         except IndexError:  # closed by another thread since the batch was made
             raise RuntimeError(CLOSED_MEANWHILE) from None
+        if self.closed:  # by another thread meanwhile: a slice may have skipped its rows
+            raise RuntimeError(CLOSED_MEANWHILE)
         batch = self.ring.hand_out(head.buffer, head.count)
         if self.stages:
             try:

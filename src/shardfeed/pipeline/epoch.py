@@ -183,8 +183,10 @@ class EpochRun:
             raise StopIteration
         head = self.pending[0]
         try:
-            if head.futures and not head.futures[-1].done():  # (in a forked child, a last
-                head.ready.acquire()  # slice done but not yet called back: not waited for)
+            # the lock, unless the last slice is done (a forked child's last slice may be done
+            # and never called back)
+            if head.futures and not head.futures[-1].done():
+                head.ready.acquire()
             skipped = sum(future.result() or 0 for future in head.futures)
         except BaseException as exc:
             closed_meanwhile = self.closed  # by another thread: its error is the close

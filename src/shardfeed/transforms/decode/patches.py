@@ -52,8 +52,8 @@ class DecodedImage:
     image's height and width, then the full size's), ``kinds`` (:func:`meta_kinds` of
     ``meta``, worked out here where not given) and ``values`` (``meta``'s values in the
     order of ``kinds``, each numeric array C-contiguous, the array itself where it is: a
-    slice joins its images' bytes into a column, 64 images in ~1 µs where stacking the
-    arrays took ~6)."""
+    slice joins its images' bytes into a column, 64 images' labels in ~1.6 µs on 2 cores
+    where stacking the arrays took ~6)."""
 
     image: np.ndarray
     mask: np.ndarray | None

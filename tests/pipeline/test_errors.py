@@ -222,3 +222,39 @@ def test_a_failing_slice_ends_the_wait_for_its_batch(
     with pytest.raises(Boom, match="first slice"):
         next(iter(loader))
     assert not {4, 5, 6, 7} & set(seen)
+
+
+def test_a_batch_submitted_in_part_leaves_no_slice_running(
+        clean_ds: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool refuses a batch's third slice (no thread could start): the error comes out
+    once the two slices submitted before it are cancelled or done, none left writing into a
+    buffer the ring may hand to another batch."""
+    from shardfeed.pipeline.executor import CpuPool
+
+    monkeypatch.setattr(SliceGate, "slice_size", lambda self, base, batch, ahead: 2)
+    submit = CpuPool.submit
+    calls = 0
+
+    def refusing(self: CpuPool, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("can't start new thread")
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(CpuPool, "submit", refusing)
+    ended: list[float] = []
+
+    def slow(sample: dict[str, Any]) -> dict[str, Any]:
+        if int(np.asarray(sample["index"]).reshape(-1)[0]):  # record 0: the first sample,
+            time.sleep(0.3)  # read before any slice
+            ended.append(time.monotonic())
+        return sample
+
+    loader = Loader(clean_ds, batch_size=8, shuffle=False, transform=slow, num_threads=2,
+                    prefetch_batches=1)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        next(iter(loader))
+    raised = time.monotonic()
+    time.sleep(1.0)  # a slice left running would end meanwhile
+    assert all(t <= raised for t in ended)

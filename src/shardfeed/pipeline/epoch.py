@@ -142,6 +142,10 @@ class EpochRun:
         buffer.reset_lists()
         buffer.keys[: len(positions)] = positions
         pending = _Pending(index, buffer, len(positions), _held())
+        # pending before its slices are submitted: where a submit fails midway, the close
+        # that follows cancels the slices submitted, or waits for them (they write into the
+        # buffer, which the ring may hand to another batch)
+        self.pending.append(pending)
         size = self.slice_size
         executor = self.executor
         if self.gate is not None:
@@ -164,7 +168,6 @@ class EpochRun:
             pending.futures[-1].add_done_callback(partial(_let_go, pending.ready))
         else:
             _let_go(pending.ready)
-        self.pending.append(pending)
 
     def __next__(self) -> dict[str, Any]:
         if self.closed:
@@ -173,8 +176,10 @@ class EpochRun:
             while self.next_submit < self.num_batches and len(self.pending) < self.prefetch:
                 self._submit_under(self.next_submit)
                 self.next_submit += 1
-        except RuntimeError:  # the pool shut down: closed by another thread meanwhile
-            if self.closed:
+        except BaseException as exc:
+            closed_meanwhile = self.closed  # the pool shut down: closed by another thread
+            self.close()  # a batch submitted in part: its slices cancelled or waited for
+            if closed_meanwhile and isinstance(exc, RuntimeError):
                 raise RuntimeError(CLOSED_MEANWHILE) from None
             raise
         if not self.pending:

@@ -179,10 +179,22 @@ def slices_as_on_node(threads: int = CORES, cpu_scale: float = 1.0) -> None:
     paid as often an item as on the node. With the one-thread loader's own slices (a whole
     batch) the node pays them 4 to 16 times as often as measured here. The gate's own rule
     does the cutting, asked as if ``threads`` ran and with its CPU time a sample times
-    ``cpu_scale`` (the node's cores: ``1 / k``, about 1.9)."""
+    ``cpu_scale`` (the node's cores: ``1 / k``, about 1.9), among the batches the node's
+    loader builds at once (``batches_in_flight`` at ``threads``)."""
+    import dataclasses
+
+    from shardfeed.pipeline import loader as loader_module
     from shardfeed.pipeline.concurrency import SliceGate
 
     cut = SliceGate.slice_size
+    in_flight = getattr(loader_module, "batches_in_flight", None)  # not in older code
+
+    def batches_in_flight(options: Any, batch_bytes: int, *, own_cache: bool) -> int:
+        # the batches the node's loader builds at once (more than one thread's, where its
+        # batches are small: its slices are cut among them)
+        assert in_flight is not None
+        return int(in_flight(dataclasses.replace(options, num_threads=threads), batch_bytes,
+                             own_cache=own_cache))
 
     def slice_size(self: Any, base: int, batch: int, ahead: int) -> int:
         limit, every, cpu = self.limit, self._all, self._sample_cpu
@@ -196,6 +208,8 @@ def slices_as_on_node(threads: int = CORES, cpu_scale: float = 1.0) -> None:
             self.limit, self._all, self._sample_cpu = limit, every, cpu
 
     SliceGate.slice_size = slice_size  # type: ignore[method-assign]
+    if in_flight is not None:
+        loader_module.batches_in_flight = batches_in_flight
 
 
 def child(case: str, root: Path, seconds: float, ready: Path, slices: str = "node",

@@ -248,6 +248,36 @@ def test_many_threads_that_share_the_gil_build_slices_of_at_least_4_ms_a_thread(
     assert run.gate.slice_size(base, run.batch, 4) == want
 
 
+@pytest.mark.parametrize(("cores", "want_in_flight", "want_slice"), [
+    (2, 4, 128),    # 2 threads: prefetch; a batch over the threads (3.6 ms), as before
+    (16, 16, 256),  # the node: a batch a thread, a slice a batch (64s among 4 batches)
+    (64, 64, 256),  # 64 threads: 64 batches of 203 KB, a slice a thread
+])
+def test_small_batches_in_flight_one_a_thread_give_each_thread_a_batch_a_slice(
+        monkeypatch: pytest.MonkeyPatch, cores: int, want_in_flight: int,
+        want_slice: int) -> None:
+    """28² PNGs (28 µs a sample on the node's cores, a 1 KB record): with a batch in
+    flight a thread (:func:`~shardfeed.pipeline.pool.batches_in_flight`), the gate cuts a
+    batch a slice, and every thread still has one; a slice's own Python is paid once a
+    batch, not four times."""
+    from shardfeed.pipeline.options import LoaderOptions
+    from shardfeed.pipeline.pool import batches_in_flight
+
+    run = Run(monkeypatch, cores, cpu=lambda limit, now: 28e-6)
+    run.gate.sample_bytes = 1024
+    base = -(-run.batch // cores)
+    run.gate.hold(cores)
+    run.until(2.0, scaling(1e6 / 28))
+    options = LoaderOptions(batch_size=run.batch, num_threads=cores, prefetch_batches=4)
+    in_flight = batches_in_flight(options, run.batch * (28 * 28 + 8), own_cache=False)
+    assert in_flight == want_in_flight
+    got = run.gate.slice_size(base, run.batch, in_flight)
+    assert got == want_slice
+    assert in_flight * (run.batch // got) >= cores  # a slice for every thread
+    if cores > 4:  # among 4 batches, as before: four slices a batch
+        assert run.gate.slice_size(base, run.batch, 4) == 4 * run.batch // cores
+
+
 @pytest.mark.parametrize("cores", [10, 16, 20])
 @pytest.mark.parametrize("ahead", [2, 3, 4, 6])
 @pytest.mark.parametrize(("sample_us", "sample_kb"), [(200.0, 83), (744.0, 83), (100.0, 129)])
@@ -289,8 +319,10 @@ def test_a_loader_tells_its_gate_what_a_sample_holds_and_whether_threads_share_t
             assert loader._gate.sample_bytes == 1024 + 8  # the bytes and the int64 label
             records = loader._probe[1]
             a_record = work_bytes(records, slice_size=1, row_bytes=0)
-            row = loader.memory_budget().work_bytes_per_thread - 8 * a_record
-            # 4 batches ahead over 8 threads: slices of up to 8, not a batch over them (2)
+            # batches of 16 KB: one a thread at once (8), and slices of up to a batch (16),
+            # not a batch over the threads (2)
+            assert loader._in_flight == 8
+            row = loader.memory_budget().work_bytes_per_thread - 16 * a_record
             assert 0 < row < a_record  # a batch row (~1 KB) beside them
         with Loader(ds, batch_size=16, num_threads=2, workers="processes") as loader:
             assert not loader._gate.shares_gil

@@ -253,6 +253,37 @@ def test_read_ahead_coalesces_batches_into_few_requests(
     assert counts[8] * 3 <= counts[0], counts
 
 
+def test_a_pass_reading_ahead_builds_prefetch_batches_at_once_however_small(
+    s3_server: Any, records_dataset: Callable[[int, int], Path]
+) -> None:
+    """Small batches and many threads build a batch a thread at once on local data; a
+    pass that reads ahead keeps ``prefetch_batches`` (a batch's submit waits for its
+    records' chunk, and batches submitted far ahead would hold up those already built)."""
+    from shardfeed.pipeline import epoch
+
+    folder = records_dataset(240, 4)
+    url = s3_server.upload_folder(folder)
+    most: dict[str, int] = {}
+    submit = epoch.EpochRun._submit
+    where = "local"
+
+    def counting(run: Any, index: int) -> None:
+        submit(run, index)
+        most[where] = max(most.get(where, 0), len(run.pending))
+
+    options = {**OPTIONS, "num_threads": 8, "prefetch_batches": 2}
+    epoch.EpochRun._submit = counting  # type: ignore[method-assign]
+    try:
+        expected = local_epochs(folder, 1, **options)[0]
+        where = "remote"
+        with Dataset(url) as ds, Loader(ds, **options) as loader:
+            assert stream(loader) == expected
+            assert loader._run is not None and loader._run.read_ahead is not None
+    finally:
+        epoch.EpochRun._submit = submit  # type: ignore[method-assign]
+    assert most == {"local": 8, "remote": 2}
+
+
 def test_under_latency_every_record_comes_from_the_look_ahead(
     s3_server: Any, records_dataset: Callable[[int, int], Path]
 ) -> None:

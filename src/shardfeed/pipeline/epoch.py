@@ -1,4 +1,4 @@
-"""One pass over the rest of an epoch: ordered parallel batches with bounded prefetch.
+"""One pass over the rest of an epoch: ordered parallel batches, a bounded number at once.
 
 ::
 
@@ -6,10 +6,11 @@
     slices   = pieces of ~B/num_threads positions       (one task each, any thread)
     buffer   = ring.buffer_for(k)                       (preallocated, reused)
 
-    submitted: k .. k+prefetch_batches-1 while the caller holds batch k-1
+    submitted: k .. k+b-1 while the caller holds batch k-1
 
-Batches come out in order; at most ``prefetch_batches`` batches are being built while the
-caller holds one more. A yielded batch's large arrays are the ring's memory, and the ring
+Batches come out in order; at most ``b`` batches are being built while the caller holds one
+more: ``prefetch_batches``, or more where batches are small and threads many (see
+:func:`~shardfeed.pipeline.pool.batches_in_flight`). A yielded batch's large arrays are the ring's memory, and the ring
 never writes into memory the caller still holds (see
 :class:`~shardfeed.pipeline.pool.BatchRing`): a batch the caller keeps stays what it was.
 
@@ -98,7 +99,7 @@ class EpochRun:
 
     def __init__(
         self, *, ctx: EpochContext, positions: np.ndarray, batch_size: int, drop_last: bool,
-        slice_size: int, prefetch_batches: int, ring: BatchRing,
+        slice_size: int, in_flight: int, ring: BatchRing,
         executor: CpuPool, build_slice: SliceFn,
         on_batch: Callable[[int, int, bool], None], gate: SliceGate | None = None,
         stages: Sequence[BatchStage] = (), read_ahead: ReadAhead | None = None,
@@ -111,7 +112,7 @@ class EpochRun:
         count = len(positions)
         self.num_batches = count // batch_size if drop_last else -(-count // batch_size)
         self.slice_size = slice_size
-        self.prefetch = prefetch_batches
+        self.in_flight = in_flight  # batches built at once
         self.ring = ring
         self.executor = executor
         self.build_slice = build_slice
@@ -150,7 +151,7 @@ class EpochRun:
         executor = self.executor
         if self.gate is not None:
             # fewer slices at once, or light work: larger slices (see SliceGate.slice_size)
-            size = self.gate.slice_size(size, self.batch_size, self.prefetch)
+            size = self.gate.slice_size(size, self.batch_size, self.in_flight)
         for start in range(0, len(positions), size):
             piece = positions[start : start + size]
             future: Future[int | None]
@@ -173,7 +174,7 @@ class EpochRun:
         if self.closed:
             raise StopIteration
         try:
-            while self.next_submit < self.num_batches and len(self.pending) < self.prefetch:
+            while self.next_submit < self.num_batches and len(self.pending) < self.in_flight:
                 self._submit_under(self.next_submit)
                 self.next_submit += 1
         except BaseException as exc:

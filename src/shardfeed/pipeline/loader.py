@@ -55,6 +55,7 @@ from shardfeed.pipeline.loader_state import (
 )
 from shardfeed.pipeline.memory import (
     MemoryBudget,
+    batch_bytes,
     decode_bytes_per_thread,
     loader_budget,
     payload_bytes,
@@ -69,7 +70,14 @@ from shardfeed.pipeline.options import (
     Workers,
     empty_share_message,
 )
-from shardfeed.pipeline.pool import BatchRing, open_ring, release, ring_batches, thread_pool
+from shardfeed.pipeline.pool import (
+    BatchRing,
+    batches_in_flight,
+    open_ring,
+    release,
+    ring_batches,
+    thread_pool,
+)
 from shardfeed.pipeline.produce import SliceBuilder
 from shardfeed.pipeline.progress import Progress
 from shardfeed.pipeline.ranks import RankInfo, announce_share, resolve_ranks
@@ -110,7 +118,8 @@ class Loader:
     built in a ring of reused buffers, but a buffer is written again only once nothing made
     from its last batch is alive (see :class:`~shardfeed.pipeline.pool.BatchRing`), so a
     training loop that drops each batch reuses them with no copy. ``copy`` is deprecated and
-    has no effect.
+    has no effect. ``prefetch_batches`` are built ahead of the caller, more where batches are
+    small and threads many (see :func:`~shardfeed.pipeline.pool.batches_in_flight`).
 
     Iterating runs the rest of the current epoch; when it completes the loader moves on to the
     next epoch, so ``for batch in loader`` again gives the next epoch. ``set_epoch(e)`` jumps to
@@ -231,6 +240,7 @@ class Loader:
         """The parts made on first use: batch layout, ring, workers, the epoch run."""
         self._layout: BatchLayout | None = None
         self._probe: tuple[Sample, list[Sample]] | None = None
+        self._in_flight = self.options.prefetch_batches  # batches built at once (layout known)
         self._ring: BatchRing | None = None
         self._shared: SharedBatchRing | None = None
         self._executor: CpuPool | None = None
@@ -459,6 +469,10 @@ class Loader:
             self._layout = BatchLayout.infer(
                 sample, batch_size=self.options.batch_size, lengths=self.sampler.feature_lengths()
             )
+            # small batches and many threads: more batches at once, for larger slices
+            self._in_flight = batches_in_flight(
+                self.options, batch_bytes(self._layout, sample),
+                own_cache=hasattr(self.sampler, "cache_bytes"))
         return self._layout
 
     def batch_layout(self) -> tuple[BatchLayout, Sample]:
@@ -547,7 +561,8 @@ class Loader:
             index_bytes=self.sampler.index_bytes, num_units=self.num_units,
             decode_bytes=decode_bytes_per_thread(self._transform, self.sampler, records),
             cache_bytes=self._cache_bound(),
-            ring_batches=ring_batches(self.options, self._reserved),
+            ring_batches=ring_batches(self.options, self._reserved, self._in_flight),
+            in_flight=self._in_flight,
             stage_bytes=stage_memory_bytes(self.batch_stages),
             read_ahead_bytes=staging_bytes(self.sampler, self._context(), self._positions(0),
                                            option=self.options.read_ahead,
@@ -587,7 +602,8 @@ class Loader:
             gate = self._gate  # not self: the pool is in the loader's finalizer
             self._executor = thread_pool(opts, limit=lambda: gate.limit)
         if self._ring is None:
-            self._ring, self._processes, self._shared = open_ring(self._builder, layout, opts)
+            self._ring, self._processes, self._shared = open_ring(self._builder, layout, opts,
+                                                                     self._in_flight)
             self._ring.reserve(self._reserved)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(
@@ -617,7 +633,7 @@ class Loader:
             build = self._builder.build_slice
         self._run = EpochRun(
             ctx=ctx, positions=positions, batch_size=opts.batch_size, drop_last=opts.drop_last,
-            slice_size=opts.slice_size(), prefetch_batches=opts.prefetch_batches, ring=ring,
+            slice_size=opts.slice_size(), in_flight=self._in_flight, ring=ring,
             executor=self._executor or CpuPool(1),  # no slice to build
             build_slice=build, on_batch=self._progress.commit, gate=self._gate,
             stages=self.batch_stages, clock=self._builder.clock,
@@ -631,6 +647,9 @@ class Loader:
             following=lambda k: (self._context(ctx.epoch + k), self._positions(0), len(self)))
         if self._run.read_ahead is not None:
             self._gate.keep_all_threads()
+            # a batch's submit waits for its records' chunk: batches submitted far ahead
+            # would hold up the hand-out of those already built
+            self._run.in_flight = opts.prefetch_batches
         bound = slice_threads_of(self.batch_stages)
         if bound is not None:
             self._gate.hold(bound)

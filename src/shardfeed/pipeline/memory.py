@@ -191,26 +191,34 @@ def decoded_bytes(records: list[Sample]) -> int:
     return total
 
 
+def batch_bytes(layout: BatchLayout, sample: Sample) -> int:
+    """A batch buffer's bytes: its array columns, and its list columns estimated from
+    ``sample`` (a row of the batch)."""
+    lists = [f.name for f in layout.fields if not f.is_array]
+    return layout.batch_bytes() + layout.batch_size * list_bytes(sample, lists)
+
+
 def loader_budget(
     options: LoaderOptions, layout: BatchLayout, sample: Sample, records: list[Sample], *,
     index_bytes: int, num_units: int, decode_bytes: int, cache_bytes: int, ring_batches: int,
-    stage_bytes: int, read_ahead_bytes: int = 0,
+    in_flight: int, stage_bytes: int, read_ahead_bytes: int = 0,
 ) -> MemoryBudget:
-    """A loader's budget from its options, batch layout and first sample (and its records)."""
+    """A loader's budget from its options, batch layout and first sample (and its records);
+    ``in_flight``: the batches built at once
+    (:func:`~shardfeed.pipeline.pool.batches_in_flight`)."""
     row_bytes = layout.batch_bytes() // options.batch_size
-    lists = [f.name for f in layout.fields if not f.is_array]
     if options.order_method == "exact":
         index_bytes += order_index_bytes(num_units)
     threads = options.num_threads
     processes = threads if options.workers == "processes" else 0
     return MemoryBudget(
-        batch_bytes=layout.batch_bytes() + options.batch_size * list_bytes(sample, lists),
+        batch_bytes=batch_bytes(layout, sample),
         ring_batches=ring_batches,
         work_bytes_per_thread=work_bytes(
             records, row_bytes=row_bytes,
             # the largest slice the gate may cut (light work and many threads: larger slices)
-            slice_size=largest_slice(options.slice_size(), options.batch_size,
-                                     options.prefetch_batches, threads,
+            slice_size=largest_slice(options.slice_size(), options.batch_size, in_flight,
+                                     threads,
                                      sum(payload_bytes(r) for r in records)),
         ),
         threads=threads,

@@ -38,7 +38,8 @@ class BatchRing:
 
         batch k is built in the next buffer (in ring order) that is neither being
         built nor held
-        threads    n = prefetch_batches + 1 buffers in process memory; if every idle
+        threads    n = b + 1 buffers in process memory, b the batches built at once
+                   (:func:`batches_in_flight`: ``prefetch_batches`` or more); if every idle
                    buffer is held, a new buffer joins the ring while it has fewer than
                    n + reserved (see :meth:`reserve`), else the next one's held columns
                    get new memory first (the caller keeps the old memory)
@@ -111,22 +112,55 @@ class BatchRing:
         return buffer.take(count, copy=copy)
 
 
-def ring_batches(options: LoaderOptions, reserved: int = 0) -> int:
+IN_FLIGHT_BYTES = 64 << 20
+"""The most bytes of batch buffers that batches built at once beyond ``prefetch_batches``
+may hold (see :func:`batches_in_flight`)."""
+
+
+def batches_in_flight(options: LoaderOptions, batch_bytes: int, *, own_cache: bool) -> int:
+    """How many batches a pass builds at once: ``prefetch_batches``, or more where the
+    batches are small and the threads many, up to one a thread within
+    :data:`IN_FLIGHT_BYTES` of batch buffers.
+
+    Why: the slice gate cuts each batch into slices for the threads among the batches in
+    flight (:func:`~shardfeed.pipeline.concurrency.largest_slice`), and a slice's own Python
+    (submitting it, the gate, its plan, its hand-over) holds the GIL whatever its samples.
+    With few batches in flight, many threads leave the slices small and those costs are
+    paid more often an item: 28² PNGs at 16 threads and 4 batches ahead are cut into 64s,
+    four a batch; with 16 in flight, a batch a slice, and the GIL held an item falls by
+    about a third (``bench/predict_node.py``). At any core count: ``threads`` batches of
+    ``batch_bytes`` each at most, and never past :data:`IN_FLIGHT_BYTES` of them (64
+    threads of 28² PNG batches of 256: 13 MB), so large batches (the train preset's 38 MB
+    at 256) stay at ``prefetch_batches``; which batch a slice builds never changes its rows.
+
+    Not deeper: worker processes (each its own GIL; their shared ring is fixed), and
+    samplers with an image cache of their own (``own_cache``: Patches sizes its cache for
+    ``prefetch_batches`` of outputs ahead, and deeper would decode images again)."""
+    prefetch = options.prefetch_batches
+    if options.workers == "processes" or own_cache or options.num_threads <= prefetch:
+        return prefetch
+    return max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
+
+
+def ring_batches(options: LoaderOptions, reserved: int = 0, in_flight: int | None = None) -> int:
     """How many batch buffers the loader holds at most (see :class:`BatchRing`), with
-    ``reserved`` batches a consumer keeps alive (threads only: a shared ring never grows)."""
+    ``reserved`` batches a consumer keeps alive (threads only: a shared ring never grows)
+    and ``in_flight`` batches built at once (:func:`batches_in_flight`; None:
+    ``prefetch_batches``)."""
     if options.workers == "processes":
         return options.prefetch_batches + 2
-    return options.prefetch_batches + 1 + reserved
+    return (options.prefetch_batches if in_flight is None else in_flight) + 1 + reserved
 
 
 def open_ring(
-    builder: SliceBuilder, layout: BatchLayout, options: LoaderOptions
+    builder: SliceBuilder, layout: BatchLayout, options: LoaderOptions, in_flight: int,
 ) -> tuple[BatchRing, Any, SharedBatchRing | None]:
-    """The ring of :func:`ring_batches` batch buffers, the process pool, the shared ring.
+    """The ring of :func:`ring_batches` batch buffers (``in_flight`` built at once), the
+    process pool, the shared ring.
 
     With ``workers="threads"`` the buffers are local and the other two are None.
     """
-    size = ring_batches(options)
+    size = ring_batches(options, in_flight=in_flight)
     if options.workers != "processes":
         ring = BatchRing(local_ring(layout, size), prefetch_batches=options.prefetch_batches)
         return ring, None, None

@@ -184,7 +184,7 @@ def test_the_verdicts_advice_follows_the_figures(monkeypatch: pytest.MonkeyPatch
     idle = _figures(busy=4.0, prefetch=2, stages={"read": 0.5, "decode": 3.0, "transform": 0.4,
                                                   "assemble": 0.1})
     assert "threads are idle 80% of the time meanwhile (decoding takes 75%" in idle.verdict()
-    assert "prefetch_batches=4; now 2" in idle.verdict()
+    assert "prefetch_batches=4; 2 built at once now" in idle.verdict()
     # slices of tiny work: the hand-overs, not the batches made ahead
     tiny = _figures(busy=4.0, slices=40_000, prefetch=2,
                     stages={"read": 0.5, "decode": 3.0, "transform": 0.4, "assemble": 0.1})

@@ -279,6 +279,8 @@ def test_a_pass_reading_ahead_builds_prefetch_batches_at_once_however_small(
         with Dataset(url) as ds, Loader(ds, **options) as loader:
             assert stream(loader) == expected
             assert loader._run is not None and loader._run.read_ahead is not None
+            # the ring made the buffers those need, not those 8 at once would
+            assert loader._ring is not None and len(loader._ring.buffers) == 2 + 1
     finally:
         epoch.EpochRun._submit = submit  # type: ignore[method-assign]
     assert most == {"local": 8, "remote": 2}

@@ -118,8 +118,8 @@ class Loader:
     built in a ring of reused buffers, but a buffer is written again only once nothing made
     from its last batch is alive (see :class:`~shardfeed.pipeline.pool.BatchRing`), so a
     training loop that drops each batch reuses them with no copy. ``copy`` is deprecated and
-    has no effect. ``prefetch_batches`` are built ahead of the caller, more where batches are
-    small and threads many (see :func:`~shardfeed.pipeline.pool.batches_in_flight`).
+    has no effect. ``prefetch_batches`` are built ahead of the caller, or one a thread where
+    they fit in 64 MiB (see :func:`~shardfeed.pipeline.pool.batches_in_flight`).
 
     Iterating runs the rest of the current epoch; when it completes the loader moves on to the
     next epoch, so ``for batch in loader`` again gives the next epoch. ``set_epoch(e)`` jumps to
@@ -301,7 +301,9 @@ class Loader:
         window.mark = now
         o = self.options
         shape: dict[str, Any] = {
-            "threads": o.num_threads, "prefetch": o.prefetch_batches,
+            # the batches built at once (prefetch_batches or more), as the stats' advice
+            "threads": o.num_threads,
+            "prefetch": self._run.in_flight if self._run is not None else self._in_flight,
             "processes": o.workers == "processes",
             "device_decode": stage_stats.device_decode(self._transform)}
         return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total,

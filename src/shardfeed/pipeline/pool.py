@@ -38,10 +38,11 @@ class BatchRing:
 
         batch k is built in the next buffer (in ring order) that is neither being
         built nor held
-        threads    n = b + 1 buffers in process memory, b the batches built at once
-                   (:func:`batches_in_flight`: ``prefetch_batches`` or more); if every idle
-                   buffer is held, a new buffer joins the ring while it has fewer than
-                   n + reserved (see :meth:`reserve`), else the next one's held columns
+        threads    up to n = b + 1 buffers in process memory, b the batches built at
+                   once (:func:`batches_in_flight`: ``prefetch_batches`` or more); the
+                   ring starts with ``prefetch_batches + 1`` and a new buffer joins it
+                   when every buffer is being built or held, while it has fewer than
+                   n + reserved (see :meth:`reserve`), else the next held one's columns
                    get new memory first (the caller keeps the old memory)
         processes  n = prefetch_batches + 2 buffers in shared memory (the worker
                    processes know them by name, so there are never more); a batch is
@@ -58,13 +59,15 @@ class BatchRing:
     built while the caller asks for a batch, and at most ``n - prefetch_batches`` are held.
     """
 
-    def __init__(self, buffers: list[BatchBuffer], *, prefetch_batches: int) -> None:
+    def __init__(self, buffers: list[BatchBuffer], *, prefetch_batches: int,
+                 capacity: int | None = None) -> None:
         self.buffers = buffers
         self.prefetch_batches = prefetch_batches
         self.shared = any(b.shared for b in buffers)
-        self._base = len(buffers)
+        # the buffers batches built at once need (they join as needed; shared: all made)
+        self._base = len(buffers) if capacity is None or self.shared else capacity
         self._cursor = 0  # where the search for a free buffer starts: the ring's order
-        self.limit = len(buffers)  # buffers the ring may grow to (see reserve)
+        self.limit = self._base  # buffers the ring may grow to (see reserve)
 
     def reserve(self, held: int) -> None:
         """Let the ring grow by up to ``held`` buffers, for batches a consumer keeps alive.
@@ -113,14 +116,15 @@ class BatchRing:
 
 
 IN_FLIGHT_BYTES = 64 << 20
-"""The most bytes of batch buffers that batches built at once beyond ``prefetch_batches``
-may hold (see :func:`batches_in_flight`)."""
+"""The most bytes of batch buffers that the batches built at once may hold where they are
+more than ``prefetch_batches`` (see :func:`batches_in_flight`)."""
 
 
 def batches_in_flight(options: LoaderOptions, batch_bytes: int, *, own_cache: bool) -> int:
-    """How many batches a pass builds at once: ``prefetch_batches``, or more where the
-    batches are small and the threads many, up to one a thread within
-    :data:`IN_FLIGHT_BYTES` of batch buffers.
+    """How many batches a pass builds at once: one a thread (``num_threads``), as many as
+    fit in :data:`IN_FLIGHT_BYTES` of batch buffers, and never fewer than
+    ``prefetch_batches`` (the defaults, 4 threads and 2 prefetched, with batches of up to
+    16 MiB: 4).
 
     Why: the slice gate cuts each batch into slices for the threads among the batches in
     flight (:func:`~shardfeed.pipeline.concurrency.largest_slice`), and a slice's own Python
@@ -155,14 +159,17 @@ def ring_batches(options: LoaderOptions, reserved: int = 0, in_flight: int | Non
 def open_ring(
     builder: SliceBuilder, layout: BatchLayout, options: LoaderOptions, in_flight: int,
 ) -> tuple[BatchRing, Any, SharedBatchRing | None]:
-    """The ring of :func:`ring_batches` batch buffers (``in_flight`` built at once), the
-    process pool, the shared ring.
+    """The ring of batch buffers (up to :func:`ring_batches` with ``in_flight`` built at
+    once), the process pool, the shared ring.
 
     With ``workers="threads"`` the buffers are local and the other two are None.
     """
-    size = ring_batches(options, in_flight=in_flight)
+    size = ring_batches(options)
     if options.workers != "processes":
-        ring = BatchRing(local_ring(layout, size), prefetch_batches=options.prefetch_batches)
+        # prefetch_batches + 1 now; more join as passes build more at once (not one that
+        # reads ahead, which builds prefetch_batches)
+        ring = BatchRing(local_ring(layout, size), prefetch_batches=options.prefetch_batches,
+                         capacity=ring_batches(options, in_flight=in_flight))
         return ring, None, None
     from shardfeed.pipeline.workers import ProcessWorkers
 

@@ -109,7 +109,7 @@ class StageFigures:
     skipped: int
     cache_hits: int = 0
     start_wait: float = 0.0  # of ``wait``: for the first batch of each pass
-    prefetch: int = 0  # batches the loader makes ahead (its prefetch_batches)
+    prefetch: int = 0  # batches the loader builds at once (prefetch_batches, or more)
     narrowed: float = 0.0  # seconds the slice gate spent trying a limit it had not chosen
     batch_stages: float = 0.0  # seconds in the batch stages (an adapter's: the GPU decode)
     processes: bool = False  # slices built in worker processes: stage seconds not collected
@@ -235,8 +235,8 @@ def verdict(f: StageFigures) -> str:
                  "between threads costs more than that work (one process, one GIL): larger "
                  "batches, fewer threads, or workers='processes'"
                  if per_slice < 2e-3 else
-                 f"let them make more batches ahead (prefetch_batches={2 * f.prefetch}; now "
-                 f"{f.prefetch})" if 0 < f.prefetch < 8 else
+                 f"let them make more batches ahead (prefetch_batches={2 * f.prefetch}; "
+                 f"{f.prefetch} built at once now)" if 0 < f.prefetch < 8 else
                  "the threads wait on each other or on the GIL (a step that computes in "
                  "Python holds it): workers='processes'")
         return (f"{waits}; the loader's threads are idle {1 - f.busy_share:.0%} of the time "

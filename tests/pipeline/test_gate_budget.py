@@ -248,6 +248,23 @@ def test_many_threads_that_share_the_gil_build_slices_of_at_least_4_ms_a_thread(
     assert run.gate.slice_size(base, run.batch, 4) == want
 
 
+@pytest.mark.parametrize("ahead", [4, 16])
+def test_light_work_on_large_records_holds_at_most_8_mib_a_slice(
+        monkeypatch: pytest.MonkeyPatch, ahead: int) -> None:
+    """Little work a record but large records (a 1 MiB raw array cropped small: 2 µs): the
+    light-work rule enlarges slices only within ``SLICE_RECORD_BYTES`` of records, as the
+    memory budget counts them: 16 of 1 MiB are past it already, so a batch over the threads
+    it stays (enlarged to a batch, with 16 batches in flight, a slice would hold 256 MiB a
+    thread; to 64 among 4)."""
+    run = Run(monkeypatch, 16, cpu=lambda limit, now: 2e-6)
+    run.gate.sample_bytes = 1 << 20
+    run.gate.hold(16)
+    run.until(0.2, scaling(5e5))
+    assert run.gate.slice_size(16, run.batch, ahead) == 16
+    run.gate.sample_bytes = 256 << 10  # 32 of them in 8 MiB
+    assert run.gate.slice_size(16, run.batch, ahead) == 32
+
+
 @pytest.mark.parametrize(("cores", "want_in_flight", "want_slice"), [
     (2, 4, 128),    # 2 threads: prefetch; a batch over the threads (3.6 ms), as before
     (16, 16, 256),  # the node: a batch a thread, a slice a batch (64s among 4 batches)

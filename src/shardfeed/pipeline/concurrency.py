@@ -274,8 +274,9 @@ class SliceGate:
             return size
         cut = size
         if per_sample * size < MIN_SLICE_SECONDS:  # light work
+            # within the records' bound too, where known (large records, little work each)
             cut = max(cut, min(int(-(-MIN_SLICE_SECONDS // per_sample)),
-                               largest_slice(size, batch, ahead, limit, 0)))
+                               largest_slice(size, batch, ahead, limit, self.sample_bytes or 0)))
         least = SLICE_SECONDS_A_THREAD * (limit - 1)  # the others' costs, waited for
         if self.shares_gil and self.sample_bytes is not None and per_sample * cut < least:
             cut = max(cut, min(int(-(-least // per_sample)),

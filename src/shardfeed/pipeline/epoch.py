@@ -9,9 +9,9 @@
     submitted: k .. k+b-1 while the caller holds batch k-1
 
 Batches come out in order; at most ``b`` batches are being built while the caller holds one
-more: ``prefetch_batches``, or more where batches are small and threads many (see
-:func:`~shardfeed.pipeline.pool.batches_in_flight`). A yielded batch's large arrays are the ring's memory, and the ring
-never writes into memory the caller still holds (see
+more: ``prefetch_batches``, or one a thread where they fit in 64 MiB (see
+:func:`~shardfeed.pipeline.pool.batches_in_flight`). A yielded batch's large arrays are the
+ring's memory, and the ring never writes into memory the caller still holds (see
 :class:`~shardfeed.pipeline.pool.BatchRing`): a batch the caller keeps stays what it was.
 
 Determinism: a batch is a function of its positions; threads only change when it is ready.

@@ -76,6 +76,7 @@ def _pending_most(loader: Loader) -> tuple[list[bytes], int]:
         epoch.EpochRun._submit = submit  # type: ignore[method-assign]
     assert most <= ring <= most + 1 <= budget.ring_batches  # buffers join as needed
     assert run is not None and run.prefetch == most  # the stats' advice starts from them
+    assert run.cpu_seconds > 0
     return got, most
 
 

@@ -185,15 +185,20 @@ def test_the_verdicts_advice_follows_the_figures(monkeypatch: pytest.MonkeyPatch
                                                   "assemble": 0.1})
     assert "threads are idle 80% of the time meanwhile (decoding takes 75%" in idle.verdict()
     assert "prefetch_batches=4; 2 built at once now" in idle.verdict()
-    # more threads than cores, idle a fifth of the time with 12.5 building on average: the
-    # cores are busy, so the stage's advice, not processes (4.6 times slower there)
+    # more threads than cores, idle a fifth of the time, the process's CPU 1.9 cores' worth:
+    # the cores are busy, so the stage's advice, not processes (4.6 times slower there)
     monkeypatch.setattr(stage_stats, "_has_gpu", lambda: False)
-    crowded = _figures(threads=16, cores=2, busy=125.0, prefetch=16)
+    crowded = _figures(threads=16, cores=2, busy=125.0, prefetch=16, cpu_seconds=19.0)
     assert "idle" not in crowded.verdict() and "processes" not in crowded.verdict()
     assert "every core decodes already (16 threads, 2 cores)" in crowded.verdict()
+    # as idle, with 1.2 cores' worth of CPU on 8 (threads waiting for the GIL, in their
+    # slices all the same): the threads' idle time and the GIL
+    held = _figures(threads=32, cores=8, busy=250.0, prefetch=16, cpu_seconds=12.0)
+    assert "threads are idle 22% of the time" in held.verdict()
+    assert "workers='processes'" in held.verdict()
     # as many cores as threads, as idle: the threads' idle time is the limit
-    assert "threads are idle 22% of the time" in _figures(threads=16, cores=16, busy=125.0,
-                                                          prefetch=16).verdict()
+    assert "threads are idle 22% of the time" in _figures(
+        threads=16, cores=16, busy=125.0, prefetch=16, cpu_seconds=150.0).verdict()
     # slices of tiny work: the hand-overs, not the batches made ahead
     tiny = _figures(busy=4.0, slices=40_000, prefetch=2,
                     stages={"read": 0.5, "decode": 3.0, "transform": 0.4, "assemble": 0.1})

@@ -281,6 +281,9 @@ def test_a_pass_reading_ahead_builds_prefetch_batches_at_once_however_small(
             assert loader._run is not None and loader._run.read_ahead is not None
             # the ring made the buffers those need, not those 8 at once would
             assert loader._ring is not None and len(loader._ring.buffers) == 2 + 1
+            loader.set_epoch(1)  # the pass ends: the stats still say what it built at once
+            stats = loader.stats().run
+            assert stats is not None and stats.prefetch == 2
     finally:
         epoch.EpochRun._submit = submit  # type: ignore[method-assign]
     assert most == {"local": 8, "remote": 2}

@@ -241,6 +241,7 @@ class Loader:
         self._layout: BatchLayout | None = None
         self._probe: tuple[Sample, list[Sample]] | None = None
         self._in_flight = self.options.prefetch_batches  # batches built at once (layout known)
+        self._at_once = self._in_flight  # those of the last pass (one reading ahead: fewer)
         self._ring: BatchRing | None = None
         self._shared: SharedBatchRing | None = None
         self._executor: CpuPool | None = None
@@ -301,9 +302,9 @@ class Loader:
         window.mark = now
         o = self.options
         shape: dict[str, Any] = {
-            # the batches built at once (prefetch_batches or more), as the stats' advice
-            "threads": o.num_threads,
-            "prefetch": self._run.in_flight if self._run is not None else self._in_flight,
+            # the batches the last pass built at once (prefetch_batches or more): the stats'
+            # advice starts from them
+            "threads": o.num_threads, "prefetch": self._at_once,
             "processes": o.workers == "processes",
             "device_decode": stage_stats.device_decode(self._transform)}
         return LoaderStats(p.epoch, p.skipped, p.skipped_total, p.batches_total,
@@ -652,6 +653,7 @@ class Loader:
             # a batch's submit waits for its records' chunk: batches submitted far ahead
             # would hold up the hand-out of those already built
             self._run.in_flight = opts.prefetch_batches
+        self._at_once = self._run.in_flight
         bound = slice_threads_of(self.batch_stages)
         if bound is not None:
             self._gate.hold(bound)

@@ -40,6 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardfeed.pipeline.concurrency import usable_cores
 from shardfeed.pipeline.stage_clocks import (
     BATCH_STAGES,
     BUSY,
@@ -85,6 +86,7 @@ class Snapshot:
     storage: dict[str, float]
     skipped: int
     narrowed: float = 0.0  # seconds the slice gate spent trying a limit it had not chosen
+    cpu: float = 0.0  # the process's CPU seconds (every thread's; not worker processes')
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class StageFigures:
     batch_stages: float = 0.0  # seconds in the batch stages (an adapter's: the GPU decode)
     processes: bool = False  # slices built in worker processes: stage seconds not collected
     device_decode: bool = False  # the transform is the CPU half of a GPU decode
-    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cores: int = field(default_factory=usable_cores)  # this process's (its CPU affinity)
+    cpu_seconds: float = 0.0  # the process's CPU seconds over the span, every thread's
 
     @classmethod
     def between(cls, a: Snapshot, b: Snapshot, *, threads: int, prefetch: int = 0,
@@ -136,7 +139,7 @@ class StageFigures:
             start_wait=b.start_wait - a.start_wait, prefetch=prefetch,
             narrowed=b.narrowed - a.narrowed, batch_stages=clock[BATCH_STAGES],
             processes=processes,
-            device_decode=device_decode)
+            device_decode=device_decode, cpu_seconds=max(0.0, b.cpu - a.cpu))
 
     @property
     def wait_share(self) -> float:
@@ -224,9 +227,11 @@ def verdict(f: StageFigures) -> str:
                 "(Dataset(url, cache_dir=...)) or read more at once (Dataset(url, "
                 "source_options={'max_concurrency': 32}))" + (f", or {more}" if more else ""))
     stage = max(STAGES, key=lambda name: shares[name])
-    # more threads than cores: idle threads are not the limit where the slices building at
-    # once keep the cores busy (16 threads on 2 cores, 12 of them building on average)
-    cores_busy = f.seconds > 0 and f.busy / f.seconds >= 0.8 * min(f.threads, f.cores)
+    # more threads than cores: idle threads are not the limit where the process keeps the
+    # cores busy (16 threads on 2 cores); its CPU time, not the slices' wall time, which
+    # counts threads waiting for the GIL or a core too
+    cores_busy = (f.threads > f.cores and f.seconds > 0
+                  and f.cpu_seconds / f.seconds >= 0.8 * f.cores)
     if f.busy_share < 0.8 and not cores_busy:
         narrowed = f.narrowed / f.seconds if f.seconds > 0 else 0.0
         per_slice = f.busy / f.slices if f.slices else 0.0
@@ -304,7 +309,7 @@ def snapshot(clock: StageClock, consumer: ConsumerClock, datasets: list[Any],
                 storage[key] = storage.get(key, 0.0) + float(value)
     return Snapshot(time.perf_counter(), tuple(clock.totals()), consumer.wait, consumer.step,
                     consumer.start_wait, consumer.batches, consumer.samples, storage, skipped,
-                    narrowed)
+                    narrowed, time.process_time())
 
 
 class StatsWindow:
@@ -392,4 +397,4 @@ def combine(spans: list[StageFigures]) -> StageFigures:
         start_wait=sum(f.start_wait for f in spans), prefetch=first.prefetch,
         narrowed=sum(f.narrowed for f in spans), processes=first.processes,
         batch_stages=sum(f.batch_stages for f in spans),
-        device_decode=first.device_decode)
+        device_decode=first.device_decode, cpu_seconds=sum(f.cpu_seconds for f in spans))

@@ -68,7 +68,7 @@ SCRIPT = textwrap.dedent(r'''
             loader.set_epoch(epoch)
             for batch in loader:
                 if scenario == "consumer":
-                    time.sleep(0.05)  # a training step much longer than a batch's making
+                    time.sleep(0.1)  # a training step much longer than a batch's making
         wall = time.perf_counter() - began
         stats = loader.stats()
     print(json.dumps({"wall": wall, "window": stats.window.to_dict(), "verdict": stats.verdict}))

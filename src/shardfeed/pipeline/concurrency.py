@@ -256,7 +256,7 @@ class SliceGate:
         threads), with ``ahead`` batches built at once.
 
         Fewer slices at once than threads: larger slices (a slice's fixed costs paid less
-        often). Light work (less thread CPU over ``base`` than ``MIN_SLICE_SECONDS``):
+        often), within ``SLICE_RECORD_BYTES`` of records where a sample's are known. Light work (less thread CPU over ``base`` than ``MIN_SLICE_SECONDS``):
         slices of at least that much. Where the threads share the GIL and a sample's record
         bytes are known (:attr:`sample_bytes`): slices of at least ``SLICE_SECONDS_A_THREAD``
         for each other thread that may build at once, within ``SLICE_RECORD_BYTES`` of
@@ -268,7 +268,13 @@ class SliceGate:
         large as the threads and the memory bound allow. Which samples a slice holds never
         changes the rows built or their bytes."""
         limit = max(1, self.limit)
-        size = max(base, -(-batch // limit)) if limit < self._all else base
+        size = base
+        if limit < self._all:  # a batch over the threads that build at once
+            size = max(base, -(-batch // limit))
+            if self.sample_bytes:
+                # within the records' bound: a slice cut now may build beside others once
+                # the limit is raised (one thread's whole batch of 1 MiB records: 256 MiB)
+                size = max(base, min(size, SLICE_RECORD_BYTES // self.sample_bytes))
         per_sample = self._sample_cpu
         if per_sample <= 0:
             return size

@@ -268,19 +268,27 @@ def test_light_work_on_large_records_holds_at_most_8_mib_a_slice(
 def test_slices_of_fewer_threads_at_once_hold_at_most_8_mib_of_records(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """At a limit of one thread a slice is a batch over it (a whole batch), but within
-    ``SLICE_RECORD_BYTES`` of records where they are known: slices cut then may build side by
-    side once the limit is raised again (16 threads each holding a batch of 1 MiB records:
-    4 GiB, where the memory budget counts 8 MiB a thread)."""
+    ``SLICE_RECORD_BYTES`` of records where they are known, cut evenly: slices cut then may
+    build side by side once a trial raises the limit (16 threads each holding a batch of 1
+    MiB records: 4 GiB, where the memory budget counts 8 MiB a thread). A held limit never
+    rises: its slices stay a batch over it."""
     run = Run(monkeypatch, 16, cpu=lambda limit, now: 1e-3)
-    run.gate.hold(1)
+    run.gate.hold(16)
     run.until(1.0, scaling(1000.0))
+    run.gate.fixed = False  # measuring again, and a trial's window at one thread now
+    run.gate.limit = 1
     assert run.gate.slice_size(16, run.batch, 4) == run.batch  # records not known: as before
     run.gate.sample_bytes = 1 << 20
     assert run.gate.slice_size(16, run.batch, 4) == 16  # 8 of them fit: the base stands
     run.gate.sample_bytes = 64 << 10
     assert run.gate.slice_size(16, run.batch, 4) == 128
+    run.gate.sample_bytes = 100_000  # 83 fit: four even slices of 64, not 83, 83, 83, 7
+    assert run.gate.slice_size(16, run.batch, 4) == 64
     run.gate.sample_bytes = 1024
     assert run.gate.slice_size(16, run.batch, 4) == run.batch
+    run.gate.hold(2)  # the GPU path's planning threads: held, as before
+    run.gate.sample_bytes = 100_000
+    assert run.gate.slice_size(16, run.batch, 4) == 128
 
 
 @pytest.mark.parametrize(("cores", "want_in_flight", "want_slice"), [

@@ -209,7 +209,8 @@ def test_the_verdicts_advice_follows_the_figures(monkeypatch: pytest.MonkeyPatch
                                                            "transform": 0.3, "assemble": 0.2})
     assert "waiting on storage takes 76%" in remote.verdict()
     assert "cache_dir" in remote.verdict() and "1,200 requests" in remote.verdict()
-    assert set(remote.to_dict()) >= {"wait_share", "shares", "verdict", "busy_share"}
+    assert set(remote.to_dict()) >= {"wait_share", "shares", "verdict", "busy_share",
+                                     "cores", "cpu_seconds", "built_at_once"}
 
 
 def test_each_reader_has_its_own_window_and_a_stopped_report_writes_nothing(

@@ -271,10 +271,13 @@ class SliceGate:
         size = base
         if limit < self._all:  # a batch over the threads that build at once
             size = max(base, -(-batch // limit))
-            if self.sample_bytes:
-                # within the records' bound: a slice cut now may build beside others once
-                # the limit is raised (one thread's whole batch of 1 MiB records: 256 MiB)
-                size = max(base, min(size, SLICE_RECORD_BYTES // self.sample_bytes))
+            if self.sample_bytes and not self.fixed:
+                # within the records' bound: a slice cut now may build beside others once a
+                # trial raises the limit (one thread's whole batch of 1 MiB records: 256
+                # MiB); cut evenly (a held limit never rises: its slices stay as they are)
+                most = SLICE_RECORD_BYTES // self.sample_bytes
+                if size > most:
+                    size = max(base, -(-batch // -(-batch // max(1, most))))
         per_sample = self._sample_cpu
         if per_sample <= 0:
             return size

@@ -187,6 +187,8 @@ class StageFigures:
             "storage": self.storage, "busy": self.busy if measured else None,
             "busy_share": self.busy_share if measured else None,
             "threads": self.threads,  "shares": self.shares() if measured else None,
+            "cores": self.cores, "cpu_seconds": self.cpu_seconds,
+            "built_at_once": self.prefetch,
             "requests": self.requests, "bytes_fetched": self.bytes_fetched,
             "retries": self.retries, "cache_hits": self.cache_hits, "skipped": self.skipped,
             "verdict": self.verdict(),

@@ -189,12 +189,12 @@ def slices_as_on_node(threads: int = CORES, cpu_scale: float = 1.0) -> None:
     cut = SliceGate.slice_size
     in_flight = getattr(loader_module, "batches_in_flight", None)  # not in older code
 
-    def batches_in_flight(options: Any, batch_bytes: int, *, own_cache: bool) -> int:
+    def batches_in_flight(options: Any, batch_bytes: int, **given: Any) -> int:
         # the batches the node's loader builds at once (more than one thread's, where its
-        # batches are small: its slices are cut among them)
+        # batches are small: its slices are cut among them; a sampler's cache sized for them)
         assert in_flight is not None
         return int(in_flight(dataclasses.replace(options, num_threads=threads), batch_bytes,
-                             own_cache=own_cache))
+                             **given))
 
     def slice_size(self: Any, base: int, batch: int, ahead: int) -> int:
         limit, every, cpu = self.limit, self._all, self._sample_cpu

@@ -312,7 +312,7 @@ def test_small_batches_in_flight_one_a_thread_give_each_thread_a_batch_a_slice(
     run.gate.hold(cores)
     run.until(2.0, scaling(1e6 / 28))
     options = LoaderOptions(batch_size=run.batch, num_threads=cores, prefetch_batches=4)
-    in_flight = batches_in_flight(options, run.batch * (28 * 28 + 8), own_cache=False)
+    in_flight = batches_in_flight(options, run.batch * (28 * 28 + 8))
     assert in_flight == want_in_flight
     got = run.gate.slice_size(base, run.batch, in_flight)
     assert got == want_slice

@@ -1,7 +1,7 @@
 """Batches built at once: ``prefetch_batches``, or one a thread where batches are small, so
 that many threads share larger slices (a slice's own Python, which holds the GIL, paid less
-often an item); never past ``IN_FLIGHT_BYTES`` of batch buffers, never for worker processes
-or a sampler with its own image cache; the bytes never change."""
+often an item); never past ``IN_FLIGHT_BYTES`` of batch buffers or what a sampler's own
+image cache grants room for, never for worker processes; the bytes never change."""
 
 from __future__ import annotations
 
@@ -35,18 +35,30 @@ def _options(threads: int, prefetch: int = 4, **more: Any) -> LoaderOptions:
 ])
 def test_small_batches_are_built_one_a_thread_within_the_bound(
         threads: int, prefetch: int, batch_bytes: int, want: int) -> None:
-    got = batches_in_flight(_options(threads, prefetch), batch_bytes, own_cache=False)
+    got = batches_in_flight(_options(threads, prefetch), batch_bytes)
     assert got == want
     assert got == prefetch or got * batch_bytes <= IN_FLIGHT_BYTES
     assert got <= max(prefetch, threads)
 
 
-def test_processes_and_an_own_cache_keep_prefetch_batches() -> None:
+def test_processes_keep_prefetch_batches_and_a_cache_grants_its_room() -> None:
     # worker processes: a shared ring of prefetch + 2 buffers their names fix
-    assert batches_in_flight(_options(16, workers="processes"), PNG28_BATCH,
-                             own_cache=False) == 4
-    # Patches sized its cache for prefetch_batches of outputs ahead
-    assert batches_in_flight(_options(16), PNG28_BATCH, own_cache=True) == 4
+    assert batches_in_flight(_options(16, workers="processes"), PNG28_BATCH) == 4
+    asked: list[int] = []
+
+    def room(granted: int) -> Any:
+        def work_ahead(outputs: int) -> int:
+            asked.append(outputs)
+            return min(outputs, granted)
+        return work_ahead
+
+    # asked for the outputs of the batches wanted (16 of 256), given those it has room for
+    assert batches_in_flight(_options(16), PNG28_BATCH, work_ahead=room(12 * 256 + 9)) == 12
+    assert asked == [16 * 256]
+    assert batches_in_flight(_options(16), PNG28_BATCH, work_ahead=room(10**9)) == 16
+    assert batches_in_flight(_options(16), PNG28_BATCH, work_ahead=room(0)) == 4  # prefetch
+    assert batches_in_flight(_options(16), TRAIN_BATCH, work_ahead=room(10**9)) == 4
+    assert batches_in_flight(_options(2, 2), PNG28_BATCH, work_ahead=room(0)) == 2
 
 
 def _digest(batch: dict[str, Any]) -> bytes:
@@ -98,20 +110,65 @@ def test_a_loader_of_small_batches_builds_one_a_thread_with_the_same_bytes(
         assert eight.memory_budget().ring_batches == 8 + 1
 
 
-def test_patches_keep_prefetch_batches_whatever_the_threads(tmp_path: Path) -> None:
+def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) -> None:
+    """8 threads, 2 prefetched: Patches (N = 8, R = 4, batches of 4) grants room for 16
+    outputs (half its cache again: 4 images), so 4 batches are built at once and the cache's
+    derived bound holds N + 4 images and those decoded ahead; each image is decoded once a
+    residency, and the batches are one thread's. A stated ``cache_bytes`` keeps its bound
+    and the batches prefetched."""
+    from test_patches import HEIGHT, WIDTH, write_photos
+
+    from shardfeed.dataset import Dataset
+    from shardfeed.pipeline.patch_ahead import LOOK_AHEAD_IMAGES
+    from shardfeed.pipeline.patches import Patches
+
+    folder = write_photos(tmp_path, 16, masks=False)
+
+    def loader(threads: int, **more: Any) -> tuple[Loader, Patches]:
+        source = Patches(Dataset(str(folder)), size=8, cache_images=8, refresh_every=4,
+                         **more)
+        return Loader(source, batch_size=4, seed=1, num_threads=threads, prefetch_batches=2,
+                      transform=None), source
+
+    first, alone = loader(1)
+    one, _ = _pending_most(first)
+    eight, patches = loader(8)
+    many, most = _pending_most(eight)
+    assert most == 4
+    assert many == one and len(many) == 9  # (16 - 8 + 1) x 4 outputs
+    stats, once = patches.cache_stats(), alone.cache_stats()
+    assert stats is not None and stats.max_bytes is not None and once is not None
+    # each image used decoded once, as by one thread
+    assert stats.loads == once.loads and stats.uncached == stats.evictions == 0
+    image = HEIGHT * WIDTH * 3  # write_photos' images (and a little of their features)
+    images = 8 + 4 + LOOK_AHEAD_IMAGES
+    assert images * image <= stats.max_bytes <= images * (image + 1024)
+    stated, _ = loader(8, cache_bytes=10**6)
+    assert _pending_most(stated)[1] == 2
+
+
+def test_patches_grant_room_up_to_half_their_cache_again(tmp_path: Path) -> None:
+    """``work_ahead``: an image a refresh the outputs span, up to ``N // 2`` images (never
+    below the ``max(2, N // 8)`` always there), the default bound grown by those; a stated
+    ``cache_bytes`` grants its ``max(2, N // 8)`` images' outputs, no cache every output."""
     from test_patches import write_photos
 
     from shardfeed.dataset import Dataset
+    from shardfeed.pipeline.patch_ahead import LOOK_AHEAD_IMAGES
     from shardfeed.pipeline.patches import Patches
 
-    folder = write_photos(tmp_path, 6)
-
-    def loader(threads: int) -> Loader:
-        source = Patches(Dataset(str(folder)), size=8, cache_images=2, refresh_every=3)
-        return Loader(source, batch_size=4, seed=1, num_threads=threads, prefetch_batches=2,
-                      transform=None)
-
-    one, _ = _pending_most(loader(1))
-    many, most = _pending_most(loader(8))
-    assert most == 2
-    assert many == one and len(many) > 1
+    ds = Dataset(str(write_photos(tmp_path, 40, masks=False)))
+    patches = Patches(ds, size=8, cache_images=32, refresh_every=10)
+    assert patches.cache is not None
+    assert patches.work_ahead(35) == 35  # 4 images: the 4 always there
+    assert patches.cache._default_images == 32 + 4 + LOOK_AHEAD_IMAGES
+    assert patches.work_ahead(120) == 120  # 12 images
+    assert patches.cache._default_images == 32 + 12 + LOOK_AHEAD_IMAGES
+    assert patches.work_ahead(1000) == 160  # 16 images at most
+    assert patches.cache._default_images == 32 + 16 + LOOK_AHEAD_IMAGES
+    assert patches.work_ahead(35) == 35  # never shrinks
+    assert patches.cache._default_images == 32 + 16 + LOOK_AHEAD_IMAGES
+    stated = Patches(ds, size=8, cache_images=32, refresh_every=10, cache_bytes=10**7)
+    assert stated.work_ahead(1000) == 40
+    assert Patches(ds, size=8, cache_images=32, refresh_every=10,
+                   cache=False).work_ahead(1000) == 1000

@@ -149,6 +149,16 @@ class ImageCache(Generic[V]):
         ``default_images`` times the largest value loaded)."""
         return self._max_bytes
 
+    def grow_default(self, images: int) -> None:
+        """Raise a derived bound's ``default_images`` to ``images`` (never lowered: loaders
+        sharing the cache get the largest any asked for); the bound grows at once where an
+        image was loaded. A bound given as ``max_bytes`` stays as it is."""
+        with self._lock:
+            self._default_images = max(self._default_images, images)
+            if self._configured is None and self._largest:
+                self._max_bytes = max(self._max_bytes or 0,
+                                      self._default_images * self._largest)
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -475,7 +475,7 @@ class Loader:
             # small batches and many threads: more batches at once, for larger slices
             self._in_flight = batches_in_flight(
                 self.options, batch_bytes(self._layout, sample),
-                own_cache=hasattr(self.sampler, "cache_bytes"))
+                work_ahead=getattr(self.sampler, "work_ahead", None))
         return self._layout
 
     def batch_layout(self) -> tuple[BatchLayout, Sample]:

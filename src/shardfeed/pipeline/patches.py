@@ -32,9 +32,11 @@ the dataset's fingerprint and the options that decide the patches (see
 differs. Memory: the decoded-image cache, ``cache_bytes`` (default: ``N + max(2, N // 8) +
 LOOK_AHEAD_IMAGES`` decoded images of the largest image decoded so far: the bound grows when a
 larger image comes, so a small first image does not leave the others uncached), plus the
-dataset's index (8 bytes an image). Threads work up to ``prefetch_batches × batch_size``
-outputs ahead, which needs ``N + ceil(that / R)`` images at once; when ``R`` is small next to
-the batch, pass a larger ``cache_bytes`` (or images are decoded again, with the same outputs).
+dataset's index (8 bytes an image). Threads build up to the loader's batches in flight at
+once, whose outputs need ``N + ceil(outputs / R)`` images at once: the default bound grows
+for them, by up to ``N // 2`` images (:meth:`Patches.work_ahead`); with a stated
+``cache_bytes`` the loader builds ``prefetch_batches`` at once, and when ``R`` is small next
+to the batch, pass a larger one (or images are decoded again, with the same outputs).
 
 Decoding ahead. A slice starts the decodes of its images, and of the images the next
 outputs of its stride (its rank's) need up to ``LOOK_AHEAD_IMAGES`` (L: 6 on 2 cores, 10
@@ -186,8 +188,10 @@ class Patches(SamplerBase):
         n = self.schedule.max_resident
         self._ahead = LookAhead()
         self.cache: ImageCache[DecodedImage] | None = None
+        # images beyond N for the outputs of threads working ahead (see work_ahead)
+        self._slack = self.options.slack_images()
         if self.options.cache:
-            default = max(1, n) + self.options.slack_images() + LOOK_AHEAD_IMAGES
+            default = max(1, n) + self._slack + LOOK_AHEAD_IMAGES
             self.cache = ImageCache(max_bytes=self.options.cache_bytes, default_images=default)
 
     # -- the Sampler protocol -----------------------------------------------------------------
@@ -273,6 +277,30 @@ class Patches(SamplerBase):
         batch path (:func:`~.patch_rows.build_patch_rows`), the bytes of the sample path."""
         return build_patch_rows(self, ctx, positions, buffer, first_row, transform)
 
+    def work_ahead(self, outputs: int) -> int:
+        """Room in the cache for threads building up to ``outputs`` outputs at once (the
+        loader's batches in flight, :func:`~shardfeed.pipeline.pool.batches_in_flight`): the
+        outputs granted, for which the default bound grows by an image a refresh they span,
+        up to half the cache again (``N // 2`` images, at least the ``max(2, N // 8)`` it
+        always has). Outputs that far apart need ``N + ceil(outputs / R)`` images at once;
+        with fewer, threads ahead would push out images that slices behind them still
+        need, and decode them again. The node bench's Patches (``N`` = 64, ``R`` = 100,
+        batches of 256, 16 threads) get 12 batches at once, not 4 (31 more images of 1566²,
+        about 230 MB), and the GIL held a patch falls by a quarter (``bench/predict_node.py``).
+        A bound given as ``cache_bytes`` stays: its room is the ``max(2, N // 8)`` images;
+        without a cache (``cache=False``) every output is granted."""
+        if self.cache is None:
+            return outputs
+        r, floor = self.options.refresh_every, self.options.slack_images()
+        if self.options.cache_bytes is not None:
+            return min(outputs, floor * r)
+        images = min(-(-outputs // r), max(floor, self.options.cache_images // 2))
+        if images > self._slack:
+            self._slack = images
+            self.cache.grow_default(max(1, self.schedule.max_resident) + images
+                                    + LOOK_AHEAD_IMAGES)
+        return min(outputs, images * r)
+
     def state(self) -> dict[str, Any]:
         """What decides the patches: the dataset and the options (not the cache settings)."""
         o = self.options
@@ -356,7 +384,7 @@ class Patches(SamplerBase):
             empty = np.empty(0, dtype=np.int64)
             return empty, empty
         return self._ahead.outputs(ctx, positions, schedule=self.schedule, cache=self.cache,
-                                   slack=self.options.slack_images(),
+                                   slack=self._slack,
                                    order_positions=self.order_positions)
 
     # -- pickling (process workers) -------------------------------------------------------------

@@ -120,11 +120,12 @@ IN_FLIGHT_BYTES = 64 << 20
 more than ``prefetch_batches`` (see :func:`batches_in_flight`)."""
 
 
-def batches_in_flight(options: LoaderOptions, batch_bytes: int, *, own_cache: bool) -> int:
+def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
+                      work_ahead: Callable[[int], int] | None = None) -> int:
     """How many batches a pass builds at once: one a thread (``num_threads``), as many as
-    fit in :data:`IN_FLIGHT_BYTES` of batch buffers, and never fewer than
-    ``prefetch_batches`` (the defaults, 4 threads and 2 prefetched, with batches of up to
-    16 MiB: 4).
+    fit in :data:`IN_FLIGHT_BYTES` of batch buffers, as many as the sampler's cache holds
+    the outputs of (``work_ahead``, below), and never fewer than ``prefetch_batches`` (the
+    defaults, 4 threads and 2 prefetched, with batches of up to 16 MiB: 4).
 
     Why: the slice gate cuts each batch into slices for the threads among the batches in
     flight (:func:`~shardfeed.pipeline.concurrency.largest_slice`), and a slice's own Python
@@ -132,18 +133,26 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *, own_cache: bo
     With few batches in flight, many threads leave the slices small and those costs are
     paid more often an item: 28² PNGs at 16 threads and 4 batches ahead are cut into 64s,
     four a batch; with 16 in flight, a batch a slice, and the GIL held an item falls by
-    about a third (``bench/predict_node.py``). At any core count: ``threads`` batches of
+    about a third (``bench/predict_node.py``; Patches' 32² patches of 1566² JPEGs: by 25%
+    with 12 in flight, by 38% with 16). At any core count: ``threads`` batches of
     ``batch_bytes`` each at most, and never past :data:`IN_FLIGHT_BYTES` of them (64
     threads of 28² PNG batches of 256: 13 MB), so large batches (the train preset's 38 MB
     at 256) stay at ``prefetch_batches``; which batch a slice builds never changes its rows.
 
-    Not deeper: worker processes (each its own GIL; their shared ring is fixed), and
-    samplers with an image cache of their own (``own_cache``: Patches sizes its cache for
-    ``prefetch_batches`` of outputs ahead, and deeper would decode images again)."""
+    ``work_ahead``: a sampler with a cache of its own (Patches' decoded images) is asked for
+    room for the outputs of the batches wanted (``work_ahead(outputs)``); it sizes its cache
+    for those it grants (threads working further ahead than its cache holds would decode
+    images again), and the batches built at once are those granted. Not deeper: worker
+    processes (each its own GIL, and its own copy of a sampler's cache; their shared ring is
+    fixed)."""
     prefetch = options.prefetch_batches
-    if options.workers == "processes" or own_cache or options.num_threads <= prefetch:
+    if options.workers == "processes" or options.num_threads <= prefetch:
         return prefetch
-    return max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
+    wanted = max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
+    if work_ahead is not None:
+        batch = options.batch_size
+        wanted = min(wanted, work_ahead(wanted * batch) // batch)
+    return max(prefetch, wanted)
 
 
 def ring_batches(options: LoaderOptions, reserved: int = 0, in_flight: int | None = None) -> int:

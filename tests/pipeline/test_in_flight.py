@@ -111,9 +111,9 @@ def test_a_loader_of_small_batches_builds_one_a_thread_with_the_same_bytes(
 
 
 def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) -> None:
-    """8 threads, 2 prefetched: Patches (N = 8, R = 4, batches of 4) grants room for 16
-    outputs (half its cache again: 4 images), so 4 batches are built at once and the cache's
-    derived bound holds N + 4 images and those decoded ahead; each image is decoded once a
+    """8 threads, 2 prefetched: Patches (N = 8, R = 4, batches of 4) grants room for the 32
+    outputs of 8 batches (8 images), so 8 batches are built at once and the cache's derived
+    bound holds N + 8 images and those decoded ahead; each image is decoded once a
     residency, and the batches are one thread's. A stated ``cache_bytes`` keeps its bound
     and the batches prefetched."""
     from test_patches import HEIGHT, WIDTH, write_photos
@@ -134,40 +134,57 @@ def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) 
     one, _ = _pending_most(first)
     eight, patches = loader(8)
     many, most = _pending_most(eight)
-    assert most == 4
+    assert most == 8
     assert many == one and len(many) == 9  # (16 - 8 + 1) x 4 outputs
     stats, once = patches.cache_stats(), alone.cache_stats()
     assert stats is not None and stats.max_bytes is not None and once is not None
     # each image used decoded once, as by one thread
     assert stats.loads == once.loads and stats.uncached == stats.evictions == 0
     image = HEIGHT * WIDTH * 3  # write_photos' images (and a little of their features)
-    images = 8 + 4 + LOOK_AHEAD_IMAGES
+    images = 8 + 8 + LOOK_AHEAD_IMAGES
     assert images * image <= stats.max_bytes <= images * (image + 1024)
     stated, _ = loader(8, cache_bytes=10**6)
     assert _pending_most(stated)[1] == 2
 
 
-def test_patches_grant_room_up_to_half_their_cache_again(tmp_path: Path) -> None:
-    """``work_ahead``: an image a refresh the outputs span, up to ``N // 2`` images (never
-    below the ``max(2, N // 8)`` always there), the default bound grown by those; a stated
-    ``cache_bytes`` grants its ``max(2, N // 8)`` images' outputs, no cache every output."""
-    from test_patches import write_photos
+def test_patches_grant_room_up_to_their_cache_again_and_a_byte_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``work_ahead``: an image a refresh the outputs span, up to ``N`` images and
+    ``WORK_AHEAD_BYTES`` of the largest image (never below the ``max(2, N // 8)`` always
+    there), the default bound grown by those; a stated ``cache_bytes`` grants its
+    ``max(2, N // 8)`` images' outputs, no cache every output."""
+    from test_patches import HEIGHT, WIDTH, write_photos
 
     from shardfeed.dataset import Dataset
+    from shardfeed.pipeline import patches as patches_module
     from shardfeed.pipeline.patch_ahead import LOOK_AHEAD_IMAGES
     from shardfeed.pipeline.patches import Patches
 
     ds = Dataset(str(write_photos(tmp_path, 40, masks=False)))
-    patches = Patches(ds, size=8, cache_images=32, refresh_every=10)
+
+    def made() -> Patches:
+        patches = Patches(ds, size=8, cache_images=32, refresh_every=10)
+        with Loader(patches, batch_size=4, seed=1, num_threads=1) as loader:
+            next(iter(loader))  # an image decoded: its size known
+        return patches
+
+    patches = made()
     assert patches.cache is not None
     assert patches.work_ahead(35) == 35  # 4 images: the 4 always there
     assert patches.cache._default_images == 32 + 4 + LOOK_AHEAD_IMAGES
     assert patches.work_ahead(120) == 120  # 12 images
     assert patches.cache._default_images == 32 + 12 + LOOK_AHEAD_IMAGES
-    assert patches.work_ahead(1000) == 160  # 16 images at most
-    assert patches.cache._default_images == 32 + 16 + LOOK_AHEAD_IMAGES
+    assert patches.work_ahead(1000) == 320  # 32 images at most
+    assert patches.cache._default_images == 32 + 32 + LOOK_AHEAD_IMAGES
     assert patches.work_ahead(35) == 35  # never shrinks
-    assert patches.cache._default_images == 32 + 16 + LOOK_AHEAD_IMAGES
+    assert patches.cache._default_images == 32 + 32 + LOOK_AHEAD_IMAGES
+    # room for 6 images of theirs (their pixels and a little of their other features)
+    assert HEIGHT * WIDTH * 3 < patches.cache.largest_bytes < HEIGHT * WIDTH * 3 + 1024
+    monkeypatch.setattr(patches_module, "WORK_AHEAD_BYTES", 6 * patches.cache.largest_bytes)
+    bounded = made()
+    assert bounded.work_ahead(1000) == 60
+    monkeypatch.setattr(patches_module, "WORK_AHEAD_BYTES", 1)
+    assert made().work_ahead(1000) == 40  # the 4 always there
     stated = Patches(ds, size=8, cache_images=32, refresh_every=10, cache_bytes=10**7)
     assert stated.work_ahead(1000) == 40
     assert Patches(ds, size=8, cache_images=32, refresh_every=10,

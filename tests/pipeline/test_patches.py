@@ -156,19 +156,21 @@ def test_batches_draw_on_many_images(photos: Dataset) -> None:
 
 
 def test_cache_is_bounded_and_decodes_each_image_once_per_residency(photos: Dataset) -> None:
-    # 2 batches of 8 in flight span 16 outputs: with R = 12 at most N + 2 images are needed
-    for threads in (1, 4):
+    # one thread: 2 batches of 8 in flight span 16 outputs, and with R = 12 at most N + 2
+    # images are needed (the max(2, N // 8) always there); 4 threads build 4 batches at once,
+    # 32 outputs, and the cache grows to hold N + 3
+    for threads, ahead in ((1, 2), (4, 3)):
         patches = Patches(photos, size=8, cache_images=3, refresh_every=12)
         used = {int(i) for b in run(patches, num_threads=threads) for i in b["index"]}
         stats = patches.cache_stats()
         assert stats is not None and stats.max_bytes is not None
         assert stats.loads == len(used) == 12, f"{threads} threads"
         image_bytes = HEIGHT * WIDTH * 3 + HEIGHT * WIDTH  # image + mask (+ a little meta)
-        # N + 2 for the threads, + LOOK_AHEAD_IMAGES for the decodes ahead of the slices
-        images = 3 + 2 + LOOK_AHEAD_IMAGES
+        # N + ahead for the threads, + LOOK_AHEAD_IMAGES for the decodes ahead of the slices
+        images = 3 + ahead + LOOK_AHEAD_IMAGES
         assert images * image_bytes <= stats.max_bytes <= images * (image_bytes + 1024)
         assert stats.peak_bytes <= stats.max_bytes
-        assert stats.evictions > 0
+        assert stats.evictions > 0 or images >= 12
     small = Patches(photos, size=8, cache_images=4, refresh_every=4, cache_bytes=60_000)
     run(small, num_threads=3)
     stats = small.cache_stats()

@@ -34,7 +34,7 @@ LOOK_AHEAD_IMAGES`` decoded images of the largest image decoded so far: the boun
 larger image comes, so a small first image does not leave the others uncached), plus the
 dataset's index (8 bytes an image). Threads build up to the loader's batches in flight at
 once, whose outputs need ``N + ceil(outputs / R)`` images at once: the default bound grows
-for them, by up to ``N // 2`` images (:meth:`Patches.work_ahead`); with a stated
+for them, by up to ``N`` images and 1 GiB (:meth:`Patches.work_ahead`); with a stated
 ``cache_bytes`` the loader builds ``prefetch_batches`` at once, and when ``R`` is small next
 to the batch, pass a larger one (or images are decoded again, with the same outputs).
 
@@ -98,6 +98,10 @@ from shardfeed.transforms.decode.patches import DecodedImage, decode_for_patches
 from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
+
+WORK_AHEAD_BYTES = 1 << 30
+"""The most bytes of images a Patches cache grows by for threads building ahead (see
+:meth:`Patches.work_ahead`): 145 images of 1566², 14 of 24 MP."""
 
 _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image is cached
 
@@ -281,20 +285,25 @@ class Patches(SamplerBase):
         """Room in the cache for threads building up to ``outputs`` outputs at once (the
         loader's batches in flight, :func:`~shardfeed.pipeline.pool.batches_in_flight`): the
         outputs granted, for which the default bound grows by an image a refresh they span,
-        up to half the cache again (``N // 2`` images, at least the ``max(2, N // 8)`` it
-        always has). Outputs that far apart need ``N + ceil(outputs / R)`` images at once;
-        with fewer, threads ahead would push out images that slices behind them still
-        need, and decode them again. The node bench's Patches (``N`` = 64, ``R`` = 100,
-        batches of 256, 16 threads) get 12 batches at once, not 4 (31 more images of 1566²,
-        about 230 MB), and the GIL held a patch falls by a quarter (``bench/predict_node.py``).
-        A bound given as ``cache_bytes`` stays: its room is the ``max(2, N // 8)`` images;
-        without a cache (``cache=False``) every output is granted."""
+        up to ``N`` images (the cache at most doubles) and :data:`WORK_AHEAD_BYTES` of the
+        largest image decoded, and never below the ``max(2, N // 8)`` it always has.
+
+        Outputs that far apart need ``N + ceil(outputs / R)`` images at once; with fewer,
+        threads ahead would push out images that slices behind them still need, and decode
+        them again. The node bench's Patches (``N`` = 64, ``R`` = 100, batches of 256, 16
+        threads) get 16 batches at once, not 4 (41 more images of 1566², 300 MB), and the
+        GIL held a patch falls by 38% (``bench/predict_node.py``: a batch a slice, where 4
+        batches at once cut each into four). A bound given as ``cache_bytes`` stays: its
+        room is the ``max(2, N // 8)`` images; without a cache (``cache=False``) every
+        output is granted."""
         if self.cache is None:
             return outputs
         r, floor = self.options.refresh_every, self.options.slack_images()
         if self.options.cache_bytes is not None:
             return min(outputs, floor * r)
-        images = min(-(-outputs // r), max(floor, self.options.cache_images // 2))
+        largest = self.cache.largest_bytes  # the probe sample's image, at least
+        room = min(self.options.cache_images, WORK_AHEAD_BYTES // largest) if largest else 0
+        images = min(-(-outputs // r), max(floor, room))
         if images > self._slack:
             self._slack = images
             self.cache.grow_default(max(1, self.schedule.max_resident) + images

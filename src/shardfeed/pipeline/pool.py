@@ -133,8 +133,8 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
     With few batches in flight, many threads leave the slices small and those costs are
     paid more often an item: 28² PNGs at 16 threads and 4 batches ahead are cut into 64s,
     four a batch; with 16 in flight, a batch a slice, and the GIL held an item falls by
-    about a third (``bench/predict_node.py``; Patches' 32² patches of 1566² JPEGs: by 25%
-    with 12 in flight, by 38% with 16). At any core count: ``threads`` batches of
+    about a third (``bench/predict_node.py``; Patches' 32² patches of 1566² JPEGs: by 38%
+    with 16 in flight). At any core count: ``threads`` batches of
     ``batch_bytes`` each at most, and never past :data:`IN_FLIGHT_BYTES` of them (64
     threads of 28² PNG batches of 256: 13 MB), so large batches (the train preset's 38 MB
     at 256) stay at ``prefetch_batches``; which batch a slice builds never changes its rows.

@@ -47,18 +47,18 @@ def test_processes_keep_prefetch_batches_and_a_cache_grants_its_room() -> None:
     asked: list[int] = []
 
     def room(granted: int) -> Any:
-        def work_ahead(outputs: int) -> int:
+        def room_in_flight(outputs: int) -> int:
             asked.append(outputs)
             return min(outputs, granted)
-        return work_ahead
+        return room_in_flight
 
     # asked for the outputs of the batches wanted (16 of 256), given those it has room for
-    assert batches_in_flight(_options(16), PNG28_BATCH, work_ahead=room(12 * 256 + 9)) == 12
+    assert batches_in_flight(_options(16), PNG28_BATCH, room_in_flight=room(12 * 256 + 9)) == 12
     assert asked == [16 * 256]
-    assert batches_in_flight(_options(16), PNG28_BATCH, work_ahead=room(10**9)) == 16
-    assert batches_in_flight(_options(16), PNG28_BATCH, work_ahead=room(0)) == 4  # prefetch
-    assert batches_in_flight(_options(16), TRAIN_BATCH, work_ahead=room(10**9)) == 4
-    assert batches_in_flight(_options(2, 2), PNG28_BATCH, work_ahead=room(0)) == 2
+    assert batches_in_flight(_options(16), PNG28_BATCH, room_in_flight=room(10**9)) == 16
+    assert batches_in_flight(_options(16), PNG28_BATCH, room_in_flight=room(0)) == 4  # prefetch
+    assert batches_in_flight(_options(16), TRAIN_BATCH, room_in_flight=room(10**9)) == 4
+    assert batches_in_flight(_options(2, 2), PNG28_BATCH, room_in_flight=room(0)) == 2
 
 
 def _digest(batch: dict[str, Any]) -> bytes:
@@ -149,8 +149,8 @@ def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) 
 
 def test_patches_grant_room_up_to_their_cache_again_and_a_byte_bound(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``work_ahead``: an image a refresh the outputs span, up to ``N`` images and
-    ``WORK_AHEAD_BYTES`` of the largest image (never below the ``max(2, N // 8)`` always
+    """``room_in_flight``: an image a refresh the outputs span, up to ``N`` images and
+    ``IN_FLIGHT_IMAGE_BYTES`` of the largest image (never below the ``max(2, N // 8)`` always
     there), the default bound grown by those; a stated ``cache_bytes`` grants its
     ``max(2, N // 8)`` images' outputs, no cache every output."""
     from test_patches import HEIGHT, WIDTH, write_photos
@@ -170,22 +170,22 @@ def test_patches_grant_room_up_to_their_cache_again_and_a_byte_bound(
 
     patches = made()
     assert patches.cache is not None
-    assert patches.work_ahead(35) == 35  # 4 images: the 4 always there
+    assert patches.room_in_flight(35) == 35  # 4 images: the 4 always there
     assert patches.cache._default_images == 32 + 4 + LOOK_AHEAD_IMAGES
-    assert patches.work_ahead(120) == 120  # 12 images
+    assert patches.room_in_flight(120) == 120  # 12 images
     assert patches.cache._default_images == 32 + 12 + LOOK_AHEAD_IMAGES
-    assert patches.work_ahead(1000) == 320  # 32 images at most
+    assert patches.room_in_flight(1000) == 320  # 32 images at most
     assert patches.cache._default_images == 32 + 32 + LOOK_AHEAD_IMAGES
-    assert patches.work_ahead(35) == 35  # never shrinks
+    assert patches.room_in_flight(35) == 35  # never shrinks
     assert patches.cache._default_images == 32 + 32 + LOOK_AHEAD_IMAGES
     # room for 6 images of theirs (their pixels and a little of their other features)
     assert HEIGHT * WIDTH * 3 < patches.cache.largest_bytes < HEIGHT * WIDTH * 3 + 1024
-    monkeypatch.setattr(patches_module, "WORK_AHEAD_BYTES", 6 * patches.cache.largest_bytes)
+    monkeypatch.setattr(patches_module, "IN_FLIGHT_IMAGE_BYTES", 6 * patches.cache.largest_bytes)
     bounded = made()
-    assert bounded.work_ahead(1000) == 60
-    monkeypatch.setattr(patches_module, "WORK_AHEAD_BYTES", 1)
-    assert made().work_ahead(1000) == 40  # the 4 always there
+    assert bounded.room_in_flight(1000) == 60
+    monkeypatch.setattr(patches_module, "IN_FLIGHT_IMAGE_BYTES", 1)
+    assert made().room_in_flight(1000) == 40  # the 4 always there
     stated = Patches(ds, size=8, cache_images=32, refresh_every=10, cache_bytes=10**7)
-    assert stated.work_ahead(1000) == 40
+    assert stated.room_in_flight(1000) == 40
     assert Patches(ds, size=8, cache_images=32, refresh_every=10,
-                   cache=False).work_ahead(1000) == 1000
+                   cache=False).room_in_flight(1000) == 1000

@@ -475,7 +475,7 @@ class Loader:
             # small batches and many threads: more batches at once, for larger slices
             self._in_flight = batches_in_flight(
                 self.options, batch_bytes(self._layout, sample),
-                work_ahead=getattr(self.sampler, "work_ahead", None))
+                room_in_flight=getattr(self.sampler, "room_in_flight", None))
         return self._layout
 
     def batch_layout(self) -> tuple[BatchLayout, Sample]:

@@ -34,7 +34,7 @@ LOOK_AHEAD_IMAGES`` decoded images of the largest image decoded so far: the boun
 larger image comes, so a small first image does not leave the others uncached), plus the
 dataset's index (8 bytes an image). Threads build up to the loader's batches in flight at
 once, whose outputs need ``N + ceil(outputs / R)`` images at once: the default bound grows
-for them, by up to ``N`` images and 1 GiB (:meth:`Patches.work_ahead`); with a stated
+for them, by up to ``N`` images and 1 GiB (:meth:`Patches.room_in_flight`); with a stated
 ``cache_bytes`` the loader builds ``prefetch_batches`` at once, and when ``R`` is small next
 to the batch, pass a larger one (or images are decoded again, with the same outputs).
 
@@ -99,9 +99,9 @@ from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 
 __all__ = ["PICKS", "PatchOptions", "Patches"]
 
-WORK_AHEAD_BYTES = 1 << 30
+IN_FLIGHT_IMAGE_BYTES = 1 << 30
 """The most bytes of images a Patches cache grows by for threads building ahead (see
-:meth:`Patches.work_ahead`): 145 images of 1566², 14 of 24 MP."""
+:meth:`Patches.room_in_flight`): 145 images of 1566², 14 of 24 MP."""
 
 _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image is cached
 
@@ -192,7 +192,7 @@ class Patches(SamplerBase):
         n = self.schedule.max_resident
         self._ahead = LookAhead()
         self.cache: ImageCache[DecodedImage] | None = None
-        # images beyond N for the outputs of threads working ahead (see work_ahead)
+        # images beyond N for the outputs in flight (see room_in_flight)
         self._slack = self.options.slack_images()
         if self.options.cache:
             default = max(1, n) + self._slack + LOOK_AHEAD_IMAGES
@@ -281,11 +281,11 @@ class Patches(SamplerBase):
         batch path (:func:`~.patch_rows.build_patch_rows`), the bytes of the sample path."""
         return build_patch_rows(self, ctx, positions, buffer, first_row, transform)
 
-    def work_ahead(self, outputs: int) -> int:
+    def room_in_flight(self, outputs: int) -> int:
         """Room in the cache for threads building up to ``outputs`` outputs at once (the
         loader's batches in flight, :func:`~shardfeed.pipeline.pool.batches_in_flight`): the
         outputs granted, for which the default bound grows by an image a refresh they span,
-        up to ``N`` images (the cache at most doubles) and :data:`WORK_AHEAD_BYTES` of the
+        up to ``N`` images (the cache at most doubles) and :data:`IN_FLIGHT_IMAGE_BYTES` of the
         largest image decoded, and never below the ``max(2, N // 8)`` it always has.
 
         Outputs that far apart need ``N + ceil(outputs / R)`` images at once; with fewer,
@@ -302,7 +302,7 @@ class Patches(SamplerBase):
         if self.options.cache_bytes is not None:
             return min(outputs, floor * r)
         largest = self.cache.largest_bytes  # the probe sample's image, at least
-        room = min(self.options.cache_images, WORK_AHEAD_BYTES // largest) if largest else 0
+        room = min(self.options.cache_images, IN_FLIGHT_IMAGE_BYTES // largest) if largest else 0
         images = min(-(-outputs // r), max(floor, room))
         if images > self._slack:
             self._slack = images

@@ -121,10 +121,10 @@ more than ``prefetch_batches`` (see :func:`batches_in_flight`)."""
 
 
 def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
-                      work_ahead: Callable[[int], int] | None = None) -> int:
+                      room_in_flight: Callable[[int], int] | None = None) -> int:
     """How many batches a pass builds at once: one a thread (``num_threads``), as many as
-    fit in :data:`IN_FLIGHT_BYTES` of batch buffers, as many as the sampler's cache holds
-    the outputs of (``work_ahead``, below), and never fewer than ``prefetch_batches`` (the
+    fit in :data:`IN_FLIGHT_BYTES` of batch buffers, as many as the sampler's cache has
+    room for (``room_in_flight``, below), and never fewer than ``prefetch_batches`` (the
     defaults, 4 threads and 2 prefetched, with batches of up to 16 MiB: 4).
 
     Why: the slice gate cuts each batch into slices for the threads among the batches in
@@ -133,25 +133,25 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
     With few batches in flight, many threads leave the slices small and those costs are
     paid more often an item: 28² PNGs at 16 threads and 4 batches ahead are cut into 64s,
     four a batch; with 16 in flight, a batch a slice, and the GIL held an item falls by
-    about a third (``bench/predict_node.py``; Patches' 32² patches of 1566² JPEGs: by 38%
-    with 16 in flight). At any core count: ``threads`` batches of
-    ``batch_bytes`` each at most, and never past :data:`IN_FLIGHT_BYTES` of them (64
-    threads of 28² PNG batches of 256: 13 MB), so large batches (the train preset's 38 MB
-    at 256) stay at ``prefetch_batches``; which batch a slice builds never changes its rows.
+    about a third (``bench/predict_node.py``; Patches' 32² patches of 1566² JPEGs: by 38%).
+    At any core count: ``threads`` batches of ``batch_bytes`` each at most, and never past
+    :data:`IN_FLIGHT_BYTES` of them (64 threads of 28² PNG batches of 256: 13 MB), so large
+    batches (the train preset's 38 MB at 256) stay at ``prefetch_batches``; which batch a
+    slice builds never changes its rows.
 
-    ``work_ahead``: a sampler with a cache of its own (Patches' decoded images) is asked for
-    room for the outputs of the batches wanted (``work_ahead(outputs)``); it sizes its cache
-    for those it grants (threads working further ahead than its cache holds would decode
-    images again), and the batches built at once are those granted. Not deeper: worker
-    processes (each its own GIL, and its own copy of a sampler's cache; their shared ring is
-    fixed)."""
+    ``room_in_flight``: a sampler with a cache of its own (Patches' decoded images) is asked
+    for room for the outputs of the batches wanted (``room_in_flight(outputs)``); it sizes
+    its cache for those it grants (outputs further apart than its cache holds would have
+    images decoded again), and the batches built at once are those granted. Not deeper:
+    worker processes (each its own GIL, and its own copy of a sampler's cache; their shared
+    ring is fixed)."""
     prefetch = options.prefetch_batches
     if options.workers == "processes" or options.num_threads <= prefetch:
         return prefetch
     wanted = max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
-    if work_ahead is not None:
+    if room_in_flight is not None:
         batch = options.batch_size
-        wanted = min(wanted, work_ahead(wanted * batch) // batch)
+        wanted = min(wanted, room_in_flight(wanted * batch) // batch)
     return max(prefetch, wanted)
 
 

@@ -20,9 +20,11 @@ the node bench's cases this script measures, on one loader thread:
 Patches 32² of 200 images of 1566² at 256), and predicts ``min(16 · eff · r1 · k, u · k /
 g)``. The one thread builds the slices the gate cuts with 16 threads on the node
 (``--slices node``, the default: :func:`slices_as_on_node`, the gate's CPU time a sample
-scaled by ``1 / k``; 64 items a slice of 28² PNG and of Patches; the train preset's 16
-before the gate gave many threads larger slices, about 43 since), so that a slice's own costs (submitting it, the gate, its plan and draws,
-its hand-over) count as often an item as on the node: a one-thread loader here builds a
+scaled by ``1 / k``, among the batches the node builds at once: 28² PNG and Patches a
+batch a slice since 16 batches are built at once, 64 items a slice before; the train
+preset's 16 before the gate gave many threads larger slices, about 43 since), so that a
+slice's own costs (submitting it, the gate, its plan and draws, its hand-over) count as
+often an item as on the node: a one-thread loader here builds a
 whole batch a slice, and with them (``--slices one``, train at 64 a batch as before) the
 train preset read 19-21 GIL µs an image where 16-image slices read 35-51. With the node's
 slices the ``u`` each case implies on the node run's code lies closer together: 0.42-0.51

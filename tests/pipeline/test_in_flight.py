@@ -59,6 +59,7 @@ def test_processes_keep_prefetch_batches_and_a_cache_grants_its_room() -> None:
     assert batches_in_flight(_options(16), PNG28_BATCH, room_in_flight=room(0)) == 4  # prefetch
     assert batches_in_flight(_options(16), TRAIN_BATCH, room_in_flight=room(10**9)) == 4
     assert batches_in_flight(_options(2, 2), PNG28_BATCH, room_in_flight=room(0)) == 2
+    assert asked[-1] == 2 * 256  # room asked for the prefetched batches too
 
 
 def _digest(batch: dict[str, Any]) -> bytes:

@@ -142,14 +142,17 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
     ``room_in_flight``: a sampler with a cache of its own (Patches' decoded images) is asked
     for room for the outputs of the batches wanted (``room_in_flight(outputs)``); it sizes
     its cache for those it grants (outputs further apart than its cache holds would have
-    images decoded again), and the batches built at once are those granted. Not deeper:
+    images decoded again), and the batches built at once are those granted, never fewer
+    than ``prefetch_batches`` (it is asked for room for those too). Not deeper:
     worker processes (each its own GIL, and its own copy of a sampler's cache; their shared
     ring is fixed)."""
     prefetch = options.prefetch_batches
-    if options.workers == "processes" or options.num_threads <= prefetch:
+    if options.workers == "processes":
         return prefetch
-    wanted = max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
-    if room_in_flight is not None:
+    wanted = prefetch
+    if options.num_threads > prefetch:
+        wanted = max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
+    if room_in_flight is not None:  # asked for the prefetched batches too
         batch = options.batch_size
         wanted = min(wanted, room_in_flight(wanted * batch) // batch)
     return max(prefetch, wanted)

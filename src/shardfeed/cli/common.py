@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
+
+from shardfeed.storage.cores import usable_cores
 
 
 def add_workers(parser: argparse.ArgumentParser, *, what: str) -> None:
@@ -47,7 +48,9 @@ def show_progress(args: argparse.Namespace) -> bool:
 
 
 def default_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """The CLI's default worker count: the cores this process may use (its affinity and its
+    control group's quota), at most 8."""
+    return max(1, min(8, usable_cores()))
 
 
 def positive_int(text: str) -> int:

@@ -74,12 +74,13 @@ Loader. Memory: a few counters.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
+
+from shardfeed.storage.cores import usable_cores
 
 T = TypeVar("T")
 
@@ -165,14 +166,6 @@ def largest_slice(base: int, batch: int, ahead: int, threads: int, sample_bytes:
     if sample_bytes > 0:
         most = min(most, max(1, SLICE_RECORD_BYTES // sample_bytes))
     return max(base, most)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system tells it, which a
-    container or ``taskset`` may set below the machine's count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardfeed.pipeline.concurrency import usable_cores
 from shardfeed.pipeline.stage_clocks import (
     BATCH_STAGES,
     BUSY,
@@ -51,6 +50,7 @@ from shardfeed.pipeline.stage_clocks import (
     ConsumerClock,
     StageClock,
 )
+from shardfeed.storage.cores import usable_cores
 from shardfeed.transforms.base import Compose
 from shardfeed.transforms.decode.device_plan import DevicePlan
 from shardfeed.transforms.decode.ops import DecoderBase
@@ -116,7 +116,7 @@ class StageFigures:
     batch_stages: float = 0.0  # seconds in the batch stages (an adapter's: the GPU decode)
     processes: bool = False  # slices built in worker processes: stage seconds not collected
     device_decode: bool = False  # the transform is the CPU half of a GPU decode
-    cores: int = field(default_factory=usable_cores)  # this process's (its CPU affinity)
+    cores: int = field(default_factory=usable_cores)  # this process's (affinity, CPU quota)
     cpu_seconds: float = 0.0  # the process's CPU seconds over the span, every thread's
 
     @classmethod

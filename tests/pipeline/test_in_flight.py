@@ -42,17 +42,15 @@ def test_small_batches_are_built_one_a_thread_within_the_bound(
 
 
 def test_processes_keep_prefetch_batches_and_a_cache_grants_its_room() -> None:
-    # worker processes: a shared ring of prefetch + 2 buffers their names fix
-    assert batches_in_flight(_options(16, workers="processes"), PNG28_BATCH) == 4
     asked: list[int] = []
 
     def room(granted: int) -> Any:
-        def room_in_flight(outputs: int) -> int:
-            asked.append(outputs)
-            return min(outputs, granted)
+        def room_in_flight(span: int) -> int:
+            asked.append(span)
+            return min(span, granted)
         return room_in_flight
 
-    # asked for the outputs of the batches wanted (16 of 256), given those it has room for
+    # asked for the positions of the batches wanted (16 of 256), given those it has room for
     assert batches_in_flight(_options(16), PNG28_BATCH, room_in_flight=room(12 * 256 + 9)) == 12
     assert asked == [16 * 256]
     assert batches_in_flight(_options(16), PNG28_BATCH, room_in_flight=room(10**9)) == 16
@@ -60,6 +58,15 @@ def test_processes_keep_prefetch_batches_and_a_cache_grants_its_room() -> None:
     assert batches_in_flight(_options(16), TRAIN_BATCH, room_in_flight=room(10**9)) == 4
     assert batches_in_flight(_options(2, 2), PNG28_BATCH, room_in_flight=room(0)) == 2
     assert asked[-1] == 2 * 256  # room asked for the prefetched batches too
+    # 8 ranks: a rank's batch of 256 lies within 8 x 256 positions of the epoch
+    assert batches_in_flight(_options(16, world_size=8, rank=3), PNG28_BATCH,
+                             room_in_flight=room(6 * 8 * 256 + 7)) == 6
+    assert asked[-1] == 16 * 8 * 256
+    # worker processes: a shared ring of prefetch + 2 buffers their names fix; the room for
+    # the prefetched batches asked all the same
+    assert batches_in_flight(_options(16, workers="processes"), PNG28_BATCH,
+                             room_in_flight=room(10**9)) == 4
+    assert asked[-1] == 4 * 256
 
 
 def _digest(batch: dict[str, Any]) -> bytes:
@@ -116,7 +123,7 @@ def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) 
     outputs of 8 batches (8 images), so 8 batches are built at once and the cache's derived
     bound holds N + 8 images and those decoded ahead; each image is decoded once a
     residency, and the batches are one thread's. A stated ``cache_bytes`` keeps its bound
-    and the batches prefetched."""
+    and the batches prefetched, even where its ``max(2, N // 8)`` images would span more."""
     from test_patches import HEIGHT, WIDTH, write_photos
 
     from shardfeed.dataset import Dataset
@@ -126,8 +133,8 @@ def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) 
     folder = write_photos(tmp_path, 16, masks=False)
 
     def loader(threads: int, **more: Any) -> tuple[Loader, Patches]:
-        source = Patches(Dataset(str(folder)), size=8, cache_images=8, refresh_every=4,
-                         **more)
+        source = Patches(Dataset(str(folder)), size=8, cache_images=8,
+                         refresh_every=more.pop("refresh_every", 4), **more)
         return Loader(source, batch_size=4, seed=1, num_threads=threads, prefetch_batches=2,
                       transform=None), source
 
@@ -144,16 +151,17 @@ def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) 
     image = HEIGHT * WIDTH * 3  # write_photos' images (and a little of their features)
     images = 8 + 8 + LOOK_AHEAD_IMAGES
     assert images * image <= stats.max_bytes <= images * (image + 1024)
-    stated, _ = loader(8, cache_bytes=10**6)
+    # 2 images a refresh of 16 would span 8 batches: the stated bound keeps 2
+    stated, _ = loader(8, cache_bytes=10**6, refresh_every=16)
     assert _pending_most(stated)[1] == 2
 
 
 def test_patches_grant_room_up_to_their_cache_again_and_a_byte_bound(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``room_in_flight``: an image a refresh the outputs span, up to ``N`` images and
-    ``IN_FLIGHT_IMAGE_BYTES`` of the largest image (never below the ``max(2, N // 8)`` always
-    there), the default bound grown by those; a stated ``cache_bytes`` grants its
-    ``max(2, N // 8)`` images' outputs, no cache every output."""
+    """``room_in_flight``: an image a refresh the span covers, up to ``N`` images and,
+    beyond the ``max(2, N // 8)`` always there, ``IN_FLIGHT_IMAGE_BYTES`` of the largest
+    image; the default bound grown by those, the look-ahead left the rest; a stated
+    ``cache_bytes`` grants none, no cache all of it."""
     from test_patches import HEIGHT, WIDTH, write_photos
 
     from shardfeed.dataset import Dataset
@@ -170,23 +178,54 @@ def test_patches_grant_room_up_to_their_cache_again_and_a_byte_bound(
         return patches
 
     patches = made()
-    assert patches.cache is not None
+    cache = patches.cache
+    assert cache is not None
+    largest = cache.largest_bytes
+    assert HEIGHT * WIDTH * 3 < largest < HEIGHT * WIDTH * 3 + 1024
+
+    def bound_images() -> float:
+        assert cache.max_bytes is not None
+        return cache.max_bytes / largest
+
+    base = 32 + 4 + LOOK_AHEAD_IMAGES
+    assert bound_images() == base
     assert patches.room_in_flight(35) == 35  # 4 images: the 4 always there
-    assert patches.cache._default_images == 32 + 4 + LOOK_AHEAD_IMAGES
+    assert bound_images() == base
     assert patches.room_in_flight(120) == 120  # 12 images
-    assert patches.cache._default_images == 32 + 12 + LOOK_AHEAD_IMAGES
+    assert bound_images() == base + 8
     assert patches.room_in_flight(1000) == 320  # 32 images at most
-    assert patches.cache._default_images == 32 + 32 + LOOK_AHEAD_IMAGES
+    assert bound_images() == base + 28
     assert patches.room_in_flight(35) == 35  # never shrinks
-    assert patches.cache._default_images == 32 + 32 + LOOK_AHEAD_IMAGES
-    # room for 6 images of theirs (their pixels and a little of their other features)
-    assert HEIGHT * WIDTH * 3 < patches.cache.largest_bytes < HEIGHT * WIDTH * 3 + 1024
-    monkeypatch.setattr(patches_module, "IN_FLIGHT_IMAGE_BYTES", 6 * patches.cache.largest_bytes)
+    assert bound_images() == base + 28
+    # the look-ahead takes the room left beside the images in flight
+    assert patches._slack == 32
+    # room for 6 more images of theirs
+    monkeypatch.setattr(patches_module, "IN_FLIGHT_IMAGE_BYTES", 6 * largest)
     bounded = made()
-    assert bounded.room_in_flight(1000) == 60
+    assert bounded.room_in_flight(1000) == 100  # the 4, and 6
+    assert bounded.cache is not None and bounded.cache.max_bytes == (base + 6) * largest
     monkeypatch.setattr(patches_module, "IN_FLIGHT_IMAGE_BYTES", 1)
     assert made().room_in_flight(1000) == 40  # the 4 always there
     stated = Patches(ds, size=8, cache_images=32, refresh_every=10, cache_bytes=10**7)
-    assert stated.room_in_flight(1000) == 40
+    assert stated.room_in_flight(1000) == 0
     assert Patches(ds, size=8, cache_images=32, refresh_every=10,
                    cache=False).room_in_flight(1000) == 1000
+
+
+def test_a_grown_bound_stays_within_its_bytes_as_larger_images_come() -> None:
+    """The images added for the batches in flight are counted again at each larger value:
+    a small first image does not let 32 large ones in."""
+    from shardfeed.pipeline.image_cache import ImageCache
+
+    cache: ImageCache[bytes] = ImageCache(default_images=4)
+    cache.get("small", lambda: (b"s", 100), expires=(0, 9), now=(0, 0))
+    cache.grow(32, most_bytes=1000)
+    assert cache.max_bytes == 4 * 100 + 1000  # 10 more small ones: within 1000
+    cache.get("large", lambda: (b"l", 10_000), expires=(0, 9), now=(0, 1))
+    assert cache.max_bytes == 4 * 10_000 + 1000  # not 36 x 10,000
+    cache.grow(2, most_bytes=10**9)  # never lowered: 32 images, 10**9 bytes
+    assert cache.max_bytes == 36 * 10_000
+    stated: ImageCache[bytes] = ImageCache(max_bytes=5000, default_images=4)
+    stated.grow(8, most_bytes=10**9)
+    stated.get("a", lambda: (b"a", 100), expires=(0, 9), now=(0, 0))
+    assert stated.max_bytes == 5000

@@ -25,7 +25,7 @@ on. A failed load is not cached; every waiter then loads for itself and gets its
 Determinism: returns what ``load`` returns. State: the entries and counters (not part of any
 loader state). Memory: at most ``max_bytes`` of entries (as reported by ``load``), plus the
 values being loaded by threads at that moment; a derived bound is ``default_images`` times
-the largest value loaded so far.
+the largest value loaded so far (and what :meth:`ImageCache.grow` added, within its bytes).
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ class ImageCache(Generic[V]):
     """A thread-safe, byte-bounded cache of decoded images keyed by record id.
 
     ``max_bytes``: the bound on the bytes of cached values. ``None`` derives it from the loaded
-    values: ``default_images`` times the largest loaded so far (it grows when a larger one
-    comes, never shrinks until :meth:`clear`; pass ``max_bytes`` for a bound fixed from the
-    start).
+    values: ``default_images`` times the largest loaded so far, and the values
+    :meth:`grow` adds (it grows when a larger one comes, never shrinks until :meth:`clear`;
+    pass ``max_bytes`` for a bound fixed from the start).
 
     Determinism, state and memory: see the module docstring.
     """
@@ -103,6 +103,7 @@ class ImageCache(Generic[V]):
             raise ValueError(f"default_images must be an int >= 1, got {default_images!r}")
         self._configured = max_bytes
         self._default_images = default_images
+        self._more: tuple[int, int] = (0, 0)  # (images, at most bytes): see grow()
         self._reset()
         PROCESS.at_fork(self, ImageCache._forked)
 
@@ -133,11 +134,13 @@ class ImageCache(Generic[V]):
     # -- pickling (process workers get an empty cache of the same configuration) ----------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"max_bytes": self._configured, "default_images": self._default_images}
+        return {"max_bytes": self._configured, "default_images": self._default_images,
+                "more": self._more}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._configured = state["max_bytes"]
         self._default_images = state["default_images"]
+        self._more = state.get("more", (0, 0))
         self._reset()
         PROCESS.at_fork(self, ImageCache._forked)
 
@@ -149,15 +152,22 @@ class ImageCache(Generic[V]):
         ``default_images`` times the largest value loaded)."""
         return self._max_bytes
 
-    def grow_default(self, images: int) -> None:
-        """Raise a derived bound's ``default_images`` to ``images`` (never lowered: loaders
-        sharing the cache get the largest any asked for); the bound grows at once where an
-        image was loaded. A bound given as ``max_bytes`` stays as it is."""
+    def grow(self, images: int, *, most_bytes: int) -> None:
+        """Let a derived bound hold up to ``images`` more values, of at most ``most_bytes``
+        in all: ``default_images`` times the largest value loaded, plus ``images`` times it
+        within ``most_bytes`` (checked again as larger values come). Never lowered (loaders
+        sharing the cache get the most any asked for); the bound grows at once where a value
+        was loaded. A bound given as ``max_bytes`` stays as it is."""
         with self._lock:
-            self._default_images = max(self._default_images, images)
+            more = self._more
+            self._more = (max(more[0], images), max(more[1], most_bytes))
             if self._configured is None and self._largest:
-                self._max_bytes = max(self._max_bytes or 0,
-                                      self._default_images * self._largest)
+                self._max_bytes = max(self._max_bytes or 0, self._derived(self._largest))
+
+    def _derived(self, largest: int) -> int:
+        """The derived bound with ``largest`` the largest value (lock held)."""
+        images, most = self._more
+        return self._default_images * largest + min(images * largest, most)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -374,7 +384,7 @@ class ImageCache(Generic[V]):
         if bound is None:
             # Derived: default_images of the largest value so far. Sizing it from the first
             # value alone left larger images uncached (decoded again for every output).
-            bound = max(self._max_bytes or 0, self._default_images * nbytes)
+            bound = max(self._max_bytes or 0, self._derived(self._largest))
             self._max_bytes = bound
         if nbytes > bound:
             self._uncached += 1

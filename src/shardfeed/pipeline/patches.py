@@ -32,11 +32,12 @@ the dataset's fingerprint and the options that decide the patches (see
 differs. Memory: the decoded-image cache, ``cache_bytes`` (default: ``N + max(2, N // 8) +
 LOOK_AHEAD_IMAGES`` decoded images of the largest image decoded so far: the bound grows when a
 larger image comes, so a small first image does not leave the others uncached), plus the
-dataset's index (8 bytes an image). Threads build up to the loader's batches in flight at
-once, whose outputs need ``N + ceil(outputs / R)`` images at once: the default bound grows
-for them, by up to ``N`` images and 1 GiB (:meth:`Patches.room_in_flight`); with a stated
-``cache_bytes`` the loader builds ``prefetch_batches`` at once, and when ``R`` is small next
-to the batch, pass a larger one (or images are decoded again, with the same outputs).
+dataset's index (8 bytes an image). Threads build the loader's batches in flight at once,
+whose outputs lie within a span of the epoch that needs ``N + ceil(span / R)`` images at
+once: the default bound grows for them, to up to ``N`` images beyond ``N`` and by 1 GiB at
+most (:meth:`Patches.room_in_flight`); with a stated ``cache_bytes`` the loader builds
+``prefetch_batches`` at once, and when ``R`` is small next to the batch, pass a larger one
+(or images are decoded again, with the same outputs).
 
 Decoding ahead. A slice starts the decodes of its images, and of the images the next
 outputs of its stride (its rank's) need up to ``LOOK_AHEAD_IMAGES`` (L: 6 on 2 cores, 10
@@ -47,7 +48,8 @@ patches::
     images        [ window(p0) ... window(p1) ] + up to L images that enter after p1
 
 The look-ahead takes only the room the bound leaves beyond the slice's images and the
-``max(2, N // 8)`` images of threads working ahead (the default bound has L images for it;
+images of the batches in flight (``max(2, N // 8)`` or more, see
+:meth:`Patches.room_in_flight`; the default bound has L images for it;
 a stated ``cache_bytes`` without room turns it off), so an image decoded ahead never pushes
 out one an output still needs: each image is still decoded once per residency (at an
 epoch's end, up to L images may be decoded for outputs a dropped last batch would have cut).
@@ -121,8 +123,8 @@ class Patches(SamplerBase):
     module docstring); ``reduced_decode`` (decode at 1/2, 1/4, 1/8 when every crop is
     shrunk that much); ``cache`` (False decodes for every patch: same outputs, slower);
     ``cache_bytes`` (the cache's bound; default ``N + max(2, N // 8) + LOOK_AHEAD_IMAGES``
-    images of the
-    largest image decoded so far; pass it to fix the bound from the start); ``mask`` (None:
+    images of the largest image decoded so far, and more for the batches in flight, see
+    :meth:`room_in_flight`; pass it to fix the bound from the start); ``mask`` (None:
     cut the mask too when the dataset has one); ``max_pixels``
     (the most pixels an image may have, read from its header before decoding; default 2^27:
     see :class:`~shardfeed.transforms.decode.ops.DecoderBase`); ``exif_orientation``
@@ -281,34 +283,38 @@ class Patches(SamplerBase):
         batch path (:func:`~.patch_rows.build_patch_rows`), the bytes of the sample path."""
         return build_patch_rows(self, ctx, positions, buffer, first_row, transform)
 
-    def room_in_flight(self, outputs: int) -> int:
-        """Room in the cache for threads building up to ``outputs`` outputs at once (the
-        loader's batches in flight, :func:`~shardfeed.pipeline.pool.batches_in_flight`): the
-        outputs granted, for which the default bound grows by an image a refresh they span,
-        up to ``N`` images (the cache at most doubles) and :data:`IN_FLIGHT_IMAGE_BYTES` of the
-        largest image decoded, and never below the ``max(2, N // 8)`` it always has.
+    def room_in_flight(self, span: int) -> int:
+        """Room in the cache for the outputs of the batches a loader builds at once, which
+        lie within ``span`` positions of the epoch (a rank's outputs are every
+        ``world_size``-th: :func:`~shardfeed.pipeline.pool.batches_in_flight`): the span
+        granted, for which the default bound grows by an image a refresh it spans, up to
+        ``N`` images in all beyond ``N`` and, beyond the ``max(2, N // 8)`` it always has,
+        :data:`IN_FLIGHT_IMAGE_BYTES` of images (of the largest decoded, checked again as
+        larger ones come: :meth:`~shardfeed.pipeline.image_cache.ImageCache.grow`).
 
-        Outputs that far apart need ``N + ceil(outputs / R)`` images at once; with fewer,
-        threads ahead would push out images that slices behind them still need, and decode
-        them again. The node bench's Patches (``N`` = 64, ``R`` = 100, batches of 256, 16
-        threads) get 16 batches at once, not 4 (41 more images of 1566², 300 MB), and the
-        GIL held a patch falls by 38% (``bench/predict_node.py``: a batch a slice, where 4
-        batches at once cut each into four). A bound given as ``cache_bytes`` stays: its
-        room is the ``max(2, N // 8)`` images; without a cache (``cache=False``) every
-        output is granted."""
+        Outputs that far apart need ``N + ceil(span / R)`` images at once; with fewer,
+        slices built ahead would push out images that slices behind them still need, and
+        decode them again. The node bench's Patches (``N`` = 64, ``R`` = 100, batches of
+        256, 16 threads, one rank) get 16 batches at once, not 4: 41 images beyond N, where
+        it had 8 (33 more images of 1566², 243 MB), and the GIL held a patch falls by 38%
+        (``bench/predict_node.py``: a batch a slice, where 4 batches at once cut each into
+        four). A bound given as ``cache_bytes`` stays as it is and grants none (the loader
+        builds ``prefetch_batches`` at once); without a cache (``cache=False``) all of it is
+        granted. Called when a loader lays out its batches (its first batch, or
+        ``memory_budget()``); the bound never shrinks again."""
         if self.cache is None:
-            return outputs
-        r, floor = self.options.refresh_every, self.options.slack_images()
+            return span
         if self.options.cache_bytes is not None:
-            return min(outputs, floor * r)
+            return 0
+        r, floor = self.options.refresh_every, self.options.slack_images()
         largest = self.cache.largest_bytes  # the probe sample's image, at least
-        room = min(self.options.cache_images, IN_FLIGHT_IMAGE_BYTES // largest) if largest else 0
-        images = min(-(-outputs // r), max(floor, room))
+        room = min(self.options.cache_images,
+                   floor + IN_FLIGHT_IMAGE_BYTES // largest) if largest else floor
+        images = min(-(-span // r), max(floor, room))
         if images > self._slack:
             self._slack = images
-            self.cache.grow_default(max(1, self.schedule.max_resident) + images
-                                    + LOOK_AHEAD_IMAGES)
-        return min(outputs, images * r)
+            self.cache.grow(images - floor, most_bytes=IN_FLIGHT_IMAGE_BYTES)
+        return min(span, images * r)
 
     def state(self) -> dict[str, Any]:
         """What decides the patches: the dataset and the options (not the cache settings)."""

@@ -140,21 +140,19 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
     slice builds never changes its rows.
 
     ``room_in_flight``: a sampler with a cache of its own (Patches' decoded images) is asked
-    for room for the outputs of the batches wanted (``room_in_flight(outputs)``); it sizes
-    its cache for those it grants (outputs further apart than its cache holds would have
-    images decoded again), and the batches built at once are those granted, never fewer
-    than ``prefetch_batches`` (it is asked for room for those too). Not deeper:
-    worker processes (each its own GIL, and its own copy of a sampler's cache; their shared
-    ring is fixed)."""
-    prefetch = options.prefetch_batches
-    if options.workers == "processes":
-        return prefetch
-    wanted = prefetch
-    if options.num_threads > prefetch:
+    for room for the outputs of the batches wanted, by the positions of the epoch they lie
+    in (``room_in_flight(span)``: a batch spans ``batch_size × world_size`` of them, a
+    rank's outputs being every ``world_size``-th); it sizes its cache for what it grants
+    (outputs further apart than its cache holds would have images decoded again), and the
+    batches built at once are those granted, never fewer than ``prefetch_batches`` (it is
+    asked for room for those too). Not deeper: worker processes (each its own GIL, and its
+    own copy of a sampler's cache; their shared ring is fixed)."""
+    prefetch = wanted = options.prefetch_batches
+    if options.workers != "processes" and options.num_threads > prefetch:
         wanted = max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
     if room_in_flight is not None:  # asked for the prefetched batches too
-        batch = options.batch_size
-        wanted = min(wanted, room_in_flight(wanted * batch) // batch)
+        span = options.batch_size * options.world_size  # a batch's positions in the epoch
+        wanted = min(wanted, room_in_flight(wanted * span) // span)
     return max(prefetch, wanted)
 
 

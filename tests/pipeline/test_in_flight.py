@@ -229,3 +229,72 @@ def test_a_grown_bound_stays_within_its_bytes_as_larger_images_come() -> None:
     stated.grow(8, most_bytes=10**9)
     stated.get("a", lambda: (b"a", 100), expires=(0, 9), now=(0, 0))
     assert stated.max_bytes == 5000
+
+
+def test_patches_in_flight_never_decode_an_image_twice_a_residency(tmp_path: Path) -> None:
+    """More images than the grown bound holds (60 against N + 16 + L, N = 16, R = 2): images
+    are pushed out, yet with 8 batches in flight at 8 threads (32 outputs: 16 refreshes)
+    each image is decoded once, as by one thread, and the batches are the same."""
+    from test_patches import write_photos
+
+    from shardfeed.dataset import Dataset
+    from shardfeed.pipeline.patches import Patches
+
+    folder = write_photos(tmp_path, 60, masks=False)
+
+    def run(threads: int) -> tuple[list[bytes], Any, int]:
+        patches = Patches(Dataset(str(folder)), size=8, cache_images=16, refresh_every=2)
+        loader = Loader(patches, batch_size=4, seed=5, num_threads=threads,
+                        prefetch_batches=2, transform=None)
+        got, most = _pending_most(loader)
+        return got, patches.cache_stats(), most
+
+    one, alone, _ = run(1)
+    many, stats, most = run(8)
+    assert most == 8 and many == one
+    assert stats is not None and alone is not None
+    assert stats.evictions > 0  # the set does not fit: images were pushed out
+    assert stats.loads == alone.loads and stats.uncached == 0
+
+
+def test_the_batches_in_flight_built_newest_first_decode_each_image_once(
+        tmp_path: Path) -> None:
+    """The worst order threads may build the batches in flight in: each window of them
+    newest first, every output through the cache as the sample path asks. With batches of
+    N (every resident image used by each), 8 batches at R = 8 span 16 refreshes: 32 images
+    at once, more than the bound's own room (N + ``max(2, N // 8)`` + the look-ahead's L,
+    24 on 2 cores; without the growth 92 loads for 61 images). The cache grown for them
+    keeps every image until its last output: each decoded once. With 8 ranks a rank's
+    batches lie in a span 8 times as long: the loader keeps its 2 prefetched batches, and
+    the cache grows to N images beyond N."""
+    from test_patches import write_photos
+
+    from shardfeed.dataset import Dataset
+    from shardfeed.pipeline.patches import Patches
+
+    ds = Dataset(str(write_photos(tmp_path, 64, masks=False)))
+
+    def built_newest_first(world_size: int) -> tuple[Patches, int, set[int]]:
+        patches = Patches(ds, size=8, cache_images=16, refresh_every=8)
+        with Loader(patches, batch_size=16, seed=1, num_threads=8, prefetch_batches=2,
+                    transform=None, rank=0, world_size=world_size) as loader:
+            loader.batch_layout()
+            at_once = loader._in_flight
+            ctx, positions = loader._context(), loader._positions(0)
+            patches.begin_pass()
+            batches = len(positions) // 16
+            used = set()
+            for first in range(0, batches, at_once):
+                for b in reversed(range(first, min(first + at_once, batches))):
+                    for position in positions[b * 16 : (b + 1) * 16]:
+                        sample, _ = loader._builder.sample_at(ctx, int(position))
+                        used.add(int(sample["patch/record"]))
+        return patches, at_once, used
+
+    patches, at_once, used = built_newest_first(1)
+    stats = patches.cache_stats()
+    assert at_once == 8 and patches._slack == 16
+    assert stats is not None and stats.evictions > 0  # the set does not fit
+    assert stats.loads == len(used)
+    ranks, at_once, _ = built_newest_first(8)
+    assert at_once == 2 and ranks._slack == 16

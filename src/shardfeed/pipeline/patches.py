@@ -102,8 +102,9 @@ from shardfeed.transforms.decode.sizes import DEFAULT_MAX_PIXELS
 __all__ = ["PICKS", "PatchOptions", "Patches"]
 
 IN_FLIGHT_IMAGE_BYTES = 1 << 30
-"""The most bytes of images a Patches cache grows by for threads building ahead (see
-:meth:`Patches.room_in_flight`): 145 images of 1566², 14 of 24 MP."""
+"""The most bytes of images a Patches cache grows by for the batches in flight, beyond the
+``max(2, N // 8)`` images it always has (see :meth:`Patches.room_in_flight`): 145 images of
+1566², 14 of 24 MP."""
 
 _CACHED = "__shardfeed_cached__"  # marks a record left unread because its image is cached
 

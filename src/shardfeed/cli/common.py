@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from shardfeed.storage.cores import usable_cores
+from shardfeed.pipeline.cores import usable_cores
 
 
 def add_workers(parser: argparse.ArgumentParser, *, what: str) -> None:

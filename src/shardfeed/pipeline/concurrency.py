@@ -80,7 +80,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from shardfeed.storage.cores import usable_cores
+from shardfeed.pipeline.cores import usable_cores
 
 T = TypeVar("T")
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shardfeed.pipeline.cores import usable_cores
 from shardfeed.pipeline.image_cache import ImageCache
 from shardfeed.pipeline.samplers import EpochContext
 from shardfeed.sampling.patches import PatchSchedule
-from shardfeed.storage.cores import usable_cores
 from shardfeed.storage.daemon_threads import DaemonThreads
 from shardfeed.transforms.decode.patches import DecodedImage
 

@@ -40,6 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardfeed.pipeline.cores import usable_cores
 from shardfeed.pipeline.stage_clocks import (
     BATCH_STAGES,
     BUSY,
@@ -50,7 +51,6 @@ from shardfeed.pipeline.stage_clocks import (
     ConsumerClock,
     StageClock,
 )
-from shardfeed.storage.cores import usable_cores
 from shardfeed.transforms.base import Compose
 from shardfeed.transforms.decode.device_plan import DevicePlan
 from shardfeed.transforms.decode.ops import DecoderBase

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shardfeed.storage import cores
-from shardfeed.storage.cores import cpu_limit
+from shardfeed.pipeline import cores
+from shardfeed.pipeline.cores import cpu_limit
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -101,7 +101,7 @@ def test_usable_cores_are_the_affinity_within_the_quota(
 def test_a_fresh_process_reads_its_own_groups() -> None:
     """As a user's process does: this machine's own answer, whatever its cgroups say (the
     affinity where none is set), and never more than the affinity."""
-    code = ("from shardfeed.storage.cores import usable_cores, cgroup_cpu_limit; import os; "
+    code = ("from shardfeed.pipeline.cores import usable_cores, cgroup_cpu_limit; import os; "
             "print(usable_cores(), cgroup_cpu_limit(), len(os.sched_getaffinity(0)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()

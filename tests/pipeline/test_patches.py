@@ -178,6 +178,33 @@ def test_cache_is_bounded_and_decodes_each_image_once_per_residency(photos: Data
     assert stats.loads > 12  # fewer images fit than are resident: re-decodes, same outputs
 
 
+@pytest.mark.parametrize("jpeg", [True, False])
+def test_worker_processes_decode_and_the_parent_only_plans(tmp_path: Path, jpeg: bool) -> None:
+    """With ``workers="processes"`` each process reads and decodes its images in a cache of
+    its own: the parent plans the slices and decodes only the first sample's image (the
+    batch layout), where it used to decode every image once more for nothing; the patches
+    are those of threads, and the same sampler then decodes ahead again for a threads
+    loader. JPEGs (the compiled read and decode) and PNGs with masks (the Python path)."""
+    ds = Dataset(str(write_photos(tmp_path / "photos", 12, masks=not jpeg,
+                                  jpeg_size=(96, 128) if jpeg else None)))
+    keys = ("image", "patch/box", "index") if jpeg else ("image", "mask", "patch/box", "index")
+
+    def digest(batches: list[dict[str, Any]]) -> list[bytes]:
+        return [b"".join(b[k].tobytes() for k in keys) for b in batches]
+
+    def made() -> Patches:
+        return Patches(ds, size=16, cache_images=3, refresh_every=6)
+
+    reference = digest(run(made(), num_threads=2, batch_size=6))
+    parent = made()
+    assert digest(run(parent, num_threads=2, batch_size=6, workers="processes")) == reference
+    stats = parent.cache_stats()
+    assert stats is not None and stats.loads <= 1  # the layout's sample, no more
+    assert digest(run(parent, num_threads=2, batch_size=6)) == reference
+    after = parent.cache_stats()
+    assert after is not None and after.loads >= 12  # a threads pass decodes (ahead) again
+
+
 def test_scaled_patches_decode_at_reduced_size(tmp_path: Path) -> None:
     ds = Dataset(str(write_photos(tmp_path / "big", 6, masks=False, jpeg_size=(160, 200))))
     reduced = Patches(ds, size=10, scale=(2.0, 3.0), cache_images=3, refresh_every=4)

@@ -627,6 +627,9 @@ class Loader:
         begin_pass = getattr(self.sampler, "begin_pass", None)  # optional in the protocol
         if begin_pass is not None:
             begin_pass()
+        plan_for_processes = getattr(self.sampler, "plan_for_processes", None)  # optional too
+        if plan_for_processes is not None:
+            plan_for_processes(opts.workers == "processes")
         positions = self._positions(self._progress.consumed)
         if len(positions):
             layout = self._ensure_layout(ctx, int(positions[0]))

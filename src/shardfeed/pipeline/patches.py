@@ -197,6 +197,7 @@ class Patches(SamplerBase):
         self.cache: ImageCache[DecodedImage] | None = None
         # images beyond N for the outputs in flight (see room_in_flight)
         self._slack = self.options.slack_images()
+        self._plans_only = False  # see plan_for_processes
         if self.options.cache:
             default = max(1, n) + self._slack + LOOK_AHEAD_IMAGES
             self.cache = ImageCache(max_bytes=self.options.cache_bytes, default_images=default)
@@ -212,6 +213,14 @@ class Patches(SamplerBase):
         self._ahead.reset()
         if self.cache is not None:
             self.cache.rewind()
+
+    def plan_for_processes(self, processes: bool) -> None:
+        """Whether this copy only plans the slices that worker processes build (the Loader
+        says so before each pass): it then starts no decode and reads no record, since each
+        process's copy reads and decodes its images itself, in a cache of its own. Planned
+        with decodes ahead, the parent decoded every image once more for nothing (about the
+        CPU of a whole threaded pass) and shipped the records of those it had not."""
+        self._plans_only = processes
 
     def samples_per_epoch(self, num_units: int) -> int:
         return len(PatchSchedule(num_units, cache_images=self.options.cache_images,
@@ -243,7 +252,7 @@ class Patches(SamplerBase):
         positions = np.asarray(positions, dtype=np.int64)
         q = self.order_positions(ctx.seed, ctx.epoch, positions)
         units = np.asarray(ctx.order[q], dtype=np.int64)
-        if self.cache is not None:
+        if self.cache is not None and not self._plans_only:
             self._decode_ahead(ctx, positions, q, units)
         return q, units
 
@@ -251,6 +260,8 @@ class Patches(SamplerBase):
         """Read ``records``; images already in the cache, or being decoded, are not read (a
         marker stands in)."""
         ids = [int(r) for r in records]
+        if self._plans_only:  # the worker processes read and decode them
+            return [{_CACHED: r} for r in ids]
         read = self.read_uncached(ids)
         return [read.get(r, {_CACHED: r}) for r in ids]
 
@@ -408,7 +419,7 @@ class Patches(SamplerBase):
     def __getstate__(self) -> dict[str, Any]:
         # The dataset pickles by reopening its files; the cache travels empty, and so does
         # what the look-ahead knows of it.
-        return {**self.__dict__, "_ahead": LookAhead()}
+        return {**self.__dict__, "_ahead": LookAhead(), "_plans_only": False}
 
     def __repr__(self) -> str:
         o = self.options

@@ -15,6 +15,8 @@ frames (``Windows``, ``pipeline/windows.py``) and patches of images (``Patches``
     ctx = EpochContext(seed, epoch,
                        EpochOrder(n, ...))
     sampler.begin_pass()                     (optional) a pass of the loader begins
+    sampler.plan_for_processes(flag)         (optional) whether worker processes build its
+                                             slices (this copy plans them only)
     for a slice of a batch (positions):
       ids = sampler.plan(ctx, positions)     record ids each output needs
       recs = sampler.read(unique ids)        one coalesced read for the slice

@@ -249,12 +249,12 @@ class SliceGate:
         threads), with ``ahead`` batches built at once.
 
         Fewer slices at once than threads: larger slices (a slice's fixed costs paid less
-        often), within ``SLICE_RECORD_BYTES`` of records where a sample's are known. Light work (less thread CPU over ``base`` than ``MIN_SLICE_SECONDS``):
-        slices of at least that much. Where the threads share the GIL and a sample's record
-        bytes are known (:attr:`sample_bytes`): slices of at least ``SLICE_SECONDS_A_THREAD``
-        for each other thread that may build at once, within ``SLICE_RECORD_BYTES`` of
-        records.
-        Either way never so large that fewer slices are in flight than may build at once
+        often), within ``SLICE_RECORD_BYTES`` of records where a sample's are known. Light
+        work (less thread CPU over ``base`` than ``MIN_SLICE_SECONDS``): slices of at least
+        that much. Where the threads share the GIL and a sample's record bytes are known
+        (:attr:`sample_bytes`): slices of at least ``SLICE_SECONDS_A_THREAD`` for each other
+        thread that may build at once, within ``SLICE_RECORD_BYTES`` of records. Either way
+        never so large that fewer slices are in flight than may build at once
         (``ahead × batch / limit``), so every allowed thread still has one
         (:func:`largest_slice`). At any core count: the slices' fixed costs, which every
         thread pays under the GIL, take about a tenth of it at most, or the slices are as

@@ -71,7 +71,7 @@ def cpu_limit(proc_cgroup: Path, root: Path) -> int | None:
         elif "cpu" in controllers.split(","):  # v1: the cpu controller's hierarchy
             for mount in dict.fromkeys((root / controllers, root / "cpu")):
                 # a container's own group is often the mount's root, whatever the path says
-                for group in (*_groups(mount, path), mount):
+                for group in dict.fromkeys((*_groups(mount, path), mount)):
                     limits.extend(_v1_limit(group))
     return min(limits) if limits else None
 

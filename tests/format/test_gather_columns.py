@@ -246,3 +246,26 @@ def test_a_shard_without_records_does_not_stop_the_pass(tmp_path: Path) -> None:
         order = np.array([11, 0, 6, 5])
         same(gathered(ds, order), the_other_way(ds, order))
         assert ds._shards.can_gather
+
+
+def test_a_small_value_equal_to_the_row_befores_is_shared_and_right(tmp_path: Path) -> None:
+    """Runs of equal bytes (image/format, a split's name) come back as one object a run, in
+    both compiled readers (payloads and mapped shards); values of one size that differ,
+    empty ones, long ones and lists stay each record's own, as the parser reads them."""
+    from shardfeed.format.columns import _parsed_columns
+
+    tags = [b"png", b"png", b"PNG", b"", b"", b"z" * 600, b"z" * 600, b"pn", b"png", b"png"]
+    payloads = [encode_example({"tag": tags[i % 10], "many": [b"a", b"a"], "n": [i]})
+                for i in range(40)]
+    parsed = _parsed_columns(payloads, None)
+    assert parsed is not None
+    order = np.arange(40)
+    with Dataset(shards_of(tmp_path, payloads, 40)) as ds:  # one shard: one compiled call
+        for columns in (decode_columns(payloads), gathered(ds, order)):
+            same(columns, parsed)
+            assert columns is not None
+            tag = columns["tag"]
+            assert tag[0] is tag[1] and tag[8] is tag[9] and tag[3] is tag[4]
+            assert tag[1] is not tag[2] and tag[7] is not tag[8]
+            assert tag[5] == tag[6] and tag[5] is not tag[6]  # long: each its own copy
+            assert columns["many"][0] is not columns["many"][1]

@@ -124,6 +124,41 @@ def test_float_and_bytes_features_come_along(tmp_path: Path) -> None:
     np.testing.assert_array_equal(row["image"][0], pixels[i])
 
 
+def _tag(i: int) -> bytes:
+    """A bytes feature that repeats in runs, as image/format does: equal small values, an
+    empty one, values of one size that differ, long ones."""
+    return [b"png", b"png", b"PNG", b"", b"", b"x" * 700, b"x" * 700, b"y" * 700,
+            b"pn", b"png"][i % 10]
+
+
+def test_bytes_columns_equal_to_the_row_before_are_right_and_shared(tmp_path: Path) -> None:
+    """A bytes value equal to the row before's is that row's object (no allocation a row in
+    the compiled call, no free a row where the batch is dropped); every value is still the
+    record's own, whatever its neighbours."""
+    pixels, _ = _digits(100)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    with ShardWriter(str(folder / "part-0.tfrecord")) as writer:
+        for i, image in enumerate(pixels[..., 0]):
+            ok, png = cv2.imencode(".png", image)
+            assert ok
+            writer.write_example({"image/encoded": png.tobytes(), "index": [i],
+                                  "tag": _tag(i), "run": b"same" if i % 7 else b"odd"})
+    for native in (True, False):
+        batches, made = _run(folder, native=native, threads=1)  # a batch a slice
+        if native:
+            assert made is not None and made._built > 0 and made._missed == 0
+        shared = equal = 0
+        for batch in batches:
+            indices = [int(i) for i in batch["index"]]
+            assert batch["tag"] == [_tag(i) for i in indices]
+            assert batch["run"] == [b"same" if i % 7 else b"odd" for i in indices]
+            pairs = list(zip(batch["run"], batch["run"][1:]))
+            shared += sum(a is b for a, b in pairs)
+            equal += sum(a == b for a, b in pairs)
+        assert shared == equal > 40, native
+
+
 def test_a_png_outside_the_plain_kind_takes_the_other_path(tmp_path: Path) -> None:
     pixels, _ = _digits(100)
     images = list(pixels[..., 0])

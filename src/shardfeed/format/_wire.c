@@ -862,11 +862,15 @@ static PyObject *bytes_value(Cursor value, Copies *copies)
     return b;
 }
 
-/* Column j for every record: a list of bytes (one value) or lists of bytes. */
+/* Column j for every record: a list of bytes (one value) or lists of bytes. A small single
+ * value equal to the row before's is that row's object again (bytes are immutable): a
+ * column such as image/format, the same few bytes in every record, costs no allocation a
+ * row here and no free a row where the column is dropped. */
 static PyObject *bytes_column(const Found *found, Py_ssize_t nrecords, Py_ssize_t nnames,
                               Py_ssize_t j, Copies *copies)
 {
     PyObject *column = PyList_New(nrecords);
+    PyObject *last = NULL;  /* the row before's single small value (borrowed from the column) */
     for (Py_ssize_t i = 0; column != NULL && i < nrecords; i++) {
         const Found *f = &found[i * nnames + j];
         Cursor list = {f->list, f->list_end};
@@ -874,6 +878,18 @@ static PyObject *bytes_column(const Found *found, Py_ssize_t nrecords, Py_ssize_
         if (f->values != 1 && cell == NULL) {
             Py_CLEAR(column);
             break;
+        }
+        if (f->values == 1) {
+            Cursor value = {NULL, NULL};
+            Cursor peek = list;
+            read_field(&peek, TAG_1, &value);  /* checked while counting */
+            Py_ssize_t size = value.end - value.p;
+            if (last != NULL && size < DEFER_COPY_BYTES && PyBytes_GET_SIZE(last) == size
+                    && (size == 0 || memcmp(PyBytes_AS_STRING(last), value.p,
+                                            (size_t)size) == 0)) {
+                PyList_SET_ITEM(column, i, Py_NewRef(last));
+                continue;
+            }
         }
         for (Py_ssize_t k = 0; k < f->values; k++) {
             Cursor value = {NULL, NULL};
@@ -889,6 +905,8 @@ static PyObject *bytes_column(const Found *found, Py_ssize_t nrecords, Py_ssize_
             else
                 PyList_SET_ITEM(cell, k, b);
         }
+        if (f->values == 1)
+            last = PyBytes_GET_SIZE(cell) < DEFER_COPY_BYTES ? cell : NULL;
         PyList_SET_ITEM(column, i, cell);
     }
     return column;

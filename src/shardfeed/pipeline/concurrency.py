@@ -242,6 +242,8 @@ class SliceGate:
         self._trial_off = 0.0  # self._off when the trial in progress started
         self._trials = 0
         self._sample_cpu = 0.0  # thread CPU seconds a sample, last measured (0: not yet)
+        # slice_size's last answer and what it was worked out from (read and replaced whole)
+        self._last_cut: tuple[tuple[object, ...] | None, int] = (None, 0)
         self._windows = 0
 
     def slice_size(self, base: int, batch: int, ahead: int) -> int:
@@ -259,7 +261,19 @@ class SliceGate:
         (:func:`largest_slice`). At any core count: the slices' fixed costs, which every
         thread pays under the GIL, take about a tenth of it at most, or the slices are as
         large as the threads and the memory bound allow. Which samples a slice holds never
-        changes the rows built or their bytes."""
+        changes the rows built or their bytes.
+
+        Asked once a batch with the same answer until a window's measure or the limit
+        changes: the last answer is kept with what it was worked out from."""
+        asked = (base, batch, ahead, self.limit, self._all, self.sample_bytes, self.fixed,
+                 self.shares_gil, self._sample_cpu)
+        if asked == self._last_cut[0]:
+            return self._last_cut[1]
+        size = self._slice_size(base, batch, ahead)
+        self._last_cut = (asked, size)
+        return size
+
+    def _slice_size(self, base: int, batch: int, ahead: int) -> int:
         limit = max(1, self.limit)
         size = base
         if limit < self._all:  # a batch over the threads that build at once

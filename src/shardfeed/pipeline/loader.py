@@ -247,6 +247,7 @@ class Loader:
         self._executor: CpuPool | None = None
         self._processes: Any = None
         self._run: EpochRun | None = None
+        self._kept_positions: tuple[tuple[object, ...], np.ndarray] | None = None
         self._ahead: RunAhead | None = None  # the pass made ahead, for a stage that asks
         self._carry: Carry | None = None
         self._closed = False
@@ -438,8 +439,20 @@ class Loader:
         )
 
     def _positions(self, epoch_start: int) -> np.ndarray:
+        """This rank's positions of an epoch from ``epoch_start`` on (read-only). The last
+        asked are kept: each epoch's pass from its start asks for the same ones (60,000
+        records: 480 KB, whose new pages cost about 0.4 ms a pass)."""
+        opts = self.options
+        asked = (epoch_start, self.samples_per_epoch, opts.rank, opts.world_size,
+                 opts.remainder)
+        kept = self._kept_positions
+        if kept is not None and kept[0] == asked:
+            return kept[1]
         share = self._share(epoch_start)
-        return np.asarray(share[0 : len(share)], dtype=np.int64)
+        positions = np.asarray(share[0 : len(share)], dtype=np.int64)
+        positions.flags.writeable = False
+        self._kept_positions = (asked, positions)
+        return positions
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank."""

@@ -12,6 +12,7 @@ import pytest
 
 from shardfeed.pipeline import concurrency
 from shardfeed.pipeline.concurrency import (
+    BATCHES_A_SLICE,
     BUDGET,
     MAX_RECHECK_SECONDS,
     MAX_WINDOW_SECONDS,
@@ -292,17 +293,18 @@ def test_slices_of_fewer_threads_at_once_hold_at_most_8_mib_of_records(
 
 
 @pytest.mark.parametrize(("cores", "want_in_flight", "want_slice"), [
-    (2, 4, 128),    # 2 threads: prefetch; a batch over the threads (3.6 ms), as before
-    (16, 16, 256),  # the node: a batch a thread, a slice a batch (64s among 4 batches)
-    (64, 64, 256),  # 64 threads: 64 batches of 203 KB, a slice a thread
+    (2, 4, 128),      # 2 threads: prefetch; a batch over the threads (3.6 ms), as before
+    (16, 64, 1024),   # the node: 4 batches a thread, a slice 4 batches (64s among 4)
+    (64, 256, 1024),  # 64 threads: 256 batches of 203 KB (52 MB), a slice a thread
 ])
-def test_small_batches_in_flight_one_a_thread_give_each_thread_a_batch_a_slice(
+def test_small_batches_in_flight_give_each_thread_a_slice_of_whole_batches(
         monkeypatch: pytest.MonkeyPatch, cores: int, want_in_flight: int,
         want_slice: int) -> None:
-    """28² PNGs (28 µs a sample on the node's cores, a 1 KB record): with a batch in
-    flight a thread (:func:`~shardfeed.pipeline.pool.batches_in_flight`), the gate cuts a
-    batch a slice, and every thread still has one; a slice's own Python is paid once a
-    batch, not four times."""
+    """28² PNGs (28 µs a sample on the node's cores, a 1 KB record): with up to
+    ``BATCHES_A_SLICE`` batches in flight a thread
+    (:func:`~shardfeed.pipeline.pool.batches_in_flight`), the gate cuts slices of whole
+    batches, and every thread still has one; a slice's own Python (submitting it, the
+    gate, its hand-over) is paid once for four batches, not four times a batch."""
     from shardfeed.pipeline.options import LoaderOptions
     from shardfeed.pipeline.pool import batches_in_flight
 
@@ -316,7 +318,7 @@ def test_small_batches_in_flight_one_a_thread_give_each_thread_a_batch_a_slice(
     assert in_flight == want_in_flight
     got = run.gate.slice_size(base, run.batch, in_flight)
     assert got == want_slice
-    assert in_flight * (run.batch // got) >= cores  # a slice for every thread
+    assert in_flight * run.batch // got >= cores  # a slice for every thread
     if cores > 4:  # among 4 batches, as before: four slices a batch
         assert run.gate.slice_size(base, run.batch, 4) == 4 * run.batch // cores
 
@@ -362,9 +364,10 @@ def test_a_loader_tells_its_gate_what_a_sample_holds_and_whether_threads_share_t
             assert loader._gate.sample_bytes == 1024 + 8  # the bytes and the int64 label
             records = loader._probe[1]
             a_record = work_bytes(records, slice_size=1, row_bytes=0)
-            # batches of 16 KB: one a thread at once (8), and slices of up to a batch (16),
-            # not a batch over the threads (2)
-            assert loader._in_flight == 8
+            # batches of 16 KB: 4 a thread at once (32), and slices of up to 4 batches,
+            # each built in turn: a batch's records (16) held at once, not a batch over the
+            # threads' (2)
+            assert loader._in_flight == 8 * BATCHES_A_SLICE
             row = loader.memory_budget().work_bytes_per_thread - 16 * a_record
             assert 0 < row < a_record  # a batch row (~1 KB) beside them
         with Loader(ds, batch_size=16, num_threads=2, workers="processes") as loader:

@@ -13,6 +13,7 @@ import pytest
 from pipeline_helpers import open_dataset
 
 from shardfeed.pipeline import Loader, epoch
+from shardfeed.pipeline.concurrency import BATCHES_A_SLICE
 from shardfeed.pipeline.options import LoaderOptions
 from shardfeed.pipeline.pool import IN_FLIGHT_BYTES, batches_in_flight
 
@@ -27,18 +28,18 @@ def _options(threads: int, prefetch: int = 4, **more: Any) -> LoaderOptions:
 @pytest.mark.parametrize(("threads", "prefetch", "batch_bytes", "want"), [
     (2, 2, PNG28_BATCH, 2),            # 2 threads, 2 ahead already: as before
     (2, 4, PNG28_BATCH, 4),            # fewer threads than prefetched batches: prefetch
-    (16, 4, PNG28_BATCH, 16),          # the node: a batch a thread
-    (64, 4, PNG28_BATCH, 64),          # 64 threads: 64 batches, 13 MB
+    (16, 4, PNG28_BATCH, 64),          # the node: 4 batches a thread (a slice's most)
+    (64, 4, PNG28_BATCH, 256),         # 64 threads: 256 batches, 52 MB
     (64, 4, 2 << 20, 32),              # 2 MiB batches: 64 MiB of them
     (16, 4, TRAIN_BATCH, 4),           # large batches: prefetch
     (16, 4, IN_FLIGHT_BYTES // 8, 8),  # the bound itself
 ])
-def test_small_batches_are_built_one_a_thread_within_the_bound(
+def test_small_batches_are_built_up_to_a_few_a_thread_within_the_bound(
         threads: int, prefetch: int, batch_bytes: int, want: int) -> None:
     got = batches_in_flight(_options(threads, prefetch), batch_bytes)
     assert got == want
     assert got == prefetch or got * batch_bytes <= IN_FLIGHT_BYTES
-    assert got <= max(prefetch, threads)
+    assert got <= max(prefetch, threads * BATCHES_A_SLICE)
 
 
 def test_processes_keep_prefetch_batches_and_a_cache_grants_its_room() -> None:
@@ -78,14 +79,15 @@ def _digest(batch: dict[str, Any]) -> bytes:
 def _pending_most(loader: Loader) -> tuple[list[bytes], int]:
     """A pass's batches (their bytes) and the most batches it had pending at once."""
     most = 0
-    submit = epoch.EpochRun._submit
+    pending = epoch.EpochRun._pending
 
-    def counting(run: Any, index: int) -> None:
+    def counting(run: Any, *args: Any, **kwargs: Any) -> Any:
         nonlocal most
-        submit(run, index)
+        made = pending(run, *args, **kwargs)
         most = max(most, len(run.pending))
+        return made
 
-    epoch.EpochRun._submit = counting  # type: ignore[method-assign]
+    epoch.EpochRun._pending = counting  # type: ignore[method-assign]
     try:
         with loader:
             got = [_digest(b) for b in loader]  # each batch dropped as the next comes
@@ -93,17 +95,19 @@ def _pending_most(loader: Loader) -> tuple[list[bytes], int]:
             ring = len(loader._ring.buffers) if loader._ring is not None else 0
             run = loader.stats().run
     finally:
-        epoch.EpochRun._submit = submit  # type: ignore[method-assign]
+        epoch.EpochRun._pending = pending  # type: ignore[method-assign]
     assert most <= ring <= most + 1 <= budget.ring_batches  # buffers join as needed
-    assert run is not None and run.prefetch == most  # the stats' advice starts from them
+    # the stats' advice starts from them (fewer where the pass has fewer batches)
+    assert run is not None and most == min(run.prefetch, len(got))
     assert run.cpu_seconds > 0
     return got, most
 
 
 def test_a_loader_of_small_batches_builds_one_a_thread_with_the_same_bytes(
         clean_folder: Path) -> None:
-    """8 threads, 2 prefetched: 8 batches of small images pending at once, and the very
-    batches of one thread; the memory budget counts the ring's 9 buffers."""
+    """8 threads, 2 prefetched: 4 batches a thread of small images pending at once (32,
+    all 26 of the pass), and the very batches of one thread; the memory budget counts the
+    ring's 33 buffers."""
     from shardfeed.transforms import DecodeImage
 
     def loader(threads: int) -> Loader:
@@ -112,10 +116,10 @@ def test_a_loader_of_small_batches_builds_one_a_thread_with_the_same_bytes(
 
     one, one_most = _pending_most(loader(1))
     many, many_most = _pending_most(loader(8))
-    assert one_most == 2 and many_most == 8
+    assert one_most == 2 and many_most == len(many) == 26
     assert many == one
     with loader(8) as eight:
-        assert eight.memory_budget().ring_batches == 8 + 1
+        assert eight.memory_budget().ring_batches == 8 * BATCHES_A_SLICE + 1
 
 
 def test_patches_build_more_at_once_with_a_cache_grown_for_them(tmp_path: Path) -> None:

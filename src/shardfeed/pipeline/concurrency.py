@@ -157,15 +157,25 @@ thread within a few windows)."""
 
 
 def largest_slice(base: int, batch: int, ahead: int, threads: int, sample_bytes: int) -> int:
-    """The most samples :meth:`SliceGate.slice_size` puts in a slice of a ``batch``-sample
-    batch cut for ``threads`` threads from ``base``: as many as leave a slice for each of
-    them among the ``ahead`` batches in flight, within the batch, and within
-    ``SLICE_RECORD_BYTES`` of records at ``sample_bytes`` a sample (0: none held), never
-    fewer than ``base``."""
-    most = min(max(1, ahead * batch // max(1, threads)), batch)
-    if sample_bytes > 0:
-        most = min(most, max(1, SLICE_RECORD_BYTES // sample_bytes))
-    return max(base, most)
+    """The most samples :meth:`SliceGate.slice_size` puts in a slice of ``batch``-sample
+    batches cut for ``threads`` threads from ``base``: as many as leave a slice for each of
+    them among the ``ahead`` batches in flight, never fewer than ``base``. Within a batch
+    where its records would pass ``SLICE_RECORD_BYTES`` at ``sample_bytes`` a sample (0:
+    none held); else up to ``BATCHES_A_SLICE`` whole batches, which the slice builds one
+    after another (a thread holds one batch's records at a time): with many small batches
+    in flight, a slice's own costs (submitting it, the gate, its hand-over) are paid once
+    for several batches."""
+    most = max(1, ahead * batch // max(1, threads))
+    records_most = SLICE_RECORD_BYTES // sample_bytes if sample_bytes > 0 else most
+    if most >= 2 * batch and batch <= records_most:
+        return max(base, min(most // batch, BATCHES_A_SLICE) * batch)
+    return max(base, min(most, batch, max(1, records_most)))
+
+
+BATCHES_A_SLICE = 4
+"""The most whole batches one slice builds (see :func:`largest_slice`); with them, the
+batches built at once go up to this many a thread where they are small
+(:func:`~shardfeed.pipeline.pool.batches_in_flight`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +309,10 @@ class SliceGate:
                                largest_slice(size, batch, ahead, limit, self.sample_bytes)))
         if cut == size:
             return size
+        if cut >= 2 * batch:  # whole batches a slice (largest_slice: they are a bound)
+            return cut // batch * batch
+        if cut >= batch:
+            return batch
         # even slices, none past the cut (a bound): 256 cut at 55 goes in 5 of 52, not 64s
         return -(-batch // -(-batch // cut))
 

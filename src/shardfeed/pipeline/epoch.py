@@ -74,11 +74,14 @@ class _Pending:
     # a slice's error is not held up behind the slices after it (as behind a wait for the
     # last slice's future). A plain lock: its wait has no Python in it (an Event's is a
     # Condition's). The last future's callback holds the lock only: no cycle through it.
+    # The batches of one slice share it (the first's wait takes it; the others' slice is
+    # done by then).
     ready: threading.Lock
-    futures: list[Future[int | None]] = field(default_factory=list)
+    futures: list[Future[Any]] = field(default_factory=list)
+    part: int = -1  # where the slice builds several batches: this one's place among them
 
 
-def _waking(ready: threading.Lock, run: Callable[..., int | None], *args: Any) -> int | None:
+def _waking(ready: threading.Lock, run: Callable[..., Any], *args: Any) -> Any:
     """``run(*args)`` (a slice, through the gate where there is one), letting ``ready`` go
     where it raises (see :class:`_Pending`)."""
     try:
@@ -86,6 +89,20 @@ def _waking(ready: threading.Lock, run: Callable[..., int | None], *args: Any) -
     except BaseException:
         _let_go(ready)
         raise
+
+
+def _build_batches(build_slice: SliceFn, ctx: EpochContext,
+                   pieces: list[tuple[np.ndarray, BatchBuffer]]) -> list[int | Exception]:
+    """A slice of several whole batches: each built in turn; its bad samples met, or the
+    error that ended it (the batches after it are not built: the consumer stops at it)."""
+    done: list[int | Exception] = []
+    for positions, buffer in pieces:
+        try:
+            done.append(build_slice(ctx, positions, buffer, 0))
+        except Exception as exc:  # noqa: BLE001 - raised where its batch is handed out
+            done.append(exc)
+            break
+    return done
 
 
 class EpochRun:
@@ -130,11 +147,21 @@ class EpochRun:
         self.calls = CallGroup()
         self.adopted: tuple[CallGroup, ...] = ()  # the tokens of the reads it carried in
         self._submit_under = under(self.calls, self._submit)
+        self._submit_batches_under = under(self.calls, self._submit_batches)
 
     def __iter__(self) -> EpochRun:
         return self
 
-    def _submit(self, index: int) -> None:
+    def _slice_size(self) -> int:
+        """Samples a slice: fewer slices at once, or light work, larger slices, up to a few
+        whole batches (see SliceGate.slice_size)."""
+        if self.gate is None:
+            return self.slice_size
+        return self.gate.slice_size(self.slice_size, self.batch_size, self.in_flight)
+
+    def _pending(self, index: int, ready: threading.Lock, part: int = -1
+                 ) -> tuple[_Pending, np.ndarray]:
+        """Batch ``index`` pending, in its buffer, and its positions."""
         if self.read_ahead is not None:
             self.read_ahead.want(index)
         lo = index * self.batch_size
@@ -142,16 +169,34 @@ class EpochRun:
         buffer = self.ring.buffer_for(index, [p.buffer for p in self.pending])
         buffer.reset_lists()
         buffer.keys[: len(positions)] = positions
-        pending = _Pending(index, buffer, len(positions), _held())
+        pending = _Pending(index, buffer, len(positions), ready, part=part)
         # pending before its slices are submitted: where a submit fails midway, the close
         # that follows cancels the slices submitted, or waits for them (they write into the
         # buffer, which the ring may hand to another batch)
         self.pending.append(pending)
-        size = self.slice_size
+        return pending, positions
+
+    def _submit_batches(self, index: int, count: int) -> None:
+        """Batches ``index ... index + count - 1`` as one slice, built in turn."""
+        ready = _held()
+        made = [self._pending(index + k, ready, part=k) for k in range(count)]
+        group = [pending for pending, _ in made]
+        pieces = [(positions, pending.buffer) for pending, positions in made]
+        build = under(self.calls, partial(_build_batches, self.build_slice, self.ctx, pieces))
+        samples = sum(pending.count for pending in group)
+        if self.gate is None:
+            future = self.executor.submit(_waking, ready, build)
+        else:
+            future = self.executor.submit(_waking, ready, self.gate.run, samples, build,
+                                          self._is_closed)
+        for pending in group:
+            pending.futures.append(future)
+        future.add_done_callback(partial(_let_go, ready))
+
+    def _submit(self, index: int, size: int) -> None:
+        pending, positions = self._pending(index, _held())
         executor = self.executor
-        if self.gate is not None:
-            # fewer slices at once, or light work: larger slices (see SliceGate.slice_size)
-            size = self.gate.slice_size(size, self.batch_size, self.in_flight)
+        buffer = pending.buffer
         for start in range(0, len(positions), size):
             piece = positions[start : start + size]
             future: Future[int | None]
@@ -175,8 +220,24 @@ class EpochRun:
             raise StopIteration
         try:
             while self.next_submit < self.num_batches and len(self.pending) < self.in_flight:
-                self._submit_under(self.next_submit)
-                self.next_submit += 1
+                size = self._slice_size()
+                index = self.next_submit
+                if size <= self.batch_size:
+                    self._submit_under(index, size)
+                    self.next_submit += 1
+                    continue
+                # a slice of whole batches, once there is room for all of them (or for the
+                # last ones of the pass, or nothing is pending)
+                count = min(size // self.batch_size, self.num_batches - index)
+                room = self.in_flight - len(self.pending)
+                if room < count and self.pending:
+                    break
+                count = min(count, room)
+                if count == 1:
+                    self._submit_under(index, self.batch_size)
+                else:
+                    self._submit_batches_under(index, count)
+                self.next_submit += count
         except BaseException as exc:
             closed_meanwhile = self.closed  # the pool shut down: closed by another thread
             self.close()  # a batch submitted in part: its slices cancelled or waited for
@@ -193,7 +254,14 @@ class EpochRun:
             # and never called back)
             if head.futures and not head.futures[-1].done():
                 head.ready.acquire()
-            skipped = sum(future.result() or 0 for future in head.futures)
+            if head.part < 0:
+                skipped = sum(future.result() or 0 for future in head.futures)
+            else:  # one of a slice's batches: its own outcome
+                done = head.futures[0].result() or ()
+                outcome = done[head.part] if head.part < len(done) else 0
+                if isinstance(outcome, Exception):
+                    raise outcome
+                skipped = outcome
         except BaseException as exc:
             closed_meanwhile = self.closed  # by another thread: its error is the close
             self.close()

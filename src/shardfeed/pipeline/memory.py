@@ -216,10 +216,11 @@ def loader_budget(
         ring_batches=ring_batches,
         work_bytes_per_thread=work_bytes(
             records, row_bytes=row_bytes,
-            # the largest slice the gate may cut (light work and many threads: larger slices)
-            slice_size=largest_slice(options.slice_size(), options.batch_size, in_flight,
-                                     threads,
-                                     sum(payload_bytes(r) for r in records)),
+            # the largest slice the gate may cut (light work and many threads: larger
+            # slices); one of several batches builds them in turn, a batch's records at once
+            slice_size=min(options.batch_size,
+                           largest_slice(options.slice_size(), options.batch_size, in_flight,
+                                         threads, sum(payload_bytes(r) for r in records))),
         ),
         threads=threads,
         index_bytes=index_bytes,

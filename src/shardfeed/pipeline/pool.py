@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
+from shardfeed.pipeline.concurrency import BATCHES_A_SLICE
 from shardfeed.pipeline.executor import CpuPool
 from shardfeed.pipeline.options import LoaderOptions
 from shardfeed.pipeline.produce import SliceBuilder
@@ -149,7 +150,10 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
     own copy of a sampler's cache; their shared ring is fixed)."""
     prefetch = wanted = options.prefetch_batches
     if options.workers != "processes" and options.num_threads > prefetch:
-        wanted = max(prefetch, min(options.num_threads, IN_FLIGHT_BYTES // max(1, batch_bytes)))
+        # up to BATCHES_A_SLICE a thread, so that a slice may build several small ones, where
+        # no sampler's cache is sized for them (Patches': one a thread)
+        most = options.num_threads * (BATCHES_A_SLICE if room_in_flight is None else 1)
+        wanted = max(prefetch, min(most, IN_FLIGHT_BYTES // max(1, batch_bytes)))
     if room_in_flight is not None:  # asked for the prefetched batches too
         span = options.batch_size * options.world_size  # a batch's positions in the epoch
         wanted = min(wanted, room_in_flight(wanted * span) // span)

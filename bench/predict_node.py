@@ -201,14 +201,18 @@ def slices_as_on_node(threads: int = CORES, cpu_scale: float = 1.0) -> None:
 
     def slice_size(self: Any, base: int, batch: int, ahead: int) -> int:
         limit, every, cpu = self.limit, self._all, self._sample_cpu
+        chosen, wait = getattr(self, "_chosen", None), getattr(self, "_wait_left", None)
         # read back at once: the one thread builds alone (a measure it adds meanwhile is
-        # lost at worst)
+        # lost at worst). At the node's choice of every thread, between trials, as the
+        # node's gate is nearly all the time (trials cost at most BUDGET of a run)
         self.limit = self._all = threads
         self._sample_cpu = cpu * cpu_scale
+        self._chosen, self._wait_left = True, 1.0
         try:
             return int(cut(self, -(-batch // threads), batch, ahead))
         finally:
             self.limit, self._all, self._sample_cpu = limit, every, cpu
+            self._chosen, self._wait_left = chosen, wait
 
     SliceGate.slice_size = slice_size  # type: ignore[method-assign]
     if in_flight is not None:

@@ -304,15 +304,16 @@ def test_small_batches_in_flight_give_each_thread_a_slice_of_whole_batches(
     ``BATCHES_A_SLICE`` batches in flight a thread
     (:func:`~shardfeed.pipeline.pool.batches_in_flight`), the gate cuts slices of whole
     batches, and every thread still has one; a slice's own Python (submitting it, the
-    gate, its hand-over) is paid once for four batches, not four times a batch."""
+    gate, its hand-over) is paid once for four batches, not four times a batch. Only at
+    the gate's choice: a trial's windows (and a held gate's) keep slices within a batch."""
     from shardfeed.pipeline.options import LoaderOptions
     from shardfeed.pipeline.pool import batches_in_flight
 
     run = Run(monkeypatch, cores, cpu=lambda limit, now: 28e-6)
     run.gate.sample_bytes = 1024
     base = -(-run.batch // cores)
-    run.gate.hold(cores)
     run.until(2.0, scaling(1e6 / 28))
+    assert run.gate._at_choice() and run.gate.limit == cores  # every thread, chosen
     options = LoaderOptions(batch_size=run.batch, num_threads=cores, prefetch_batches=4)
     in_flight = batches_in_flight(options, run.batch * (28 * 28 + 8))
     assert in_flight == want_in_flight
@@ -321,6 +322,10 @@ def test_small_batches_in_flight_give_each_thread_a_slice_of_whole_batches(
     assert in_flight * run.batch // got >= cores  # a slice for every thread
     if cores > 4:  # among 4 batches, as before: four slices a batch
         assert run.gate.slice_size(base, run.batch, 4) == 4 * run.batch // cores
+    run.gate._start_trial()  # a trial: within a batch
+    assert run.gate.slice_size(base, run.batch, in_flight) == min(want_slice, run.batch)
+    run.gate.hold(cores)  # held: within a batch
+    assert run.gate.slice_size(base, run.batch, in_flight) == min(want_slice, run.batch)
 
 
 @pytest.mark.parametrize("cores", [10, 16, 20])

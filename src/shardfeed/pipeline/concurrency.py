@@ -37,7 +37,8 @@ its work: at least ``MIN_SLICE_SECONDS`` of work, and, where the threads share o
 least ``SLICE_SECONDS_A_THREAD`` for each other thread building at once, which each waits
 for; never so large that a thread that may build has no slice among the batches in flight,
 nor past ``SLICE_RECORD_BYTES`` of records (:func:`largest_slice`, which the memory budget
-counts too).
+counts too). Past a batch, a slice is whole batches (up to ``BATCHES_A_SLICE``), built one
+after another by one task: small, light batches pay a slice's own costs once for several.
 
 What measuring costs, at any core count. The gate counts the wall time of every window at
 the limit it ran (:meth:`SliceGate.stats`); time at a limit other than the one chosen (a
@@ -112,9 +113,12 @@ TRIAL_PAIRS = 2
 """Windows measured a limit in a trial, alternating between the two limits."""
 LIGHT_SAMPLE_SECONDS = 5e-6
 """Work of at most this much wall time a sample with every thread (28×28 raw records: 2–3 µs)
-is held to one slice at a time without a trial for the gate's first choice: a trial's windows
-at every thread would cost a large part of a short epoch, and such work rarely gains from
-threads; later trials are full trials, which correct it."""
+and of at most this much thread CPU a sample is held to one slice at a time without a trial
+for the gate's first choice: a trial's windows at every thread would cost a large part of a
+short epoch, and such work rarely gains from threads; later trials are full trials, which
+correct it. The CPU time too: a window that ends as many large slices finish at once (whole
+batches of 28² PNGs, 8 µs of decoding a sample) reads less wall time a sample than the work
+takes."""
 HEAVY_SAMPLE_SECONDS = 50e-6
 """Work of at least this much thread CPU time a sample (a 128×96 JPEG crop: about 70 µs; a
 large JPEG: about 1 ms) whose threads ran side by side in the first measured window (their
@@ -276,12 +280,16 @@ class SliceGate:
         Asked once a batch with the same answer until a window's measure or the limit
         changes: the last answer is kept with what it was worked out from."""
         asked = (base, batch, ahead, self.limit, self._all, self.sample_bytes, self.fixed,
-                 self.shares_gil, self._sample_cpu)
+                 self.shares_gil, self._sample_cpu, self._at_choice())
         if asked == self._last_cut[0]:
             return self._last_cut[1]
         size = self._slice_size(base, batch, ahead)
         self._last_cut = (asked, size)
         return size
+
+    def _at_choice(self) -> bool:
+        """Whether a choice is in force between trials (not warming up, not in a trial)."""
+        return self._chosen and self._wait_left is not None
 
     def _slice_size(self, base: int, batch: int, ahead: int) -> int:
         limit = max(1, self.limit)
@@ -309,7 +317,10 @@ class SliceGate:
                                largest_slice(size, batch, ahead, limit, self.sample_bytes)))
         if cut == size:
             return size
-        if cut >= 2 * batch:  # whole batches a slice (largest_slice: they are a bound)
+        if cut >= 2 * batch and self._at_choice():
+            # whole batches a slice (largest_slice: they are a bound), only at a choice: a
+            # trial's windows end as slices finish, and many slices of several batches
+            # finishing at once would make them read bursts
             return cut // batch * batch
         if cut >= batch:
             return batch
@@ -406,7 +417,8 @@ class SliceGate:
             self._choose(self.threads)  # threads help: no trial of one
             return
         if (len(self._trial) == 1 and not self._chosen
-                and busy <= LIGHT_SAMPLE_SECONDS * samples):
+                and busy <= LIGHT_SAMPLE_SECONDS * samples
+                and cpu <= LIGHT_SAMPLE_SECONDS * samples):
             self._choose(1)  # too little work a sample for threads to pay their hand-overs
             return
         if len(self._trial) == 1 and not self._chosen and cpu >= PARALLEL_DEFER * busy:
@@ -430,6 +442,7 @@ class SliceGate:
         self._trial_off = self._off
         self._trials += 1
         self._set_limit(self.threads)
+        self._settle = True  # slices cut at the choice may still be building: not measured
 
     def _choose(self, limit: int, *, cost: float | None = None) -> None:
         """Keep ``limit`` until the next trial: after the wait (doubled while trials confirm

@@ -4,13 +4,16 @@
 
     batch k  = positions share[k*B : (k+1)*B]           (this rank's share of the epoch)
     slices   = pieces of ~B/num_threads positions       (one task each, any thread)
+               or up to 4 whole batches, built in turn (small, light batches)
     buffer   = ring.buffer_for(k)                       (preallocated, reused)
 
     submitted: k .. k+b-1 while the caller holds batch k-1
 
 Batches come out in order; at most ``b`` batches are being built while the caller holds one
-more: ``prefetch_batches``, or one a thread where they fit in 64 MiB (see
-:func:`~shardfeed.pipeline.pool.batches_in_flight`). A yielded batch's large arrays are the
+more: ``prefetch_batches``, or up to 4 a thread where they fit in 64 MiB (see
+:func:`~shardfeed.pipeline.pool.batches_in_flight`). A slice of several batches is submitted
+once there is room for all of them; an error in one of them is raised where that batch is
+handed out, after the batches before it. A yielded batch's large arrays are the
 ring's memory, and the ring never writes into memory the caller still holds (see
 :class:`~shardfeed.pipeline.pool.BatchRing`): a batch the caller keeps stays what it was.
 
@@ -116,7 +119,7 @@ class EpochRun:
 
     def __init__(
         self, *, ctx: EpochContext, positions: np.ndarray, batch_size: int, drop_last: bool,
-        slice_size: int, in_flight: int, ring: BatchRing,
+        slice_size: int, in_flight: int, ring: BatchRing, in_flight_single: int | None = None,
         executor: CpuPool, build_slice: SliceFn,
         on_batch: Callable[[int, int, bool], None], gate: SliceGate | None = None,
         stages: Sequence[BatchStage] = (), read_ahead: ReadAhead | None = None,
@@ -130,6 +133,8 @@ class EpochRun:
         self.num_batches = count // batch_size if drop_last else -(-count // batch_size)
         self.slice_size = slice_size
         self.in_flight = in_flight  # batches built at once
+        # those while slices are within a batch (several a thread are for slices of several)
+        self.in_flight_single = in_flight if in_flight_single is None else in_flight_single
         self.ring = ring
         self.executor = executor
         self.build_slice = build_slice
@@ -223,6 +228,8 @@ class EpochRun:
                 size = self._slice_size()
                 index = self.next_submit
                 if size <= self.batch_size:
+                    if len(self.pending) >= self.in_flight_single:
+                        break
                     self._submit_under(index, size)
                     self.next_submit += 1
                     continue

@@ -241,6 +241,7 @@ class Loader:
         self._layout: BatchLayout | None = None
         self._probe: tuple[Sample, list[Sample]] | None = None
         self._in_flight = self.options.prefetch_batches  # batches built at once (layout known)
+        self._in_flight_single = self._in_flight  # those while slices are within a batch
         self._at_once = self._in_flight  # those of the last pass (one reading ahead: fewer)
         self._ring: BatchRing | None = None
         self._shared: SharedBatchRing | None = None
@@ -486,9 +487,12 @@ class Loader:
                 sample, batch_size=self.options.batch_size, lengths=self.sampler.feature_lengths()
             )
             # small batches and many threads: more batches at once, for larger slices
-            self._in_flight = batches_in_flight(
-                self.options, batch_bytes(self._layout, sample),
-                room_in_flight=getattr(self.sampler, "room_in_flight", None))
+            room = getattr(self.sampler, "room_in_flight", None)
+            made = batch_bytes(self._layout, sample)
+            self._in_flight = batches_in_flight(self.options, made, room_in_flight=room)
+            # while slices are within a batch (a trial's, heavy work): one a thread
+            self._in_flight_single = batches_in_flight(self.options, made, room_in_flight=room,
+                                                       several=False)
         return self._layout
 
     def batch_layout(self) -> tuple[BatchLayout, Sample]:
@@ -652,7 +656,8 @@ class Loader:
             build = self._builder.build_slice
         self._run = EpochRun(
             ctx=ctx, positions=positions, batch_size=opts.batch_size, drop_last=opts.drop_last,
-            slice_size=opts.slice_size(), in_flight=self._in_flight, ring=ring,
+            slice_size=opts.slice_size(), in_flight=self._in_flight,
+            in_flight_single=self._in_flight_single, ring=ring,
             executor=self._executor or CpuPool(1),  # no slice to build
             build_slice=build, on_batch=self._progress.commit, gate=self._gate,
             stages=self.batch_stages, clock=self._builder.clock,
@@ -668,7 +673,7 @@ class Loader:
             self._gate.keep_all_threads()
             # a batch's submit waits for its records' chunk: batches submitted far ahead
             # would hold up the hand-out of those already built
-            self._run.in_flight = opts.prefetch_batches
+            self._run.in_flight = self._run.in_flight_single = opts.prefetch_batches
         self._at_once = self._run.in_flight
         bound = slice_threads_of(self.batch_stages)
         if bound is not None:

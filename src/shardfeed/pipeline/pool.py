@@ -121,12 +121,23 @@ IN_FLIGHT_BYTES = 64 << 20
 more than ``prefetch_batches`` (see :func:`batches_in_flight`)."""
 
 
+SMALL_BATCH_BYTES = 1 << 20
+"""Batches of at most this many bytes may be built several a thread at once (see
+:func:`batches_in_flight`): where a slice's own costs weigh (28² PNGs: 203 KB at 256).
+Larger ones would hold more memory for nothing: their work is heavy (8 images of 224² are
+1.2 MB, about 40 ms of decoding on one core), and the gate never joins them in a slice."""
+
+
 def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
-                      room_in_flight: Callable[[int], int] | None = None) -> int:
-    """How many batches a pass builds at once: one a thread (``num_threads``), as many as
-    fit in :data:`IN_FLIGHT_BYTES` of batch buffers, as many as the sampler's cache has
-    room for (``room_in_flight``, below), and never fewer than ``prefetch_batches`` (the
-    defaults, 4 threads and 2 prefetched, with batches of up to 16 MiB: 4).
+                      room_in_flight: Callable[[int], int] | None = None,
+                      several: bool = True) -> int:
+    """How many batches a pass builds at once: one a thread, up to ``BATCHES_A_SLICE`` (4)
+    a thread where they are small (:data:`SMALL_BATCH_BYTES`) and no sampler's cache is
+    sized for them, as many as fit in :data:`IN_FLIGHT_BYTES` of batch buffers, as many as
+    the sampler's cache has room for (``room_in_flight``, below), and never fewer than
+    ``prefetch_batches`` (the defaults, 4 threads and 2 prefetched: 4, or 16 batches of up
+    to 1 MiB). ``several=False``: one a thread (a pass builds that many while its slices
+    are within a batch: several a thread are for slices of several batches).
 
     Why: the slice gate cuts each batch into slices for the threads among the batches in
     flight (:func:`~shardfeed.pipeline.concurrency.largest_slice`), and a slice's own Python
@@ -134,9 +145,11 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
     With few batches in flight, many threads leave the slices small and those costs are
     paid more often an item: 28² PNGs at 16 threads and 4 batches ahead are cut into 64s,
     four a batch; with 16 in flight, a batch a slice, and the GIL held an item falls by
-    about a third (``bench/predict_node.py``; Patches' 32² patches of 1566² JPEGs: by 38%).
-    At any core count: ``threads`` batches of ``batch_bytes`` each at most, and never past
-    :data:`IN_FLIGHT_BYTES` of them (64 threads of 28² PNG batches of 256: 13 MB), so large
+    about a third (``bench/predict_node.py``; Patches' 32² patches of 1566² JPEGs: by 38%);
+    with 64, a slice of 4 whole batches, whose own costs are paid once for the 4 (by a
+    sixth more). At any core count: ``4 × threads`` batches of ``batch_bytes`` each at
+    most, and never past :data:`IN_FLIGHT_BYTES` of them (64 threads of 28² PNG batches of
+    256: 52 MB), so large
     batches (the train preset's 38 MB at 256) stay at ``prefetch_batches``; which batch a
     slice builds never changes its rows.
 
@@ -150,9 +163,10 @@ def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,
     own copy of a sampler's cache; their shared ring is fixed)."""
     prefetch = wanted = options.prefetch_batches
     if options.workers != "processes" and options.num_threads > prefetch:
-        # up to BATCHES_A_SLICE a thread, so that a slice may build several small ones, where
-        # no sampler's cache is sized for them (Patches': one a thread)
-        most = options.num_threads * (BATCHES_A_SLICE if room_in_flight is None else 1)
+        # up to BATCHES_A_SLICE a thread where batches are small, so that a slice may build
+        # several, unless a sampler's cache is sized for them (Patches': one a thread)
+        several = several and room_in_flight is None and batch_bytes <= SMALL_BATCH_BYTES
+        most = options.num_threads * (BATCHES_A_SLICE if several else 1)
         wanted = max(prefetch, min(most, IN_FLIGHT_BYTES // max(1, batch_bytes)))
     if room_in_flight is not None:  # asked for the prefetched batches too
         span = options.batch_size * options.world_size  # a batch's positions in the epoch

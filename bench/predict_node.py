@@ -20,8 +20,10 @@ the node bench's cases this script measures, on one loader thread:
 Patches 32² of 200 images of 1566² at 256), and predicts ``min(16 · eff · r1 · k, u · k /
 g)``. The one thread builds the slices the gate cuts with 16 threads on the node
 (``--slices node``, the default: :func:`slices_as_on_node`, the gate's CPU time a sample
-scaled by ``1 / k``, among the batches the node builds at once: 28² PNG and Patches a
-batch a slice since 16 batches are built at once, 64 items a slice before; the train
+scaled by ``1 / k``, among the batches the node builds at once, at the gate's choice of
+every thread: 28² PNG 4 whole batches a slice among 64 since slices may hold several, a
+batch a slice among 16 before that, 64 items a slice before that; Patches a batch a slice
+among 16; the train
 preset's 16 before the gate gave many threads larger slices, about 43 since), so that a
 slice's own costs (submitting it, the gate, its plan and draws, its hand-over) count as
 often an item as on the node: a one-thread loader here builds a

@@ -268,6 +268,29 @@ def test_tiny_work_goes_to_one_thread_without_a_trial(monkeypatch: pytest.Monkey
     assert 2 in seen  # the choice is measured again
 
 
+def test_work_that_reads_light_in_wall_time_but_not_in_cpu_is_tried(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window of 2.5 µs a sample at 16 threads whose threads spent 20 µs of CPU a sample
+    (28² PNGs on 16 cores, or a window that caught many slices finishing at once) is not
+    tiny work: it is not held to one thread at once (its threads ran side by side: they
+    are kept)."""
+    monkeypatch.setattr(concurrency, "usable_cores", lambda: 16)
+    clock, cpu_clock = Clock(), Clock()
+    gate = SliceGate(16, window_samples=10, clock=clock, cpu_clock=cpu_clock,
+                     min_window_seconds=0)
+    seen = _feed(gate, clock, WARMUP_WINDOWS + 4, {16: 2.5e-6, 1: 20e-6},
+                 cpu={16: 20e-6, 1: 20e-6}, cpu_clock=cpu_clock)
+    assert seen == [16] * (WARMUP_WINDOWS + 4)
+    assert gate._chosen and gate._choice == 16
+    # tiny in CPU too: one thread at once, as before
+    clock, cpu_clock = Clock(), Clock()
+    tiny = SliceGate(16, window_samples=10, clock=clock, cpu_clock=cpu_clock,
+                     min_window_seconds=0)
+    seen = _feed(tiny, clock, WARMUP_WINDOWS + 3, {16: 2.5e-6, 1: 2e-6},
+                 cpu={16: 3e-6, 1: 2e-6}, cpu_clock=cpu_clock)
+    assert seen == [16] * (WARMUP_WINDOWS + 1) + [1, 1]
+
+
 def test_tiny_work_is_held_to_one_thread_after_a_few_windows_of_samples() -> None:
     """28×28 raw records at 2 µs a sample: the warm-up and the first window are counted in
     samples, not in ``min_window_seconds`` (a 25 ms window at two threads would be a large

@@ -39,6 +39,8 @@ for; never so large that a thread that may build has no slice among the batches 
 nor past ``SLICE_RECORD_BYTES`` of records (:func:`largest_slice`, which the memory budget
 counts too). Past a batch, a slice is whole batches (up to ``BATCHES_A_SLICE``), built one
 after another by one task: small, light batches pay a slice's own costs once for several.
+Only at a choice, between trials: a window ends as a slice finishes, and many slices of
+several batches finishing at once would make a trial's windows read bursts.
 
 What measuring costs, at any core count. The gate counts the wall time of every window at
 the limit it ran (:meth:`SliceGate.stats`); time at a limit other than the one chosen (a

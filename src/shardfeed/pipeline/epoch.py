@@ -10,10 +10,10 @@
     submitted: k .. k+b-1 while the caller holds batch k-1
 
 Batches come out in order; at most ``b`` batches are being built while the caller holds one
-more: ``prefetch_batches``, or up to 4 a thread where they fit in 64 MiB (see
-:func:`~shardfeed.pipeline.pool.batches_in_flight`). A slice of several batches is submitted
-once there is room for all of them; an error in one of them is raised where that batch is
-handed out, after the batches before it. A yielded batch's large arrays are the
+more: ``prefetch_batches``, or one a thread where they fit in 64 MiB, up to 4 a thread while
+the slices hold several (see :func:`~shardfeed.pipeline.pool.batches_in_flight`). A slice of
+several batches is submitted once there is room for all of them; an error in one of them is
+raised where that batch is handed out, after the batches before it. A yielded batch's large arrays are the
 ring's memory, and the ring never writes into memory the caller still holds (see
 :class:`~shardfeed.pipeline.pool.BatchRing`): a batch the caller keeps stays what it was.
 
@@ -144,6 +144,7 @@ class EpochRun:
         self.read_ahead = read_ahead
         self.carry: Carry | None = None  # the next epoch's chunks read ahead, once closed
         self.pending: deque[_Pending] = deque()
+        self.building: set[int] = set()  # the ids of the pending batches' buffers
         self.next_submit = 0
         self.next_yield = 0
         self.closed = False
@@ -171,7 +172,7 @@ class EpochRun:
             self.read_ahead.want(index)
         lo = index * self.batch_size
         positions = self.positions[lo : lo + self.batch_size]
-        buffer = self.ring.buffer_for(index, [p.buffer for p in self.pending])
+        buffer = self.ring.buffer_for(index, self.building)
         buffer.reset_lists()
         buffer.keys[: len(positions)] = positions
         pending = _Pending(index, buffer, len(positions), ready, part=part)
@@ -179,6 +180,7 @@ class EpochRun:
         # that follows cancels the slices submitted, or waits for them (they write into the
         # buffer, which the ring may hand to another batch)
         self.pending.append(pending)
+        self.building.add(id(buffer))
         return pending, positions
 
     def _submit_batches(self, index: int, count: int) -> None:
@@ -279,6 +281,7 @@ class EpochRun:
             self.pending.popleft()
         except IndexError:  # closed by another thread since the batch was made
             raise RuntimeError(CLOSED_MEANWHILE) from None
+        self.building.discard(id(head.buffer))
         if self.closed:  # by another thread meanwhile: a slice may have skipped its rows
             raise RuntimeError(CLOSED_MEANWHILE)
         batch = self.ring.hand_out(head.buffer, head.count)
@@ -338,6 +341,7 @@ class EpochRun:
             interrupt_calls()  # Ctrl-C: every call in flight ends now, not at its deadline
         wait(futures)
         self.pending.clear()
+        self.building.clear()
         if self.read_ahead is not None:
             carry = self.read_ahead.close()
             if carry is not None and self.calls.closed:  # its fetches ended with the pass

@@ -12,7 +12,7 @@ ring holds :func:`ring_batches` batches (plus those a consumer said it holds, se
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from typing import Any
 
 from shardfeed.pipeline.batching import BatchBuffer, BatchLayout, SharedBatchRing, local_ring
@@ -79,11 +79,12 @@ class BatchRing:
         if not self.shared:
             self.limit = max(self.limit, self._base + held)
 
-    def buffer_for(self, index: int, building: Sequence[BatchBuffer]) -> BatchBuffer:
-        """The buffer to build batch ``index`` in; ``building``: buffers of batches in flight."""
+    def buffer_for(self, index: int, building: Collection[int]) -> BatchBuffer:
+        """The buffer to build batch ``index`` in; ``building``: the identities (``id``) of
+        the buffers of batches in flight."""
         buffers = self.buffers
         n = len(buffers)
-        busy = set(map(id, building))  # by identity: a few buffers, asked once a batch
+        busy = building
         idle: list[BatchBuffer] = []  # not in flight, but held by the caller
         chosen: BatchBuffer | None = None
         for step in range(n):

@@ -310,7 +310,7 @@ class RecordSampler(SamplerBase):
     def single_records(self, ctx: EpochContext, positions: np.ndarray) -> np.ndarray:
         """:meth:`plan` as one int64 array: a sample here is one record (the batch path
         reads a slice's records with it, no tuple a sample)."""
-        return np.asarray(ctx.order[np.asarray(positions, dtype=np.int64)], dtype=np.int64)
+        return ctx.order.take(np.asarray(positions, dtype=np.int64))
 
     def read(self, records: Sequence[int]) -> list[Sample]:
         return self._ds().read_many(list(records))

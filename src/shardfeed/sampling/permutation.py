@@ -233,6 +233,17 @@ class EpochOrder:
             return self._bijection.forward_one(p)
         return p
 
+    def take(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``order[positions]`` for a 1-d int64 array (a loader's slice of its pass): a
+        materialised order is indexed once its smallest position is checked (NumPy refuses
+        one past the end: IndexError), one pass over the keys where ``order[...]`` takes
+        three; any other order or array as ``order[...]``."""
+        order = self._order
+        if (order is not None and positions.dtype == np.int64 and positions.ndim == 1
+                and len(positions) and int(positions.min()) >= 0):
+            return order[positions].astype(np.int64)
+        return self._map(as_index_array(positions, self._n, "epoch position"))
+
     def _map(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         if self._order is not None:
             return self._order[positions].astype(np.int64)

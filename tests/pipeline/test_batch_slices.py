@@ -122,3 +122,30 @@ def test_the_largest_slice_is_whole_batches_only_where_each_thread_keeps_one(
     got = largest_slice(16, 256, ahead, threads, sample_bytes)
     assert got == want
     assert ahead * 256 // got >= threads  # a slice for every thread
+
+
+def test_skipped_records_in_a_slice_of_batches_are_replaced_as_by_one_thread(
+        monkeypatch: pytest.MonkeyPatch, bad_jpeg_folder: Path) -> None:
+    """``on_error="skip"``: record 41's replacement, in the third batch of a slice of 4,
+    is the one thread's, and so is every batch."""
+    with _loader(bad_jpeg_folder, 1, on_error="skip") as one:
+        want = _copied(one)
+    _whole_batches(monkeypatch, BATCHES_A_SLICE)
+    with _loader(bad_jpeg_folder, 4, on_error="skip") as many:
+        got = _copied(many)
+        assert many.state()["skipped"] == 0 and many.state()["epoch"] == 1
+    assert_same_batches(got, want)
+    assert 41 not in {int(i) for batch in got for i in batch["index"]}
+
+
+def test_slices_of_several_batches_need_more_built_at_once(
+        monkeypatch: pytest.MonkeyPatch, clean_folder: Path) -> None:
+    """With no more batches at once than one a thread (batches over 1 MiB, or the defaults'
+    prefetched ones), a slice holds one batch at most: a slice of all the batches in flight
+    would leave nothing building while the caller works through them."""
+    _whole_batches(monkeypatch, BATCHES_A_SLICE)
+    submits = _submits(monkeypatch)
+    with _loader(clean_folder, 2, prefetch_batches=4) as loader:  # 2 threads, 4 ahead
+        got = _copied(loader)
+        assert loader._in_flight == loader._in_flight_single == 4
+    assert submits[0] == len(got)  # a slice a batch

@@ -324,8 +324,11 @@ def test_small_batches_in_flight_give_each_thread_a_slice_of_whole_batches(
         assert run.gate.slice_size(base, run.batch, 4) == 4 * run.batch // cores
     run.gate._start_trial()  # a trial: within a batch
     assert run.gate.slice_size(base, run.batch, in_flight) == min(want_slice, run.batch)
-    run.gate.hold(cores)  # held: within a batch
-    assert run.gate.slice_size(base, run.batch, in_flight) == min(want_slice, run.batch)
+    held = Run(monkeypatch, cores, cpu=lambda limit, now: 28e-6)
+    held.gate.sample_bytes = 1024
+    held.until(2.0, scaling(1e6 / 28))
+    held.gate.hold(cores)  # held from the choice (a stage that asks): within a batch
+    assert held.gate.slice_size(base, run.batch, in_flight) == min(want_slice, run.batch)
 
 
 @pytest.mark.parametrize("cores", [10, 16, 20])

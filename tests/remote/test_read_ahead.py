@@ -256,23 +256,25 @@ def test_read_ahead_coalesces_batches_into_few_requests(
 def test_a_pass_reading_ahead_builds_prefetch_batches_at_once_however_small(
     s3_server: Any, records_dataset: Callable[[int, int], Path]
 ) -> None:
-    """Small batches and many threads build a batch a thread at once on local data; a
-    pass that reads ahead keeps ``prefetch_batches`` (a batch's submit waits for its
-    records' chunk, and batches submitted far ahead would hold up those already built)."""
+    """Small batches and many threads build a batch a thread at once on local data (more
+    only for slices of several batches); a pass that reads ahead keeps
+    ``prefetch_batches`` (a batch's submit waits for its records' chunk, and batches
+    submitted far ahead would hold up those already built)."""
     from shardfeed.pipeline import epoch
 
     folder = records_dataset(240, 4)
     url = s3_server.upload_folder(folder)
     most: dict[str, int] = {}
-    submit = epoch.EpochRun._submit
+    pending = epoch.EpochRun._pending
     where = "local"
 
-    def counting(run: Any, index: int) -> None:
-        submit(run, index)
+    def counting(run: Any, *args: Any, **kwargs: Any) -> Any:
+        made = pending(run, *args, **kwargs)
         most[where] = max(most.get(where, 0), len(run.pending))
+        return made
 
     options = {**OPTIONS, "num_threads": 8, "prefetch_batches": 2}
-    epoch.EpochRun._submit = counting  # type: ignore[method-assign]
+    epoch.EpochRun._pending = counting  # type: ignore[method-assign]
     try:
         expected = local_epochs(folder, 1, **options)[0]
         where = "remote"
@@ -285,7 +287,7 @@ def test_a_pass_reading_ahead_builds_prefetch_batches_at_once_however_small(
             stats = loader.stats().run
             assert stats is not None and stats.prefetch == 2
     finally:
-        epoch.EpochRun._submit = submit  # type: ignore[method-assign]
+        epoch.EpochRun._pending = pending  # type: ignore[method-assign]
     assert most == {"local": 8, "remote": 2}
 
 

@@ -198,13 +198,15 @@ def test_feistel_rejects_values_outside_its_domain() -> None:
         perm.forward_one(1023)
     with pytest.raises(IndexError, match="out of range"):
         perm.inverse(np.array([-1]))
+
+
 @pytest.mark.parametrize(("method", "shuffle"), [("exact", True), ("bijection", True),
                                                  ("exact", False)])
-def test_take_is_getitem_for_a_slices_positions_and_refuses_the_same(method: str,
-                                                                     shuffle: bool) -> None:
+def test_take_is_getitem_for_a_slices_positions_and_refuses_the_same(
+        method: Literal["exact", "bijection"], shuffle: bool) -> None:
     """``take`` (a loader's slice: an int64 array) gives what ``order[...]`` gives, int64,
     and refuses a position before 0 or past the end as it does (IndexError)."""
-    order = EpochOrder(1000, seed=1, epoch=2, shuffle=shuffle, method=method)  # type: ignore[arg-type]
+    order = EpochOrder(1000, seed=1, epoch=2, shuffle=shuffle, method=method)
     for positions in (np.array([5, 999, 0, 17]), np.arange(100, 356), np.zeros(0, np.int64)):
         got = order.take(positions.astype(np.int64))
         assert got.dtype == np.int64

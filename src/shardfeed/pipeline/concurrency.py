@@ -263,8 +263,10 @@ class SliceGate:
         self._windows = 0
 
     def slice_size(self, base: int, batch: int, ahead: int) -> int:
-        """Samples a slice of a ``batch``-sample batch, from ``base`` (a batch over the
-        threads), with ``ahead`` batches built at once.
+        """Samples a slice of ``batch``-sample batches, from ``base`` (a batch over the
+        threads), with ``ahead`` batches built at once: within a batch, or (at the choice
+        of every thread, between trials) up to ``BATCHES_A_SLICE`` whole batches where
+        :func:`largest_slice` allows them.
 
         Fewer slices at once than threads: larger slices (a slice's fixed costs paid less
         often), within ``SLICE_RECORD_BYTES`` of records where a sample's are known. Light
@@ -290,8 +292,12 @@ class SliceGate:
         return size
 
     def _at_choice(self) -> bool:
-        """Whether a choice is in force between trials (not warming up, not in a trial)."""
-        return self._chosen and self._wait_left is not None
+        """Whether the choice of every thread is in force between trials (not warming up,
+        not in a trial, not held): slices of several batches are cut then only. At a choice
+        of fewer threads, a trial that starts would let every thread take the queued ones
+        at once."""
+        return (self._chosen and self._wait_left is not None and not self.fixed
+                and self.limit == self._all)
 
     def _slice_size(self, base: int, batch: int, ahead: int) -> int:
         limit = max(1, self.limit)
@@ -380,7 +386,8 @@ class SliceGate:
         if self._busy >= self.min_window_seconds or self._warmup > 0 or self._settle:
             return True
         return (not self._chosen and self.threads > 1 and not self._trial
-                and self._busy <= LIGHT_SAMPLE_SECONDS * self._samples)
+                and self._busy <= LIGHT_SAMPLE_SECONDS * self._samples
+                and self._cpu <= LIGHT_SAMPLE_SECONDS * self._samples)
 
     def _end_window(self) -> None:
         """A window's time is in: count it at its limit; record its rate in the trial, or

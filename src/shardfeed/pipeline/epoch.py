@@ -10,10 +10,10 @@
     submitted: k .. k+b-1 while the caller holds batch k-1
 
 Batches come out in order; at most ``b`` batches are being built while the caller holds one
-more: ``prefetch_batches``, or one a thread where they fit in 64 MiB, up to 4 a thread while
-the slices hold several (see :func:`~shardfeed.pipeline.pool.batches_in_flight`). A slice of
-several batches is submitted once there is room for all of them; an error in one of them is
-raised where that batch is handed out, after the batches before it. A yielded batch's large arrays are the
+more: ``prefetch_batches``, or one a thread where they fit in 64 MiB, up to 4 a thread
+while the slices hold several (see :func:`~shardfeed.pipeline.pool.batches_in_flight`).
+A slice of several batches is submitted once there is room for all of them; a data error
+in one of them is raised where that batch is handed out, after the batches before it. A yielded batch's large arrays are the
 ring's memory, and the ring never writes into memory the caller still holds (see
 :class:`~shardfeed.pipeline.pool.BatchRing`): a batch the caller keeps stays what it was.
 
@@ -229,7 +229,9 @@ class EpochRun:
             while self.next_submit < self.num_batches and len(self.pending) < self.in_flight:
                 size = self._slice_size()
                 index = self.next_submit
-                if size <= self.batch_size:
+                # several batches a slice only where more are built at once for them
+                if size <= self.batch_size or self.in_flight <= self.in_flight_single:
+                    size = min(size, self.batch_size)
                     if len(self.pending) >= self.in_flight_single:
                         break
                     self._submit_under(index, size)

@@ -119,7 +119,8 @@ class Loader:
     from its last batch is alive (see :class:`~shardfeed.pipeline.pool.BatchRing`), so a
     training loop that drops each batch reuses them with no copy. ``copy`` is deprecated and
     has no effect. ``prefetch_batches`` are built ahead of the caller, or one a thread where
-    they fit in 64 MiB (see :func:`~shardfeed.pipeline.pool.batches_in_flight`).
+    they fit in 64 MiB, up to 4 a thread of small ones while slices hold several (see
+    :func:`~shardfeed.pipeline.pool.batches_in_flight`).
 
     Iterating runs the rest of the current epoch; when it completes the loader moves on to the
     next epoch, so ``for batch in loader`` again gives the next epoch. ``set_epoch(e)`` jumps to

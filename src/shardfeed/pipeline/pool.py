@@ -124,9 +124,10 @@ more than ``prefetch_batches`` (see :func:`batches_in_flight`)."""
 
 SMALL_BATCH_BYTES = 1 << 20
 """Batches of at most this many bytes may be built several a thread at once (see
-:func:`batches_in_flight`): where a slice's own costs weigh (28² PNGs: 203 KB at 256).
-Larger ones would hold more memory for nothing: their work is heavy (8 images of 224² are
-1.2 MB, about 40 ms of decoding on one core), and the gate never joins them in a slice."""
+:func:`batches_in_flight`), and only then does a pass join several in a slice: where a
+slice's own costs weigh (28² PNGs: 203 KB at 256). Larger ones would hold more memory for
+little: their work is heavy (8 images of 224² are 1.2 MB, about 40 ms of decoding on one
+core)."""
 
 
 def batches_in_flight(options: LoaderOptions, batch_bytes: int, *,

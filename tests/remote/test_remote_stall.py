@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stalled_server import StalledServer, interrupt
+from stalled_server import StalledServer, interrupt, start
 
 import shardfeed
 from shardfeed import Dataset, StorageError
@@ -127,11 +127,8 @@ def test_ctrl_c_returns_within_a_second_while_reads_are_stalled(
     options = {"key": "testing-key", "secret": "testing-secret",
                "client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
     env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _READER, url, json.dumps(options), how],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env,
-    )
+    proc = start([sys.executable, "-c", _READER, url, json.dumps(options), how],
+                 stdin=subprocess.PIPE, env=env)
     assert proc.stdin is not None and proc.stdout is not None
     ready = proc.stdout.readline().strip()
     with s3_server.stall_gets(".tfrecord") as stall:

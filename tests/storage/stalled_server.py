@@ -63,6 +63,33 @@ class StalledServer(PollServer):
 
 
 
+def _as_from_a_shell() -> None:
+    """In a child, before it runs: Ctrl-C as a shell leaves it to a program it starts (its
+    default action, not blocked). A test process may have it blocked or ignored where a
+    library it ran did so (a child inherits both across exec), and its Ctrl-C would never
+    reach the program under test."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start(args: list[str], **options: Any) -> subprocess.Popen[str]:
+    """``subprocess.Popen(args, ...)`` of a program as a user starts it from a shell (see
+    :func:`_as_from_a_shell`), its output and errors piped as text."""
+    # the child only unblocks a signal and sets its action before it runs the program
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_shell, **options)  # noqa: PLW1509
+
+
+def _signals(pid: int) -> str:
+    """The blocked, ignored and caught signals of process ``pid`` (Linux), for a message."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return " ".join(line.strip() for line in status
+                            if line.startswith(("SigBlk", "SigIgn", "SigCgt", "State")))
+    except OSError:
+        return "(its status is not readable)"
+
+
 def interrupt(proc: subprocess.Popen[str], *, wait_seconds: float = 20.0) -> tuple[float, str]:
     """Send Ctrl-C (SIGINT) to ``proc`` and wait for it to end: the seconds it took, and its
     stderr. Fails the test if it is still running after ``wait_seconds``; never leaves it
@@ -72,9 +99,10 @@ def interrupt(proc: subprocess.Popen[str], *, wait_seconds: float = 20.0) -> tup
     try:
         proc.wait(timeout=wait_seconds)
     except subprocess.TimeoutExpired:
+        state = _signals(proc.pid)
         proc.kill()
         proc.wait()
-        pytest.fail(f"the process did not end within {wait_seconds:g} s of Ctrl-C")
+        pytest.fail(f"the process did not end within {wait_seconds:g} s of Ctrl-C ({state})")
     took = time.monotonic() - sent
     _, stderr = proc.communicate()
     return took, stderr

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 import threading
@@ -18,7 +17,7 @@ from typing import Any, ClassVar
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
-from stalled_server import StalledServer, interrupt
+from stalled_server import StalledServer, interrupt, start
 
 from shardfeed.errors import StorageError
 from shardfeed.storage import files, open_source
@@ -166,10 +165,8 @@ def test_ctrl_c_ends_a_program_whose_threads_wait_on_a_stalled_endpoint(
     """The user's own thread pool reads from a server that never answers; Ctrl-C ends the
     program within a second (the interpreter's exit does not wait for the stuck reads)."""
     env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _READER, URL, json.dumps(stalled_server.storage_options())],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
+    proc = start([sys.executable, "-c", _READER, URL, json.dumps(stalled_server.storage_options())],
+                 env=env)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "reading"

@@ -13,9 +13,10 @@ Batches come out in order; at most ``b`` batches are being built while the calle
 more: ``prefetch_batches``, or one a thread where they fit in 64 MiB, up to 4 a thread
 while the slices hold several (see :func:`~shardfeed.pipeline.pool.batches_in_flight`).
 A slice of several batches is submitted once there is room for all of them; a data error
-in one of them is raised where that batch is handed out, after the batches before it. A yielded batch's large arrays are the
-ring's memory, and the ring never writes into memory the caller still holds (see
-:class:`~shardfeed.pipeline.pool.BatchRing`): a batch the caller keeps stays what it was.
+in one of them is raised where that batch is handed out, after the batches before it. A
+yielded batch's large arrays are the ring's memory, and the ring never writes into memory
+the caller still holds (see :class:`~shardfeed.pipeline.pool.BatchRing`): a batch the
+caller keeps stays what it was.
 
 Determinism: a batch is a function of its positions; threads only change when it is ready.
 State: kept by the Loader (it commits each batch as it is handed out). Memory: the ring.
